@@ -1,0 +1,209 @@
+#include "src/block_key.h"
+
+#include <xxhash.h>
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cstdio>
+#include <cstring>
+#include <type_traits>
+
+namespace tierkv {
+namespace {
+
+static_assert(sizeof(TokenId) == 4, "the key encoding stores token ids as u32");
+
+// Root kinds: a chunk key and a prefix key can never mean the same thing.
+constexpr uint8_t kRootSequence = 1;
+constexpr uint8_t kRootChunk = 2;
+constexpr char kRootMagic[] = "tierkv.root";
+constexpr uint32_t kKeyFormatVersion = 1;
+
+constexpr std::byte kTagLora{0x01};
+constexpr std::byte kTagMultiModal{0x02};
+constexpr std::byte kTagCacheSalt{0x03};
+
+template <typename T>
+T ByteSwap(T value) {
+  static_assert(std::is_integral_v<T>);
+  if constexpr (sizeof(T) == 1) return value;
+  if constexpr (sizeof(T) == 4) return static_cast<T>(__builtin_bswap32(value));
+  if constexpr (sizeof(T) == 8) return static_cast<T>(__builtin_bswap64(value));
+}
+
+template <typename T>
+void PutLe(T value, std::byte* dst) {
+  if constexpr (std::endian::native == std::endian::big) {
+    value = ByteSwap(value);
+  }
+  std::memcpy(dst, &value, sizeof(T));
+}
+
+template <typename T>
+void AppendLe(T value, std::vector<std::byte>* out) {
+  const size_t at = out->size();
+  out->resize(at + sizeof(T));
+  PutLe(value, out->data() + at);
+}
+
+void AppendBytes(std::string_view s, std::vector<std::byte>* out) {
+  AppendLe(static_cast<uint32_t>(s.size()), out);
+  const auto* p = reinterpret_cast<const std::byte*>(s.data());
+  out->insert(out->end(), p, p + s.size());
+}
+
+BlockKey FromXxh(XXH128_hash_t h) { return BlockKey{h.low64, h.high64}; }
+
+BlockKey MakeRoot(uint8_t kind, const KeyNamespace& ns) {
+  std::vector<std::byte> buf;
+  AppendBytes(kRootMagic, &buf);
+  AppendLe(kKeyFormatVersion, &buf);
+  AppendLe(kind, &buf);
+  AppendBytes(ns.model_fingerprint, &buf);
+  AppendBytes(ns.tenant, &buf);
+  return FromXxh(XXH3_128bits(buf.data(), buf.size()));
+}
+
+// Writes parent | count | tokens into dst, which has room for
+// 20 + 4 * tokens.size() bytes. Returns the bytes written.
+size_t EncodeHead(const BlockKey& parent, std::span<const TokenId> tokens,
+                  std::byte* dst) {
+  PutLe(parent.lo, dst);
+  PutLe(parent.hi, dst + 8);
+  PutLe(static_cast<uint32_t>(tokens.size()), dst + 16);
+  std::byte* p = dst + 20;
+  if constexpr (std::endian::native == std::endian::little) {
+    std::memcpy(p, tokens.data(), tokens.size_bytes());
+  } else {
+    for (size_t i = 0; i < tokens.size(); ++i) PutLe(tokens[i], p + 4 * i);
+  }
+  return 20 + tokens.size_bytes();
+}
+
+}  // namespace
+
+std::string BlockKey::ToHex() const {
+  char buf[33];
+  std::snprintf(buf, sizeof(buf), "%016llx%016llx",
+                static_cast<unsigned long long>(hi),
+                static_cast<unsigned long long>(lo));
+  return buf;
+}
+
+KeyHasher::KeyHasher(const KeyNamespace& ns)
+    : sequence_root_(MakeRoot(kRootSequence, ns)),
+      chunk_root_(MakeRoot(kRootChunk, ns)) {}
+
+BlockKey KeyHasher::HashBlock(const BlockKey& parent,
+                              std::span<const TokenId> tokens,
+                              std::span<const std::byte> extra_encoding) {
+  // Blocks of up to 120 tokens with small extras hash from the stack; the
+  // encoding is hashed in one call, which is what makes keying nearly as
+  // fast as hashing the raw token bytes.
+  constexpr size_t kStackBytes = 512;
+  const size_t total = 20 + tokens.size_bytes() + extra_encoding.size();
+  if (total <= kStackBytes) {
+    std::array<std::byte, kStackBytes> buf;
+    size_t n = EncodeHead(parent, tokens, buf.data());
+    if (!extra_encoding.empty()) {
+      std::memcpy(buf.data() + n, extra_encoding.data(), extra_encoding.size());
+      n += extra_encoding.size();
+    }
+    return FromXxh(XXH3_128bits(buf.data(), n));
+  }
+  std::vector<std::byte> buf(total);
+  size_t n = EncodeHead(parent, tokens, buf.data());
+  if (!extra_encoding.empty()) {
+    std::memcpy(buf.data() + n, extra_encoding.data(), extra_encoding.size());
+  }
+  return FromXxh(XXH3_128bits(buf.data(), buf.size()));
+}
+
+void KeyHasher::EncodeExtraKeys(const RequestExtras& extras,
+                                int64_t block_index, int64_t block_start,
+                                int64_t block_len,
+                                std::vector<std::byte>* out) {
+  if (extras.lora_id.has_value()) {
+    out->push_back(kTagLora);
+    AppendLe(*extras.lora_id, out);
+  }
+  const int64_t block_end = block_start + block_len;
+  for (const MultiModalItem& item : extras.mm_items) {
+    if (item.start >= block_end) break;  // Sorted by start.
+    if (item.start + item.length <= block_start) continue;
+    out->push_back(kTagMultiModal);
+    AppendLe(item.hash.lo, out);
+    AppendLe(item.hash.hi, out);
+    AppendLe(item.start - block_start, out);
+  }
+  if (block_index == 0 && !extras.cache_salt.empty()) {
+    out->push_back(kTagCacheSalt);
+    AppendBytes(extras.cache_salt, out);
+  }
+}
+
+void KeyHasher::AppendPrefixKeys(std::span<const TokenId> tokens,
+                                 int32_t block_size,
+                                 const RequestExtras& extras,
+                                 std::vector<BlockKey>* keys) const {
+  const size_t num_full = tokens.size() / static_cast<size_t>(block_size);
+  if (keys->size() >= num_full) return;
+  keys->reserve(num_full);
+  const bool plain = !extras.lora_id.has_value() && extras.mm_items.empty() &&
+                     extras.cache_salt.empty();
+  if (plain && block_size <= kMaxFastBlockTokens) {
+    AppendPlainKeys(tokens, block_size, num_full, keys);
+    return;
+  }
+  std::vector<std::byte> extra;
+  BlockKey parent = keys->empty() ? sequence_root_ : keys->back();
+  for (size_t i = keys->size(); i < num_full; ++i) {
+    const int64_t start = static_cast<int64_t>(i) * block_size;
+    auto block = tokens.subspan(static_cast<size_t>(start), block_size);
+    extra.clear();
+    EncodeExtraKeys(extras, static_cast<int64_t>(i), start, block_size, &extra);
+    parent = HashBlock(parent, block, extra);
+    keys->push_back(parent);
+  }
+}
+
+// The hot path (no extra keys): one reusable buffer whose count field is
+// written once; per block only the parent and the tokens are copied in.
+// Produces exactly HashBlock's encoding.
+void KeyHasher::AppendPlainKeys(std::span<const TokenId> tokens,
+                                int32_t block_size, size_t num_full,
+                                std::vector<BlockKey>* keys) const {
+  std::array<std::byte, 20 + 4 * kMaxFastBlockTokens> buf;
+  const size_t block_bytes = static_cast<size_t>(block_size) * sizeof(TokenId);
+  BlockKey parent = keys->empty() ? sequence_root_ : keys->back();
+  PutLe(static_cast<uint32_t>(block_size), buf.data() + 16);
+  for (size_t i = keys->size(); i < num_full; ++i) {
+    PutLe(parent.lo, buf.data());
+    PutLe(parent.hi, buf.data() + 8);
+    const TokenId* src = tokens.data() + i * static_cast<size_t>(block_size);
+    if constexpr (std::endian::native == std::endian::little) {
+      std::memcpy(buf.data() + 20, src, block_bytes);
+    } else {
+      for (int32_t t = 0; t < block_size; ++t)
+        PutLe(src[t], buf.data() + 20 + 4 * t);
+    }
+    parent = FromXxh(XXH3_128bits(buf.data(), 20 + block_bytes));
+    keys->push_back(parent);
+  }
+}
+
+std::vector<BlockKey> KeyHasher::ChunkKeys(std::span<const TokenId> tokens,
+                                           int32_t block_size) const {
+  std::vector<BlockKey> keys;
+  keys.reserve((tokens.size() + block_size - 1) / block_size);
+  BlockKey parent = chunk_root_;
+  for (size_t start = 0; start < tokens.size(); start += block_size) {
+    const size_t len = std::min<size_t>(block_size, tokens.size() - start);
+    parent = HashBlock(parent, tokens.subspan(start, len));
+    keys.push_back(parent);
+  }
+  return keys;
+}
+
+}  // namespace tierkv

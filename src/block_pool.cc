@@ -1,0 +1,196 @@
+#include "src/block_pool.h"
+
+#include <algorithm>
+#include <cassert>
+#include <string>
+
+namespace tierkv {
+
+StatusOr<BlockPool> BlockPool::Create(const BlockPoolOptions& options) {
+  const int32_t min_blocks = options.reserve_null_block ? 2 : 1;
+  if (options.num_blocks < min_blocks) {
+    return Status::InvalidArgument(
+        "block pool needs at least " + std::to_string(min_blocks) +
+        " blocks (with reserve_null_block=" +
+        (options.reserve_null_block ? "true" : "false") + "), got " +
+        std::to_string(options.num_blocks));
+  }
+  if (options.block_size < 1) {
+    return Status::InvalidArgument("block_size must be at least 1, got " +
+                                   std::to_string(options.block_size));
+  }
+  return BlockPool(options);
+}
+
+BlockPool::BlockPool(const BlockPoolOptions& options)
+    : block_size_(options.block_size),
+      blocks_(static_cast<size_t>(options.num_blocks)),
+      tokens_(static_cast<size_t>(options.num_blocks) *
+              static_cast<size_t>(options.block_size)),
+      free_queue_(options.num_blocks) {
+  index_.reserve(static_cast<size_t>(options.num_blocks));
+  BlockId first = 0;
+  if (options.reserve_null_block) {
+    null_block_ = 0;
+    blocks_[0].ref_cnt = 1;  // Held forever: never queued, never freed.
+    first = 1;
+  }
+  for (BlockId id = first; id < options.num_blocks; ++id) {
+    free_queue_.Append(id);
+  }
+}
+
+std::span<const TokenId> BlockPool::block_tokens(BlockId id) const {
+  const Block& b = block(id);
+  return std::span<const TokenId>(tokens_).subspan(
+      Index(id) * static_cast<size_t>(block_size_),
+      static_cast<size_t>(b.num_tokens));
+}
+
+std::optional<BlockId> BlockPool::GetCachedBlock(
+    const BlockKey& key, std::span<const TokenId> tokens) const {
+  auto it = index_.find(key);
+  if (it == index_.end()) return std::nullopt;
+  const std::span<const TokenId> stored = block_tokens(it->second);
+  if (!std::equal(stored.begin(), stored.end(), tokens.begin(), tokens.end())) {
+    return std::nullopt;  // Same key, other tokens: a collision.
+  }
+  return it->second;
+}
+
+Status BlockPool::GetNewBlocks(int32_t n, std::vector<BlockId>* out) {
+  if (n < 0) return Status::InvalidArgument("negative block count");
+  if (n > free_queue_.size()) {
+    return Status::ResourceExhausted(
+        "need " + std::to_string(n) + " free blocks, " +
+        std::to_string(free_queue_.size()) + " available");
+  }
+  out->reserve(out->size() + static_cast<size_t>(n));
+  for (int32_t i = 0; i < n; ++i) {
+    const BlockId id = free_queue_.PopLeft();
+    Block& b = blocks_[Index(id)];
+    assert(b.ref_cnt == 0);
+    if (b.has_key) {
+      DropKey(id);
+      ++stats_.evictions;
+    }
+    b.ref_cnt = 1;
+    out->push_back(id);
+  }
+  return Status::Ok();
+}
+
+void BlockPool::Touch(std::span<const BlockId> ids) {
+  for (BlockId id : ids) {
+    Block& b = blocks_[Index(id)];
+    if (b.ref_cnt == 0) free_queue_.Remove(id);
+    ++b.ref_cnt;
+  }
+}
+
+void BlockPool::FreeBlocks(std::span<const BlockId> ordered_ids) {
+  for (BlockId id : ordered_ids) {
+    if (null_block_ && id == *null_block_) continue;
+    Block& b = blocks_[Index(id)];
+    assert(b.ref_cnt > 0);
+    if (--b.ref_cnt == 0) free_queue_.Append(id);
+  }
+}
+
+Status BlockPool::CacheBlock(BlockId id, const BlockKey& key,
+                             std::span<const TokenId> tokens) {
+  if (!IsValid(id) || (null_block_ && id == *null_block_)) {
+    return Status::InvalidArgument("cannot key block " + std::to_string(id));
+  }
+  Block& b = blocks_[Index(id)];
+  if (b.ref_cnt == 0) {
+    return Status::InvalidArgument("block " + std::to_string(id) +
+                                   " is free; only in-use blocks are keyed");
+  }
+  if (b.has_key) {
+    return Status::InvalidArgument("block " + std::to_string(id) +
+                                   " is already keyed");
+  }
+  if (tokens.empty() || tokens.size() > static_cast<size_t>(block_size_)) {
+    return Status::InvalidArgument(
+        "a block holds 1.." + std::to_string(block_size_) + " tokens, got " +
+        std::to_string(tokens.size()));
+  }
+  auto [it, inserted] = index_.try_emplace(key, id);
+  if (!inserted) {
+    // The newer block takes the key; the older copy stays valid KV but is
+    // no longer findable.
+    Block& older = blocks_[Index(it->second)];
+    older.has_key = false;
+    older.num_tokens = 0;
+    it->second = id;
+  }
+  b.has_key = true;
+  b.key = key;
+  b.num_tokens = static_cast<int32_t>(tokens.size());
+  std::copy(
+      tokens.begin(), tokens.end(),
+      tokens_.begin() + static_cast<std::ptrdiff_t>(
+                            Index(id) * static_cast<size_t>(block_size_)));
+  return Status::Ok();
+}
+
+bool BlockPool::EvictCachedBlock(BlockId id) {
+  if (!IsValid(id)) return false;
+  const Block& b = blocks_[Index(id)];
+  if (b.ref_cnt != 0 || !b.has_key) return false;
+  DropKey(id);
+  ++stats_.evictions;
+  return true;
+}
+
+void BlockPool::DropKey(BlockId id) {
+  Block& b = blocks_[Index(id)];
+  index_.erase(b.key);
+  b.has_key = false;
+  b.num_tokens = 0;
+}
+
+Status BlockPool::CheckInvariants() const {
+  int32_t zero_ref = 0;
+  size_t keyed = 0;
+  for (BlockId id = 0; id < num_blocks(); ++id) {
+    const Block& b = block(id);
+    const std::string where = "block " + std::to_string(id) + ": ";
+    if (b.ref_cnt < 0) return Status::Internal(where + "negative ref count");
+    const bool is_null = null_block_ && id == *null_block_;
+    if (is_null && (free_queue_.Contains(id) || b.has_key)) {
+      return Status::Internal(where + "null block is queued or keyed");
+    }
+    if (!is_null && (b.ref_cnt == 0) != free_queue_.Contains(id)) {
+      return Status::Internal(
+          where + "ref count " + std::to_string(b.ref_cnt) +
+          (free_queue_.Contains(id) ? " but queued" : " but not queued"));
+    }
+    if (b.ref_cnt == 0) ++zero_ref;
+    if (b.has_key) {
+      ++keyed;
+      auto it = index_.find(b.key);
+      if (it == index_.end() || it->second != id) {
+        return Status::Internal(where +
+                                "holds a key the index does not map "
+                                "to it");
+      }
+    }
+  }
+  for (const auto& [key, id] : index_) {
+    if (!IsValid(id) || !block(id).has_key || !(block(id).key == key)) {
+      return Status::Internal("index maps key " + key.ToHex() + " to block " +
+                              std::to_string(id) + " which does not hold it");
+    }
+  }
+  if (keyed != index_.size()) return Status::Internal("index size mismatch");
+  if (zero_ref != free_queue_.size()) {
+    return Status::Internal("free queue holds " +
+                            std::to_string(free_queue_.size()) + " blocks, " +
+                            std::to_string(zero_ref) + " have ref count 0");
+  }
+  return Status::Ok();
+}
+
+}  // namespace tierkv

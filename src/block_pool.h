@@ -1,0 +1,129 @@
+// BlockPool: the one block-pool mechanism every tier reuses (seed 002
+// §4.2.2 BlockPool, seed 003 BlockManager): an array of blocks with ref
+// counts and optional keys, a key -> block index, and an LRU FreeBlockQueue.
+// Not thread-safe; owned by one thread (the engine's scheduler, or the
+// coordinator thread for a tier's pool).
+//
+// Block states (the null block, when reserved, is none of these: it is never
+// queued, keyed or freed):
+//
+//        GetNewBlocks (key dropped: eviction)
+//   +------------------------------------------+
+//   |                                          v
+//  FREE (ref 0, no key, queued)          IN USE (ref > 0, not queued)
+//  CACHED-FREE (ref 0, key, queued) ---> IN USE      Touch (a hit)
+//  IN USE --FreeBlocks, ref reaches 0--> FREE or CACHED-FREE (appended)
+//  IN USE --CacheBlock--> IN USE with a key
+//
+// Invariants (CheckInvariants):
+//  - a block is in the free queue iff its ref count is 0;
+//  - a block has a key iff the index maps that key to that block;
+//  - ref counts are never negative.
+// Free blocks keep their key until popped for reuse (lazy eviction), so a
+// freed block can still be hit. When a block is keyed with a key that another
+// block already holds (two requests filled identical blocks), the newer block
+// takes the key and the older one becomes unkeyed: the index stays one-to-one.
+#ifndef TIERKV_SRC_BLOCK_POOL_H_
+#define TIERKV_SRC_BLOCK_POOL_H_
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "src/block_key.h"
+#include "src/free_block_queue.h"
+#include "src/status.h"
+
+namespace tierkv {
+
+struct BlockPoolOptions {
+  int32_t num_blocks = 0;          // Including the null block. Required.
+  int32_t block_size = 16;         // Tokens per block. Default: 16.
+  bool reserve_null_block = true;  // Block 0 is a placeholder, as in vLLM v1.
+                                   // Default: true.
+};
+
+struct BlockPoolStats {
+  uint64_t evictions = 0;  // Keyed blocks whose key was dropped for reuse.
+};
+
+class BlockPool {
+ public:
+  struct Block {
+    int32_t ref_cnt = 0;
+    int32_t num_tokens = 0;  // Tokens recorded with the key.
+    bool has_key = false;
+    BlockKey key;
+  };
+
+  static StatusOr<BlockPool> Create(const BlockPoolOptions& options);
+
+  int32_t num_blocks() const { return static_cast<int32_t>(blocks_.size()); }
+  int32_t block_size() const { return block_size_; }
+  int32_t num_free_blocks() const { return free_queue_.size(); }
+  size_t num_cached_blocks() const { return index_.size(); }
+  // The reserved placeholder block, if any.
+  std::optional<BlockId> null_block() const { return null_block_; }
+  bool IsValid(BlockId id) const { return id >= 0 && id < num_blocks(); }
+
+  const Block& block(BlockId id) const { return blocks_[Index(id)]; }
+  // The token ids recorded when the block was keyed.
+  std::span<const TokenId> block_tokens(BlockId id) const;
+
+  // The block holding `key` whose recorded tokens equal `tokens`. A key whose
+  // block holds other tokens (a hash collision) is a miss, never a hit.
+  std::optional<BlockId> GetCachedBlock(const BlockKey& key,
+                                        std::span<const TokenId> tokens) const;
+
+  // Pops `n` blocks from the head of the free queue into `out` with ref
+  // count 1, dropping the keys they held. ResourceExhausted (and no change)
+  // when fewer than `n` are free.
+  Status GetNewBlocks(int32_t n, std::vector<BlockId>* out);
+
+  // Takes a reference on hit blocks; a block whose ref count was 0 leaves the
+  // free queue so it cannot be evicted.
+  void Touch(std::span<const BlockId> ids);
+
+  // Drops one reference per block; blocks reaching 0 are appended to the free
+  // queue in the order given (callers pass a request's blocks in reverse).
+  void FreeBlocks(std::span<const BlockId> ordered_ids);
+
+  // Records `key` and `tokens` (1..block_size of them) for an in-use block so
+  // later lookups can hit it. InvalidArgument for a free, null, out-of-range
+  // or already keyed block, or a wrong token count.
+  Status CacheBlock(BlockId id, const BlockKey& key,
+                    std::span<const TokenId> tokens);
+
+  // Drops the key of a free cached block, leaving it in the free queue.
+  // Returns false when the block is in use or holds no key.
+  bool EvictCachedBlock(BlockId id);
+
+  // Free queue, front (next to evict) to back.
+  std::vector<BlockId> FreeQueueSnapshot() const {
+    return free_queue_.ToVector();
+  }
+  const BlockPoolStats& stats() const { return stats_; }
+
+  // Checks every invariant listed above; O(num_blocks). For tests and
+  // debugging.
+  Status CheckInvariants() const;
+
+ private:
+  BlockPool(const BlockPoolOptions& options);
+  static size_t Index(BlockId id) { return static_cast<size_t>(id); }
+  void DropKey(BlockId id);
+
+  int32_t block_size_;
+  std::optional<BlockId> null_block_;
+  std::vector<Block> blocks_;
+  std::vector<TokenId> tokens_;  // num_blocks x block_size, row per block.
+  FreeBlockQueue free_queue_;
+  std::unordered_map<BlockKey, BlockId, BlockKeyHash> index_;
+  BlockPoolStats stats_;
+};
+
+}  // namespace tierkv
+
+#endif  // TIERKV_SRC_BLOCK_POOL_H_

@@ -1,0 +1,178 @@
+#include "src/kv_cache_manager.h"
+
+#include <algorithm>
+#include <string>
+
+namespace tierkv {
+namespace {
+
+int32_t CeilDiv(int32_t a, int32_t b) { return (a + b - 1) / b; }
+
+}  // namespace
+
+StatusOr<KVCacheManager> KVCacheManager::Create(
+    const KVCacheManagerOptions& options) {
+  TIERKV_ASSIGN_OR_RETURN(BlockPool pool, BlockPool::Create(options.pool));
+  return KVCacheManager(std::move(pool), options.enable_caching);
+}
+
+ComputedBlocks KVCacheManager::GetComputedBlocks(const Request& request) {
+  ComputedBlocks computed;
+  if (!enable_caching_ || request.num_tokens() == 0) return computed;
+  ++stats_.queries;
+  stats_.query_tokens += static_cast<uint64_t>(request.num_tokens());
+
+  const int32_t bs = pool_.block_size();
+  const auto max_blocks =
+      std::min<size_t>(static_cast<size_t>((request.num_tokens() - 1) / bs),
+                       request.block_keys().size());
+  computed.blocks.reserve(max_blocks);
+  for (size_t i = 0; i < max_blocks; ++i) {
+    auto hit = pool_.GetCachedBlock(
+        request.block_keys()[i], request.block_tokens(static_cast<int32_t>(i)));
+    if (!hit) break;
+    computed.blocks.push_back(*hit);
+  }
+  computed.num_tokens = static_cast<int32_t>(computed.blocks.size()) * bs;
+  if (computed.num_tokens > 0) {
+    ++stats_.hits;
+    stats_.hit_tokens += static_cast<uint64_t>(computed.num_tokens);
+  }
+  return computed;
+}
+
+Status KVCacheManager::CheckComputedStillCached(
+    const Request& request, const ComputedBlocks& computed) const {
+  const int32_t bs = pool_.block_size();
+  if (computed.num_tokens !=
+          static_cast<int32_t>(computed.blocks.size()) * bs ||
+      computed.blocks.size() > request.block_keys().size()) {
+    return Status::InvalidArgument("computed blocks do not match the request");
+  }
+  for (size_t i = 0; i < computed.blocks.size(); ++i) {
+    const BlockId id = computed.blocks[i];
+    if (!pool_.IsValid(id) || !pool_.block(id).has_key ||
+        !(pool_.block(id).key == request.block_keys()[i])) {
+      return Status::FailedPrecondition(
+          "computed block " + std::to_string(id) +
+          " was evicted since GetComputedBlocks; look the request up again");
+    }
+  }
+  return Status::Ok();
+}
+
+StatusOr<std::vector<BlockId>> KVCacheManager::AllocateSlots(
+    const Request& request, int32_t num_new_tokens,
+    const ComputedBlocks& computed) {
+  if (num_new_tokens < 0) {
+    return Status::InvalidArgument("num_new_tokens must be >= 0");
+  }
+  auto it = requests_.find(request.id());
+  const bool is_new = it == requests_.end();
+  if (!is_new && !computed.blocks.empty()) {
+    return Status::InvalidArgument(
+        "computed blocks are only taken on a request's first allocation");
+  }
+  TIERKV_RETURN_IF_ERROR(CheckComputedStillCached(request, computed));
+
+  const int32_t bs = pool_.block_size();
+  const int32_t have_tokens = is_new ? 0 : it->second.num_tokens;
+  const size_t have_blocks = is_new ? 0 : it->second.blocks.size();
+  const int32_t total = have_tokens + computed.num_tokens + num_new_tokens;
+  const int32_t needed = std::max<int32_t>(
+      0, CeilDiv(total, bs) - static_cast<int32_t>(have_blocks) -
+             static_cast<int32_t>(computed.blocks.size()));
+  // Touching a free hit takes it out of the free queue, so it cannot also
+  // serve as a new block.
+  const auto free_hits = static_cast<int32_t>(
+      std::count_if(computed.blocks.begin(), computed.blocks.end(),
+                    [&](BlockId id) { return pool_.block(id).ref_cnt == 0; }));
+  if (needed > pool_.num_free_blocks() - free_hits) {
+    return Status::ResourceExhausted(
+        "request " + std::to_string(request.id()) + " needs " +
+        std::to_string(needed) + " new blocks, " +
+        std::to_string(pool_.num_free_blocks() - free_hits) + " available");
+  }
+
+  RequestState& state = is_new ? requests_[request.id()] : it->second;
+  pool_.Touch(computed.blocks);
+  state.blocks.insert(state.blocks.end(), computed.blocks.begin(),
+                      computed.blocks.end());
+  state.num_cached_blocks += static_cast<int32_t>(computed.blocks.size());
+  std::vector<BlockId> new_blocks;
+  TIERKV_RETURN_IF_ERROR(pool_.GetNewBlocks(needed, &new_blocks));
+  state.blocks.insert(state.blocks.end(), new_blocks.begin(), new_blocks.end());
+  state.num_tokens = total;
+  TIERKV_RETURN_IF_ERROR(CacheFullBlocks(request, &state));
+  return new_blocks;
+}
+
+Status KVCacheManager::CacheFullBlocks(const Request& request,
+                                       RequestState* state) {
+  if (!enable_caching_) return Status::Ok();
+  const int32_t bs = pool_.block_size();
+  const int32_t known = std::min(state->num_tokens, request.num_tokens());
+  const int32_t full = std::min<int32_t>(
+      {known / bs, static_cast<int32_t>(request.block_keys().size()),
+       static_cast<int32_t>(state->blocks.size())});
+  for (int32_t i = state->num_cached_blocks; i < full; ++i) {
+    const auto idx = static_cast<size_t>(i);
+    TIERKV_RETURN_IF_ERROR(pool_.CacheBlock(state->blocks[idx],
+                                            request.block_keys()[idx],
+                                            request.block_tokens(i)));
+  }
+  state->num_cached_blocks = std::max(state->num_cached_blocks, full);
+  return Status::Ok();
+}
+
+bool KVCacheManager::CanAppend(const Request& request) const {
+  const bool needs_block =
+      request.num_tokens() % pool_.block_size() == 1 || pool_.block_size() == 1;
+  return pool_.num_free_blocks() >= (needs_block ? 1 : 0);
+}
+
+Status KVCacheManager::MayAppend(const Request& request) {
+  auto it = requests_.find(request.id());
+  if (it == requests_.end()) {
+    return Status::NotFound("request " + std::to_string(request.id()) +
+                            " holds no blocks");
+  }
+  RequestState& state = it->second;
+  const int32_t len = request.num_tokens();
+  const int32_t needed = CeilDiv(len, pool_.block_size()) -
+                         static_cast<int32_t>(state.blocks.size());
+  if (needed > 0) {
+    // len % block_size == 1: the previous block is full, start a new one.
+    TIERKV_RETURN_IF_ERROR(pool_.GetNewBlocks(needed, &state.blocks));
+  }
+  state.num_tokens = std::max(state.num_tokens, len);
+  // len % block_size == 0: the new token filled the last block.
+  return CacheFullBlocks(request, &state);
+}
+
+Status KVCacheManager::Free(RequestId id) {
+  auto it = requests_.find(id);
+  if (it == requests_.end()) {
+    return Status::NotFound("request " + std::to_string(id) +
+                            " holds no blocks");
+  }
+  std::vector<BlockId>& blocks = it->second.blocks;
+  std::reverse(blocks.begin(), blocks.end());
+  pool_.FreeBlocks(blocks);
+  requests_.erase(it);
+  return Status::Ok();
+}
+
+std::span<const BlockId> KVCacheManager::blocks(RequestId id) const {
+  auto it = requests_.find(id);
+  if (it == requests_.end()) return {};
+  return it->second.blocks;
+}
+
+PrefixCacheStats KVCacheManager::stats() const {
+  PrefixCacheStats s = stats_;
+  s.evictions = pool_.stats().evictions;
+  return s;
+}
+
+}  // namespace tierkv

@@ -1,0 +1,104 @@
+// KVCacheManager: automatic prefix caching over an engine's main KV pool
+// (seed 002 §4.2.3, vLLM v1 KVCacheManager; decode path of seed 003).
+// Maps requests to the blocks they hold, finds the longest cached prefix of
+// a new request, allocates and keys blocks, and frees a request's blocks in
+// reverse so its most specific (tail) blocks are evicted first.
+// Not thread-safe; owned by the engine's scheduler thread.
+//
+// A request's life: GetComputedBlocks -> AllocateSlots (prefill, possibly in
+// several calls) -> [AppendToken on the Request, then CanAppend/MayAppend per
+// decode step]* -> Free.
+#ifndef TIERKV_SRC_KV_CACHE_MANAGER_H_
+#define TIERKV_SRC_KV_CACHE_MANAGER_H_
+
+#include <cstdint>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "src/block_pool.h"
+#include "src/request.h"
+#include "src/status.h"
+
+namespace tierkv {
+
+struct KVCacheManagerOptions {
+  BlockPoolOptions pool;
+  bool enable_caching = true;  // Default: true.
+};
+
+struct PrefixCacheStats {
+  uint64_t queries = 0;       // GetComputedBlocks calls.
+  uint64_t query_tokens = 0;  // Prompt tokens looked up.
+  uint64_t hits = 0;          // Lookups that hit at least one block.
+  uint64_t hit_tokens = 0;    // Tokens served from the cache.
+  uint64_t evictions = 0;     // Cached blocks dropped for reuse.
+};
+
+// The cached prefix of a request: blocks in order and the tokens they cover.
+struct ComputedBlocks {
+  std::vector<BlockId> blocks;
+  int32_t num_tokens = 0;
+};
+
+class KVCacheManager {
+ public:
+  static StatusOr<KVCacheManager> Create(const KVCacheManagerOptions& options);
+
+  // Longest run of leading full blocks that are cached, stopping at the first
+  // miss and covering at most num_tokens - 1 tokens (the last token is always
+  // computed, so the engine has logits to sample from). Changes nothing but
+  // the stats; the blocks are taken by AllocateSlots.
+  ComputedBlocks GetComputedBlocks(const Request& request);
+
+  // Gives the request slots for `num_new_tokens` more tokens. On the first
+  // call for a request, `computed` (from GetComputedBlocks, with no pool
+  // change in between) is touched and becomes the request's first blocks.
+  // New blocks come from the head of the free queue; every block that is
+  // full of known tokens gets its key. Returns the new block ids;
+  // ResourceExhausted, with nothing changed, when too few blocks are free.
+  StatusOr<std::vector<BlockId>> AllocateSlots(
+      const Request& request, int32_t num_new_tokens,
+      const ComputedBlocks& computed = {});
+
+  // Seed 003's decode path, called after Request::AppendToken. CanAppend:
+  // a free block exists if the new token needs one (len % block_size == 1).
+  // MayAppend: allocates that block, or keys the last block when the new
+  // token filled it.
+  bool CanAppend(const Request& request) const;
+  Status MayAppend(const Request& request);
+
+  // Releases the request's blocks in reverse order. NotFound if unknown.
+  Status Free(RequestId id);
+
+  // The request's blocks in order; empty if the request is unknown.
+  std::span<const BlockId> blocks(RequestId id) const;
+  size_t num_requests() const { return requests_.size(); }
+
+  const BlockPool& pool() const { return pool_; }
+  PrefixCacheStats stats() const;
+
+ private:
+  struct RequestState {
+    std::vector<BlockId> blocks;
+    int32_t num_tokens = 0;         // Tokens that have slots.
+    int32_t num_cached_blocks = 0;  // Leading blocks already keyed.
+  };
+
+  KVCacheManager(BlockPool pool, bool enable_caching)
+      : pool_(std::move(pool)), enable_caching_(enable_caching) {}
+
+  Status CheckComputedStillCached(const Request& request,
+                                  const ComputedBlocks& computed) const;
+  // Keys the request's blocks that are full of known tokens.
+  Status CacheFullBlocks(const Request& request, RequestState* state);
+
+  BlockPool pool_;
+  bool enable_caching_;
+  std::unordered_map<RequestId, RequestState> requests_;
+  PrefixCacheStats stats_;
+};
+
+}  // namespace tierkv
+
+#endif  // TIERKV_SRC_KV_CACHE_MANAGER_H_

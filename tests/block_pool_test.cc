@@ -1,0 +1,149 @@
+// BlockPool: creation errors, lazy eviction, touch, duplicate keys, explicit
+// eviction and the invariant checker itself.
+#include "src/block_pool.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <vector>
+
+namespace tierkv {
+namespace {
+
+using ::testing::ElementsAre;
+
+const std::vector<TokenId> kTokensA{1, 2, 3, 4};
+const std::vector<TokenId> kTokensB{5, 6, 7, 8};
+constexpr BlockKey kKeyA{1, 1};
+constexpr BlockKey kKeyB{2, 2};
+
+BlockPool MakePool(int32_t n, bool null_block = false) {
+  return BlockPool::Create({.num_blocks = n,
+                            .block_size = 4,
+                            .reserve_null_block = null_block})
+      .value();
+}
+
+TEST(BlockPool, RejectsBadOptions) {
+  auto none = BlockPool::Create({.num_blocks = 1, .block_size = 4});
+  EXPECT_EQ(none.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(none.status().message(), ::testing::HasSubstr("at least 2"));
+  EXPECT_FALSE(BlockPool::Create({.num_blocks = 4, .block_size = 0}).ok());
+}
+
+TEST(BlockPool, NullBlockIsNeverHandedOutOrFreed) {
+  BlockPool pool = MakePool(3, /*null_block=*/true);
+  EXPECT_EQ(pool.num_free_blocks(), 2);
+  std::vector<BlockId> got;
+  ASSERT_TRUE(pool.GetNewBlocks(2, &got).ok());
+  EXPECT_THAT(got, ElementsAre(1, 2));
+  const BlockId null_then_real[] = {0, 1};
+  pool.FreeBlocks(null_then_real);  // Freeing the null block is a no-op.
+  EXPECT_THAT(pool.FreeQueueSnapshot(), ElementsAre(1));
+  EXPECT_EQ(pool.CacheBlock(0, kKeyA, kTokensA).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_TRUE(pool.CheckInvariants().ok());
+}
+
+TEST(BlockPool, NotEnoughFreeBlocksChangesNothing) {
+  BlockPool pool = MakePool(3);
+  std::vector<BlockId> got;
+  Status s = pool.GetNewBlocks(4, &got);
+  EXPECT_EQ(s.code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(s.message(), "need 4 free blocks, 3 available");
+  EXPECT_TRUE(got.empty());
+  EXPECT_EQ(pool.num_free_blocks(), 3);
+}
+
+TEST(BlockPool, LazyEvictionDropsKeyOnlyWhenPopped) {
+  BlockPool pool = MakePool(2);
+  std::vector<BlockId> got;
+  ASSERT_TRUE(pool.GetNewBlocks(1, &got).ok());
+  ASSERT_TRUE(pool.CacheBlock(0, kKeyA, kTokensA).ok());
+  pool.FreeBlocks(got);
+  EXPECT_EQ(pool.GetCachedBlock(kKeyA, kTokensA), 0);  // Free yet hittable.
+  EXPECT_EQ(pool.stats().evictions, 0u);
+
+  got.clear();
+  ASSERT_TRUE(pool.GetNewBlocks(1, &got).ok());  // Pops block 1: no key.
+  EXPECT_EQ(pool.GetCachedBlock(kKeyA, kTokensA), 0);
+  ASSERT_TRUE(pool.GetNewBlocks(1, &got).ok());  // Pops block 0: evicts A.
+  EXPECT_FALSE(pool.GetCachedBlock(kKeyA, kTokensA).has_value());
+  EXPECT_EQ(pool.stats().evictions, 1u);
+  EXPECT_TRUE(pool.CheckInvariants().ok());
+}
+
+TEST(BlockPool, TouchPinsAFreeCachedBlock) {
+  BlockPool pool = MakePool(3);
+  std::vector<BlockId> got;
+  ASSERT_TRUE(pool.GetNewBlocks(1, &got).ok());
+  ASSERT_TRUE(pool.CacheBlock(0, kKeyA, kTokensA).ok());
+  pool.FreeBlocks(got);
+  EXPECT_THAT(pool.FreeQueueSnapshot(), ElementsAre(1, 2, 0));
+  const BlockId hit[] = {0};
+  pool.Touch(hit);
+  pool.Touch(hit);
+  EXPECT_EQ(pool.block(0).ref_cnt, 2);
+  EXPECT_THAT(pool.FreeQueueSnapshot(), ElementsAre(1, 2));
+  pool.FreeBlocks(hit);
+  EXPECT_THAT(pool.FreeQueueSnapshot(), ElementsAre(1, 2));  // Still held.
+  pool.FreeBlocks(hit);
+  EXPECT_THAT(pool.FreeQueueSnapshot(), ElementsAre(1, 2, 0));
+}
+
+TEST(BlockPool, NewerBlockTakesADuplicateKey) {
+  BlockPool pool = MakePool(3);
+  std::vector<BlockId> got;
+  ASSERT_TRUE(pool.GetNewBlocks(2, &got).ok());
+  ASSERT_TRUE(pool.CacheBlock(0, kKeyA, kTokensA).ok());
+  ASSERT_TRUE(pool.CacheBlock(1, kKeyA, kTokensA).ok());
+  EXPECT_EQ(pool.GetCachedBlock(kKeyA, kTokensA), 1);
+  EXPECT_FALSE(pool.block(0).has_key);
+  EXPECT_EQ(pool.num_cached_blocks(), 1u);
+  EXPECT_TRUE(pool.CheckInvariants().ok());
+}
+
+TEST(BlockPool, CacheBlockRejectsMisuse) {
+  BlockPool pool = MakePool(3);
+  EXPECT_EQ(pool.CacheBlock(0, kKeyA, kTokensA).code(),
+            StatusCode::kInvalidArgument);  // Free block.
+  EXPECT_EQ(pool.CacheBlock(7, kKeyA, kTokensA).code(),
+            StatusCode::kInvalidArgument);  // Out of range.
+  std::vector<BlockId> got;
+  ASSERT_TRUE(pool.GetNewBlocks(1, &got).ok());
+  const std::vector<TokenId> five{1, 2, 3, 4, 5};
+  EXPECT_EQ(pool.CacheBlock(0, kKeyA, five).code(),
+            StatusCode::kInvalidArgument);  // More than block_size.
+  ASSERT_TRUE(pool.CacheBlock(0, kKeyA, kTokensA).ok());
+  EXPECT_EQ(pool.CacheBlock(0, kKeyB, kTokensB).code(),
+            StatusCode::kInvalidArgument);  // Already keyed.
+}
+
+TEST(BlockPool, PartialBlocksAreKeyedWithTheirTokenCount) {
+  // Chunk caches key a chunk's trailing partial block.
+  BlockPool pool = MakePool(2);
+  std::vector<BlockId> got;
+  ASSERT_TRUE(pool.GetNewBlocks(1, &got).ok());
+  const std::vector<TokenId> partial{1, 2};
+  ASSERT_TRUE(pool.CacheBlock(0, kKeyA, partial).ok());
+  EXPECT_EQ(pool.GetCachedBlock(kKeyA, partial), 0);
+  EXPECT_FALSE(pool.GetCachedBlock(kKeyA, kTokensA).has_value());
+  EXPECT_THAT(pool.block_tokens(0), ElementsAre(1, 2));
+}
+
+TEST(BlockPool, EvictCachedBlockOnlyTouchesFreeKeyedBlocks) {
+  BlockPool pool = MakePool(2);
+  std::vector<BlockId> got;
+  ASSERT_TRUE(pool.GetNewBlocks(1, &got).ok());
+  ASSERT_TRUE(pool.CacheBlock(0, kKeyA, kTokensA).ok());
+  EXPECT_FALSE(pool.EvictCachedBlock(0));  // In use.
+  pool.FreeBlocks(got);
+  EXPECT_TRUE(pool.EvictCachedBlock(0));
+  EXPECT_FALSE(pool.EvictCachedBlock(0));  // No key left.
+  EXPECT_FALSE(pool.GetCachedBlock(kKeyA, kTokensA).has_value());
+  EXPECT_THAT(pool.FreeQueueSnapshot(), ElementsAre(1, 0));  // Position kept.
+  EXPECT_EQ(pool.stats().evictions, 1u);
+}
+
+}  // namespace
+}  // namespace tierkv

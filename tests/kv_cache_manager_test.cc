@@ -1,0 +1,156 @@
+// KVCacheManager beyond the seed timelines: the num_tokens - 1 cap, caching
+// off, all-or-nothing allocation, stale lookups, chunked prefill, stats.
+#include "src/kv_cache_manager.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <numeric>
+#include <vector>
+
+namespace tierkv {
+namespace {
+
+using ::testing::ElementsAre;
+
+std::vector<TokenId> Range(TokenId first, int n) {
+  std::vector<TokenId> v(static_cast<size_t>(n));
+  std::iota(v.begin(), v.end(), first);
+  return v;
+}
+
+class KVCacheManagerTest : public ::testing::Test {
+ protected:
+  KVCacheManager Make(int32_t blocks, bool caching = true) {
+    return KVCacheManager::Create(
+               {.pool = {.num_blocks = blocks, .block_size = 4},
+                .enable_caching = caching})
+        .value();
+  }
+  KeyHasher hasher_{KeyNamespace{"manager-test", ""}};
+};
+
+TEST_F(KVCacheManagerTest, HitNeverCoversTheLastToken) {
+  KVCacheManager m = Make(10);
+  Request a(1, Range(1, 8), 4, hasher_);
+  ASSERT_TRUE(m.AllocateSlots(a, 8).ok());
+  // Identical 8-token prompt: both blocks are cached, but the last token must
+  // be computed for logits, so only the first block counts.
+  Request same(2, Range(1, 8), 4, hasher_);
+  ComputedBlocks c = m.GetComputedBlocks(same);
+  EXPECT_THAT(c.blocks, ElementsAre(1));
+  EXPECT_EQ(c.num_tokens, 4);
+  Request longer(3, Range(1, 9), 4, hasher_);
+  EXPECT_THAT(m.GetComputedBlocks(longer).blocks, ElementsAre(1, 2));
+}
+
+TEST_F(KVCacheManagerTest, CachingDisabledNeverHitsOrKeys) {
+  KVCacheManager m = Make(10, /*caching=*/false);
+  Request a(1, Range(1, 9), 4, hasher_);
+  ASSERT_TRUE(m.AllocateSlots(a, 9).ok());
+  EXPECT_EQ(m.pool().num_cached_blocks(), 0u);
+  EXPECT_TRUE(m.GetComputedBlocks(a).blocks.empty());
+  EXPECT_EQ(m.stats().queries, 0u);
+}
+
+TEST_F(KVCacheManagerTest, AllocationIsAllOrNothing) {
+  KVCacheManager m = Make(4);  // Null block + 3 usable.
+  Request a(1, Range(1, 8), 4, hasher_);
+  ASSERT_TRUE(m.AllocateSlots(a, 8).ok());
+  Request b(2, Range(100, 8), 4, hasher_);
+  auto r = m.AllocateSlots(b, 8);
+  EXPECT_EQ(r.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(m.num_requests(), 1u);
+  EXPECT_TRUE(m.blocks(2).empty());
+  EXPECT_EQ(m.pool().num_free_blocks(), 1);
+  EXPECT_TRUE(m.pool().CheckInvariants().ok());
+}
+
+TEST_F(KVCacheManagerTest, FreeHitsDoNotCountAsAvailableNewBlocks) {
+  KVCacheManager m = Make(4);  // 3 usable.
+  Request a(1, Range(1, 9), 4, hasher_);
+  ASSERT_TRUE(m.AllocateSlots(a, 9).ok());
+  ASSERT_TRUE(m.Free(1).ok());
+  // b hits a's two cached blocks (both free) and needs 2 new ones: 3 free
+  // blocks minus the 2 hits it will pin leave 1, so it must be refused.
+  Request b(2, Range(1, 16), 4, hasher_);
+  ComputedBlocks c = m.GetComputedBlocks(b);
+  ASSERT_EQ(c.blocks.size(), 2u);
+  auto r = m.AllocateSlots(b, 8, c);
+  EXPECT_EQ(r.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(m.pool().num_free_blocks(), 3);
+}
+
+TEST_F(KVCacheManagerTest, StaleComputedBlocksAreRefused) {
+  KVCacheManager m = Make(3);  // 2 usable.
+  Request a(1, Range(1, 5), 4, hasher_);
+  ASSERT_TRUE(m.AllocateSlots(a, 5).ok());
+  ASSERT_TRUE(m.Free(1).ok());
+  Request b(2, Range(1, 5), 4, hasher_);
+  ComputedBlocks c = m.GetComputedBlocks(b);
+  ASSERT_EQ(c.blocks.size(), 1u);
+  // Another request evicts the hit before b allocates.
+  Request x(3, Range(50, 8), 4, hasher_);
+  ASSERT_TRUE(m.AllocateSlots(x, 8).ok());
+  auto r = m.AllocateSlots(b, 1, c);
+  EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition);
+}
+
+TEST_F(KVCacheManagerTest, ChunkedPrefillKeysBlocksAsTheyFill) {
+  KVCacheManager m = Make(10);
+  Request a(1, Range(1, 10), 4, hasher_);
+  auto first = m.AllocateSlots(a, 6);  // Tokens 0-5: one full block.
+  ASSERT_TRUE(first.ok());
+  EXPECT_THAT(*first, ElementsAre(1, 2));
+  EXPECT_EQ(m.pool().num_cached_blocks(), 1u);
+  auto second = m.AllocateSlots(a, 4);  // Tokens 6-9: block 2 fills.
+  ASSERT_TRUE(second.ok());
+  EXPECT_THAT(*second, ElementsAre(3));
+  EXPECT_EQ(m.pool().num_cached_blocks(), 2u);
+  EXPECT_THAT(m.blocks(1), ElementsAre(1, 2, 3));
+}
+
+TEST_F(KVCacheManagerTest, StatsCountQueriesHitsAndEvictions) {
+  KVCacheManager m = Make(4);  // 3 usable.
+  Request a(1, Range(1, 9), 4, hasher_);
+  (void)m.GetComputedBlocks(a);
+  ASSERT_TRUE(m.AllocateSlots(a, 9).ok());
+  ASSERT_TRUE(m.Free(1).ok());
+  Request b(2, Range(1, 9), 4, hasher_);
+  ComputedBlocks c = m.GetComputedBlocks(b);
+  ASSERT_TRUE(m.AllocateSlots(b, 1, c).ok());
+  ASSERT_TRUE(m.Free(2).ok());
+  Request x(3, Range(70, 12), 4, hasher_);
+  (void)m.GetComputedBlocks(x);
+  ASSERT_TRUE(m.AllocateSlots(x, 12).ok());  // Reuses every block.
+  const PrefixCacheStats s = m.stats();
+  EXPECT_EQ(s.queries, 3u);
+  EXPECT_EQ(s.query_tokens, 9u + 9u + 12u);
+  EXPECT_EQ(s.hits, 1u);
+  EXPECT_EQ(s.hit_tokens, 8u);
+  EXPECT_EQ(s.evictions, 2u);  // a's two keyed blocks.
+}
+
+TEST_F(KVCacheManagerTest, UnknownRequestsAreErrors) {
+  KVCacheManager m = Make(4);
+  EXPECT_EQ(m.Free(42).code(), StatusCode::kNotFound);
+  Request a(1, Range(1, 5), 4, hasher_);
+  EXPECT_EQ(m.MayAppend(a).code(), StatusCode::kNotFound);
+  EXPECT_EQ(m.AllocateSlots(a, -1).status().code(),
+            StatusCode::kInvalidArgument);
+}
+
+TEST_F(KVCacheManagerTest, DifferentLoraNeverShares) {
+  KVCacheManager m = Make(10);
+  RequestExtras lora;
+  lora.lora_id = 3;
+  Request a(1, Range(1, 9), 4, hasher_, lora);
+  ASSERT_TRUE(m.AllocateSlots(a, 9).ok());
+  Request base(2, Range(1, 9), 4, hasher_);
+  EXPECT_TRUE(m.GetComputedBlocks(base).blocks.empty());
+  Request same_lora(3, Range(1, 9), 4, hasher_, lora);
+  EXPECT_EQ(m.GetComputedBlocks(same_lora).blocks.size(), 2u);
+}
+
+}  // namespace
+}  // namespace tierkv
