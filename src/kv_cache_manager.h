@@ -8,6 +8,11 @@
 // A request's life: GetComputedBlocks -> AllocateSlots (prefill, possibly in
 // several calls) -> [AppendToken on the Request, then CanAppend/MayAppend per
 // decode step]* -> Free.
+//
+// As in seed 003, MayAppend runs before the step that computes the appended
+// token's KV, and keys a block the moment that token fills it. A token that
+// ends the request (sampled, never computed) must not be passed to
+// MayAppend, or its block would be keyed without its KV.
 #ifndef TIERKV_SRC_KV_CACHE_MANAGER_H_
 #define TIERKV_SRC_KV_CACHE_MANAGER_H_
 
@@ -28,6 +33,8 @@ struct KVCacheManagerOptions {
 };
 
 struct PrefixCacheStats {
+  // Every GetComputedBlocks call counts, as in vLLM, including a lookup
+  // repeated after a refused allocation.
   uint64_t queries = 0;       // GetComputedBlocks calls.
   uint64_t query_tokens = 0;  // Prompt tokens looked up.
   uint64_t hits = 0;          // Lookups that hit at least one block.
@@ -61,8 +68,9 @@ class KVCacheManager {
       const Request& request, int32_t num_new_tokens,
       const ComputedBlocks& computed = {});
 
-  // Seed 003's decode path, called after Request::AppendToken. CanAppend:
-  // a free block exists if the new token needs one (len % block_size == 1).
+  // Seed 003's decode path, called after each Request::AppendToken.
+  // CanAppend: a free block exists if the new token needs one
+  // (len % block_size == 1).
   // MayAppend: allocates that block, or keys the last block when the new
   // token filled it.
   bool CanAppend(const Request& request) const;

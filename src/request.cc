@@ -32,6 +32,7 @@ Request Request::WithKeys(RequestId id, std::vector<TokenId> tokens,
 
 std::span<const TokenId> Request::block_tokens(int32_t index) const {
   const size_t start = static_cast<size_t>(index) * block_size_;
+  if (index < 0 || start >= tokens_.size()) return {};
   const size_t len = std::min<size_t>(block_size_, tokens_.size() - start);
   return std::span<const TokenId>(tokens_).subspan(start, len);
 }

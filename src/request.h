@@ -30,7 +30,8 @@ class Request {
   int32_t block_size() const { return block_size_; }
   int32_t num_tokens() const { return static_cast<int32_t>(tokens_.size()); }
   std::span<const TokenId> tokens() const { return tokens_; }
-  // Token ids of block `index` (the last block may be partial).
+  // Token ids of block `index` (the last block may be partial); empty past
+  // the end.
   std::span<const TokenId> block_tokens(int32_t index) const;
   // Keys of the leading full blocks; at most num_tokens() / block_size().
   const std::vector<BlockKey>& block_keys() const { return keys_; }

@@ -152,5 +152,13 @@ TEST_F(KVCacheManagerTest, DifferentLoraNeverShares) {
   EXPECT_EQ(m.GetComputedBlocks(same_lora).blocks.size(), 2u);
 }
 
+TEST(RequestTest, BlockTokensPastTheEndIsEmpty) {
+  const KeyHasher hasher(KeyNamespace{"request-test", ""});
+  Request r(1, Range(1, 6), 4, hasher);
+  EXPECT_THAT(r.block_tokens(1), ElementsAre(5, 6));
+  EXPECT_TRUE(r.block_tokens(2).empty());
+  EXPECT_TRUE(r.block_tokens(-1).empty());
+}
+
 }  // namespace
 }  // namespace tierkv
