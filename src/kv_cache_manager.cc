@@ -126,9 +126,11 @@ Status KVCacheManager::CacheFullBlocks(const Request& request,
 }
 
 bool KVCacheManager::CanAppend(const Request& request) const {
-  const bool needs_block =
-      request.num_tokens() % pool_.block_size() == 1 || pool_.block_size() == 1;
-  return pool_.num_free_blocks() >= (needs_block ? 1 : 0);
+  auto it = requests_.find(request.id());
+  const size_t held = it == requests_.end() ? 0 : it->second.blocks.size();
+  const int32_t needed = CeilDiv(request.num_tokens(), pool_.block_size()) -
+                         static_cast<int32_t>(held);
+  return pool_.num_free_blocks() >= std::max<int32_t>(0, needed);
 }
 
 Status KVCacheManager::MayAppend(const Request& request) {

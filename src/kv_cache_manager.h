@@ -69,12 +69,17 @@ class KVCacheManager {
       const ComputedBlocks& computed = {});
 
   // Seed 003's decode path, called after each Request::AppendToken.
-  // CanAppend: a free block exists if the new token needs one
-  // (len % block_size == 1).
+  // CanAppend: enough blocks are free for the tokens the request's blocks do
+  // not cover yet (seed 003's len % block_size == 1 case, made exact for
+  // requests that were given slots ahead).
   // MayAppend: allocates that block, or keys the last block when the new
   // token filled it.
   bool CanAppend(const Request& request) const;
   Status MayAppend(const Request& request);
+
+  // Drops the key of a free cached block (an operator's evict); false when
+  // the block is in use or holds no key.
+  bool EvictCachedBlock(BlockId id) { return pool_.EvictCachedBlock(id); }
 
   // Releases the request's blocks in reverse order. NotFound if unknown.
   Status Free(RequestId id);
