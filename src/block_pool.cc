@@ -135,6 +135,29 @@ Status BlockPool::CacheBlock(BlockId id, const BlockKey& key,
   return Status::Ok();
 }
 
+Status BlockPool::CacheFullBlocks(std::span<const BlockId> blocks,
+                                  std::span<const BlockKey> keys,
+                                  std::span<const TokenId> tokens,
+                                  int32_t num_cached_blocks,
+                                  int32_t num_full_blocks) {
+  const auto bs = static_cast<size_t>(block_size_);
+  const auto full = static_cast<size_t>(num_full_blocks);
+  if (num_cached_blocks < 0 || num_cached_blocks > num_full_blocks ||
+      full > blocks.size() || full > keys.size() || full * bs > tokens.size()) {
+    return Status::OutOfRange(
+        "cannot key blocks [" + std::to_string(num_cached_blocks) + ", " +
+        std::to_string(num_full_blocks) + ") of a request with " +
+        std::to_string(blocks.size()) + " blocks, " +
+        std::to_string(keys.size()) + " keys and " +
+        std::to_string(tokens.size()) + " tokens");
+  }
+  for (size_t i = static_cast<size_t>(num_cached_blocks); i < full; ++i) {
+    TIERKV_RETURN_IF_ERROR(
+        CacheBlock(blocks[i], keys[i], tokens.subspan(i * bs, bs)));
+  }
+  return Status::Ok();
+}
+
 bool BlockPool::EvictCachedBlock(BlockId id) {
   if (!IsValid(id)) return false;
   const Block& b = blocks_[Index(id)];

@@ -96,6 +96,15 @@ class BlockPool {
   Status CacheBlock(BlockId id, const BlockKey& key,
                     std::span<const TokenId> tokens);
 
+  // Keys a request's blocks [num_cached_blocks, num_full_blocks) (vLLM's
+  // cache_full_blocks): blocks[i] gets keys[i] and token ids
+  // tokens[i * block_size, (i + 1) * block_size). OutOfRange when a span is
+  // too short; otherwise as CacheBlock.
+  Status CacheFullBlocks(std::span<const BlockId> blocks,
+                         std::span<const BlockKey> keys,
+                         std::span<const TokenId> tokens,
+                         int32_t num_cached_blocks, int32_t num_full_blocks);
+
   // Drops the key of a free cached block, leaving it in the free queue.
   // Returns false when the block is in use or holds no key.
   bool EvictCachedBlock(BlockId id);

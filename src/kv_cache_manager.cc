@@ -115,13 +115,11 @@ Status KVCacheManager::CacheFullBlocks(const Request& request,
   const int32_t full = std::min<int32_t>(
       {known / bs, static_cast<int32_t>(request.block_keys().size()),
        static_cast<int32_t>(state->blocks.size())});
-  for (int32_t i = state->num_cached_blocks; i < full; ++i) {
-    const auto idx = static_cast<size_t>(i);
-    TIERKV_RETURN_IF_ERROR(pool_.CacheBlock(state->blocks[idx],
-                                            request.block_keys()[idx],
-                                            request.block_tokens(i)));
-  }
-  state->num_cached_blocks = std::max(state->num_cached_blocks, full);
+  if (full <= state->num_cached_blocks) return Status::Ok();
+  TIERKV_RETURN_IF_ERROR(
+      pool_.CacheFullBlocks(state->blocks, request.block_keys(),
+                            request.tokens(), state->num_cached_blocks, full));
+  state->num_cached_blocks = full;
   return Status::Ok();
 }
 

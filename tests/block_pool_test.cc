@@ -145,5 +145,21 @@ TEST(BlockPool, EvictCachedBlockOnlyTouchesFreeKeyedBlocks) {
   EXPECT_EQ(pool.stats().evictions, 1u);
 }
 
+TEST(BlockPool, CacheFullBlocksKeysTheGivenRange) {
+  BlockPool pool = MakePool(4);
+  std::vector<BlockId> got;
+  ASSERT_TRUE(pool.GetNewBlocks(3, &got).ok());
+  const std::vector<BlockKey> keys{kKeyA, kKeyB, {3, 3}};
+  const std::vector<TokenId> tokens{1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
+  ASSERT_TRUE(pool.CacheFullBlocks(got, keys, tokens, 1, 2).ok());
+  EXPECT_FALSE(pool.block(got[0]).has_key);  // Below num_cached_blocks.
+  EXPECT_EQ(pool.GetCachedBlock(kKeyB, kTokensB), got[1]);
+  EXPECT_FALSE(pool.block(got[2]).has_key);  // Past num_full_blocks.
+  // A third full block would need 12 tokens.
+  Status s = pool.CacheFullBlocks(got, keys, tokens, 2, 3);
+  EXPECT_EQ(s.code(), StatusCode::kOutOfRange) << s.ToString();
+  EXPECT_FALSE(pool.block(got[2]).has_key);
+}
+
 }  // namespace
 }  // namespace tierkv
