@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "tests/key_fixtures.h"
-#include "tests/token_range.h"
+#include "tests/sequential_tokens.h"
 
 namespace tierkv {
 namespace {
@@ -58,13 +58,13 @@ TEST(KeyFormat, GoldenKeys) {
 }
 
 TEST(BlockKey, SameInputsSameKeysAcrossHasherInstances) {
-  const auto tokens = TokenRange(1, 64);
+  const auto tokens = SequentialTokens(1, 64);
   EXPECT_EQ(PrefixKeys(KeyHasher(kNs), tokens),
             PrefixKeys(KeyHasher(kNs), tokens));
 }
 
 TEST(BlockKey, DiffersAcrossNamespacesAndTenants) {
-  const auto tokens = TokenRange(1, 32);
+  const auto tokens = SequentialTokens(1, 32);
   const auto base = PrefixKeys(KeyHasher(kNs), tokens);
   const auto other_model = PrefixKeys(KeyHasher({"model-b/bf16", ""}), tokens);
   const auto tenant_a = PrefixKeys(KeyHasher({"model-a/bf16", "a"}), tokens);
@@ -81,7 +81,7 @@ TEST(BlockKey, DiffersAcrossNamespacesAndTenants) {
 
 TEST(BlockKey, DiffersAcrossLoraIds) {
   const KeyHasher h(kNs);
-  const auto tokens = TokenRange(1, 32);
+  const auto tokens = SequentialTokens(1, 32);
   RequestExtras lora1, lora2;
   lora1.lora_id = 1;
   lora2.lora_id = 2;
@@ -96,7 +96,7 @@ TEST(BlockKey, DiffersAcrossLoraIds) {
 
 TEST(BlockKey, CacheSaltFoldsIntoFirstBlockOnly) {
   const KeyHasher h(kNs);
-  const auto tokens = TokenRange(1, 32);
+  const auto tokens = SequentialTokens(1, 32);
   RequestExtras s1, s2;
   s1.cache_salt = "tenant-secret-1";
   s2.cache_salt = "tenant-secret-2";
@@ -116,7 +116,7 @@ TEST(BlockKey, CacheSaltFoldsIntoFirstBlockOnly) {
 
 TEST(BlockKey, MultiModalItemKeysOnlyTheBlocksItCovers) {
   const KeyHasher h(kNs);
-  const auto tokens = TokenRange(1, 64);
+  const auto tokens = SequentialTokens(1, 64);
   RequestExtras img_a, img_b, img_a_shifted;
   img_a.mm_items.push_back({.hash = {1, 2}, .start = 20, .length = 20});
   img_b.mm_items.push_back({.hash = {3, 4}, .start = 20, .length = 20});
@@ -137,7 +137,8 @@ TEST(BlockKey, MultiModalItemKeysOnlyTheBlocksItCovers) {
 
 TEST(BlockKey, ChunkKeysAreContentOnlyAndNeverPrefixKeys) {
   const KeyHasher h(kNs);
-  const auto doc = TokenRange(500, 40);  // Two full blocks and a partial one.
+  const auto doc =
+      SequentialTokens(500, 40);  // Two full blocks and a partial one.
   const auto chunk = h.ChunkKeys(doc, 16);
   ASSERT_EQ(chunk.size(), 3u);
   EXPECT_EQ(chunk, KeyHasher(kNs).ChunkKeys(doc, 16));
@@ -170,7 +171,7 @@ TEST(BlockKey, LongBlocksHashLikeShortOnes) {
   // Blocks too big for the stack buffer take the heap path; both paths must
   // agree with a direct encoding (checked via chaining consistency).
   const KeyHasher h(kNs);
-  const auto tokens = TokenRange(1, 1024);
+  const auto tokens = SequentialTokens(1, 1024);
   std::vector<BlockKey> keys;
   h.AppendPrefixKeys(tokens, 512, {}, &keys);
   ASSERT_EQ(keys.size(), 2u);

@@ -8,7 +8,7 @@
 #include <numeric>
 #include <vector>
 
-#include "tests/token_range.h"
+#include "tests/sequential_tokens.h"
 
 namespace tierkv {
 namespace {
@@ -28,21 +28,21 @@ class KVCacheManagerTest : public ::testing::Test {
 
 TEST_F(KVCacheManagerTest, HitNeverCoversTheLastToken) {
   KVCacheManager m = Make(10);
-  Request a(1, TokenRange(1, 8), 4, hasher_);
+  Request a(1, SequentialTokens(1, 8), 4, hasher_);
   ASSERT_TRUE(m.AllocateSlots(a, 8).ok());
   // Identical 8-token prompt: both blocks are cached, but the last token must
   // be computed for logits, so only the first block counts.
-  Request same(2, TokenRange(1, 8), 4, hasher_);
+  Request same(2, SequentialTokens(1, 8), 4, hasher_);
   ComputedBlocks c = m.GetComputedBlocks(same);
   EXPECT_THAT(c.blocks, ElementsAre(1));
   EXPECT_EQ(c.num_tokens, 4);
-  Request longer(3, TokenRange(1, 9), 4, hasher_);
+  Request longer(3, SequentialTokens(1, 9), 4, hasher_);
   EXPECT_THAT(m.GetComputedBlocks(longer).blocks, ElementsAre(1, 2));
 }
 
 TEST_F(KVCacheManagerTest, CachingDisabledNeverHitsOrKeys) {
   KVCacheManager m = Make(10, /*caching=*/false);
-  Request a(1, TokenRange(1, 9), 4, hasher_);
+  Request a(1, SequentialTokens(1, 9), 4, hasher_);
   ASSERT_TRUE(m.AllocateSlots(a, 9).ok());
   EXPECT_EQ(m.pool().num_cached_blocks(), 0u);
   EXPECT_TRUE(m.GetComputedBlocks(a).blocks.empty());
@@ -51,9 +51,9 @@ TEST_F(KVCacheManagerTest, CachingDisabledNeverHitsOrKeys) {
 
 TEST_F(KVCacheManagerTest, AllocationIsAllOrNothing) {
   KVCacheManager m = Make(4);  // Null block + 3 usable.
-  Request a(1, TokenRange(1, 8), 4, hasher_);
+  Request a(1, SequentialTokens(1, 8), 4, hasher_);
   ASSERT_TRUE(m.AllocateSlots(a, 8).ok());
-  Request b(2, TokenRange(100, 8), 4, hasher_);
+  Request b(2, SequentialTokens(100, 8), 4, hasher_);
   auto r = m.AllocateSlots(b, 8);
   EXPECT_EQ(r.status().code(), StatusCode::kResourceExhausted);
   EXPECT_EQ(m.num_requests(), 1u);
@@ -64,12 +64,12 @@ TEST_F(KVCacheManagerTest, AllocationIsAllOrNothing) {
 
 TEST_F(KVCacheManagerTest, FreeHitsDoNotCountAsAvailableNewBlocks) {
   KVCacheManager m = Make(4);  // 3 usable.
-  Request a(1, TokenRange(1, 9), 4, hasher_);
+  Request a(1, SequentialTokens(1, 9), 4, hasher_);
   ASSERT_TRUE(m.AllocateSlots(a, 9).ok());
   ASSERT_TRUE(m.Free(1).ok());
   // b hits a's two cached blocks (both free) and needs 2 new ones: 3 free
   // blocks minus the 2 hits it will pin leave 1, so it must be refused.
-  Request b(2, TokenRange(1, 16), 4, hasher_);
+  Request b(2, SequentialTokens(1, 16), 4, hasher_);
   ComputedBlocks c = m.GetComputedBlocks(b);
   ASSERT_EQ(c.blocks.size(), 2u);
   auto r = m.AllocateSlots(b, 8, c);
@@ -79,14 +79,14 @@ TEST_F(KVCacheManagerTest, FreeHitsDoNotCountAsAvailableNewBlocks) {
 
 TEST_F(KVCacheManagerTest, StaleComputedBlocksAreRefused) {
   KVCacheManager m = Make(3);  // 2 usable.
-  Request a(1, TokenRange(1, 5), 4, hasher_);
+  Request a(1, SequentialTokens(1, 5), 4, hasher_);
   ASSERT_TRUE(m.AllocateSlots(a, 5).ok());
   ASSERT_TRUE(m.Free(1).ok());
-  Request b(2, TokenRange(1, 5), 4, hasher_);
+  Request b(2, SequentialTokens(1, 5), 4, hasher_);
   ComputedBlocks c = m.GetComputedBlocks(b);
   ASSERT_EQ(c.blocks.size(), 1u);
   // Another request evicts the hit before b allocates.
-  Request x(3, TokenRange(50, 8), 4, hasher_);
+  Request x(3, SequentialTokens(50, 8), 4, hasher_);
   ASSERT_TRUE(m.AllocateSlots(x, 8).ok());
   auto r = m.AllocateSlots(b, 1, c);
   EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition);
@@ -94,7 +94,7 @@ TEST_F(KVCacheManagerTest, StaleComputedBlocksAreRefused) {
 
 TEST_F(KVCacheManagerTest, ChunkedPrefillKeysBlocksAsTheyFill) {
   KVCacheManager m = Make(10);
-  Request a(1, TokenRange(1, 10), 4, hasher_);
+  Request a(1, SequentialTokens(1, 10), 4, hasher_);
   auto first = m.AllocateSlots(a, 6);  // Tokens 0-5: one full block.
   ASSERT_TRUE(first.ok());
   EXPECT_THAT(*first, ElementsAre(1, 2));
@@ -108,15 +108,15 @@ TEST_F(KVCacheManagerTest, ChunkedPrefillKeysBlocksAsTheyFill) {
 
 TEST_F(KVCacheManagerTest, StatsCountQueriesHitsAndEvictions) {
   KVCacheManager m = Make(4);  // 3 usable.
-  Request a(1, TokenRange(1, 9), 4, hasher_);
+  Request a(1, SequentialTokens(1, 9), 4, hasher_);
   (void)m.GetComputedBlocks(a);
   ASSERT_TRUE(m.AllocateSlots(a, 9).ok());
   ASSERT_TRUE(m.Free(1).ok());
-  Request b(2, TokenRange(1, 9), 4, hasher_);
+  Request b(2, SequentialTokens(1, 9), 4, hasher_);
   ComputedBlocks c = m.GetComputedBlocks(b);
   ASSERT_TRUE(m.AllocateSlots(b, 1, c).ok());
   ASSERT_TRUE(m.Free(2).ok());
-  Request x(3, TokenRange(70, 12), 4, hasher_);
+  Request x(3, SequentialTokens(70, 12), 4, hasher_);
   (void)m.GetComputedBlocks(x);
   ASSERT_TRUE(m.AllocateSlots(x, 12).ok());  // Reuses every block.
   const PrefixCacheStats s = m.stats();
@@ -130,7 +130,7 @@ TEST_F(KVCacheManagerTest, StatsCountQueriesHitsAndEvictions) {
 TEST_F(KVCacheManagerTest, UnknownRequestsAreErrors) {
   KVCacheManager m = Make(4);
   EXPECT_EQ(m.Free(42).code(), StatusCode::kNotFound);
-  Request a(1, TokenRange(1, 5), 4, hasher_);
+  Request a(1, SequentialTokens(1, 5), 4, hasher_);
   EXPECT_EQ(m.MayAppend(a).code(), StatusCode::kNotFound);
   EXPECT_EQ(m.AllocateSlots(a, -1).status().code(),
             StatusCode::kInvalidArgument);
@@ -140,17 +140,17 @@ TEST_F(KVCacheManagerTest, DifferentLoraNeverShares) {
   KVCacheManager m = Make(10);
   RequestExtras lora;
   lora.lora_id = 3;
-  Request a(1, TokenRange(1, 9), 4, hasher_, lora);
+  Request a(1, SequentialTokens(1, 9), 4, hasher_, lora);
   ASSERT_TRUE(m.AllocateSlots(a, 9).ok());
-  Request base(2, TokenRange(1, 9), 4, hasher_);
+  Request base(2, SequentialTokens(1, 9), 4, hasher_);
   EXPECT_TRUE(m.GetComputedBlocks(base).blocks.empty());
-  Request same_lora(3, TokenRange(1, 9), 4, hasher_, lora);
+  Request same_lora(3, SequentialTokens(1, 9), 4, hasher_, lora);
   EXPECT_EQ(m.GetComputedBlocks(same_lora).blocks.size(), 2u);
 }
 
 TEST(RequestTest, BlockTokensPastTheEndIsEmpty) {
   const KeyHasher hasher(KeyNamespace{"request-test", ""});
-  Request r(1, TokenRange(1, 6), 4, hasher);
+  Request r(1, SequentialTokens(1, 6), 4, hasher);
   EXPECT_THAT(r.block_tokens(1), ElementsAre(5, 6));
   EXPECT_TRUE(r.block_tokens(2).empty());
   EXPECT_TRUE(r.block_tokens(-1).empty());

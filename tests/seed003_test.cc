@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "src/kv_cache_manager.h"
-#include "tests/token_range.h"
+#include "tests/sequential_tokens.h"
 
 namespace tierkv {
 namespace {
@@ -38,10 +38,11 @@ class Seed003 : public ::testing::Test {
 // Seed §5.7.4: "你好，我是" (256 tokens) + "小明" / "小红" (50 tokens each).
 TEST_F(Seed003, SharedPrefixBlockHasRefCountTwo) {
   KVCacheManager m = MakeManager(10, 256);
-  const std::vector<TokenId> greeting = TokenRange(100, 256);  // 你好，我是
-  Request seq1(1, Concat(greeting, TokenRange(5000, 50)), 256,
+  const std::vector<TokenId> greeting =
+      SequentialTokens(100, 256);  // 你好，我是
+  Request seq1(1, Concat(greeting, SequentialTokens(5000, 50)), 256,
                hasher_);  // 小明
-  Request seq2(2, Concat(greeting, TokenRange(6000, 50)), 256,
+  Request seq2(2, Concat(greeting, SequentialTokens(6000, 50)), 256,
                hasher_);  // 小红
 
   ASSERT_TRUE(m.AllocateSlots(seq1, seq1.num_tokens()).ok());
@@ -60,9 +61,9 @@ TEST_F(Seed003, SharedPrefixBlockHasRefCountTwo) {
 
 TEST_F(Seed003, DeallocateInReverseOnlyFreesUnsharedBlocks) {
   KVCacheManager m = MakeManager(10, 256);
-  const std::vector<TokenId> greeting = TokenRange(100, 256);
-  Request seq1(1, Concat(greeting, TokenRange(5000, 50)), 256, hasher_);
-  Request seq2(2, Concat(greeting, TokenRange(6000, 50)), 256, hasher_);
+  const std::vector<TokenId> greeting = SequentialTokens(100, 256);
+  Request seq1(1, Concat(greeting, SequentialTokens(5000, 50)), 256, hasher_);
+  Request seq2(2, Concat(greeting, SequentialTokens(6000, 50)), 256, hasher_);
   ASSERT_TRUE(m.AllocateSlots(seq1, seq1.num_tokens()).ok());
   ComputedBlocks hit = m.GetComputedBlocks(seq2);
   ASSERT_TRUE(
@@ -83,7 +84,8 @@ TEST_F(Seed003, DeallocateInReverseOnlyFreesUnsharedBlocks) {
 
 TEST_F(Seed003, MayAppendThreeCases) {
   KVCacheManager m = MakeManager(4, 4);
-  Request seq(1, TokenRange(1, 4), 4, hasher_);  // Exactly one full block.
+  Request seq(1, SequentialTokens(1, 4), 4,
+              hasher_);  // Exactly one full block.
   ASSERT_TRUE(m.AllocateSlots(seq, 4).ok());
   ASSERT_THAT(m.blocks(1), ElementsAre(0));
   ASSERT_TRUE(m.pool().block(0).has_key);
@@ -109,16 +111,17 @@ TEST_F(Seed003, MayAppendThreeCases) {
   seq.AppendToken(8);
   ASSERT_TRUE(m.MayAppend(seq).ok());
   ASSERT_TRUE(m.pool().block(1).has_key);
-  Request fresh(2, TokenRange(1, 8), 4, hasher_);
+  Request fresh(2, SequentialTokens(1, 8), 4, hasher_);
   EXPECT_EQ(m.pool().block(1).key, fresh.block_keys()[1]);
   EXPECT_THAT(
-      m.GetComputedBlocks(Request(3, TokenRange(1, 9), 4, hasher_)).blocks,
+      m.GetComputedBlocks(Request(3, SequentialTokens(1, 9), 4, hasher_))
+          .blocks,
       ElementsAre(0, 1));
 }
 
 TEST_F(Seed003, CannotAppendWithoutAFreeBlock) {
   KVCacheManager m = MakeManager(2, 4);
-  Request seq(1, TokenRange(1, 8), 4, hasher_);
+  Request seq(1, SequentialTokens(1, 8), 4, hasher_);
   ASSERT_TRUE(m.AllocateSlots(seq, 8).ok());
   ASSERT_EQ(m.pool().num_free_blocks(), 0);
   seq.AppendToken(9);  // Needs a third block.
@@ -133,21 +136,21 @@ TEST_F(Seed003, CannotAppendWithoutAFreeBlock) {
 // here: request B carries request A's keys but other tokens) is a miss.
 TEST_F(Seed003, CollidingKeyIsAMissNeverWrongData) {
   KVCacheManager m = MakeManager(8, 4);
-  Request a(1, TokenRange(1, 9), 4, hasher_);
+  Request a(1, SequentialTokens(1, 9), 4, hasher_);
   ASSERT_TRUE(m.AllocateSlots(a, a.num_tokens()).ok());
 
-  Request b = Request::WithKeys(2, TokenRange(101, 9), 4, a.block_keys());
+  Request b = Request::WithKeys(2, SequentialTokens(101, 9), 4, a.block_keys());
   ASSERT_EQ(b.block_keys(), a.block_keys());
   EXPECT_TRUE(m.GetComputedBlocks(b).blocks.empty());
   EXPECT_EQ(m.stats().hits, 0u);
 
   // Same keys and same tokens: a hit, so the seam itself is sound.
-  Request c = Request::WithKeys(3, TokenRange(1, 9), 4, a.block_keys());
+  Request c = Request::WithKeys(3, SequentialTokens(1, 9), 4, a.block_keys());
   EXPECT_THAT(m.GetComputedBlocks(c).blocks, ElementsAre(0, 1));
 
   // Only the second block collides: the hit stops before it.
-  std::vector<TokenId> mixed = TokenRange(1, 4);
-  for (TokenId t : TokenRange(201, 5)) mixed.push_back(t);
+  std::vector<TokenId> mixed = SequentialTokens(1, 4);
+  for (TokenId t : SequentialTokens(201, 5)) mixed.push_back(t);
   Request d = Request::WithKeys(4, mixed, 4, a.block_keys());
   EXPECT_THAT(m.GetComputedBlocks(d).blocks, ElementsAre(0));
 }

@@ -1,6 +1,6 @@
 // Token ids for tests: n consecutive ids starting at `first`.
-#ifndef TIERKV_TESTS_TOKEN_RANGE_H_
-#define TIERKV_TESTS_TOKEN_RANGE_H_
+#ifndef TIERKV_TESTS_SEQUENTIAL_TOKENS_H_
+#define TIERKV_TESTS_SEQUENTIAL_TOKENS_H_
 
 #include <numeric>
 #include <vector>
@@ -9,7 +9,7 @@
 
 namespace tierkv {
 
-inline std::vector<TokenId> TokenRange(TokenId first, int n) {
+inline std::vector<TokenId> SequentialTokens(TokenId first, int n) {
   std::vector<TokenId> v(static_cast<size_t>(n));
   std::iota(v.begin(), v.end(), first);
   return v;
@@ -17,4 +17,4 @@ inline std::vector<TokenId> TokenRange(TokenId first, int n) {
 
 }  // namespace tierkv
 
-#endif  // TIERKV_TESTS_TOKEN_RANGE_H_
+#endif  // TIERKV_TESTS_SEQUENTIAL_TOKENS_H_
