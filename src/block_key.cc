@@ -137,8 +137,10 @@ void KeyHasher::EncodeExtraKeys(const RequestExtras& extras,
   }
   const int64_t block_end = block_start + block_len;
   for (const MultiModalItem& item : extras.mm_items) {
-    if (item.start >= block_end) break;  // Sorted by start.
-    if (item.start + item.length <= block_start) continue;
+    // Any order: an item missed here would leave its image out of the key.
+    if (item.start >= block_end || item.start + item.length <= block_start) {
+      continue;
+    }
     out->push_back(kTagMultiModal);
     AppendLe(item.hash.lo, out);
     AppendLe(item.hash.hi, out);
@@ -154,6 +156,7 @@ void KeyHasher::AppendPrefixKeys(std::span<const TokenId> tokens,
                                  int32_t block_size,
                                  const RequestExtras& extras,
                                  std::vector<BlockKey>* keys) const {
+  if (block_size < 1) return;  // No blocks, no keys.
   const size_t num_full = tokens.size() / static_cast<size_t>(block_size);
   if (keys->size() >= num_full) return;
   keys->reserve(num_full);
@@ -231,6 +234,7 @@ void KeyHasher::AppendPlainKeys(std::span<const TokenId> tokens,
 std::vector<BlockKey> KeyHasher::ChunkKeys(std::span<const TokenId> tokens,
                                            int32_t block_size) const {
   std::vector<BlockKey> keys;
+  if (block_size < 1) return keys;
   keys.reserve((tokens.size() + block_size - 1) / block_size);
   BlockKey parent = chunk_root_;
   for (size_t start = 0; start < tokens.size(); start += block_size) {

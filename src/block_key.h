@@ -63,7 +63,7 @@ struct MultiModalItem {
 // Per-request inputs that change what a block's KV means beyond its tokens.
 struct RequestExtras {
   std::optional<uint64_t> lora_id;       // Applies to every block.
-  std::vector<MultiModalItem> mm_items;  // Sorted by start.
+  std::vector<MultiModalItem> mm_items;  // Any order.
   std::string cache_salt;                // Folded into the first block only.
 };
 
@@ -88,7 +88,8 @@ class KeyHasher {
 
   // Extends `keys` (the keys of the first keys->size() full blocks of
   // `tokens`) with the keys of the remaining full blocks, chained from the
-  // sequence root. Partial trailing blocks get no key.
+  // sequence root. Partial trailing blocks get no key; block_size < 1 keys
+  // nothing.
   void AppendPrefixKeys(std::span<const TokenId> tokens, int32_t block_size,
                         const RequestExtras& extras,
                         std::vector<BlockKey>* keys) const;

@@ -6,7 +6,7 @@
 namespace tierkv {
 namespace {
 
-int32_t CeilDiv(int32_t a, int32_t b) { return (a + b - 1) / b; }
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 }  // namespace
 
@@ -18,7 +18,10 @@ StatusOr<KVCacheManager> KVCacheManager::Create(
 
 ComputedBlocks KVCacheManager::GetComputedBlocks(const Request& request) {
   ComputedBlocks computed;
-  if (!enable_caching_ || request.num_tokens() == 0) return computed;
+  if (!enable_caching_ || request.num_tokens() == 0 ||
+      request.block_size() != pool_.block_size()) {
+    return computed;
+  }
   ++stats_.queries;
   stats_.query_tokens += static_cast<uint64_t>(request.num_tokens());
 
@@ -39,6 +42,16 @@ ComputedBlocks KVCacheManager::GetComputedBlocks(const Request& request) {
     stats_.hit_tokens += static_cast<uint64_t>(computed.num_tokens);
   }
   return computed;
+}
+
+Status KVCacheManager::CheckBlockSize(const Request& request) const {
+  if (request.block_size() != pool_.block_size()) {
+    return Status::InvalidArgument(
+        "request " + std::to_string(request.id()) + " was keyed with " +
+        std::to_string(request.block_size()) + "-token blocks; this pool's " +
+        "blocks hold " + std::to_string(pool_.block_size()));
+  }
+  return Status::Ok();
 }
 
 Status KVCacheManager::CheckComputedStillCached(
@@ -67,6 +80,7 @@ StatusOr<std::vector<BlockId>> KVCacheManager::AllocateSlots(
   if (num_new_tokens < 0) {
     return Status::InvalidArgument("num_new_tokens must be >= 0");
   }
+  TIERKV_RETURN_IF_ERROR(CheckBlockSize(request));
   auto it = requests_.find(request.id());
   const bool is_new = it == requests_.end();
   if (!is_new && !computed.blocks.empty()) {
@@ -76,12 +90,21 @@ StatusOr<std::vector<BlockId>> KVCacheManager::AllocateSlots(
   TIERKV_RETURN_IF_ERROR(CheckComputedStillCached(request, computed));
 
   const int32_t bs = pool_.block_size();
-  const int32_t have_tokens = is_new ? 0 : it->second.num_tokens;
-  const size_t have_blocks = is_new ? 0 : it->second.blocks.size();
-  const int32_t total = have_tokens + computed.num_tokens + num_new_tokens;
-  const int32_t needed = std::max<int32_t>(
-      0, CeilDiv(total, bs) - static_cast<int32_t>(have_blocks) -
-             static_cast<int32_t>(computed.blocks.size()));
+  const int64_t have_tokens = is_new ? 0 : it->second.num_tokens;
+  const auto have_blocks =
+      static_cast<int64_t>(is_new ? 0 : it->second.blocks.size());
+  const int64_t total =
+      have_tokens + int64_t{computed.num_tokens} + int64_t{num_new_tokens};
+  if (CeilDiv(total, bs) > pool_.num_blocks()) {
+    return Status::InvalidArgument("request " + std::to_string(request.id()) +
+                                   " would hold " + std::to_string(total) +
+                                   " tokens, more than the whole pool (" +
+                                   std::to_string(pool_.num_blocks()) +
+                                   " blocks of " + std::to_string(bs) + ")");
+  }
+  const auto needed = static_cast<int32_t>(
+      std::max<int64_t>(0, CeilDiv(total, bs) - have_blocks -
+                               static_cast<int64_t>(computed.blocks.size())));
   // Touching a free hit takes it out of the free queue, so it cannot also
   // serve as a new block.
   const auto free_hits = static_cast<int32_t>(
@@ -102,7 +125,7 @@ StatusOr<std::vector<BlockId>> KVCacheManager::AllocateSlots(
   std::vector<BlockId> new_blocks;
   TIERKV_RETURN_IF_ERROR(pool_.GetNewBlocks(needed, &new_blocks));
   state.blocks.insert(state.blocks.end(), new_blocks.begin(), new_blocks.end());
-  state.num_tokens = total;
+  state.num_tokens = static_cast<int32_t>(total);
   TIERKV_RETURN_IF_ERROR(CacheFullBlocks(request, &state));
   return new_blocks;
 }
@@ -126,9 +149,9 @@ Status KVCacheManager::CacheFullBlocks(const Request& request,
 bool KVCacheManager::CanAppend(const Request& request) const {
   auto it = requests_.find(request.id());
   const size_t held = it == requests_.end() ? 0 : it->second.blocks.size();
-  const int32_t needed = CeilDiv(request.num_tokens(), pool_.block_size()) -
-                         static_cast<int32_t>(held);
-  return pool_.num_free_blocks() >= std::max<int32_t>(0, needed);
+  const int64_t needed = CeilDiv(request.num_tokens(), pool_.block_size()) -
+                         static_cast<int64_t>(held);
+  return pool_.num_free_blocks() >= std::max<int64_t>(0, needed);
 }
 
 Status KVCacheManager::MayAppend(const Request& request) {
@@ -137,10 +160,12 @@ Status KVCacheManager::MayAppend(const Request& request) {
     return Status::NotFound("request " + std::to_string(request.id()) +
                             " holds no blocks");
   }
+  TIERKV_RETURN_IF_ERROR(CheckBlockSize(request));
   RequestState& state = it->second;
   const int32_t len = request.num_tokens();
-  const int32_t needed = CeilDiv(len, pool_.block_size()) -
-                         static_cast<int32_t>(state.blocks.size());
+  const auto needed =
+      static_cast<int32_t>(CeilDiv(len, pool_.block_size()) -
+                           static_cast<int64_t>(state.blocks.size()));
   if (needed > 0) {
     // len % block_size == 1: the previous block is full, start a new one.
     TIERKV_RETURN_IF_ERROR(pool_.GetNewBlocks(needed, &state.blocks));

@@ -55,7 +55,8 @@ class KVCacheManager {
   // Longest run of leading full blocks that are cached, stopping at the first
   // miss and covering at most num_tokens - 1 tokens (the last token is always
   // computed, so the engine has logits to sample from). Changes nothing but
-  // the stats; the blocks are taken by AllocateSlots.
+  // the stats; the blocks are taken by AllocateSlots. A request keyed for
+  // another block size never hits.
   ComputedBlocks GetComputedBlocks(const Request& request);
 
   // Gives the request slots for `num_new_tokens` more tokens. On the first
@@ -63,7 +64,9 @@ class KVCacheManager {
   // change in between) is touched and becomes the request's first blocks.
   // New blocks come from the head of the free queue; every block that is
   // full of known tokens gets its key. Returns the new block ids;
-  // ResourceExhausted, with nothing changed, when too few blocks are free.
+  // ResourceExhausted, with nothing changed, when too few blocks are free;
+  // InvalidArgument for a request that could never fit the pool or was keyed
+  // for another block size.
   StatusOr<std::vector<BlockId>> AllocateSlots(
       const Request& request, int32_t num_new_tokens,
       const ComputedBlocks& computed = {});
@@ -101,6 +104,7 @@ class KVCacheManager {
   KVCacheManager(BlockPool pool, bool enable_caching)
       : pool_(std::move(pool)), enable_caching_(enable_caching) {}
 
+  Status CheckBlockSize(const Request& request) const;
   Status CheckComputedStillCached(const Request& request,
                                   const ComputedBlocks& computed) const;
   // Keys the request's blocks that are full of known tokens.

@@ -24,7 +24,8 @@ Request::Request(RequestId id, std::vector<TokenId> tokens, int32_t block_size,
 Request Request::WithKeys(RequestId id, std::vector<TokenId> tokens,
                           int32_t block_size, std::vector<BlockKey> keys) {
   Request r(id, std::move(tokens), block_size, nullptr, RequestExtras{});
-  const size_t max_keys = r.tokens_.size() / static_cast<size_t>(block_size);
+  const size_t max_keys =
+      block_size < 1 ? 0 : r.tokens_.size() / static_cast<size_t>(block_size);
   keys.resize(std::min(keys.size(), max_keys));
   r.keys_ = std::move(keys);
   return r;
@@ -39,7 +40,8 @@ std::span<const TokenId> Request::block_tokens(int32_t index) const {
 
 void Request::AppendToken(TokenId token) {
   tokens_.push_back(token);
-  if (hasher_ != nullptr && tokens_.size() % block_size_ == 0) {
+  if (hasher_ != nullptr && block_size_ > 0 &&
+      tokens_.size() % static_cast<size_t>(block_size_) == 0) {
     hasher_->AppendPrefixKeys(tokens_, block_size_, extras_, &keys_);
   }
 }

@@ -20,9 +20,11 @@ class Request {
   Request(RequestId id, std::vector<TokenId> tokens, int32_t block_size,
           const KeyHasher& hasher, RequestExtras extras = {});
 
-  // Keys supplied by the caller, e.g. computed by a worker and received over
-  // IPC. They are never trusted for correctness: a hit also needs the stored
-  // token ids to match. Appended tokens get no new keys.
+  // Keys supplied by the caller, e.g. computed by a worker. A hit still
+  // needs the block's stored token ids to match, but a key list that does not
+  // chain (another prefix, LoRA or image behind the same tokens) is taken at
+  // its word: only trusted callers may supply keys. Appended tokens get no
+  // new keys.
   static Request WithKeys(RequestId id, std::vector<TokenId> tokens,
                           int32_t block_size, std::vector<BlockKey> keys);
 

@@ -5,6 +5,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <numeric>
 #include <vector>
 
@@ -125,6 +126,63 @@ TEST_F(KVCacheManagerTest, StatsCountQueriesHitsAndEvictions) {
   EXPECT_EQ(s.hits, 1u);
   EXPECT_EQ(s.hit_tokens, 8u);
   EXPECT_EQ(s.evictions, 2u);  // a's two keyed blocks.
+}
+
+// The hits sit at the head of the free queue: they must be taken out of the
+// queue before new blocks are popped, or a hit would be handed out (and its
+// key evicted) as a new block.
+TEST_F(KVCacheManagerTest, HitsAtTheQueueHeadAreTouchedBeforePopping) {
+  KVCacheManager m =
+      KVCacheManager::Create({.pool = {.num_blocks = 6,
+                                       .block_size = 4,
+                                       .reserve_null_block = false}})
+          .value();
+  Request a(1, SequentialTokens(1, 9), 4, hasher_);  // Blocks 0, 1, 2.
+  ASSERT_TRUE(m.AllocateSlots(a, 9).ok());
+  Request x(2, SequentialTokens(100, 4), 4, hasher_);  // Block 3.
+  ASSERT_TRUE(m.AllocateSlots(x, 4).ok());
+  ASSERT_TRUE(m.Free(1).ok());
+  ASSERT_TRUE(m.Free(2).ok());
+  Request y(3, SequentialTokens(200, 12), 4, hasher_);  // Pops 4, 5, 2.
+  ASSERT_TRUE(m.AllocateSlots(y, 12).ok());
+  ASSERT_THAT(m.pool().FreeQueueSnapshot(), ElementsAre(1, 0, 3));
+
+  Request b(4, SequentialTokens(1, 9), 4, hasher_);
+  ComputedBlocks c = m.GetComputedBlocks(b);
+  ASSERT_THAT(c.blocks, ElementsAre(0, 1));
+  auto fresh = m.AllocateSlots(b, 1, c);
+  ASSERT_TRUE(fresh.ok()) << fresh.status().ToString();
+  EXPECT_THAT(*fresh, ElementsAre(3));
+  EXPECT_THAT(m.blocks(4), ElementsAre(0, 1, 3));
+  EXPECT_TRUE(m.pool().block(1).has_key);
+  EXPECT_TRUE(m.pool().CheckInvariants().ok());
+}
+
+TEST_F(KVCacheManagerTest, HugeRequestsAreRefusedWithoutOverflow) {
+  KVCacheManager m = Make(10);
+  Request a(1, SequentialTokens(1, 8), 4, hasher_);
+  auto r = m.AllocateSlots(a, std::numeric_limits<int32_t>::max() - 4);
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(r.status().message(), ::testing::HasSubstr("whole pool"));
+  EXPECT_EQ(m.num_requests(), 0u);
+  ASSERT_TRUE(m.AllocateSlots(a, 8).ok());
+  r = m.AllocateSlots(a, std::numeric_limits<int32_t>::max());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(m.blocks(1), ElementsAre(1, 2));
+}
+
+TEST_F(KVCacheManagerTest, RequestsKeyedForAnotherBlockSizeAreRefused) {
+  KVCacheManager m = Make(10);  // 4-token blocks.
+  Request eight(1, SequentialTokens(1, 17), 8, hasher_);
+  EXPECT_TRUE(m.GetComputedBlocks(eight).blocks.empty());
+  auto r = m.AllocateSlots(eight, 17);
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(r.status().message(), ::testing::HasSubstr("8-token blocks"));
+  Request zero(2, SequentialTokens(1, 5), 0, hasher_);  // Must not crash.
+  EXPECT_TRUE(zero.block_keys().empty());
+  zero.AppendToken(9);
+  EXPECT_EQ(m.AllocateSlots(zero, 5).status().code(),
+            StatusCode::kInvalidArgument);
 }
 
 TEST_F(KVCacheManagerTest, UnknownRequestsAreErrors) {
