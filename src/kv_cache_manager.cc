@@ -44,6 +44,11 @@ ComputedBlocks KVCacheManager::GetComputedBlocks(const Request& request) {
   return computed;
 }
 
+int64_t KVCacheManager::BlocksShort(int64_t num_tokens, size_t held) const {
+  return std::max<int64_t>(
+      0, CeilDiv(num_tokens, pool_.block_size()) - static_cast<int64_t>(held));
+}
+
 Status KVCacheManager::CheckBlockSize(const Request& request) const {
   if (request.block_size() != pool_.block_size()) {
     return Status::InvalidArgument(
@@ -91,8 +96,7 @@ StatusOr<std::vector<BlockId>> KVCacheManager::AllocateSlots(
 
   const int32_t bs = pool_.block_size();
   const int64_t have_tokens = is_new ? 0 : it->second.num_tokens;
-  const auto have_blocks =
-      static_cast<int64_t>(is_new ? 0 : it->second.blocks.size());
+  const size_t have_blocks = is_new ? 0 : it->second.blocks.size();
   const int64_t total =
       have_tokens + int64_t{computed.num_tokens} + int64_t{num_new_tokens};
   if (CeilDiv(total, bs) > pool_.num_blocks()) {
@@ -103,8 +107,7 @@ StatusOr<std::vector<BlockId>> KVCacheManager::AllocateSlots(
                                    " blocks of " + std::to_string(bs) + ")");
   }
   const auto needed = static_cast<int32_t>(
-      std::max<int64_t>(0, CeilDiv(total, bs) - have_blocks -
-                               static_cast<int64_t>(computed.blocks.size())));
+      BlocksShort(total, have_blocks + computed.blocks.size()));
   // Touching a free hit takes it out of the free queue, so it cannot also
   // serve as a new block.
   const auto free_hits = static_cast<int32_t>(
@@ -149,9 +152,7 @@ Status KVCacheManager::CacheFullBlocks(const Request& request,
 bool KVCacheManager::CanAppend(const Request& request) const {
   auto it = requests_.find(request.id());
   const size_t held = it == requests_.end() ? 0 : it->second.blocks.size();
-  const int64_t needed = CeilDiv(request.num_tokens(), pool_.block_size()) -
-                         static_cast<int64_t>(held);
-  return pool_.num_free_blocks() >= std::max<int64_t>(0, needed);
+  return pool_.num_free_blocks() >= BlocksShort(request.num_tokens(), held);
 }
 
 Status KVCacheManager::MayAppend(const Request& request) {
@@ -164,8 +165,7 @@ Status KVCacheManager::MayAppend(const Request& request) {
   RequestState& state = it->second;
   const int32_t len = request.num_tokens();
   const auto needed =
-      static_cast<int32_t>(CeilDiv(len, pool_.block_size()) -
-                           static_cast<int64_t>(state.blocks.size()));
+      static_cast<int32_t>(BlocksShort(len, state.blocks.size()));
   if (needed > 0) {
     // len % block_size == 1: the previous block is full, start a new one.
     TIERKV_RETURN_IF_ERROR(pool_.GetNewBlocks(needed, &state.blocks));

@@ -104,6 +104,8 @@ class KVCacheManager {
   KVCacheManager(BlockPool pool, bool enable_caching)
       : pool_(std::move(pool)), enable_caching_(enable_caching) {}
 
+  // Blocks still missing so that `held` blocks cover `num_tokens` tokens.
+  int64_t BlocksShort(int64_t num_tokens, size_t held) const;
   Status CheckBlockSize(const Request& request) const;
   Status CheckComputedStillCached(const Request& request,
                                   const ComputedBlocks& computed) const;

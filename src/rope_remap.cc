@@ -1,6 +1,7 @@
 #include "src/rope_remap.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -29,14 +30,11 @@ float HalfToFloat(uint16_t h) {
     }
     bits = sign | (exp << 23) | ((mant & 0x3ff) << 13);
   }
-  float f;
-  std::memcpy(&f, &bits, sizeof(f));
-  return f;
+  return std::bit_cast<float>(bits);
 }
 
 uint16_t FloatToHalf(float f) {
-  uint32_t x;
-  std::memcpy(&x, &f, sizeof(x));
+  uint32_t x = std::bit_cast<uint32_t>(f);
   uint32_t sign = (x >> 16) & 0x8000;
   x &= 0x7fffffff;
   if (x > 0x7f800000) return sign | 0x7e00 | ((x >> 13) & 0x3ff);  // NaN.
@@ -60,14 +58,11 @@ uint16_t FloatToHalf(float f) {
 
 float Bf16ToFloat(uint16_t b) {
   uint32_t bits = static_cast<uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof(f));
-  return f;
+  return std::bit_cast<float>(bits);
 }
 
 uint16_t FloatToBf16(float f) {
-  uint32_t x;
-  std::memcpy(&x, &f, sizeof(x));
+  uint32_t x = std::bit_cast<uint32_t>(f);
   if ((x & 0x7fffffff) > 0x7f800000) return (x >> 16) | 0x0040;  // Quiet NaN.
   x += 0x7fff + ((x >> 16) & 1);
   return static_cast<uint16_t>(x >> 16);

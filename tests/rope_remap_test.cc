@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -119,22 +120,13 @@ __attribute__((target("f16c"))) uint16_t HwFloatToHalf(float f) {
 }
 #endif
 
-uint32_t Bits(float f) {
-  uint32_t b;
-  std::memcpy(&b, &f, sizeof(b));
-  return b;
-}
-float FromBits(uint32_t b) {
-  float f;
-  std::memcpy(&f, &b, sizeof(f));
-  return f;
-}
-
 TEST(RopeRemap, HalfConversionsMatchF16c) {
 #if defined(__x86_64__) || defined(__i386__)
   if (!__builtin_cpu_supports("f16c")) GTEST_SKIP() << "no F16C";
   for (uint32_t h = 0; h <= 0xffff; ++h) {
-    ASSERT_EQ(Bits(internal::HalfToFloat(h)), Bits(HwHalfToFloat(h))) << h;
+    ASSERT_EQ(std::bit_cast<uint32_t>(internal::HalfToFloat(h)),
+              std::bit_cast<uint32_t>(HwHalfToFloat(h)))
+        << h;
   }
   std::vector<uint32_t> floats = {
       0,          0x80000000, 0x7f800000, 0xff800000, 0x7f800001,
@@ -144,7 +136,8 @@ TEST(RopeRemap, HalfConversionsMatchF16c) {
   std::mt19937 rng(7);
   for (int i = 0; i < 1 << 20; ++i) floats.push_back(rng());
   for (uint32_t f : floats) {
-    ASSERT_EQ(internal::FloatToHalf(FromBits(f)), HwFloatToHalf(FromBits(f)))
+    ASSERT_EQ(internal::FloatToHalf(std::bit_cast<float>(f)),
+              HwFloatToHalf(std::bit_cast<float>(f)))
         << std::hex << f;
   }
 #else
@@ -154,14 +147,19 @@ TEST(RopeRemap, HalfConversionsMatchF16c) {
 
 TEST(RopeRemap, Bf16RoundsToNearestEven) {
   EXPECT_EQ(internal::FloatToBf16(1.0f), 0x3f80);
-  EXPECT_EQ(internal::FloatToBf16(FromBits(0x3f808000)), 0x3f80);  // Tie.
-  EXPECT_EQ(internal::FloatToBf16(FromBits(0x3f818000)), 0x3f82);  // Tie.
-  EXPECT_EQ(internal::FloatToBf16(FromBits(0x3f808001)), 0x3f81);
-  EXPECT_EQ(internal::FloatToBf16(FromBits(0x7f7fffff)), 0x7f80);  // To inf.
-  EXPECT_EQ(internal::FloatToBf16(FromBits(0xff800000)), 0xff80);
-  EXPECT_EQ(internal::FloatToBf16(FromBits(0x7f800001)), 0x7fc0);  // NaN.
-  EXPECT_EQ(Bits(internal::Bf16ToFloat(0xc049)), 0xc0490000u);
-  EXPECT_EQ(internal::Bf16ToFloat(0x4049), FromBits(0x40490000));
+  EXPECT_EQ(internal::FloatToBf16(std::bit_cast<float>(0x3f808000)),
+            0x3f80);  // Tie.
+  EXPECT_EQ(internal::FloatToBf16(std::bit_cast<float>(0x3f818000)),
+            0x3f82);  // Tie.
+  EXPECT_EQ(internal::FloatToBf16(std::bit_cast<float>(0x3f808001)), 0x3f81);
+  EXPECT_EQ(internal::FloatToBf16(std::bit_cast<float>(0x7f7fffff)),
+            0x7f80);  // To inf.
+  EXPECT_EQ(internal::FloatToBf16(std::bit_cast<float>(0xff800000)), 0xff80);
+  EXPECT_EQ(internal::FloatToBf16(std::bit_cast<float>(0x7f800001)),
+            0x7fc0);  // NaN.
+  EXPECT_EQ(std::bit_cast<uint32_t>(internal::Bf16ToFloat(0xc049)),
+            0xc0490000u);
+  EXPECT_EQ(internal::Bf16ToFloat(0x4049), std::bit_cast<float>(0x40490000));
 }
 
 // ---------------------------------------------------------------------------
