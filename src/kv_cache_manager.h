@@ -84,6 +84,13 @@ class KVCacheManager {
   // the block is in use or holds no key.
   bool EvictCachedBlock(BlockId id) { return pool_.EvictCachedBlock(id); }
 
+  // Transfer pins (seed 004's touch for transfer protection): a block being
+  // copied to or from another tier holds one more reference, so it is
+  // neither evicted nor reused until UnpinBlocks, whatever the request does.
+  // REQUIRES: valid, non-null block ids; each UnpinBlocks matches a pin.
+  void PinBlocks(std::span<const BlockId> ids) { pool_.Touch(ids); }
+  void UnpinBlocks(std::span<const BlockId> ids) { pool_.FreeBlocks(ids); }
+
   // Releases the request's blocks in reverse order. NotFound if unknown.
   Status Free(RequestId id);
 

@@ -1,0 +1,75 @@
+// ControlChannel: one worker's request/response channel to tierkvd in a
+// shared-memory segment of its own: a request buffer the worker writes, a
+// response buffer tierkvd writes, and a sequence word for each. The writer
+// of a buffer bumps its sequence word (release) and wakes the other side
+// with a futex; the reader spins briefly, then sleeps on the futex. One
+// request is outstanding at a time (the client API is synchronous), so the
+// ring has depth one and neither side ever takes a lock.
+// Thread-safety: one client thread and one server thread per channel.
+#ifndef TIERKV_IPC_CHANNEL_H_
+#define TIERKV_IPC_CHANNEL_H_
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "src/status.h"
+#include "tiers/shm_segment.h"
+
+namespace tierkv::ipc {
+
+// Default: 1 MiB per direction, enough for a lookup of 256Ki tokens.
+inline constexpr uint32_t kDefaultChannelBytes = 1 << 20;
+
+class ControlChannel {
+ public:
+  // tierkvd: creates the segment (mode as the host tier's).
+  static StatusOr<ControlChannel> Create(const ShmCreateOptions& options,
+                                         uint32_t capacity);
+  // Worker: maps tierkvd's segment and checks its header.
+  static StatusOr<ControlChannel> Open(const std::string& name);
+
+  uint32_t capacity() const;
+
+  // Worker side. Sends `request` and waits for the response. `alive` is
+  // asked whenever a wait times out (every `poll`): Unavailable as soon as
+  // it says the peer is gone.
+  Status Call(std::span<const std::byte> request,
+              std::vector<std::byte>* response,
+              const std::function<bool()>& alive,
+              std::chrono::milliseconds poll = std::chrono::milliseconds(100));
+
+  // tierkvd side. Waits for the next request and copies it into `request`
+  // (the worker cannot change it while it is decoded). Returns false when
+  // `stop` is set, checked at least every `poll`. A request announcing more
+  // bytes than the capacity is returned truncated to zero bytes (an empty
+  // frame the decoder rejects).
+  bool Receive(std::vector<std::byte>* request, const std::atomic<bool>& stop,
+               std::chrono::milliseconds poll = std::chrono::milliseconds(100));
+  // Publishes the response to the request last received. InvalidArgument if
+  // it does not fit (the caller then sends a short error instead).
+  Status Respond(std::span<const std::byte> response);
+  // Wakes a server thread blocked in Receive (after setting its stop flag).
+  void WakeReceiver();
+
+  const std::string& name() const { return segment_.name(); }
+
+ private:
+  struct Header;
+  ControlChannel(ShmSegment segment);
+  Header* header() const;
+  std::byte* request_buffer() const;
+  std::byte* response_buffer() const;
+
+  ShmSegment segment_;
+  uint32_t last_request_seq_ = 0;  // Server: last request handled.
+};
+
+}  // namespace tierkv::ipc
+
+#endif  // TIERKV_IPC_CHANNEL_H_

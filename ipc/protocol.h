@@ -1,0 +1,135 @@
+// The messages between workers (and tierkv-admin) and tierkvd, and their
+// byte encoding: a 16-byte frame header (magic, protocol version, type,
+// payload length) and a little-endian payload. Decode validates everything
+// (magic, version, known type, exact length, counts within limits, enum
+// values) and returns a Status instead of trusting the sender: tierkvd
+// decodes bytes a buggy or hostile worker wrote.
+// Stateless functions; safe from any thread.
+#ifndef TIERKV_IPC_PROTOCOL_H_
+#define TIERKV_IPC_PROTOCOL_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "src/block_key.h"
+#include "src/coordinator.h"
+#include "src/kv_layout.h"
+#include "src/status.h"
+
+namespace tierkv::ipc {
+
+inline constexpr uint32_t kFrameMagic = 0x4D564B54;  // "TKVM"
+inline constexpr uint16_t kProtocolVersion = 1;
+inline constexpr size_t kFrameHeaderBytes = 16;
+// Upper bounds a decoder enforces before allocating anything.
+inline constexpr uint32_t kMaxTokens = 1 << 20;
+inline constexpr uint32_t kMaxBlocks = 1 << 20;
+inline constexpr uint32_t kMaxEvents = 1 << 16;
+inline constexpr uint32_t kMaxString = 4096;
+inline constexpr uint32_t kMaxWorkersListed = 4096;
+
+enum class MessageType : uint16_t {
+  kError = 1,
+  kOk = 2,
+  kRegister = 3,
+  kRegisterReply = 4,
+  kLookup = 5,
+  kLookupReply = 6,
+  kAllocate = 7,
+  kAllocateReply = 8,
+  kCommit = 9,
+  kCommitReply = 10,
+  kComplete = 11,
+  kFinish = 12,
+  kStats = 13,
+  kStatsReply = 14,
+};
+
+// A failed call: the Status travels back to the caller.
+struct ErrorReply {
+  Status status;
+};
+struct OkReply {};
+
+// Over the Unix socket: the first message of a worker.
+struct RegisterRequest {
+  WorkerRegistration registration;
+};
+struct RegisterReply {
+  WorkerId worker_id = 0;
+  std::string host_segment;  // Empty: no shared host tier (embedded).
+  int32_t host_slots = 0;    // Including the null slot.
+  uint64_t slot_bytes = 0;
+  std::string control_segment;  // This worker's request/response channel.
+  std::string layout_fingerprint;
+};
+
+struct LookupRequest {
+  RequestId request = 0;
+  int32_t num_computed_tokens = 0;
+  std::vector<TokenId> tokens;
+  RequestExtras extras;
+};
+struct LookupReply {
+  LookupResult result;
+};
+struct AllocateRequest {
+  RequestId request = 0;
+  int32_t num_external_tokens = 0;
+  std::vector<BlockId> device_blocks;
+};
+struct AllocateReply {
+  AllocateResult result;
+};
+struct CommitRequest {
+  RequestId request = 0;
+  int32_t num_computed_tokens = 0;
+  std::vector<BlockId> device_blocks;
+};
+struct CommitReply {
+  CommitResult result;
+};
+struct CompleteRequest {
+  std::vector<CompletedEvent> events;
+};
+struct FinishRequest {
+  RequestId request = 0;
+};
+// Over the Unix socket from tierkv-admin, or a worker's channel.
+struct StatsRequest {};
+struct StatsReply {
+  CoordinatorStats stats;
+};
+
+using Message =
+    std::variant<ErrorReply, OkReply, RegisterRequest, RegisterReply,
+                 LookupRequest, LookupReply, AllocateRequest, AllocateReply,
+                 CommitRequest, CommitReply, CompleteRequest, FinishRequest,
+                 StatsRequest, StatsReply>;
+
+MessageType TypeOf(const Message& message);
+const char* MessageTypeName(MessageType type);
+
+// Appends one frame (header + payload) to `out`.
+void Encode(const Message& message, std::vector<std::byte>* out);
+std::vector<std::byte> Encode(const Message& message);
+
+// Payload length announced by a frame header; InvalidArgument when the
+// header is not a tierkv frame of this version or announces more than
+// `max_payload` bytes. For stream transports that read the header first.
+StatusOr<uint32_t> PeekPayloadLength(std::span<const std::byte> header,
+                                     uint32_t max_payload);
+
+// Exactly one frame; trailing bytes are an error.
+StatusOr<Message> Decode(std::span<const std::byte> frame);
+
+// The Status an ErrorReply carries, or OK for any other message.
+Status StatusOf(const Message& message);
+
+}  // namespace tierkv::ipc
+
+#endif  // TIERKV_IPC_PROTOCOL_H_

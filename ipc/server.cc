@@ -1,0 +1,416 @@
+#include "ipc/server.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <spdlog/spdlog.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "ipc/protocol.h"
+#include "ipc/service.h"
+#include "tiers/host_tier.h"
+
+namespace tierkv::ipc {
+namespace {
+
+// Socket messages (registration, stats) are small; anything larger is
+// hostile or broken.
+constexpr uint32_t kMaxSocketPayload = 64 * 1024;
+
+Status ValidateStoreName(const std::string& store) {
+  if (store.empty() || store.size() > 64) {
+    return Status::InvalidArgument("store name must be 1..64 characters");
+  }
+  for (char c : store) {
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '-') {
+      return Status::InvalidArgument("store name '" + store +
+                                     "' may only use [A-Za-z0-9_-]");
+    }
+  }
+  return Status::Ok();
+}
+
+Status Errno(const std::string& what) {
+  return Status::Unavailable(what + ": " + std::strerror(errno));
+}
+
+// Sends a whole frame; the socket is non-blocking, and a peer that does not
+// drain a few hundred bytes is treated as gone.
+bool SendFrame(int fd, const Message& message) {
+  const std::vector<std::byte> bytes = Encode(message);
+  size_t sent = 0;
+  while (sent < bytes.size()) {
+    const ssize_t n =
+        send(fd, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    sent += static_cast<size_t>(n);
+  }
+  return true;
+}
+
+// One attached worker: its control channel and the thread serving it.
+struct Session {
+  Session(WorkerId id, ControlChannel ch)
+      : worker(id), channel(std::move(ch)) {}
+
+  WorkerId worker = 0;
+  ControlChannel channel;
+  std::atomic<bool> stop{false};
+  std::thread thread;
+};
+
+struct Connection {
+  ucred peer{};
+  std::vector<std::byte> input;
+  std::unique_ptr<Session> session;  // Set once the peer registered.
+};
+
+}  // namespace
+
+std::string DefaultSocketPath(const std::string& store) {
+  if (const char* dir = std::getenv("XDG_RUNTIME_DIR"); dir && *dir) {
+    return std::string(dir) + "/tierkv-" + store + ".sock";
+  }
+  return "/tmp/tierkv-" + std::to_string(getuid()) + "-" + store + ".sock";
+}
+
+struct Server::Impl {
+  ServerOptions options;
+  StoreLock lock;
+  std::unique_ptr<HostTier> host;
+  mutable std::mutex mu;
+  Coordinator coordinator;  // GUARDED_BY(mu)
+  int listen_fd = -1;
+  int wake_pipe[2] = {-1, -1};
+  std::thread listener;
+  std::map<int, Connection> connections;  // Listener thread only.
+  std::atomic<bool> stopping{false};
+  bool stopped = false;
+
+  Impl(ServerOptions opts, StoreLock store_lock,
+       std::unique_ptr<HostTier> host_tier, Coordinator coord)
+      : options(std::move(opts)),
+        lock(std::move(store_lock)),
+        host(std::move(host_tier)),
+        coordinator(std::move(coord)) {}
+
+  void Listen();
+  void Accept();
+  // False when the connection must be closed.
+  bool ReadFrom(int fd, Connection* conn);
+  bool Handle(int fd, Connection* conn, const Message& message);
+  bool Register(int fd, Connection* conn, const RegisterRequest& request);
+  void Close(int fd);
+  void Serve(Session* session);
+  std::string ChannelName(WorkerId worker) const {
+    return "/tierkv." + options.store + ".w" + std::to_string(worker);
+  }
+};
+
+Server::Server(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Server::~Server() { Stop(); }
+
+StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& in) {
+  ServerOptions options = in;
+  TIERKV_RETURN_IF_ERROR(ValidateStoreName(options.store));
+  TIERKV_RETURN_IF_ERROR(options.layout.Validate());
+  if (options.socket_path.empty()) {
+    options.socket_path = DefaultSocketPath(options.store);
+  }
+  sockaddr_un addr{};
+  if (options.socket_path.size() >= sizeof(addr.sun_path)) {
+    return Status::InvalidArgument("socket path too long: " +
+                                   options.socket_path);
+  }
+  const size_t slot_bytes = options.layout.BlockBytes();
+  const int32_t slots =
+      HostTier::SlotsFor(options.host_capacity_bytes, slot_bytes);
+  if (slots < 2) {
+    return Status::InvalidArgument("host capacity of " +
+                                   std::to_string(options.host_capacity_bytes) +
+                                   " bytes holds fewer than 2 blocks of " +
+                                   std::to_string(slot_bytes) + " bytes");
+  }
+  TIERKV_ASSIGN_OR_RETURN(StoreLock lock,
+                          StoreLock::Acquire(options.socket_path + ".lock"));
+  // The lock is ours, so whatever socket or segment is left is stale.
+  TIERKV_ASSIGN_OR_RETURN(
+      std::unique_ptr<HostTier> host,
+      HostTier::Create({.segment_name = "/tierkv." + options.store + ".host",
+                        .num_slots = slots,
+                        .slot_bytes = slot_bytes,
+                        .layout_fingerprint = options.layout.Fingerprint(),
+                        .mode = options.mode,
+                        .group = options.group}));
+  TIERKV_ASSIGN_OR_RETURN(
+      Coordinator coordinator,
+      Coordinator::Create({.layout = options.layout, .host_slots = slots}));
+  auto impl = std::make_unique<Impl>(options, std::move(lock), std::move(host),
+                                     std::move(coordinator));
+
+  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) return Errno("socket");
+  impl->listen_fd = fd;
+  unlink(options.socket_path.c_str());
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, options.socket_path.c_str(),
+              options.socket_path.size());
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    return Errno("bind " + options.socket_path);
+  }
+  if (chmod(options.socket_path.c_str(), options.mode) != 0 ||
+      (options.group.has_value() &&
+       chown(options.socket_path.c_str(), static_cast<uid_t>(-1),
+             *options.group) != 0)) {
+    return Errno("set permissions of " + options.socket_path);
+  }
+  if (listen(fd, 64) != 0) return Errno("listen");
+  if (pipe2(impl->wake_pipe, O_CLOEXEC | O_NONBLOCK) != 0) {
+    return Errno("pipe");
+  }
+  Impl* raw = impl.get();
+  impl->listener = std::thread([raw] { raw->Listen(); });
+  spdlog::info(
+      "tierkvd serving store '{}' on {}: layout {}, {} host slots of {} "
+      "bytes ({})",
+      options.store, options.socket_path, options.layout.ToString(), slots - 1,
+      slot_bytes, impl->host->segment_name());
+  return std::unique_ptr<Server>(new Server(std::move(impl)));
+}
+
+void Server::Stop() {
+  Impl& s = *impl_;
+  if (s.stopped) return;
+  s.stopped = true;
+  s.stopping.store(true);
+  const char byte = 1;
+  if (write(s.wake_pipe[1], &byte, 1) < 0) {
+    // The listener also polls with a timeout; it will notice.
+  }
+  if (s.listener.joinable()) s.listener.join();
+  while (!s.connections.empty()) s.Close(s.connections.begin()->first);
+  if (s.listen_fd >= 0) close(s.listen_fd);
+  for (int fd : s.wake_pipe) {
+    if (fd >= 0) close(fd);
+  }
+  unlink(s.options.socket_path.c_str());
+  spdlog::info("tierkvd stopped serving store '{}'", s.options.store);
+}
+
+const std::string& Server::socket_path() const {
+  return impl_->options.socket_path;
+}
+const std::string& Server::host_segment() const {
+  return impl_->host->segment_name();
+}
+int32_t Server::host_slots() const { return impl_->host->num_slots(); }
+
+CoordinatorStats Server::stats() const {
+  std::lock_guard<std::mutex> guard(impl_->mu);
+  return impl_->coordinator.stats();
+}
+
+void Server::Impl::Listen() {
+  std::vector<pollfd> fds;
+  while (!stopping.load()) {
+    fds.clear();
+    fds.push_back({wake_pipe[0], POLLIN, 0});
+    fds.push_back({listen_fd, POLLIN, 0});
+    for (const auto& [fd, conn] : connections) fds.push_back({fd, POLLIN, 0});
+    if (poll(fds.data(), fds.size(), 1000) < 0 && errno != EINTR) {
+      spdlog::error("poll: {}", std::strerror(errno));
+      return;
+    }
+    if (fds[0].revents != 0) return;
+    if (fds[1].revents & POLLIN) Accept();
+    for (size_t i = 2; i < fds.size(); ++i) {
+      if (fds[i].revents == 0) continue;
+      auto it = connections.find(fds[i].fd);
+      if (it == connections.end()) continue;
+      if (!ReadFrom(fds[i].fd, &it->second)) Close(fds[i].fd);
+    }
+  }
+}
+
+void Server::Impl::Accept() {
+  for (;;) {
+    const int fd =
+        accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) return;  // EAGAIN: none left.
+    Connection conn;
+    socklen_t len = sizeof(conn.peer);
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &conn.peer, &len) != 0) {
+      close(fd);
+      continue;
+    }
+    const bool allowed =
+        conn.peer.uid == geteuid() || conn.peer.uid == 0 ||
+        (options.group.has_value() && conn.peer.gid == *options.group);
+    if (!allowed) {
+      spdlog::warn("refused pid {} (uid {}): not this store's user or group",
+                   conn.peer.pid, conn.peer.uid);
+      SendFrame(fd, ErrorReply{Status::PermissionDenied(
+                        "uid " + std::to_string(conn.peer.uid) +
+                        " may not use this tierkv store")});
+      close(fd);
+      continue;
+    }
+    connections.emplace(fd, std::move(conn));
+  }
+}
+
+bool Server::Impl::ReadFrom(int fd, Connection* conn) {
+  std::byte buf[4096];
+  for (;;) {
+    const ssize_t n = recv(fd, buf, sizeof(buf), 0);
+    if (n == 0) return false;  // The peer closed: a worker is gone.
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+      return false;
+    }
+    conn->input.insert(conn->input.end(), buf, buf + n);
+  }
+  while (conn->input.size() >= kFrameHeaderBytes) {
+    StatusOr<uint32_t> len = PeekPayloadLength(conn->input, kMaxSocketPayload);
+    if (!len.ok()) {
+      spdlog::warn("pid {}: {}; disconnecting", conn->peer.pid,
+                   len.status().ToString());
+      SendFrame(fd, ErrorReply{len.status()});
+      return false;
+    }
+    const size_t frame = kFrameHeaderBytes + *len;
+    if (conn->input.size() < frame) break;
+    StatusOr<Message> message =
+        Decode(std::span<const std::byte>(conn->input).first(frame));
+    conn->input.erase(conn->input.begin(), conn->input.begin() + frame);
+    if (!message.ok()) {
+      spdlog::warn("pid {}: {}; disconnecting", conn->peer.pid,
+                   message.status().ToString());
+      SendFrame(fd, ErrorReply{message.status()});
+      return false;
+    }
+    if (!Handle(fd, conn, *message)) return false;
+  }
+  return true;
+}
+
+bool Server::Impl::Handle(int fd, Connection* conn, const Message& message) {
+  if (const auto* reg = std::get_if<RegisterRequest>(&message)) {
+    return Register(fd, conn, *reg);
+  }
+  if (std::holds_alternative<StatsRequest>(message)) {
+    std::lock_guard<std::mutex> guard(mu);
+    return SendFrame(fd, StatsReply{coordinator.stats()});
+  }
+  SendFrame(fd, ErrorReply{Status::InvalidArgument(
+                    std::string(MessageTypeName(TypeOf(message))) +
+                    " is not accepted on the socket")});
+  return false;
+}
+
+bool Server::Impl::Register(int fd, Connection* conn,
+                            const RegisterRequest& request) {
+  if (conn->session != nullptr) {
+    SendFrame(fd, ErrorReply{Status::AlreadyExists("already registered")});
+    return false;
+  }
+  WorkerRegistration reg = request.registration;
+  reg.pid = conn->peer.pid;  // The kernel's word, not the message's.
+  StatusOr<WorkerId> worker = Status::ResourceExhausted(
+      std::to_string(options.max_workers) + " workers are attached already");
+  {
+    std::lock_guard<std::mutex> guard(mu);
+    if (coordinator.num_workers() < options.max_workers) {
+      worker = coordinator.RegisterWorker(reg);
+    }
+  }
+  if (!worker.ok()) {
+    spdlog::warn("refused worker pid {}: {}", reg.pid,
+                 worker.status().ToString());
+    SendFrame(fd, ErrorReply{worker.status()});
+    return false;
+  }
+  StatusOr<ControlChannel> channel =
+      ControlChannel::Create({.name = ChannelName(*worker),
+                              .bytes = 0,
+                              .mode = options.mode,
+                              .group = options.group},
+                             options.channel_bytes);
+  if (!channel.ok()) {
+    {
+      std::lock_guard<std::mutex> guard(mu);
+      (void)coordinator.DropWorker(*worker);
+    }
+    SendFrame(fd, ErrorReply{channel.status()});
+    return false;
+  }
+  auto session = std::make_unique<Session>(*worker, std::move(*channel));
+  Session* raw = session.get();
+  session->thread = std::thread([this, raw] { Serve(raw); });
+  conn->session = std::move(session);
+  spdlog::info("worker {} attached: pid {}, '{}', {} device blocks", *worker,
+               reg.pid, reg.name, reg.num_device_blocks);
+  return SendFrame(
+      fd, RegisterReply{.worker_id = *worker,
+                        .host_segment = host->segment_name(),
+                        .host_slots = host->num_slots(),
+                        .slot_bytes = host->slot_bytes(),
+                        .control_segment = ChannelName(*worker),
+                        .layout_fingerprint = options.layout.Fingerprint()});
+}
+
+void Server::Impl::Close(int fd) {
+  auto it = connections.find(fd);
+  if (it == connections.end()) return;
+  if (Session* session = it->second.session.get()) {
+    session->stop.store(true);
+    session->channel.WakeReceiver();
+    session->thread.join();
+    std::lock_guard<std::mutex> guard(mu);
+    (void)coordinator.DropWorker(session->worker);
+    spdlog::info("worker {} (pid {}) detached; its pins are released",
+                 session->worker, it->second.peer.pid);
+  }
+  close(fd);
+  connections.erase(it);  // Removes the channel segment with the session.
+}
+
+void Server::Impl::Serve(Session* session) {
+  std::vector<std::byte> request;
+  std::vector<std::byte> response;
+  while (session->channel.Receive(&request, session->stop)) {
+    StatusOr<Message> message = Decode(request);
+    Message reply;
+    if (!message.ok()) {
+      spdlog::warn("worker {}: {}", session->worker,
+                   message.status().ToString());
+      reply = ErrorReply{message.status()};
+    } else {
+      std::lock_guard<std::mutex> guard(mu);
+      reply = Dispatch(coordinator, session->worker, *message);
+    }
+    response.clear();
+    Encode(reply, &response);
+    if (!session->channel.Respond(response).ok()) {
+      response.clear();
+      Encode(ErrorReply{Status::ResourceExhausted(
+                 "reply exceeds the control channel")},
+             &response);
+      (void)session->channel.Respond(response);
+    }
+  }
+}
+
+}  // namespace tierkv::ipc

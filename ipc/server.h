@@ -1,0 +1,72 @@
+// Server: tierkvd's process-level machinery around the Coordinator. It holds
+// the store lock, creates the host tier segment, listens on the Unix socket
+// (registration, liveness, tierkv-admin), and runs one session thread per
+// attached worker that serves the worker's shared-memory control channel.
+// Thread-safety: Start/Stop/stats from any thread. Internally the
+// coordinator is guarded by one mutex that only the server's own threads
+// take; a worker never holds anything the server waits for.
+#ifndef TIERKV_IPC_SERVER_H_
+#define TIERKV_IPC_SERVER_H_
+
+#include <sys/types.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "ipc/channel.h"
+#include "src/coordinator.h"
+#include "src/kv_layout.h"
+#include "src/status.h"
+
+namespace tierkv::ipc {
+
+struct ServerOptions {
+  // Names the segments (/tierkv.<store>.host, /tierkv.<store>.w<N>).
+  // [A-Za-z0-9_-], 1..64 characters. Default: "default".
+  std::string store = "default";
+  // Default (empty): DefaultSocketPath(store).
+  std::string socket_path;
+  // Bytes of host DRAM for KV slots; rounded down to whole blocks.
+  // Default: 1 GiB.
+  size_t host_capacity_bytes = size_t{1} << 30;
+  KvLayout layout;  // Required: the one layout this store serves.
+  // Permission bits of the socket and the segments. Default: 0600.
+  mode_t mode = 0600;
+  // Workers of this group may attach too (give mode group bits, e.g. 0660).
+  std::optional<gid_t> group;
+  uint32_t max_workers = 64;                      // Default: 64.
+  uint32_t channel_bytes = kDefaultChannelBytes;  // Per direction.
+};
+
+// "$XDG_RUNTIME_DIR/tierkv-<store>.sock", or "/tmp/tierkv-<uid>-<store>.sock"
+// without XDG_RUNTIME_DIR.
+std::string DefaultSocketPath(const std::string& store);
+
+class Server {
+ public:
+  // FailedPrecondition when a live tierkvd already serves the store;
+  // InvalidArgument for bad options; the failing step's Status otherwise.
+  static StatusOr<std::unique_ptr<Server>> Start(const ServerOptions& options);
+  ~Server();  // Stop().
+
+  // Stops accepting, disconnects workers (dropping their pins), joins every
+  // thread and removes the socket and segments. Idempotent.
+  void Stop();
+
+  const std::string& socket_path() const;
+  const std::string& host_segment() const;
+  int32_t host_slots() const;
+  CoordinatorStats stats() const;
+
+ private:
+  struct Impl;
+  explicit Server(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tierkv::ipc
+
+#endif  // TIERKV_IPC_SERVER_H_

@@ -1,0 +1,50 @@
+#include "ipc/service.h"
+
+#include <string>
+#include <type_traits>
+
+namespace tierkv::ipc {
+namespace {
+
+template <typename Reply, typename T>
+Message Wrap(StatusOr<T> result) {
+  if (!result.ok()) return ErrorReply{result.status()};
+  return Reply{std::move(*result)};
+}
+
+Message Wrap(Status status) {
+  if (!status.ok()) return ErrorReply{std::move(status)};
+  return OkReply{};
+}
+
+}  // namespace
+
+Message Dispatch(Coordinator& c, WorkerId worker, const Message& request) {
+  return std::visit(
+      [&](const auto& m) -> Message {
+        using T = std::decay_t<decltype(m)>;
+        if constexpr (std::is_same_v<T, LookupRequest>) {
+          return Wrap<LookupReply>(c.Lookup(worker, m.request, m.tokens,
+                                            m.num_computed_tokens, m.extras));
+        } else if constexpr (std::is_same_v<T, AllocateRequest>) {
+          return Wrap<AllocateReply>(c.Allocate(
+              worker, m.request, m.device_blocks, m.num_external_tokens));
+        } else if constexpr (std::is_same_v<T, CommitRequest>) {
+          return Wrap<CommitReply>(c.Commit(
+              worker, m.request, m.num_computed_tokens, m.device_blocks));
+        } else if constexpr (std::is_same_v<T, CompleteRequest>) {
+          return Wrap(c.Complete(worker, m.events));
+        } else if constexpr (std::is_same_v<T, FinishRequest>) {
+          return Wrap(c.Finish(worker, m.request));
+        } else if constexpr (std::is_same_v<T, StatsRequest>) {
+          return StatsReply{c.stats()};
+        } else {
+          return ErrorReply{Status::InvalidArgument(
+              std::string(MessageTypeName(TypeOf(request))) +
+              " is not a request a worker channel accepts")};
+        }
+      },
+      request);
+}
+
+}  // namespace tierkv::ipc

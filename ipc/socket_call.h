@@ -1,0 +1,20 @@
+// SocketCall: one request and its reply over tierkvd's Unix socket, on a
+// fresh connection (tierkv-admin's path; workers use their channel).
+// Thread-safe: no shared state.
+#ifndef TIERKV_IPC_SOCKET_CALL_H_
+#define TIERKV_IPC_SOCKET_CALL_H_
+
+#include <string>
+
+#include "ipc/protocol.h"
+
+namespace tierkv::ipc {
+
+// Unavailable when no tierkvd answers; PermissionDenied when this user may
+// not connect. The reply may itself be an ErrorReply.
+StatusOr<Message> SocketCall(const std::string& socket_path,
+                             const Message& request);
+
+}  // namespace tierkv::ipc
+
+#endif  // TIERKV_IPC_SOCKET_CALL_H_

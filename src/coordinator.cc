@@ -1,0 +1,362 @@
+#include "src/coordinator.h"
+
+#include <algorithm>
+#include <utility>
+
+namespace tierkv {
+namespace {
+
+std::string EventName(const EventRef& ref) {
+  return std::string(ref.kind == EventKind::kLoad ? "load" : "store") +
+         " event " + std::to_string(ref.id);
+}
+
+std::string RequestName(RequestId request) {
+  return "request " + std::to_string(request);
+}
+
+}  // namespace
+
+StatusOr<Coordinator> Coordinator::Create(const CoordinatorOptions& options) {
+  TIERKV_RETURN_IF_ERROR(options.layout.Validate());
+  if (options.host_slots < 2) {
+    return Status::InvalidArgument(
+        "host tier needs at least 2 slots (slot 0 is the null block), got " +
+        std::to_string(options.host_slots));
+  }
+  TIERKV_ASSIGN_OR_RETURN(
+      BlockPool pool,
+      BlockPool::Create({.num_blocks = options.host_slots,
+                         .block_size = options.layout.block_size,
+                         .reserve_null_block = true}));
+  return Coordinator(options, std::move(pool));
+}
+
+StatusOr<WorkerId> Coordinator::RegisterWorker(
+    const WorkerRegistration& registration) {
+  if (Status s = registration.layout.Validate(); !s.ok()) {
+    return Status::InvalidArgument("worker layout: " + s.message());
+  }
+  if (registration.layout.Fingerprint() != options_.layout.Fingerprint()) {
+    return Status::FailedPrecondition(
+        "this store serves layout " + options_.layout.ToString() +
+        "; the worker registered " + registration.layout.ToString());
+  }
+  if (registration.num_device_blocks < 1) {
+    return Status::InvalidArgument("worker has no device blocks");
+  }
+  const WorkerId id = next_worker_id_++;
+  const KeyNamespace ns{.model_fingerprint = options_.layout.Fingerprint(),
+                        .tenant = registration.tenant};
+  workers_.emplace(std::piecewise_construct, std::forward_as_tuple(id),
+                   std::forward_as_tuple(registration, KeyHasher(ns)));
+  return id;
+}
+
+Status Coordinator::DropWorker(WorkerId worker) {
+  TIERKV_ASSIGN_OR_RETURN(WorkerState * w, FindWorker(worker));
+  for (auto& [id, request] : w->requests) ReleasePendingHits(&request);
+  for (auto& [id, load] : w->loads) {
+    ReleaseSlots(load.event.host_blocks);
+  }
+  for (auto& [id, store] : w->stores) FinishStore(&store, /*ok=*/false);
+  stats_.events_in_flight -= w->loads.size() + w->stores.size();
+  workers_.erase(worker);
+  return Status::Ok();
+}
+
+StatusOr<Coordinator::WorkerState*> Coordinator::FindWorker(WorkerId worker) {
+  auto it = workers_.find(worker);
+  if (it == workers_.end()) {
+    return Status::NotFound("worker " + std::to_string(worker) +
+                            " is not registered");
+  }
+  return &it->second;
+}
+
+Status Coordinator::CheckDeviceBlocks(const WorkerState& w,
+                                      std::span<const BlockId> blocks) const {
+  for (BlockId b : blocks) {
+    if (b < 0 || b >= w.registration.num_device_blocks) {
+      return Status::OutOfRange(
+          "device block " + std::to_string(b) + " is outside the worker's " +
+          std::to_string(w.registration.num_device_blocks) + " blocks");
+    }
+  }
+  return Status::Ok();
+}
+
+std::span<const TokenId> Coordinator::BlockTokens(const RequestState& r,
+                                                  int32_t b) const {
+  const size_t bs = static_cast<size_t>(options_.layout.block_size);
+  return std::span<const TokenId>(r.tokens).subspan(b * bs, bs);
+}
+
+bool Coordinator::HostHas(const BlockKey& key,
+                          std::span<const TokenId> tokens) const {
+  return host_pool_.GetCachedBlock(key, tokens).has_value();
+}
+
+void Coordinator::ReleaseSlots(std::span<const BlockId> slots) {
+  std::vector<BlockId> reversed(slots.rbegin(), slots.rend());
+  host_pool_.FreeBlocks(reversed);
+}
+
+void Coordinator::ReleasePendingHits(RequestState* r) {
+  ReleaseSlots(r->pending_hits);
+  r->pending_hits.clear();
+}
+
+StatusOr<LookupResult> Coordinator::Lookup(WorkerId worker, RequestId request,
+                                           std::span<const TokenId> tokens,
+                                           int32_t num_computed_tokens,
+                                           const RequestExtras& extras) {
+  TIERKV_ASSIGN_OR_RETURN(WorkerState * w, FindWorker(worker));
+  const int32_t bs = options_.layout.block_size;
+  if (tokens.empty() || tokens.size() > options_.max_request_tokens) {
+    return Status::InvalidArgument("lookup of " +
+                                   std::to_string(tokens.size()) +
+                                   " tokens; a request has 1.." +
+                                   std::to_string(options_.max_request_tokens));
+  }
+  if (num_computed_tokens < 0 || num_computed_tokens % bs != 0 ||
+      static_cast<size_t>(num_computed_tokens) >= tokens.size()) {
+    return Status::InvalidArgument(
+        "num_computed_tokens " + std::to_string(num_computed_tokens) +
+        " must be a multiple of the block size (" + std::to_string(bs) +
+        ") below the request's " + std::to_string(tokens.size()) + " tokens");
+  }
+  auto [it, inserted] = w->requests.try_emplace(request);
+  RequestState& r = it->second;
+  if (!inserted) {
+    if (r.allocated) {
+      return Status::FailedPrecondition(RequestName(request) +
+                                        " is already allocated");
+    }
+    ReleasePendingHits(&r);  // A stale lookup's pins (seed 004 step 3).
+  }
+  r.tokens.assign(tokens.begin(), tokens.end());
+  r.keys.clear();
+  w->hasher.AppendPrefixKeys(r.tokens, bs, extras, &r.keys);
+
+  const int32_t first = num_computed_tokens / bs;
+  const int32_t max_hit_blocks =
+      static_cast<int32_t>(tokens.size() - 1 - num_computed_tokens) / bs;
+  r.first_hit_block = first;
+  for (int32_t b = first; b < first + max_hit_blocks; ++b) {
+    std::optional<BlockId> slot =
+        host_pool_.GetCachedBlock(r.keys[b], BlockTokens(r, b));
+    if (!slot.has_value()) break;
+    r.pending_hits.push_back(*slot);
+  }
+  host_pool_.Touch(r.pending_hits);
+  const auto hits = static_cast<int32_t>(r.pending_hits.size());
+  ++stats_.lookups;
+  stats_.lookup_blocks += max_hit_blocks;
+  stats_.hit_blocks += hits;
+  stats_.miss_blocks += max_hit_blocks - hits;
+  return LookupResult{.hit_tokens = hits * bs};
+}
+
+StatusOr<AllocateResult> Coordinator::Allocate(
+    WorkerId worker, RequestId request, std::span<const BlockId> device_blocks,
+    int32_t num_external_tokens) {
+  TIERKV_ASSIGN_OR_RETURN(WorkerState * w, FindWorker(worker));
+  auto it = w->requests.find(request);
+  if (it == w->requests.end()) {
+    return Status::FailedPrecondition(RequestName(request) +
+                                      " was not looked up first");
+  }
+  RequestState& r = it->second;
+  if (r.allocated) {
+    return Status::FailedPrecondition(RequestName(request) +
+                                      " is already allocated");
+  }
+  TIERKV_RETURN_IF_ERROR(CheckDeviceBlocks(*w, device_blocks));
+  const int32_t bs = options_.layout.block_size;
+  const auto hit_tokens = static_cast<int32_t>(r.pending_hits.size()) * bs;
+  if (num_external_tokens < 0 || num_external_tokens % bs != 0 ||
+      num_external_tokens > hit_tokens) {
+    return Status::InvalidArgument(
+        "num_external_tokens " + std::to_string(num_external_tokens) +
+        " must be a multiple of " + std::to_string(bs) + " up to the hit (" +
+        std::to_string(hit_tokens) + " tokens)");
+  }
+  const int32_t used = num_external_tokens / bs;
+  if (static_cast<int64_t>(device_blocks.size()) < r.first_hit_block + used) {
+    return Status::InvalidArgument("the load needs device blocks up to block " +
+                                   std::to_string(r.first_hit_block + used) +
+                                   ", got " +
+                                   std::to_string(device_blocks.size()));
+  }
+  // Hits the engine does not take are released now, tail first.
+  std::vector<BlockId> unused(r.pending_hits.begin() + used,
+                              r.pending_hits.end());
+  ReleaseSlots(unused);
+  r.pending_hits.resize(used);
+
+  AllocateResult result;
+  if (used > 0) {
+    // The lookup's pins become the load's (seed 004 step 5 frees and
+    // re-touches; the ref count is the same).
+    TransferEvent load{.ref = {EventKind::kLoad, w->next_load_id++},
+                       .request = request,
+                       .device_blocks = {},
+                       .host_blocks = std::move(r.pending_hits)};
+    load.device_blocks.assign(device_blocks.begin() + r.first_hit_block,
+                              device_blocks.begin() + r.first_hit_block + used);
+    r.pending_hits.clear();
+    InFlight in_flight;
+    in_flight.event = load;
+    w->loads.emplace(load.ref.id, std::move(in_flight));
+    ++stats_.events_in_flight;
+    result.load = std::move(load);
+  }
+  r.allocated = true;
+  if (host_pool_.num_free_blocks() == 0) {
+    result.store_status = Status::ResourceExhausted(
+        "host tier: all " + std::to_string(host_pool_.num_blocks() - 1) +
+        " slots are pinned; nothing can be stored now");
+  }
+  return result;
+}
+
+StatusOr<CommitResult> Coordinator::Commit(
+    WorkerId worker, RequestId request, int32_t num_computed_tokens,
+    std::span<const BlockId> device_blocks) {
+  TIERKV_ASSIGN_OR_RETURN(WorkerState * w, FindWorker(worker));
+  auto it = w->requests.find(request);
+  if (it == w->requests.end() || !it->second.allocated) {
+    return Status::FailedPrecondition(RequestName(request) +
+                                      " is not allocated");
+  }
+  RequestState& r = it->second;
+  TIERKV_RETURN_IF_ERROR(CheckDeviceBlocks(*w, device_blocks));
+  if (num_computed_tokens < 0) {
+    return Status::InvalidArgument("negative num_computed_tokens");
+  }
+  const int32_t bs = options_.layout.block_size;
+  // Only the prompt's tokens are known here; later blocks are not stored.
+  const int32_t full =
+      std::min<int64_t>(num_computed_tokens, r.tokens.size()) / bs;
+  if (full > static_cast<int64_t>(device_blocks.size())) {
+    return Status::InvalidArgument(
+        std::to_string(full) + " full blocks computed but only " +
+        std::to_string(device_blocks.size()) + " device blocks given");
+  }
+  CommitResult result;
+  InFlight store;
+  store.event.ref.kind = EventKind::kStore;
+  store.event.request = request;
+  for (int32_t b = r.next_store_block; b < full; ++b) {
+    const BlockKey& key = r.keys[b];
+    std::span<const TokenId> tokens = BlockTokens(r, b);
+    if (HostHas(key, tokens) || keys_being_stored_.contains(key)) continue;
+    std::vector<BlockId> slot;
+    if (!host_pool_.GetNewBlocks(1, &slot).ok()) {
+      ++result.skipped_blocks;
+      continue;
+    }
+    keys_being_stored_.insert(key);
+    store.event.device_blocks.push_back(device_blocks[b]);
+    store.event.host_blocks.push_back(slot[0]);
+    store.keys.push_back(key);
+    store.tokens.insert(store.tokens.end(), tokens.begin(), tokens.end());
+  }
+  r.next_store_block = std::max(r.next_store_block, full);
+  stats_.store_skipped += result.skipped_blocks;
+  if (!store.keys.empty()) {
+    store.event.ref.id = w->next_store_id++;
+    result.stores.push_back(store.event);
+    w->stores.emplace(store.event.ref.id, std::move(store));
+    ++stats_.events_in_flight;
+  }
+  return result;
+}
+
+void Coordinator::FinishStore(InFlight* store, bool ok) {
+  const size_t bs = static_cast<size_t>(options_.layout.block_size);
+  const std::vector<BlockId>& slots = store->event.host_blocks;
+  for (size_t i = 0; i < slots.size(); ++i) {
+    keys_being_stored_.erase(store->keys[i]);
+    if (!ok) continue;
+    std::span<const TokenId> tokens =
+        std::span<const TokenId>(store->tokens).subspan(i * bs, bs);
+    // Cannot fail: the slot is pinned, unkeyed and the tokens are full.
+    if (host_pool_.CacheBlock(slots[i], store->keys[i], tokens).ok()) {
+      ++stats_.stores_completed;
+    }
+  }
+  if (!ok) stats_.stores_failed += slots.size();
+  ReleaseSlots(slots);
+}
+
+Status Coordinator::Complete(WorkerId worker,
+                             std::span<const CompletedEvent> events) {
+  TIERKV_ASSIGN_OR_RETURN(WorkerState * w, FindWorker(worker));
+  for (size_t i = 0; i < events.size(); ++i) {
+    const EventRef& ref = events[i].ref;
+    const auto& in_flight = ref.kind == EventKind::kLoad ? w->loads : w->stores;
+    if (!in_flight.contains(ref.id)) {
+      return Status::NotFound(EventName(ref) + " is not in flight for worker " +
+                              std::to_string(worker));
+    }
+    for (size_t j = 0; j < i; ++j) {
+      if (events[j].ref == ref) {
+        return Status::InvalidArgument(EventName(ref) + " completed twice");
+      }
+    }
+  }
+  for (const CompletedEvent& done : events) {
+    if (done.ref.kind == EventKind::kLoad) {
+      auto it = w->loads.find(done.ref.id);
+      ReleaseSlots(it->second.event.host_blocks);
+      if (done.ok)
+        stats_.loads_completed += it->second.event.host_blocks.size();
+      w->loads.erase(it);
+    } else {
+      auto it = w->stores.find(done.ref.id);
+      FinishStore(&it->second, done.ok);
+      w->stores.erase(it);
+    }
+    --stats_.events_in_flight;
+  }
+  return Status::Ok();
+}
+
+Status Coordinator::Finish(WorkerId worker, RequestId request) {
+  TIERKV_ASSIGN_OR_RETURN(WorkerState * w, FindWorker(worker));
+  auto it = w->requests.find(request);
+  if (it == w->requests.end()) {
+    return Status::NotFound(RequestName(request) + " is not known");
+  }
+  ReleasePendingHits(&it->second);
+  w->requests.erase(it);
+  return Status::Ok();
+}
+
+CoordinatorStats Coordinator::stats() const {
+  CoordinatorStats out;
+  out.host = stats_;
+  const int64_t usable = host_pool_.num_blocks() - 1;
+  out.host.slot_bytes = options_.layout.BlockBytes();
+  out.host.capacity_slots = usable;
+  out.host.free_slots = host_pool_.num_free_blocks();
+  out.host.cached_slots = static_cast<int64_t>(host_pool_.num_cached_blocks());
+  out.host.pinned_slots = usable - host_pool_.num_free_blocks();
+  out.host.used_slots =
+      out.host.cached_slots + static_cast<int64_t>(keys_being_stored_.size());
+  out.host.evictions = host_pool_.stats().evictions;
+  for (const auto& [id, w] : workers_) {
+    out.workers.push_back(WorkerStats{
+        .id = id,
+        .pid = w.registration.pid,
+        .name = w.registration.name,
+        .requests = static_cast<uint32_t>(w.requests.size()),
+        .loads_in_flight = static_cast<uint32_t>(w.loads.size()),
+        .stores_in_flight = static_cast<uint32_t>(w.stores.size())});
+  }
+  return out;
+}
+
+}  // namespace tierkv

@@ -1,0 +1,303 @@
+// The coordinator state machine in-process: seed 004's host-side timeline
+// (slot ids, ref counts, free-queue order, event ids), pins, the host tier
+// full of pinned blocks, a dead worker's pins, and validation of what a
+// worker sends. tierkvd_test runs the same flow through real processes.
+#include "src/coordinator.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "tests/sequential_tokens.h"
+#include "tests/test_layout.h"
+
+namespace tierkv {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::ElementsAreArray;
+using ::testing::HasSubstr;
+
+KvLayout Layout() { return TestLayout(); }
+
+std::vector<BlockId> Range(BlockId first, BlockId last) {
+  std::vector<BlockId> v;
+  for (BlockId b = first; b <= last; ++b) v.push_back(b);
+  return v;
+}
+
+class CoordinatorTest : public ::testing::Test {
+ protected:
+  explicit CoordinatorTest(int32_t host_slots = 50)
+      : c_(Coordinator::Create({.layout = Layout(), .host_slots = host_slots})
+               .value()) {}
+
+  WorkerId Register(const std::string& tenant = "") {
+    return c_
+        .RegisterWorker({.layout = Layout(),
+                         .num_device_blocks = 100,
+                         .tenant = tenant,
+                         .pid = 1,
+                         .name = "w"})
+        .value();
+  }
+  // Stores `tokens`' full blocks through worker `w` as request `id` and
+  // completes the stores. Returns the host slots.
+  std::vector<BlockId> StoreAll(WorkerId w, RequestId id,
+                                const std::vector<TokenId>& tokens) {
+    EXPECT_TRUE(c_.Lookup(w, id, tokens, 0, {}).ok());
+    std::vector<BlockId> device = Range(1, tokens.size() / 16 + 1);
+    EXPECT_TRUE(c_.Allocate(w, id, device, 0).ok());
+    CommitResult commit =
+        c_.Commit(w, id, static_cast<int32_t>(tokens.size()), device).value();
+    std::vector<BlockId> slots;
+    for (const TransferEvent& e : commit.stores) {
+      slots.insert(slots.end(), e.host_blocks.begin(), e.host_blocks.end());
+      std::vector<CompletedEvent> done{{e.ref, true}};
+      EXPECT_TRUE(c_.Complete(w, done).ok());
+    }
+    EXPECT_TRUE(c_.Finish(w, id).ok());
+    return slots;
+  }
+  int32_t Ref(BlockId slot) const { return c_.host_pool().block(slot).ref_cnt; }
+  std::vector<BlockId> FreeQueue() const {
+    return c_.host_pool().FreeQueueSnapshot();
+  }
+
+  Coordinator c_;
+};
+
+// Seed 004 on the host side; tests/seed004_scenario.h explains where the
+// inputs differ from the seed.
+TEST_F(CoordinatorTest, Seed004HostTimeline) {
+  const WorkerId w1 = Register();
+  const WorkerId w2 = Register();
+  EXPECT_THAT(FreeQueue(), ElementsAreArray(Range(1, 49)));
+
+  // Request A (16 tokens): miss, then a store into host slot 1.
+  const std::vector<TokenId> a = SequentialTokens(1, 16);
+  EXPECT_EQ(c_.Lookup(w1, 1, a, 0, {}).value().hit_tokens, 0);
+  EXPECT_FALSE(c_.Allocate(w1, 1, {{1}}, 0).value().load.has_value());
+  CommitResult a_commit = c_.Commit(w1, 1, 16, {{1}}).value();
+  ASSERT_EQ(a_commit.stores.size(), 1u);
+  EXPECT_EQ(a_commit.stores[0].ref, (EventRef{EventKind::kStore, 0}));
+  EXPECT_THAT(a_commit.stores[0].host_blocks, ElementsAre(1));
+  EXPECT_EQ(Ref(1), 1);                           // Pinned while written ...
+  EXPECT_FALSE(c_.host_pool().block(1).has_key);  // ... and invisible.
+  EXPECT_EQ(c_.Lookup(w2, 99, a, 0, {}).value().hit_tokens, 0);
+  ASSERT_TRUE(c_.Finish(w2, 99).ok());
+  EXPECT_THAT(FreeQueue(), ElementsAreArray(Range(2, 49)));
+  std::vector<CompletedEvent> done{{a_commit.stores[0].ref, true}};
+  ASSERT_TRUE(c_.Complete(w1, done).ok());
+  ASSERT_TRUE(c_.Finish(w1, 1).ok());
+  EXPECT_EQ(Ref(1), 0);
+  EXPECT_TRUE(c_.host_pool().block(1).has_key);
+  std::vector<BlockId> queue = Range(2, 49);
+  queue.push_back(1);
+  EXPECT_THAT(FreeQueue(), ElementsAreArray(queue));
+
+  // Request B (A's block + 16 more) on worker 2: a hit pins slot 1.
+  std::vector<TokenId> b = a;
+  for (TokenId t : SequentialTokens(101, 16)) b.push_back(t);
+  EXPECT_EQ(c_.Lookup(w2, 2, b, 0, {}).value().hit_tokens, 16);
+  EXPECT_EQ(Ref(1), 1);
+  EXPECT_THAT(FreeQueue(), ElementsAreArray(Range(2, 49)));
+  AllocateResult alloc = c_.Allocate(w2, 2, {{1, 2}}, 16).value();
+  ASSERT_TRUE(alloc.load.has_value());
+  EXPECT_EQ(alloc.load->ref, (EventRef{EventKind::kLoad, 0}));
+  EXPECT_THAT(alloc.load->host_blocks, ElementsAre(1));
+  EXPECT_THAT(alloc.load->device_blocks, ElementsAre(1));
+  EXPECT_EQ(Ref(1), 1);  // The lookup's pin became the load's.
+  CommitResult b_commit = c_.Commit(w2, 2, 32, {{1, 2}}).value();
+  ASSERT_EQ(b_commit.stores.size(), 1u);
+  EXPECT_EQ(b_commit.stores[0].ref, (EventRef{EventKind::kStore, 0}));
+  EXPECT_THAT(b_commit.stores[0].host_blocks, ElementsAre(2));
+  EXPECT_THAT(b_commit.stores[0].device_blocks, ElementsAre(2));
+  EXPECT_THAT(FreeQueue(), ElementsAreArray(Range(3, 49)));
+  std::vector<CompletedEvent> b_done{{alloc.load->ref, true},
+                                     {b_commit.stores[0].ref, true}};
+  ASSERT_TRUE(c_.Complete(w2, b_done).ok());
+  ASSERT_TRUE(c_.Finish(w2, 2).ok());
+  // Final: [3..49, 1, 2]; 1 is older than 2 and is evicted first.
+  queue = Range(3, 49);
+  queue.push_back(1);
+  queue.push_back(2);
+  EXPECT_THAT(FreeQueue(), ElementsAreArray(queue));
+  EXPECT_EQ(c_.host_pool().num_cached_blocks(), 2u);
+  EXPECT_TRUE(c_.host_pool().CheckInvariants().ok());
+}
+
+TEST_F(CoordinatorTest, MaxHitLeavesTheLastTokenToCompute) {
+  const WorkerId w = Register();
+  const std::vector<TokenId> t = SequentialTokens(1, 32);
+  StoreAll(w, 1, t);
+  // 32 tokens, both blocks stored: at most 31 may hit, so one block.
+  EXPECT_EQ(c_.Lookup(w, 2, t, 0, {}).value().hit_tokens, 16);
+  // One more token: both blocks hit.
+  std::vector<TokenId> t33 = t;
+  t33.push_back(7);
+  EXPECT_EQ(c_.Lookup(w, 3, t33, 0, {}).value().hit_tokens, 32);
+  // Blocks the engine already has are not looked up again.
+  EXPECT_EQ(c_.Lookup(w, 4, t33, 16, {}).value().hit_tokens, 16);
+}
+
+TEST_F(CoordinatorTest, RepeatedLookupDropsTheEarlierPins) {
+  const WorkerId w = Register();
+  std::vector<TokenId> t = SequentialTokens(1, 33);
+  StoreAll(w, 1, t);
+  ASSERT_EQ(c_.Lookup(w, 2, t, 0, {}).value().hit_tokens, 32);
+  EXPECT_EQ(c_.stats().host.pinned_slots, 2);
+  ASSERT_EQ(c_.Lookup(w, 2, t, 0, {}).value().hit_tokens, 32);
+  EXPECT_EQ(c_.stats().host.pinned_slots, 2);  // Not 4.
+  // Unused hits are released by Allocate; Finish releases the rest.
+  ASSERT_TRUE(c_.Allocate(w, 2, Range(1, 3), 16).ok());
+  EXPECT_EQ(c_.stats().host.pinned_slots, 1);
+  ASSERT_TRUE(c_.Finish(w, 2).ok());
+  EXPECT_EQ(c_.stats().host.pinned_slots, 1);  // The load is in flight.
+  EXPECT_EQ(c_.stats().host.events_in_flight, 1u);
+}
+
+TEST_F(CoordinatorTest, TenantsDoNotShareBlocks) {
+  const WorkerId a = Register("tenant-a");
+  const WorkerId b = Register("tenant-b");
+  std::vector<TokenId> t = SequentialTokens(1, 33);
+  StoreAll(a, 1, t);
+  EXPECT_EQ(c_.Lookup(a, 2, t, 0, {}).value().hit_tokens, 32);
+  EXPECT_EQ(c_.Lookup(b, 2, t, 0, {}).value().hit_tokens, 0);
+}
+
+class SmallHostTest : public CoordinatorTest {
+ protected:
+  SmallHostTest() : CoordinatorTest(/*host_slots=*/5) {}
+};
+
+TEST_F(SmallHostTest, FullOfPinnedBlocksStoresNothingThenRecovers) {
+  const WorkerId w1 = Register();
+  const WorkerId w2 = Register();
+  // Worker 1 is writing all 4 slots.
+  const std::vector<TokenId> t = SequentialTokens(1, 64);
+  ASSERT_TRUE(c_.Lookup(w1, 1, t, 0, {}).ok());
+  ASSERT_TRUE(c_.Allocate(w1, 1, Range(1, 4), 0).ok());
+  CommitResult busy = c_.Commit(w1, 1, 64, Range(1, 4)).value();
+  ASSERT_EQ(busy.stores.size(), 1u);
+  EXPECT_EQ(busy.stores[0].host_blocks.size(), 4u);
+  EXPECT_EQ(c_.stats().host.pinned_slots, 4);
+
+  // Worker 2 is told that nothing can be stored now, and stores nothing.
+  const std::vector<TokenId> u = SequentialTokens(1000, 32);
+  ASSERT_TRUE(c_.Lookup(w2, 2, u, 0, {}).ok());
+  AllocateResult alloc = c_.Allocate(w2, 2, Range(1, 2), 0).value();
+  EXPECT_EQ(alloc.store_status.code(), StatusCode::kResourceExhausted);
+  EXPECT_THAT(alloc.store_status.message(), HasSubstr("nothing can be stored"));
+  CommitResult none = c_.Commit(w2, 2, 32, Range(1, 2)).value();
+  EXPECT_TRUE(none.stores.empty());
+  EXPECT_EQ(none.skipped_blocks, 2);
+  ASSERT_TRUE(c_.Finish(w2, 2).ok());
+
+  // The pins go; storing works again (evicting worker 1's blocks, LRU).
+  std::vector<CompletedEvent> done{{busy.stores[0].ref, true}};
+  ASSERT_TRUE(c_.Complete(w1, done).ok());
+  EXPECT_EQ(StoreAll(w2, 3, u).size(), 2u);
+  EXPECT_EQ(c_.stats().host.evictions, 2u);
+  EXPECT_TRUE(c_.host_pool().CheckInvariants().ok());
+}
+
+TEST_F(CoordinatorTest, DroppedWorkerReleasesPinsAndPublishesNothing) {
+  const WorkerId w = Register();
+  const WorkerId other = Register();
+  std::vector<TokenId> stored = SequentialTokens(1, 33);
+  StoreAll(other, 1, stored);
+  const int64_t free_before = c_.stats().host.free_slots;
+
+  // Worker w: a hit pinned by a lookup, a load in flight, a store in flight.
+  ASSERT_EQ(c_.Lookup(w, 5, stored, 0, {}).value().hit_tokens, 32);
+  std::vector<TokenId> fresh = SequentialTokens(500, 48);
+  ASSERT_TRUE(c_.Lookup(w, 6, fresh, 0, {}).ok());
+  ASSERT_TRUE(c_.Allocate(w, 6, Range(1, 3), 0).ok());
+  CommitResult writing = c_.Commit(w, 6, 48, Range(1, 3)).value();
+  ASSERT_EQ(writing.stores.size(), 1u);
+  EXPECT_LT(c_.stats().host.free_slots, free_before);
+
+  ASSERT_TRUE(c_.DropWorker(w).ok());
+  EXPECT_EQ(c_.stats().host.free_slots, free_before);
+  EXPECT_EQ(c_.stats().host.pinned_slots, 0);
+  EXPECT_EQ(c_.stats().host.events_in_flight, 0u);
+  // The slots it was writing never became visible.
+  std::vector<TokenId> fresh49 = fresh;
+  fresh49.push_back(1);
+  EXPECT_EQ(c_.Lookup(other, 7, fresh49, 0, {}).value().hit_tokens, 0);
+  EXPECT_EQ(c_.DropWorker(w).code(), StatusCode::kNotFound);
+  EXPECT_TRUE(c_.host_pool().CheckInvariants().ok());
+}
+
+TEST_F(CoordinatorTest, FailedStoreLeavesTheSlotUnkeyed) {
+  const WorkerId w = Register();
+  std::vector<TokenId> t = SequentialTokens(1, 17);
+  ASSERT_TRUE(c_.Lookup(w, 1, t, 0, {}).ok());
+  ASSERT_TRUE(c_.Allocate(w, 1, Range(1, 2), 0).ok());
+  CommitResult commit = c_.Commit(w, 1, 17, Range(1, 2)).value();
+  ASSERT_EQ(commit.stores.size(), 1u);
+  std::vector<CompletedEvent> failed{{commit.stores[0].ref, false}};
+  ASSERT_TRUE(c_.Complete(w, failed).ok());
+  EXPECT_EQ(c_.stats().host.cached_slots, 0);
+  EXPECT_EQ(c_.stats().host.stores_failed, 1u);
+  EXPECT_EQ(c_.Lookup(w, 2, t, 0, {}).value().hit_tokens, 0);
+}
+
+TEST_F(CoordinatorTest, RejectsWhatAWorkerMayNotSay) {
+  const WorkerId w1 = Register();
+  const WorkerId w2 = Register();
+  std::vector<TokenId> t = SequentialTokens(1, 32);
+  ASSERT_TRUE(c_.Lookup(w1, 1, t, 0, {}).ok());
+  ASSERT_TRUE(c_.Allocate(w1, 1, Range(1, 2), 0).ok());
+  CommitResult commit = c_.Commit(w1, 1, 32, Range(1, 2)).value();
+  ASSERT_EQ(commit.stores.size(), 1u);
+  const EventRef ref = commit.stores[0].ref;
+
+  // Another worker's event id.
+  std::vector<CompletedEvent> theirs{{ref, true}};
+  Status s = c_.Complete(w2, theirs);
+  EXPECT_EQ(s.code(), StatusCode::kNotFound);
+  EXPECT_THAT(s.message(), HasSubstr("not in flight for worker"));
+  // The same event twice in one call: nothing is applied.
+  std::vector<CompletedEvent> twice{{ref, true}, {ref, true}};
+  EXPECT_EQ(c_.Complete(w1, twice).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(c_.stats().host.events_in_flight, 1u);
+  // Out-of-range device blocks, bad token counts, unknown requests.
+  ASSERT_TRUE(c_.Lookup(w1, 2, t, 0, {}).ok());
+  EXPECT_EQ(c_.Allocate(w1, 2, {{1, 100}}, 0).status().code(),
+            StatusCode::kOutOfRange);
+  EXPECT_EQ(c_.Allocate(w1, 2, {{1, -1}}, 0).status().code(),
+            StatusCode::kOutOfRange);
+  EXPECT_EQ(c_.Allocate(w1, 2, {{1, 2}}, 16).status().code(),
+            StatusCode::kInvalidArgument);  // Beyond the hit.
+  EXPECT_EQ(c_.Lookup(w1, 3, {}, 0, {}).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(c_.Lookup(w1, 3, t, 5, {}).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(c_.Commit(w1, 42, 16, {{1}}).status().code(),
+            StatusCode::kFailedPrecondition);
+  EXPECT_EQ(c_.Finish(w1, 42).code(), StatusCode::kNotFound);
+  EXPECT_EQ(c_.Lookup(77, 1, t, 0, {}).status().code(), StatusCode::kNotFound);
+  // A completion still works after all that.
+  std::vector<CompletedEvent> mine{{ref, true}};
+  EXPECT_TRUE(c_.Complete(w1, mine).ok());
+  EXPECT_TRUE(c_.host_pool().CheckInvariants().ok());
+}
+
+TEST_F(CoordinatorTest, AnotherLayoutIsRefusedNamingBoth) {
+  KvLayout other = Layout();
+  other.head_dim = 128;
+  StatusOr<WorkerId> w = c_.RegisterWorker({.layout = other,
+                                            .num_device_blocks = 10,
+                                            .tenant = "",
+                                            .pid = 1,
+                                            .name = "x"});
+  ASSERT_EQ(w.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(w.status().message(), HasSubstr("head_dim=64"));
+  EXPECT_THAT(w.status().message(), HasSubstr("head_dim=128"));
+}
+
+}  // namespace
+}  // namespace tierkv

@@ -1,0 +1,385 @@
+// tierkvd as a real process, with real worker processes attached over its
+// socket and shared memory: seed 004's flow, cross-process reuse, a worker
+// killed mid-transfer, malformed messages, permissions, a second daemon on
+// the same store, a stale segment, and tierkv-admin.
+#include <fcntl.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <filesystem>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ipc/channel.h"
+#include "ipc/client.h"
+#include "ipc/protocol.h"
+#include "tests/seed004_scenario.h"
+#include "tests/test_layout.h"
+
+namespace tierkv {
+namespace {
+
+using ::testing::HasSubstr;
+using Clock = std::chrono::steady_clock;
+
+// A child process with its stdout (and stderr) on a pipe that a thread
+// drains into `output`, so the child never blocks on a full pipe.
+class Child {
+ public:
+  explicit Child(std::vector<std::string> argv) {
+    int fds[2];
+    EXPECT_EQ(pipe2(fds, O_CLOEXEC), 0);
+    pid_ = fork();
+    if (pid_ == 0) {
+      dup2(fds[1], STDOUT_FILENO);
+      dup2(fds[1], STDERR_FILENO);
+      std::vector<char*> args;
+      for (std::string& a : argv) args.push_back(a.data());
+      args.push_back(nullptr);
+      execv(args[0], args.data());
+      _exit(127);
+    }
+    close(fds[1]);
+    reader_ = std::thread([this, fd = fds[0]] {
+      char buf[4096];
+      for (;;) {
+        const ssize_t n = read(fd, buf, sizeof(buf));
+        if (n <= 0) break;
+        std::lock_guard<std::mutex> guard(mu_);
+        output_.append(buf, static_cast<size_t>(n));
+        changed_.notify_all();
+      }
+      close(fd);
+      std::lock_guard<std::mutex> guard(mu_);
+      eof_ = true;
+      changed_.notify_all();
+    });
+  }
+  ~Child() {
+    if (pid_ > 0 && !reaped_) {
+      kill(pid_, SIGKILL);
+      Wait();
+    }
+    if (reader_.joinable()) reader_.join();
+  }
+
+  // Waits until the output contains `text`; false on EOF or timeout.
+  bool WaitFor(const std::string& text,
+               std::chrono::seconds timeout = std::chrono::seconds(20)) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return changed_.wait_for(lock, timeout, [&] {
+      return output_.find(text) != std::string::npos || eof_;
+    }) && output_.find(text) != std::string::npos;
+  }
+  int Wait() {
+    if (!reaped_) {
+      int status = 0;
+      waitpid(pid_, &status, 0);
+      reaped_ = true;
+      exit_code_ =
+          WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    }
+    if (reader_.joinable()) reader_.join();
+    return exit_code_;
+  }
+  // Never signals a reaped pid (the kernel may have reused it).
+  void Signal(int sig) {
+    if (!reaped_) kill(pid_, sig);
+  }
+  std::string output() {
+    std::lock_guard<std::mutex> guard(mu_);
+    return output_;
+  }
+  pid_t pid() const { return pid_; }
+
+ private:
+  pid_t pid_ = -1;
+  bool reaped_ = false;
+  int exit_code_ = -1;
+  std::thread reader_;
+  std::mutex mu_;
+  std::condition_variable changed_;
+  std::string output_;
+  bool eof_ = false;
+};
+
+class TierkvdTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/tierkvd_test.XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    store_ = "t" + std::to_string(getpid()) + "-" +
+             ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    socket_ = dir_ + "/tierkvd.sock";
+  }
+  void TearDown() override {
+    if (daemon_ != nullptr) {
+      daemon_->Signal(SIGTERM);  // A clean stop removes its files.
+      daemon_->Wait();
+      daemon_.reset();
+    }
+    // Whatever a killed daemon left behind.
+    const std::string prefix = "tierkv." + store_ + ".";
+    for (const auto& entry : std::filesystem::directory_iterator("/dev/shm")) {
+      if (entry.path().filename().string().starts_with(prefix)) {
+        std::filesystem::remove(entry.path());
+      }
+    }
+    std::filesystem::remove_all(dir_);
+  }
+
+  std::vector<std::string> DaemonArgs(const std::string& capacity) const {
+    return {TIERKVD_PATH, "--store",         store_,  "--socket",
+            socket_,      "--layers",        "2",     "--kv-heads",
+            "2",          "--head-dim",      "64",    "--dtype",
+            "bf16",       "--host-capacity", capacity};
+  }
+  // Starts tierkvd and waits for the line it logs once it serves.
+  void StartDaemon(const std::string& capacity = "1M") {
+    daemon_ = std::make_unique<Child>(DaemonArgs(capacity));
+    ASSERT_TRUE(daemon_->WaitFor("serving store")) << daemon_->output();
+  }
+  std::unique_ptr<Client> Attach(const std::string& name = "test") {
+    ClientOptions options;
+    options.socket_path = socket_;
+    options.layout = TestLayout();
+    options.num_device_blocks = 64;
+    options.name = name;
+    auto client = Client::Open(options);
+    EXPECT_TRUE(client.ok()) << client.status().ToString();
+    return client.ok() ? std::move(*client) : nullptr;
+  }
+  Child Worker(const std::string& mode, int seed, int blocks) {
+    return Child({TEST_WORKER_PATH, mode, socket_, std::to_string(seed),
+                  std::to_string(blocks)});
+  }
+  std::string HostSegment() const { return "/tierkv." + store_ + ".host"; }
+
+  std::string dir_, store_, socket_;
+  std::unique_ptr<Child> daemon_;
+};
+
+TEST_F(TierkvdTest, Seed004FlowThroughTheDaemon) {
+  // 50 host slots including the null one, as in the seed.
+  StartDaemon(std::to_string(50 * TestLayout().BlockBytes()));
+  Seed004Engine w1 = Seed004Engine::Open(socket_, "engine-1");
+  Seed004Engine w2 = Seed004Engine::Open(socket_, "engine-2");
+  ASSERT_NE(w1.client, nullptr);
+  ASSERT_NE(w2.client, nullptr);
+  EXPECT_NE(w1.client->worker_id(), w2.client->worker_id());
+  RunSeed004(w1, w2);
+}
+
+TEST_F(TierkvdTest, WorkerLoadsWhatAnotherWorkerStored) {
+  StartDaemon();
+  Child a = Worker("store", 7, 8);
+  ASSERT_EQ(a.Wait(), 0) << a.output();
+  const std::string out_a = a.output();
+  const size_t pos = out_a.find("checksum ");
+  ASSERT_NE(pos, std::string::npos) << out_a;
+  const std::string sum = out_a.substr(pos + 9, 16);
+
+  Child b = Worker("load", 7, 8);
+  ASSERT_EQ(b.Wait(), 0) << b.output();
+  EXPECT_THAT(b.output(), HasSubstr("hit 128 checksum " + sum));
+  // Another prompt is a miss.
+  Child c = Worker("load", 8, 8);
+  ASSERT_EQ(c.Wait(), 0) << c.output();
+  EXPECT_THAT(c.output(), HasSubstr("hit 0 "));
+}
+
+TEST_F(TierkvdTest, KilledWorkersPinsAreReleasedWithinOneSecond) {
+  StartDaemon();
+  std::unique_ptr<Client> observer = Attach("observer");
+  ASSERT_NE(observer, nullptr);
+  const HostTierStats before = observer->Stats().value().host;
+
+  Child w = Worker("hang-store", 9, 8);
+  ASSERT_TRUE(w.WaitFor("READY")) << w.output();
+  HostTierStats during = observer->Stats().value().host;
+  EXPECT_EQ(during.pinned_slots, before.pinned_slots + 8);
+  EXPECT_EQ(during.events_in_flight, 1u);
+
+  w.Signal(SIGKILL);
+  const auto killed = Clock::now();
+  w.Wait();
+  HostTierStats after;
+  do {  // Poll the observable state, bounded by the 1 s requirement.
+    after = observer->Stats().value().host;
+  } while (after.pinned_slots != before.pinned_slots &&
+           Clock::now() - killed < std::chrono::seconds(1));
+  EXPECT_EQ(after.pinned_slots, before.pinned_slots);
+  EXPECT_EQ(after.free_slots, before.free_slots);
+  EXPECT_EQ(after.events_in_flight, 0u);
+  EXPECT_EQ(observer->Stats().value().workers.size(), 1u);
+  // The slots it was writing never became visible.
+  Child reader = Worker("load", 9, 8);
+  ASSERT_EQ(reader.Wait(), 0) << reader.output();
+  EXPECT_THAT(reader.output(), HasSubstr("hit 0 "));
+}
+
+TEST_F(TierkvdTest, MalformedMessagesGetErrorsAndOthersAreServed) {
+  StartDaemon();
+  std::unique_ptr<Client> good = Attach("good");
+  std::unique_ptr<Client> bad = Attach("bad");
+  ASSERT_NE(good, nullptr);
+  ASSERT_NE(bad, nullptr);
+  // The bad worker's own channel, written by hand.
+  auto channel = ipc::ControlChannel::Open("/tierkv." + store_ + ".w" +
+                                           std::to_string(bad->worker_id()));
+  ASSERT_TRUE(channel.ok()) << channel.status().ToString();
+  auto alive = [] { return true; };
+  auto call = [&](std::vector<std::byte> frame) {
+    std::vector<std::byte> response;
+    EXPECT_TRUE(channel->Call(frame, &response, alive).ok());
+    auto reply = ipc::Decode(response);
+    EXPECT_TRUE(reply.ok());
+    return reply.ok() ? ipc::StatusOf(*reply) : reply.status();
+  };
+  std::vector<TokenId> tokens = SequentialTokens(1, 40);
+  std::vector<std::byte> lookup = ipc::Encode(ipc::LookupRequest{
+      .request = 1, .num_computed_tokens = 0, .tokens = tokens, .extras = {}});
+  // Truncated.
+  std::vector<std::byte> cut(lookup.begin(), lookup.end() - 5);
+  EXPECT_EQ(call(cut).code(), StatusCode::kInvalidArgument);
+  // Wrong protocol version.
+  std::vector<std::byte> old = lookup;
+  old[4] = std::byte{9};
+  EXPECT_EQ(call(old).code(), StatusCode::kFailedPrecondition);
+  // Garbage.
+  EXPECT_EQ(call(std::vector<std::byte>(64, std::byte{0x5A})).code(),
+            StatusCode::kInvalidArgument);
+  // Out-of-range device block ids.
+  EXPECT_EQ(call(lookup).code(), StatusCode::kOk);
+  EXPECT_EQ(
+      call(ipc::Encode(ipc::AllocateRequest{.request = 1,
+                                            .num_external_tokens = 0,
+                                            .device_blocks = {1, 2, 1000000}}))
+          .code(),
+      StatusCode::kOutOfRange);
+  // Another worker's event id: the good worker has a store in flight.
+  ASSERT_TRUE(good->Lookup(5, tokens).ok());
+  ASSERT_TRUE(good->Allocate(5, {{1, 2, 3}}, 0).ok());
+  CommitResult commit = good->Commit(5, 40, {{1, 2, 3}}).value();
+  ASSERT_EQ(commit.stores.size(), 1u);
+  EXPECT_EQ(
+      call(ipc::Encode(ipc::CompleteRequest{{{commit.stores[0].ref, true}}}))
+          .code(),
+      StatusCode::kNotFound);
+  // A reply type sent as a request.
+  EXPECT_EQ(call(ipc::Encode(ipc::OkReply{})).code(),
+            StatusCode::kInvalidArgument);
+
+  // The good worker is served throughout, and the daemon still runs.
+  std::vector<FinishedTransfer> done;
+  while (done.empty()) done = good->WaitEvents(std::chrono::seconds(10));
+  ASSERT_TRUE(good->Complete(done).ok());
+  tokens.push_back(3);
+  EXPECT_EQ(good->Lookup(6, tokens).value().hit_tokens, 32);
+  EXPECT_EQ(good->Stats().value().workers.size(), 2u);
+}
+
+TEST_F(TierkvdTest, SocketAndSegmentsAreOwnerOnly) {
+  StartDaemon();
+  std::unique_ptr<Client> c = Attach();
+  ASSERT_NE(c, nullptr);
+  struct stat st {};
+  ASSERT_EQ(stat(socket_.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  ASSERT_EQ(stat(("/dev/shm" + HostSegment()).c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  const std::string channel =
+      "/dev/shm/tierkv." + store_ + ".w" + std::to_string(c->worker_id());
+  ASSERT_EQ(stat(channel.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+}
+
+TEST_F(TierkvdTest, ALiveDaemonIsNeverClobberedAStaleOneIsReplaced) {
+  StartDaemon();
+  std::unique_ptr<Client> c = Attach();
+  ASSERT_NE(c, nullptr);
+  // A second daemon on the same store refuses to start.
+  Child second(DaemonArgs("1M"));
+  EXPECT_EQ(second.Wait(), 1);
+  EXPECT_THAT(second.output(), HasSubstr("served by a live tierkvd"));
+  EXPECT_EQ(c->Lookup(1, SequentialTokens(1, 20)).status().code(),
+            StatusCode::kOk);
+
+  // Killed, the daemon leaves its segment and socket behind ...
+  daemon_->Signal(SIGKILL);
+  daemon_->Wait();
+  struct stat st {};
+  ASSERT_EQ(stat(("/dev/shm" + HostSegment()).c_str(), &st), 0);
+  // ... the worker notices ...
+  EXPECT_EQ(c->Lookup(2, SequentialTokens(1, 20)).status().code(),
+            StatusCode::kUnavailable);
+  // ... and a new daemon replaces them.
+  StartDaemon();
+  std::unique_ptr<Client> fresh = Attach();
+  ASSERT_NE(fresh, nullptr);
+  EXPECT_EQ(fresh->Stats().value().host.cached_slots, 0);
+}
+
+TEST_F(TierkvdTest, AnotherLayoutIsRefusedWithBothNamed) {
+  StartDaemon();
+  ClientOptions options;
+  options.socket_path = socket_;
+  options.layout = TestLayout();
+  options.layout.num_kv_heads = 8;
+  options.num_device_blocks = 4;
+  auto client = Client::Open(options);
+  ASSERT_EQ(client.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(client.status().message(), HasSubstr("kv_heads=2"));
+  EXPECT_THAT(client.status().message(), HasSubstr("kv_heads=8"));
+}
+
+TEST_F(TierkvdTest, NoDaemonIsAClearError) {
+  ClientOptions options;
+  options.socket_path = socket_;
+  options.layout = TestLayout();
+  options.num_device_blocks = 4;
+  auto client = Client::Open(options);
+  EXPECT_EQ(client.status().code(), StatusCode::kUnavailable);
+  EXPECT_THAT(client.status().message(), HasSubstr("is tierkvd running"));
+
+  Child admin({TIERKV_ADMIN_PATH, "stats", "--socket", socket_});
+  EXPECT_EQ(admin.Wait(), 3);
+  EXPECT_THAT(admin.output(), HasSubstr("is tierkvd running"));
+}
+
+TEST_F(TierkvdTest, AdminShowsTiersAndWorkers) {
+  StartDaemon();
+  std::unique_ptr<Client> c = Attach("engine-7");
+  ASSERT_NE(c, nullptr);
+  Child table({TIERKV_ADMIN_PATH, "stats", "--socket", socket_});
+  ASSERT_EQ(table.Wait(), 0) << table.output();
+  EXPECT_THAT(table.output(), HasSubstr("host"));
+  EXPECT_THAT(table.output(), HasSubstr("engine-7"));
+  EXPECT_THAT(table.output(), HasSubstr("workers: 1"));
+  Child json({TIERKV_ADMIN_PATH, "stats", "--json", "--socket", socket_});
+  ASSERT_EQ(json.Wait(), 0) << json.output();
+  EXPECT_THAT(json.output(), HasSubstr("\"capacity_slots\":63"));
+  EXPECT_THAT(json.output(), HasSubstr("\"name\":\"engine-7\""));
+}
+
+TEST_F(TierkvdTest, SigtermStopsCleanlyAndRemovesItsFiles) {
+  StartDaemon();
+  daemon_->Signal(SIGTERM);
+  EXPECT_EQ(daemon_->Wait(), 0) << daemon_->output();
+  struct stat st {};
+  EXPECT_NE(stat(socket_.c_str(), &st), 0);
+  EXPECT_NE(stat(("/dev/shm" + HostSegment()).c_str(), &st), 0);
+}
+
+}  // namespace
+}  // namespace tierkv

@@ -1,0 +1,255 @@
+// EmulatedDeviceTier: an anonymous private mapping stands in for device
+// memory, and one copy-engine thread plays the DMA engine. Jobs run strictly
+// in submission order, so a load submitted after a store of the same host
+// slot sees the stored bytes, as on one CUDA stream.
+//
+// Decisions the header leaves open:
+// - A job with no blocks is valid: it completes in order like any other job
+//   (a fence: its completion means every earlier job has finished).
+// - Arena pages are faulted in on first touch, not at Create: a worker may
+//   size its pool generously and pay only for what it uses.
+// - The caller keeps each job's host memory alive and untouched until its
+//   completion is returned, or until the tier is destroyed (the destructor
+//   runs every queued job first).
+#include "tiers/device_tier.h"
+
+#include <sys/mman.h>
+
+#include <cassert>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <limits>
+#include <mutex>
+#include <string>
+#include <system_error>
+#include <thread>
+#include <utility>
+
+namespace tierkv {
+namespace {
+
+constexpr size_t kArenaAlignment = 4096;
+// Large enough that transparent huge pages can pay off (fewer TLB misses).
+constexpr size_t kHugePageBytes = size_t{2} << 20;
+
+std::string ErrnoText(int err) {
+  return std::error_code(err, std::generic_category()).message();
+}
+
+}  // namespace
+
+struct EmulatedDeviceTier::Impl {
+  Impl(std::byte* arena, size_t arena_bytes, int32_t num_blocks,
+       size_t block_bytes)
+      : arena(arena),
+        arena_bytes(arena_bytes),
+        num_blocks(num_blocks),
+        block_bytes(block_bytes) {}
+
+  // Stops the copy engine once the queue is empty, then frees the arena.
+  ~Impl() {
+    if (engine.joinable()) {
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        stopping = true;
+      }
+      work_cv.notify_one();
+      engine.join();
+    }
+    munmap(arena, arena_bytes);
+  }
+
+  std::byte* BlockAddress(BlockId id) const {
+    return arena + static_cast<size_t>(id) * block_bytes;
+  }
+
+  Status Validate(const CopyJob& job) const;
+  void RunCopyEngine();
+  void Execute(const CopyJob& job) const;
+  // REQUIRES: mu held.
+  std::vector<CopyCompletion> TakeCompletedLocked();
+
+  // Immutable after Create; read by any thread without the lock.
+  std::byte* const arena;
+  const size_t arena_bytes;
+  const int32_t num_blocks;
+  const size_t block_bytes;
+
+  mutable std::mutex mu;
+  std::condition_variable work_cv;  // Signals queue non-empty or stopping.
+  std::condition_variable done_cv;  // Signals completed non-empty.
+  std::deque<CopyJob> queue;        // GUARDED_BY(mu)
+  std::vector<CopyCompletion> completed;  // GUARDED_BY(mu)
+  size_t in_flight = 0;                   // GUARDED_BY(mu)
+  bool stopping = false;                  // GUARDED_BY(mu)
+
+  // Started last in Create, joined first in ~Impl.
+  std::thread engine;
+};
+
+Status EmulatedDeviceTier::Impl::Validate(const CopyJob& job) const {
+  // Built only on the error path: Submit is on the hot path.
+  auto where = [&job] {
+    return "copy job (tag " + std::to_string(job.tag) + ")";
+  };
+  if (job.device_blocks.size() != job.host_blocks.size()) {
+    return Status::InvalidArgument(
+        where() + " has " + std::to_string(job.device_blocks.size()) +
+        " device blocks but " + std::to_string(job.host_blocks.size()) +
+        " host blocks");
+  }
+  for (size_t i = 0; i < job.device_blocks.size(); ++i) {
+    const BlockId id = job.device_blocks[i];
+    if (id < 0 || id >= num_blocks) {
+      return Status::InvalidArgument(where() + ": device block " +
+                                     std::to_string(id) + " at index " +
+                                     std::to_string(i) + " is outside [0, " +
+                                     std::to_string(num_blocks) + ")");
+    }
+    if (job.host_blocks[i] == nullptr) {
+      return Status::InvalidArgument(where() + ": host block at index " +
+                                     std::to_string(i) + " is null");
+    }
+  }
+  return Status::Ok();
+}
+
+void EmulatedDeviceTier::Impl::RunCopyEngine() {
+  for (;;) {
+    CopyJob job;
+    {
+      std::unique_lock<std::mutex> lock(mu);
+      work_cv.wait(lock, [this] { return stopping || !queue.empty(); });
+      if (queue.empty()) return;  // Stopping, and every job has run.
+      job = std::move(queue.front());
+      queue.pop_front();
+    }
+    Execute(job);  // Without the lock: Submit and Poll stay responsive.
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      completed.push_back(CopyCompletion{job.tag, Status::Ok()});
+    }
+    done_cv.notify_all();
+  }
+}
+
+void EmulatedDeviceTier::Impl::Execute(const CopyJob& job) const {
+  const bool store = job.direction == CopyDirection::kDeviceToHost;
+  for (size_t i = 0; i < job.device_blocks.size(); ++i) {
+    std::byte* device = BlockAddress(job.device_blocks[i]);
+    std::byte* host = job.host_blocks[i];
+    if (store) {
+      std::memcpy(host, device, block_bytes);
+    } else {
+      std::memcpy(device, host, block_bytes);
+    }
+  }
+}
+
+std::vector<CopyCompletion> EmulatedDeviceTier::Impl::TakeCompletedLocked() {
+  std::vector<CopyCompletion> out;
+  out.swap(completed);
+  in_flight -= out.size();
+  return out;
+}
+
+StatusOr<std::unique_ptr<EmulatedDeviceTier>> EmulatedDeviceTier::Create(
+    int32_t num_blocks, size_t block_bytes) {
+  if (num_blocks < 1) {
+    return Status::InvalidArgument(
+        "device tier needs at least one block, got " +
+        std::to_string(num_blocks));
+  }
+  if (block_bytes == 0) {
+    return Status::InvalidArgument("device tier block_bytes must be > 0");
+  }
+  const std::string shape = std::to_string(num_blocks) + " blocks x " +
+                            std::to_string(block_bytes) + " bytes";
+  const size_t max = std::numeric_limits<size_t>::max();
+  const size_t count = static_cast<size_t>(num_blocks);
+  if (block_bytes > (max - (kArenaAlignment - 1)) / count) {
+    return Status::ResourceExhausted("device arena of " + shape +
+                                     " does not fit in the address space");
+  }
+  const size_t bytes =
+      (count * block_bytes + kArenaAlignment - 1) & ~(kArenaAlignment - 1);
+  void* mem = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (mem == MAP_FAILED) {
+    const int err = errno;
+    return Status::ResourceExhausted("cannot map device arena of " + shape +
+                                     " (" + std::to_string(bytes) +
+                                     " bytes): " + ErrnoText(err));
+  }
+  if (bytes >= kHugePageBytes) {
+    // Best effort: without huge pages the arena still works, just with more
+    // TLB misses on large copies.
+    (void)madvise(mem, bytes, MADV_HUGEPAGE);
+  }
+  auto impl = std::make_unique<Impl>(static_cast<std::byte*>(mem), bytes,
+                                     num_blocks, block_bytes);
+  try {
+    impl->engine = std::thread([raw = impl.get()] { raw->RunCopyEngine(); });
+  } catch (const std::system_error& e) {
+    return Status::ResourceExhausted(
+        std::string("cannot start the device copy engine thread: ") + e.what());
+  }
+  return std::unique_ptr<EmulatedDeviceTier>(
+      new EmulatedDeviceTier(std::move(impl)));
+}
+
+EmulatedDeviceTier::EmulatedDeviceTier(std::unique_ptr<Impl> impl)
+    : impl_(std::move(impl)) {}
+
+EmulatedDeviceTier::~EmulatedDeviceTier() = default;
+
+int32_t EmulatedDeviceTier::num_blocks() const { return impl_->num_blocks; }
+
+size_t EmulatedDeviceTier::block_bytes() const { return impl_->block_bytes; }
+
+std::span<std::byte> EmulatedDeviceTier::block(BlockId id) {
+  assert(id >= 0 && id < impl_->num_blocks);
+  return {impl_->BlockAddress(id), impl_->block_bytes};
+}
+
+Status EmulatedDeviceTier::Submit(CopyJob job) {
+  TIERKV_RETURN_IF_ERROR(impl_->Validate(job));
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    impl_->queue.push_back(std::move(job));
+    ++impl_->in_flight;
+  }
+  impl_->work_cv.notify_one();
+  return Status::Ok();
+}
+
+std::vector<CopyCompletion> EmulatedDeviceTier::PollCompleted() {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->TakeCompletedLocked();
+}
+
+std::vector<CopyCompletion> EmulatedDeviceTier::WaitCompleted(
+    std::chrono::milliseconds timeout) {
+  using Clock = std::chrono::steady_clock;
+  std::unique_lock<std::mutex> lock(impl_->mu);
+  auto ready = [this] { return !impl_->completed.empty(); };
+  const Clock::time_point now = Clock::now();
+  // now + timeout would overflow for "wait forever" timeouts such as
+  // milliseconds::max(); those wait without a deadline.
+  const auto room = std::chrono::duration_cast<std::chrono::milliseconds>(
+      Clock::time_point::max() - now);
+  if (timeout >= room) {
+    impl_->done_cv.wait(lock, ready);
+  } else {
+    impl_->done_cv.wait_until(lock, now + timeout, ready);
+  }
+  return impl_->TakeCompletedLocked();
+}
+
+size_t EmulatedDeviceTier::in_flight() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->in_flight;
+}
+
+}  // namespace tierkv

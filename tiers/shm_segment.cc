@@ -1,0 +1,168 @@
+#include "tiers/shm_segment.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <boost/interprocess/exceptions.hpp>
+#include <boost/interprocess/mapped_region.hpp>
+#include <boost/interprocess/shared_memory_object.hpp>
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+namespace tierkv {
+
+namespace bip = boost::interprocess;
+
+struct ShmSegment::Impl {
+  bip::mapped_region region;
+  void* anonymous = nullptr;  // mmap'd private memory (anonymous segments).
+  size_t anonymous_bytes = 0;
+
+  ~Impl() {
+    if (anonymous != nullptr) munmap(anonymous, anonymous_bytes);
+  }
+};
+
+namespace {
+
+Status FromInterprocess(const bip::interprocess_exception& e,
+                        const std::string& what, const std::string& name) {
+  const std::string msg = what + " shared memory '" + name + "': " + e.what();
+  switch (e.get_error_code()) {
+    case bip::not_found_error:
+      return Status::NotFound(msg);
+    case bip::security_error:
+      return Status::PermissionDenied(msg);
+    case bip::out_of_space_error:
+    case bip::out_of_memory_error:
+      return Status::ResourceExhausted(msg);
+    default:
+      return Status::Unavailable(msg);
+  }
+}
+
+}  // namespace
+
+Status ValidateShmName(const std::string& name) {
+  if (name.size() < 2 || name.size() > 201 || name[0] != '/') {
+    return Status::InvalidArgument("shared memory name '" + name +
+                                   "' must be '/' and 1..200 characters");
+  }
+  for (size_t i = 1; i < name.size(); ++i) {
+    const char c = name[i];
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+                    (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-';
+    if (!ok) {
+      return Status::InvalidArgument("shared memory name '" + name +
+                                     "' may only use [A-Za-z0-9._-]");
+    }
+  }
+  return Status::Ok();
+}
+
+ShmSegment::ShmSegment(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+ShmSegment::ShmSegment(ShmSegment&& other) noexcept
+    : impl_(std::move(other.impl_)),
+      data_(std::exchange(other.data_, nullptr)),
+      size_(std::exchange(other.size_, 0)),
+      name_(std::move(other.name_)),
+      owner_(std::exchange(other.owner_, false)) {}
+
+ShmSegment& ShmSegment::operator=(ShmSegment&& other) noexcept {
+  if (this != &other) {
+    ShmSegment old(std::move(*this));
+    impl_ = std::move(other.impl_);
+    data_ = std::exchange(other.data_, nullptr);
+    size_ = std::exchange(other.size_, 0);
+    name_ = std::move(other.name_);
+    owner_ = std::exchange(other.owner_, false);
+  }
+  return *this;
+}
+
+ShmSegment::~ShmSegment() {
+  impl_.reset();  // Unmap before the name goes.
+  if (owner_ && !name_.empty()) Remove(name_);
+}
+
+bool ShmSegment::Remove(const std::string& name) {
+  return bip::shared_memory_object::remove(name.c_str() + 1);
+}
+
+StatusOr<ShmSegment> ShmSegment::Create(const ShmCreateOptions& options) {
+  TIERKV_RETURN_IF_ERROR(ValidateShmName(options.name));
+  if (options.bytes == 0) {
+    return Status::InvalidArgument("shared memory segment of 0 bytes");
+  }
+  Remove(options.name);  // Stale: the store lock says its creator is gone.
+  try {
+    bip::permissions perm;
+    perm.set_permissions(static_cast<int>(options.mode));
+    // Boost names segments without the leading slash (it adds one).
+    bip::shared_memory_object shm(bip::create_only, options.name.c_str() + 1,
+                                  bip::read_write, perm);
+    if (options.group.has_value() &&
+        fchown(shm.get_mapping_handle().handle, static_cast<uid_t>(-1),
+               *options.group) != 0) {
+      const int err = errno;
+      bip::shared_memory_object::remove(options.name.c_str() + 1);
+      return Status::PermissionDenied(
+          "cannot give shared memory '" + options.name + "' to group " +
+          std::to_string(*options.group) + ": " + std::strerror(err));
+    }
+    shm.truncate(static_cast<bip::offset_t>(options.bytes));
+    auto impl = std::make_unique<Impl>();
+    impl->region = bip::mapped_region(shm, bip::read_write);
+    ShmSegment segment(std::move(impl));
+    segment.data_ =
+        static_cast<std::byte*>(segment.impl_->region.get_address());
+    segment.size_ = segment.impl_->region.get_size();
+    segment.name_ = options.name;
+    segment.owner_ = true;
+    return segment;
+  } catch (const bip::interprocess_exception& e) {
+    bip::shared_memory_object::remove(options.name.c_str() + 1);
+    return FromInterprocess(e, "cannot create", options.name);
+  }
+}
+
+StatusOr<ShmSegment> ShmSegment::Open(const std::string& name) {
+  TIERKV_RETURN_IF_ERROR(ValidateShmName(name));
+  try {
+    bip::shared_memory_object shm(bip::open_only, name.c_str() + 1,
+                                  bip::read_write);
+    auto impl = std::make_unique<Impl>();
+    impl->region = bip::mapped_region(shm, bip::read_write);
+    ShmSegment segment(std::move(impl));
+    segment.data_ =
+        static_cast<std::byte*>(segment.impl_->region.get_address());
+    segment.size_ = segment.impl_->region.get_size();
+    segment.name_ = name;
+    return segment;
+  } catch (const bip::interprocess_exception& e) {
+    return FromInterprocess(e, "cannot open", name);
+  }
+}
+
+StatusOr<ShmSegment> ShmSegment::CreateAnonymous(size_t bytes) {
+  if (bytes == 0) {
+    return Status::InvalidArgument("anonymous segment of 0 bytes");
+  }
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) {
+    return Status::ResourceExhausted("cannot map " + std::to_string(bytes) +
+                                     " bytes: " + std::strerror(errno));
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->anonymous = p;
+  impl->anonymous_bytes = bytes;
+  ShmSegment segment(std::move(impl));
+  segment.data_ = static_cast<std::byte*>(p);
+  segment.size_ = bytes;
+  return segment;
+}
+
+}  // namespace tierkv

@@ -1,0 +1,71 @@
+// ShmSegment: one named POSIX shared-memory segment (Boost.Interprocess),
+// mapped read-write, or an anonymous private mapping for embedded mode. The
+// creator owns the name and removes it when destroyed; openers only unmap.
+// Not thread-safe to move or destroy while others use the mapping; the
+// mapped bytes themselves carry whatever synchronisation their users define.
+#ifndef TIERKV_TIERS_SHM_SEGMENT_H_
+#define TIERKV_TIERS_SHM_SEGMENT_H_
+
+#include <sys/types.h>
+
+#include <cstddef>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "src/status.h"
+
+namespace tierkv {
+
+struct ShmCreateOptions {
+  std::string name;  // "/tierkv.<store>.host": one leading slash, no others.
+  size_t bytes = 0;  // Required, > 0.
+  // Permission bits applied exactly (umask does not narrow them).
+  // Default: 0600, the creating user only.
+  mode_t mode = 0600;
+  // When set, the segment's group; give mode group bits (e.g. 0660) too.
+  std::optional<gid_t> group;
+};
+
+class ShmSegment {
+ public:
+  // Creates a new segment, replacing one of the same name. REQUIRES: the
+  // caller holds the store lock, which proves any existing segment of that
+  // name was left by a process that is gone (StoreLock, ipc/store_lock.h).
+  static StatusOr<ShmSegment> Create(const ShmCreateOptions& options);
+  // Maps an existing segment. NotFound when it does not exist,
+  // PermissionDenied when this user may not open it.
+  static StatusOr<ShmSegment> Open(const std::string& name);
+  // Private anonymous memory (embedded mode: no name, nothing to clean up).
+  static StatusOr<ShmSegment> CreateAnonymous(size_t bytes);
+
+  ShmSegment(ShmSegment&& other) noexcept;
+  ShmSegment& operator=(ShmSegment&& other) noexcept;
+  ~ShmSegment();  // Unmaps; the owner also removes the name.
+
+  std::byte* data() const { return data_; }
+  size_t size() const { return size_; }
+  const std::string& name() const { return name_; }  // Empty if anonymous.
+  bool owner() const { return owner_; }
+
+  // Removes a segment by name; true if one existed.
+  static bool Remove(const std::string& name);
+
+ private:
+  struct Impl;  // Boost.Interprocess objects; shm_segment.cc.
+  explicit ShmSegment(std::unique_ptr<Impl> impl);
+
+  std::unique_ptr<Impl> impl_;
+  std::byte* data_ = nullptr;
+  size_t size_ = 0;
+  std::string name_;
+  bool owner_ = false;
+};
+
+// A name is valid for shm_open when it is "/" then 1..200 characters from
+// [A-Za-z0-9._-]. InvalidArgument with the reason otherwise.
+Status ValidateShmName(const std::string& name);
+
+}  // namespace tierkv
+
+#endif  // TIERKV_TIERS_SHM_SEGMENT_H_

@@ -1,0 +1,29 @@
+// tierkvd's command line: flags (Boost.Program_options) to ServerOptions.
+// Kept out of main so tests can parse flags too. Stateless; thread-safe.
+#ifndef TIERKV_TOOLS_DAEMON_DAEMON_FLAGS_H_
+#define TIERKV_TOOLS_DAEMON_DAEMON_FLAGS_H_
+
+#include <cstddef>
+#include <string>
+
+#include "ipc/server.h"
+#include "src/status.h"
+
+namespace tierkv::daemon {
+
+struct DaemonCommand {
+  bool show_help = false;
+  std::string help_text;
+  ipc::ServerOptions server;
+  std::string log_level = "info";
+};
+
+// InvalidArgument with a message naming the flag for anything malformed.
+StatusOr<DaemonCommand> ParseDaemonFlags(int argc, const char* const* argv);
+
+// "512M", "2G", "1048576", "64KiB": bytes. InvalidArgument otherwise.
+StatusOr<size_t> ParseBytes(const std::string& text);
+
+}  // namespace tierkv::daemon
+
+#endif  // TIERKV_TOOLS_DAEMON_DAEMON_FLAGS_H_
