@@ -86,8 +86,8 @@ struct ControlChannel::Header {
   uint32_t response_len;
   std::atomic<uint32_t> request_waiting;  // tierkvd sleeps.
 };
-ControlChannel::ControlChannel(ShmSegment segment)
-    : segment_(std::move(segment)) {
+ControlChannel::ControlChannel(ShmSegment segment, uint32_t capacity)
+    : segment_(std::move(segment)), capacity_(capacity) {
   static_assert(sizeof(Header) <= kBuffersOffset);
 }
 
@@ -98,9 +98,9 @@ std::byte* ControlChannel::request_buffer() const {
   return segment_.data() + kBuffersOffset;
 }
 std::byte* ControlChannel::response_buffer() const {
-  return segment_.data() + kBuffersOffset + header()->capacity;
+  return segment_.data() + kBuffersOffset + capacity_;
 }
-uint32_t ControlChannel::capacity() const { return header()->capacity; }
+uint32_t ControlChannel::capacity() const { return capacity_; }
 
 StatusOr<ControlChannel> ControlChannel::Create(const ShmCreateOptions& options,
                                                 uint32_t capacity) {
@@ -114,7 +114,7 @@ StatusOr<ControlChannel> ControlChannel::Create(const ShmCreateOptions& options,
   h->version = kChannelVersion;
   h->capacity = capacity;
   __atomic_store_n(&h->magic, kChannelMagic, __ATOMIC_RELEASE);
-  return ControlChannel(std::move(segment));
+  return ControlChannel(std::move(segment), capacity);
 }
 
 StatusOr<ControlChannel> ControlChannel::Open(const std::string& name) {
@@ -124,14 +124,15 @@ StatusOr<ControlChannel> ControlChannel::Open(const std::string& name) {
                                       "' is not a tierkv control channel");
   }
   const auto* h = reinterpret_cast<const Header*>(segment.data());
+  const uint32_t capacity = h->capacity;  // Read once.
   if (__atomic_load_n(&h->magic, __ATOMIC_ACQUIRE) != kChannelMagic ||
       h->version != kChannelVersion ||
-      segment.size() < kBuffersOffset + 2 * static_cast<size_t>(h->capacity)) {
+      segment.size() < kBuffersOffset + 2 * static_cast<size_t>(capacity)) {
     return Status::FailedPrecondition(
         "'" + name + "' is not a tierkv control channel of version " +
         std::to_string(kChannelVersion));
   }
-  return ControlChannel(std::move(segment));
+  return ControlChannel(std::move(segment), capacity);
 }
 
 Status ControlChannel::Call(std::span<const std::byte> request,
@@ -139,10 +140,10 @@ Status ControlChannel::Call(std::span<const std::byte> request,
                             const std::function<bool()>& alive,
                             std::chrono::milliseconds poll) {
   Header* h = header();
-  if (request.size() > h->capacity) {
+  if (request.size() > capacity_) {
     return Status::InvalidArgument(
         "message of " + std::to_string(request.size()) +
-        " bytes exceeds the control channel's " + std::to_string(h->capacity));
+        " bytes exceeds the control channel's " + std::to_string(capacity_));
   }
   std::memcpy(request_buffer(), request.data(), request.size());
   h->request_len = static_cast<uint32_t>(request.size());
@@ -154,7 +155,7 @@ Status ControlChannel::Call(std::span<const std::byte> request,
     return Status::Unavailable("tierkvd went away during a call");
   }
   const uint32_t len = h->response_len;
-  if (len > h->capacity) {
+  if (len > capacity_) {
     return Status::DataLoss("response length " + std::to_string(len) +
                             " exceeds the channel");
   }
@@ -172,7 +173,7 @@ bool ControlChannel::Receive(std::vector<std::byte>* request,
   if (!got || stop.load(std::memory_order_relaxed)) return false;
   last_request_seq_ = h->request_seq.load(std::memory_order_acquire);
   const uint32_t len = h->request_len;
-  if (len > h->capacity) {
+  if (len > capacity_) {
     request->clear();
   } else {
     request->assign(request_buffer(), request_buffer() + len);
@@ -182,10 +183,10 @@ bool ControlChannel::Receive(std::vector<std::byte>* request,
 
 Status ControlChannel::Respond(std::span<const std::byte> response) {
   Header* h = header();
-  if (response.size() > h->capacity) {
+  if (response.size() > capacity_) {
     return Status::InvalidArgument(
         "response of " + std::to_string(response.size()) +
-        " bytes exceeds the control channel's " + std::to_string(h->capacity));
+        " bytes exceeds the control channel's " + std::to_string(capacity_));
   }
   std::memcpy(response_buffer(), response.data(), response.size());
   h->response_len = static_cast<uint32_t>(response.size());

@@ -61,12 +61,15 @@ class ControlChannel {
 
  private:
   struct Header;
-  ControlChannel(ShmSegment segment);
+  ControlChannel(ShmSegment segment, uint32_t capacity);
   Header* header() const;
   std::byte* request_buffer() const;
   std::byte* response_buffer() const;
 
   ShmSegment segment_;
+  // Read from the header once, checked against the mapping, and never
+  // again: the other side can rewrite the shared header at any time.
+  uint32_t capacity_;
   uint32_t last_request_seq_ = 0;  // Server: last request handled.
 };
 

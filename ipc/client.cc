@@ -100,6 +100,7 @@ struct Client::Impl {
   int socket_fd = -1;
   std::optional<ipc::ControlChannel> channel;
   std::vector<std::byte> request_bytes, response_bytes;
+  Status channel_error;  // Set once tierkvd is gone; every call fails.
   // Embedded mode.
   std::optional<Coordinator> coordinator;
   std::map<uint64_t, TransferEvent> in_flight;  // By copy-job tag.
@@ -125,10 +126,16 @@ struct Client::Impl {
     if (coordinator.has_value()) {
       return ipc::Dispatch(*coordinator, worker, request);
     }
+    if (!channel_error.ok()) return channel_error;
     request_bytes.clear();
     ipc::Encode(request, &request_bytes);
-    TIERKV_RETURN_IF_ERROR(channel->Call(request_bytes, &response_bytes,
-                                         [this] { return PeerAlive(); }));
+    Status s = channel->Call(request_bytes, &response_bytes,
+                             [this] { return PeerAlive(); });
+    if (s.code() == StatusCode::kUnavailable) {
+      // A late reply could be taken for the next call's: stay failed.
+      channel_error = s;
+    }
+    TIERKV_RETURN_IF_ERROR(s);
     return ipc::Decode(response_bytes);
   }
 
@@ -325,14 +332,16 @@ Status Client::Complete(std::span<const FinishedTransfer> finished) {
   for (const FinishedTransfer& f : finished) {
     request.events.push_back({f.event.ref, f.status.ok()});
   }
-  TIERKV_ASSIGN_OR_RETURN(Message reply, impl_->Call(request));
-  TIERKV_RETURN_IF_ERROR(ipc::StatusOf(reply));
+  StatusOr<Message> reply = impl_->Call(request);
+  // The copies are over whatever tierkvd answers: the device blocks are
+  // free to use again.
   if (impl_->options.engine != nullptr) {
     for (const FinishedTransfer& f : finished) {
       impl_->options.engine->UnpinBlocks(f.event.device_blocks);
     }
   }
-  return Status::Ok();
+  if (!reply.ok()) return reply.status();
+  return ipc::StatusOf(*reply);
 }
 
 Status Client::Finish(RequestId request) {

@@ -44,8 +44,8 @@ Status Errno(const std::string& what) {
   return Status::Unavailable(what + ": " + std::strerror(errno));
 }
 
-// Sends a whole frame; the socket is non-blocking, and a peer that does not
-// drain a few hundred bytes is treated as gone.
+// Sends a whole frame on a non-blocking socket. A peer that does not take
+// it within a second is treated as gone.
 bool SendFrame(int fd, const Message& message) {
   const std::vector<std::byte> bytes = Encode(message);
   size_t sent = 0;
@@ -53,6 +53,11 @@ bool SendFrame(int fd, const Message& message) {
     const ssize_t n =
         send(fd, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
     if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      pollfd p{fd, POLLOUT, 0};
+      if (poll(&p, 1, 1000) <= 0) return false;
+      continue;
+    }
     if (n <= 0) return false;
     sent += static_cast<size_t>(n);
   }
@@ -78,6 +83,10 @@ struct Connection {
 
 }  // namespace
 
+std::string StoreLockPath(const std::string& store) {
+  return "/dev/shm/tierkv." + store + ".lock";
+}
+
 std::string DefaultSocketPath(const std::string& store) {
   if (const char* dir = std::getenv("XDG_RUNTIME_DIR"); dir && *dir) {
     return std::string(dir) + "/tierkv-" + store + ".sock";
@@ -87,7 +96,8 @@ std::string DefaultSocketPath(const std::string& store) {
 
 struct Server::Impl {
   ServerOptions options;
-  StoreLock lock;
+  StoreLock store_lock;   // Guards the segment names.
+  StoreLock socket_lock;  // Guards the socket path.
   std::unique_ptr<HostTier> host;
   mutable std::mutex mu;
   Coordinator coordinator;  // GUARDED_BY(mu)
@@ -96,12 +106,14 @@ struct Server::Impl {
   std::thread listener;
   std::map<int, Connection> connections;  // Listener thread only.
   std::atomic<bool> stopping{false};
-  bool stopped = false;
+  std::mutex stop_mu;
+  bool stopped = false;  // GUARDED_BY(stop_mu)
 
-  Impl(ServerOptions opts, StoreLock store_lock,
+  Impl(ServerOptions opts, StoreLock store, StoreLock socket,
        std::unique_ptr<HostTier> host_tier, Coordinator coord)
       : options(std::move(opts)),
-        lock(std::move(store_lock)),
+        store_lock(std::move(store)),
+        socket_lock(std::move(socket)),
         host(std::move(host_tier)),
         coordinator(std::move(coord)) {}
 
@@ -142,9 +154,12 @@ StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& in) {
                                    " bytes holds fewer than 2 blocks of " +
                                    std::to_string(slot_bytes) + " bytes");
   }
-  TIERKV_ASSIGN_OR_RETURN(StoreLock lock,
+  // One lock per name tierkvd claims: the store (its segments) and the
+  // socket path. Held, they make whatever is left under those names stale.
+  TIERKV_ASSIGN_OR_RETURN(StoreLock store_lock,
+                          StoreLock::Acquire(StoreLockPath(options.store)));
+  TIERKV_ASSIGN_OR_RETURN(StoreLock socket_lock,
                           StoreLock::Acquire(options.socket_path + ".lock"));
-  // The lock is ours, so whatever socket or segment is left is stale.
   TIERKV_ASSIGN_OR_RETURN(
       std::unique_ptr<HostTier> host,
       HostTier::Create({.segment_name = "/tierkv." + options.store + ".host",
@@ -156,7 +171,8 @@ StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& in) {
   TIERKV_ASSIGN_OR_RETURN(
       Coordinator coordinator,
       Coordinator::Create({.layout = options.layout, .host_slots = slots}));
-  auto impl = std::make_unique<Impl>(options, std::move(lock), std::move(host),
+  auto impl = std::make_unique<Impl>(options, std::move(store_lock),
+                                     std::move(socket_lock), std::move(host),
                                      std::move(coordinator));
 
   const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
@@ -191,6 +207,7 @@ StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& in) {
 
 void Server::Stop() {
   Impl& s = *impl_;
+  std::lock_guard<std::mutex> guard(s.stop_mu);
   if (s.stopped) return;
   s.stopped = true;
   s.stopping.store(true);
@@ -281,6 +298,9 @@ bool Server::Impl::ReadFrom(int fd, Connection* conn) {
       return false;
     }
     conn->input.insert(conn->input.end(), buf, buf + n);
+    if (conn->input.size() > 2 * (kFrameHeaderBytes + kMaxSocketPayload)) {
+      break;  // Parse what is here; an oversized frame is refused below.
+    }
   }
   while (conn->input.size() >= kFrameHeaderBytes) {
     StatusOr<uint32_t> len = PeekPayloadLength(conn->input, kMaxSocketPayload);

@@ -45,6 +45,10 @@ struct ServerOptions {
 // without XDG_RUNTIME_DIR.
 std::string DefaultSocketPath(const std::string& store);
 
+// The lock file that claims a store name: "/dev/shm/tierkv.<store>.lock",
+// next to the segments it guards.
+std::string StoreLockPath(const std::string& store);
+
 class Server {
  public:
   // FailedPrecondition when a live tierkvd already serves the store;
@@ -53,7 +57,7 @@ class Server {
   ~Server();  // Stop().
 
   // Stops accepting, disconnects workers (dropping their pins), joins every
-  // thread and removes the socket and segments. Idempotent.
+  // thread and removes the socket and segments. Idempotent; thread-safe.
   void Stop();
 
   const std::string& socket_path() const;

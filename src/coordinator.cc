@@ -126,6 +126,15 @@ StatusOr<LookupResult> Coordinator::Lookup(WorkerId worker, RequestId request,
         " must be a multiple of the block size (" + std::to_string(bs) +
         ") below the request's " + std::to_string(tokens.size()) + " tokens");
   }
+  for (const MultiModalItem& item : extras.mm_items) {
+    if (item.start < 0 || item.length < 1 ||
+        item.start > static_cast<int64_t>(tokens.size()) - item.length) {
+      return Status::InvalidArgument(
+          "multimodal item at " + std::to_string(item.start) + " of length " +
+          std::to_string(item.length) + " is outside the request's " +
+          std::to_string(tokens.size()) + " tokens");
+    }
+  }
   auto [it, inserted] = w->requests.try_emplace(request);
   RequestState& r = it->second;
   if (!inserted) {

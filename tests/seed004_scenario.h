@@ -1,6 +1,7 @@
 // Seed 004's two-request flow (SimpleCPUOffloadConnector), step by step,
-// through the worker Client: the same checks run embedded and against a
-// real tierkvd.
+// through the worker Client against a real tierkvd (tierkvd_test), two
+// engines sharing its host tier. coordinator_test checks the host side of
+// the same flow in-process, down to the free-queue order.
 //
 // Where this differs from the seed, and why:
 //  - The seed keys a 3-token partial block ("Hello, world!"). tierkv keys
@@ -39,28 +40,31 @@ inline KvLayout Seed004Layout() { return TestLayout(); }
 // One engine: its main pool (100 device blocks, null block 0), its device
 // memory and its tierkv client.
 struct Seed004Engine {
-  KVCacheManager manager;
+  // On the heap: the client keeps a pointer to it across moves.
+  std::unique_ptr<KVCacheManager> manager_ptr;
+  KVCacheManager& manager;
   std::unique_ptr<EmulatedDeviceTier> device;
   std::unique_ptr<Client> client;
 
   static Seed004Engine Open(const std::string& socket_path,
                             const std::string& name) {
-    Seed004Engine e{
+    auto manager = std::make_unique<KVCacheManager>(
         KVCacheManager::Create({.pool = {.num_blocks = 100,
                                          .block_size = 16,
                                          .reserve_null_block = true}})
-            .value(),
+            .value());
+    KVCacheManager& ref = *manager;
+    Seed004Engine e{
+        std::move(manager), ref,
         EmulatedDeviceTier::Create(100, Seed004Layout().BlockBytes()).value(),
         nullptr};
     ClientOptions options;
     options.socket_path = socket_path;
-    // Embedded: 50 host blocks including the null one, as in the seed.
-    options.embedded_host_bytes = 50 * Seed004Layout().BlockBytes();
     options.layout = Seed004Layout();
     options.num_device_blocks = 100;
     options.name = name;
     options.device = e.device.get();
-    options.engine = &e.manager;
+    options.engine = &ref;
     auto client = Client::Open(options);
     EXPECT_TRUE(client.ok()) << client.status().ToString();
     if (client.ok()) e.client = std::move(*client);

@@ -24,6 +24,7 @@
 #include "ipc/protocol.h"
 #include "tests/seed004_scenario.h"
 #include "tests/test_layout.h"
+#include "tiers/shm_segment.h"
 
 namespace tierkv {
 namespace {
@@ -38,13 +39,14 @@ class Child {
   explicit Child(std::vector<std::string> argv) {
     int fds[2];
     EXPECT_EQ(pipe2(fds, O_CLOEXEC), 0);
+    // Built before fork: the child of a threaded process must not allocate.
+    std::vector<char*> args;
+    for (std::string& a : argv) args.push_back(a.data());
+    args.push_back(nullptr);
     pid_ = fork();
     if (pid_ == 0) {
       dup2(fds[1], STDOUT_FILENO);
       dup2(fds[1], STDERR_FILENO);
-      std::vector<char*> args;
-      for (std::string& a : argv) args.push_back(a.data());
-      args.push_back(nullptr);
       execv(args[0], args.data());
       _exit(127);
     }
@@ -289,6 +291,38 @@ TEST_F(TierkvdTest, MalformedMessagesGetErrorsAndOthersAreServed) {
   EXPECT_EQ(good->Stats().value().workers.size(), 2u);
 }
 
+TEST_F(TierkvdTest, HostileChannelHeaderCannotHurtTheDaemon) {
+  StartDaemon();
+  std::unique_ptr<Client> good = Attach("good");
+  std::unique_ptr<Client> bad = Attach("bad");
+  ASSERT_NE(good, nullptr);
+  ASSERT_NE(bad, nullptr);
+  const std::string name =
+      "/tierkv." + store_ + ".w" + std::to_string(bad->worker_id());
+  auto raw = ShmSegment::Open(name);
+  ASSERT_TRUE(raw.ok()) << raw.status().ToString();
+  // The channel header as ipc/channel.cc lays it out: capacity at byte 12,
+  // request_seq and request_len at 64 and 68, response_seq at 128.
+  auto word = [&](size_t offset) {
+    return reinterpret_cast<uint32_t*>(raw->data() + offset);
+  };
+  *word(12) = 0xFFFFFFFFu;  // A capacity far past the mapping.
+  *word(68) = 0xF0000000u;  // A request longer than the channel.
+  const uint32_t seen = __atomic_load_n(word(128), __ATOMIC_ACQUIRE);
+  __atomic_fetch_add(word(64), 1, __ATOMIC_SEQ_CST);
+  const auto deadline = Clock::now() + std::chrono::seconds(5);
+  while (__atomic_load_n(word(128), __ATOMIC_ACQUIRE) == seen &&
+         Clock::now() < deadline) {
+    std::this_thread::yield();  // Waiting on the daemon's reply itself.
+  }
+  ASSERT_NE(__atomic_load_n(word(128), __ATOMIC_ACQUIRE), seen)
+      << daemon_->output();
+  // The daemon answered (an error), is alive, and serves everyone.
+  EXPECT_EQ(good->Lookup(1, SequentialTokens(1, 40)).status().code(),
+            StatusCode::kOk);
+  EXPECT_EQ(bad->Stats().value().workers.size(), 2u);
+}
+
 TEST_F(TierkvdTest, SocketAndSegmentsAreOwnerOnly) {
   StartDaemon();
   std::unique_ptr<Client> c = Attach();
@@ -314,6 +348,13 @@ TEST_F(TierkvdTest, ALiveDaemonIsNeverClobberedAStaleOneIsReplaced) {
   EXPECT_THAT(second.output(), HasSubstr("served by a live tierkvd"));
   EXPECT_EQ(c->Lookup(1, SequentialTokens(1, 20)).status().code(),
             StatusCode::kOk);
+
+  // Nor does one on the same store behind another socket.
+  std::vector<std::string> other_socket = DaemonArgs("1M");
+  other_socket[4] = dir_ + "/other.sock";
+  Child third(other_socket);
+  EXPECT_EQ(third.Wait(), 1);
+  EXPECT_THAT(third.output(), HasSubstr("served by a live tierkvd"));
 
   // Killed, the daemon leaves its segment and socket behind ...
   daemon_->Signal(SIGKILL);
