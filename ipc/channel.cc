@@ -1,6 +1,7 @@
 #include "ipc/channel.h"
 
 #include <linux/futex.h>
+#include <sched.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -36,11 +37,13 @@ void FutexWake(std::atomic<uint32_t>* word) {
           nullptr, nullptr, 0);
 }
 
-inline void CpuRelax() { __builtin_ia32_pause(); }
-
 // Waits until *seq differs from `seen`. Spins for kSpin, then sleeps on the
 // futex with `waiting` raised so the writer knows to wake it. Returns false
 // when `keep_waiting` says to give up after a timed-out sleep.
+// The spin yields the CPU on every turn: when both sides share one CPU (a
+// busy host), a pause-only spin would keep the other side from running and
+// cost a whole spin per message; a yield hands it the CPU at once, and costs
+// little when the other side runs elsewhere.
 template <typename KeepWaiting>
 bool WaitForChange(std::atomic<uint32_t>* seq, std::atomic<uint32_t>* waiting,
                    uint32_t seen, std::chrono::milliseconds poll,
@@ -48,8 +51,8 @@ bool WaitForChange(std::atomic<uint32_t>* seq, std::atomic<uint32_t>* waiting,
   const auto spin_until = std::chrono::steady_clock::now() + kSpin;
   for (uint32_t i = 0;; ++i) {
     if (seq->load(std::memory_order_acquire) != seen) return true;
-    CpuRelax();
-    if ((i & 63) == 63 && std::chrono::steady_clock::now() > spin_until) break;
+    sched_yield();
+    if ((i & 7) == 7 && std::chrono::steady_clock::now() > spin_until) break;
   }
   for (;;) {
     waiting->store(1, std::memory_order_seq_cst);

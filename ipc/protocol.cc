@@ -1,5 +1,6 @@
 #include "ipc/protocol.h"
 
+#include <bit>
 #include <cstring>
 #include <type_traits>
 
@@ -30,7 +31,15 @@ class Writer {
   template <typename T>
   void Ints(const std::vector<T>& v) {
     Int<uint32_t>(static_cast<uint32_t>(v.size()));
-    for (T x : v) Int<T>(x);
+    if constexpr (std::endian::native == std::endian::little) {
+      // The wire format is little-endian: the array is its own encoding.
+      const size_t at = out_->size();
+      out_->resize(at + v.size() * sizeof(T));
+      if (!v.empty())
+        std::memcpy(out_->data() + at, v.data(), v.size() * sizeof(T));
+    } else {
+      for (T x : v) Int<T>(x);
+    }
   }
 
  private:
@@ -82,7 +91,12 @@ class Reader {
     }
     if (!Need(static_cast<size_t>(n) * sizeof(T))) return {};
     std::vector<T> v(n);
-    for (auto& x : v) x = Int<T>();
+    if constexpr (std::endian::native == std::endian::little) {
+      if (n > 0) std::memcpy(v.data(), in_.data() + pos_, n * sizeof(T));
+      pos_ += n * sizeof(T);
+    } else {
+      for (auto& x : v) x = Int<T>();
+    }
     return v;
   }
   uint32_t Count(uint32_t max_count, const char* what) {

@@ -1,0 +1,475 @@
+// Control-message round trip: one Lookup of a 256-block request (4,096
+// tokens of 16-token blocks, a 16 KiB request frame) from a worker to the
+// coordinator and back.
+//
+// What is measured: each iteration is one round trip timed with
+// steady_clock (manual time, so the reported time is the mean round trip).
+// Counters p50_us, p99_us and mean_us are taken over every iteration of a
+// run; items/s is round trips per second.
+// - BM_ControlRoundTrip/SharedMemory: Client::Lookup attached to an
+//   ipc::Server started in this process. The server's session thread serves
+//   the worker's shared-memory control channel, so request and reply cross
+//   threads through the shared segment and its futex exactly as they do
+//   with tierkvd in another process. Timed: the client encodes, the channel
+//   call (spin, then futex), the server decodes, dispatches to the
+//   coordinator under its mutex, encodes and responds; the client decodes.
+// - BM_ControlRoundTrip/UnixSocket: the baseline. The same frames over a
+//   connected Unix stream socket (socketpair) to a server thread that reads
+//   the request frame fully, decodes it, dispatches it under a mutex to a
+//   coordinator in the same state, encodes the reply and writes it back. The
+//   client encodes the request and decodes the reply on every call, as
+//   Client does. Both paths do the same work; only the transport differs.
+// - BM_ControlRoundTrip/UnixSocketCannedReply: a stricter baseline. The
+//   socket server still decodes the request but answers with pre-encoded
+//   reply bytes (the same bytes) and never touches a coordinator, so this is
+//   transport plus codec only.
+// - .../SharedMemorySplitCpus and .../UnixSocketSplitCpus: the same two
+//   paths with the client pinned to CPU 0 and the server thread to CPU 1.
+//   The unpinned variants are the figures; these show how much of them is
+//   the two ends sharing a CPU (the channel spins before it sleeps, so two
+//   ends on one CPU cost each other a spin per hop; see BENCHMARKS.md).
+// - BM_ControlRoundTripEmbedded: Client in embedded mode, for reference:
+//   Dispatch is a function call (no encoding, no transport).
+//
+// Every lookup hits: the 256 blocks are stored once before timing, and a
+// lookup reports 255 of them (at most num_tokens - 1 tokens may hit), pinned.
+// All iterations reuse one request id; a repeated Lookup first drops the
+// previous one's pins, so every iteration starts from the same state.
+//
+// The bar (control-channel issue): SharedMemory's p50 at least 1.5x lower
+// than UnixSocket's. Figures and the command that produced them are kept in
+// BENCHMARKS.md.
+#include <benchmark/benchmark.h>
+#include <pthread.h>
+#include <sched.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <mutex>
+#include <numeric>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ipc/client.h"
+#include "ipc/protocol.h"
+#include "ipc/server.h"
+#include "ipc/service.h"
+#include "src/coordinator.h"
+
+namespace tierkv {
+namespace {
+
+constexpr int32_t kBlockSize = 16;
+constexpr int32_t kBlocks = 256;
+constexpr int32_t kTokens = kBlocks * kBlockSize;
+constexpr int32_t kExpectedHit = kTokens - kBlockSize;  // 255 blocks.
+constexpr RequestId kStoreRequest = 1;
+constexpr RequestId kLookupRequest = 2;
+constexpr int32_t kHostSlots = kBlocks + 44;
+
+KvLayout BenchLayout() {
+  return KvLayout{.num_layers = 2,
+                  .num_kv_heads = 2,
+                  .head_dim = 64,
+                  .block_size = kBlockSize,
+                  .dtype = DType::kBF16};
+}
+
+const std::vector<TokenId>& Tokens() {
+  static const std::vector<TokenId> tokens = [] {
+    std::mt19937_64 rng(42);
+    std::uniform_int_distribution<TokenId> dist(0, 128'000);  // Llama-3.
+    std::vector<TokenId> v(kTokens);
+    for (TokenId& t : v) t = dist(rng);
+    return v;
+  }();
+  return tokens;
+}
+
+std::vector<BlockId> DeviceBlocks() {
+  std::vector<BlockId> v(kBlocks);
+  std::iota(v.begin(), v.end(), 1);  // Block 0 stays unused, as engines do.
+  return v;
+}
+
+[[noreturn]] void Die(const std::string& what) {
+  std::fprintf(stderr, "control_bench: %s\n", what.c_str());
+  std::exit(1);
+}
+
+template <typename T>
+T ValueOrDie(StatusOr<T> v, const char* what) {
+  if (!v.ok()) Die(std::string(what) + ": " + v.status().ToString());
+  return std::move(*v);
+}
+
+void OkOrDie(const Status& s, const char* what) {
+  if (!s.ok()) Die(std::string(what) + ": " + s.ToString());
+}
+
+// Stores the request's 256 blocks through a client, so later lookups hit.
+void StoreThroughClient(Client& client) {
+  const std::vector<BlockId> blocks = DeviceBlocks();
+  (void)ValueOrDie(client.Lookup(kStoreRequest, Tokens()), "lookup");
+  (void)ValueOrDie(client.Allocate(kStoreRequest, blocks, 0), "allocate");
+  CommitResult commit =
+      ValueOrDie(client.Commit(kStoreRequest, kTokens, blocks), "commit");
+  size_t pending = commit.stores.size();
+  while (pending > 0) {
+    std::vector<FinishedTransfer> done =
+        client.WaitEvents(std::chrono::seconds(10));
+    OkOrDie(client.Complete(done), "complete");
+    pending -= std::min(pending, done.size());
+  }
+  OkOrDie(client.Finish(kStoreRequest), "finish");
+}
+
+// The same, straight on a coordinator: it only keeps metadata, so there is
+// nothing to copy.
+void StoreInCoordinator(Coordinator& c, WorkerId worker) {
+  const std::vector<BlockId> blocks = DeviceBlocks();
+  (void)ValueOrDie(c.Lookup(worker, kStoreRequest, Tokens(), 0, {}), "lookup");
+  (void)ValueOrDie(c.Allocate(worker, kStoreRequest, blocks, 0), "allocate");
+  CommitResult commit =
+      ValueOrDie(c.Commit(worker, kStoreRequest, kTokens, blocks), "commit");
+  std::vector<CompletedEvent> done;
+  for (const TransferEvent& e : commit.stores) done.push_back({e.ref, true});
+  OkOrDie(c.Complete(worker, done), "complete");
+  OkOrDie(c.Finish(worker, kStoreRequest), "finish");
+}
+
+// Pins the calling thread to one CPU for its lifetime (threads it starts
+// meanwhile inherit that), then restores its previous CPU set. cpu < 0: no-op.
+class ScopedCpu {
+ public:
+  explicit ScopedCpu(int cpu) : active_(cpu >= 0) {
+    if (!active_) return;
+    pthread_getaffinity_np(pthread_self(), sizeof(saved_), &saved_);
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    pthread_setaffinity_np(pthread_self(), sizeof(one), &one);
+  }
+  ~ScopedCpu() {
+    if (active_)
+      pthread_setaffinity_np(pthread_self(), sizeof(saved_), &saved_);
+  }
+  ScopedCpu(const ScopedCpu&) = delete;
+  ScopedCpu& operator=(const ScopedCpu&) = delete;
+
+ private:
+  bool active_;
+  cpu_set_t saved_{};
+};
+
+// The split variants put the client on kClientCpu and the server thread on
+// kServerCpu.
+constexpr int kClientCpu = 0;
+constexpr int kServerCpu = 1;
+
+ClientOptions BaseClientOptions() {
+  ClientOptions options;
+  options.layout = BenchLayout();
+  options.num_device_blocks = kBlocks + 1;
+  options.name = "control_bench";
+  return options;
+}
+
+// tierkvd's machinery in this process, and a worker attached to it. Built
+// once per process: Google Benchmark calls a benchmark function several
+// times per run.
+struct SharedMemoryPath {
+  std::string dir;
+  std::unique_ptr<ipc::Server> server;
+  std::unique_ptr<Client> client;
+
+  // server_cpu >= 0: the server's threads (its listener, and so the
+  // session thread the listener starts) run on that CPU only.
+  explicit SharedMemoryPath(int server_cpu = -1) {
+    char tmpl[] = "/tmp/control_bench.XXXXXX";
+    if (mkdtemp(tmpl) == nullptr) Die(std::strerror(errno));
+    dir = tmpl;
+    ipc::ServerOptions options;
+    options.store = "control-bench-" + std::to_string(getpid()) +
+                    (server_cpu >= 0 ? "-split" : "");
+    options.socket_path = dir + "/tierkvd.sock";
+    options.host_capacity_bytes = kHostSlots * BenchLayout().BlockBytes();
+    options.layout = BenchLayout();
+    {
+      ScopedCpu pin(server_cpu);
+      server = ValueOrDie(ipc::Server::Start(options), "start server");
+    }
+    ClientOptions client_options = BaseClientOptions();
+    client_options.socket_path = options.socket_path;
+    client = ValueOrDie(Client::Open(client_options), "attach");
+    StoreThroughClient(*client);
+  }
+  ~SharedMemoryPath() {
+    if (client != nullptr) (void)client->Finish(kLookupRequest);
+    client.reset();  // Detach before the server stops.
+    server.reset();
+    std::filesystem::remove_all(dir);
+  }
+};
+
+struct EmbeddedPath {
+  std::unique_ptr<Client> client;
+
+  EmbeddedPath() {
+    ClientOptions options = BaseClientOptions();
+    options.embedded_host_bytes = kHostSlots * BenchLayout().BlockBytes();
+    client = ValueOrDie(Client::Open(options), "open embedded");
+    StoreThroughClient(*client);
+  }
+};
+
+Status ReadAll(int fd, std::byte* p, size_t n) {
+  while (n > 0) {
+    const ssize_t got = recv(fd, p, n, 0);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) {
+      return Status::Unavailable(got == 0 ? "peer closed"
+                                          : std::strerror(errno));
+    }
+    p += got;
+    n -= static_cast<size_t>(got);
+  }
+  return Status::Ok();
+}
+
+Status WriteAll(int fd, std::span<const std::byte> bytes) {
+  const std::byte* p = bytes.data();
+  size_t n = bytes.size();
+  while (n > 0) {
+    const ssize_t put = send(fd, p, n, MSG_NOSIGNAL);
+    if (put < 0 && errno == EINTR) continue;
+    if (put < 0) return Status::Unavailable(std::strerror(errno));
+    p += put;
+    n -= static_cast<size_t>(put);
+  }
+  return Status::Ok();
+}
+
+// One frame, header first (the payload length is in the header), as the
+// client reads tierkvd's socket.
+Status ReadFrame(int fd, std::vector<std::byte>* frame) {
+  frame->resize(ipc::kFrameHeaderBytes);
+  TIERKV_RETURN_IF_ERROR(ReadAll(fd, frame->data(), frame->size()));
+  TIERKV_ASSIGN_OR_RETURN(uint32_t len,
+                          ipc::PeekPayloadLength(*frame, 1 << 20));
+  frame->resize(ipc::kFrameHeaderBytes + len);
+  return ReadAll(fd, frame->data() + ipc::kFrameHeaderBytes, len);
+}
+
+// The baseline's server: a thread on one end of a Unix stream socketpair.
+class SocketPath {
+ public:
+  // canned_reply: answer every request with these bytes instead of
+  // dispatching it (it is still decoded).
+  // server_cpu >= 0: the server thread runs on that CPU only.
+  explicit SocketPath(std::vector<std::byte> canned_reply = {},
+                      int server_cpu = -1)
+      : canned_reply_(std::move(canned_reply)),
+        coordinator_(ValueOrDie(Coordinator::Create({.layout = BenchLayout(),
+                                                     .host_slots = kHostSlots}),
+                                "coordinator")) {
+    worker_ = ValueOrDie(
+        coordinator_.RegisterWorker({.layout = BenchLayout(),
+                                     .num_device_blocks = kBlocks + 1,
+                                     .tenant = "",
+                                     .pid = static_cast<int32_t>(getpid()),
+                                     .name = "control_bench"}),
+        "register");
+    StoreInCoordinator(coordinator_, worker_);
+    int fds[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0) {
+      Die(std::string("socketpair: ") + std::strerror(errno));
+    }
+    client_fd_ = fds[0];
+    server_fd_ = fds[1];
+    thread_ = std::thread([this, server_cpu] {
+      ScopedCpu pin(server_cpu);
+      Serve();
+    });
+  }
+  ~SocketPath() {
+    shutdown(client_fd_, SHUT_RDWR);  // The server's read sees EOF.
+    thread_.join();
+    close(client_fd_);
+    close(server_fd_);
+  }
+
+  // One Lookup round trip, client side: what Client does, over the socket.
+  StatusOr<int32_t> Lookup(std::span<const TokenId> tokens) {
+    request_.clear();
+    ipc::Encode(ipc::LookupRequest{.request = kLookupRequest,
+                                   .num_computed_tokens = 0,
+                                   .tokens = std::vector<TokenId>(
+                                       tokens.begin(), tokens.end()),
+                                   .extras = {}},
+                &request_);
+    TIERKV_RETURN_IF_ERROR(WriteAll(client_fd_, request_));
+    TIERKV_RETURN_IF_ERROR(ReadFrame(client_fd_, &response_));
+    TIERKV_ASSIGN_OR_RETURN(ipc::Message reply, ipc::Decode(response_));
+    const auto* lookup = std::get_if<ipc::LookupReply>(&reply);
+    if (lookup == nullptr) return ipc::StatusOf(reply);
+    return lookup->result.hit_tokens;
+  }
+
+ private:
+  void Serve() {
+    std::vector<std::byte> request, response;
+    while (ReadFrame(server_fd_, &request).ok()) {
+      StatusOr<ipc::Message> message = ipc::Decode(request);
+      std::span<const std::byte> out = canned_reply_;
+      if (canned_reply_.empty()) {
+        ipc::Message reply;
+        if (!message.ok()) {
+          reply = ipc::ErrorReply{message.status()};
+        } else {
+          std::lock_guard<std::mutex> guard(mu_);
+          reply = ipc::Dispatch(coordinator_, worker_, *message);
+        }
+        response.clear();
+        ipc::Encode(reply, &response);
+        out = response;
+      } else {
+        benchmark::DoNotOptimize(message);
+      }
+      if (!WriteAll(server_fd_, out).ok()) break;
+    }
+  }
+
+  const std::vector<std::byte> canned_reply_;
+  std::mutex mu_;  // As tierkvd's sessions take around Dispatch.
+  Coordinator coordinator_;
+  WorkerId worker_ = 0;
+  int client_fd_ = -1;
+  int server_fd_ = -1;
+  std::thread thread_;
+  std::vector<std::byte> request_, response_;  // Client side.
+};
+
+// Nearest-rank percentile of sorted values.
+double Percentile(const std::vector<double>& sorted, double p) {
+  const auto rank = static_cast<size_t>(std::ceil(p * sorted.size()));
+  return sorted[std::clamp<size_t>(rank, 1, sorted.size()) - 1];
+}
+
+// Times `call` (returns the lookup's hit tokens) once per iteration.
+template <typename Call>
+void TimeRoundTrips(benchmark::State& state, Call call) {
+  std::vector<double> us;
+  us.reserve(1 << 16);
+  for (auto _ : state) {
+    const auto start = std::chrono::steady_clock::now();
+    StatusOr<int32_t> hit = call();
+    const auto end = std::chrono::steady_clock::now();
+    if (!hit.ok() || *hit != kExpectedHit) {
+      state.SkipWithError(
+          (hit.ok() ? "lookup hit " + std::to_string(*hit) + " tokens"
+                    : hit.status().ToString())
+              .c_str());
+      return;
+    }
+    const double seconds = std::chrono::duration<double>(end - start).count();
+    state.SetIterationTime(seconds);
+    us.push_back(seconds * 1e6);
+  }
+  if (us.empty()) return;
+  std::sort(us.begin(), us.end());
+  state.counters["p50_us"] = Percentile(us, 0.50);
+  state.counters["p99_us"] = Percentile(us, 0.99);
+  state.counters["mean_us"] =
+      std::accumulate(us.begin(), us.end(), 0.0) / us.size();
+  state.SetItemsProcessed(state.iterations());
+}
+
+enum class Transport {
+  kSharedMemory,
+  kUnixSocket,
+  kUnixSocketCannedReply,
+  kSharedMemorySplitCpus,
+  kUnixSocketSplitCpus,
+};
+
+void BM_ControlRoundTrip(benchmark::State& state, Transport transport) {
+  const std::vector<TokenId>& tokens = Tokens();
+  auto shm_lookup = [&](SharedMemoryPath& path) {
+    return [&tokens, client = path.client.get()]() -> StatusOr<int32_t> {
+      TIERKV_ASSIGN_OR_RETURN(LookupResult r,
+                              client->Lookup(kLookupRequest, tokens));
+      return r.hit_tokens;
+    };
+  };
+  switch (transport) {
+    case Transport::kSharedMemory: {
+      static SharedMemoryPath path;
+      TimeRoundTrips(state, shm_lookup(path));
+      break;
+    }
+    case Transport::kUnixSocket: {
+      static SocketPath path;
+      TimeRoundTrips(state, [&] { return path.Lookup(tokens); });
+      break;
+    }
+    case Transport::kUnixSocketCannedReply: {
+      static SocketPath path(ipc::Encode(
+          ipc::LookupReply{LookupResult{.hit_tokens = kExpectedHit}}));
+      TimeRoundTrips(state, [&] { return path.Lookup(tokens); });
+      break;
+    }
+    case Transport::kSharedMemorySplitCpus: {
+      static SharedMemoryPath path(kServerCpu);
+      ScopedCpu pin(kClientCpu);
+      TimeRoundTrips(state, shm_lookup(path));
+      break;
+    }
+    case Transport::kUnixSocketSplitCpus: {
+      static SocketPath path({}, kServerCpu);
+      ScopedCpu pin(kClientCpu);
+      TimeRoundTrips(state, [&] { return path.Lookup(tokens); });
+      break;
+    }
+  }
+}
+BENCHMARK_CAPTURE(BM_ControlRoundTrip, SharedMemory, Transport::kSharedMemory)
+    ->UseManualTime();
+BENCHMARK_CAPTURE(BM_ControlRoundTrip, UnixSocket, Transport::kUnixSocket)
+    ->UseManualTime();
+BENCHMARK_CAPTURE(BM_ControlRoundTrip, UnixSocketCannedReply,
+                  Transport::kUnixSocketCannedReply)
+    ->UseManualTime();
+BENCHMARK_CAPTURE(BM_ControlRoundTrip, SharedMemorySplitCpus,
+                  Transport::kSharedMemorySplitCpus)
+    ->UseManualTime();
+BENCHMARK_CAPTURE(BM_ControlRoundTrip, UnixSocketSplitCpus,
+                  Transport::kUnixSocketSplitCpus)
+    ->UseManualTime();
+
+void BM_ControlRoundTripEmbedded(benchmark::State& state) {
+  static EmbeddedPath path;
+  const std::vector<TokenId>& tokens = Tokens();
+  TimeRoundTrips(state, [&]() -> StatusOr<int32_t> {
+    TIERKV_ASSIGN_OR_RETURN(LookupResult r,
+                            path.client->Lookup(kLookupRequest, tokens));
+    return r.hit_tokens;
+  });
+}
+BENCHMARK(BM_ControlRoundTripEmbedded)->UseManualTime();
+
+}  // namespace
+}  // namespace tierkv
+
+BENCHMARK_MAIN();
