@@ -29,8 +29,8 @@ enum class CopyDirection : uint8_t {
 struct CopyJob {
   uint64_t tag = 0;  // The caller's reference, handed back on completion.
   CopyDirection direction = CopyDirection::kDeviceToHost;
-  std::vector<BlockId> device_blocks;
-  std::vector<std::byte*> host_blocks;  // Same length as device_blocks.
+  std::vector<BlockId> device_blocks = {};
+  std::vector<std::byte*> host_blocks = {};  // Same length as device_blocks.
 };
 
 struct CopyCompletion {
@@ -47,7 +47,9 @@ class DeviceTier {
 
   // Queues a job and returns at once. InvalidArgument (nothing queued) when
   // the lists differ in length, a device block is out of range or a host
-  // pointer is null.
+  // pointer is null. A job with no blocks is allowed: it completes in order
+  // like any other, a fence. Host memory must stay valid until the job's
+  // completion is returned.
   virtual Status Submit(CopyJob job) = 0;
   // Jobs finished since the last call, in completion order; never blocks.
   virtual std::vector<CopyCompletion> PollCompleted() = 0;
