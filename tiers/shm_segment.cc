@@ -15,6 +15,11 @@ namespace tierkv {
 namespace bip = boost::interprocess;
 
 struct ShmSegment::Impl {
+  Impl() = default;
+  // Maps all of `shm` read-write; throws as Boost does (callers catch).
+  explicit Impl(bip::shared_memory_object& shm)
+      : region(shm, bip::read_write) {}
+
   bip::mapped_region region;
   void* anonymous = nullptr;  // mmap'd private memory (anonymous segments).
   size_t anonymous_bytes = 0;
@@ -91,6 +96,19 @@ bool ShmSegment::Remove(const std::string& name) {
   return bip::shared_memory_object::remove(name.c_str() + 1);
 }
 
+ShmSegment ShmSegment::FromImpl(std::unique_ptr<Impl> impl,
+                                const std::string& name, bool owner) {
+  ShmSegment segment(std::move(impl));
+  const Impl& i = *segment.impl_;
+  segment.data_ = static_cast<std::byte*>(
+      i.anonymous != nullptr ? i.anonymous : i.region.get_address());
+  segment.size_ =
+      i.anonymous != nullptr ? i.anonymous_bytes : i.region.get_size();
+  segment.name_ = name;
+  segment.owner_ = owner;
+  return segment;
+}
+
 StatusOr<ShmSegment> ShmSegment::Create(const ShmCreateOptions& options) {
   TIERKV_RETURN_IF_ERROR(ValidateShmName(options.name));
   if (options.bytes == 0) {
@@ -113,15 +131,7 @@ StatusOr<ShmSegment> ShmSegment::Create(const ShmCreateOptions& options) {
           std::to_string(*options.group) + ": " + std::strerror(err));
     }
     shm.truncate(static_cast<bip::offset_t>(options.bytes));
-    auto impl = std::make_unique<Impl>();
-    impl->region = bip::mapped_region(shm, bip::read_write);
-    ShmSegment segment(std::move(impl));
-    segment.data_ =
-        static_cast<std::byte*>(segment.impl_->region.get_address());
-    segment.size_ = segment.impl_->region.get_size();
-    segment.name_ = options.name;
-    segment.owner_ = true;
-    return segment;
+    return FromImpl(std::make_unique<Impl>(shm), options.name, /*owner=*/true);
   } catch (const bip::interprocess_exception& e) {
     bip::shared_memory_object::remove(options.name.c_str() + 1);
     return FromInterprocess(e, "cannot create", options.name);
@@ -133,14 +143,7 @@ StatusOr<ShmSegment> ShmSegment::Open(const std::string& name) {
   try {
     bip::shared_memory_object shm(bip::open_only, name.c_str() + 1,
                                   bip::read_write);
-    auto impl = std::make_unique<Impl>();
-    impl->region = bip::mapped_region(shm, bip::read_write);
-    ShmSegment segment(std::move(impl));
-    segment.data_ =
-        static_cast<std::byte*>(segment.impl_->region.get_address());
-    segment.size_ = segment.impl_->region.get_size();
-    segment.name_ = name;
-    return segment;
+    return FromImpl(std::make_unique<Impl>(shm), name, /*owner=*/false);
   } catch (const bip::interprocess_exception& e) {
     return FromInterprocess(e, "cannot open", name);
   }
@@ -159,10 +162,7 @@ StatusOr<ShmSegment> ShmSegment::CreateAnonymous(size_t bytes) {
   auto impl = std::make_unique<Impl>();
   impl->anonymous = p;
   impl->anonymous_bytes = bytes;
-  ShmSegment segment(std::move(impl));
-  segment.data_ = static_cast<std::byte*>(p);
-  segment.size_ = bytes;
-  return segment;
+  return FromImpl(std::move(impl), "", /*owner=*/false);
 }
 
 }  // namespace tierkv

@@ -54,6 +54,9 @@ class ShmSegment {
  private:
   struct Impl;  // Boost.Interprocess objects; shm_segment.cc.
   explicit ShmSegment(std::unique_ptr<Impl> impl);
+  // A segment over `impl`'s mapping (or anonymous memory).
+  static ShmSegment FromImpl(std::unique_ptr<Impl> impl,
+                             const std::string& name, bool owner);
 
   std::unique_ptr<Impl> impl_;
   std::byte* data_ = nullptr;
