@@ -1,0 +1,295 @@
+// DiskTier: the disk tier of the KV block store. KV blocks live in one
+// RocksDB database per store directory (optionally LZ4-compressed over byte
+// planes), each value carrying a verified header; the tier is bounded in
+// bytes with LRU eviction over its keys. Owned by the coordinator (tierkvd, or
+// an embedded store). Thread-safety: every method may be called from any
+// thread. Disk I/O runs on the tier's own I/O threads and completion callbacks
+// run there too, so the caller's thread never waits on the disk (except in
+// Flush and the destructor, which exist to wait).
+//
+// A key's life in the tier (one entry in the in-memory index):
+//
+//   absent --Put (bytes reserved, LRU victims evicted)--> WRITING
+//   WRITING --value written--> STORED (most recently used)
+//   WRITING --a newer Put of the key / Remove--> superseded: that write is
+//             skipped, the newer state wins
+//   STORED --Get (verified)--> STORED, moved to most recently used
+//   STORED --evicted / Remove / Get finds it corrupt--> absent (deleted)
+//
+// Contains and Get see STORED keys only: a block being written is invisible.
+// The byte bound counts WRITING and STORED values, so it holds at every
+// moment, not just between operations.
+//
+// On-disk value (format version 1, little-endian), written and verified by
+// this tier only:
+//   u32 magic "TKVD" | u16 format version | u8 codec | u8 element bytes
+//   | u64 sequence (write order, rebuilds the LRU on open)
+//   | u64 payload bytes (uncompressed) | u64 stored bytes
+//   | u64 payload checksum (XXH3-64 of the uncompressed payload)
+//   | u64 stored checksum (XXH3-64 of the stored bytes; the same value when
+//     the codec is none, so a raw payload is hashed once)
+//   | u16 fingerprint length | layout fingerprint
+//   | u32 token count | u32 token ids
+//   | u64 header checksum (XXH3-64 of every header byte before it)
+//   | stored bytes (the payload after the codec)
+// Open verifies every value's header and stored checksum (one read of the
+// store, no decompression); Get verifies all three checksums. A value that
+// fails, or that belongs to another layout, is deleted and counted, never
+// served.
+#ifndef TIERKV_TIERS_DISK_TIER_H_
+#define TIERKV_TIERS_DISK_TIER_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "src/block_key.h"
+#include "src/status.h"
+
+namespace tierkv {
+
+// How a block's payload is stored. The codec recorded in each value is the
+// one actually applied: a payload that does not shrink is stored as kNone.
+enum class DiskCodec : uint8_t {
+  kNone = 0,           // The payload bytes as they are.
+  kLz4 = 1,            // LZ4 over the payload.
+  kLz4BytePlanes = 2,  // Byte planes (byte i of every element together,
+                       // for i < element bytes), each plane LZ4'd or kept
+                       // raw, whichever is smaller.
+};
+
+// "none", "lz4", "lz4-byte-planes"; "unknown" outside the enum.
+std::string_view DiskCodecName(DiskCodec codec);
+
+// ---------------------------------------------------------------------------
+// The storage seam: the key-value store under the disk tier. RocksDB in
+// production (OpenRocksDbStorage); tests wrap it (DiskStorageWrapper) to
+// inject faults. Implementations must be safe to call from several threads.
+class DiskStorage {
+ public:
+  // Reads a value; the view is valid only during the call.
+  using ValueReader = std::function<Status(std::string_view value)>;
+  // Visits one entry; views valid only during the call. A non-OK return
+  // stops the walk and is returned by ForEach.
+  using Visitor =
+      std::function<Status(std::string_view key, std::string_view value)>;
+
+  virtual ~DiskStorage() = default;
+
+  // Stores the concatenation of `value_parts` under `key`, replacing any
+  // older value. Visible to Get once it returns; durable after Flush.
+  virtual Status Put(std::string_view key,
+                     std::span<const std::string_view> value_parts) = 0;
+  // Calls `read` with the value under `key` and returns what it returns;
+  // NotFound (without calling `read`) when there is none.
+  virtual Status Get(std::string_view key, const ValueReader& read) = 0;
+  // OK also when the key is absent.
+  virtual Status Delete(std::string_view key) = 0;
+  // Every entry, in key order, on the calling thread.
+  virtual Status ForEach(const Visitor& visit) = 0;
+  // Writes everything Put so far to files and syncs them: after OK, it
+  // survives a crash.
+  virtual Status Flush() = 0;
+  // For progress reports; may be off in either direction.
+  virtual uint64_t EstimateNumKeys() = 0;
+  // Bytes of the files that hold live data (RocksDB: SST and blob files).
+  virtual uint64_t FileBytes() = 0;
+};
+
+// Forwards every call to another DiskStorage, which it owns; tests derive
+// from it and override what they break.
+class DiskStorageWrapper : public DiskStorage {
+ public:
+  explicit DiskStorageWrapper(std::unique_ptr<DiskStorage> target)
+      : target_(std::move(target)) {}
+
+  Status Put(std::string_view key,
+             std::span<const std::string_view> value_parts) override {
+    return target_->Put(key, value_parts);
+  }
+  Status Get(std::string_view key, const ValueReader& read) override {
+    return target_->Get(key, read);
+  }
+  Status Delete(std::string_view key) override { return target_->Delete(key); }
+  Status ForEach(const Visitor& visit) override {
+    return target_->ForEach(visit);
+  }
+  Status Flush() override { return target_->Flush(); }
+  uint64_t EstimateNumKeys() override { return target_->EstimateNumKeys(); }
+  uint64_t FileBytes() override { return target_->FileBytes(); }
+
+  DiskStorage* target() const { return target_.get(); }
+
+ private:
+  std::unique_ptr<DiskStorage> target_;
+};
+
+struct RocksDbStorageOptions {
+  std::string path;  // Required. The database directory; created if missing.
+  // Values in BlobDB blob files (the SSTs keep only keys and blob
+  // references), so compaction never rewrites the 2 MiB payloads. Measured
+  // against plain SSTs in BENCHMARKS.md ("Disk tier"). Default: true.
+  bool blob_files = true;
+  // Memtable size. Writes skip RocksDB's write-ahead log (this is a cache:
+  // losing the last unflushed blocks in a crash loses hits, never
+  // correctness), so up to about twice this much is lost in a crash unless
+  // Flush ran. Default: 64 MiB.
+  size_t write_buffer_bytes = size_t{64} << 20;
+};
+
+// Opens (or creates) the database. FailedPrecondition when another process
+// holds it open; other RocksDB failures become a Status naming the path.
+StatusOr<std::unique_ptr<DiskStorage>> OpenRocksDbStorage(
+    const RocksDbStorageOptions& options);
+
+// Storage keys of blocks: 'b' followed by the key, hi then lo, big-endian.
+std::string DiskStorageKey(const BlockKey& key);
+
+// ---------------------------------------------------------------------------
+// Payload codecs, exposed for benchmarks and tests.
+
+struct EncodedPayload {
+  DiskCodec codec = DiskCodec::kNone;  // The codec actually applied.
+  size_t bytes = 0;                    // Stored bytes written to `out`.
+};
+// Bytes EncodePayload may write for a payload of `payload_bytes`.
+size_t MaxEncodedBytes(DiskCodec codec, int32_t element_bytes,
+                       size_t payload_bytes);
+// Encodes `payload` with `codec` into `out` (at least MaxEncodedBytes).
+// When the payload does not shrink, the result is kNone and `out` is left
+// alone: the stored bytes are then the payload itself. InvalidArgument for
+// an unknown codec, element_bytes outside [1, 16] or not dividing the
+// payload size (byte planes), a payload of 1 GiB or more, or a short `out`.
+StatusOr<EncodedPayload> EncodePayload(DiskCodec codec, int32_t element_bytes,
+                                       std::span<const std::byte> payload,
+                                       std::span<std::byte> out);
+// Decodes `stored` into `out`, which must be exactly the payload size.
+// DataLoss when the stored bytes are malformed (a checksum catches the rest).
+Status DecodePayload(DiskCodec codec, int32_t element_bytes,
+                     std::string_view stored, std::span<std::byte> out);
+
+// ---------------------------------------------------------------------------
+// The tier.
+
+struct DiskTierOptions {
+  // Where and how the database is kept, for Open(options). Ignored by the
+  // Open overload that takes a storage.
+  RocksDbStorageOptions storage;
+  // Required. Bound on the bytes of the values held (header + stored
+  // payload). Least recently used keys are evicted to stay under it. Files
+  // on disk can exceed it by RocksDB's space amplification until compaction
+  // reclaims deleted values (DiskTierStats::file_bytes shows it).
+  uint64_t capacity_bytes = 0;
+  // Required. KvLayout::Fingerprint() of the store. Values written under
+  // another fingerprint are dropped on open.
+  std::string layout_fingerprint;
+  // Required. KvLayout::BlockBytes(): the payload of every Put and Get.
+  size_t block_bytes = 0;
+  // Element size in bytes, for byte planes. Default: 2 (bf16 / fp16).
+  int32_t element_bytes = 2;
+  // Default: kNone. Measured on real bf16 KV (BENCHMARKS.md, "Disk
+  // tier"): plain LZ4 finds nothing (ratio 1.00, every block stored raw);
+  // byte planes store 16% fewer bytes (ratio 1.195) but encode at well
+  // under 1 GB/s per thread, which made spills and promotions slower than
+  // raw blocks on the disks measured. Choose kLz4BytePlanes where disk
+  // space, not throughput, is the scarce resource.
+  DiskCodec codec = DiskCodec::kNone;
+  int32_t io_threads = 2;  // Default: 2.
+  // Called by Open on its own thread while it rebuilds the index: done
+  // values of about total (an estimate; total >= done in every call), at
+  // least every 1% and once at the end with done == total. Default: none.
+  std::function<void(uint64_t done, uint64_t total)> progress;
+};
+
+struct DiskTierStats {
+  uint64_t bytes = 0;  // Value bytes held (WRITING + STORED) <= capacity.
+  uint64_t keys = 0;   // STORED keys.
+  uint64_t puts = 0;   // Values written.
+  uint64_t put_failures = 0;  // Puts that failed (not superseded ones).
+  uint64_t gets = 0;
+  uint64_t hits = 0;
+  uint64_t misses = 0;     // Not stored, or stored for other tokens.
+  uint64_t evictions = 0;  // Keys evicted for capacity.
+  // Values that failed verification on Get; each was deleted.
+  uint64_t checksum_failures = 0;
+  // Gets whose token ids differ from the stored block's (a key collision,
+  // accidental or crafted): a miss, the stored block is kept.
+  uint64_t token_mismatches = 0;
+  // Values the last Open dropped: malformed, failed checksum, or written
+  // for another layout. layout_mismatches counts the last kind only.
+  uint64_t dropped_on_open = 0;
+  uint64_t layout_mismatches = 0;
+  // Payload and stored bytes of the values written: their ratio is the
+  // compression ratio this tier achieves.
+  uint64_t payload_bytes_written = 0;
+  uint64_t stored_bytes_written = 0;
+  uint64_t file_bytes = 0;  // DiskStorage::FileBytes().
+};
+
+class DiskTier {
+ public:
+  // Runs on an I/O thread, exactly once per Put or Get. It may call the
+  // tier's methods except Flush; it must not block for long, since it holds
+  // one of the I/O threads.
+  using Done = std::function<void(Status)>;
+
+  // Opens the RocksDB storage at options.storage.path and rebuilds the
+  // index (see the Open below).
+  static StatusOr<std::unique_ptr<DiskTier>> Open(
+      const DiskTierOptions& options);
+  // Rebuilds the in-memory index and LRU from `storage`: every value is
+  // read once, its header and stored checksum verified; bad values and
+  // values of another layout are deleted and counted. The LRU order is the
+  // write order (reads of a previous run are not remembered). If the store
+  // holds more than capacity_bytes, the oldest values are evicted.
+  // InvalidArgument for bad options.
+  static StatusOr<std::unique_ptr<DiskTier>> Open(
+      const DiskTierOptions& options, std::unique_ptr<DiskStorage> storage);
+
+  // Waits for queued I/O (Flush), then stops the I/O threads.
+  virtual ~DiskTier() = default;
+
+  // Queues a write of one block (block_bytes of payload, 1..65536 tokens)
+  // and returns at once. `tokens` is copied; `payload` must stay valid and
+  // unchanged until `done` runs (the caller keeps the host slot pinned).
+  // Evicts least recently used keys to make room. `done` gets OK once the
+  // block is readable (not yet durable: see Flush), ResourceExhausted if it
+  // cannot fit (larger than the capacity, or the rest is being written),
+  // InvalidArgument for bad sizes, or the storage's error. A Put of a key
+  // replaces its value; of two Puts of one key in flight together, the one
+  // queued later wins (the other's `done` gets OK without writing).
+  virtual void Put(const BlockKey& key, std::span<const TokenId> tokens,
+                   std::span<const std::byte> payload, Done done) = 0;
+  // Queues a read of one block into `out` (block_bytes) and returns at
+  // once; `out` must stay valid until `done` runs. `done` gets OK with the
+  // block in `out`; NotFound if the key is not stored or was stored for
+  // other token ids; DataLoss if the value fails verification (it is
+  // deleted and counted; `out` holds garbage). A hit makes the key the most
+  // recently used.
+  virtual void Get(const BlockKey& key, std::span<const TokenId> tokens,
+                   std::span<std::byte> out, Done done) = 0;
+  // Whether `key` is stored (not being written). No disk access.
+  virtual bool Contains(const BlockKey& key) const = 0;
+  // Whether `key` is stored for exactly these token ids: a lookup can
+  // confirm a disk hit without touching the disk.
+  virtual bool Contains(const BlockKey& key,
+                        std::span<const TokenId> tokens) const = 0;
+  // Forgets `key` at once (Contains turns false) and deletes its value in
+  // the background. A Put of the key that is still queued (its `done` has
+  // not run) may store it again afterwards: if that matters, wait for the
+  // Put's `done` before removing its key.
+  virtual void Remove(const BlockKey& key) = 0;
+  // Waits until every queued Put, Get and Remove has run (and its callback
+  // returned), then makes what was written durable. Must not be called
+  // from a Done callback.
+  virtual Status Flush() = 0;
+  virtual DiskTierStats stats() const = 0;
+};
+
+}  // namespace tierkv
+
+#endif  // TIERKV_TIERS_DISK_TIER_H_
