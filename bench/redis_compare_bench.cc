@@ -40,7 +40,6 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <sys/wait.h>
@@ -49,12 +48,10 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
-#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <memory>
-#include <mutex>
 #include <numeric>
 #include <optional>
 #include <string>
@@ -62,6 +59,7 @@
 #include <vector>
 
 #include "ipc/client.h"
+#include "tests/child_process.h"
 #include "tiers/device_tier.h"
 
 namespace tierkv {
@@ -102,82 +100,6 @@ bool BlockMatches(std::span<const std::byte> bytes, uint32_t b) {
   }
   return true;
 }
-
-// A child process; its stdout and stderr go to a pipe that a thread drains
-// (so it never blocks on a full pipe) into output().
-class ChildProcess {
- public:
-  static StatusOr<std::unique_ptr<ChildProcess>> Spawn(
-      std::vector<std::string> argv) {
-    int fds[2];
-    if (pipe2(fds, O_CLOEXEC) != 0) {
-      return Status::Internal(ErrnoText("pipe2"));
-    }
-    std::vector<char*> args;  // Built before fork: the child only execs.
-    for (std::string& a : argv) args.push_back(a.data());
-    args.push_back(nullptr);
-    const pid_t pid = fork();
-    if (pid < 0) return Status::Internal(ErrnoText("fork"));
-    if (pid == 0) {
-      prctl(PR_SET_PDEATHSIG, SIGTERM);  // Never outlive a crashed bench.
-      dup2(fds[1], STDOUT_FILENO);
-      dup2(fds[1], STDERR_FILENO);
-      execv(args[0], args.data());
-      _exit(127);
-    }
-    close(fds[1]);
-    return std::unique_ptr<ChildProcess>(new ChildProcess(pid, fds[0]));
-  }
-  ~ChildProcess() { Stop(); }
-
-  // Waits until the output contains `text`; false on exit or timeout.
-  bool WaitForOutput(const std::string& text, std::chrono::seconds timeout) {
-    std::unique_lock<std::mutex> lock(mu_);
-    changed_.wait_for(lock, timeout, [&] {
-      return output_.find(text) != std::string::npos || eof_;
-    });
-    return output_.find(text) != std::string::npos;
-  }
-  std::string output() {
-    std::lock_guard<std::mutex> guard(mu_);
-    return output_;
-  }
-  // SIGTERM, then reaps it. Idempotent.
-  void Stop() {
-    if (pid_ > 0) {
-      kill(pid_, SIGTERM);
-      waitpid(pid_, nullptr, 0);
-      pid_ = -1;
-    }
-    if (reader_.joinable()) reader_.join();
-  }
-
- private:
-  ChildProcess(pid_t pid, int fd) : pid_(pid) {
-    reader_ = std::thread([this, fd] {
-      char buf[4096];
-      for (;;) {
-        const ssize_t n = read(fd, buf, sizeof(buf));
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) break;
-        std::lock_guard<std::mutex> guard(mu_);
-        output_.append(buf, static_cast<size_t>(n));
-        changed_.notify_all();
-      }
-      close(fd);
-      std::lock_guard<std::mutex> guard(mu_);
-      eof_ = true;
-      changed_.notify_all();
-    });
-  }
-
-  pid_t pid_;
-  std::thread reader_;
-  std::mutex mu_;
-  std::condition_variable changed_;
-  std::string output_;
-  bool eof_ = false;
-};
 
 std::string MakeTempDir() {
   char tmpl[] = "/tmp/redis_compare_bench.XXXXXX";

@@ -2,19 +2,15 @@
 // socket and shared memory: seed 004's flow, cross-process reuse, a worker
 // killed mid-transfer, malformed messages, permissions, a second daemon on
 // the same store, a stale segment, and tierkv-admin.
-#include <fcntl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdlib>
 #include <filesystem>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -22,6 +18,7 @@
 #include "ipc/channel.h"
 #include "ipc/client.h"
 #include "ipc/protocol.h"
+#include "tests/child_process.h"
 #include "tests/seed004_scenario.h"
 #include "tests/test_layout.h"
 #include "tiers/shm_segment.h"
@@ -31,88 +28,6 @@ namespace {
 
 using ::testing::HasSubstr;
 using Clock = std::chrono::steady_clock;
-
-// A child process with its stdout (and stderr) on a pipe that a thread
-// drains into `output`, so the child never blocks on a full pipe.
-class Child {
- public:
-  explicit Child(std::vector<std::string> argv) {
-    int fds[2];
-    EXPECT_EQ(pipe2(fds, O_CLOEXEC), 0);
-    // Built before fork: the child of a threaded process must not allocate.
-    std::vector<char*> args;
-    for (std::string& a : argv) args.push_back(a.data());
-    args.push_back(nullptr);
-    pid_ = fork();
-    if (pid_ == 0) {
-      dup2(fds[1], STDOUT_FILENO);
-      dup2(fds[1], STDERR_FILENO);
-      execv(args[0], args.data());
-      _exit(127);
-    }
-    close(fds[1]);
-    reader_ = std::thread([this, fd = fds[0]] {
-      char buf[4096];
-      for (;;) {
-        const ssize_t n = read(fd, buf, sizeof(buf));
-        if (n <= 0) break;
-        std::lock_guard<std::mutex> guard(mu_);
-        output_.append(buf, static_cast<size_t>(n));
-        changed_.notify_all();
-      }
-      close(fd);
-      std::lock_guard<std::mutex> guard(mu_);
-      eof_ = true;
-      changed_.notify_all();
-    });
-  }
-  ~Child() {
-    if (pid_ > 0 && !reaped_) {
-      kill(pid_, SIGKILL);
-      Wait();
-    }
-    if (reader_.joinable()) reader_.join();
-  }
-
-  // Waits until the output contains `text`; false on EOF or timeout.
-  bool WaitFor(const std::string& text,
-               std::chrono::seconds timeout = std::chrono::seconds(20)) {
-    std::unique_lock<std::mutex> lock(mu_);
-    return changed_.wait_for(lock, timeout, [&] {
-      return output_.find(text) != std::string::npos || eof_;
-    }) && output_.find(text) != std::string::npos;
-  }
-  int Wait() {
-    if (!reaped_) {
-      int status = 0;
-      waitpid(pid_, &status, 0);
-      reaped_ = true;
-      exit_code_ =
-          WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    }
-    if (reader_.joinable()) reader_.join();
-    return exit_code_;
-  }
-  // Never signals a reaped pid (the kernel may have reused it).
-  void Signal(int sig) {
-    if (!reaped_) kill(pid_, sig);
-  }
-  std::string output() {
-    std::lock_guard<std::mutex> guard(mu_);
-    return output_;
-  }
-  pid_t pid() const { return pid_; }
-
- private:
-  pid_t pid_ = -1;
-  bool reaped_ = false;
-  int exit_code_ = -1;
-  std::thread reader_;
-  std::mutex mu_;
-  std::condition_variable changed_;
-  std::string output_;
-  bool eof_ = false;
-};
 
 class TierkvdTest : public ::testing::Test {
  protected:
@@ -140,6 +55,11 @@ class TierkvdTest : public ::testing::Test {
     std::filesystem::remove_all(dir_);
   }
 
+  static std::unique_ptr<ChildProcess> Spawn(std::vector<std::string> argv) {
+    auto child = ChildProcess::Spawn(std::move(argv));
+    EXPECT_TRUE(child.ok()) << child.status().ToString();
+    return std::move(child).value();
+  }
   std::vector<std::string> DaemonArgs(const std::string& capacity) const {
     return {TIERKVD_PATH, "--store",         store_,  "--socket",
             socket_,      "--layers",        "2",     "--kv-heads",
@@ -148,8 +68,8 @@ class TierkvdTest : public ::testing::Test {
   }
   // Starts tierkvd and waits for the line it logs once it serves.
   void StartDaemon(const std::string& capacity = "1M") {
-    daemon_ = std::make_unique<Child>(DaemonArgs(capacity));
-    ASSERT_TRUE(daemon_->WaitFor("serving store")) << daemon_->output();
+    daemon_ = Spawn(DaemonArgs(capacity));
+    ASSERT_TRUE(daemon_->WaitForOutput("serving store")) << daemon_->output();
   }
   std::unique_ptr<Client> Attach(const std::string& name = "test") {
     ClientOptions options;
@@ -161,14 +81,15 @@ class TierkvdTest : public ::testing::Test {
     EXPECT_TRUE(client.ok()) << client.status().ToString();
     return client.ok() ? std::move(*client) : nullptr;
   }
-  Child Worker(const std::string& mode, int seed, int blocks) {
-    return Child({TEST_WORKER_PATH, mode, socket_, std::to_string(seed),
+  std::unique_ptr<ChildProcess> Worker(const std::string& mode, int seed,
+                                       int blocks) {
+    return Spawn({TEST_WORKER_PATH, mode, socket_, std::to_string(seed),
                   std::to_string(blocks)});
   }
   std::string HostSegment() const { return "/tierkv." + store_ + ".host"; }
 
   std::string dir_, store_, socket_;
-  std::unique_ptr<Child> daemon_;
+  std::unique_ptr<ChildProcess> daemon_;
 };
 
 TEST_F(TierkvdTest, Seed004FlowThroughTheDaemon) {
@@ -184,20 +105,20 @@ TEST_F(TierkvdTest, Seed004FlowThroughTheDaemon) {
 
 TEST_F(TierkvdTest, WorkerLoadsWhatAnotherWorkerStored) {
   StartDaemon();
-  Child a = Worker("store", 7, 8);
-  ASSERT_EQ(a.Wait(), 0) << a.output();
-  const std::string out_a = a.output();
+  auto a = Worker("store", 7, 8);
+  ASSERT_EQ(a->Wait(), 0) << a->output();
+  const std::string out_a = a->output();
   const size_t pos = out_a.find("checksum ");
   ASSERT_NE(pos, std::string::npos) << out_a;
   const std::string sum = out_a.substr(pos + 9, 16);
 
-  Child b = Worker("load", 7, 8);
-  ASSERT_EQ(b.Wait(), 0) << b.output();
-  EXPECT_THAT(b.output(), HasSubstr("hit 128 checksum " + sum));
+  auto b = Worker("load", 7, 8);
+  ASSERT_EQ(b->Wait(), 0) << b->output();
+  EXPECT_THAT(b->output(), HasSubstr("hit 128 checksum " + sum));
   // Another prompt is a miss.
-  Child c = Worker("load", 8, 8);
-  ASSERT_EQ(c.Wait(), 0) << c.output();
-  EXPECT_THAT(c.output(), HasSubstr("hit 0 "));
+  auto c = Worker("load", 8, 8);
+  ASSERT_EQ(c->Wait(), 0) << c->output();
+  EXPECT_THAT(c->output(), HasSubstr("hit 0 "));
 }
 
 TEST_F(TierkvdTest, KilledWorkersPinsAreReleasedWithinOneSecond) {
@@ -206,15 +127,15 @@ TEST_F(TierkvdTest, KilledWorkersPinsAreReleasedWithinOneSecond) {
   ASSERT_NE(observer, nullptr);
   const HostTierStats before = observer->Stats().value().host;
 
-  Child w = Worker("hang-store", 9, 8);
-  ASSERT_TRUE(w.WaitFor("READY")) << w.output();
+  auto w = Worker("hang-store", 9, 8);
+  ASSERT_TRUE(w->WaitForOutput("READY")) << w->output();
   HostTierStats during = observer->Stats().value().host;
   EXPECT_EQ(during.pinned_slots, before.pinned_slots + 8);
   EXPECT_EQ(during.events_in_flight, 1u);
 
-  w.Signal(SIGKILL);
+  w->Signal(SIGKILL);
   const auto killed = Clock::now();
-  w.Wait();
+  w->Wait();
   HostTierStats after;
   do {  // Poll the observable state, bounded by the 1 s requirement.
     after = observer->Stats().value().host;
@@ -225,9 +146,9 @@ TEST_F(TierkvdTest, KilledWorkersPinsAreReleasedWithinOneSecond) {
   EXPECT_EQ(after.events_in_flight, 0u);
   EXPECT_EQ(observer->Stats().value().workers.size(), 1u);
   // The slots it was writing never became visible.
-  Child reader = Worker("load", 9, 8);
-  ASSERT_EQ(reader.Wait(), 0) << reader.output();
-  EXPECT_THAT(reader.output(), HasSubstr("hit 0 "));
+  auto reader = Worker("load", 9, 8);
+  ASSERT_EQ(reader->Wait(), 0) << reader->output();
+  EXPECT_THAT(reader->output(), HasSubstr("hit 0 "));
 }
 
 TEST_F(TierkvdTest, MalformedMessagesGetErrorsAndOthersAreServed) {
@@ -343,18 +264,18 @@ TEST_F(TierkvdTest, ALiveDaemonIsNeverClobberedAStaleOneIsReplaced) {
   std::unique_ptr<Client> c = Attach();
   ASSERT_NE(c, nullptr);
   // A second daemon on the same store refuses to start.
-  Child second(DaemonArgs("1M"));
-  EXPECT_EQ(second.Wait(), 1);
-  EXPECT_THAT(second.output(), HasSubstr("served by a live tierkvd"));
+  auto second = Spawn(DaemonArgs("1M"));
+  EXPECT_EQ(second->Wait(), 1);
+  EXPECT_THAT(second->output(), HasSubstr("served by a live tierkvd"));
   EXPECT_EQ(c->Lookup(1, SequentialTokens(1, 20)).status().code(),
             StatusCode::kOk);
 
   // Nor does one on the same store behind another socket.
   std::vector<std::string> other_socket = DaemonArgs("1M");
   other_socket[4] = dir_ + "/other.sock";
-  Child third(other_socket);
-  EXPECT_EQ(third.Wait(), 1);
-  EXPECT_THAT(third.output(), HasSubstr("served by a live tierkvd"));
+  auto third = Spawn(other_socket);
+  EXPECT_EQ(third->Wait(), 1);
+  EXPECT_THAT(third->output(), HasSubstr("served by a live tierkvd"));
 
   // Killed, the daemon leaves its segment and socket behind ...
   daemon_->Signal(SIGKILL);
@@ -393,24 +314,25 @@ TEST_F(TierkvdTest, NoDaemonIsAClearError) {
   EXPECT_EQ(client.status().code(), StatusCode::kUnavailable);
   EXPECT_THAT(client.status().message(), HasSubstr("is tierkvd running"));
 
-  Child admin({TIERKV_ADMIN_PATH, "stats", "--socket", socket_});
-  EXPECT_EQ(admin.Wait(), 3);
-  EXPECT_THAT(admin.output(), HasSubstr("is tierkvd running"));
+  auto admin = Spawn({TIERKV_ADMIN_PATH, "stats", "--socket", socket_});
+  EXPECT_EQ(admin->Wait(), 3);
+  EXPECT_THAT(admin->output(), HasSubstr("is tierkvd running"));
 }
 
 TEST_F(TierkvdTest, AdminShowsTiersAndWorkers) {
   StartDaemon();
   std::unique_ptr<Client> c = Attach("engine-7");
   ASSERT_NE(c, nullptr);
-  Child table({TIERKV_ADMIN_PATH, "stats", "--socket", socket_});
-  ASSERT_EQ(table.Wait(), 0) << table.output();
-  EXPECT_THAT(table.output(), HasSubstr("host"));
-  EXPECT_THAT(table.output(), HasSubstr("engine-7"));
-  EXPECT_THAT(table.output(), HasSubstr("workers: 1"));
-  Child json({TIERKV_ADMIN_PATH, "stats", "--json", "--socket", socket_});
-  ASSERT_EQ(json.Wait(), 0) << json.output();
-  EXPECT_THAT(json.output(), HasSubstr("\"capacity_slots\":63"));
-  EXPECT_THAT(json.output(), HasSubstr("\"name\":\"engine-7\""));
+  auto table = Spawn({TIERKV_ADMIN_PATH, "stats", "--socket", socket_});
+  ASSERT_EQ(table->Wait(), 0) << table->output();
+  EXPECT_THAT(table->output(), HasSubstr("host"));
+  EXPECT_THAT(table->output(), HasSubstr("engine-7"));
+  EXPECT_THAT(table->output(), HasSubstr("workers: 1"));
+  auto json =
+      Spawn({TIERKV_ADMIN_PATH, "stats", "--json", "--socket", socket_});
+  ASSERT_EQ(json->Wait(), 0) << json->output();
+  EXPECT_THAT(json->output(), HasSubstr("\"capacity_slots\":63"));
+  EXPECT_THAT(json->output(), HasSubstr("\"name\":\"engine-7\""));
 }
 
 TEST_F(TierkvdTest, SigtermStopsCleanlyAndRemovesItsFiles) {
