@@ -167,6 +167,16 @@ bool BlockPool::EvictCachedBlock(BlockId id) {
   return true;
 }
 
+bool BlockPool::DemoteCachedBlock(BlockId id) {
+  if (!IsValid(id)) return false;
+  const Block& b = blocks_[Index(id)];
+  if (b.ref_cnt != 0 || !b.has_key) return false;
+  DropKey(id);
+  free_queue_.Remove(id);
+  free_queue_.PushFront(id);
+  return true;
+}
+
 void BlockPool::DropKey(BlockId id) {
   Block& b = blocks_[Index(id)];
   index_.erase(b.key);

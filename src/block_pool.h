@@ -30,6 +30,7 @@
 #include <optional>
 #include <span>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "src/block_key.h"
@@ -108,6 +109,20 @@ class BlockPool {
   // Drops the key of a free cached block, leaving it in the free queue.
   // Returns false when the block is in use or holds no key.
   bool EvictCachedBlock(BlockId id);
+
+  // Drops the key of a free cached block whose contents now live in a lower
+  // tier, and moves the block to the front of the free queue, so it is
+  // reused before any block that still holds a key. Not an eviction: the
+  // block is not lost. Returns false when the block is in use or holds no
+  // key.
+  bool DemoteCachedBlock(BlockId id);
+
+  // Calls visit(id) for the free blocks, front (next to evict) to back,
+  // until it returns false. The pool must not change during the walk.
+  template <typename Visit>
+  void VisitFreeQueue(Visit&& visit) const {
+    free_queue_.ForEach(std::forward<Visit>(visit));
+  }
 
   // Free queue, front (next to evict) to back.
   std::vector<BlockId> FreeQueueSnapshot() const {

@@ -49,6 +49,16 @@ void FreeBlockQueue::AppendN(std::span<const BlockId> ids) {
   for (BlockId id : ids) Append(id);
 }
 
+void FreeBlockQueue::PushFront(BlockId id) {
+  assert(id >= 0 && id < capacity_ && !Contains(id));
+  const int32_t head = next_[Index(Sentinel())];
+  prev_[Index(id)] = Sentinel();
+  next_[Index(id)] = head;
+  prev_[Index(head)] = id;
+  next_[Index(Sentinel())] = id;
+  ++size_;
+}
+
 std::vector<BlockId> FreeBlockQueue::ToVector() const {
   std::vector<BlockId> out;
   out.reserve(static_cast<size_t>(size_));

@@ -37,6 +37,19 @@ class FreeBlockQueue {
   // Links a block at the tail. REQUIRES: !Contains(id).
   void Append(BlockId id);
   void AppendN(std::span<const BlockId> ids);
+  // Links a block at the head: it is the next to be popped.
+  // REQUIRES: !Contains(id).
+  void PushFront(BlockId id);
+
+  // Calls visit(id) front to back until it returns false. The queue must
+  // not change during the walk.
+  template <typename Visit>
+  void ForEach(Visit&& visit) const {
+    for (int32_t id = next_[Index(Sentinel())]; id != Sentinel();
+         id = next_[Index(id)]) {
+      if (!visit(BlockId{id})) return;
+    }
+  }
 
   // Front to back; for tests, stats and debugging (O(size)).
   std::vector<BlockId> ToVector() const;

@@ -145,6 +145,27 @@ TEST(BlockPool, EvictCachedBlockOnlyTouchesFreeKeyedBlocks) {
   EXPECT_EQ(pool.stats().evictions, 1u);
 }
 
+TEST(BlockPool, DemoteCachedBlockDropsTheKeyAndQueuesTheBlockFirst) {
+  BlockPool pool = MakePool(3);
+  std::vector<BlockId> got;
+  ASSERT_TRUE(pool.GetNewBlocks(3, &got).ok());
+  ASSERT_TRUE(pool.CacheBlock(1, kKeyA, kTokensA).ok());
+  ASSERT_TRUE(pool.CacheBlock(2, kKeyB, kTokensB).ok());
+  EXPECT_FALSE(pool.DemoteCachedBlock(2));  // In use.
+  pool.FreeBlocks(got);
+  EXPECT_FALSE(pool.DemoteCachedBlock(0));  // No key.
+  EXPECT_THAT(pool.FreeQueueSnapshot(), ElementsAre(0, 1, 2));
+  EXPECT_TRUE(pool.DemoteCachedBlock(2));
+  EXPECT_THAT(pool.FreeQueueSnapshot(), ElementsAre(2, 0, 1));
+  EXPECT_FALSE(pool.GetCachedBlock(kKeyB, kTokensB).has_value());
+  EXPECT_TRUE(pool.GetCachedBlock(kKeyA, kTokensA).has_value());
+  EXPECT_EQ(pool.stats().evictions, 0u);  // Moved down, not lost.
+  std::vector<BlockId> reused;
+  ASSERT_TRUE(pool.GetNewBlocks(1, &reused).ok());
+  EXPECT_THAT(reused, ElementsAre(2));
+  EXPECT_TRUE(pool.CheckInvariants().ok());
+}
+
 TEST(BlockPool, CacheFullBlocksKeysTheGivenRange) {
   BlockPool pool = MakePool(4);
   std::vector<BlockId> got;

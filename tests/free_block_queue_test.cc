@@ -46,5 +46,23 @@ TEST(FreeBlockQueue, RemoveOnlyElementThenReuse) {
   EXPECT_EQ(q.size(), 1);
 }
 
+TEST(FreeBlockQueue, PushFrontIsPoppedFirstAndForEachWalksInOrder) {
+  FreeBlockQueue q(4);
+  q.PushFront(2);  // Into an empty queue.
+  q.Append(0);
+  q.PushFront(1);
+  q.Append(3);
+  EXPECT_THAT(q.ToVector(), ElementsAre(1, 2, 0, 3));
+  std::vector<BlockId> seen;
+  q.ForEach([&](BlockId id) {
+    seen.push_back(id);
+    return id != 0;  // Stops after 0.
+  });
+  EXPECT_THAT(seen, ElementsAre(1, 2, 0));
+  EXPECT_EQ(q.PopLeft(), 1);
+  q.Remove(3);
+  EXPECT_THAT(q.ToVector(), ElementsAre(2, 0));
+}
+
 }  // namespace
 }  // namespace tierkv
