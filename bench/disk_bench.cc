@@ -299,11 +299,12 @@ class Waiter {
 };
 
 std::unique_ptr<DiskTier> OpenTier(const std::string& path, bool blob_files,
-                                   DiskCodec codec) {
+                                   DiskCodec codec, bool wal = true) {
   const KvLayout layout = BenchLayout();
   DiskTierOptions options;
   options.storage.path = path;
   options.storage.blob_files = blob_files;
+  options.storage.write_ahead_log = wal;
   // One iteration's blocks (the steady state evicts as much as it writes).
   options.capacity_bytes =
       uint64_t{kBlocksPerIteration} * (layout.BlockBytes() + 4096);
@@ -335,14 +336,15 @@ void SetTierCounters(benchmark::State& state, const DiskTier& tier) {
   state.counters["file_MiB"] = static_cast<double>(stats.file_bytes) / 1048576;
 }
 
-// Args: blob files (0/1), codec. Steady state: the tier starts full, so
-// every iteration evicts as many blocks as it writes.
+// Args: blob files (0/1), codec, write-ahead log (0/1). Steady state: the
+// tier starts full, so every iteration evicts as many blocks as it writes.
 void BM_DiskSpill(benchmark::State& state) {
   const bool blob_files = state.range(0) != 0;
   const auto codec = static_cast<DiskCodec>(state.range(1));
-  state.SetLabel(std::string(DiskCodecName(codec)));
+  const bool wal = state.range(2) != 0;
+  state.SetLabel(std::string(DiskCodecName(codec)) + (wal ? "" : " no-wal"));
   TempDir dir;
-  std::unique_ptr<DiskTier> tier = OpenTier(dir.path(), blob_files, codec);
+  std::unique_ptr<DiskTier> tier = OpenTier(dir.path(), blob_files, codec, wal);
   uint64_t next = 0;
   if (tier == nullptr || !SpillBlocks(*tier, &next).ok() ||
       !tier->Flush().ok()) {
@@ -407,8 +409,9 @@ constexpr int64_t kLz4 = static_cast<int64_t>(DiskCodec::kLz4);
 constexpr int64_t kPlanes = static_cast<int64_t>(DiskCodec::kLz4BytePlanes);
 
 BENCHMARK(BM_DiskSpill)
-    ->ArgNames({"blob", "codec"})
-    ->ArgsProduct({{1, 0}, {kNone, kLz4, kPlanes}})
+    ->ArgNames({"blob", "codec", "wal"})
+    ->ArgsProduct({{1, 0}, {kNone, kLz4, kPlanes}, {1}})
+    ->Args({1, kNone, 0})
     ->Unit(benchmark::kMillisecond)
     ->MinTime(3)
     ->UseRealTime();

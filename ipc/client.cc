@@ -15,7 +15,9 @@
 #include "ipc/protocol.h"
 #include "ipc/service.h"
 #include "ipc/socket_call.h"
+#include "tiers/disk_tier.h"
 #include "tiers/host_tier.h"
+#include "tiers/slot_disk.h"
 
 namespace tierkv {
 namespace {
@@ -101,9 +103,13 @@ struct Client::Impl {
   std::optional<ipc::ControlChannel> channel;
   std::vector<std::byte> request_bytes, response_bytes;
   Status channel_error;  // Set once tierkvd is gone; every call fails.
-  // Embedded mode.
+  // Embedded mode. The disk tier is destroyed (waiting for its I/O into
+  // host slots) before the host tier.
+  std::unique_ptr<DiskTier> disk;
+  std::unique_ptr<SlotDisk> slot_disk;
   std::optional<Coordinator> coordinator;
-  std::map<uint64_t, TransferEvent> in_flight;  // By copy-job tag.
+  std::map<uint64_t, TransferEvent> in_flight;      // By copy-job tag.
+  std::map<uint64_t, TransferEvent> pending_loads;  // By load id.
 
   ~Impl() {
     if (device != nullptr) {
@@ -177,6 +183,21 @@ struct Client::Impl {
     return Status::Ok();
   }
 
+  // Starts the copies of pending loads that tierkvd reports ready.
+  void StartReadyLoads() {
+    if (pending_loads.empty()) return;
+    StatusOr<ipc::ReadyLoadsReply> ready =
+        CallFor<ipc::ReadyLoadsReply>(ipc::ReadyLoadsRequest{});
+    if (!ready.ok()) return;  // Retried on the next poll.
+    for (const TransferEvent& load : ready->loads) {
+      pending_loads.erase(load.ref.id);
+      if (!Submit(load).ok()) {
+        std::vector<CompletedEvent> failed{{load.ref, false}};
+        (void)Call(ipc::CompleteRequest{failed});
+      }
+    }
+  }
+
   std::vector<FinishedTransfer> Collect(std::vector<CopyCompletion> done) {
     std::vector<FinishedTransfer> out;
     for (CopyCompletion& c : done) {
@@ -225,9 +246,23 @@ StatusOr<std::unique_ptr<Client>> Client::Open(const ClientOptions& options) {
     host.slot_bytes = options.layout.BlockBytes();
     host.layout_fingerprint = options.layout.Fingerprint();
     TIERKV_ASSIGN_OR_RETURN(impl->host, HostTier::Create(host));
-    TIERKV_ASSIGN_OR_RETURN(
-        Coordinator coordinator,
-        Coordinator::Create({.layout = options.layout, .host_slots = slots}));
+    CoordinatorOptions coordinator_options{.layout = options.layout,
+                                           .host_slots = slots};
+    if (!options.embedded_disk_path.empty()) {
+      TIERKV_ASSIGN_OR_RETURN(
+          impl->disk,
+          DiskTier::Open({.storage = {.path = options.embedded_disk_path},
+                          .capacity_bytes = options.embedded_disk_bytes,
+                          .layout_fingerprint = options.layout.Fingerprint(),
+                          .block_bytes = options.layout.BlockBytes(),
+                          .element_bytes = static_cast<int32_t>(
+                              options.layout.ElementSize())}));
+      impl->slot_disk =
+          std::make_unique<SlotDisk>(impl->disk.get(), impl->host.get());
+      coordinator_options.lower = impl->slot_disk.get();
+    }
+    TIERKV_ASSIGN_OR_RETURN(Coordinator coordinator,
+                            Coordinator::Create(coordinator_options));
     impl->coordinator.emplace(std::move(coordinator));
     TIERKV_ASSIGN_OR_RETURN(impl->worker,
                             impl->coordinator->RegisterWorker(registration));
@@ -285,7 +320,9 @@ StatusOr<AllocateResult> Client::Allocate(
           .num_external_tokens = num_external_tokens,
           .device_blocks = std::vector<BlockId>(device_blocks.begin(),
                                                 device_blocks.end())}));
-  if (reply.result.load.has_value()) {
+  if (reply.result.load_pending) {
+    impl_->pending_loads.emplace(reply.result.load->ref.id, *reply.result.load);
+  } else if (reply.result.load.has_value()) {
     Status s = impl_->Submit(*reply.result.load);
     if (!s.ok()) {
       // Release the coordinator's pins: the copy never started.
@@ -319,12 +356,28 @@ StatusOr<CommitResult> Client::Commit(RequestId request,
 }
 
 std::vector<FinishedTransfer> Client::PollEvents() {
+  impl_->StartReadyLoads();
   return impl_->Collect(impl_->device->PollCompleted());
 }
 
 std::vector<FinishedTransfer> Client::WaitEvents(
     std::chrono::milliseconds timeout) {
-  return impl_->Collect(impl_->device->WaitCompleted(timeout));
+  // While loads wait for promotions, ask for them every millisecond (a
+  // control-channel round trip is tens of microseconds).
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    impl_->StartReadyLoads();
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    const auto wait = impl_->pending_loads.empty()
+                          ? left
+                          : std::min(left, std::chrono::milliseconds(1));
+    std::vector<FinishedTransfer> done =
+        impl_->Collect(impl_->device->WaitCompleted(std::max(wait, {})));
+    if (!done.empty() || std::chrono::steady_clock::now() >= deadline) {
+      return done;
+    }
+  }
 }
 
 Status Client::Complete(std::span<const FinishedTransfer> finished) {
@@ -363,5 +416,6 @@ const std::byte* Client::host_slot(BlockId slot) const {
   return impl_->host->slot(slot);
 }
 size_t Client::transfers_in_flight() const { return impl_->in_flight.size(); }
+size_t Client::loads_pending() const { return impl_->pending_loads.size(); }
 
 }  // namespace tierkv

@@ -31,6 +31,10 @@ struct ClientOptions {
   std::string socket_path;
   // Embedded mode only: host DRAM for KV slots. Default: 256 MiB.
   size_t embedded_host_bytes = size_t{256} << 20;
+  // Embedded mode only: a disk tier (a RocksDB directory) under the host
+  // slots, bounded by embedded_disk_bytes. Default (empty): none.
+  std::string embedded_disk_path;
+  uint64_t embedded_disk_bytes = uint64_t{4} << 30;  // Default: 4 GiB.
   KvLayout layout;                // Required; must match the store's.
   int32_t num_device_blocks = 0;  // Required, >= 1.
   std::string tenant;             // Default: "" (the shared tenant).
@@ -63,14 +67,19 @@ class Client {
                                 std::span<const TokenId> tokens,
                                 int32_t num_computed_tokens = 0,
                                 const RequestExtras& extras = {});
-  // Also starts the load's copy.
+  // Also starts the load's copy, or, when the load is pending (promotions
+  // from disk), keeps it until tierkvd reports it ready: PollEvents and
+  // WaitEvents start it then.
   StatusOr<AllocateResult> Allocate(RequestId request,
                                     std::span<const BlockId> device_blocks,
                                     int32_t num_external_tokens);
   // Also starts the stores' copies.
   StatusOr<CommitResult> Commit(RequestId request, int32_t num_computed_tokens,
                                 std::span<const BlockId> device_blocks);
-  // Transfers whose copies finished; never blocks.
+  // Transfers whose copies finished; never blocks. Also starts the copies
+  // of pending loads that became ready. A load whose event has
+  // failed_blocks > 0 loaded only its first blocks; the engine recomputes
+  // the rest.
   std::vector<FinishedTransfer> PollEvents();
   // As PollEvents, waiting up to `timeout` for at least one.
   std::vector<FinishedTransfer> WaitEvents(std::chrono::milliseconds timeout);
@@ -85,6 +94,8 @@ class Client {
   // Host slot memory (for checks; engines never need it).
   const std::byte* host_slot(BlockId slot) const;
   size_t transfers_in_flight() const;
+  // Loads waiting for promotions from disk.
+  size_t loads_pending() const;
 
  private:
   struct Impl;

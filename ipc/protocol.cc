@@ -157,6 +157,7 @@ void Put(Writer& w, const TransferEvent& e) {
   w.Int<uint64_t>(e.request);
   w.Ints(e.device_blocks);
   w.Ints(e.host_blocks);
+  w.Int<int32_t>(e.failed_blocks);
 }
 EventKind GetKind(Reader& r) {
   const auto kind = r.Int<uint8_t>();
@@ -174,6 +175,11 @@ void Get(Reader& r, TransferEvent* e) {
   e->host_blocks = r.Ints<BlockId>(kMaxBlocks, "host block");
   if (e->device_blocks.size() != e->host_blocks.size()) {
     r.Fail("event with unequal block lists");
+  }
+  e->failed_blocks = r.Int<int32_t>();
+  if (e->failed_blocks < 0 ||
+      static_cast<uint32_t>(e->failed_blocks) > kMaxBlocks) {
+    r.Fail("failed block count " + std::to_string(e->failed_blocks));
   }
 }
 
@@ -229,6 +235,7 @@ void PutPayload(Writer& w, const LookupRequest& m) {
 }
 void PutPayload(Writer& w, const LookupReply& m) {
   w.Int<int32_t>(m.result.hit_tokens);
+  w.Int<int32_t>(m.result.disk_hit_tokens);
 }
 void PutPayload(Writer& w, const AllocateRequest& m) {
   w.Int<uint64_t>(m.request);
@@ -238,6 +245,7 @@ void PutPayload(Writer& w, const AllocateRequest& m) {
 void PutPayload(Writer& w, const AllocateReply& m) {
   w.Bool(m.result.load.has_value());
   if (m.result.load.has_value()) Put(w, *m.result.load);
+  w.Bool(m.result.load_pending);
   Put(w, m.result.store_status);
 }
 void PutPayload(Writer& w, const CommitRequest& m) {
@@ -271,8 +279,21 @@ void PutPayload(Writer& w, const StatsReply& m) {
   for (uint64_t v :
        {h.slot_bytes, h.lookups, h.lookup_blocks, h.hit_blocks, h.miss_blocks,
         h.evictions, h.stores_completed, h.loads_completed, h.stores_failed,
-        h.store_skipped, h.events_in_flight}) {
+        h.store_skipped, h.events_in_flight, h.disk_hit_blocks, h.spills,
+        h.spill_drops, h.spill_failures, h.promotions, h.promotion_failures,
+        h.spills_in_flight, h.promotions_in_flight}) {
     w.Int<uint64_t>(v);
+  }
+  w.Bool(m.stats.disk.has_value());
+  if (m.stats.disk.has_value()) {
+    const DiskTierStats& d = *m.stats.disk;
+    for (uint64_t v :
+         {d.capacity_bytes, d.bytes, d.keys, d.puts, d.put_failures, d.gets,
+          d.hits, d.misses, d.evictions, d.checksum_failures,
+          d.token_mismatches, d.dropped_on_open, d.layout_mismatches,
+          d.payload_bytes_written, d.stored_bytes_written, d.file_bytes}) {
+      w.Int<uint64_t>(v);
+    }
   }
   w.Int<uint32_t>(static_cast<uint32_t>(m.stats.workers.size()));
   for (const WorkerStats& ws : m.stats.workers) {
@@ -326,6 +347,11 @@ void GetPayload(Reader& r, LookupRequest* m) {
 }
 void GetPayload(Reader& r, LookupReply* m) {
   m->result.hit_tokens = r.Int<int32_t>();
+  m->result.disk_hit_tokens = r.Int<int32_t>();
+  if (m->result.disk_hit_tokens < 0 ||
+      m->result.disk_hit_tokens > m->result.hit_tokens) {
+    r.Fail("disk hit tokens outside the hit");
+  }
 }
 void GetPayload(Reader& r, AllocateRequest* m) {
   m->request = r.Int<uint64_t>();
@@ -337,6 +363,10 @@ void GetPayload(Reader& r, AllocateReply* m) {
     TransferEvent e;
     Get(r, &e);
     m->result.load = std::move(e);
+  }
+  m->result.load_pending = r.Bool();
+  if (m->result.load_pending && !m->result.load.has_value()) {
+    r.Fail("pending load without a load");
   }
   m->result.store_status = GetStatus(r);
 }
@@ -375,8 +405,21 @@ void GetPayload(Reader& r, StatsReply* m) {
   for (uint64_t* v :
        {&h.slot_bytes, &h.lookups, &h.lookup_blocks, &h.hit_blocks,
         &h.miss_blocks, &h.evictions, &h.stores_completed, &h.loads_completed,
-        &h.stores_failed, &h.store_skipped, &h.events_in_flight}) {
+        &h.stores_failed, &h.store_skipped, &h.events_in_flight,
+        &h.disk_hit_blocks, &h.spills, &h.spill_drops, &h.spill_failures,
+        &h.promotions, &h.promotion_failures, &h.spills_in_flight,
+        &h.promotions_in_flight}) {
     *v = r.Int<uint64_t>();
+  }
+  if (r.Bool()) {
+    DiskTierStats& d = m->stats.disk.emplace();
+    for (uint64_t* v :
+         {&d.capacity_bytes, &d.bytes, &d.keys, &d.puts, &d.put_failures,
+          &d.gets, &d.hits, &d.misses, &d.evictions, &d.checksum_failures,
+          &d.token_mismatches, &d.dropped_on_open, &d.layout_mismatches,
+          &d.payload_bytes_written, &d.stored_bytes_written, &d.file_bytes}) {
+      *v = r.Int<uint64_t>();
+    }
   }
   const uint32_t n = r.Count(kMaxWorkersListed, "worker");
   for (uint32_t i = 0; i < n && r.ok(); ++i) {
@@ -391,14 +434,31 @@ void GetPayload(Reader& r, StatsReply* m) {
   }
 }
 
+void PutPayload(Writer&, const ReadyLoadsRequest&) {}
+void PutPayload(Writer& w, const ReadyLoadsReply& m) {
+  w.Int<uint32_t>(static_cast<uint32_t>(m.loads.size()));
+  for (const TransferEvent& e : m.loads) Put(w, e);
+}
+void GetPayload(Reader&, ReadyLoadsRequest*) {}
+void GetPayload(Reader& r, ReadyLoadsReply* m) {
+  const uint32_t n = r.Count(kMaxEvents, "event");
+  for (uint32_t i = 0; i < n && r.ok(); ++i) {
+    TransferEvent e;
+    Get(r, &e);
+    if (e.ref.kind != EventKind::kLoad) r.Fail("a ready load that is a store");
+    m->loads.push_back(std::move(e));
+  }
+}
+
 constexpr MessageType kTypes[] = {
-    MessageType::kError,    MessageType::kOk,
-    MessageType::kRegister, MessageType::kRegisterReply,
-    MessageType::kLookup,   MessageType::kLookupReply,
-    MessageType::kAllocate, MessageType::kAllocateReply,
-    MessageType::kCommit,   MessageType::kCommitReply,
-    MessageType::kComplete, MessageType::kFinish,
-    MessageType::kStats,    MessageType::kStatsReply,
+    MessageType::kError,      MessageType::kOk,
+    MessageType::kRegister,   MessageType::kRegisterReply,
+    MessageType::kLookup,     MessageType::kLookupReply,
+    MessageType::kAllocate,   MessageType::kAllocateReply,
+    MessageType::kCommit,     MessageType::kCommitReply,
+    MessageType::kComplete,   MessageType::kFinish,
+    MessageType::kStats,      MessageType::kStatsReply,
+    MessageType::kReadyLoads, MessageType::kReadyLoadsReply,
 };
 static_assert(std::size(kTypes) == std::variant_size_v<Message>);
 
@@ -459,6 +519,10 @@ const char* MessageTypeName(MessageType type) {
       return "Stats";
     case MessageType::kStatsReply:
       return "StatsReply";
+    case MessageType::kReadyLoads:
+      return "ReadyLoads";
+    case MessageType::kReadyLoadsReply:
+      return "ReadyLoadsReply";
   }
   return "?";
 }

@@ -23,7 +23,7 @@
 namespace tierkv::ipc {
 
 inline constexpr uint32_t kFrameMagic = 0x4D564B54;  // "TKVM"
-inline constexpr uint16_t kProtocolVersion = 1;
+inline constexpr uint16_t kProtocolVersion = 2;
 inline constexpr size_t kFrameHeaderBytes = 16;
 // Upper bounds a decoder enforces before allocating anything.
 inline constexpr uint32_t kMaxTokens = 1 << 20;
@@ -47,6 +47,8 @@ enum class MessageType : uint16_t {
   kFinish = 12,
   kStats = 13,
   kStatsReply = 14,
+  kReadyLoads = 15,
+  kReadyLoadsReply = 16,
 };
 
 // A failed call: the Status travels back to the caller.
@@ -99,6 +101,11 @@ struct CompleteRequest {
 struct FinishRequest {
   RequestId request = 0;
 };
+// The worker's pending loads whose promotions are done.
+struct ReadyLoadsRequest {};
+struct ReadyLoadsReply {
+  std::vector<TransferEvent> loads;
+};
 // Over the Unix socket from tierkv-admin, or a worker's channel.
 struct StatsRequest {};
 struct StatsReply {
@@ -109,7 +116,7 @@ using Message =
     std::variant<ErrorReply, OkReply, RegisterRequest, RegisterReply,
                  LookupRequest, LookupReply, AllocateRequest, AllocateReply,
                  CommitRequest, CommitReply, CompleteRequest, FinishRequest,
-                 StatsRequest, StatsReply>;
+                 StatsRequest, StatsReply, ReadyLoadsRequest, ReadyLoadsReply>;
 
 MessageType TypeOf(const Message& message);
 const char* MessageTypeName(MessageType type);

@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <condition_variable>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -19,6 +20,7 @@
 #include "ipc/protocol.h"
 #include "ipc/service.h"
 #include "tiers/host_tier.h"
+#include "tiers/slot_disk.h"
 
 namespace tierkv::ipc {
 namespace {
@@ -75,6 +77,49 @@ struct Session {
   std::thread thread;
 };
 
+// Wakes the tier thread: lower-tier results are waiting.
+struct TierSignal {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool wanted = false;  // GUARDED_BY(mu)
+
+  void Notify() {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      wanted = true;
+    }
+    cv.notify_one();
+  }
+};
+
+// Opens the disk tier, logging the index rebuild every 10%.
+StatusOr<std::unique_ptr<DiskTier>> OpenDisk(const ServerOptions& options) {
+  DiskTierOptions disk{
+      .storage = {.path = options.disk_path},
+      .capacity_bytes = options.disk_capacity_bytes,
+      .layout_fingerprint = options.layout.Fingerprint(),
+      .block_bytes = options.layout.BlockBytes(),
+      .element_bytes = static_cast<int32_t>(options.layout.ElementSize()),
+      .codec = options.disk_codec};
+  auto last_decile = std::make_shared<int>(-1);
+  disk.progress = [last_decile](uint64_t done, uint64_t total) {
+    const int decile = total == 0 ? 10 : static_cast<int>(done * 10 / total);
+    if (decile == *last_decile) return;
+    *last_decile = decile;
+    spdlog::info("disk tier: rebuilding the index: {} of about {} values ({}%)",
+                 done, total, decile * 10);
+  };
+  spdlog::info("disk tier: opening {}", options.disk_path);
+  TIERKV_ASSIGN_OR_RETURN(std::unique_ptr<DiskTier> tier, DiskTier::Open(disk));
+  const DiskTierStats stats = tier->stats();
+  spdlog::info(
+      "disk tier: {} blocks, {} of {} bytes; dropped {} bad values ({} of "
+      "another layout)",
+      stats.keys, stats.bytes, stats.capacity_bytes, stats.dropped_on_open,
+      stats.layout_mismatches);
+  return tier;
+}
+
 struct Connection {
   ucred peer{};
   std::vector<std::byte> input;
@@ -99,8 +144,13 @@ struct Server::Impl {
   StoreLock store_lock;   // Guards the segment names.
   StoreLock socket_lock;  // Guards the socket path.
   std::unique_ptr<HostTier> host;
+  // Declared after `host`: destroyed first, it waits for I/O into slots.
+  std::unique_ptr<DiskTier> disk;
+  std::unique_ptr<SlotDisk> slot_disk;
+  std::shared_ptr<TierSignal> tier_signal;
   mutable std::mutex mu;
   Coordinator coordinator;  // GUARDED_BY(mu)
+  std::thread tier_thread;
   int listen_fd = -1;
   int wake_pipe[2] = {-1, -1};
   std::thread listener;
@@ -110,12 +160,19 @@ struct Server::Impl {
   bool stopped = false;  // GUARDED_BY(stop_mu)
 
   Impl(ServerOptions opts, StoreLock store, StoreLock socket,
-       std::unique_ptr<HostTier> host_tier, Coordinator coord)
+       std::unique_ptr<HostTier> host_tier, std::unique_ptr<DiskTier> disk_tier,
+       std::unique_ptr<SlotDisk> slots_on_disk,
+       std::shared_ptr<TierSignal> signal, Coordinator coord)
       : options(std::move(opts)),
         store_lock(std::move(store)),
         socket_lock(std::move(socket)),
         host(std::move(host_tier)),
+        disk(std::move(disk_tier)),
+        slot_disk(std::move(slots_on_disk)),
+        tier_signal(std::move(signal)),
         coordinator(std::move(coord)) {}
+
+  void RunTiers();
 
   void Listen();
   void Accept();
@@ -160,6 +217,10 @@ StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& in) {
                           StoreLock::Acquire(StoreLockPath(options.store)));
   TIERKV_ASSIGN_OR_RETURN(StoreLock socket_lock,
                           StoreLock::Acquire(options.socket_path + ".lock"));
+  std::unique_ptr<DiskTier> disk;
+  if (!options.disk_path.empty()) {
+    TIERKV_ASSIGN_OR_RETURN(disk, OpenDisk(options));
+  }
   TIERKV_ASSIGN_OR_RETURN(
       std::unique_ptr<HostTier> host,
       HostTier::Create({.segment_name = "/tierkv." + options.store + ".host",
@@ -168,12 +229,23 @@ StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& in) {
                         .layout_fingerprint = options.layout.Fingerprint(),
                         .mode = options.mode,
                         .group = options.group}));
-  TIERKV_ASSIGN_OR_RETURN(
-      Coordinator coordinator,
-      Coordinator::Create({.layout = options.layout, .host_slots = slots}));
-  auto impl = std::make_unique<Impl>(options, std::move(store_lock),
-                                     std::move(socket_lock), std::move(host),
-                                     std::move(coordinator));
+  std::unique_ptr<SlotDisk> slot_disk;
+  if (disk != nullptr) {
+    slot_disk = std::make_unique<SlotDisk>(disk.get(), host.get());
+  }
+  auto signal = std::make_shared<TierSignal>();
+  TIERKV_ASSIGN_OR_RETURN(Coordinator coordinator,
+                          Coordinator::Create({.layout = options.layout,
+                                               .host_slots = slots,
+                                               .lower = slot_disk.get(),
+                                               .spill_high = options.spill_high,
+                                               .spill_low = options.spill_low,
+                                               .lower_tier_wakeup = [signal] {
+                                                 signal->Notify();
+                                               }}));
+  auto impl = std::make_unique<Impl>(
+      options, std::move(store_lock), std::move(socket_lock), std::move(host),
+      std::move(disk), std::move(slot_disk), signal, std::move(coordinator));
 
   const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) return Errno("socket");
@@ -197,6 +269,9 @@ StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& in) {
   }
   Impl* raw = impl.get();
   impl->listener = std::thread([raw] { raw->Listen(); });
+  if (raw->disk != nullptr) {
+    impl->tier_thread = std::thread([raw] { raw->RunTiers(); });
+  }
   spdlog::info(
       "tierkvd serving store '{}' on {}: layout {}, {} host slots of {} "
       "bytes ({})",
@@ -217,6 +292,16 @@ void Server::Stop() {
   }
   if (s.listener.joinable()) s.listener.join();
   while (!s.connections.empty()) s.Close(s.connections.begin()->first);
+  s.tier_signal->Notify();
+  if (s.tier_thread.joinable()) s.tier_thread.join();
+  if (s.disk != nullptr) {
+    // Spills already started finish; then what is on disk is durable.
+    if (Status flushed = s.disk->Flush(); !flushed.ok()) {
+      spdlog::error("disk tier: flush on stop failed: {}", flushed.ToString());
+    }
+    std::lock_guard<std::mutex> guard(s.mu);
+    s.coordinator.PumpLowerTier();
+  }
   if (s.listen_fd >= 0) close(s.listen_fd);
   for (int fd : s.wake_pipe) {
     if (fd >= 0) close(fd);
@@ -236,6 +321,21 @@ int32_t Server::host_slots() const { return impl_->host->num_slots(); }
 CoordinatorStats Server::stats() const {
   std::lock_guard<std::mutex> guard(impl_->mu);
   return impl_->coordinator.stats();
+}
+
+void Server::Impl::RunTiers() {
+  while (!stopping.load()) {
+    {
+      std::unique_lock<std::mutex> lock(tier_signal->mu);
+      // The timeout lets a spill that rested after a failure try again.
+      tier_signal->cv.wait_for(lock, std::chrono::milliseconds(100), [this] {
+        return tier_signal->wanted || stopping.load();
+      });
+      tier_signal->wanted = false;
+    }
+    std::lock_guard<std::mutex> guard(mu);
+    coordinator.PumpLowerTier();
+  }
 }
 
 void Server::Impl::Listen() {

@@ -1,7 +1,9 @@
 // Server: tierkvd's process-level machinery around the Coordinator. It holds
-// the store lock, creates the host tier segment, listens on the Unix socket
+// the store lock, opens the disk tier (rebuilding its index, with progress in
+// the log), creates the host tier segment, listens on the Unix socket
 // (registration, liveness, tierkv-admin), and runs one session thread per
-// attached worker that serves the worker's shared-memory control channel.
+// attached worker that serves the worker's shared-memory control channel,
+// and a tier thread that applies finished spills and promotions.
 // Thread-safety: Start/Stop/stats from any thread. Internally the
 // coordinator is guarded by one mutex that only the server's own threads
 // take; a worker never holds anything the server waits for.
@@ -20,6 +22,7 @@
 #include "src/coordinator.h"
 #include "src/kv_layout.h"
 #include "src/status.h"
+#include "tiers/disk_tier.h"
 
 namespace tierkv::ipc {
 
@@ -37,6 +40,17 @@ struct ServerOptions {
   mode_t mode = 0600;
   // Workers of this group may attach too (give mode group bits, e.g. 0660).
   std::optional<gid_t> group;
+  // The disk tier: a RocksDB directory (created if missing) under the host
+  // slots. Default (empty): none; blocks evicted from host are gone.
+  std::string disk_path;
+  // Bound on the disk tier's value bytes (LRU eviction). Default: 16 GiB.
+  uint64_t disk_capacity_bytes = uint64_t{16} << 30;
+  // How blocks are stored on disk. Default: none (see DiskTierOptions).
+  DiskCodec disk_codec = DiskCodec::kNone;
+  // Host watermarks for spilling to disk (CoordinatorOptions). Defaults:
+  // 0.9 and 0.7.
+  double spill_high = 0.9;
+  double spill_low = 0.7;
   uint32_t max_workers = 64;                      // Default: 64.
   uint32_t channel_bytes = kDefaultChannelBytes;  // Per direction.
 };
@@ -56,8 +70,9 @@ class Server {
   static StatusOr<std::unique_ptr<Server>> Start(const ServerOptions& options);
   ~Server();  // Stop().
 
-  // Stops accepting, disconnects workers (dropping their pins), joins every
-  // thread and removes the socket and segments. Idempotent; thread-safe.
+  // Stops accepting, disconnects workers (dropping their pins), lets the
+  // disk tier finish its writes and syncs it, joins every thread and
+  // removes the socket and segments. Idempotent; thread-safe.
   void Stop();
 
   const std::string& socket_path() const;

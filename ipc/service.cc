@@ -20,6 +20,8 @@ Message Wrap(Status status) {
 }  // namespace
 
 Message Dispatch(Coordinator& c, WorkerId worker, const Message& request) {
+  // Lower-tier results first, so the request sees the tiers as they are.
+  c.PumpLowerTier();
   return std::visit(
       [&](const auto& m) -> Message {
         using T = std::decay_t<decltype(m)>;
@@ -36,6 +38,8 @@ Message Dispatch(Coordinator& c, WorkerId worker, const Message& request) {
           return Wrap(c.Complete(worker, m.events));
         } else if constexpr (std::is_same_v<T, FinishRequest>) {
           return Wrap(c.Finish(worker, m.request));
+        } else if constexpr (std::is_same_v<T, ReadyLoadsRequest>) {
+          return Wrap<ReadyLoadsReply>(c.TakeReadyLoads(worker));
         } else if constexpr (std::is_same_v<T, StatsRequest>) {
           return StatsReply{c.stats()};
         } else {

@@ -19,6 +19,13 @@ std::string RequestName(RequestId request) {
 
 StatusOr<Coordinator> Coordinator::Create(const CoordinatorOptions& options) {
   TIERKV_RETURN_IF_ERROR(options.layout.Validate());
+  if (!(options.spill_low > 0 && options.spill_low <= options.spill_high &&
+        options.spill_high <= 1)) {
+    return Status::InvalidArgument(
+        "spill watermarks must satisfy 0 < low <= high <= 1, got low " +
+        std::to_string(options.spill_low) + ", high " +
+        std::to_string(options.spill_high));
+  }
   if (options.host_slots < 2) {
     return Status::InvalidArgument(
         "host tier needs at least 2 slots (slot 0 is the null block), got " +
@@ -30,6 +37,13 @@ StatusOr<Coordinator> Coordinator::Create(const CoordinatorOptions& options) {
                          .block_size = options.layout.block_size,
                          .reserve_null_block = true}));
   return Coordinator(options, std::move(pool));
+}
+
+Coordinator::Coordinator(const CoordinatorOptions& options, BlockPool host_pool)
+    : options_(options),
+      host_pool_(std::move(host_pool)),
+      inbox_(std::make_shared<LowerInbox>()) {
+  inbox_->wakeup = options_.lower_tier_wakeup;
 }
 
 StatusOr<WorkerId> Coordinator::RegisterWorker(
@@ -56,8 +70,10 @@ StatusOr<WorkerId> Coordinator::RegisterWorker(
 Status Coordinator::DropWorker(WorkerId worker) {
   TIERKV_ASSIGN_OR_RETURN(WorkerState * w, FindWorker(worker));
   for (auto& [id, request] : w->requests) ReleasePendingHits(&request);
-  for (auto& [id, load] : w->loads) {
-    ReleaseSlots(load.event.host_blocks);
+  for (auto& [id, load] : w->loads) ReleaseLoad(&load);
+  // Promotions still writing into its slots release them when they finish.
+  for (auto& [id, op] : lower_ops_) {
+    if (!op.spill && op.worker == worker) op.worker = 0;
   }
   for (auto& [id, store] : w->stores) FinishStore(&store, /*ok=*/false);
   stats_.events_in_flight -= w->loads.size() + w->stores.size();
@@ -103,8 +119,19 @@ void Coordinator::ReleaseSlots(std::span<const BlockId> slots) {
 }
 
 void Coordinator::ReleasePendingHits(RequestState* r) {
+  std::erase(r->pending_hits, kOnLowerTier);
   ReleaseSlots(r->pending_hits);
   r->pending_hits.clear();
+}
+
+void Coordinator::ReleaseLoad(InFlight* load) {
+  std::vector<BlockId> held;
+  for (size_t i = 0; i < load->slots.size(); ++i) {
+    if (load->slots[i] != LoadSlot::kHeld) continue;
+    held.push_back(load->event.host_blocks[i]);
+    load->slots[i] = LoadSlot::kReleased;
+  }
+  ReleaseSlots(held);
 }
 
 StatusOr<LookupResult> Coordinator::Lookup(WorkerId worker, RequestId request,
@@ -152,19 +179,31 @@ StatusOr<LookupResult> Coordinator::Lookup(WorkerId worker, RequestId request,
   const int32_t max_hit_blocks =
       static_cast<int32_t>(tokens.size() - 1 - num_computed_tokens) / bs;
   r.first_hit_block = first;
+  std::vector<BlockId> host_hits;
+  int32_t disk_hits = 0;
   for (int32_t b = first; b < first + max_hit_blocks; ++b) {
     std::optional<BlockId> slot =
         host_pool_.GetCachedBlock(r.keys[b], BlockTokens(r, b));
-    if (!slot.has_value()) break;
-    r.pending_hits.push_back(*slot);
+    if (slot.has_value()) {
+      host_hits.push_back(*slot);
+      r.pending_hits.push_back(*slot);
+    } else if (options_.lower != nullptr &&
+               options_.lower->Contains(r.keys[b], BlockTokens(r, b))) {
+      ++disk_hits;
+      r.pending_hits.push_back(kOnLowerTier);
+    } else {
+      break;
+    }
   }
-  host_pool_.Touch(r.pending_hits);
+  host_pool_.Touch(host_hits);
   const auto hits = static_cast<int32_t>(r.pending_hits.size());
   ++stats_.lookups;
   stats_.lookup_blocks += max_hit_blocks;
-  stats_.hit_blocks += hits;
+  stats_.hit_blocks += hits - disk_hits;
+  stats_.disk_hit_blocks += disk_hits;
   stats_.miss_blocks += max_hit_blocks - hits;
-  return LookupResult{.hit_tokens = hits * bs};
+  return LookupResult{.hit_tokens = hits * bs,
+                      .disk_hit_tokens = disk_hits * bs};
 }
 
 StatusOr<AllocateResult> Coordinator::Allocate(
@@ -201,6 +240,7 @@ StatusOr<AllocateResult> Coordinator::Allocate(
   // Hits the engine does not take are released now, tail first.
   std::vector<BlockId> unused(r.pending_hits.begin() + used,
                               r.pending_hits.end());
+  std::erase(unused, kOnLowerTier);
   ReleaseSlots(unused);
   r.pending_hits.resize(used);
 
@@ -208,18 +248,48 @@ StatusOr<AllocateResult> Coordinator::Allocate(
   if (used > 0) {
     // The lookup's pins become the load's (seed 004 step 5 frees and
     // re-touches; the ref count is the same).
-    TransferEvent load{.ref = {EventKind::kLoad, w->next_load_id++},
-                       .request = request,
-                       .device_blocks = {},
-                       .host_blocks = std::move(r.pending_hits)};
+    InFlight in_flight;
+    TransferEvent& load = in_flight.event;
+    load = {.ref = {EventKind::kLoad, w->next_load_id++},
+            .request = request,
+            .device_blocks = {},
+            .host_blocks = std::move(r.pending_hits)};
     load.device_blocks.assign(device_blocks.begin() + r.first_hit_block,
                               device_blocks.begin() + r.first_hit_block + used);
     r.pending_hits.clear();
-    InFlight in_flight;
-    in_flight.event = load;
-    w->loads.emplace(load.ref.id, std::move(in_flight));
+    in_flight.slots.assign(used, LoadSlot::kHeld);
+    // Disk hits get a slot to be promoted into.
+    std::vector<LowerOp> promotions;
+    for (int32_t i = 0; i < used; ++i) {
+      if (load.host_blocks[i] != kOnLowerTier) continue;
+      std::vector<BlockId> slot;
+      if (!host_pool_.GetNewBlocks(1, &slot).ok()) {
+        load.host_blocks[i] = 0;
+        in_flight.slots[i] = LoadSlot::kReleased;
+        ++stats_.promotion_failures;
+        continue;
+      }
+      load.host_blocks[i] = slot[0];
+      in_flight.slots[i] = LoadSlot::kPromoting;
+      const std::span<const TokenId> tokens =
+          BlockTokens(r, r.first_hit_block + i);
+      promotions.push_back(LowerOp{.spill = false,
+                                   .slot = slot[0],
+                                   .key = r.keys[r.first_hit_block + i],
+                                   .tokens = {tokens.begin(), tokens.end()},
+                                   .worker = worker,
+                                   .load = load.ref.id,
+                                   .index = static_cast<size_t>(i)});
+    }
+    in_flight.promoting = static_cast<int32_t>(promotions.size());
+    if (in_flight.promoting == 0) FinishPromotions(&in_flight);
+    in_flight.pending = in_flight.promoting > 0;
+    result.load = in_flight.event;
+    result.load_pending = in_flight.pending;
+    const uint64_t id = load.ref.id;
+    w->loads.emplace(id, std::move(in_flight));
     ++stats_.events_in_flight;
-    result.load = std::move(load);
+    for (LowerOp& op : promotions) StartLowerOp(std::move(op));
   }
   r.allocated = true;
   if (host_pool_.num_free_blocks() == 0) {
@@ -227,6 +297,7 @@ StatusOr<AllocateResult> Coordinator::Allocate(
         "host tier: all " + std::to_string(host_pool_.num_blocks() - 1) +
         " slots are pinned; nothing can be stored now");
   }
+  MaybeSpill();
   return result;
 }
 
@@ -280,6 +351,7 @@ StatusOr<CommitResult> Coordinator::Commit(
     w->stores.emplace(store.event.ref.id, std::move(store));
     ++stats_.events_in_flight;
   }
+  MaybeSpill();
   return result;
 }
 
@@ -306,9 +378,15 @@ Status Coordinator::Complete(WorkerId worker,
   for (size_t i = 0; i < events.size(); ++i) {
     const EventRef& ref = events[i].ref;
     const auto& in_flight = ref.kind == EventKind::kLoad ? w->loads : w->stores;
-    if (!in_flight.contains(ref.id)) {
+    auto found = in_flight.find(ref.id);
+    if (found == in_flight.end()) {
       return Status::NotFound(EventName(ref) + " is not in flight for worker " +
                               std::to_string(worker));
+    }
+    if (found->second.pending) {
+      return Status::FailedPrecondition(
+          EventName(ref) +
+          " is still waiting for promotions; it cannot have been copied");
     }
     for (size_t j = 0; j < i; ++j) {
       if (events[j].ref == ref) {
@@ -319,7 +397,7 @@ Status Coordinator::Complete(WorkerId worker,
   for (const CompletedEvent& done : events) {
     if (done.ref.kind == EventKind::kLoad) {
       auto it = w->loads.find(done.ref.id);
-      ReleaseSlots(it->second.event.host_blocks);
+      ReleaseLoad(&it->second);
       if (done.ok)
         stats_.loads_completed += it->second.event.host_blocks.size();
       w->loads.erase(it);
@@ -330,6 +408,7 @@ Status Coordinator::Complete(WorkerId worker,
     }
     --stats_.events_in_flight;
   }
+  MaybeSpill();
   return Status::Ok();
 }
 
@@ -344,6 +423,156 @@ Status Coordinator::Finish(WorkerId worker, RequestId request) {
   return Status::Ok();
 }
 
+void Coordinator::FinishPromotions(InFlight* load) {
+  TransferEvent& e = load->event;
+  const size_t n = e.host_blocks.size();
+  size_t cut = 0;
+  while (cut < n && load->slots[cut] == LoadSlot::kHeld) ++cut;
+  // Blocks after a missing one are useless to the engine (it recomputes
+  // from the first missing block): release them, tail first.
+  std::vector<BlockId> unused;
+  for (size_t i = cut; i < n; ++i) {
+    if (load->slots[i] == LoadSlot::kHeld) unused.push_back(e.host_blocks[i]);
+  }
+  ReleaseSlots(unused);
+  e.device_blocks.resize(cut);
+  e.host_blocks.resize(cut);
+  load->slots.resize(cut);
+  e.failed_blocks = static_cast<int32_t>(n - cut);
+}
+
+void Coordinator::StartLowerOp(LowerOp op) {
+  const uint64_t id = next_lower_op_++;
+  auto [it, inserted] = lower_ops_.emplace(id, std::move(op));
+  const LowerOp& o = it->second;
+  std::weak_ptr<LowerInbox> weak = inbox_;
+  LowerTier::Done done = [weak, id](Status status) {
+    std::shared_ptr<LowerInbox> inbox = weak.lock();
+    if (inbox == nullptr) return;  // The coordinator is gone.
+    {
+      std::lock_guard<std::mutex> lock(inbox->mu);
+      inbox->results.push_back({id, std::move(status)});
+    }
+    if (inbox->wakeup) inbox->wakeup();
+  };
+  if (o.spill) {
+    ++spills_in_flight_;
+    options_.lower->Spill(o.key, host_pool_.block_tokens(o.slot), o.slot,
+                          std::move(done));
+  } else {
+    ++promotions_in_flight_;
+    options_.lower->Promote(o.key, o.tokens, o.slot, std::move(done));
+  }
+}
+
+size_t Coordinator::PumpLowerTier() {
+  if (options_.lower == nullptr) return 0;
+  std::vector<LowerResult> results;
+  {
+    std::lock_guard<std::mutex> lock(inbox_->mu);
+    results.swap(inbox_->results);
+  }
+  size_t ready = 0;
+  for (const LowerResult& result : results) {
+    const auto it = lower_ops_.find(result.op);
+    if (it == lower_ops_.end()) continue;
+    LowerOp op = std::move(it->second);
+    lower_ops_.erase(it);
+    const bool ok = result.status.ok();
+    if (op.spill) {
+      --spills_in_flight_;
+      const BlockId slot[] = {op.slot};
+      ReleaseSlots(slot);
+      const BlockPool::Block& b = host_pool_.block(op.slot);
+      if (!ok) {
+        ++stats_.spill_failures;
+        spill_resume_ =
+            std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
+      } else if (b.has_key && b.key == op.key &&
+                 host_pool_.DemoteCachedBlock(op.slot)) {
+        ++stats_.spills;
+      }
+      // Otherwise a lookup hit it meanwhile: it stays on host for now.
+      continue;
+    }
+    --promotions_in_flight_;
+    if (ok) {
+      // Cannot fail: the slot is pinned, unkeyed, and the tokens are full.
+      (void)host_pool_.CacheBlock(op.slot, op.key, op.tokens);
+      ++stats_.promotions;
+    } else {
+      ++stats_.promotion_failures;
+    }
+    auto w = workers_.find(op.worker);
+    InFlight* load = nullptr;
+    if (w != workers_.end()) {
+      auto l = w->second.loads.find(op.load);
+      if (l != w->second.loads.end()) load = &l->second;
+    }
+    if (load == nullptr || !ok) {
+      const BlockId slot[] = {op.slot};
+      ReleaseSlots(slot);  // Unkeyed when it failed: never served.
+    }
+    if (load == nullptr) continue;  // The worker is gone.
+    load->slots[op.index] = ok ? LoadSlot::kHeld : LoadSlot::kReleased;
+    if (--load->promoting > 0) continue;
+    FinishPromotions(load);
+    w->second.ready_loads.push_back(op.load);
+    ++ready;
+  }
+  MaybeSpill();
+  return ready;
+}
+
+StatusOr<std::vector<TransferEvent>> Coordinator::TakeReadyLoads(
+    WorkerId worker) {
+  TIERKV_ASSIGN_OR_RETURN(WorkerState * w, FindWorker(worker));
+  std::vector<TransferEvent> out;
+  for (uint64_t id : w->ready_loads) {
+    InFlight& load = w->loads.at(id);
+    load.pending = false;
+    out.push_back(load.event);
+  }
+  w->ready_loads.clear();
+  return out;
+}
+
+int64_t Coordinator::UsedSlots() const {
+  return static_cast<int64_t>(host_pool_.num_cached_blocks() +
+                              keys_being_stored_.size()) +
+         promotions_in_flight_;
+}
+
+void Coordinator::MaybeSpill() {
+  if (options_.lower == nullptr) return;
+  const int64_t usable = host_pool_.num_blocks() - 1;
+  // Blocks being spilled leave host when their copy is done.
+  const int64_t staying = UsedSlots() - spills_in_flight_;
+  if (staying <= static_cast<int64_t>(options_.spill_high * usable)) return;
+  if (std::chrono::steady_clock::now() < spill_resume_) return;
+  const int64_t excess =
+      staying - static_cast<int64_t>(options_.spill_low * usable);
+  std::vector<BlockId> victims;
+  host_pool_.VisitFreeQueue([&](BlockId id) {
+    if (host_pool_.block(id).has_key) victims.push_back(id);
+    return static_cast<int64_t>(victims.size()) < excess;
+  });
+  for (BlockId slot : victims) {
+    const BlockPool::Block& b = host_pool_.block(slot);
+    if (options_.lower->Contains(b.key, host_pool_.block_tokens(slot))) {
+      if (host_pool_.DemoteCachedBlock(slot)) ++stats_.spill_drops;
+      continue;
+    }
+    const BlockId pin[] = {slot};
+    host_pool_.Touch(pin);
+    LowerOp op;
+    op.spill = true;
+    op.slot = slot;
+    op.key = b.key;
+    StartLowerOp(std::move(op));
+  }
+}
+
 CoordinatorStats Coordinator::stats() const {
   CoordinatorStats out;
   out.host = stats_;
@@ -353,9 +582,11 @@ CoordinatorStats Coordinator::stats() const {
   out.host.free_slots = host_pool_.num_free_blocks();
   out.host.cached_slots = static_cast<int64_t>(host_pool_.num_cached_blocks());
   out.host.pinned_slots = usable - host_pool_.num_free_blocks();
-  out.host.used_slots =
-      out.host.cached_slots + static_cast<int64_t>(keys_being_stored_.size());
+  out.host.used_slots = UsedSlots();
   out.host.evictions = host_pool_.stats().evictions;
+  out.host.spills_in_flight = static_cast<uint64_t>(spills_in_flight_);
+  out.host.promotions_in_flight = static_cast<uint64_t>(promotions_in_flight_);
+  if (options_.lower != nullptr) out.disk = options_.lower->stats();
   for (const auto& [id, w] : workers_) {
     out.workers.push_back(WorkerStats{
         .id = id,

@@ -21,15 +21,40 @@
 // DropWorker releases every pin a dead worker held; a slot it was writing
 // goes back to the free queue without a key, so it is never served.
 //
+// With a lower tier (the disk tier, options.lower):
+//   Lookup   also reports blocks the lower tier holds (disk hits), after
+//            and between host hits, without touching the disk.
+//   Allocate gives each disk hit it uses a pinned, unkeyed host slot and
+//            starts a promotion into it. The load event is then pending:
+//            TakeReadyLoads hands it out once every promotion is done (as
+//            vLLM's connector reports asynchronous loads). A promotion that
+//            fails (value gone or corrupt, or no free slot) cuts the load
+//            before that block: failed_blocks says how many the engine
+//            recomputes. A promoted block is keyed on host like a stored one.
+//   Spills   past the high watermark (slots keyed or being written), the
+//            least recently used unpinned host blocks are spilled: pinned
+//            while the lower tier copies them, then dropped from host, until
+//            the low watermark is reached. A block the lower tier holds
+//            already is dropped at once.
+// Lower-tier results arrive on the lower tier's threads and wait in a
+// thread-safe inbox until the owner calls PumpLowerTier (the wakeup option
+// says when); every other call stays on the owner's thread.
+//
 // Host slot states (the null slot 0 is none of these):
 //   FREE / CACHED-FREE (ref 0, in the LRU free queue)
 //   PINNED by a lookup or a load (ref > 0, keyed)
-//   BEING WRITTEN by a store (ref 1, unkeyed, key held by the event)
+//   BEING WRITTEN by a store or a promotion (ref 1, unkeyed)
+//   BEING SPILLED (ref >= 1, keyed: lookups still hit it)
 #ifndef TIERKV_SRC_COORDINATOR_H_
 #define TIERKV_SRC_COORDINATOR_H_
 
+#include <chrono>
 #include <cstdint>
+#include <deque>
+#include <functional>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -40,6 +65,7 @@
 #include "src/block_key.h"
 #include "src/block_pool.h"
 #include "src/kv_layout.h"
+#include "src/lower_tier.h"
 #include "src/request.h"
 #include "src/status.h"
 
@@ -63,6 +89,9 @@ struct TransferEvent {
   RequestId request = 0;
   std::vector<BlockId> device_blocks;  // Store: sources. Load: destinations.
   std::vector<BlockId> host_blocks;    // Store: destinations. Load: sources.
+  // Load: blocks after these that are not loaded (their promotion from the
+  // lower tier failed); the engine recomputes them.
+  int32_t failed_blocks = 0;
 };
 
 struct WorkerRegistration {
@@ -77,14 +106,32 @@ struct CoordinatorOptions {
   KvLayout layout;         // The one layout this store serves.
   int32_t host_slots = 0;  // Including the null slot 0. Required, >= 2.
   size_t max_request_tokens = 1 << 20;  // Default: 1Mi tokens.
+  // The tier below host DRAM. Not owned; it must outlive the coordinator's
+  // use of it (stop its I/O before destroying the host slots). Default:
+  // none: a block evicted from host is gone.
+  LowerTier* lower = nullptr;
+  // Spill watermarks, as fractions of the usable host slots that are keyed
+  // or being written. 0 < spill_low <= spill_high <= 1. Defaults: 0.9, 0.7.
+  double spill_high = 0.9;
+  double spill_low = 0.7;
+  // Called on a lower-tier thread when results wait for PumpLowerTier.
+  // Default: none (the owner pumps on its own schedule).
+  std::function<void()> lower_tier_wakeup = {};
 };
 
 struct LookupResult {
-  int32_t hit_tokens = 0;  // Tokens after num_computed_tokens found on host.
+  // Tokens after num_computed_tokens found on host or the lower tier.
+  int32_t hit_tokens = 0;
+  // Of hit_tokens, those in blocks only the lower tier holds: loading them
+  // waits for a promotion.
+  int32_t disk_hit_tokens = 0;
 };
 
 struct AllocateResult {
   std::optional<TransferEvent> load;
+  // The load waits for promotions from the lower tier: do not copy it.
+  // TakeReadyLoads hands it out (possibly cut short) when they are done.
+  bool load_pending = false;
   // OK, or ResourceExhausted when every host slot is pinned: the request runs,
   // but nothing it computes can be stored now.
   Status store_status;
@@ -126,10 +173,20 @@ struct HostTierStats {
   uint64_t stores_failed = 0;     // Blocks whose store failed or was lost.
   uint64_t store_skipped = 0;     // Blocks not stored: no free slot.
   uint64_t events_in_flight = 0;
+  // Traffic with the lower tier (all 0 without one).
+  uint64_t disk_hit_blocks = 0;     // Lookup hits only the lower tier held.
+  uint64_t spills = 0;              // Blocks copied down, then dropped.
+  uint64_t spill_drops = 0;         // Dropped: the lower tier had them.
+  uint64_t spill_failures = 0;      // Kept on host: the copy failed.
+  uint64_t promotions = 0;          // Blocks copied up for a load.
+  uint64_t promotion_failures = 0;  // Missing, corrupt, or no free slot.
+  uint64_t spills_in_flight = 0;
+  uint64_t promotions_in_flight = 0;
 };
 
 struct CoordinatorStats {
   HostTierStats host;
+  std::optional<DiskTierStats> disk;  // With a lower tier only.
   std::vector<WorkerStats> workers;
 };
 
@@ -167,6 +224,14 @@ class Coordinator {
   Status Complete(WorkerId worker, std::span<const CompletedEvent> events);
   Status Finish(WorkerId worker, RequestId request);
 
+  // Applies the lower tier's finished spills and promotions, then spills
+  // if the host is past its high watermark. Returns how many loads became
+  // ready. Cheap when nothing waits.
+  size_t PumpLowerTier();
+  // The worker's pending loads whose promotions are done, in the order
+  // they became ready; from now on each is an ordinary load in flight.
+  StatusOr<std::vector<TransferEvent>> TakeReadyLoads(WorkerId worker);
+
   CoordinatorStats stats() const;
   const BlockPool& host_pool() const { return host_pool_; }
   const KvLayout& layout() const { return options_.layout; }
@@ -181,11 +246,38 @@ class Coordinator {
     bool allocated = false;
     int32_t next_store_block = 0;  // Blocks before it were handled.
   };
+  // What a load holds of each host slot it names.
+  enum class LoadSlot : uint8_t { kHeld, kPromoting, kReleased };
   struct InFlight {
     TransferEvent event;
     std::vector<BlockKey> keys;   // Store: the keys its slots will get.
     std::vector<TokenId> tokens;  // Store: block_size tokens per slot.
+    std::vector<LoadSlot> slots;  // Load: one per block.
+    int32_t promoting = 0;        // Load: promotions not finished.
+    bool pending = false;         // Load: not handed to the worker yet.
   };
+  // A spill or promotion the lower tier is running.
+  struct LowerOp {
+    bool spill = false;
+    BlockId slot = 0;
+    BlockKey key;
+    std::vector<TokenId> tokens;  // Promotion: what the slot is keyed with.
+    WorkerId worker = 0;          // Promotion: 0 once the worker is gone.
+    uint64_t load = 0;
+    size_t index = 0;  // The block's place in the load.
+  };
+  struct LowerResult {
+    uint64_t op = 0;
+    Status status;
+  };
+  // Filled on lower-tier threads, drained by PumpLowerTier.
+  struct LowerInbox {
+    std::mutex mu;
+    std::vector<LowerResult> results;  // GUARDED_BY(mu)
+    std::function<void()> wakeup;
+  };
+  // Lookup's marker for a hit only the lower tier holds.
+  static constexpr BlockId kOnLowerTier = -1;
   struct WorkerState {
     WorkerRegistration registration;
     KeyHasher hasher;
@@ -194,10 +286,10 @@ class Coordinator {
     std::unordered_map<RequestId, RequestState> requests;
     std::map<uint64_t, InFlight> loads;
     std::map<uint64_t, InFlight> stores;
+    std::deque<uint64_t> ready_loads;  // Pending loads now ready.
   };
 
-  Coordinator(const CoordinatorOptions& options, BlockPool host_pool)
-      : options_(options), host_pool_(std::move(host_pool)) {}
+  Coordinator(const CoordinatorOptions& options, BlockPool host_pool);
 
   StatusOr<WorkerState*> FindWorker(WorkerId worker);
   Status CheckDeviceBlocks(const WorkerState& w,
@@ -207,6 +299,13 @@ class Coordinator {
   bool HostHas(const BlockKey& key, std::span<const TokenId> tokens) const;
   void FinishStore(InFlight* store, bool ok);
   void ReleaseSlots(std::span<const BlockId> slots);
+  void ReleaseLoad(InFlight* load);
+  // Cuts a load whose promotions are done before its first missing block.
+  void FinishPromotions(InFlight* load);
+  void StartLowerOp(LowerOp op);
+  void ApplyLowerResult(const LowerResult& result);
+  int64_t UsedSlots() const;
+  void MaybeSpill();
 
   CoordinatorOptions options_;
   BlockPool host_pool_;
@@ -215,6 +314,14 @@ class Coordinator {
   // Keys some store event is writing: a second store of one is skipped.
   std::unordered_set<BlockKey, BlockKeyHash> keys_being_stored_;
   HostTierStats stats_;
+  // The lower tier's side (unused without one).
+  std::shared_ptr<LowerInbox> inbox_;
+  std::unordered_map<uint64_t, LowerOp> lower_ops_;
+  uint64_t next_lower_op_ = 1;
+  int32_t spills_in_flight_ = 0;
+  int32_t promotions_in_flight_ = 0;
+  // After a failed spill, spilling rests a while instead of retrying hot.
+  std::chrono::steady_clock::time_point spill_resume_{};
 };
 
 }  // namespace tierkv

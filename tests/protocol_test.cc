@@ -28,6 +28,12 @@ std::vector<Message> Samples() {
   CoordinatorStats stats;
   stats.host.capacity_slots = 49;
   stats.host.hit_blocks = 12;
+  stats.host.promotions = 3;
+  stats.disk.emplace();
+  stats.disk->keys = 8;
+  stats.disk->checksum_failures = 1;
+  TransferEvent cut_load = event;
+  cut_load.failed_blocks = 2;
   stats.workers.push_back({.id = 1,
                            .pid = 77,
                            .name = "w",
@@ -52,11 +58,12 @@ std::vector<Message> Samples() {
                     .num_computed_tokens = 16,
                     .tokens = {1, 2, 3},
                     .extras = extras},
-      LookupReply{{.hit_tokens = 32}},
+      LookupReply{{.hit_tokens = 32, .disk_hit_tokens = 16}},
       AllocateRequest{
           .request = 1, .num_external_tokens = 16, .device_blocks = {1, 2}},
-      AllocateReply{
-          {.load = event, .store_status = Status::ResourceExhausted("full")}},
+      AllocateReply{{.load = event,
+                     .load_pending = true,
+                     .store_status = Status::ResourceExhausted("full")}},
       CommitRequest{
           .request = 1, .num_computed_tokens = 32, .device_blocks = {1, 2}},
       CommitReply{{.stores = {event}, .skipped_blocks = 2}},
@@ -65,6 +72,8 @@ std::vector<Message> Samples() {
       FinishRequest{9},
       StatsRequest{},
       StatsReply{stats},
+      ReadyLoadsRequest{},
+      ReadyLoadsReply{{event, cut_load}},
   };
 }
 
@@ -111,9 +120,11 @@ TEST(Protocol, HeaderProblemsAreNamed) {
   bad[0] = std::byte{0};
   EXPECT_THAT(Decode(bad).status().message(), HasSubstr("magic"));
   bad = bytes;
-  bad[4] = std::byte{2};
+  bad[4] = std::byte{kProtocolVersion + 1};
   EXPECT_EQ(Decode(bad).status().code(), StatusCode::kFailedPrecondition);
-  EXPECT_THAT(Decode(bad).status().message(), HasSubstr("protocol version 2"));
+  EXPECT_THAT(
+      Decode(bad).status().message(),
+      HasSubstr("protocol version " + std::to_string(kProtocolVersion + 1)));
   bad = bytes;
   bad[6] = std::byte{0xEE};
   EXPECT_THAT(Decode(bad).status().message(),
@@ -144,6 +155,29 @@ TEST(Protocol, BadEnumValuesAreRefused) {
   bad = bytes;
   bad.back() = std::byte{2};  // Boolean.
   EXPECT_THAT(Decode(bad).status().message(), HasSubstr("boolean"));
+}
+
+TEST(Protocol, InconsistentLoadsAreRefused) {
+  // A disk hit larger than the hit.
+  std::vector<std::byte> bytes =
+      Encode(LookupReply{{.hit_tokens = 16, .disk_hit_tokens = 32}});
+  EXPECT_THAT(Decode(bytes).status().message(), HasSubstr("disk hit"));
+  // A pending load with no load.
+  AllocateReply pending;
+  pending.result.load_pending = true;
+  bytes = Encode(pending);
+  EXPECT_THAT(Decode(bytes).status().message(), HasSubstr("pending load"));
+  // A store among ready loads.
+  TransferEvent store;
+  store.ref = {EventKind::kStore, 1};
+  bytes = Encode(ReadyLoadsReply{{store}});
+  EXPECT_THAT(Decode(bytes).status().message(), HasSubstr("is a store"));
+  // A negative failed-block count.
+  TransferEvent load;
+  load.ref = {EventKind::kLoad, 1};
+  load.failed_blocks = -1;
+  bytes = Encode(ReadyLoadsReply{{load}});
+  EXPECT_THAT(Decode(bytes).status().message(), HasSubstr("failed block"));
 }
 
 TEST(Protocol, RandomBytesNeverCrash) {

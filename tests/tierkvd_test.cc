@@ -1,7 +1,9 @@
 // tierkvd as a real process, with real worker processes attached over its
 // socket and shared memory: seed 004's flow, cross-process reuse, a worker
 // killed mid-transfer, malformed messages, permissions, a second daemon on
-// the same store, a stale segment, and tierkv-admin.
+// the same store, a stale segment, and tierkv-admin. With a disk tier: a
+// working set ten times the host, spilling and promotion under two busy
+// workers, and tierkvd SIGKILLed mid-spill and restarted.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -67,9 +69,24 @@ class TierkvdTest : public ::testing::Test {
             "bf16",       "--host-capacity", capacity};
   }
   // Starts tierkvd and waits for the line it logs once it serves.
-  void StartDaemon(const std::string& capacity = "1M") {
-    daemon_ = Spawn(DaemonArgs(capacity));
+  void StartDaemon(const std::string& capacity = "1M",
+                   const std::vector<std::string>& more = {}) {
+    std::vector<std::string> args = DaemonArgs(capacity);
+    args.insert(args.end(), more.begin(), more.end());
+    daemon_ = Spawn(args);
     ASSERT_TRUE(daemon_->WaitForOutput("serving store")) << daemon_->output();
+  }
+  // A host tier of `slots` usable slots over a disk tier in dir_/disk,
+  // spilling early so the disk keeps up with fast workers.
+  void StartDaemonWithDisk(int slots) {
+    StartDaemon(std::to_string((slots + 1) * TestLayout().BlockBytes()),
+                {"--disk-dir", dir_ + "/disk", "--disk-capacity", "64M",
+                 "--spill-high", "0.5", "--spill-low", "0.25"});
+  }
+  std::unique_ptr<ChildProcess> ManyWorker(const std::string& mode, int seed,
+                                           int requests) {
+    return Spawn({TEST_WORKER_PATH, mode, socket_, std::to_string(seed),
+                  std::to_string(requests)});
   }
   std::unique_ptr<Client> Attach(const std::string& name = "test") {
     ClientOptions options;
@@ -333,6 +350,119 @@ TEST_F(TierkvdTest, AdminShowsTiersAndWorkers) {
   ASSERT_EQ(json->Wait(), 0) << json->output();
   EXPECT_THAT(json->output(), HasSubstr("\"capacity_slots\":63"));
   EXPECT_THAT(json->output(), HasSubstr("\"name\":\"engine-7\""));
+}
+
+// What a fill/verify/churn worker reports.
+struct Tally {
+  long long blocks = -1, hit = -1, missed = -1, wrong = -1;
+};
+Tally ParseTally(const std::string& output) {
+  Tally t;
+  const size_t at = output.find("blocks ");
+  if (at != std::string::npos) {
+    std::sscanf(output.c_str() + at,
+                "blocks %lld hit %lld missed %lld wrong %lld", &t.blocks,
+                &t.hit, &t.missed, &t.wrong);
+  }
+  return t;
+}
+
+// Blocks the store let go of by policy, each counted: host evictions of
+// blocks not yet spilled, stores skipped for want of a slot, disk
+// evictions, failed promotions.
+uint64_t CountedLosses(const CoordinatorStats& s) {
+  return s.host.evictions + s.host.store_skipped + s.host.promotion_failures +
+         (s.disk.has_value() ? s.disk->evictions : 0);
+}
+
+TEST_F(TierkvdTest, DiskTierHoldsTenTimesTheHostBitExact) {
+  StartDaemonWithDisk(16);
+  auto fill = ManyWorker("fill", 1, 160);  // 160 one-block requests.
+  ASSERT_EQ(fill->Wait(), 0) << fill->output();
+  auto verify = ManyWorker("verify", 1, 160);
+  ASSERT_EQ(verify->Wait(), 0) << verify->output();
+  const Tally t = ParseTally(verify->output());
+  std::unique_ptr<Client> observer = Attach("observer");
+  ASSERT_NE(observer, nullptr);
+  const CoordinatorStats s = observer->Stats().value();
+  EXPECT_EQ(t.blocks, 160) << verify->output();
+  EXPECT_EQ(t.wrong, 0);
+  EXPECT_EQ(t.hit + t.missed, 160);
+  EXPECT_LE(static_cast<uint64_t>(t.missed), CountedLosses(s));
+  EXPECT_GE(s.host.promotions, 160u - 16u - CountedLosses(s));
+  EXPECT_GT(s.host.spills, 0u);
+
+  // tierkv-admin shows the disk tier.
+  auto table = Spawn({TIERKV_ADMIN_PATH, "stats", "--socket", socket_});
+  ASSERT_EQ(table->Wait(), 0) << table->output();
+  EXPECT_THAT(table->output(), HasSubstr("disk"));
+  EXPECT_THAT(table->output(), HasSubstr("spilled "));
+  EXPECT_THAT(table->output(), HasSubstr("checksum failures 0"));
+  auto json =
+      Spawn({TIERKV_ADMIN_PATH, "stats", "--json", "--socket", socket_});
+  ASSERT_EQ(json->Wait(), 0) << json->output();
+  EXPECT_THAT(json->output(),
+              HasSubstr("\"disk\":{\"capacity_bytes\":67108864"));
+}
+
+TEST_F(TierkvdTest, SpillAndPromotionUnderTwoBusyWorkers) {
+  StartDaemonWithDisk(16);
+  auto a = ManyWorker("churn", 11, 120);
+  auto b = ManyWorker("churn", 12, 120);
+  // No deadlock: both finish (ChildProcess output waits are bounded).
+  ASSERT_TRUE(a->WaitForOutput("blocks ", std::chrono::seconds(120)))
+      << a->output();
+  ASSERT_TRUE(b->WaitForOutput("blocks ", std::chrono::seconds(120)))
+      << b->output();
+  ASSERT_EQ(a->Wait(), 0) << a->output();
+  ASSERT_EQ(b->Wait(), 0) << b->output();
+  const Tally ta = ParseTally(a->output());
+  const Tally tb = ParseTally(b->output());
+  std::unique_ptr<Client> observer = Attach("observer");
+  ASSERT_NE(observer, nullptr);
+  const CoordinatorStats s = observer->Stats().value();
+  EXPECT_EQ(ta.wrong, 0) << a->output();
+  EXPECT_EQ(tb.wrong, 0) << b->output();
+  EXPECT_EQ(ta.blocks + tb.blocks, 240);
+  // Every block a worker stored reads back, or was let go and counted.
+  EXPECT_LE(static_cast<uint64_t>(ta.missed + tb.missed), CountedLosses(s));
+  EXPECT_GT(s.host.spills, 0u);
+  EXPECT_GT(s.host.promotions, 0u);
+  EXPECT_EQ(s.host.pinned_slots, 0);
+  EXPECT_EQ(s.host.events_in_flight, 0u);
+}
+
+TEST_F(TierkvdTest, KilledMidSpillRestartsWithEverySpilledBlockIntact) {
+  StartDaemonWithDisk(16);
+  std::unique_ptr<Client> observer = Attach("observer");
+  ASSERT_NE(observer, nullptr);
+  auto fill = ManyWorker("fill", 21, 2000);
+  // Wait until spilling is well under way, then kill tierkvd mid-stream.
+  uint64_t spilled = 0;
+  const auto deadline = Clock::now() + std::chrono::seconds(60);
+  while (Clock::now() < deadline) {
+    StatusOr<CoordinatorStats> s = observer->Stats();
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    if (s->host.spills >= 200) {
+      spilled = s->host.spills;  // Every one of these had completed.
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  ASSERT_GE(spilled, 200u) << "spilling never got going";
+  daemon_->Signal(SIGKILL);
+  EXPECT_EQ(daemon_->Wait(), 128 + SIGKILL);
+  daemon_.reset();
+  fill->Wait();  // It fails now that tierkvd is gone.
+  observer.reset();
+
+  StartDaemonWithDisk(16);
+  EXPECT_THAT(daemon_->output(), HasSubstr("rebuilding the index"));
+  auto verify = ManyWorker("verify", 21, 2000);
+  ASSERT_EQ(verify->Wait(), 0) << verify->output();
+  const Tally t = ParseTally(verify->output());
+  EXPECT_EQ(t.wrong, 0) << verify->output();  // Nothing torn is served.
+  EXPECT_GE(static_cast<uint64_t>(t.hit), spilled) << verify->output();
 }
 
 TEST_F(TierkvdTest, SigtermStopsCleanlyAndRemovesItsFiles) {

@@ -6,12 +6,24 @@
 //   "hit <tokens> checksum <hex>" over the loaded device blocks.
 // hang-store: as store, but never completes the store: prints "READY" once
 //   the store event is in flight, then waits to be killed.
+//   tierkv_test_worker fill|verify|churn SOCKET SEED REQUESTS [BLOCKS]
+// Requests 0..REQUESTS-1 of BLOCKS blocks (default 1) each, derived from
+// SEED; every block's bytes are a function of its first token, so any
+// worker can check a block another stored.
+// fill: stores every request; prints "stored <requests>".
+// verify: loads every request back (promotions from disk included) and
+//   checks each loaded block's bytes; prints "blocks <n> hit <h> missed <m>
+//   wrong <w>" (missed: blocks the store no longer had).
+// churn: stores request r, then loads a random earlier one, for every r;
+//   then verifies every request as verify does, printing the same line.
 #include <unistd.h>
 #include <xxhash.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -42,6 +54,157 @@ uint64_t Checksum(EmulatedDeviceTier& device, int32_t blocks) {
 int Fail(const Status& s) {
   std::printf("error %s\n", s.ToString().c_str());
   return 1;
+}
+
+// ---- fill / verify / churn ------------------------------------------------
+
+std::vector<TokenId> RequestTokens(uint32_t seed, int32_t request,
+                                   int32_t blocks) {
+  std::vector<TokenId> t(static_cast<size_t>(blocks) * 16);
+  for (size_t i = 0; i < t.size(); ++i) {
+    t[i] = (seed * 1000003u + static_cast<uint32_t>(request) * 4099u) * 16u +
+           static_cast<uint32_t>(i);
+  }
+  return t;
+}
+
+// The bytes of a block, from its first token.
+void FillBlock(TokenId first, std::span<std::byte> bytes) {
+  uint64_t x = first * 0x9E3779B97F4A7C15ull + 1;
+  for (size_t i = 0; i < bytes.size(); i += 8) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    std::memcpy(bytes.data() + i, &x, std::min<size_t>(8, bytes.size() - i));
+  }
+}
+
+struct Tally {
+  int64_t blocks = 0, hit = 0, missed = 0, wrong = 0;
+};
+
+class RequestRunner {
+ public:
+  RequestRunner(Client& c, EmulatedDeviceTier& device, int32_t blocks)
+      : c_(c), device_(device), blocks_(blocks) {
+    for (BlockId b = 1; b <= blocks + 1; ++b) device_blocks_.push_back(b);
+  }
+
+  Status Store(const std::vector<TokenId>& tokens) {
+    const RequestId id = next_id_++;
+    TIERKV_ASSIGN_OR_RETURN(LookupResult hit, c_.Lookup(id, tokens));
+    (void)hit;
+    TIERKV_ASSIGN_OR_RETURN(AllocateResult alloc,
+                            c_.Allocate(id, device_blocks_, 0));
+    (void)alloc;
+    for (int32_t b = 0; b < blocks_; ++b) {
+      FillBlock(tokens[b * 16], device_.block(b + 1));
+    }
+    TIERKV_ASSIGN_OR_RETURN(CommitResult commit,
+                            c_.Commit(id, blocks_ * 16, device_blocks_));
+    TIERKV_RETURN_IF_ERROR(Drain(commit.stores.size()));
+    return c_.Finish(id);
+  }
+
+  // Loads the request's hit and checks every loaded block.
+  Status Verify(std::vector<TokenId> tokens, Tally* tally) {
+    const RequestId id = next_id_++;
+    tokens.push_back(7);  // So every full block can hit.
+    TIERKV_ASSIGN_OR_RETURN(LookupResult hit, c_.Lookup(id, tokens));
+    TIERKV_ASSIGN_OR_RETURN(AllocateResult alloc,
+                            c_.Allocate(id, device_blocks_, hit.hit_tokens));
+    int32_t loaded = 0;
+    if (alloc.load.has_value()) {
+      std::vector<FinishedTransfer> done;
+      const auto deadline =
+          std::chrono::steady_clock::now() + std::chrono::seconds(30);
+      while (done.empty()) {
+        if (std::chrono::steady_clock::now() > deadline) {
+          return Status::Unavailable("a load never finished");
+        }
+        done = c_.WaitEvents(std::chrono::seconds(1));
+      }
+      TIERKV_RETURN_IF_ERROR(done[0].status);
+      loaded = static_cast<int32_t>(done[0].event.device_blocks.size());
+      TIERKV_RETURN_IF_ERROR(c_.Complete(done));
+    }
+    std::vector<std::byte> expected(device_.block_bytes());
+    for (int32_t b = 0; b < loaded; ++b) {
+      FillBlock(tokens[b * 16], expected);
+      std::span<std::byte> got = device_.block(b + 1);
+      if (std::memcmp(got.data(), expected.data(), expected.size()) != 0) {
+        ++tally->wrong;
+      }
+    }
+    tally->blocks += blocks_;
+    tally->hit += loaded;
+    tally->missed += blocks_ - loaded;
+    return c_.Finish(id);
+  }
+
+ private:
+  Status Drain(size_t events) {
+    while (events > 0) {
+      std::vector<FinishedTransfer> done =
+          c_.WaitEvents(std::chrono::seconds(10));
+      if (done.empty()) return Status::Unavailable("a store never finished");
+      TIERKV_RETURN_IF_ERROR(c_.Complete(done));
+      events -= done.size();
+    }
+    return Status::Ok();
+  }
+
+  Client& c_;
+  EmulatedDeviceTier& device_;
+  int32_t blocks_;
+  std::vector<BlockId> device_blocks_;
+  RequestId next_id_ = 1;
+};
+
+int RunMany(const std::string& mode, const std::string& socket, uint32_t seed,
+            int32_t requests, int32_t blocks) {
+  auto device =
+      EmulatedDeviceTier::Create(blocks + 2, TestLayout().BlockBytes());
+  if (!device.ok()) return Fail(device.status());
+  ClientOptions options;
+  options.socket_path = socket;
+  options.layout = TestLayout();
+  options.num_device_blocks = blocks + 2;
+  options.name = mode + "-" + std::to_string(seed);
+  options.device = device->get();
+  auto client = Client::Open(options);
+  if (!client.ok()) return Fail(client.status());
+  RequestRunner runner(**client, **device, blocks);
+  Tally tally;
+  std::mt19937 rng(seed);
+  if (mode == "fill" || mode == "churn") {
+    for (int32_t r = 0; r < requests; ++r) {
+      Status s = runner.Store(RequestTokens(seed, r, blocks));
+      if (s.ok() && mode == "churn") {
+        Tally ignored;  // Checked for wrong bytes below, not for misses.
+        s = runner.Verify(RequestTokens(seed, rng() % (r + 1), blocks),
+                          &ignored);
+        tally.wrong += ignored.wrong;
+      }
+      if (!s.ok()) return Fail(s);
+    }
+    if (mode == "fill") {
+      std::printf("stored %d\n", requests);
+      return 0;
+    }
+  }
+  for (int32_t r = 0; r < requests; ++r) {
+    if (Status s = runner.Verify(RequestTokens(seed, r, blocks), &tally);
+        !s.ok()) {
+      return Fail(s);
+    }
+  }
+  std::printf("blocks %lld hit %lld missed %lld wrong %lld\n",
+              static_cast<long long>(tally.blocks),
+              static_cast<long long>(tally.hit),
+              static_cast<long long>(tally.missed),
+              static_cast<long long>(tally.wrong));
+  return 0;
 }
 
 int Run(const std::string& mode, const std::string& socket, uint32_t seed,
@@ -108,10 +271,19 @@ int Run(const std::string& mode, const std::string& socket, uint32_t seed,
 }  // namespace tierkv
 
 int main(int argc, char** argv) {
+  const std::string mode = argc > 1 ? argv[1] : "";
+  if ((mode == "fill" || mode == "verify" || mode == "churn") &&
+      (argc == 5 || argc == 6)) {
+    return tierkv::RunMany(
+        mode, argv[2], static_cast<uint32_t>(std::stoul(argv[3])),
+        std::stoi(argv[4]), argc == 6 ? std::stoi(argv[5]) : 1);
+  }
   if (argc != 5) {
     std::fprintf(stderr,
                  "usage: tierkv_test_worker store|load|hang-store SOCKET SEED "
-                 "BLOCKS\n");
+                 "BLOCKS\n"
+                 "       tierkv_test_worker fill|verify|churn SOCKET SEED "
+                 "REQUESTS [BLOCKS]\n");
     return 2;
   }
   return tierkv::Run(argv[1], argv[2],

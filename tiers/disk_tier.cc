@@ -567,10 +567,10 @@ rocksdb::Slice ToSlice(std::string_view s) { return {s.data(), s.size()}; }
 
 class RocksDbStorage final : public DiskStorage {
  public:
-  RocksDbStorage(std::string path, rocksdb::DB* db)
+  RocksDbStorage(std::string path, rocksdb::DB* db, bool wal)
       : path_(std::move(path)), db_(db) {
-    // No WAL: see RocksDbStorageOptions::write_buffer_bytes.
-    write_options_.disableWAL = true;
+    // See RocksDbStorageOptions::write_ahead_log.
+    write_options_.disableWAL = !wal;
     // Every value carries its own checksums (verified by the tier), so
     // RocksDB's block and blob checksums would be a second pass over the
     // same bytes. Large values bypass the block cache.
@@ -701,8 +701,8 @@ StatusOr<std::unique_ptr<DiskStorage>> OpenRocksDbStorage(
   TIERKV_RETURN_IF_ERROR(CallRocks("opening", options.path, [&] {
     return rocksdb::DB::Open(RocksOptions(options), options.path, &db);
   }));
-  return std::unique_ptr<DiskStorage>(
-      std::make_unique<RocksDbStorage>(options.path, db));
+  return std::unique_ptr<DiskStorage>(std::make_unique<RocksDbStorage>(
+      options.path, db, options.write_ahead_log));
 }
 
 namespace {
@@ -1200,6 +1200,7 @@ void DiskTierImpl::DropIfCurrent(const BlockKey& key, uint64_t generation) {
 
 DiskTierStats DiskTierImpl::stats() const {
   DiskTierStats out;
+  out.capacity_bytes = options_.capacity_bytes;
   {
     std::lock_guard<std::mutex> lock(mu_);
     out.bytes = index_.bytes();

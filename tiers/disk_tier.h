@@ -48,6 +48,7 @@
 #include <string_view>
 
 #include "src/block_key.h"
+#include "src/lower_tier.h"
 #include "src/status.h"
 
 namespace tierkv {
@@ -134,11 +135,16 @@ struct RocksDbStorageOptions {
   // references), so compaction never rewrites the 2 MiB payloads. Measured
   // against plain SSTs in BENCHMARKS.md ("Disk tier"). Default: true.
   bool blob_files = true;
-  // Memtable size. Writes skip RocksDB's write-ahead log (this is a cache:
-  // losing the last unflushed blocks in a crash loses hits, never
-  // correctness), so up to about twice this much is lost in a crash unless
-  // Flush ran. Default: 64 MiB.
+  // Memtable size. Default: 64 MiB.
   size_t write_buffer_bytes = size_t{64} << 20;
+  // Writes go through RocksDB's write-ahead log (not synced), so a block
+  // whose Put completed survives the process being killed; only a machine
+  // crash loses the unsynced tail, and Flush syncs it. Without the log,
+  // values still in the memtable (up to about twice write_buffer_bytes)
+  // are lost when the process dies: a lost hit, never a wrong block, since
+  // this is a cache. The log writes every value twice; BENCHMARKS.md
+  // ("Disk tier") measures both. Default: true.
+  bool write_ahead_log = true;
 };
 
 // Opens (or creates) the database. FailedPrecondition when another process
@@ -202,33 +208,10 @@ struct DiskTierOptions {
   // Called by Open on its own thread while it rebuilds the index: done
   // values of about total (an estimate; total >= done in every call), at
   // least every 1% and once at the end with done == total. Default: none.
-  std::function<void(uint64_t done, uint64_t total)> progress;
+  std::function<void(uint64_t done, uint64_t total)> progress = {};
 };
 
-struct DiskTierStats {
-  uint64_t bytes = 0;  // Value bytes held (WRITING + STORED) <= capacity.
-  uint64_t keys = 0;   // STORED keys.
-  uint64_t puts = 0;   // Values written.
-  uint64_t put_failures = 0;  // Puts that failed (not superseded ones).
-  uint64_t gets = 0;
-  uint64_t hits = 0;
-  uint64_t misses = 0;     // Not stored, or stored for other tokens.
-  uint64_t evictions = 0;  // Keys evicted for capacity.
-  // Values that failed verification on Get; each was deleted.
-  uint64_t checksum_failures = 0;
-  // Gets whose token ids differ from the stored block's (a key collision,
-  // accidental or crafted): a miss, the stored block is kept.
-  uint64_t token_mismatches = 0;
-  // Values the last Open dropped: malformed, failed checksum, or written
-  // for another layout. layout_mismatches counts the last kind only.
-  uint64_t dropped_on_open = 0;
-  uint64_t layout_mismatches = 0;
-  // Payload and stored bytes of the values written: their ratio is the
-  // compression ratio this tier achieves.
-  uint64_t payload_bytes_written = 0;
-  uint64_t stored_bytes_written = 0;
-  uint64_t file_bytes = 0;  // DiskStorage::FileBytes().
-};
+// DiskTierStats is in src/lower_tier.h: the coordinator reports it too.
 
 class DiskTier {
  public:

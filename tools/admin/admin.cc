@@ -57,8 +57,10 @@ StatusOr<AdminCommand> ParseAdminFlags(int argc, const char* const* argv) {
       "tierkv-admin: inspect a running tierkvd.\n\n"
       "usage: tierkv-admin stats [--json] [--store NAME | --socket PATH]\n\n"
       "Commands:\n"
-      "  stats   per tier: capacity, used, cached, pinned, hits, misses,\n"
-      "          evictions, events in flight; then the attached workers\n\n"
+      "  stats   per tier (host, and disk when tierkvd has one): capacity,\n"
+      "          used, cached, pinned, hits, misses, evictions, transfers\n"
+      "          in flight; spills, promotions and checksum failures; then\n"
+      "          the attached workers\n\n"
       "Options");
   desc.add_options()("help,h", "show this help and exit")(
       "store", po::value(&store)->default_value(store),
@@ -127,7 +129,29 @@ std::string FormatStatsTable(const CoordinatorStats& stats) {
       << HumanBytes(double(h.slot_bytes)) << "; stored " << h.stores_completed
       << ", loaded " << h.loads_completed << ", failed stores "
       << h.stores_failed << ", not stored (tier full) " << h.store_skipped
-      << ")\n\n";
+      << ")\n";
+  if (stats.disk.has_value()) {
+    const DiskTierStats& d = *stats.disk;
+    std::snprintf(line, sizeof(line),
+                  "%-6s %11s %11s %11s %8s %10llu %10llu %8s %10llu %9llu\n",
+                  "disk", HumanBytes(double(d.capacity_bytes)).c_str(),
+                  HumanBytes(double(d.bytes)).c_str(), "-", "-",
+                  static_cast<unsigned long long>(h.disk_hit_blocks),
+                  static_cast<unsigned long long>(d.misses),
+                  Percent(h.disk_hit_blocks, h.lookup_blocks).c_str(),
+                  static_cast<unsigned long long>(d.evictions),
+                  static_cast<unsigned long long>(h.spills_in_flight +
+                                                  h.promotions_in_flight));
+    out << line;
+    out << "  (" << d.keys << " blocks in " << HumanBytes(double(d.file_bytes))
+        << " of files; spilled " << h.spills << ", dropped from host (already "
+        << "on disk) " << h.spill_drops << ", failed spills "
+        << h.spill_failures << "; promoted " << h.promotions
+        << ", failed promotions " << h.promotion_failures
+        << "; checksum failures " << d.checksum_failures << ", dropped on open "
+        << d.dropped_on_open << ")\n";
+  }
+  out << "\n";
   out << "workers: " << stats.workers.size() << "\n";
   if (!stats.workers.empty()) {
     std::snprintf(line, sizeof(line), "  %-6s %-8s %-20s %8s %7s %7s\n", "id",
@@ -161,7 +185,30 @@ std::string FormatStatsJson(const CoordinatorStats& stats) {
       << ",\"loads_completed\":" << h.loads_completed
       << ",\"stores_failed\":" << h.stores_failed
       << ",\"store_skipped\":" << h.store_skipped
-      << ",\"events_in_flight\":" << h.events_in_flight << "}},\"workers\":[";
+      << ",\"events_in_flight\":" << h.events_in_flight
+      << ",\"disk_hits\":" << h.disk_hit_blocks << ",\"spills\":" << h.spills
+      << ",\"spill_drops\":" << h.spill_drops
+      << ",\"spill_failures\":" << h.spill_failures
+      << ",\"promotions\":" << h.promotions
+      << ",\"promotion_failures\":" << h.promotion_failures
+      << ",\"spills_in_flight\":" << h.spills_in_flight
+      << ",\"promotions_in_flight\":" << h.promotions_in_flight << "}";
+  if (stats.disk.has_value()) {
+    const DiskTierStats& d = *stats.disk;
+    out << ",\"disk\":{\"capacity_bytes\":" << d.capacity_bytes
+        << ",\"bytes\":" << d.bytes << ",\"keys\":" << d.keys
+        << ",\"file_bytes\":" << d.file_bytes << ",\"puts\":" << d.puts
+        << ",\"put_failures\":" << d.put_failures << ",\"gets\":" << d.gets
+        << ",\"hits\":" << d.hits << ",\"misses\":" << d.misses
+        << ",\"evictions\":" << d.evictions
+        << ",\"checksum_failures\":" << d.checksum_failures
+        << ",\"token_mismatches\":" << d.token_mismatches
+        << ",\"dropped_on_open\":" << d.dropped_on_open
+        << ",\"layout_mismatches\":" << d.layout_mismatches
+        << ",\"payload_bytes_written\":" << d.payload_bytes_written
+        << ",\"stored_bytes_written\":" << d.stored_bytes_written << "}";
+  }
+  out << "},\"workers\":[";
   for (size_t i = 0; i < stats.workers.size(); ++i) {
     const WorkerStats& w = stats.workers[i];
     out << (i ? "," : "") << "{\"id\":" << w.id << ",\"pid\":" << w.pid

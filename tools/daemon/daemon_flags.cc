@@ -71,12 +71,22 @@ StatusOr<mode_t> ParseMode(const std::string& text) {
   return static_cast<mode_t>(mode);
 }
 
+StatusOr<DiskCodec> ParseCodec(const std::string& text) {
+  for (DiskCodec c :
+       {DiskCodec::kNone, DiskCodec::kLz4, DiskCodec::kLz4BytePlanes}) {
+    if (text == DiskCodecName(c)) return c;
+  }
+  return Status::InvalidArgument("--disk-codec '" + text +
+                                 "': use none, lz4 or lz4-byte-planes");
+}
+
 }  // namespace
 
 StatusOr<DaemonCommand> ParseDaemonFlags(int argc, const char* const* argv) {
   DaemonCommand command;
   ipc::ServerOptions& s = command.server;
   std::string capacity = "1G", dtype = "bf16", mode = "0600", group;
+  std::string disk_capacity = "16G", codec = "none";
   po::options_description desc(
       "tierkvd: the tierkv coordinator. Owns the index, LRU and pins of the\n"
       "host tier (shared memory) for one store and serves engine workers.\n"
@@ -104,6 +114,19 @@ StatusOr<DaemonCommand> ParseDaemonFlags(int argc, const char* const* argv) {
       "permission bits of the socket and segments (octal)")(
       "group", po::value(&group),
       "let this group's workers attach too (use with --mode 0660)")(
+      "disk-dir", po::value(&s.disk_path),
+      "disk tier: a RocksDB directory (created if missing) that blocks "
+      "spill to when host memory runs short, and that survives restarts "
+      "(default: no disk tier)")(
+      "disk-capacity", po::value(&disk_capacity)->default_value(disk_capacity),
+      "disk tier: bound on stored bytes; least recently used blocks are "
+      "evicted")("disk-codec", po::value(&codec)->default_value(codec),
+                 "disk tier: none, lz4 or lz4-byte-planes (see BENCHMARKS.md)")(
+      "spill-high",
+      po::value(&s.spill_high)->default_value(s.spill_high, "0.9"),
+      "spill to disk once this fraction of host slots is in use")(
+      "spill-low", po::value(&s.spill_low)->default_value(s.spill_low, "0.7"),
+      "spilling stops once at most this fraction is in use")(
       "max-workers", po::value(&s.max_workers)->default_value(s.max_workers),
       "most workers attached at once")(
       "log-level", po::value(&command.log_level)->default_value("info"),
@@ -111,7 +134,8 @@ StatusOr<DaemonCommand> ParseDaemonFlags(int argc, const char* const* argv) {
   std::ostringstream help;
   help << desc
        << "\nExample:\n  tierkvd --layers 32 --kv-heads 8 --head-dim "
-          "128 --host-capacity 8G\n";
+          "128 --host-capacity 8G \\\n      --disk-dir /var/lib/tierkv/default "
+          "--disk-capacity 200G\n";
   command.help_text = help.str();
   po::variables_map vm;
   try {
@@ -127,6 +151,12 @@ StatusOr<DaemonCommand> ParseDaemonFlags(int argc, const char* const* argv) {
   TIERKV_ASSIGN_OR_RETURN(s.host_capacity_bytes, ParseBytes(capacity));
   TIERKV_ASSIGN_OR_RETURN(s.layout.dtype, ParseDType(dtype));
   TIERKV_ASSIGN_OR_RETURN(s.mode, ParseMode(mode));
+  TIERKV_ASSIGN_OR_RETURN(s.disk_capacity_bytes, ParseBytes(disk_capacity));
+  TIERKV_ASSIGN_OR_RETURN(s.disk_codec, ParseCodec(codec));
+  if (!(s.spill_low > 0 && s.spill_low <= s.spill_high && s.spill_high <= 1)) {
+    return Status::InvalidArgument(
+        "--spill-low and --spill-high must satisfy 0 < low <= high <= 1");
+  }
   if (!group.empty()) {
     const struct group* g = getgrnam(group.c_str());
     if (g == nullptr) {

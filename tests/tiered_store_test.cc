@@ -1,0 +1,465 @@
+// The coordinator over a real host tier and a real disk tier (RocksDB in a
+// temporary directory), in one process: spilling past the high watermark,
+// promotion on a hit, a working set ten times the host, a corrupted value,
+// the disk's byte bound, and a worker dropped mid-promotion. The test plays
+// the worker: it writes a store's bytes into the host slots itself and
+// reads a load's bytes from them.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <atomic>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ipc/client.h"
+#include "src/coordinator.h"
+#include "tests/test_layout.h"
+#include "tiers/disk_tier.h"
+#include "tiers/host_tier.h"
+#include "tiers/slot_disk.h"
+
+namespace tierkv {
+namespace {
+
+constexpr int32_t kBs = 16;
+
+// The bytes of a block, from its first token.
+void FillBlock(TokenId first, std::span<std::byte> bytes) {
+  uint64_t x = first * 0x9E3779B97F4A7C15ull + 1;
+  for (size_t i = 0; i < bytes.size(); i += 8) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    std::memcpy(bytes.data() + i, &x, std::min<size_t>(8, bytes.size() - i));
+  }
+}
+
+// Tokens of request r: `blocks` full blocks, distinct for every r.
+std::vector<TokenId> RequestTokens(int r, int blocks) {
+  std::vector<TokenId> t(static_cast<size_t>(blocks) * kBs);
+  for (size_t i = 0; i < t.size(); ++i) {
+    t[i] = static_cast<TokenId>(r * 100000 + static_cast<int>(i) + 1);
+  }
+  return t;
+}
+
+// Flips the last byte of any value whose token ids include `poison`.
+class CorruptingStorage : public DiskStorageWrapper {
+ public:
+  using DiskStorageWrapper::DiskStorageWrapper;
+  std::atomic<TokenId> poison{0};
+
+  Status Get(std::string_view key, const ValueReader& read) override {
+    return DiskStorageWrapper::Get(key, [&](std::string_view value) {
+      const TokenId p = poison.load();
+      std::string bytes(value);
+      if (p != 0 &&
+          bytes.find(std::string_view(reinterpret_cast<const char*>(&p),
+                                      sizeof(p))) != std::string::npos) {
+        bytes.back() = static_cast<char>(bytes.back() ^ 0x5A);
+      }
+      return read(bytes);
+    });
+  }
+};
+
+struct LoadOutcome {
+  int32_t hit_blocks = 0;
+  int32_t disk_hit_blocks = 0;
+  int32_t loaded_blocks = 0;
+  int32_t failed_blocks = 0;
+  int32_t wrong_blocks = 0;
+  bool was_pending = false;
+};
+
+class TieredStoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/tiered_store_test.XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+  }
+  void TearDown() override {
+    coordinator_.reset();
+    slot_disk_.reset();
+    disk_.reset();  // Waits for I/O into host slots: before the host.
+    host_.reset();
+    std::filesystem::remove_all(dir_);
+  }
+
+  // `host_slots` usable slots; a disk bounded to `disk_blocks` values.
+  void Open(int32_t host_slots, int64_t disk_blocks, double high = 0.8,
+            double low = 0.5) {
+    const KvLayout layout = TestLayout();
+    HostTierOptions host;
+    host.num_slots = host_slots + 1;
+    host.slot_bytes = layout.BlockBytes();
+    host.layout_fingerprint = layout.Fingerprint();
+    host_ = HostTier::Create(host).value();
+    auto storage = OpenRocksDbStorage(
+        {.path = dir_ + "/disk", .write_buffer_bytes = 1 << 20});
+    ASSERT_TRUE(storage.ok()) << storage.status().ToString();
+    auto corrupting = std::make_unique<CorruptingStorage>(std::move(*storage));
+    corrupting_ = corrupting.get();
+    DiskTierOptions disk;
+    // A value is a block plus a header of about 130 bytes.
+    disk.capacity_bytes = disk_blocks * (layout.BlockBytes() + 256);
+    disk.layout_fingerprint = layout.Fingerprint();
+    disk.block_bytes = layout.BlockBytes();
+    auto tier = DiskTier::Open(disk, std::move(corrupting));
+    ASSERT_TRUE(tier.ok()) << tier.status().ToString();
+    disk_ = std::move(*tier);
+    slot_disk_ = std::make_unique<SlotDisk>(disk_.get(), host_.get());
+    auto c = Coordinator::Create({.layout = layout,
+                                  .host_slots = host_slots + 1,
+                                  .lower = slot_disk_.get(),
+                                  .spill_high = high,
+                                  .spill_low = low,
+                                  .lower_tier_wakeup = {}});
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    coordinator_.emplace(std::move(*c));
+    worker_ = coordinator_
+                  ->RegisterWorker({.layout = layout,
+                                    .num_device_blocks = 1024,
+                                    .tenant = "",
+                                    .pid = 1,
+                                    .name = "test"})
+                  .value();
+  }
+
+  Coordinator& c() { return *coordinator_; }
+
+  // Runs every spill and promotion the coordinator started (and those the
+  // results start in turn) to the end.
+  void Settle() {
+    for (int round = 0; round < 1000; ++round) {
+      ASSERT_TRUE(disk_->Flush().ok());
+      c().PumpLowerTier();
+      const HostTierStats h = c().stats().host;
+      if (h.spills_in_flight == 0 && h.promotions_in_flight == 0) return;
+    }
+    FAIL() << "lower-tier work never settled";
+  }
+
+  std::vector<BlockId> DeviceBlocks(size_t n) const {
+    std::vector<BlockId> blocks(n);
+    for (size_t i = 0; i < n; ++i) blocks[i] = static_cast<BlockId>(i);
+    return blocks;
+  }
+
+  // Stores every full block of `tokens`, as a worker would.
+  void Store(const std::vector<TokenId>& tokens) {
+    const RequestId id = next_request_++;
+    const size_t blocks = tokens.size() / kBs;
+    ASSERT_TRUE(c().Lookup(worker_, id, tokens, 0, {}).ok());
+    ASSERT_TRUE(c().Allocate(worker_, id, DeviceBlocks(blocks), 0).ok());
+    auto commit = c().Commit(worker_, id, static_cast<int32_t>(tokens.size()),
+                             DeviceBlocks(blocks));
+    ASSERT_TRUE(commit.ok()) << commit.status().ToString();
+    std::vector<CompletedEvent> done;
+    for (const TransferEvent& store : commit->stores) {
+      for (size_t i = 0; i < store.host_blocks.size(); ++i) {
+        // Device block b holds the request's block b.
+        const BlockId b = store.device_blocks[i];
+        FillBlock(tokens[b * kBs],
+                  {host_->slot(store.host_blocks[i]), host_->slot_bytes()});
+      }
+      done.push_back({store.ref, true});
+    }
+    ASSERT_TRUE(c().Complete(worker_, done).ok());
+    ASSERT_TRUE(c().Finish(worker_, id).ok());
+  }
+
+  // Looks `tokens` (plus one token) up, loads the whole hit and checks the
+  // bytes of every loaded block.
+  LoadOutcome Load(std::vector<TokenId> tokens) {
+    LoadOutcome out;
+    const RequestId id = next_request_++;
+    tokens.push_back(1);
+    auto hit = c().Lookup(worker_, id, tokens, 0, {});
+    EXPECT_TRUE(hit.ok()) << hit.status().ToString();
+    out.hit_blocks = hit->hit_tokens / kBs;
+    out.disk_hit_blocks = hit->disk_hit_tokens / kBs;
+    auto alloc = c().Allocate(worker_, id, DeviceBlocks(tokens.size() / kBs),
+                              hit->hit_tokens);
+    EXPECT_TRUE(alloc.ok()) << alloc.status().ToString();
+    std::optional<TransferEvent> load = alloc->load;
+    out.was_pending = alloc->load_pending;
+    if (alloc->load_pending) {
+      Settle();
+      std::vector<TransferEvent> ready = c().TakeReadyLoads(worker_).value();
+      EXPECT_EQ(ready.size(), 1u);
+      if (ready.size() != 1) return out;
+      load = ready[0];
+    }
+    if (load.has_value()) {
+      out.loaded_blocks = static_cast<int32_t>(load->host_blocks.size());
+      out.failed_blocks = load->failed_blocks;
+      std::vector<std::byte> expected(host_->slot_bytes());
+      for (size_t i = 0; i < load->host_blocks.size(); ++i) {
+        FillBlock(tokens[load->device_blocks[i] * kBs], expected);
+        if (std::memcmp(host_->slot(load->host_blocks[i]), expected.data(),
+                        expected.size()) != 0) {
+          ++out.wrong_blocks;
+        }
+      }
+      const CompletedEvent done[] = {{load->ref, true}};
+      EXPECT_TRUE(c().Complete(worker_, done).ok());
+    }
+    EXPECT_TRUE(c().Finish(worker_, id).ok());
+    return out;
+  }
+
+  std::string dir_;
+  std::unique_ptr<HostTier> host_;
+  CorruptingStorage* corrupting_ = nullptr;
+  std::unique_ptr<DiskTier> disk_;
+  std::unique_ptr<SlotDisk> slot_disk_;
+  std::optional<Coordinator> coordinator_;
+  WorkerId worker_ = 0;
+  RequestId next_request_ = 1;
+};
+
+TEST_F(TieredStoreTest, SpillsPastTheHighWatermarkDownToTheLowOne) {
+  Open(/*host_slots=*/20, /*disk_blocks=*/100, /*high=*/0.8, /*low=*/0.5);
+  for (int r = 0; r < 4; ++r) {
+    Store(RequestTokens(r, 5));
+    Settle();
+  }
+  // 20 blocks stored: past 16 in use, spilling brought the host to 10.
+  const CoordinatorStats s = c().stats();
+  EXPECT_LE(s.host.used_slots, 16);
+  EXPECT_GT(s.host.spills, 0u);
+  EXPECT_EQ(s.host.spills + static_cast<uint64_t>(s.host.used_slots), 20u);
+  EXPECT_EQ(s.host.evictions, 0u);
+  EXPECT_EQ(s.host.pinned_slots, 0);
+  ASSERT_TRUE(s.disk.has_value());
+  EXPECT_EQ(s.disk->keys, s.host.spills);
+  EXPECT_TRUE(c().host_pool().CheckInvariants().ok());
+
+  // The oldest request went to disk first; it comes back through a
+  // pending load, bit-exact, and is on host again afterwards.
+  LoadOutcome first = Load(RequestTokens(0, 5));
+  EXPECT_EQ(first.hit_blocks, 5);
+  EXPECT_EQ(first.disk_hit_blocks, 5);
+  EXPECT_TRUE(first.was_pending);
+  EXPECT_EQ(first.loaded_blocks, 5);
+  EXPECT_EQ(first.wrong_blocks, 0);
+  EXPECT_EQ(c().stats().host.promotions, 5u);
+  LoadOutcome again = Load(RequestTokens(0, 5));
+  EXPECT_EQ(again.disk_hit_blocks, 0);
+  EXPECT_FALSE(again.was_pending);
+  EXPECT_EQ(again.loaded_blocks, 5);
+  EXPECT_EQ(again.wrong_blocks, 0);
+}
+
+TEST_F(TieredStoreTest, TenTimesTheHostReadsBackBitExact) {
+  Open(/*host_slots=*/16, /*disk_blocks=*/400);
+  constexpr int kRequests = 40, kBlocks = 4;  // 160 blocks: 10x the host.
+  for (int r = 0; r < kRequests; ++r) {
+    Store(RequestTokens(r, kBlocks));
+    Settle();
+  }
+  EXPECT_EQ(c().stats().host.evictions, 0u);
+  int wrong = 0, loaded = 0, from_disk = 0;
+  for (int r = 0; r < kRequests; ++r) {
+    LoadOutcome o = Load(RequestTokens(r, kBlocks));
+    EXPECT_EQ(o.hit_blocks, kBlocks) << "request " << r;
+    EXPECT_EQ(o.failed_blocks, 0) << "request " << r;
+    wrong += o.wrong_blocks;
+    loaded += o.loaded_blocks;
+    from_disk += o.disk_hit_blocks;
+  }
+  EXPECT_EQ(wrong, 0);
+  EXPECT_EQ(loaded, kRequests * kBlocks);
+  EXPECT_GE(from_disk, kRequests * kBlocks - 16);  // All but what host held.
+  const CoordinatorStats s = c().stats();
+  EXPECT_EQ(s.host.promotion_failures, 0u);
+  EXPECT_EQ(s.host.pinned_slots, 0);
+  // Promoted blocks had a disk copy: pressure dropped them, not re-spilled.
+  EXPECT_GT(s.host.spill_drops, 0u);
+  EXPECT_LE(s.disk->puts, uint64_t{kRequests * kBlocks});  // Once each.
+  EXPECT_TRUE(c().host_pool().CheckInvariants().ok());
+}
+
+TEST_F(TieredStoreTest, CorruptedValueIsDroppedCountedAndRecomputed) {
+  Open(/*host_slots=*/10, /*disk_blocks=*/100, /*high=*/0.5, /*low=*/0.1);
+  const std::vector<TokenId> victim = RequestTokens(0, 5);
+  Store(victim);
+  Settle();
+  for (int r = 1; r < 4; ++r) {  // Push the victim's blocks to disk.
+    Store(RequestTokens(r, 2));
+    Settle();
+  }
+  // Block 2's value is corrupted on its way back.
+  corrupting_->poison = victim[2 * kBs];
+  LoadOutcome o = Load(victim);
+  EXPECT_EQ(o.hit_blocks, 5);
+  EXPECT_EQ(o.disk_hit_blocks, 5);
+  EXPECT_TRUE(o.was_pending);
+  EXPECT_EQ(o.loaded_blocks, 2);  // Cut before the bad block...
+  EXPECT_EQ(o.failed_blocks, 3);  // ...which the engine recomputes.
+  EXPECT_EQ(o.wrong_blocks, 0);
+  CoordinatorStats s = c().stats();
+  EXPECT_EQ(s.disk->checksum_failures, 1u);
+  EXPECT_EQ(s.host.promotion_failures, 1u);
+  EXPECT_EQ(s.host.pinned_slots, 0);
+  // The bad value is gone from disk: the chain now stops before it.
+  corrupting_->poison = 0;
+  LoadOutcome after = Load(victim);
+  EXPECT_EQ(after.hit_blocks, 2);
+  EXPECT_EQ(after.wrong_blocks, 0);
+  EXPECT_TRUE(c().host_pool().CheckInvariants().ok());
+}
+
+TEST_F(TieredStoreTest, DiskBoundEvictsLeastRecentlyUsedBlocks) {
+  Open(/*host_slots=*/8, /*disk_blocks=*/6, /*high=*/0.5, /*low=*/0.25);
+  constexpr int kRequests = 30;
+  for (int r = 0; r < kRequests; ++r) {
+    Store(RequestTokens(r, 1));
+    Settle();
+  }
+  const CoordinatorStats s = c().stats();
+  ASSERT_TRUE(s.disk.has_value());
+  EXPECT_LE(s.disk->bytes, s.disk->capacity_bytes);
+  EXPECT_GT(s.disk->evictions, 0u);
+  EXPECT_EQ(s.host.evictions, 0u);
+  // Every block is on host, on disk, or was evicted from disk: counted.
+  EXPECT_EQ(static_cast<uint64_t>(s.host.used_slots) + s.disk->keys +
+                s.disk->evictions,
+            static_cast<uint64_t>(kRequests));
+  // The oldest are gone (a miss, never wrong bytes); the newest hit.
+  LoadOutcome oldest = Load(RequestTokens(0, 1));
+  EXPECT_EQ(oldest.hit_blocks, 0);
+  LoadOutcome newest = Load(RequestTokens(kRequests - 1, 1));
+  EXPECT_EQ(newest.hit_blocks, 1);
+  EXPECT_EQ(newest.wrong_blocks, 0);
+}
+
+TEST_F(TieredStoreTest, WorkerDroppedMidPromotionLeaksNoPin) {
+  Open(/*host_slots=*/10, /*disk_blocks=*/100, /*high=*/0.5, /*low=*/0.1);
+  const std::vector<TokenId> tokens = RequestTokens(0, 4);
+  Store(tokens);
+  Settle();
+  Store(RequestTokens(1, 4));
+  Settle();
+  std::vector<TokenId> lookup = tokens;
+  lookup.push_back(1);
+  auto hit = c().Lookup(worker_, 99, lookup, 0, {});
+  ASSERT_TRUE(hit.ok());
+  ASSERT_GT(hit->disk_hit_tokens, 0);
+  auto alloc = c().Allocate(worker_, 99, DeviceBlocks(5), hit->hit_tokens);
+  ASSERT_TRUE(alloc.ok());
+  ASSERT_TRUE(alloc->load_pending);
+  // Completing a load that is still promoting is refused.
+  const CompletedEvent early[] = {{alloc->load->ref, true}};
+  EXPECT_EQ(c().Complete(worker_, early).code(),
+            StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(c().DropWorker(worker_).ok());
+  Settle();
+  const CoordinatorStats s = c().stats();
+  EXPECT_EQ(s.host.pinned_slots, 0);
+  EXPECT_EQ(s.host.events_in_flight, 0u);
+  EXPECT_TRUE(c().host_pool().CheckInvariants().ok());
+  // What was promoted is on host for the next worker.
+  worker_ = c().RegisterWorker({.layout = TestLayout(),
+                                .num_device_blocks = 64,
+                                .tenant = "",
+                                .pid = 2,
+                                .name = "next"})
+                .value();
+  LoadOutcome o = Load(tokens);
+  EXPECT_EQ(o.hit_blocks, 4);
+  EXPECT_EQ(o.wrong_blocks, 0);
+}
+
+// The embedded client (no tierkvd) with a disk tier: pending loads start
+// their copies from PollEvents / WaitEvents once promoted.
+TEST_F(TieredStoreTest, EmbeddedClientSpillsAndPromotes) {
+  ClientOptions options;
+  options.layout = TestLayout();
+  options.num_device_blocks = 4;
+  options.embedded_host_bytes = 9 * TestLayout().BlockBytes();  // 8 slots.
+  options.embedded_disk_path = dir_ + "/embedded";
+  auto opened = Client::Open(options);
+  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+  Client& client = **opened;
+  auto* device = dynamic_cast<EmulatedDeviceTier*>(&client.device());
+  ASSERT_NE(device, nullptr);
+  const std::vector<BlockId> blocks = {1, 2};
+  auto wait_one = [&]() -> FinishedTransfer {
+    for (int i = 0; i < 100; ++i) {
+      std::vector<FinishedTransfer> done =
+          client.WaitEvents(std::chrono::milliseconds(100));
+      if (!done.empty()) {
+        EXPECT_EQ(done.size(), 1u);
+        EXPECT_TRUE(client.Complete(done).ok());
+        return done[0];
+      }
+    }
+    ADD_FAILURE() << "no transfer finished";
+    return {};
+  };
+  constexpr int kRequests = 40;  // Five times the host.
+  RequestId id = 1;
+  for (int r = 0; r < kRequests; ++r, ++id) {
+    const std::vector<TokenId> tokens = RequestTokens(r, 1);
+    ASSERT_TRUE(client.Lookup(id, tokens).ok());
+    ASSERT_TRUE(client.Allocate(id, blocks, 0).ok());
+    FillBlock(tokens[0], device->block(1));
+    auto commit = client.Commit(id, kBs, blocks);
+    ASSERT_TRUE(commit.ok()) << commit.status().ToString();
+    if (!commit->stores.empty()) wait_one();
+    ASSERT_TRUE(client.Finish(id).ok());
+  }
+  int pending = 0, loaded = 0;
+  std::vector<std::byte> expected(device->block_bytes());
+  for (int r = 0; r < kRequests; ++r, ++id) {
+    std::vector<TokenId> tokens = RequestTokens(r, 1);
+    tokens.push_back(1);
+    auto hit = client.Lookup(id, tokens);
+    ASSERT_TRUE(hit.ok());
+    auto alloc = client.Allocate(id, blocks, hit->hit_tokens);
+    ASSERT_TRUE(alloc.ok());
+    if (alloc->load.has_value()) {
+      pending += alloc->load_pending ? 1 : 0;
+      EXPECT_EQ(client.loads_pending(), alloc->load_pending ? 1u : 0u);
+      FinishedTransfer done = wait_one();
+      EXPECT_TRUE(done.status.ok());
+      if (done.event.device_blocks.size() == 1) {
+        FillBlock(tokens[0], expected);
+        EXPECT_EQ(std::memcmp(device->block(1).data(), expected.data(),
+                              expected.size()),
+                  0)
+            << "request " << r;
+        ++loaded;
+      }
+    }
+    ASSERT_TRUE(client.Finish(id).ok());
+  }
+  const CoordinatorStats s = client.Stats().value();
+  EXPECT_EQ(loaded + static_cast<int>(s.host.evictions + s.host.store_skipped),
+            kRequests);
+  EXPECT_GT(pending, 0);
+  EXPECT_GT(s.host.spills, 0u);
+  EXPECT_EQ(client.loads_pending(), 0u);
+}
+
+TEST_F(TieredStoreTest, WatermarksAreValidated) {
+  auto c = Coordinator::Create({.layout = TestLayout(),
+                                .host_slots = 4,
+                                .lower = nullptr,
+                                .spill_high = 0.5,
+                                .spill_low = 0.9,
+                                .lower_tier_wakeup = {}});
+  EXPECT_EQ(c.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(c.status().message(), ::testing::HasSubstr("watermarks"));
+}
+
+}  // namespace
+}  // namespace tierkv
