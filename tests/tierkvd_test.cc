@@ -350,6 +350,24 @@ TEST_F(TierkvdTest, AdminShowsTiersAndWorkers) {
   ASSERT_EQ(json->Wait(), 0) << json->output();
   EXPECT_THAT(json->output(), HasSubstr("\"capacity_slots\":63"));
   EXPECT_THAT(json->output(), HasSubstr("\"name\":\"engine-7\""));
+  auto workers = Spawn({TIERKV_ADMIN_PATH, "workers", "--socket", socket_});
+  ASSERT_EQ(workers->Wait(), 0) << workers->output();
+  EXPECT_THAT(workers->output(), HasSubstr("workers: 1"));
+  EXPECT_THAT(workers->output(), HasSubstr("engine-7"));
+  EXPECT_THAT(workers->output(), ::testing::Not(HasSubstr("capacity")));
+  // watch redraws the table; --count bounds it.
+  auto watch = Spawn({TIERKV_ADMIN_PATH, "watch", "--count", "3", "--interval",
+                      "0.05", "--socket", socket_});
+  ASSERT_EQ(watch->Wait(), 0) << watch->output();
+  const std::string out = watch->output();
+  size_t tables = 0;
+  for (size_t at = out.find("hit rate"); at != std::string::npos;
+       at = out.find("hit rate", at + 1)) {
+    ++tables;
+  }
+  EXPECT_EQ(tables, 3u) << out;
+  // Without a disk tier there is no disk row.
+  EXPECT_THAT(out, ::testing::Not(HasSubstr("disk ")));
 }
 
 // What a fill/verify/churn worker reports.
@@ -403,6 +421,20 @@ TEST_F(TierkvdTest, DiskTierHoldsTenTimesTheHostBitExact) {
   ASSERT_EQ(json->Wait(), 0) << json->output();
   EXPECT_THAT(json->output(),
               HasSubstr("\"disk\":{\"capacity_bytes\":67108864"));
+  // And the same numbers for Prometheus.
+  auto metrics = Spawn({TIERKV_ADMIN_PATH, "metrics", "--socket", socket_});
+  ASSERT_EQ(metrics->Wait(), 0) << metrics->output();
+  EXPECT_THAT(metrics->output(),
+              HasSubstr("# TYPE tierkv_moved_bytes_total counter"));
+  EXPECT_THAT(metrics->output(),
+              HasSubstr("tierkv_tier_capacity_bytes{tier=\"disk\"} 67108864"));
+  EXPECT_THAT(metrics->output(),
+              HasSubstr("tierkv_hit_blocks_total{tier=\"disk\"} " +
+                        std::to_string(s.host.disk_hit_blocks) + "\n"));
+  EXPECT_THAT(
+      metrics->output(),
+      HasSubstr("tierkv_moved_bytes_total{from=\"host\",to=\"disk\"} " +
+                std::to_string(s.host.spills * s.host.slot_bytes) + "\n"));
 }
 
 TEST_F(TierkvdTest, SpillAndPromotionUnderTwoBusyWorkers) {

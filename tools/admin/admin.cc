@@ -1,8 +1,13 @@
 #include "tools/admin/admin.h"
 
+#include <unistd.h>
+
 #include <boost/program_options.hpp>
+#include <chrono>
 #include <cstdio>
+#include <iostream>
 #include <sstream>
+#include <thread>
 
 #include "ipc/server.h"
 #include "ipc/socket_call.h"
@@ -55,19 +60,27 @@ StatusOr<AdminCommand> ParseAdminFlags(int argc, const char* const* argv) {
   std::string store = "default";
   po::options_description desc(
       "tierkv-admin: inspect a running tierkvd.\n\n"
-      "usage: tierkv-admin stats [--json] [--store NAME | --socket PATH]\n\n"
+      "usage: tierkv-admin COMMAND [--store NAME | --socket PATH] [options]\n\n"
       "Commands:\n"
       "  stats   per tier (host, and disk when tierkvd has one): capacity,\n"
       "          used, cached, pinned, hits, misses, evictions, transfers\n"
       "          in flight; spills, promotions and checksum failures; then\n"
-      "          the attached workers\n\n"
+      "          the attached workers (--json: machine-readable)\n"
+      "  workers the attached workers: id, pid, name, requests, transfers\n"
+      "  metrics the statistics in Prometheus text format (for a textfile\n"
+      "          collector or a scrape proxy)\n"
+      "  watch   the stats table, refreshed every --interval seconds\n\n"
       "Options");
   desc.add_options()("help,h", "show this help and exit")(
       "store", po::value(&store)->default_value(store),
       "store name (finds the default socket)")(
       "socket", po::value(&command.socket_path),
       "tierkvd's socket (overrides --store)")(
-      "json", po::bool_switch(&command.json), "machine-readable output");
+      "json", po::bool_switch(&command.json), "stats: machine-readable output")(
+      "interval", po::value(&command.interval_seconds)->default_value(1.0, "1"),
+      "watch: seconds between refreshes")(
+      "count", po::value(&command.count)->default_value(0),
+      "watch: stop after this many refreshes (0: until interrupted)");
   po::options_description hidden;
   hidden.add_options()("verb", po::value(&command.verb));
   po::options_description all;
@@ -92,9 +105,14 @@ StatusOr<AdminCommand> ParseAdminFlags(int argc, const char* const* argv) {
   } catch (const po::error& e) {
     return Status::InvalidArgument(e.what());
   }
-  if (command.verb != "stats") {
+  if (command.verb != "stats" && command.verb != "workers" &&
+      command.verb != "metrics" && command.verb != "watch") {
     return Status::InvalidArgument("unknown command '" + command.verb +
-                                   "' (try: stats)");
+                                   "' (try: stats, workers, metrics, watch)");
+  }
+  if (!(command.interval_seconds >= 0.05) || command.count < 0) {
+    return Status::InvalidArgument(
+        "--interval must be at least 0.05 s and --count at least 0");
   }
   if (command.socket_path.empty()) {
     command.socket_path = ipc::DefaultSocketPath(store);
@@ -152,6 +170,13 @@ std::string FormatStatsTable(const CoordinatorStats& stats) {
         << d.dropped_on_open << ")\n";
   }
   out << "\n";
+  out << FormatWorkers(stats);
+  return out.str();
+}
+
+std::string FormatWorkers(const CoordinatorStats& stats) {
+  std::ostringstream out;
+  char line[256];
   out << "workers: " << stats.workers.size() << "\n";
   if (!stats.workers.empty()) {
     std::snprintf(line, sizeof(line), "  %-6s %-8s %-20s %8s %7s %7s\n", "id",
@@ -220,8 +245,111 @@ std::string FormatStatsJson(const CoordinatorStats& stats) {
   return out.str();
 }
 
+namespace {
+
+// One metric family: its HELP and TYPE lines, then one sample per label set.
+class MetricWriter {
+ public:
+  explicit MetricWriter(std::ostringstream* out) : out_(out) {}
+  void Family(const char* name, const char* type, const char* help) {
+    name_ = name;
+    *out_ << "# HELP " << name << " " << help << "\n# TYPE " << name << " "
+          << type << "\n";
+  }
+  void Sample(double value, const std::string& labels = "") {
+    *out_ << name_ << (labels.empty() ? "" : "{" + labels + "}") << " " << value
+          << "\n";
+  }
+
+ private:
+  std::ostringstream* out_;
+  std::string name_;
+};
+
+}  // namespace
+
+std::string FormatMetrics(const CoordinatorStats& stats) {
+  const HostTierStats& h = stats.host;
+  const double slot = static_cast<double>(h.slot_bytes);
+  const bool disk = stats.disk.has_value();
+  std::ostringstream out;
+  out.precision(17);
+  MetricWriter m(&out);
+  m.Family("tierkv_tier_capacity_bytes", "gauge", "Bytes a tier can hold.");
+  m.Sample(double(h.capacity_slots) * slot, "tier=\"host\"");
+  if (disk) m.Sample(double(stats.disk->capacity_bytes), "tier=\"disk\"");
+  m.Family("tierkv_tier_used_bytes", "gauge",
+           "Bytes of KV blocks a tier holds (host: keyed or being written).");
+  m.Sample(double(h.used_slots) * slot, "tier=\"host\"");
+  if (disk) m.Sample(double(stats.disk->bytes), "tier=\"disk\"");
+  m.Family("tierkv_tier_blocks", "gauge", "KV blocks a tier holds.");
+  m.Sample(double(h.cached_slots), "tier=\"host\"");
+  if (disk) m.Sample(double(stats.disk->keys), "tier=\"disk\"");
+  m.Family("tierkv_host_pinned_slots", "gauge",
+           "Host slots pinned by lookups, transfers, spills or promotions.");
+  m.Sample(double(h.pinned_slots));
+  m.Family("tierkv_lookup_blocks_total", "counter",
+           "Blocks lookups could have hit.");
+  m.Sample(double(h.lookup_blocks));
+  m.Family("tierkv_hit_blocks_total", "counter",
+           "Blocks lookups found, by the tier that held them.");
+  m.Sample(double(h.hit_blocks), "tier=\"host\"");
+  if (disk) m.Sample(double(h.disk_hit_blocks), "tier=\"disk\"");
+  m.Family("tierkv_miss_blocks_total", "counter",
+           "Blocks lookups found in no tier.");
+  m.Sample(double(h.miss_blocks));
+  m.Family("tierkv_evictions_total", "counter",
+           "Blocks a tier let go for capacity (host: not spilled first).");
+  m.Sample(double(h.evictions), "tier=\"host\"");
+  if (disk) m.Sample(double(stats.disk->evictions), "tier=\"disk\"");
+  m.Family("tierkv_moved_bytes_total", "counter",
+           "Bytes of KV blocks moved between tiers.");
+  m.Sample(double(h.stores_completed) * slot, "from=\"device\",to=\"host\"");
+  m.Sample(double(h.loads_completed) * slot, "from=\"host\",to=\"device\"");
+  if (disk) {
+    m.Sample(double(h.spills) * slot, "from=\"host\",to=\"disk\"");
+    m.Sample(double(h.promotions) * slot, "from=\"disk\",to=\"host\"");
+  }
+  m.Family("tierkv_failures_total", "counter",
+           "Transfers that failed or were skipped, by kind; none served "
+           "wrong bytes.");
+  m.Sample(double(h.stores_failed), "kind=\"store\"");
+  m.Sample(double(h.store_skipped), "kind=\"store_skipped\"");
+  if (disk) {
+    m.Sample(double(h.spill_failures), "kind=\"spill\"");
+    m.Sample(double(h.promotion_failures), "kind=\"promotion\"");
+    m.Sample(double(stats.disk->checksum_failures), "kind=\"checksum\"");
+  }
+  m.Family("tierkv_in_flight", "gauge", "Transfers in flight, by kind.");
+  m.Sample(double(h.events_in_flight), "kind=\"event\"");
+  if (disk) {
+    m.Sample(double(h.spills_in_flight), "kind=\"spill\"");
+    m.Sample(double(h.promotions_in_flight), "kind=\"promotion\"");
+  }
+  m.Family("tierkv_workers", "gauge", "Attached workers.");
+  m.Sample(double(stats.workers.size()));
+  return out.str();
+}
+
 int RunAdmin(const AdminCommand& command, std::ostream& out,
              std::ostream& err) {
+  if (command.verb == "watch") {
+    AdminCommand once = command;
+    once.verb = "stats";
+    once.json = false;
+    const bool redraw = &out == &std::cout && isatty(STDOUT_FILENO);
+    for (int64_t i = 0; command.count == 0 || i < command.count; ++i) {
+      if (i > 0) {
+        std::this_thread::sleep_for(
+            std::chrono::duration<double>(command.interval_seconds));
+      }
+      if (redraw) out << "\033[H\033[2J";  // Home, clear: redraw in place.
+      const int code = RunAdmin(once, out, err);
+      if (code != 0) return code;
+      out.flush();
+    }
+    return 0;
+  }
   StatusOr<ipc::Message> reply =
       ipc::SocketCall(command.socket_path, ipc::StatsRequest{});
   if (!reply.ok()) {
@@ -243,8 +371,14 @@ int RunAdmin(const AdminCommand& command, std::ostream& out,
     err << "tierkv-admin: unexpected reply from tierkvd\n";
     return 1;
   }
-  out << (command.json ? FormatStatsJson(stats->stats)
-                       : FormatStatsTable(stats->stats));
+  if (command.verb == "workers") {
+    out << FormatWorkers(stats->stats);
+  } else if (command.verb == "metrics") {
+    out << FormatMetrics(stats->stats);
+  } else {
+    out << (command.json ? FormatStatsJson(stats->stats)
+                         : FormatStatsTable(stats->stats));
+  }
   return 0;
 }
 
