@@ -16,7 +16,8 @@ endforeach()
 # What an engine includes: the client and the headers it names.
 set(TIERKV_PUBLIC_HEADERS
   src/block_key.h src/block_pool.h src/coordinator.h src/free_block_queue.h
-  src/kv_cache_manager.h src/kv_layout.h src/request.h src/status.h
+  src/kv_cache_manager.h src/kv_layout.h src/lower_tier.h src/request.h
+  src/status.h
   tiers/device_tier.h ipc/client.h)
 foreach(header ${TIERKV_PUBLIC_HEADERS})
   get_filename_component(dir ${header} DIRECTORY)
