@@ -1,5 +1,6 @@
-// tierkvd's command line: flags (Boost.Program_options) to ServerOptions.
-// Kept out of main so tests can parse flags too. Stateless; thread-safe.
+// tierkvd's command line and config file: flags (Boost.Program_options) and
+// an optional INI file of the same keys, to ServerOptions. Kept out of main
+// so tests can parse flags too. Stateless; thread-safe.
 #ifndef TIERKV_TOOLS_DAEMON_DAEMON_FLAGS_H_
 #define TIERKV_TOOLS_DAEMON_DAEMON_FLAGS_H_
 
@@ -18,7 +19,10 @@ struct DaemonCommand {
   std::string log_level = "info";
 };
 
-// InvalidArgument with a message naming the flag for anything malformed.
+// Flags first; `--config FILE` then fills in every option the command line
+// left unset from FILE ("key = value" lines, keys named as the long flags,
+// '#' starts a comment). InvalidArgument with a message naming the flag, or
+// the file, line and key, for anything malformed.
 StatusOr<DaemonCommand> ParseDaemonFlags(int argc, const char* const* argv);
 
 // "512M", "2G", "1048576", "64KiB": bytes. InvalidArgument otherwise.

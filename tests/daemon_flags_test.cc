@@ -1,0 +1,176 @@
+// tierkvd's flags and its --config file: what the file sets, what the
+// command line overrides, and errors that name the file, line and key.
+#include "tools/daemon/daemon_flags.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+namespace tierkv::daemon {
+namespace {
+
+using ::testing::HasSubstr;
+
+class DaemonFlagsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/daemon_flags_test.XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    config_ = dir_ + "/tierkvd.conf";
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  void WriteConfig(const std::string& text) { std::ofstream(config_) << text; }
+  static StatusOr<DaemonCommand> Parse(std::vector<std::string> args) {
+    std::vector<const char*> argv = {"tierkvd"};
+    for (const std::string& a : args) argv.push_back(a.c_str());
+    return ParseDaemonFlags(static_cast<int>(argv.size()), argv.data());
+  }
+  // The message of a parse that must fail.
+  static std::string Error(std::vector<std::string> args) {
+    auto command = Parse(std::move(args));
+    EXPECT_FALSE(command.ok());
+    EXPECT_EQ(command.status().code(), StatusCode::kInvalidArgument);
+    return command.ok() ? "" : command.status().message();
+  }
+
+  std::string dir_, config_;
+};
+
+constexpr char kLayout[] = "layers = 2\nkv-heads = 4\nhead-dim = 64\n";
+
+TEST_F(DaemonFlagsTest, DefaultsWithoutConfig) {
+  auto command =
+      Parse({"--layers", "2", "--kv-heads", "4", "--head-dim", "64"});
+  ASSERT_TRUE(command.ok()) << command.status().ToString();
+  EXPECT_EQ(command->server.host_capacity_bytes, size_t{1} << 30);
+  EXPECT_EQ(command->log_level, "info");
+}
+
+TEST_F(DaemonFlagsTest, ConfigFileSetsEveryKindOfOption) {
+  WriteConfig(
+      "# tierkvd settings\n"
+      "\n"
+      "store = prod\n"
+      "socket = /run/tierkv/prod.sock\n"
+      "host-capacity = 2G   # two GiB\n"
+      "layers = 32\n"
+      "  kv-heads=8\n"
+      "head-dim = 128\n"
+      "block-size = 32\n"
+      "dtype = f16\n"
+      "mode = 0660\n"
+      "max-workers = 8\n"
+      "log-level = debug\n");
+  auto command = Parse({"--config", config_});
+  ASSERT_TRUE(command.ok()) << command.status().ToString();
+  const ipc::ServerOptions& s = command->server;
+  EXPECT_EQ(s.store, "prod");
+  EXPECT_EQ(s.socket_path, "/run/tierkv/prod.sock");
+  EXPECT_EQ(s.host_capacity_bytes, size_t{2} << 30);
+  EXPECT_EQ(s.layout.num_layers, 32);
+  EXPECT_EQ(s.layout.num_kv_heads, 8);
+  EXPECT_EQ(s.layout.head_dim, 128);
+  EXPECT_EQ(s.layout.block_size, 32);
+  EXPECT_EQ(s.layout.dtype, DType::kF16);
+  EXPECT_EQ(s.mode, 0660u);
+  EXPECT_EQ(s.max_workers, 8u);
+  EXPECT_EQ(command->log_level, "debug");
+}
+
+TEST_F(DaemonFlagsTest, CommandLineWinsOverTheFile) {
+  WriteConfig(std::string(kLayout) + "host-capacity = 2G\ndtype = f16\n");
+  // Before and after --config alike.
+  for (auto args : std::vector<std::vector<std::string>>{
+           {"--host-capacity", "512M", "--config", config_},
+           {"--config", config_, "--host-capacity", "512M"}}) {
+    auto command = Parse(args);
+    ASSERT_TRUE(command.ok()) << command.status().ToString();
+    EXPECT_EQ(command->server.host_capacity_bytes, size_t{512} << 20);
+    EXPECT_EQ(command->server.layout.dtype, DType::kF16);  // From the file.
+    EXPECT_EQ(command->server.layout.num_layers, 2);
+  }
+}
+
+TEST_F(DaemonFlagsTest, UnknownKeyNamesFileLineAndKey) {
+  WriteConfig(std::string(kLayout) + "host-capacty = 2G\n");
+  EXPECT_THAT(Error({"--config", config_}),
+              HasSubstr(config_ + ":4: unknown key 'host-capacty'"));
+}
+
+TEST_F(DaemonFlagsTest, CommandLineOnlyOptionsAreUnknownKeysInTheFile) {
+  WriteConfig(std::string(kLayout) + "config = /etc/other.conf\n");
+  EXPECT_THAT(Error({"--config", config_}),
+              HasSubstr(config_ + ":4: unknown key 'config'"));
+}
+
+TEST_F(DaemonFlagsTest, BadValuesNameFileLineAndKey) {
+  WriteConfig("layers = two\nkv-heads = 4\nhead-dim = 64\n");
+  EXPECT_THAT(Error({"--config", config_}),
+              HasSubstr(config_ + ":1: layers = 'two' is not a valid value"));
+
+  WriteConfig(std::string(kLayout) + "\nhost-capacity = 2Q\n");
+  std::string error = Error({"--config", config_});
+  EXPECT_THAT(error, HasSubstr(config_ + ":5: host-capacity: "));
+  EXPECT_THAT(error, HasSubstr("unknown size unit in '2Q'"));
+
+  WriteConfig(std::string(kLayout) + "dtype = f8\n");
+  EXPECT_THAT(Error({"--config", config_}),
+              HasSubstr(config_ + ":4: dtype 'f8': use f32, f16 or bf16"));
+
+  WriteConfig(std::string(kLayout) + "mode = 0666\n");
+  EXPECT_THAT(Error({"--config", config_}),
+              HasSubstr(config_ + ":4: mode '0666'"));
+
+  WriteConfig(std::string(kLayout) + "log-level = loud\n");
+  EXPECT_THAT(Error({"--config", config_}),
+              HasSubstr(config_ + ":4: log-level 'loud'"));
+}
+
+TEST_F(DaemonFlagsTest, ABadFlagIsNamedAsTheFlagEvenWhenTheFileSetsItToo) {
+  WriteConfig(std::string(kLayout) + "host-capacity = 2G\n");
+  const std::string error =
+      Error({"--config", config_, "--host-capacity", "2Q"});
+  EXPECT_THAT(error, HasSubstr("--host-capacity: unknown size unit"));
+  EXPECT_THAT(error, ::testing::Not(HasSubstr(config_)));
+}
+
+TEST_F(DaemonFlagsTest, MalformedLineAndRepeatedKeyNameTheirLines) {
+  WriteConfig("layers = 2\nkv-heads 4\n");
+  EXPECT_THAT(Error({"--config", config_}),
+              HasSubstr(config_ + ":2: expected 'key = value', got "
+                                  "'kv-heads 4'"));
+
+  WriteConfig(std::string(kLayout) + "# again\nlayers = 3\n");
+  EXPECT_THAT(Error({"--config", config_}),
+              HasSubstr(config_ + ":5: layers is set twice (first at " +
+                        config_ + ":1)"));
+}
+
+TEST_F(DaemonFlagsTest, UnreadableConfigIsNamed) {
+  EXPECT_THAT(Error({"--config", dir_ + "/missing.conf"}),
+              HasSubstr("--config " + dir_ +
+                        "/missing.conf: cannot read: No such file"));
+  EXPECT_THAT(Error({"--config", dir_}), HasSubstr("Is a directory"));
+}
+
+TEST_F(DaemonFlagsTest, RequiredLayoutFromNeitherIsAnError) {
+  WriteConfig("layers = 2\nhead-dim = 64\n");
+  EXPECT_THAT(Error({"--config", config_}), HasSubstr("kv-heads"));
+}
+
+TEST_F(DaemonFlagsTest, HelpListsConfig) {
+  auto command = Parse({"--help"});
+  ASSERT_TRUE(command.ok());
+  EXPECT_TRUE(command->show_help);
+  EXPECT_THAT(command->help_text, HasSubstr("--config FILE"));
+}
+
+}  // namespace
+}  // namespace tierkv::daemon
