@@ -50,6 +50,8 @@ TEST_F(DaemonFlagsTest, DefaultsWithoutConfig) {
       Parse({"--layers", "2", "--kv-heads", "4", "--head-dim", "64"});
   ASSERT_TRUE(command.ok()) << command.status().ToString();
   EXPECT_EQ(command->server.host_capacity_bytes, size_t{1} << 30);
+  EXPECT_EQ(command->log_file, "");
+  EXPECT_EQ(command->stop_timeout, std::chrono::seconds(10));
   EXPECT_EQ(command->log_level, "info");
 }
 
@@ -67,7 +69,9 @@ TEST_F(DaemonFlagsTest, ConfigFileSetsEveryKindOfOption) {
       "dtype = f16\n"
       "mode = 0660\n"
       "max-workers = 8\n"
-      "log-level = debug\n");
+      "log-level = debug\n"
+      "log-file = /var/log/tierkv/tierkvd.log\n"
+      "stop-timeout = 3\n");
   auto command = Parse({"--config", config_});
   ASSERT_TRUE(command.ok()) << command.status().ToString();
   const ipc::ServerOptions& s = command->server;
@@ -82,6 +86,8 @@ TEST_F(DaemonFlagsTest, ConfigFileSetsEveryKindOfOption) {
   EXPECT_EQ(s.mode, 0660u);
   EXPECT_EQ(s.max_workers, 8u);
   EXPECT_EQ(command->log_level, "debug");
+  EXPECT_EQ(command->log_file, "/var/log/tierkv/tierkvd.log");
+  EXPECT_EQ(command->stop_timeout, std::chrono::seconds(3));
 }
 
 TEST_F(DaemonFlagsTest, CommandLineWinsOverTheFile) {
@@ -131,6 +137,10 @@ TEST_F(DaemonFlagsTest, BadValuesNameFileLineAndKey) {
   WriteConfig(std::string(kLayout) + "log-level = loud\n");
   EXPECT_THAT(Error({"--config", config_}),
               HasSubstr(config_ + ":4: log-level 'loud'"));
+
+  WriteConfig(std::string(kLayout) + "stop-timeout = 0\n");
+  EXPECT_THAT(Error({"--config", config_}),
+              HasSubstr(config_ + ":4: stop-timeout '0': at least 1 second"));
 }
 
 TEST_F(DaemonFlagsTest, ABadFlagIsNamedAsTheFlagEvenWhenTheFileSetsItToo) {
@@ -165,11 +175,13 @@ TEST_F(DaemonFlagsTest, RequiredLayoutFromNeitherIsAnError) {
   EXPECT_THAT(Error({"--config", config_}), HasSubstr("kv-heads"));
 }
 
-TEST_F(DaemonFlagsTest, HelpListsConfig) {
+TEST_F(DaemonFlagsTest, HelpListsConfigLogFileAndStopTimeout) {
   auto command = Parse({"--help"});
   ASSERT_TRUE(command.ok());
   EXPECT_TRUE(command->show_help);
   EXPECT_THAT(command->help_text, HasSubstr("--config FILE"));
+  EXPECT_THAT(command->help_text, HasSubstr("--log-file PATH"));
+  EXPECT_THAT(command->help_text, HasSubstr("--stop-timeout arg (=10)"));
 }
 
 }  // namespace

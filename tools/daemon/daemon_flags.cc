@@ -60,6 +60,7 @@ namespace {
 // The options as text, before they are checked and converted.
 struct RawOptions {
   std::string capacity = "1G", dtype = "bf16", mode = "0600", group;
+  int stop_timeout = 10;
 };
 
 std::string Trim(std::string_view text) {
@@ -244,7 +245,13 @@ po::options_description SettingOptions(DaemonCommand& command,
       "max-workers", po::value(&s.max_workers)->default_value(s.max_workers),
       "most workers attached at once")(
       "log-level", po::value(&command.log_level)->default_value("info"),
-      "trace, debug, info, warn, error or off");
+      "trace, debug, info, warn, error or off")(
+      "log-file", po::value(&command.log_file)->value_name("PATH"),
+      "append log lines to PATH instead of stderr; SIGHUP reopens it")(
+      "stop-timeout",
+      po::value(&raw.stop_timeout)->default_value(raw.stop_timeout),
+      "seconds a stop may take after SIGTERM before tierkvd exits with "
+      "status 1");
   return desc;
 }
 
@@ -276,6 +283,12 @@ StatusOr<DaemonCommand> Finish(DaemonCommand command, const RawOptions& raw,
     return Status::InvalidArgument("layout: " + v.message());
   }
   TIERKV_RETURN_IF_ERROR(CheckLogLevel(where("log-level"), command.log_level));
+  if (raw.stop_timeout < 1) {
+    return Status::InvalidArgument(where("stop-timeout") + " '" +
+                                   std::to_string(raw.stop_timeout) +
+                                   "': at least 1 second");
+  }
+  command.stop_timeout = std::chrono::seconds(raw.stop_timeout);
   return command;
 }
 
@@ -287,7 +300,7 @@ StatusOr<DaemonCommand> ParseDaemonFlags(int argc, const char* const* argv) {
   po::options_description general(
       "tierkvd: the tierkv coordinator. Owns the index, LRU and pins of the\n"
       "host tier (shared memory) for one store and serves engine workers.\n"
-      "Stops cleanly on SIGINT or SIGTERM.\n\n"
+      "Stops cleanly on SIGINT or SIGTERM; SIGHUP reopens --log-file.\n\n"
       "Command line only");
   general.add_options()("help,h", "show this help and exit")(
       "config", po::value<std::string>()->value_name("FILE"),

@@ -1,9 +1,11 @@
 // tierkvd's command line and config file: flags (Boost.Program_options) and
-// an optional INI file of the same keys, to ServerOptions. Kept out of main
-// so tests can parse flags too. Stateless; thread-safe.
+// an optional INI file of the same keys, to ServerOptions and the daemon's
+// own settings. Kept out of main so tests can parse flags too. Stateless;
+// thread-safe.
 #ifndef TIERKV_TOOLS_DAEMON_DAEMON_FLAGS_H_
 #define TIERKV_TOOLS_DAEMON_DAEMON_FLAGS_H_
 
+#include <chrono>
 #include <cstddef>
 #include <string>
 
@@ -17,6 +19,11 @@ struct DaemonCommand {
   std::string help_text;
   ipc::ServerOptions server;
   std::string log_level = "info";
+  // Where log lines go; SIGHUP reopens it. Default (empty): stderr.
+  std::string log_file;
+  // How long Server::Stop may take after SIGTERM before tierkvd gives up and
+  // exits with status 1. Default: 10 s.
+  std::chrono::seconds stop_timeout{10};
 };
 
 // Flags first; `--config FILE` then fills in every option the command line
