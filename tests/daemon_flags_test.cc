@@ -8,6 +8,8 @@
 
 #include <filesystem>
 #include <fstream>
+#include <regex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -182,6 +184,52 @@ TEST_F(DaemonFlagsTest, HelpListsConfigLogFileAndStopTimeout) {
   EXPECT_THAT(command->help_text, HasSubstr("--config FILE"));
   EXPECT_THAT(command->help_text, HasSubstr("--log-file PATH"));
   EXPECT_THAT(command->help_text, HasSubstr("--stop-timeout arg (=10)"));
+}
+
+TEST_F(DaemonFlagsTest, ExampleConfigShowsEveryOptionWithItsDefault) {
+  // systemd/tierkvd.conf: "# key = value" for each option.
+  std::ifstream example(TIERKV_EXAMPLE_CONFIG);
+  ASSERT_TRUE(example.good()) << TIERKV_EXAMPLE_CONFIG;
+  const std::regex setting(R"(^# ([a-z-]+) = (.*)$)");
+  std::set<std::string> keys;
+  std::string line, uncommented;
+  for (std::smatch m; std::getline(example, line);) {
+    if (!std::regex_match(line, m, setting)) continue;
+    keys.insert(m[1]);
+    // The example's group need not exist on this machine.
+    if (m[1] != "group") uncommented += m[1].str() + " = " + m[2].str() + "\n";
+  }
+  auto help = Parse({"--help"});
+  ASSERT_TRUE(help.ok());
+  const std::regex flag("--([a-z][a-z-]*)");
+  int flags = 0;
+  for (std::sregex_iterator
+           it(help->help_text.begin(), help->help_text.end(), flag),
+       end;
+       it != end; ++it) {
+    const std::string name = (*it)[1];
+    if (name == "help" || name == "config") continue;
+    ++flags;
+    EXPECT_EQ(keys.count(name), 1u) << "the example lacks " << name;
+  }
+  EXPECT_GE(flags, 15);
+
+  // Uncommented, the example gives what no config gives.
+  WriteConfig(uncommented);
+  auto from_example = Parse({"--config", config_});
+  ASSERT_TRUE(from_example.ok()) << from_example.status().ToString();
+  auto defaults =
+      Parse({"--layers", "32", "--kv-heads", "8", "--head-dim", "128"});
+  ASSERT_TRUE(defaults.ok());
+  const ipc::ServerOptions& a = from_example->server;
+  const ipc::ServerOptions& b = defaults->server;
+  EXPECT_EQ(a.store, b.store);
+  EXPECT_EQ(a.host_capacity_bytes, b.host_capacity_bytes);
+  EXPECT_EQ(a.layout.ToString(), b.layout.ToString());
+  EXPECT_EQ(a.mode, b.mode);
+  EXPECT_EQ(a.max_workers, b.max_workers);
+  EXPECT_EQ(from_example->log_level, defaults->log_level);
+  EXPECT_EQ(from_example->stop_timeout, defaults->stop_timeout);
 }
 
 }  // namespace
