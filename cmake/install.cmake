@@ -45,3 +45,20 @@ configure_file(${PROJECT_SOURCE_DIR}/cmake/tierkv.pc.in
   ${PROJECT_BINARY_DIR}/tierkv.pc @ONLY)
 install(FILES ${PROJECT_BINARY_DIR}/tierkv.pc
   DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
+
+# systemd: the unit, generated because ExecStart names the installed tierkvd
+# and its config by absolute path (this configure's CMAKE_INSTALL_PREFIX; a
+# later `cmake --install --prefix` does not change them, DESTDIR staging
+# keeps them right); the user it runs as; and the example config, as a
+# document, so that a reinstall never overwrites an edited
+# /etc/tierkv/tierkvd.conf.
+set(TIERKV_SYSTEMD_UNIT_DIR "lib/systemd/system" CACHE STRING
+  "Where tierkvd.service is installed, relative to the install prefix")
+configure_file(${PROJECT_SOURCE_DIR}/systemd/tierkvd.service.in
+  ${PROJECT_BINARY_DIR}/systemd/tierkvd.service @ONLY)
+install(FILES ${PROJECT_BINARY_DIR}/systemd/tierkvd.service
+  DESTINATION ${TIERKV_SYSTEMD_UNIT_DIR})
+install(FILES ${PROJECT_SOURCE_DIR}/systemd/tierkv.sysusers
+  DESTINATION lib/sysusers.d RENAME tierkv.conf)
+install(FILES ${PROJECT_SOURCE_DIR}/systemd/tierkvd.conf
+  DESTINATION ${CMAKE_INSTALL_DOCDIR})

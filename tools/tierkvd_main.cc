@@ -1,11 +1,9 @@
-// tierkvd: the tierkv coordinator daemon. Parses flags, starts the Server,
-// and waits for SIGINT or SIGTERM; everything else is in ipc/server.h.
-#include <signal.h>
-#include <spdlog/spdlog.h>
-
+// tierkvd: the tierkv coordinator daemon. Parses flags (and --config) and
+// runs the daemon; everything else is in tools/daemon/daemon.h and
+// ipc/server.h.
 #include <iostream>
 
-#include "ipc/server.h"
+#include "tools/daemon/daemon.h"
 #include "tools/daemon/daemon_flags.h"
 
 int main(int argc, char** argv) {
@@ -19,21 +17,5 @@ int main(int argc, char** argv) {
     std::cout << command->help_text;
     return 0;
   }
-  spdlog::set_level(spdlog::level::from_str(command->log_level));
-  // Block the stop signals before any thread starts, then wait for them.
-  sigset_t stop;
-  sigemptyset(&stop);
-  sigaddset(&stop, SIGINT);
-  sigaddset(&stop, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
-  auto server = tierkv::ipc::Server::Start(command->server);
-  if (!server.ok()) {
-    spdlog::error("cannot start: {}", server.status().ToString());
-    return 1;
-  }
-  int signal_number = 0;
-  sigwait(&stop, &signal_number);
-  spdlog::info("received {}, stopping", strsignal(signal_number));
-  (*server)->Stop();
-  return 0;
+  return tierkv::daemon::RunDaemon(*command);
 }

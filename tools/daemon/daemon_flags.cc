@@ -1,10 +1,21 @@
 #include "tools/daemon/daemon_flags.h"
 
+#include <fcntl.h>
 #include <grp.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <boost/program_options.hpp>
 #include <cctype>
+#include <cerrno>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <optional>
+#include <set>
 #include <sstream>
+#include <string_view>
+#include <vector>
 
 namespace tierkv::daemon {
 namespace po = boost::program_options;
@@ -46,15 +57,134 @@ StatusOr<size_t> ParseBytes(const std::string& text) {
 
 namespace {
 
-StatusOr<DType> ParseDType(const std::string& text) {
+// The options as text, before they are checked and converted.
+struct RawOptions {
+  std::string capacity = "1G", dtype = "bf16", mode = "0600", group;
+  std::string disk_capacity = "16G", codec = "none";
+  int stop_timeout = 10;
+};
+
+std::string Trim(std::string_view text) {
+  const size_t begin = text.find_first_not_of(" \t\r");
+  if (begin == std::string_view::npos) return "";
+  const size_t end = text.find_last_not_of(" \t\r");
+  return std::string(text.substr(begin, end - begin + 1));
+}
+
+StatusOr<std::string> ReadWholeFile(const std::string& path) {
+  auto fail = [&](int error) {
+    return Status::InvalidArgument("--config " + path +
+                                   ": cannot read: " + std::strerror(error));
+  };
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return fail(errno);
+  std::string text;
+  char buf[4096];
+  for (;;) {
+    const ssize_t n = read(fd, buf, sizeof(buf));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int error = errno;
+      close(fd);
+      return fail(error);
+    }
+    if (n == 0) break;
+    text.append(buf, static_cast<size_t>(n));
+  }
+  close(fd);
+  return text;
+}
+
+// A config file's text, and where it sets each key: Boost's parser names
+// the key of a bad line but not the line.
+struct ConfigFile {
+  struct Setting {
+    int line;
+    std::string value;
+  };
+  std::string path;
+  std::string text;
+  std::map<std::string, std::vector<Setting>> settings;
+
+  // "path:line" of the `nth` setting of `key` (the last if fewer).
+  std::string At(const std::string& key, size_t nth = 0) const {
+    auto it = settings.find(key);
+    if (it == settings.end() || it->second.empty()) return path;
+    const Setting& s = it->second[std::min(nth, it->second.size() - 1)];
+    return path + ":" + std::to_string(s.line);
+  }
+  std::string Value(const std::string& key) const {
+    auto it = settings.find(key);
+    return it == settings.end() ? "" : it->second.front().value;
+  }
+};
+
+// Splits lines as Boost's parse_config_file does: text from '#' on is a
+// comment, "[name]" prefixes later keys with "name.", the rest is
+// "key = value". A line of any other shape is an error with its number.
+StatusOr<ConfigFile> ReadConfigFile(const std::string& path) {
+  ConfigFile file;
+  file.path = path;
+  TIERKV_ASSIGN_OR_RETURN(file.text, ReadWholeFile(path));
+  std::istringstream lines(file.text);
+  std::string line, section;
+  for (int number = 1; std::getline(lines, line); ++number) {
+    const std::string s =
+        Trim(std::string_view(line).substr(0, line.find('#')));
+    if (s.empty()) continue;
+    if (s.front() == '[' && s.back() == ']') {
+      section = Trim(std::string_view(s).substr(1, s.size() - 2)) + ".";
+      continue;
+    }
+    const size_t eq = s.find('=');
+    if (eq == std::string::npos) {
+      return Status::InvalidArgument(path + ":" + std::to_string(number) +
+                                     ": expected 'key = value', got '" + s +
+                                     "'");
+    }
+    file.settings[section + Trim(std::string_view(s).substr(0, eq))].push_back(
+        {number, Trim(std::string_view(s).substr(eq + 1))});
+  }
+  return file;
+}
+
+// Adds the file's settings to `vm`. Options already set on the command line
+// keep their values: po::store never overwrites an explicit value.
+Status StoreConfigFile(const ConfigFile& file,
+                       const po::options_description& keys,
+                       po::variables_map& vm) {
+  std::istringstream in(file.text);
+  try {
+    po::store(po::parse_config_file(in, keys), vm);
+  } catch (const po::unknown_option& e) {
+    const std::string key = e.get_option_name();
+    return Status::InvalidArgument(
+        file.At(key) + ": unknown key '" + key +
+        "' (keys are tierkvd's long flag names, without the --)");
+  } catch (const po::multiple_occurrences& e) {
+    const std::string key = e.get_option_name();
+    return Status::InvalidArgument(file.At(key, 1) + ": " + key +
+                                   " is set twice (first at " + file.At(key) +
+                                   ")");
+  } catch (const po::validation_error& e) {
+    const std::string key = e.get_option_name();
+    return Status::InvalidArgument(file.At(key) + ": " + key + " = '" +
+                                   file.Value(key) + "' is not a valid value");
+  } catch (const po::error& e) {
+    return Status::InvalidArgument(file.path + ": " + e.what());
+  }
+  return Status::Ok();
+}
+
+StatusOr<DType> ParseDType(const std::string& where, const std::string& text) {
   if (text == "f32" || text == "fp32" || text == "float32") return DType::kF32;
   if (text == "f16" || text == "fp16" || text == "float16") return DType::kF16;
   if (text == "bf16" || text == "bfloat16") return DType::kBF16;
-  return Status::InvalidArgument("--dtype '" + text +
+  return Status::InvalidArgument(where + " '" + text +
                                  "': use f32, f16 or bf16");
 }
 
-StatusOr<mode_t> ParseMode(const std::string& text) {
+StatusOr<mode_t> ParseMode(const std::string& where, const std::string& text) {
   size_t used = 0;
   unsigned long mode = 0;
   try {
@@ -65,39 +195,48 @@ StatusOr<mode_t> ParseMode(const std::string& text) {
   if (used != text.size() || mode > 0777 || (mode & 0600) != 0600 ||
       (mode & 0007) != 0) {
     return Status::InvalidArgument(
-        "--mode '" + text +
+        where + " '" + text +
         "': octal, owner read-write, nothing for others (e.g. 0600, 0660)");
   }
   return static_cast<mode_t>(mode);
 }
 
-StatusOr<DiskCodec> ParseCodec(const std::string& text) {
+StatusOr<DiskCodec> ParseCodec(const std::string& where,
+                               const std::string& text) {
   for (DiskCodec c :
        {DiskCodec::kNone, DiskCodec::kLz4, DiskCodec::kLz4BytePlanes}) {
     if (text == DiskCodecName(c)) return c;
   }
-  return Status::InvalidArgument("--disk-codec '" + text +
+  return Status::InvalidArgument(where + " '" + text +
                                  "': use none, lz4 or lz4-byte-planes");
 }
 
-}  // namespace
+Status CheckLogLevel(const std::string& where, const std::string& level) {
+  static const char* kLevels[] = {"trace", "debug",    "info", "warn",
+                                  "error", "critical", "off"};
+  for (const char* l : kLevels) {
+    if (level == l) return Status::Ok();
+  }
+  return Status::InvalidArgument(where + " '" + level +
+                                 "': use trace, debug, info, warn, error "
+                                 "or off");
+}
 
-StatusOr<DaemonCommand> ParseDaemonFlags(int argc, const char* const* argv) {
-  DaemonCommand command;
+// The options that --config's file may set too: every flag but --help and
+// --config.
+po::options_description SettingOptions(DaemonCommand& command,
+                                       RawOptions& raw) {
   ipc::ServerOptions& s = command.server;
-  std::string capacity = "1G", dtype = "bf16", mode = "0600", group;
-  std::string disk_capacity = "16G", codec = "none";
   po::options_description desc(
-      "tierkvd: the tierkv coordinator. Owns the index, LRU and pins of the\n"
-      "host tier (shared memory) for one store and serves engine workers.\n"
-      "Stops cleanly on SIGINT or SIGTERM.\n\nOptions");
-  desc.add_options()("help,h", "show this help and exit")(
+      "Options (on the command line, or as keys of "
+      "the --config file)");
+  desc.add_options()(
       "store", po::value(&s.store)->default_value(s.store),
       "store name; names the shared-memory segments /tierkv.<store>.*")(
       "socket", po::value(&s.socket_path),
       "control socket path (default: $XDG_RUNTIME_DIR/tierkv-<store>.sock,"
       " or /tmp/tierkv-<uid>-<store>.sock)")(
-      "host-capacity", po::value(&capacity)->default_value(capacity),
+      "host-capacity", po::value(&raw.capacity)->default_value(raw.capacity),
       "host DRAM for KV blocks (K, M, G, T suffixes, powers of 1024)")(
       "layers", po::value(&s.layout.num_layers)->required(),
       "KV layout: number of layers (required)")(
@@ -107,20 +246,21 @@ StatusOr<DaemonCommand> ParseDaemonFlags(int argc, const char* const* argv) {
       "KV layout: head dimension (required)")(
       "block-size",
       po::value(&s.layout.block_size)->default_value(s.layout.block_size),
-      "KV layout: tokens per block")("dtype",
-                                     po::value(&dtype)->default_value(dtype),
-                                     "KV layout: f32, f16 or bf16")(
-      "mode", po::value(&mode)->default_value(mode),
+      "KV layout: tokens per block")(
+      "dtype", po::value(&raw.dtype)->default_value(raw.dtype),
+      "KV layout: f32, f16 or bf16")(
+      "mode", po::value(&raw.mode)->default_value(raw.mode),
       "permission bits of the socket and segments (octal)")(
-      "group", po::value(&group),
+      "group", po::value(&raw.group),
       "let this group's workers attach too (use with --mode 0660)")(
       "disk-dir", po::value(&s.disk_path),
       "disk tier: a RocksDB directory (created if missing) that blocks "
       "spill to when host memory runs short, and that survives restarts "
       "(default: no disk tier)")(
-      "disk-capacity", po::value(&disk_capacity)->default_value(disk_capacity),
+      "disk-capacity",
+      po::value(&raw.disk_capacity)->default_value(raw.disk_capacity),
       "disk tier: bound on stored bytes; least recently used blocks are "
-      "evicted")("disk-codec", po::value(&codec)->default_value(codec),
+      "evicted")("disk-codec", po::value(&raw.codec)->default_value(raw.codec),
                  "disk tier: none, lz4 or lz4-byte-planes (see BENCHMARKS.md)")(
       "spill-high",
       po::value(&s.spill_high)->default_value(s.spill_high, "0.9"),
@@ -130,53 +270,124 @@ StatusOr<DaemonCommand> ParseDaemonFlags(int argc, const char* const* argv) {
       "max-workers", po::value(&s.max_workers)->default_value(s.max_workers),
       "most workers attached at once")(
       "log-level", po::value(&command.log_level)->default_value("info"),
-      "trace, debug, info, warn, error or off");
-  std::ostringstream help;
-  help << desc
-       << "\nExample:\n  tierkvd --layers 32 --kv-heads 8 --head-dim "
-          "128 --host-capacity 8G \\\n      --disk-dir /var/lib/tierkv/default "
-          "--disk-capacity 200G\n";
-  command.help_text = help.str();
-  po::variables_map vm;
-  try {
-    po::store(po::parse_command_line(argc, argv, desc), vm);
-    if (vm.count("help") != 0) {
-      command.show_help = true;
-      return command;
-    }
-    po::notify(vm);
-  } catch (const po::error& e) {
-    return Status::InvalidArgument(e.what());
+      "trace, debug, info, warn, error or off")(
+      "log-file", po::value(&command.log_file)->value_name("PATH"),
+      "append log lines to PATH instead of stderr; SIGHUP reopens it")(
+      "stop-timeout",
+      po::value(&raw.stop_timeout)->default_value(raw.stop_timeout),
+      "seconds a stop may take after SIGTERM before tierkvd exits with "
+      "status 1");
+  return desc;
+}
+
+// "--key", or "file:line: key" when the key's value came from the file.
+using Where = std::function<std::string(const std::string& key)>;
+
+// Checks and converts what the flags and the file gave.
+StatusOr<DaemonCommand> Finish(DaemonCommand command, const RawOptions& raw,
+                               const Where& where) {
+  ipc::ServerOptions& s = command.server;
+  auto capacity = ParseBytes(raw.capacity);
+  if (!capacity.ok()) {
+    return Status::InvalidArgument(where("host-capacity") + ": " +
+                                   capacity.status().message());
   }
-  TIERKV_ASSIGN_OR_RETURN(s.host_capacity_bytes, ParseBytes(capacity));
-  TIERKV_ASSIGN_OR_RETURN(s.layout.dtype, ParseDType(dtype));
-  TIERKV_ASSIGN_OR_RETURN(s.mode, ParseMode(mode));
-  TIERKV_ASSIGN_OR_RETURN(s.disk_capacity_bytes, ParseBytes(disk_capacity));
-  TIERKV_ASSIGN_OR_RETURN(s.disk_codec, ParseCodec(codec));
+  s.host_capacity_bytes = *capacity;
+  TIERKV_ASSIGN_OR_RETURN(s.layout.dtype,
+                          ParseDType(where("dtype"), raw.dtype));
+  TIERKV_ASSIGN_OR_RETURN(s.mode, ParseMode(where("mode"), raw.mode));
+  auto disk_capacity = ParseBytes(raw.disk_capacity);
+  if (!disk_capacity.ok()) {
+    return Status::InvalidArgument(where("disk-capacity") + ": " +
+                                   disk_capacity.status().message());
+  }
+  s.disk_capacity_bytes = *disk_capacity;
+  TIERKV_ASSIGN_OR_RETURN(s.disk_codec,
+                          ParseCodec(where("disk-codec"), raw.codec));
   if (!(s.spill_low > 0 && s.spill_low <= s.spill_high && s.spill_high <= 1)) {
-    return Status::InvalidArgument(
-        "--spill-low and --spill-high must satisfy 0 < low <= high <= 1");
+    return Status::InvalidArgument(where("spill-low") + " and " +
+                                   where("spill-high") +
+                                   " must satisfy 0 < low <= high <= 1");
   }
-  if (!group.empty()) {
-    const struct group* g = getgrnam(group.c_str());
+  if (!raw.group.empty()) {
+    const struct group* g = getgrnam(raw.group.c_str());
     if (g == nullptr) {
-      return Status::InvalidArgument("--group '" + group + "': no such group");
+      return Status::InvalidArgument(where("group") + " '" + raw.group +
+                                     "': no such group");
     }
     s.group = g->gr_gid;
   }
   if (Status v = s.layout.Validate(); !v.ok()) {
     return Status::InvalidArgument("layout: " + v.message());
   }
-  static const char* kLevels[] = {"trace", "debug",    "info", "warn",
-                                  "error", "critical", "off"};
-  bool known = false;
-  for (const char* l : kLevels) known = known || command.log_level == l;
-  if (!known) {
-    return Status::InvalidArgument("--log-level '" + command.log_level +
-                                   "': use trace, debug, info, warn, error "
-                                   "or off");
+  TIERKV_RETURN_IF_ERROR(CheckLogLevel(where("log-level"), command.log_level));
+  if (raw.stop_timeout < 1) {
+    return Status::InvalidArgument(where("stop-timeout") + " '" +
+                                   std::to_string(raw.stop_timeout) +
+                                   "': at least 1 second");
   }
+  command.stop_timeout = std::chrono::seconds(raw.stop_timeout);
   return command;
+}
+
+}  // namespace
+
+StatusOr<DaemonCommand> ParseDaemonFlags(int argc, const char* const* argv) {
+  DaemonCommand command;
+  RawOptions raw;
+  po::options_description general(
+      "tierkvd: the tierkv coordinator. Owns the index, LRU and pins of the\n"
+      "host tier (shared memory) for one store and serves engine workers.\n"
+      "Stops cleanly on SIGINT or SIGTERM; SIGHUP reopens --log-file.\n\n"
+      "Command line only");
+  general.add_options()("help,h", "show this help and exit")(
+      "config", po::value<std::string>()->value_name("FILE"),
+      "read options from FILE: 'key = value' lines, keys named as the long "
+      "flags (host-capacity = 2G); the command line wins over FILE");
+  const po::options_description settings = SettingOptions(command, raw);
+  po::options_description all;
+  all.add(general).add(settings);
+  std::ostringstream help;
+  help << general << "\n"
+       << settings
+       << "\nExample:\n  tierkvd --layers 32 --kv-heads 8 --head-dim "
+          "128 --host-capacity 8G \\\n      --disk-dir /var/lib/tierkv/default "
+          "--disk-capacity 200G\n";
+  command.help_text = help.str();
+
+  po::variables_map vm;
+  try {
+    po::store(po::parse_command_line(argc, argv, all), vm);
+  } catch (const po::error& e) {
+    return Status::InvalidArgument(e.what());
+  }
+  if (vm.count("help") != 0) {
+    command.show_help = true;
+    return command;
+  }
+  std::set<std::string> on_command_line;
+  for (const auto& [key, value] : vm) {
+    if (!value.defaulted()) on_command_line.insert(key);
+  }
+  std::optional<ConfigFile> file;
+  if (vm.count("config") != 0) {
+    TIERKV_ASSIGN_OR_RETURN(file,
+                            ReadConfigFile(vm["config"].as<std::string>()));
+    TIERKV_RETURN_IF_ERROR(StoreConfigFile(*file, settings, vm));
+  }
+  try {
+    po::notify(vm);
+  } catch (const po::error& e) {
+    return Status::InvalidArgument(e.what());
+  }
+  const Where where = [&](const std::string& key) {
+    if (file.has_value() && on_command_line.count(key) == 0 &&
+        file->settings.count(key) != 0) {
+      return file->At(key) + ": " + key;
+    }
+    return "--" + key;
+  };
+  return Finish(std::move(command), raw, where);
 }
 
 }  // namespace tierkv::daemon

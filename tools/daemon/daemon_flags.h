@@ -1,8 +1,11 @@
-// tierkvd's command line: flags (Boost.Program_options) to ServerOptions.
-// Kept out of main so tests can parse flags too. Stateless; thread-safe.
+// tierkvd's command line and config file: flags (Boost.Program_options) and
+// an optional INI file of the same keys, to ServerOptions and the daemon's
+// own settings. Kept out of main so tests can parse flags too. Stateless;
+// thread-safe.
 #ifndef TIERKV_TOOLS_DAEMON_DAEMON_FLAGS_H_
 #define TIERKV_TOOLS_DAEMON_DAEMON_FLAGS_H_
 
+#include <chrono>
 #include <cstddef>
 #include <string>
 
@@ -16,9 +19,17 @@ struct DaemonCommand {
   std::string help_text;
   ipc::ServerOptions server;
   std::string log_level = "info";
+  // Where log lines go; SIGHUP reopens it. Default (empty): stderr.
+  std::string log_file;
+  // How long Server::Stop may take after SIGTERM before tierkvd gives up and
+  // exits with status 1. Default: 10 s.
+  std::chrono::seconds stop_timeout{10};
 };
 
-// InvalidArgument with a message naming the flag for anything malformed.
+// Flags first; `--config FILE` then fills in every option the command line
+// left unset from FILE ("key = value" lines, keys named as the long flags,
+// '#' starts a comment). InvalidArgument with a message naming the flag, or
+// the file, line and key, for anything malformed.
 StatusOr<DaemonCommand> ParseDaemonFlags(int argc, const char* const* argv);
 
 // "512M", "2G", "1048576", "64KiB": bytes. InvalidArgument otherwise.

@@ -1,0 +1,251 @@
+// tierkvd's flags and its --config file: what the file sets, what the
+// command line overrides, and errors that name the file, line and key.
+#include "tools/daemon/daemon_flags.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace tierkv::daemon {
+namespace {
+
+using ::testing::HasSubstr;
+
+class DaemonFlagsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/daemon_flags_test.XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    config_ = dir_ + "/tierkvd.conf";
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  void WriteConfig(const std::string& text) { std::ofstream(config_) << text; }
+  static StatusOr<DaemonCommand> Parse(std::vector<std::string> args) {
+    std::vector<const char*> argv = {"tierkvd"};
+    for (const std::string& a : args) argv.push_back(a.c_str());
+    return ParseDaemonFlags(static_cast<int>(argv.size()), argv.data());
+  }
+  // The message of a parse that must fail.
+  static std::string Error(std::vector<std::string> args) {
+    auto command = Parse(std::move(args));
+    EXPECT_FALSE(command.ok());
+    EXPECT_EQ(command.status().code(), StatusCode::kInvalidArgument);
+    return command.ok() ? "" : command.status().message();
+  }
+
+  std::string dir_, config_;
+};
+
+constexpr char kLayout[] = "layers = 2\nkv-heads = 4\nhead-dim = 64\n";
+
+TEST_F(DaemonFlagsTest, DefaultsWithoutConfig) {
+  auto command =
+      Parse({"--layers", "2", "--kv-heads", "4", "--head-dim", "64"});
+  ASSERT_TRUE(command.ok()) << command.status().ToString();
+  EXPECT_EQ(command->server.host_capacity_bytes, size_t{1} << 30);
+  EXPECT_EQ(command->log_file, "");
+  EXPECT_EQ(command->stop_timeout, std::chrono::seconds(10));
+  EXPECT_EQ(command->log_level, "info");
+}
+
+TEST_F(DaemonFlagsTest, ConfigFileSetsEveryKindOfOption) {
+  WriteConfig(
+      "# tierkvd settings\n"
+      "\n"
+      "store = prod\n"
+      "socket = /run/tierkv/prod.sock\n"
+      "host-capacity = 2G   # two GiB\n"
+      "layers = 32\n"
+      "  kv-heads=8\n"
+      "head-dim = 128\n"
+      "block-size = 32\n"
+      "dtype = f16\n"
+      "mode = 0660\n"
+      "max-workers = 8\n"
+      "log-level = debug\n"
+      "log-file = /var/log/tierkv/tierkvd.log\n"
+      "stop-timeout = 3\n");
+  auto command = Parse({"--config", config_});
+  ASSERT_TRUE(command.ok()) << command.status().ToString();
+  const ipc::ServerOptions& s = command->server;
+  EXPECT_EQ(s.store, "prod");
+  EXPECT_EQ(s.socket_path, "/run/tierkv/prod.sock");
+  EXPECT_EQ(s.host_capacity_bytes, size_t{2} << 30);
+  EXPECT_EQ(s.layout.num_layers, 32);
+  EXPECT_EQ(s.layout.num_kv_heads, 8);
+  EXPECT_EQ(s.layout.head_dim, 128);
+  EXPECT_EQ(s.layout.block_size, 32);
+  EXPECT_EQ(s.layout.dtype, DType::kF16);
+  EXPECT_EQ(s.mode, 0660u);
+  EXPECT_EQ(s.max_workers, 8u);
+  EXPECT_EQ(command->log_level, "debug");
+  EXPECT_EQ(command->log_file, "/var/log/tierkv/tierkvd.log");
+  EXPECT_EQ(command->stop_timeout, std::chrono::seconds(3));
+}
+
+TEST_F(DaemonFlagsTest, CommandLineWinsOverTheFile) {
+  WriteConfig(std::string(kLayout) + "host-capacity = 2G\ndtype = f16\n");
+  // Before and after --config alike.
+  for (auto args : std::vector<std::vector<std::string>>{
+           {"--host-capacity", "512M", "--config", config_},
+           {"--config", config_, "--host-capacity", "512M"}}) {
+    auto command = Parse(args);
+    ASSERT_TRUE(command.ok()) << command.status().ToString();
+    EXPECT_EQ(command->server.host_capacity_bytes, size_t{512} << 20);
+    EXPECT_EQ(command->server.layout.dtype, DType::kF16);  // From the file.
+    EXPECT_EQ(command->server.layout.num_layers, 2);
+  }
+}
+
+TEST_F(DaemonFlagsTest, UnknownKeyNamesFileLineAndKey) {
+  WriteConfig(std::string(kLayout) + "host-capacty = 2G\n");
+  EXPECT_THAT(Error({"--config", config_}),
+              HasSubstr(config_ + ":4: unknown key 'host-capacty'"));
+}
+
+TEST_F(DaemonFlagsTest, CommandLineOnlyOptionsAreUnknownKeysInTheFile) {
+  WriteConfig(std::string(kLayout) + "config = /etc/other.conf\n");
+  EXPECT_THAT(Error({"--config", config_}),
+              HasSubstr(config_ + ":4: unknown key 'config'"));
+}
+
+TEST_F(DaemonFlagsTest, BadValuesNameFileLineAndKey) {
+  WriteConfig("layers = two\nkv-heads = 4\nhead-dim = 64\n");
+  EXPECT_THAT(Error({"--config", config_}),
+              HasSubstr(config_ + ":1: layers = 'two' is not a valid value"));
+
+  WriteConfig(std::string(kLayout) + "\nhost-capacity = 2Q\n");
+  std::string error = Error({"--config", config_});
+  EXPECT_THAT(error, HasSubstr(config_ + ":5: host-capacity: "));
+  EXPECT_THAT(error, HasSubstr("unknown size unit in '2Q'"));
+
+  WriteConfig(std::string(kLayout) + "dtype = f8\n");
+  EXPECT_THAT(Error({"--config", config_}),
+              HasSubstr(config_ + ":4: dtype 'f8': use f32, f16 or bf16"));
+
+  WriteConfig(std::string(kLayout) + "mode = 0666\n");
+  EXPECT_THAT(Error({"--config", config_}),
+              HasSubstr(config_ + ":4: mode '0666'"));
+
+  WriteConfig(std::string(kLayout) + "log-level = loud\n");
+  EXPECT_THAT(Error({"--config", config_}),
+              HasSubstr(config_ + ":4: log-level 'loud'"));
+
+  WriteConfig(std::string(kLayout) + "stop-timeout = 0\n");
+  EXPECT_THAT(Error({"--config", config_}),
+              HasSubstr(config_ + ":4: stop-timeout '0': at least 1 second"));
+  WriteConfig(std::string(kLayout) + "disk-codec = zstd\n");
+  EXPECT_THAT(Error({"--config", config_}),
+              HasSubstr(config_ + ":4: disk-codec 'zstd': use none, lz4"));
+
+  WriteConfig(std::string(kLayout) + "disk-capacity = lots\n");
+  EXPECT_THAT(Error({"--config", config_}),
+              HasSubstr(config_ + ":4: disk-capacity: "));
+
+  WriteConfig(std::string(kLayout) + "spill-high = 0.5\nspill-low = 0.8\n");
+  EXPECT_THAT(Error({"--config", config_}),
+              HasSubstr("must satisfy 0 < low <= high <= 1"));
+}
+
+TEST_F(DaemonFlagsTest, ABadFlagIsNamedAsTheFlagEvenWhenTheFileSetsItToo) {
+  WriteConfig(std::string(kLayout) + "host-capacity = 2G\n");
+  const std::string error =
+      Error({"--config", config_, "--host-capacity", "2Q"});
+  EXPECT_THAT(error, HasSubstr("--host-capacity: unknown size unit"));
+  EXPECT_THAT(error, ::testing::Not(HasSubstr(config_)));
+}
+
+TEST_F(DaemonFlagsTest, MalformedLineAndRepeatedKeyNameTheirLines) {
+  WriteConfig("layers = 2\nkv-heads 4\n");
+  EXPECT_THAT(Error({"--config", config_}),
+              HasSubstr(config_ + ":2: expected 'key = value', got "
+                                  "'kv-heads 4'"));
+
+  WriteConfig(std::string(kLayout) + "# again\nlayers = 3\n");
+  EXPECT_THAT(Error({"--config", config_}),
+              HasSubstr(config_ + ":5: layers is set twice (first at " +
+                        config_ + ":1)"));
+}
+
+TEST_F(DaemonFlagsTest, UnreadableConfigIsNamed) {
+  EXPECT_THAT(Error({"--config", dir_ + "/missing.conf"}),
+              HasSubstr("--config " + dir_ +
+                        "/missing.conf: cannot read: No such file"));
+  EXPECT_THAT(Error({"--config", dir_}), HasSubstr("Is a directory"));
+}
+
+TEST_F(DaemonFlagsTest, RequiredLayoutFromNeitherIsAnError) {
+  WriteConfig("layers = 2\nhead-dim = 64\n");
+  EXPECT_THAT(Error({"--config", config_}), HasSubstr("kv-heads"));
+}
+
+TEST_F(DaemonFlagsTest, HelpListsConfigLogFileAndStopTimeout) {
+  auto command = Parse({"--help"});
+  ASSERT_TRUE(command.ok());
+  EXPECT_TRUE(command->show_help);
+  EXPECT_THAT(command->help_text, HasSubstr("--config FILE"));
+  EXPECT_THAT(command->help_text, HasSubstr("--log-file PATH"));
+  EXPECT_THAT(command->help_text, HasSubstr("--stop-timeout arg (=10)"));
+}
+
+TEST_F(DaemonFlagsTest, ExampleConfigShowsEveryOptionWithItsDefault) {
+  // systemd/tierkvd.conf: "# key = value" for each option.
+  std::ifstream example(TIERKV_EXAMPLE_CONFIG);
+  ASSERT_TRUE(example.good()) << TIERKV_EXAMPLE_CONFIG;
+  const std::regex setting(R"(^# ([a-z-]+) = (.*)$)");
+  std::set<std::string> keys;
+  std::string line, uncommented;
+  for (std::smatch m; std::getline(example, line);) {
+    if (!std::regex_match(line, m, setting)) continue;
+    keys.insert(m[1]);
+    // The example's group need not exist on this machine.
+    if (m[1] != "group") uncommented += m[1].str() + " = " + m[2].str() + "\n";
+  }
+  auto help = Parse({"--help"});
+  ASSERT_TRUE(help.ok());
+  const std::regex flag("--([a-z][a-z-]*)");
+  int flags = 0;
+  for (std::sregex_iterator
+           it(help->help_text.begin(), help->help_text.end(), flag),
+       end;
+       it != end; ++it) {
+    const std::string name = (*it)[1];
+    if (name == "help" || name == "config") continue;
+    ++flags;
+    EXPECT_EQ(keys.count(name), 1u) << "the example lacks " << name;
+  }
+  EXPECT_GE(flags, 15);
+
+  // Uncommented, the example gives what no config gives.
+  WriteConfig(uncommented);
+  auto from_example = Parse({"--config", config_});
+  ASSERT_TRUE(from_example.ok()) << from_example.status().ToString();
+  auto defaults =
+      Parse({"--layers", "32", "--kv-heads", "8", "--head-dim", "128"});
+  ASSERT_TRUE(defaults.ok());
+  const ipc::ServerOptions& a = from_example->server;
+  const ipc::ServerOptions& b = defaults->server;
+  EXPECT_EQ(a.store, b.store);
+  EXPECT_EQ(a.host_capacity_bytes, b.host_capacity_bytes);
+  EXPECT_EQ(a.layout.ToString(), b.layout.ToString());
+  EXPECT_EQ(a.mode, b.mode);
+  EXPECT_EQ(a.max_workers, b.max_workers);
+  EXPECT_EQ(a.disk_capacity_bytes, b.disk_capacity_bytes);
+  EXPECT_EQ(a.disk_codec, b.disk_codec);
+  EXPECT_EQ(a.spill_high, b.spill_high);
+  EXPECT_EQ(a.spill_low, b.spill_low);
+  EXPECT_EQ(from_example->log_level, defaults->log_level);
+  EXPECT_EQ(from_example->stop_timeout, defaults->stop_timeout);
+}
+
+}  // namespace
+}  // namespace tierkv::daemon

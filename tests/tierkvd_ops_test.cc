@@ -1,0 +1,338 @@
+// tierkvd as a service: the real daemon tells a stand-in for systemd's
+// notify socket when it serves and when it stops, reopens its log file on
+// SIGHUP, reads --config, and bounds how long a stop may take (StopWithin).
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/inotify.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ipc/client.h"
+#include "tests/child_process.h"
+#include "tests/test_layout.h"
+#include "tools/daemon/daemon.h"
+#include "tools/daemon/daemon_log.h"
+
+namespace tierkv {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+using Clock = std::chrono::steady_clock;
+
+int MillisecondsUntil(Clock::time_point deadline) {
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+      deadline - Clock::now());
+  return static_cast<int>(std::max<int64_t>(left.count(), 0));
+}
+
+// A Unix datagram socket in place of systemd's notify socket (tierkvd finds
+// it in NOTIFY_SOCKET). Messages come with the sender's pid, as systemd
+// sees them.
+class NotifySocket {
+ public:
+  struct Message {
+    std::string text;
+    pid_t sender = 0;
+  };
+
+  explicit NotifySocket(const std::string& path) : path_(path) {
+    fd_ = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    EXPECT_GE(fd_, 0) << std::strerror(errno);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    EXPECT_LT(path.size(), sizeof(addr.sun_path));
+    std::memcpy(addr.sun_path, path.c_str(), path.size());
+    EXPECT_EQ(bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0)
+        << std::strerror(errno);
+    const int on = 1;
+    EXPECT_EQ(setsockopt(fd_, SOL_SOCKET, SO_PASSCRED, &on, sizeof(on)), 0);
+  }
+  ~NotifySocket() { close(fd_); }
+
+  // The next message; nullopt if none arrives within `timeout`.
+  std::optional<Message> Receive(std::chrono::milliseconds timeout) {
+    pollfd p{fd_, POLLIN, 0};
+    if (poll(&p, 1, static_cast<int>(timeout.count())) != 1) {
+      return std::nullopt;
+    }
+    char buf[4096];
+    iovec iov{buf, sizeof(buf)};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(ucred))];
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    const ssize_t n = recvmsg(fd_, &msg, 0);
+    if (n < 0) return std::nullopt;
+    Message m{std::string(buf, static_cast<size_t>(n))};
+    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr;
+         c = CMSG_NXTHDR(&msg, c)) {
+      if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_CREDENTIALS) {
+        ucred cred{};
+        std::memcpy(&cred, CMSG_DATA(c), sizeof(cred));
+        m.sender = cred.pid;
+      }
+    }
+    return m;
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+};
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+size_t Count(const std::string& text, const std::string& part) {
+  size_t n = 0;
+  for (size_t at = text.find(part); at != std::string::npos;
+       at = text.find(part, at + 1)) {
+    ++n;
+  }
+  return n;
+}
+
+// Waits until the file at `path` satisfies `done`, woken by inotify events
+// in its folder; false after `timeout`.
+bool WaitForFile(const std::string& path,
+                 const std::function<bool(const std::string&)>& done,
+                 std::chrono::seconds timeout = std::chrono::seconds(20)) {
+  const int fd = inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
+  if (fd < 0) return false;
+  const std::string folder = std::filesystem::path(path).parent_path();
+  // Watching before the first look: no change can slip in between.
+  inotify_add_watch(fd, folder.c_str(),
+                    IN_CREATE | IN_MODIFY | IN_MOVED_TO | IN_CLOSE_WRITE);
+  const auto deadline = Clock::now() + timeout;
+  bool ok = done(ReadFile(path));
+  while (!ok && Clock::now() < deadline) {
+    pollfd p{fd, POLLIN, 0};
+    poll(&p, 1, MillisecondsUntil(deadline));
+    char events[4096];
+    while (read(fd, events, sizeof(events)) > 0) {
+    }
+    ok = done(ReadFile(path));
+  }
+  close(fd);
+  return ok;
+}
+
+bool WaitForFileText(const std::string& path, const std::string& text) {
+  return WaitForFile(path, [&](const std::string& content) {
+    return content.find(text) != std::string::npos;
+  });
+}
+
+class TierkvdOpsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/tierkvd_ops_test.XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    store_ = "o" + std::to_string(getpid()) + "-" +
+             ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    socket_ = dir_ + "/tierkvd.sock";
+    notify_ = std::make_unique<NotifySocket>(dir_ + "/notify.sock");
+  }
+  void TearDown() override {
+    if (daemon_ != nullptr) {
+      daemon_->Signal(SIGTERM);
+      daemon_->Wait();
+      daemon_.reset();
+    }
+    const std::string prefix = "tierkv." + store_ + ".";
+    for (const auto& entry : std::filesystem::directory_iterator("/dev/shm")) {
+      if (entry.path().filename().string().starts_with(prefix)) {
+        std::filesystem::remove(entry.path());
+      }
+    }
+    notify_.reset();
+    std::filesystem::remove_all(dir_);
+  }
+
+  // tierkvd with NOTIFY_SOCKET set, as systemd runs a Type=notify service.
+  // env(1) execs tierkvd in its own place, so the child's pid is tierkvd's.
+  std::unique_ptr<ChildProcess> Spawn(const std::vector<std::string>& flags) {
+    std::vector<std::string> argv = {
+        "/usr/bin/env", "NOTIFY_SOCKET=" + notify_->path(), TIERKVD_PATH};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    auto child = ChildProcess::Spawn(std::move(argv));
+    EXPECT_TRUE(child.ok()) << child.status().ToString();
+    return std::move(child).value();
+  }
+  std::vector<std::string> Flags(std::vector<std::string> extra = {}) const {
+    std::vector<std::string> flags = {
+        "--store",    store_, "--socket",   socket_, "--layers",        "2",
+        "--kv-heads", "2",    "--head-dim", "64",    "--host-capacity", "1M"};
+    flags.insert(flags.end(), extra.begin(), extra.end());
+    return flags;
+  }
+  // Starts tierkvd and waits for its READY=1.
+  void StartDaemon(const std::vector<std::string>& flags) {
+    daemon_ = Spawn(flags);
+    auto ready = notify_->Receive(std::chrono::seconds(20));
+    ASSERT_TRUE(ready.has_value()) << daemon_->output();
+    ASSERT_THAT(ready->text, HasSubstr("READY=1")) << daemon_->output();
+    ready_ = *ready;
+  }
+  std::unique_ptr<Client> Attach() {
+    ClientOptions options;
+    options.socket_path = socket_;
+    options.layout = TestLayout();
+    options.num_device_blocks = 16;
+    options.name = "ops";
+    auto client = Client::Open(options);
+    EXPECT_TRUE(client.ok()) << client.status().ToString();
+    return client.ok() ? std::move(*client) : nullptr;
+  }
+
+  std::string dir_, store_, socket_;
+  std::unique_ptr<NotifySocket> notify_;
+  std::unique_ptr<ChildProcess> daemon_;
+  NotifySocket::Message ready_;
+};
+
+TEST_F(TierkvdOpsTest, NotifiesReadyWhenServingAndStoppingOnSigterm) {
+  StartDaemon(Flags());
+  EXPECT_THAT(ready_.text,
+              HasSubstr("STATUS=serving store '" + store_ + "' on " + socket_));
+  // From the main pid itself: systemd's default NotifyAccess=main takes it.
+  EXPECT_EQ(ready_.sender, daemon_->pid());
+  // READY=1 came once the socket listens: a worker attaches at once.
+  std::unique_ptr<Client> client = Attach();
+  ASSERT_NE(client, nullptr);
+
+  daemon_->Signal(SIGTERM);
+  auto stopping = notify_->Receive(std::chrono::seconds(20));
+  ASSERT_TRUE(stopping.has_value()) << daemon_->output();
+  EXPECT_THAT(stopping->text, HasSubstr("STOPPING=1"));
+  EXPECT_EQ(stopping->sender, daemon_->pid());
+  EXPECT_EQ(daemon_->Wait(), 0) << daemon_->output();
+  EXPECT_THAT(daemon_->output(), HasSubstr("stopped serving store"));
+}
+
+TEST_F(TierkvdOpsTest, SighupReopensTheLogFileAtItsPath) {
+  const std::string log = dir_ + "/tierkvd.log";
+  const std::string rotated = log + ".1";
+  StartDaemon(Flags({"--log-file", log}));
+  EXPECT_THAT(ReadFile(log), HasSubstr("tierkvd serving store"));
+
+  // What logrotate does: move the file away, then SIGHUP.
+  ASSERT_EQ(std::rename(log.c_str(), rotated.c_str()), 0);
+  daemon_->Signal(SIGHUP);
+  ASSERT_TRUE(WaitForFileText(log, "reopened log file " + log))
+      << daemon_->output();
+  // Reopening a file that was not moved appends to it.
+  daemon_->Signal(SIGHUP);
+  ASSERT_TRUE(WaitForFile(log, [](const std::string& text) {
+    return Count(text, "reopened log file") == 2;
+  })) << ReadFile(log);
+
+  daemon_->Signal(SIGTERM);
+  ASSERT_EQ(daemon_->Wait(), 0) << daemon_->output();
+  const std::string before = ReadFile(rotated);
+  const std::string after = ReadFile(log);
+  EXPECT_THAT(before, HasSubstr("tierkvd serving store"));
+  EXPECT_THAT(before, HasSubstr("received SIGHUP; reopening log file"));
+  EXPECT_THAT(before, Not(HasSubstr("stopping")));
+  EXPECT_THAT(after, Not(HasSubstr("tierkvd serving store")));
+  EXPECT_THAT(after, HasSubstr("received Terminated, stopping"));
+  EXPECT_THAT(after, HasSubstr("stopped serving store"));
+  // Nothing went to stderr.
+  EXPECT_THAT(daemon_->output(), Not(HasSubstr("serving store")));
+}
+
+TEST_F(TierkvdOpsTest, SighupWithoutALogFileSaysSoAndKeepsServing) {
+  StartDaemon(Flags());
+  daemon_->Signal(SIGHUP);
+  ASSERT_TRUE(daemon_->WaitForOutput("no log file to reopen"))
+      << daemon_->output();
+  EXPECT_NE(Attach(), nullptr);
+  daemon_->Signal(SIGTERM);
+  EXPECT_EQ(daemon_->Wait(), 0) << daemon_->output();
+}
+
+TEST_F(TierkvdOpsTest, ALogFileThatCannotBeOpenedStopsTheStart) {
+  const std::string plain = dir_ + "/plain";
+  std::ofstream(plain) << "a file, not a folder\n";
+  auto daemon = Spawn(Flags({"--log-file", plain + "/tierkvd.log"}));
+  EXPECT_EQ(daemon->Wait(), 1);
+  EXPECT_THAT(daemon->output(),
+              HasSubstr("cannot open log file " + plain + "/tierkvd.log"));
+  // It never served.
+  EXPECT_FALSE(notify_->Receive(std::chrono::milliseconds(0)).has_value());
+  EXPECT_FALSE(std::filesystem::exists(socket_));
+}
+
+TEST_F(TierkvdOpsTest, ConfigFileConfiguresTheDaemonAndFlagsOverrideIt) {
+  const std::string config = dir_ + "/tierkvd.conf";
+  std::ofstream(config) << "# a store of 64 host slots of 16 KiB\n"
+                        << "store = " << store_ << "\n"
+                        << "socket = " << socket_ << "\n"
+                        << "layers = 2\nkv-heads = 2\nhead-dim = 64\n"
+                        << "dtype = bf16\nhost-capacity = 1M\n";
+  StartDaemon({"--config", config, "--host-capacity", "512K"});
+  EXPECT_THAT(ready_.text, HasSubstr(socket_));
+  std::unique_ptr<Client> client = Attach();
+  ASSERT_NE(client, nullptr);
+  // 512 KiB of 16 KiB slots, less the null slot; the file's 1M gives 63.
+  EXPECT_EQ(client->Stats().value().host.capacity_slots, 31);
+}
+
+TEST_F(TierkvdOpsTest, ABadConfigFileIsRefusedWithItsLine) {
+  const std::string config = dir_ + "/tierkvd.conf";
+  std::ofstream(config) << "layers = 2\nkv-heads = 2\nhead-dim = 64\n"
+                        << "host-capacity = lots\n";
+  auto daemon = Spawn({"--config", config});
+  EXPECT_EQ(daemon->Wait(), 2);
+  EXPECT_THAT(daemon->output(),
+              HasSubstr(config + ":4: host-capacity: 'lots' is not a size"));
+}
+
+TEST(StopWithinTest, ReturnsOnceStopHasReturned) {
+  bool stopped = false;
+  daemon::StopWithin(std::chrono::seconds(30), [&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    stopped = true;
+  });
+  EXPECT_TRUE(stopped);
+}
+
+TEST(StopWithinDeathTest, AStopThatHangsEndsTheProcessWithStatus1) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        alarm(60);  // A StopWithin that fails to exit fails, not hangs.
+        auto log = daemon::DaemonLog::Open("");  // Log lines on stderr.
+        daemon::StopWithin(std::chrono::seconds(1), [] {
+          for (;;) pause();
+        });
+      },
+      ::testing::ExitedWithCode(1), "did not stop within 1 s");
+}
+
+}  // namespace
+}  // namespace tierkv

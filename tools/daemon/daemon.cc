@@ -1,0 +1,96 @@
+#include "tools/daemon/daemon.h"
+
+#include <signal.h>
+#include <spdlog/spdlog.h>
+#include <systemd/sd-daemon.h>
+#include <unistd.h>
+
+#include <condition_variable>
+#include <cstring>
+#include <iostream>
+#include <mutex>
+#include <thread>
+
+#include "ipc/server.h"
+#include "tools/daemon/daemon_log.h"
+
+namespace tierkv::daemon {
+namespace {
+
+// SIGHUP: reopen the log file (logrotate has moved it away).
+void ReopenLog(DaemonLog& log) {
+  if (!log.has_file()) {
+    spdlog::info("received SIGHUP; logging to stderr, no log file to reopen");
+    return;
+  }
+  spdlog::info("received SIGHUP; reopening log file {}", log.path());
+  if (Status s = log.Reopen(); !s.ok()) {
+    spdlog::error("{}; still logging to the file opened before", s.message());
+    return;
+  }
+  spdlog::info("reopened log file {}", log.path());
+}
+
+}  // namespace
+
+void StopWithin(std::chrono::seconds timeout,
+                const std::function<void()>& stop) {
+  std::mutex mu;
+  std::condition_variable stopped;
+  bool done = false;  // GUARDED_BY(mu)
+  std::thread watchdog([&] {
+    std::unique_lock<std::mutex> lock(mu);
+    if (!stopped.wait_for(lock, timeout, [&] { return done; })) {
+      spdlog::error("did not stop within {} s; exiting without cleanup",
+                    timeout.count());
+      spdlog::default_logger()->flush();
+      _exit(1);
+    }
+  });
+  stop();
+  {
+    std::lock_guard<std::mutex> guard(mu);
+    done = true;
+  }
+  stopped.notify_one();
+  watchdog.join();
+}
+
+int RunDaemon(const DaemonCommand& command) {
+  // Blocked before any thread starts, so only sigwait below receives them.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGHUP);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  spdlog::set_level(spdlog::level::from_str(command.log_level));
+  auto log = DaemonLog::Open(command.log_file);
+  if (!log.ok()) {
+    std::cerr << "tierkvd: " << log.status().message() << "\n";
+    return 1;
+  }
+  auto server = ipc::Server::Start(command.server);
+  if (!server.ok()) {
+    spdlog::error("cannot start: {}", server.status().ToString());
+    sd_notifyf(0, "STATUS=cannot start: %s",
+               server.status().ToString().c_str());
+    return 1;
+  }
+  sd_notifyf(0, "READY=1\nSTATUS=serving store '%s' on %s",
+             command.server.store.c_str(), (*server)->socket_path().c_str());
+  for (;;) {
+    int signal_number = 0;
+    sigwait(&signals, &signal_number);
+    if (signal_number == SIGHUP) {
+      ReopenLog(**log);
+      continue;
+    }
+    spdlog::info("received {}, stopping", strsignal(signal_number));
+    sd_notify(0, "STOPPING=1\nSTATUS=stopping");
+    StopWithin(command.stop_timeout, [&] { (*server)->Stop(); });
+    return 0;
+  }
+}
+
+}  // namespace tierkv::daemon

@@ -1,0 +1,29 @@
+// RunDaemon: tierkvd's life once its flags are parsed. It logs (DaemonLog),
+// runs the Server, tells systemd (sd_notify) when it serves and when it
+// stops, and handles signals: SIGTERM and SIGINT stop it within
+// --stop-timeout, SIGHUP reopens the log file. Not thread-safe: call once,
+// from main, before any other thread starts, since it blocks those signals
+// for the whole process.
+#ifndef TIERKV_TOOLS_DAEMON_DAEMON_H_
+#define TIERKV_TOOLS_DAEMON_DAEMON_H_
+
+#include <chrono>
+#include <functional>
+
+#include "tools/daemon/daemon_flags.h"
+
+namespace tierkv::daemon {
+
+// The process's exit status: 0 after a clean stop, 1 when it cannot start.
+int RunDaemon(const DaemonCommand& command);
+
+// Runs stop() and returns when it does. If stop() has not returned after
+// `timeout`, logs an error and ends the process with _exit(1): a stop that
+// hangs must not outlast the service manager's patience silently.
+// Thread-safe.
+void StopWithin(std::chrono::seconds timeout,
+                const std::function<void()>& stop);
+
+}  // namespace tierkv::daemon
+
+#endif  // TIERKV_TOOLS_DAEMON_DAEMON_H_
