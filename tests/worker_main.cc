@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "ipc/client.h"
+#include "tests/block_pattern.h"
 #include "tests/test_layout.h"
 
 namespace tierkv {
@@ -56,6 +57,27 @@ int Fail(const Status& s) {
   return 1;
 }
 
+// A device of blocks + 2 blocks and a client attached to tierkvd with it.
+struct Attached {
+  std::unique_ptr<EmulatedDeviceTier> device;
+  std::unique_ptr<Client> client;
+};
+StatusOr<Attached> Attach(const std::string& mode, const std::string& socket,
+                          uint32_t seed, int32_t blocks) {
+  Attached out;
+  TIERKV_ASSIGN_OR_RETURN(
+      out.device,
+      EmulatedDeviceTier::Create(blocks + 2, TestLayout().BlockBytes()));
+  ClientOptions options;
+  options.socket_path = socket;
+  options.layout = TestLayout();
+  options.num_device_blocks = blocks + 2;
+  options.name = mode + "-" + std::to_string(seed);
+  options.device = out.device.get();
+  TIERKV_ASSIGN_OR_RETURN(out.client, Client::Open(options));
+  return out;
+}
+
 // ---- fill / verify / churn ------------------------------------------------
 
 std::vector<TokenId> RequestTokens(uint32_t seed, int32_t request,
@@ -66,17 +88,6 @@ std::vector<TokenId> RequestTokens(uint32_t seed, int32_t request,
            static_cast<uint32_t>(i);
   }
   return t;
-}
-
-// The bytes of a block, from its first token.
-void FillBlock(TokenId first, std::span<std::byte> bytes) {
-  uint64_t x = first * 0x9E3779B97F4A7C15ull + 1;
-  for (size_t i = 0; i < bytes.size(); i += 8) {
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    std::memcpy(bytes.data() + i, &x, std::min<size_t>(8, bytes.size() - i));
-  }
 }
 
 struct Tally {
@@ -163,18 +174,10 @@ class RequestRunner {
 
 int RunMany(const std::string& mode, const std::string& socket, uint32_t seed,
             int32_t requests, int32_t blocks) {
-  auto device =
-      EmulatedDeviceTier::Create(blocks + 2, TestLayout().BlockBytes());
-  if (!device.ok()) return Fail(device.status());
-  ClientOptions options;
-  options.socket_path = socket;
-  options.layout = TestLayout();
-  options.num_device_blocks = blocks + 2;
-  options.name = mode + "-" + std::to_string(seed);
-  options.device = device->get();
-  auto client = Client::Open(options);
-  if (!client.ok()) return Fail(client.status());
-  RequestRunner runner(**client, **device, blocks);
+  auto attached = Attach(mode, socket, seed, blocks);
+  if (!attached.ok()) return Fail(attached.status());
+  auto& [device, client] = *attached;
+  RequestRunner runner(*client, *device, blocks);
   Tally tally;
   std::mt19937 rng(seed);
   if (mode == "fill" || mode == "churn") {
@@ -209,18 +212,10 @@ int RunMany(const std::string& mode, const std::string& socket, uint32_t seed,
 
 int Run(const std::string& mode, const std::string& socket, uint32_t seed,
         int32_t blocks) {
-  auto device =
-      EmulatedDeviceTier::Create(blocks + 2, TestLayout().BlockBytes());
-  if (!device.ok()) return Fail(device.status());
-  ClientOptions options;
-  options.socket_path = socket;
-  options.layout = TestLayout();
-  options.num_device_blocks = blocks + 2;
-  options.name = mode + "-" + std::to_string(seed);
-  options.device = device->get();
-  auto client = Client::Open(options);
-  if (!client.ok()) return Fail(client.status());
-  Client& c = **client;
+  auto attached = Attach(mode, socket, seed, blocks);
+  if (!attached.ok()) return Fail(attached.status());
+  auto& [device, client] = *attached;
+  Client& c = *client;
   std::vector<BlockId> device_blocks;
   for (BlockId b = 1; b <= blocks + 1; ++b) device_blocks.push_back(b);
 
@@ -240,11 +235,11 @@ int Run(const std::string& mode, const std::string& socket, uint32_t seed,
     }
     std::printf("hit %d checksum %016llx\n", hit->hit_tokens,
                 static_cast<unsigned long long>(
-                    Checksum(**device, hit->hit_tokens / 16)));
+                    Checksum(*device, hit->hit_tokens / 16)));
     return c.Finish(1).ok() ? 0 : 1;
   }
   for (BlockId b = 1; b <= blocks; ++b) {
-    std::span<std::byte> bytes = (*device)->block(b);
+    std::span<std::byte> bytes = device->block(b);
     for (size_t i = 0; i < bytes.size(); ++i) {
       bytes[i] = static_cast<std::byte>((i * 2654435761u + b * 97 + seed) >> 7);
     }
@@ -263,7 +258,7 @@ int Run(const std::string& mode, const std::string& socket, uint32_t seed,
     pending -= done.size();
   }
   std::printf("checksum %016llx\n",
-              static_cast<unsigned long long>(Checksum(**device, blocks)));
+              static_cast<unsigned long long>(Checksum(*device, blocks)));
   return c.Finish(1).ok() ? 0 : 1;
 }
 

@@ -1,0 +1,29 @@
+// The bytes of a test KV block, a function of the block's first token, so
+// a process can check a block that another process stored.
+#ifndef TIERKV_TESTS_BLOCK_PATTERN_H_
+#define TIERKV_TESTS_BLOCK_PATTERN_H_
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+
+#include "src/block_key.h"
+
+namespace tierkv {
+
+// Fills `bytes` with an xorshift stream seeded by `first`.
+inline void FillBlock(TokenId first, std::span<std::byte> bytes) {
+  uint64_t x = first * 0x9E3779B97F4A7C15ull + 1;
+  for (size_t i = 0; i < bytes.size(); i += 8) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    std::memcpy(bytes.data() + i, &x, std::min<size_t>(8, bytes.size() - i));
+  }
+}
+
+}  // namespace tierkv
+
+#endif  // TIERKV_TESTS_BLOCK_PATTERN_H_
