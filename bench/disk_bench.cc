@@ -38,6 +38,7 @@
 
 #include "src/kv_layout.h"
 #include "src/reference_model.h"
+#include "tests/scratch.h"
 #include "tiers/disk_tier.h"
 
 namespace tierkv {
@@ -120,23 +121,6 @@ std::string BenchRoot() {
   return env != nullptr ? env : std::filesystem::temp_directory_path();
 }
 
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = BenchRoot() + "/disk_bench.XXXXXX";
-    if (mkdtemp(pattern.data()) == nullptr) std::abort();
-    path_ = pattern;
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    std::filesystem::remove_all(path_, ignored);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
-
 // Evicts every file under `dir` from the page cache. The files must be
 // synced (dirty pages are not dropped).
 void DropPageCache(const std::string& dir) {
@@ -214,7 +198,7 @@ void SetBytes(benchmark::State& state, size_t per_iteration) {
 
 void BM_RawFileWrite(benchmark::State& state) {
   const size_t bytes = BenchLayout().BlockBytes();
-  TempDir dir;
+  TempDir dir("disk_bench", BenchRoot());
   const std::string path = dir.path() + "/raw";
   KvBlocks();
   for (auto _ : state) {
@@ -236,7 +220,7 @@ BENCHMARK(BM_RawFileWrite)
 void BM_RawFileRead(benchmark::State& state) {
   const bool cold = state.range(0) != 0;
   const size_t bytes = BenchLayout().BlockBytes();
-  TempDir dir;
+  TempDir dir("disk_bench", BenchRoot());
   const std::string path = dir.path() + "/raw";
   if (!WriteRawFile(path, kBlocksPerIteration)) {
     state.SkipWithError("raw write failed");
@@ -343,7 +327,7 @@ void BM_DiskSpill(benchmark::State& state) {
   const auto codec = static_cast<DiskCodec>(state.range(1));
   const bool wal = state.range(2) != 0;
   state.SetLabel(std::string(DiskCodecName(codec)) + (wal ? "" : " no-wal"));
-  TempDir dir;
+  TempDir dir("disk_bench", BenchRoot());
   std::unique_ptr<DiskTier> tier = OpenTier(dir.path(), blob_files, codec, wal);
   uint64_t next = 0;
   if (tier == nullptr || !SpillBlocks(*tier, &next).ok() ||
@@ -370,7 +354,7 @@ void BM_DiskPromote(benchmark::State& state) {
   const bool cold = state.range(2) != 0;
   state.SetLabel(std::string(DiskCodecName(codec)));
   const size_t bytes = BenchLayout().BlockBytes();
-  TempDir dir;
+  TempDir dir("disk_bench", BenchRoot());
   std::unique_ptr<DiskTier> tier = OpenTier(dir.path(), blob_files, codec);
   uint64_t next = 0;
   if (tier == nullptr || !SpillBlocks(*tier, &next).ok() ||

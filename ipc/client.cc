@@ -130,6 +130,9 @@ struct Client::Impl {
 
   StatusOr<Message> Call(const Message& request) {
     if (coordinator.has_value()) {
+      // No tier thread in embedded mode: each call applies what the disk
+      // tier has finished (tierkvd's tier thread does this for workers).
+      coordinator->PumpLowerTier();
       return ipc::Dispatch(*coordinator, worker, request);
     }
     if (!channel_error.ok()) return channel_error;

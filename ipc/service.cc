@@ -20,8 +20,6 @@ Message Wrap(Status status) {
 }  // namespace
 
 Message Dispatch(Coordinator& c, WorkerId worker, const Message& request) {
-  // Lower-tier results first, so the request sees the tiers as they are.
-  c.PumpLowerTier();
   return std::visit(
       [&](const auto& m) -> Message {
         using T = std::decay_t<decltype(m)>;

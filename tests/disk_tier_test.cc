@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "src/kv_layout.h"
+#include "tests/scratch.h"
 
 namespace tierkv {
 namespace {
@@ -33,24 +34,6 @@ KvLayout TestLayout() {
                   .block_size = 16,
                   .dtype = DType::kBF16};
 }
-
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = "/tmp/disk_tier_test.XXXXXX";
-    const char* made = mkdtemp(pattern.data());
-    if (made == nullptr) std::abort();
-    path_ = made;
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    std::filesystem::remove_all(path_, ignored);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
 
 // bf16 values of a smooth-ish Gaussian signal, as KV data looks byte-wise.
 std::vector<std::byte> Bf16Block(size_t bytes, uint64_t seed) {
@@ -137,7 +120,7 @@ class DiskTierTest : public ::testing::Test {
 
   // The bytes one block's value takes (header + stored payload).
   uint64_t ValueBytes(DiskCodec codec) {
-    TempDir dir;
+    TempDir dir("disk_tier_test");
     DiskTierOptions options = Options(codec);
     options.storage.path = dir.path();
     std::unique_ptr<DiskTier> tier = OpenTier(options);
@@ -146,7 +129,7 @@ class DiskTierTest : public ::testing::Test {
   }
 
   KvLayout layout_ = TestLayout();
-  TempDir dir_;
+  TempDir dir_{"disk_tier_test"};
   std::map<int, std::vector<std::byte>> blocks_;
 };
 

@@ -20,6 +20,7 @@
 #include "ipc/client.h"
 #include "src/coordinator.h"
 #include "tests/block_pattern.h"
+#include "tests/scratch.h"
 #include "tests/test_layout.h"
 #include "tiers/disk_tier.h"
 #include "tiers/host_tier.h"
@@ -70,17 +71,11 @@ struct LoadOutcome {
 
 class TieredStoreTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    char tmpl[] = "/tmp/tiered_store_test.XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
-  }
   void TearDown() override {
     coordinator_.reset();
     slot_disk_.reset();
     disk_.reset();  // Waits for I/O into host slots: before the host.
     host_.reset();
-    std::filesystem::remove_all(dir_);
   }
 
   // `host_slots` usable slots; a disk bounded to `disk_blocks` values.
@@ -206,7 +201,8 @@ class TieredStoreTest : public ::testing::Test {
     return out;
   }
 
-  std::string dir_;
+  const TempDir scratch_{"tiered_store_test"};
+  const std::string dir_ = scratch_.path();
   std::unique_ptr<HostTier> host_;
   CorruptingStorage* corrupting_ = nullptr;
   std::unique_ptr<DiskTier> disk_;

@@ -24,6 +24,7 @@
 
 #include "ipc/client.h"
 #include "tests/child_process.h"
+#include "tests/scratch.h"
 #include "tests/test_layout.h"
 #include "tools/daemon/daemon.h"
 #include "tools/daemon/daemon_log.h"
@@ -149,9 +150,6 @@ bool WaitForFileText(const std::string& path, const std::string& text) {
 class TierkvdOpsTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    char tmpl[] = "/tmp/tierkvd_ops_test.XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
     store_ = "o" + std::to_string(getpid()) + "-" +
              ::testing::UnitTest::GetInstance()->current_test_info()->name();
     socket_ = dir_ + "/tierkvd.sock";
@@ -163,14 +161,8 @@ class TierkvdOpsTest : public ::testing::Test {
       daemon_->Wait();
       daemon_.reset();
     }
-    const std::string prefix = "tierkv." + store_ + ".";
-    for (const auto& entry : std::filesystem::directory_iterator("/dev/shm")) {
-      if (entry.path().filename().string().starts_with(prefix)) {
-        std::filesystem::remove(entry.path());
-      }
-    }
+    RemoveStoreSegments(store_);
     notify_.reset();
-    std::filesystem::remove_all(dir_);
   }
 
   // tierkvd with NOTIFY_SOCKET set, as systemd runs a Type=notify service.
@@ -209,7 +201,9 @@ class TierkvdOpsTest : public ::testing::Test {
     return client.ok() ? std::move(*client) : nullptr;
   }
 
-  std::string dir_, store_, socket_;
+  const TempDir scratch_{"tierkvd_ops_test"};
+  const std::string dir_ = scratch_.path();
+  std::string store_, socket_;
   std::unique_ptr<NotifySocket> notify_;
   std::unique_ptr<ChildProcess> daemon_;
   NotifySocket::Message ready_;

@@ -21,6 +21,7 @@
 #include "ipc/client.h"
 #include "ipc/protocol.h"
 #include "tests/child_process.h"
+#include "tests/scratch.h"
 #include "tests/seed004_scenario.h"
 #include "tests/test_layout.h"
 #include "tiers/shm_segment.h"
@@ -34,9 +35,6 @@ using Clock = std::chrono::steady_clock;
 class TierkvdTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    char tmpl[] = "/tmp/tierkvd_test.XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
     store_ = "t" + std::to_string(getpid()) + "-" +
              ::testing::UnitTest::GetInstance()->current_test_info()->name();
     socket_ = dir_ + "/tierkvd.sock";
@@ -47,14 +45,7 @@ class TierkvdTest : public ::testing::Test {
       daemon_->Wait();
       daemon_.reset();
     }
-    // Whatever a killed daemon left behind.
-    const std::string prefix = "tierkv." + store_ + ".";
-    for (const auto& entry : std::filesystem::directory_iterator("/dev/shm")) {
-      if (entry.path().filename().string().starts_with(prefix)) {
-        std::filesystem::remove(entry.path());
-      }
-    }
-    std::filesystem::remove_all(dir_);
+    RemoveStoreSegments(store_);  // Whatever a killed daemon left behind.
   }
 
   static std::unique_ptr<ChildProcess> Spawn(std::vector<std::string> argv) {
@@ -105,7 +96,9 @@ class TierkvdTest : public ::testing::Test {
   }
   std::string HostSegment() const { return "/tierkv." + store_ + ".host"; }
 
-  std::string dir_, store_, socket_;
+  const TempDir scratch_{"tierkvd_test"};
+  const std::string dir_ = scratch_.path();
+  std::string store_, socket_;
   std::unique_ptr<ChildProcess> daemon_;
 };
 
