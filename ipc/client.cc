@@ -313,6 +313,16 @@ StatusOr<LookupResult> Client::Lookup(RequestId request,
   return reply.result;
 }
 
+StatusOr<LookupResult> Client::LookupChunk(RequestId request,
+                                           std::span<const TokenId> tokens) {
+  TIERKV_ASSIGN_OR_RETURN(
+      ipc::LookupReply reply,
+      impl_->CallFor<ipc::LookupReply>(ipc::LookupChunkRequest{
+          .request = request,
+          .tokens = std::vector<TokenId>(tokens.begin(), tokens.end())}));
+  return reply.result;
+}
+
 StatusOr<AllocateResult> Client::Allocate(
     RequestId request, std::span<const BlockId> device_blocks,
     int32_t num_external_tokens) {

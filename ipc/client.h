@@ -67,6 +67,8 @@ class Client {
                                 std::span<const TokenId> tokens,
                                 int32_t num_computed_tokens = 0,
                                 const RequestExtras& extras = {});
+  StatusOr<LookupResult> LookupChunk(RequestId request,
+                                     std::span<const TokenId> tokens);
   // Also starts the load's copy, or, when the load is pending (promotions
   // from disk), keeps it until tierkvd reports it ready: PollEvents and
   // WaitEvents start it then.

@@ -233,6 +233,10 @@ void PutPayload(Writer& w, const LookupRequest& m) {
   }
   w.String(m.extras.cache_salt);
 }
+void PutPayload(Writer& w, const LookupChunkRequest& m) {
+  w.Int<uint64_t>(m.request);
+  w.Ints(m.tokens);
+}
 void PutPayload(Writer& w, const LookupReply& m) {
   w.Int<int32_t>(m.result.hit_tokens);
   w.Int<int32_t>(m.result.disk_hit_tokens);
@@ -345,6 +349,10 @@ void GetPayload(Reader& r, LookupRequest* m) {
   }
   m->extras.cache_salt = r.String();
 }
+void GetPayload(Reader& r, LookupChunkRequest* m) {
+  m->request = r.Int<uint64_t>();
+  m->tokens = r.Ints<TokenId>(kMaxTokens, "token");
+}
 void GetPayload(Reader& r, LookupReply* m) {
   m->result.hit_tokens = r.Int<int32_t>();
   m->result.disk_hit_tokens = r.Int<int32_t>();
@@ -451,14 +459,15 @@ void GetPayload(Reader& r, ReadyLoadsReply* m) {
 }
 
 constexpr MessageType kTypes[] = {
-    MessageType::kError,      MessageType::kOk,
-    MessageType::kRegister,   MessageType::kRegisterReply,
-    MessageType::kLookup,     MessageType::kLookupReply,
-    MessageType::kAllocate,   MessageType::kAllocateReply,
-    MessageType::kCommit,     MessageType::kCommitReply,
-    MessageType::kComplete,   MessageType::kFinish,
-    MessageType::kStats,      MessageType::kStatsReply,
-    MessageType::kReadyLoads, MessageType::kReadyLoadsReply,
+    MessageType::kError,       MessageType::kOk,
+    MessageType::kRegister,    MessageType::kRegisterReply,
+    MessageType::kLookup,      MessageType::kLookupReply,
+    MessageType::kAllocate,    MessageType::kAllocateReply,
+    MessageType::kCommit,      MessageType::kCommitReply,
+    MessageType::kComplete,    MessageType::kFinish,
+    MessageType::kStats,       MessageType::kStatsReply,
+    MessageType::kReadyLoads,  MessageType::kReadyLoadsReply,
+    MessageType::kLookupChunk,
 };
 static_assert(std::size(kTypes) == std::variant_size_v<Message>);
 
@@ -523,6 +532,8 @@ const char* MessageTypeName(MessageType type) {
       return "ReadyLoads";
     case MessageType::kReadyLoadsReply:
       return "ReadyLoadsReply";
+    case MessageType::kLookupChunk:
+      return "LookupChunk";
   }
   return "?";
 }

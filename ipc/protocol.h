@@ -23,7 +23,7 @@
 namespace tierkv::ipc {
 
 inline constexpr uint32_t kFrameMagic = 0x4D564B54;  // "TKVM"
-inline constexpr uint16_t kProtocolVersion = 2;
+inline constexpr uint16_t kProtocolVersion = 3;
 inline constexpr size_t kFrameHeaderBytes = 16;
 // Upper bounds a decoder enforces before allocating anything.
 inline constexpr uint32_t kMaxTokens = 1 << 20;
@@ -49,6 +49,7 @@ enum class MessageType : uint16_t {
   kStatsReply = 14,
   kReadyLoads = 15,
   kReadyLoadsReply = 16,
+  kLookupChunk = 17,  // Answered by a LookupReply.
 };
 
 // A failed call: the Status travels back to the caller.
@@ -75,6 +76,11 @@ struct LookupRequest {
   int32_t num_computed_tokens = 0;
   std::vector<TokenId> tokens;
   RequestExtras extras;
+};
+// A position-independent chunk, keyed by content (Coordinator::LookupChunk).
+struct LookupChunkRequest {
+  RequestId request = 0;
+  std::vector<TokenId> tokens;
 };
 struct LookupReply {
   LookupResult result;
@@ -116,7 +122,8 @@ using Message =
     std::variant<ErrorReply, OkReply, RegisterRequest, RegisterReply,
                  LookupRequest, LookupReply, AllocateRequest, AllocateReply,
                  CommitRequest, CommitReply, CompleteRequest, FinishRequest,
-                 StatsRequest, StatsReply, ReadyLoadsRequest, ReadyLoadsReply>;
+                 StatsRequest, StatsReply, ReadyLoadsRequest, ReadyLoadsReply,
+                 LookupChunkRequest>;
 
 MessageType TypeOf(const Message& message);
 const char* MessageTypeName(MessageType type);

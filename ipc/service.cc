@@ -26,6 +26,8 @@ Message Dispatch(Coordinator& c, WorkerId worker, const Message& request) {
         if constexpr (std::is_same_v<T, LookupRequest>) {
           return Wrap<LookupReply>(c.Lookup(worker, m.request, m.tokens,
                                             m.num_computed_tokens, m.extras));
+        } else if constexpr (std::is_same_v<T, LookupChunkRequest>) {
+          return Wrap<LookupReply>(c.LookupChunk(worker, m.request, m.tokens));
         } else if constexpr (std::is_same_v<T, AllocateRequest>) {
           return Wrap<AllocateReply>(c.Allocate(
               worker, m.request, m.device_blocks, m.num_external_tokens));

@@ -105,7 +105,9 @@ Status Coordinator::CheckDeviceBlocks(const WorkerState& w,
 std::span<const TokenId> Coordinator::BlockTokens(const RequestState& r,
                                                   int32_t b) const {
   const size_t bs = static_cast<size_t>(options_.layout.block_size);
-  return std::span<const TokenId>(r.tokens).subspan(b * bs, bs);
+  const size_t start = static_cast<size_t>(b) * bs;
+  return std::span<const TokenId>(r.tokens).subspan(
+      start, std::min(bs, r.tokens.size() - start));
 }
 
 bool Coordinator::HostHas(const BlockKey& key,
@@ -162,6 +164,32 @@ StatusOr<LookupResult> Coordinator::Lookup(WorkerId worker, RequestId request,
           std::to_string(tokens.size()) + " tokens");
     }
   }
+  TIERKV_ASSIGN_OR_RETURN(RequestState * r, BeginLookup(w, request));
+  r->tokens.assign(tokens.begin(), tokens.end());
+  w->hasher.AppendPrefixKeys(r->tokens, bs, extras, &r->keys);
+  const int32_t first = num_computed_tokens / bs;
+  return FindHits(
+      r, first,
+      static_cast<int32_t>(tokens.size() - 1 - num_computed_tokens) / bs);
+}
+
+StatusOr<LookupResult> Coordinator::LookupChunk(
+    WorkerId worker, RequestId request, std::span<const TokenId> tokens) {
+  TIERKV_ASSIGN_OR_RETURN(WorkerState * w, FindWorker(worker));
+  if (tokens.empty() || tokens.size() > options_.max_request_tokens) {
+    return Status::InvalidArgument("chunk lookup of " +
+                                   std::to_string(tokens.size()) +
+                                   " tokens; a chunk has 1.." +
+                                   std::to_string(options_.max_request_tokens));
+  }
+  TIERKV_ASSIGN_OR_RETURN(RequestState * r, BeginLookup(w, request));
+  r->tokens.assign(tokens.begin(), tokens.end());
+  r->keys = w->hasher.ChunkKeys(r->tokens, options_.layout.block_size);
+  return FindHits(r, 0, static_cast<int32_t>(r->keys.size()));
+}
+
+StatusOr<Coordinator::RequestState*> Coordinator::BeginLookup(
+    WorkerState* w, RequestId request) {
   auto [it, inserted] = w->requests.try_emplace(request);
   RequestState& r = it->second;
   if (!inserted) {
@@ -171,39 +199,40 @@ StatusOr<LookupResult> Coordinator::Lookup(WorkerId worker, RequestId request,
     }
     ReleasePendingHits(&r);  // A stale lookup's pins (seed 004 step 3).
   }
-  r.tokens.assign(tokens.begin(), tokens.end());
   r.keys.clear();
-  w->hasher.AppendPrefixKeys(r.tokens, bs, extras, &r.keys);
+  return &r;
+}
 
-  const int32_t first = num_computed_tokens / bs;
-  const int32_t max_hit_blocks =
-      static_cast<int32_t>(tokens.size() - 1 - num_computed_tokens) / bs;
-  r.first_hit_block = first;
+LookupResult Coordinator::FindHits(RequestState* r, int32_t first,
+                                   int32_t max_blocks) {
+  r->first_hit_block = first;
   std::vector<BlockId> host_hits;
   int32_t disk_hits = 0;
-  for (int32_t b = first; b < first + max_hit_blocks; ++b) {
-    std::optional<BlockId> slot =
-        host_pool_.GetCachedBlock(r.keys[b], BlockTokens(r, b));
+  LookupResult result;
+  for (int32_t b = first; b < first + max_blocks; ++b) {
+    const std::span<const TokenId> tokens = BlockTokens(*r, b);
+    std::optional<BlockId> slot = host_pool_.GetCachedBlock(r->keys[b], tokens);
     if (slot.has_value()) {
       host_hits.push_back(*slot);
-      r.pending_hits.push_back(*slot);
+      r->pending_hits.push_back(*slot);
     } else if (options_.lower != nullptr &&
-               options_.lower->Contains(r.keys[b], BlockTokens(r, b))) {
+               options_.lower->Contains(r->keys[b], tokens)) {
       ++disk_hits;
-      r.pending_hits.push_back(kOnLowerTier);
+      r->pending_hits.push_back(kOnLowerTier);
+      result.disk_hit_tokens += static_cast<int32_t>(tokens.size());
     } else {
       break;
     }
+    result.hit_tokens += static_cast<int32_t>(tokens.size());
   }
   host_pool_.Touch(host_hits);
-  const auto hits = static_cast<int32_t>(r.pending_hits.size());
+  const auto hits = static_cast<int32_t>(r->pending_hits.size());
   ++stats_.lookups;
-  stats_.lookup_blocks += max_hit_blocks;
+  stats_.lookup_blocks += max_blocks;
   stats_.hit_blocks += hits - disk_hits;
   stats_.disk_hit_blocks += disk_hits;
-  stats_.miss_blocks += max_hit_blocks - hits;
-  return LookupResult{.hit_tokens = hits * bs,
-                      .disk_hit_tokens = disk_hits * bs};
+  stats_.miss_blocks += max_blocks - hits;
+  return result;
 }
 
 StatusOr<AllocateResult> Coordinator::Allocate(
@@ -222,15 +251,20 @@ StatusOr<AllocateResult> Coordinator::Allocate(
   }
   TIERKV_RETURN_IF_ERROR(CheckDeviceBlocks(*w, device_blocks));
   const int32_t bs = options_.layout.block_size;
-  const auto hit_tokens = static_cast<int32_t>(r.pending_hits.size()) * bs;
-  if (num_external_tokens < 0 || num_external_tokens % bs != 0 ||
-      num_external_tokens > hit_tokens) {
+  // The hit, up to the end of the tokens (a chunk's last block is partial).
+  const int64_t after_first = static_cast<int64_t>(r.tokens.size()) -
+                              static_cast<int64_t>(r.first_hit_block) * bs;
+  const auto hit_tokens = static_cast<int32_t>(std::min<int64_t>(
+      static_cast<int64_t>(r.pending_hits.size()) * bs, after_first));
+  if (num_external_tokens < 0 || num_external_tokens > hit_tokens ||
+      (num_external_tokens % bs != 0 && num_external_tokens != after_first)) {
     return Status::InvalidArgument(
         "num_external_tokens " + std::to_string(num_external_tokens) +
-        " must be a multiple of " + std::to_string(bs) + " up to the hit (" +
-        std::to_string(hit_tokens) + " tokens)");
+        " must be a multiple of " + std::to_string(bs) +
+        " (or the whole chunk) up to the hit (" + std::to_string(hit_tokens) +
+        " tokens)");
   }
-  const int32_t used = num_external_tokens / bs;
+  const int32_t used = (num_external_tokens + bs - 1) / bs;
   if (static_cast<int64_t>(device_blocks.size()) < r.first_hit_block + used) {
     return Status::InvalidArgument("the load needs device blocks up to block " +
                                    std::to_string(r.first_hit_block + used) +
@@ -317,8 +351,11 @@ StatusOr<CommitResult> Coordinator::Commit(
   }
   const int32_t bs = options_.layout.block_size;
   // Only the prompt's tokens are known here; later blocks are not stored.
-  const int32_t full =
-      std::min<int64_t>(num_computed_tokens, r.tokens.size()) / bs;
+  // A chunk's partial last block is stored once the whole chunk is.
+  const auto full = static_cast<int32_t>(
+      static_cast<size_t>(num_computed_tokens) >= r.tokens.size()
+          ? r.keys.size()
+          : static_cast<size_t>(num_computed_tokens / bs));
   if (full > static_cast<int64_t>(device_blocks.size())) {
     return Status::InvalidArgument(
         std::to_string(full) + " full blocks computed but only " +
@@ -341,7 +378,7 @@ StatusOr<CommitResult> Coordinator::Commit(
     store.event.device_blocks.push_back(device_blocks[b]);
     store.event.host_blocks.push_back(slot[0]);
     store.keys.push_back(key);
-    store.tokens.insert(store.tokens.end(), tokens.begin(), tokens.end());
+    store.tokens.emplace_back(tokens.begin(), tokens.end());
   }
   r.next_store_block = std::max(r.next_store_block, full);
   stats_.store_skipped += result.skipped_blocks;
@@ -356,15 +393,13 @@ StatusOr<CommitResult> Coordinator::Commit(
 }
 
 void Coordinator::FinishStore(InFlight* store, bool ok) {
-  const size_t bs = static_cast<size_t>(options_.layout.block_size);
   const std::vector<BlockId>& slots = store->event.host_blocks;
   for (size_t i = 0; i < slots.size(); ++i) {
     keys_being_stored_.erase(store->keys[i]);
     if (!ok) continue;
-    std::span<const TokenId> tokens =
-        std::span<const TokenId>(store->tokens).subspan(i * bs, bs);
-    // Cannot fail: the slot is pinned, unkeyed and the tokens are full.
-    if (host_pool_.CacheBlock(slots[i], store->keys[i], tokens).ok()) {
+    // Cannot fail: the slot is pinned and unkeyed, with 1..block_size tokens.
+    if (host_pool_.CacheBlock(slots[i], store->keys[i], store->tokens[i])
+            .ok()) {
       ++stats_.stores_completed;
     }
   }
@@ -497,7 +532,7 @@ size_t Coordinator::PumpLowerTier() {
     }
     --promotions_in_flight_;
     if (ok) {
-      // Cannot fail: the slot is pinned, unkeyed, and the tokens are full.
+      // Cannot fail: the slot is pinned and unkeyed, with 1..block_size tokens.
       (void)host_pool_.CacheBlock(op.slot, op.key, op.tokens);
       ++stats_.promotions;
     } else {

@@ -208,6 +208,14 @@ class Coordinator {
                                 std::span<const TokenId> tokens,
                                 int32_t num_computed_tokens,
                                 const RequestExtras& extras);
+  // Lookup for a position-independent chunk (seed 000): its blocks are keyed
+  // by content alone (KeyHasher::ChunkKeys), apart from every prefix key,
+  // and its last block may be partial. Every token may hit. The request then
+  // goes on as any other: Allocate may load the whole chunk
+  // (num_external_tokens = the hit, partial block included) and Commit
+  // stores the chunk's blocks once all of a block's tokens are computed.
+  StatusOr<LookupResult> LookupChunk(WorkerId worker, RequestId request,
+                                     std::span<const TokenId> tokens);
   // `device_blocks`: the request's blocks in order, as the engine allocated
   // them. num_external_tokens (a multiple of the block size, at most the
   // hit) of the lookup's hit are loaded into them.
@@ -240,7 +248,9 @@ class Coordinator {
  private:
   struct RequestState {
     std::vector<TokenId> tokens;
-    std::vector<BlockKey> keys;  // Full blocks of tokens.
+    // Prefix: one per full block. Chunk: one per block, the last one
+    // possibly partial.
+    std::vector<BlockKey> keys;
     int32_t first_hit_block = 0;
     std::vector<BlockId> pending_hits;  // Pinned host slots, in block order.
     bool allocated = false;
@@ -250,11 +260,11 @@ class Coordinator {
   enum class LoadSlot : uint8_t { kHeld, kPromoting, kReleased };
   struct InFlight {
     TransferEvent event;
-    std::vector<BlockKey> keys;   // Store: the keys its slots will get.
-    std::vector<TokenId> tokens;  // Store: block_size tokens per slot.
-    std::vector<LoadSlot> slots;  // Load: one per block.
-    int32_t promoting = 0;        // Load: promotions not finished.
-    bool pending = false;         // Load: not handed to the worker yet.
+    std::vector<BlockKey> keys;  // Store: the keys its slots will get.
+    std::vector<std::vector<TokenId>> tokens;  // Store: each slot's tokens.
+    std::vector<LoadSlot> slots;               // Load: one per block.
+    int32_t promoting = 0;                     // Load: promotions not finished.
+    bool pending = false;  // Load: not handed to the worker yet.
   };
   // A spill or promotion the lower tier is running.
   struct LowerOp {
@@ -292,6 +302,12 @@ class Coordinator {
   Coordinator(const CoordinatorOptions& options, BlockPool host_pool);
 
   StatusOr<WorkerState*> FindWorker(WorkerId worker);
+  // The request's state for a new lookup: fresh, or a stale lookup's with
+  // its pins dropped. FailedPrecondition once allocated.
+  StatusOr<RequestState*> BeginLookup(WorkerState* w, RequestId request);
+  // Pins and reports the run of hits from block `first`, at most
+  // max_blocks blocks (r->keys must cover them).
+  LookupResult FindHits(RequestState* r, int32_t first, int32_t max_blocks);
   Status CheckDeviceBlocks(const WorkerState& w,
                            std::span<const BlockId> blocks) const;
   std::span<const TokenId> BlockTokens(const RequestState& r, int32_t b) const;

@@ -158,6 +158,77 @@ TEST_F(CoordinatorTest, RepeatedLookupDropsTheEarlierPins) {
   EXPECT_EQ(c_.stats().host.events_in_flight, 1u);
 }
 
+// A chunk of 40 tokens: two full blocks and a partial one of 8, stored by
+// one worker and loaded whole by another; prefix lookups never see it.
+TEST_F(CoordinatorTest, ChunkIsStoredAndLoadedWholeIncludingItsPartialBlock) {
+  const WorkerId a = Register();
+  const WorkerId b = Register();
+  const std::vector<TokenId> chunk = SequentialTokens(100, 40);
+  ASSERT_EQ(c_.LookupChunk(a, 1, chunk).value().hit_tokens, 0);
+  ASSERT_TRUE(c_.Allocate(a, 1, Range(10, 12), 0).ok());
+  // 32 tokens computed: only the full blocks are ready.
+  CommitResult part = c_.Commit(a, 1, 32, Range(10, 12)).value();
+  ASSERT_EQ(part.stores.size(), 1u);
+  EXPECT_THAT(part.stores[0].device_blocks, ElementsAre(10, 11));
+  // The whole chunk: the partial block follows.
+  CommitResult rest = c_.Commit(a, 1, 40, Range(10, 12)).value();
+  ASSERT_EQ(rest.stores.size(), 1u);
+  EXPECT_THAT(rest.stores[0].device_blocks, ElementsAre(12));
+  const std::vector<CompletedEvent> done{{part.stores[0].ref, true},
+                                         {rest.stores[0].ref, true}};
+  ASSERT_TRUE(c_.Complete(a, done).ok());
+  ASSERT_TRUE(c_.Finish(a, 1).ok());
+  EXPECT_EQ(c_.stats().host.cached_slots, 3);
+
+  // Every token of the chunk may hit, the partial block included.
+  const LookupResult hit = c_.LookupChunk(b, 7, chunk).value();
+  EXPECT_EQ(hit.hit_tokens, 40);
+  EXPECT_EQ(c_.stats().host.pinned_slots, 3);
+  // A load ends mid-block only at the chunk's end.
+  EXPECT_EQ(c_.Allocate(b, 7, Range(20, 22), 36).status().code(),
+            StatusCode::kInvalidArgument);
+  AllocateResult load = c_.Allocate(b, 7, Range(20, 22), 40).value();
+  ASSERT_TRUE(load.load.has_value());
+  EXPECT_FALSE(load.load_pending);
+  EXPECT_THAT(load.load->device_blocks, ElementsAre(20, 21, 22));
+  EXPECT_THAT(
+      load.load->host_blocks,
+      ElementsAre(part.stores[0].host_blocks[0], part.stores[0].host_blocks[1],
+                  rest.stores[0].host_blocks[0]));
+  const std::vector<CompletedEvent> loaded{{load.load->ref, true}};
+  ASSERT_TRUE(c_.Complete(b, loaded).ok());
+  ASSERT_TRUE(c_.Finish(b, 7).ok());
+  EXPECT_EQ(c_.stats().host.pinned_slots, 0);
+
+  // The same tokens as a prompt: prefix keys, not chunk keys.
+  std::vector<TokenId> prompt = chunk;
+  prompt.push_back(1);
+  EXPECT_EQ(c_.Lookup(b, 8, prompt, 0, {}).value().hit_tokens, 0);
+  // A chunk that differs only in its partial block misses there.
+  std::vector<TokenId> other = chunk;
+  other.back() += 1;
+  EXPECT_EQ(c_.LookupChunk(b, 9, other).value().hit_tokens, 32);
+  // A chunk one token shorter is another chunk from its partial block on.
+  const std::vector<TokenId> shorter(chunk.begin(), chunk.end() - 1);
+  EXPECT_EQ(c_.LookupChunk(b, 10, shorter).value().hit_tokens, 32);
+}
+
+TEST_F(CoordinatorTest, ChunkShorterThanABlockIsOneBlock) {
+  const WorkerId w = Register();
+  const std::vector<TokenId> chunk = SequentialTokens(5, 3);
+  ASSERT_EQ(c_.LookupChunk(w, 1, chunk).value().hit_tokens, 0);
+  ASSERT_TRUE(c_.Allocate(w, 1, Range(1, 1), 0).ok());
+  EXPECT_TRUE(c_.Commit(w, 1, 2, Range(1, 1)).value().stores.empty());
+  CommitResult commit = c_.Commit(w, 1, 3, Range(1, 1)).value();
+  ASSERT_EQ(commit.stores.size(), 1u);
+  const std::vector<CompletedEvent> done{{commit.stores[0].ref, true}};
+  ASSERT_TRUE(c_.Complete(w, done).ok());
+  ASSERT_TRUE(c_.Finish(w, 1).ok());
+  EXPECT_EQ(c_.LookupChunk(w, 2, chunk).value().hit_tokens, 3);
+  EXPECT_EQ(c_.LookupChunk(w, 3, std::vector<TokenId>{}).status().code(),
+            StatusCode::kInvalidArgument);
+}
+
 TEST_F(CoordinatorTest, TenantsDoNotShareBlocks) {
   const WorkerId a = Register("tenant-a");
   const WorkerId b = Register("tenant-b");

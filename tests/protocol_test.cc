@@ -59,6 +59,7 @@ std::vector<Message> Samples() {
                     .tokens = {1, 2, 3},
                     .extras = extras},
       LookupReply{{.hit_tokens = 32, .disk_hit_tokens = 16}},
+      LookupChunkRequest{.request = 7, .tokens = {4, 5, 6, 7}},
       AllocateRequest{
           .request = 1, .num_external_tokens = 16, .device_blocks = {1, 2}},
       AllocateReply{{.load = event,
