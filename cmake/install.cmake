@@ -15,10 +15,11 @@ endforeach()
 
 # What an engine includes: the client and the headers it names.
 set(TIERKV_PUBLIC_HEADERS
-  src/block_key.h src/block_pool.h src/coordinator.h src/free_block_queue.h
+  src/block_key.h src/block_pool.h src/chunk_tier.h src/coordinator.h
+  src/free_block_queue.h
   src/kv_cache_manager.h src/kv_layout.h src/lower_tier.h src/request.h
   src/status.h
-  tiers/device_tier.h ipc/client.h)
+  tiers/device_tier.h ipc/client.h ipc/chunk_tier.h)
 foreach(header ${TIERKV_PUBLIC_HEADERS})
   get_filename_component(dir ${header} DIRECTORY)
   install(FILES ${PROJECT_SOURCE_DIR}/${header}

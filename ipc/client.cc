@@ -424,6 +424,7 @@ StatusOr<CoordinatorStats> Client::Stats() {
 
 WorkerId Client::worker_id() const { return impl_->worker; }
 bool Client::embedded() const { return impl_->coordinator.has_value(); }
+const KvLayout& Client::layout() const { return impl_->options.layout; }
 DeviceTier& Client::device() { return *impl_->device; }
 const std::byte* Client::host_slot(BlockId slot) const {
   return impl_->host->slot(slot);

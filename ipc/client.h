@@ -92,6 +92,7 @@ class Client {
 
   WorkerId worker_id() const;
   bool embedded() const;
+  const KvLayout& layout() const;
   DeviceTier& device();
   // Host slot memory (for checks; engines never need it).
   const std::byte* host_slot(BlockId slot) const;

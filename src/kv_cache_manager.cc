@@ -188,6 +188,18 @@ Status KVCacheManager::Free(RequestId id) {
   return Status::Ok();
 }
 
+StatusOr<std::vector<BlockId>> KVCacheManager::AllocateRemapBlocks(int32_t n) {
+  std::vector<BlockId> blocks;
+  if (n < 1) return blocks;
+  TIERKV_RETURN_IF_ERROR(pool_.GetNewBlocks(n, &blocks));
+  return blocks;
+}
+
+void KVCacheManager::ReleaseRemappedBlocks(std::span<const BlockId> blocks) {
+  std::vector<BlockId> reversed(blocks.rbegin(), blocks.rend());
+  pool_.FreeBlocks(reversed);
+}
+
 std::span<const BlockId> KVCacheManager::blocks(RequestId id) const {
   auto it = requests_.find(id);
   if (it == requests_.end()) return {};

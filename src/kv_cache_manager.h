@@ -93,6 +93,16 @@ class KVCacheManager {
 
   // Releases the request's blocks in reverse order. NotFound if unknown.
   Status Free(RequestId id);
+  // Seed 000's remap targets: `n` blocks from the head of the free queue,
+  // held by no request and never keyed, so what a remap writes into them
+  // (chunk KV computed under chunk-isolated attention, not a causal prefix)
+  // is never served as a prefix hit. ResourceExhausted, with nothing
+  // changed, when fewer than n are free.
+  StatusOr<std::vector<BlockId>> AllocateRemapBlocks(int32_t n);
+  // Seed 000's cleanup_remapped_blocks, when the request finishes: the
+  // blocks go back to the free queue, last first, still unkeyed.
+  // REQUIRES: blocks from AllocateRemapBlocks, each released once.
+  void ReleaseRemappedBlocks(std::span<const BlockId> blocks);
 
   // The request's blocks in order; empty if the request is unknown.
   std::span<const BlockId> blocks(RequestId id) const;

@@ -800,11 +800,57 @@ std::vector<BlockId> ChunkKvStore::Acquire(std::span<const TokenId> chunk) {
   for (size_t j = 0; j < keys.size(); ++j) {
     std::optional<BlockId> hit =
         pool_.GetCachedBlock(keys[j], ChunkBlockTokens(chunk, bs, j));
-    if (!hit.has_value()) return {};
+    if (!hit.has_value()) return FetchFromTier(chunk, keys);
     blocks.push_back(*hit);
   }
   pool_.Touch(blocks);
+  ++stats_.pool_hits;
   return blocks;
+}
+
+std::vector<BlockId> ChunkKvStore::FetchFromTier(
+    std::span<const TokenId> chunk, std::span<const BlockKey> keys) {
+  if (tier_ == nullptr || keys.empty()) return {};
+  std::vector<BlockId> blocks;
+  const ChunkTier::AllocateBlocks allocate =
+      [&](int32_t n) -> StatusOr<std::vector<BlockId>> {
+    if (n != static_cast<int32_t>(keys.size())) {
+      return Status::Internal("chunk tier asked for " + std::to_string(n) +
+                              " blocks for a chunk of " +
+                              std::to_string(keys.size()));
+    }
+    TIERKV_RETURN_IF_ERROR(pool_.GetNewBlocks(n, &blocks));
+    return blocks;
+  };
+  StatusOr<bool> fetched = tier_->Fetch(chunk, allocate);
+  const int32_t bs = pool_.block_size();
+  Status status = fetched.status();
+  if (status.ok() && *fetched) {
+    // Keyed only now: a lookup never sees a block still being copied.
+    for (size_t j = 0; j < keys.size() && status.ok(); ++j) {
+      status =
+          pool_.CacheBlock(blocks[j], keys[j], ChunkBlockTokens(chunk, bs, j));
+    }
+  }
+  if (status.ok() && *fetched) {
+    ++stats_.tier_hits;
+    return blocks;
+  }
+  // A miss, or blocks whose contents are unknown: back to the pool unkeyed.
+  Release(blocks);
+  if (!status.ok()) CountTierError(std::move(status));
+  return {};
+}
+
+void ChunkKvStore::CountTierError(Status status) {
+  ++stats_.tier_errors;
+  last_tier_error_ = std::move(status);
+}
+
+ChunkStoreStats ChunkKvStore::stats() const {
+  ChunkStoreStats out = stats_;
+  out.evictions = pool_.stats().evictions;
+  return out;
 }
 
 StatusOr<std::vector<BlockId>> ChunkKvStore::ComputeAndInsert(
@@ -832,6 +878,14 @@ StatusOr<std::vector<BlockId>> ChunkKvStore::ComputeAndInsert(
   if (!status.ok()) {
     Release(blocks);
     return status;
+  }
+  ++stats_.computed;
+  if (tier_ != nullptr) {
+    if (Status published = tier_->Publish(chunk, blocks); published.ok()) {
+      ++stats_.published;
+    } else {
+      CountTierError(std::move(published));
+    }
   }
   return blocks;
 }
@@ -893,23 +947,18 @@ Status PlaceChunk(ChunkKvStore* store, std::span<const TokenId> tokens,
 
 }  // namespace
 
-StatusOr<ChunkedPrefillResult> ChunkedPrefill(
-    const ReferenceModel& model, ChunkKvStore* store,
-    std::span<const TokenId> prompt, std::span<const TokenId> separator,
-    const ChunkedPrefillOptions& options, PagedKvCache* dst) {
-  ChunkedPrefillResult result;
-  TIERKV_ASSIGN_OR_RETURN(result.prompt, AssemblePrompt(prompt, separator));
-  const AssembledPrompt& p = result.prompt;
-  const auto n = static_cast<int64_t>(p.tokens.size());
-  if (dst->num_slots() < n) {
-    return Status::InvalidArgument("chunked prefill: " + std::to_string(n) +
-                                   " tokens do not fit the destination");
-  }
-  std::vector<int64_t> slots(static_cast<size_t>(n));
-  std::iota(slots.begin(), slots.end(), 0);
+namespace {
+
+// Places every chunk of result->prompt at `slots` of `dst`, then prefills
+// the question there.
+Status PrefillAssembled(const ReferenceModel& model, ChunkKvStore* store,
+                        std::span<const int64_t> slots,
+                        const ChunkedPrefillOptions& options, PagedKvCache* dst,
+                        ChunkedPrefillResult* result) {
+  const AssembledPrompt& p = result->prompt;
   for (const TokenRange& range : p.chunks) {
     TIERKV_RETURN_IF_ERROR(
-        PlaceChunk(store, p.tokens, range, slots, dst, &result));
+        PlaceChunk(store, p.tokens, range, slots, dst, result));
   }
   const std::vector<TokenRange> cached = {{0, p.question.begin}};
   PrefillInput in{.tokens = p.tokens,
@@ -921,7 +970,58 @@ StatusOr<ChunkedPrefillResult> ChunkedPrefill(
   // CacheBlend recomputes toward full causal attention; seed 000 keeps the
   // chunks isolated.
   if (!options.blend.has_value()) in.spans = p.spans;
-  TIERKV_ASSIGN_OR_RETURN(result.output, model.Prefill(in, dst));
+  TIERKV_ASSIGN_OR_RETURN(result->output, model.Prefill(in, dst));
+  return Status::Ok();
+}
+
+}  // namespace
+
+StatusOr<ChunkedPrefillResult> ChunkedPrefill(
+    const ReferenceModel& model, ChunkKvStore* store,
+    std::span<const TokenId> prompt, std::span<const TokenId> separator,
+    const ChunkedPrefillOptions& options, PagedKvCache* dst) {
+  ChunkedPrefillResult result;
+  TIERKV_ASSIGN_OR_RETURN(result.prompt, AssemblePrompt(prompt, separator));
+  const auto n = static_cast<int64_t>(result.prompt.tokens.size());
+  if (dst->num_slots() < n) {
+    return Status::InvalidArgument("chunked prefill: " + std::to_string(n) +
+                                   " tokens do not fit the destination");
+  }
+  std::vector<int64_t> slots(static_cast<size_t>(n));
+  std::iota(slots.begin(), slots.end(), 0);
+  TIERKV_RETURN_IF_ERROR(
+      PrefillAssembled(model, store, slots, options, dst, &result));
+  return result;
+}
+
+StatusOr<ChunkedPrefillResult> ChunkedPrefill(
+    const ReferenceModel& model, ChunkKvStore* store,
+    std::span<const TokenId> prompt, std::span<const TokenId> separator,
+    const ChunkedPrefillOptions& options, MainKvPool main) {
+  if (main.manager == nullptr || main.memory == nullptr ||
+      main.memory->num_blocks() < main.manager->pool().num_blocks() ||
+      main.memory->layout().block_size != main.manager->pool().block_size()) {
+    return Status::InvalidArgument(
+        "chunked prefill: the main pool's memory must hold one block of its "
+        "block size per pool block");
+  }
+  ChunkedPrefillResult result;
+  TIERKV_ASSIGN_OR_RETURN(result.prompt, AssemblePrompt(prompt, separator));
+  const int32_t bs = main.memory->layout().block_size;
+  const auto n = static_cast<int32_t>(result.prompt.tokens.size());
+  TIERKV_ASSIGN_OR_RETURN(result.main_blocks,
+                          main.manager->AllocateRemapBlocks((n + bs - 1) / bs));
+  StatusOr<std::vector<int64_t>> slots =
+      SlotMappingForBlocks(result.main_blocks, bs, 0, n);
+  Status status = slots.status();
+  if (status.ok()) {
+    status =
+        PrefillAssembled(model, store, *slots, options, main.memory, &result);
+  }
+  if (!status.ok()) {
+    main.manager->ReleaseRemappedBlocks(result.main_blocks);
+    return status;
+  }
   return result;
 }
 

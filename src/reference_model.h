@@ -34,6 +34,7 @@
 #include "src/block_key.h"
 #include "src/block_pool.h"
 #include "src/cache_blend.h"
+#include "src/chunk_tier.h"
 #include "src/kv_cache_manager.h"
 #include "src/kv_layout.h"
 #include "src/request.h"
@@ -217,21 +218,42 @@ struct ChunkKvStoreOptions {
   KeyNamespace key_namespace = {};  // Default: model "", tenant "".
 };
 
+// What a ChunkKvStore served, and how.
+struct ChunkStoreStats {
+  uint64_t pool_hits = 0;    // Chunks found in the pool.
+  uint64_t tier_hits = 0;    // Chunks fetched from the tier below.
+  uint64_t computed = 0;     // Chunks computed (ComputeAndInsert).
+  uint64_t published = 0;    // Computed chunks copied to the tier below.
+  uint64_t tier_errors = 0;  // Fetches or publishes that failed.
+  uint64_t evictions = 0;    // Cached pool blocks dropped for reuse.
+};
+
 // A chunk pool: chunks keyed by content (KeyHasher::ChunkKeys), their KV
 // computed in isolation at virtual positions [virtual_start, +n), in blocks
-// managed by a BlockPool (LRU eviction, token check on every hit). The model
-// must outlive the store. Not thread-safe.
+// managed by a BlockPool (LRU eviction, token check on every hit). With a
+// ChunkTier below (SetTier), a pool miss is fetched from the tier before it
+// is computed, and every computed chunk is published to it. A tier that
+// fails is counted (stats().tier_errors, last_tier_error()) and worked
+// around: the chunk is computed, never served half-copied. The model must
+// outlive the store. Not thread-safe.
 class ChunkKvStore {
  public:
   static StatusOr<ChunkKvStore> Create(const ReferenceModel& model,
                                        const ChunkKvStoreOptions& options);
 
-  // The chunk's blocks, pinned, when every one of them is cached; empty on
-  // a miss.
+  // The tier below the pool, or null for none (the default). Not owned; it
+  // copies into and out of memory().
+  void SetTier(ChunkTier* tier) { tier_ = tier; }
+  // The pool's KV memory: num_blocks blocks of layout().BlockBytes(), at a
+  // fixed address for the store's life (a device tier is built over it).
+  std::byte* memory() { return cache_.base(); }
+
+  // The chunk's blocks, pinned, when every one of them is in the pool or
+  // the tier below; empty on a miss.
   std::vector<BlockId> Acquire(std::span<const TokenId> chunk);
-  // Computes `chunk` in isolation at the virtual positions into new blocks
-  // and keys them; returns them pinned. ResourceExhausted when the pool has
-  // too few free blocks.
+  // Computes `chunk` in isolation at the virtual positions into new blocks,
+  // keys them and publishes them to the tier; returns them pinned.
+  // ResourceExhausted when the pool has too few free blocks.
   StatusOr<std::vector<BlockId>> ComputeAndInsert(
       std::span<const TokenId> chunk);
   // Unpins blocks from Acquire or ComputeAndInsert.
@@ -248,10 +270,17 @@ class ChunkKvStore {
   const KvLayout& layout() const { return cache_.layout(); }
   const BlockPool& pool() const { return pool_; }
   const PagedKvCache& cache() const { return cache_; }
+  ChunkStoreStats stats() const;
+  // Why the tier last failed; OK when it never did.
+  const Status& last_tier_error() const { return last_tier_error_; }
 
  private:
   ChunkKvStore(const ReferenceModel& model, const ChunkKvStoreOptions& options,
                BlockPool pool, PagedKvCache cache, RopeRemap remap);
+
+  std::vector<BlockId> FetchFromTier(std::span<const TokenId> chunk,
+                                     std::span<const BlockKey> keys);
+  void CountTierError(Status status);
 
   const ReferenceModel* model_;
   KeyHasher hasher_;
@@ -259,6 +288,9 @@ class ChunkKvStore {
   BlockPool pool_;
   PagedKvCache cache_;
   RopeRemap remap_;
+  ChunkTier* tier_ = nullptr;
+  ChunkStoreStats stats_;
+  Status last_tier_error_;
 };
 
 struct ChunkedPrefillOptions {
@@ -274,6 +306,10 @@ struct ChunkedPrefillResult {
   AssembledPrompt prompt;
   int32_t chunk_hits = 0;
   int32_t chunk_misses = 0;
+  // Into a main pool: the blocks holding the assembled sequence, in order
+  // (slot i of the sequence is main_blocks[i / block_size]). Release them
+  // with KVCacheManager::ReleaseRemappedBlocks when the request finishes.
+  std::vector<BlockId> main_blocks;
 };
 
 // One chunked request end to end (seed 000 §2.4): split the prompt, fetch
@@ -284,6 +320,23 @@ StatusOr<ChunkedPrefillResult> ChunkedPrefill(
     const ReferenceModel& model, ChunkKvStore* store,
     std::span<const TokenId> prompt, std::span<const TokenId> separator,
     const ChunkedPrefillOptions& options, PagedKvCache* dst);
+
+// The engine's main KV pool: a KVCacheManager and the memory of its pool
+// (one block of `memory` per pool block).
+struct MainKvPool {
+  KVCacheManager* manager = nullptr;
+  PagedKvCache* memory = nullptr;
+};
+
+// As above, into blocks of the engine's main pool (seed 000's
+// remap_and_copy): the assembled sequence gets AllocateRemapBlocks blocks,
+// chunks are remapped into them and the question computed there. They are
+// in result.main_blocks, unkeyed; the caller releases them when the request
+// finishes (cleanup_remapped_blocks). On an error nothing stays allocated.
+StatusOr<ChunkedPrefillResult> ChunkedPrefill(
+    const ReferenceModel& model, ChunkKvStore* store,
+    std::span<const TokenId> prompt, std::span<const TokenId> separator,
+    const ChunkedPrefillOptions& options, MainKvPool main);
 
 }  // namespace tierkv
 

@@ -686,5 +686,58 @@ TEST(ReferenceModelChunks, StoreEvictsAndReportsExhaustion) {
   EXPECT_TRUE(store.pool().CheckInvariants().ok());
 }
 
+// ---------------------------------------------------------------------------
+// 6. Into the engine's main pool: the remap's blocks are released unkeyed
+// when the request finishes (seed 000's cleanup_remapped_blocks).
+
+TEST(ReferenceModelChunks, MainPoolRemapBlocksAreReleasedUnkeyed) {
+  ChunkFixture f;
+  std::mt19937 rng(9);
+  const std::vector<TokenId> prompt = Join(
+      {RandomTokens(rng, 20), RandomTokens(rng, 33), RandomTokens(rng, 7)});
+  const std::vector<TokenId> sep = {kSep};
+  KVCacheManager main =
+      KVCacheManager::Create({.pool = {.num_blocks = 12, .block_size = 16}})
+          .value();
+  PagedKvCache memory =
+      PagedKvCache::Create(f.store.layout(), main.pool().num_blocks()).value();
+  const int32_t free_before = main.pool().num_free_blocks();
+
+  ChunkedPrefillResult r =
+      ChunkedPrefill(f.model, &f.store, prompt, sep, {.num_logits = 7},
+                     MainKvPool{.manager = &main, .memory = &memory})
+          .value();
+  const auto n = static_cast<int32_t>(r.prompt.tokens.size());
+  ASSERT_EQ(r.main_blocks.size(), static_cast<size_t>((n + 15) / 16));
+  EXPECT_EQ(main.pool().num_free_blocks(),
+            free_before - static_cast<int32_t>(r.main_blocks.size()));
+  EXPECT_EQ(main.pool().num_cached_blocks(), 0u);
+  // The same logits as into a private cache: where a slot lives changes
+  // nothing.
+  ChunkedPrefillResult own = f.Run(prompt, 7);
+  EXPECT_EQ(Bits(r.output.logits), Bits(own.output.logits));
+
+  main.ReleaseRemappedBlocks(r.main_blocks);
+  EXPECT_EQ(main.pool().num_free_blocks(), free_before);
+  EXPECT_EQ(main.pool().num_cached_blocks(), 0u);
+  EXPECT_TRUE(main.pool().CheckInvariants().ok());
+  // Chunk-isolated KV is never a prefix hit.
+  const KeyHasher hasher(KeyNamespace{});
+  const Request again(1, r.prompt.tokens, 16, hasher);
+  EXPECT_EQ(main.GetComputedBlocks(again).num_tokens, 0);
+
+  // A main pool too small for the sequence: an error, nothing held.
+  KVCacheManager tiny =
+      KVCacheManager::Create({.pool = {.num_blocks = 3, .block_size = 16}})
+          .value();
+  PagedKvCache tiny_memory = PagedKvCache::Create(f.store.layout(), 3).value();
+  EXPECT_EQ(ChunkedPrefill(f.model, &f.store, prompt, sep, {},
+                           MainKvPool{.manager = &tiny, .memory = &tiny_memory})
+                .status()
+                .code(),
+            StatusCode::kResourceExhausted);
+  EXPECT_EQ(tiny.pool().num_free_blocks(), 2);
+}
+
 }  // namespace
 }  // namespace tierkv

@@ -41,11 +41,12 @@ std::string ErrnoText(int err) {
 
 struct EmulatedDeviceTier::Impl {
   Impl(std::byte* arena, size_t arena_bytes, int32_t num_blocks,
-       size_t block_bytes)
+       size_t block_bytes, bool owns_arena)
       : arena(arena),
         arena_bytes(arena_bytes),
         num_blocks(num_blocks),
-        block_bytes(block_bytes) {}
+        block_bytes(block_bytes),
+        owns_arena(owns_arena) {}
 
   // Stops the copy engine once the queue is empty, then frees the arena.
   ~Impl() {
@@ -57,7 +58,7 @@ struct EmulatedDeviceTier::Impl {
       work_cv.notify_one();
       engine.join();
     }
-    munmap(arena, arena_bytes);
+    if (owns_arena) munmap(arena, arena_bytes);
   }
 
   std::byte* BlockAddress(BlockId id) const {
@@ -75,6 +76,7 @@ struct EmulatedDeviceTier::Impl {
   const size_t arena_bytes;
   const int32_t num_blocks;
   const size_t block_bytes;
+  const bool owns_arena;  // False: the engine's memory (CreateOver).
 
   mutable std::mutex mu;
   std::condition_variable work_cv;  // Signals queue non-empty or stopping.
@@ -187,8 +189,27 @@ StatusOr<std::unique_ptr<EmulatedDeviceTier>> EmulatedDeviceTier::Create(
     // TLB misses on large copies.
     (void)madvise(mem, bytes, MADV_HUGEPAGE);
   }
-  auto impl = std::make_unique<Impl>(static_cast<std::byte*>(mem), bytes,
-                                     num_blocks, block_bytes);
+  return Start(std::make_unique<Impl>(static_cast<std::byte*>(mem), bytes,
+                                      num_blocks, block_bytes,
+                                      /*owns_arena=*/true));
+}
+
+StatusOr<std::unique_ptr<EmulatedDeviceTier>> EmulatedDeviceTier::CreateOver(
+    std::span<std::byte> memory, int32_t num_blocks, size_t block_bytes) {
+  if (num_blocks < 1 || block_bytes == 0 ||
+      memory.size() / block_bytes < static_cast<size_t>(num_blocks)) {
+    return Status::InvalidArgument(
+        "device tier over " + std::to_string(memory.size()) +
+        " bytes cannot hold " + std::to_string(num_blocks) + " blocks of " +
+        std::to_string(block_bytes) + " bytes");
+  }
+  return Start(std::make_unique<Impl>(memory.data(), memory.size(), num_blocks,
+                                      block_bytes,
+                                      /*owns_arena=*/false));
+}
+
+StatusOr<std::unique_ptr<EmulatedDeviceTier>> EmulatedDeviceTier::Start(
+    std::unique_ptr<Impl> impl) {
   try {
     impl->engine = std::thread([raw = impl.get()] { raw->RunCopyEngine(); });
   } catch (const std::system_error& e) {

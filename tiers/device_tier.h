@@ -61,15 +61,20 @@ class DeviceTier {
   virtual size_t in_flight() const = 0;
 };
 
-// Emulated device: a private, page-aligned arena in the worker's memory and
-// a copy engine thread that executes jobs in submission order with memcpy.
-// The destructor drains queued jobs.
+// Emulated device: a private, page-aligned arena in the worker's memory (or
+// memory the engine owns, CreateOver) and a copy engine thread that executes
+// jobs in submission order with memcpy. The destructor drains queued jobs.
 class EmulatedDeviceTier final : public DeviceTier {
  public:
   // InvalidArgument for num_blocks < 1 or block_bytes == 0;
   // ResourceExhausted when the arena cannot be allocated.
   static StatusOr<std::unique_ptr<EmulatedDeviceTier>> Create(
       int32_t num_blocks, size_t block_bytes);
+  // Over memory the engine owns (e.g. the KV its model reads and writes):
+  // block i is memory[i * block_bytes, +block_bytes). The memory must
+  // outlive the tier. InvalidArgument when it is too small.
+  static StatusOr<std::unique_ptr<EmulatedDeviceTier>> CreateOver(
+      std::span<std::byte> memory, int32_t num_blocks, size_t block_bytes);
   ~EmulatedDeviceTier() override;
 
   int32_t num_blocks() const override;
@@ -88,6 +93,9 @@ class EmulatedDeviceTier final : public DeviceTier {
  private:
   struct Impl;
   explicit EmulatedDeviceTier(std::unique_ptr<Impl> impl);
+  // Starts the copy engine thread.
+  static StatusOr<std::unique_ptr<EmulatedDeviceTier>> Start(
+      std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -1,0 +1,50 @@
+// ClientChunkTier: a worker's device chunk pool backed by tierkvd. Chunk
+// blocks are looked up by their chunk keys (Client::LookupChunk) in
+// tierkvd's host and disk tiers, loaded into the pool's blocks, and stored
+// from them, with the same load and store events as prefix blocks; every
+// other worker of the tierkvd sees them. The client must be dedicated to the
+// chunk pool: its device tier is the pool's memory (ChunkKvStore::memory(),
+// e.g. through EmulatedDeviceTier::CreateOver) and no other caller drives it.
+// Each call waits for its own copy; calls are not thread-safe.
+#ifndef TIERKV_IPC_CHUNK_TIER_H_
+#define TIERKV_IPC_CHUNK_TIER_H_
+
+#include <chrono>
+#include <cstdint>
+#include <span>
+
+#include "ipc/client.h"
+#include "src/chunk_tier.h"
+
+namespace tierkv {
+
+struct ClientChunkTierOptions {
+  // How long one fetch or publish waits for its copy (a fetch may wait for
+  // promotions from disk). Default: 10 s.
+  std::chrono::milliseconds copy_timeout{10000};
+};
+
+class ClientChunkTier final : public ChunkTier {
+ public:
+  // `client` must outlive the tier.
+  explicit ClientChunkTier(Client* client,
+                           const ClientChunkTierOptions& options = {});
+
+  StatusOr<bool> Fetch(std::span<const TokenId> chunk,
+                       const AllocateBlocks& allocate) override;
+  Status Publish(std::span<const TokenId> chunk,
+                 std::span<const BlockId> blocks) override;
+
+ private:
+  // Waits for the transfer `ref` (completing every transfer that finishes
+  // meanwhile); its status, or failed_blocks > 0 as DataLoss.
+  Status WaitFor(const EventRef& ref);
+
+  Client* client_;
+  ClientChunkTierOptions options_;
+  RequestId next_request_ = 1;
+};
+
+}  // namespace tierkv
+
+#endif  // TIERKV_IPC_CHUNK_TIER_H_

@@ -1,0 +1,52 @@
+// ChunkTier: the tiers under a worker's device chunk pool (seed 000's pool
+// of position-independent chunks, separate from the engine's main pool).
+// tierkvd's host DRAM and disk tier index chunk blocks by their chunk keys,
+// so a chunk one worker computed is fetched by every other worker instead
+// of being computed again. ipc/chunk_tier.h reaches them through a worker
+// client; ChunkKvStore (src/reference_model.h) fetches from its tier on a
+// pool miss and publishes each chunk it computes at once, as seed 004 stores
+// prefix blocks eagerly, so that evicting a chunk from the pool loses
+// nothing the tiers below can still hold.
+// Implementations need not be thread-safe: the pool's owner drives them.
+#ifndef TIERKV_SRC_CHUNK_TIER_H_
+#define TIERKV_SRC_CHUNK_TIER_H_
+
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <vector>
+
+#include "src/block_key.h"
+#include "src/free_block_queue.h"
+#include "src/status.h"
+
+namespace tierkv {
+
+class ChunkTier {
+ public:
+  // Gives `n` pool blocks to copy a fetched chunk into; the caller of Fetch
+  // owns them whatever Fetch returns.
+  using AllocateBlocks =
+      std::function<StatusOr<std::vector<BlockId>>(int32_t n)>;
+
+  virtual ~ChunkTier() = default;
+
+  // When the tiers hold every block of `chunk`: calls `allocate` once, for
+  // one pool block per chunk block, and copies the chunk into them; true
+  // once the copy is done. False on a miss (`allocate` not called) or when
+  // a block could not be read (e.g. it was corrupt on disk): the blocks'
+  // contents are then undefined. An error when the tiers cannot be reached
+  // or `allocate` fails.
+  virtual StatusOr<bool> Fetch(std::span<const TokenId> chunk,
+                               const AllocateBlocks& allocate) = 0;
+
+  // Copies the chunk's blocks (one per chunk block, in order) down and
+  // returns when the copy is done, so the blocks may be reused at once.
+  // Blocks the tiers hold already are not copied again.
+  virtual Status Publish(std::span<const TokenId> chunk,
+                         std::span<const BlockId> blocks) = 0;
+};
+
+}  // namespace tierkv
+
+#endif  // TIERKV_SRC_CHUNK_TIER_H_

@@ -1,0 +1,172 @@
+// A device chunk pool backed by the tiers below it (ClientChunkTier over an
+// embedded client: tierkvd's coordinator in-process, real shared host
+// memory, a real RocksDB disk tier). A chunk evicted from the pool comes
+// back from host DRAM or disk byte for byte, its partial last block
+// included; a chunk nobody computed is a miss, not an error.
+// tierkvd_test runs the same path across processes.
+#include "ipc/chunk_tier.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "ipc/client.h"
+#include "src/reference_model.h"
+#include "tests/scratch.h"
+#include "tiers/device_tier.h"
+
+namespace tierkv {
+namespace {
+
+constexpr int32_t kBs = 16;
+
+std::vector<TokenId> Tokens(uint32_t seed, int n) {
+  std::mt19937 rng(seed);
+  std::vector<TokenId> t(static_cast<size_t>(n));
+  for (TokenId& x : t) x = rng() % 200;
+  return t;
+}
+
+class ChunkTierTest : public ::testing::Test {
+ protected:
+  // A pool of `pool_blocks` (the null block included) over a client whose
+  // host tier has host_slots usable slots, with a disk tier when asked.
+  void Open(int32_t pool_blocks, int32_t host_slots, bool disk) {
+    store_ = std::make_unique<ChunkKvStore>(
+        ChunkKvStore::Create(model_, {.num_blocks = pool_blocks,
+                                      .block_size = kBs,
+                                      .virtual_start = 100})
+            .value());
+    const KvLayout& layout = store_->layout();
+    const size_t bytes = static_cast<size_t>(pool_blocks) * layout.BlockBytes();
+    device_ = EmulatedDeviceTier::CreateOver({store_->memory(), bytes},
+                                             pool_blocks, layout.BlockBytes())
+                  .value();
+    ClientOptions options;
+    options.layout = layout;
+    options.num_device_blocks = pool_blocks;
+    options.device = device_.get();
+    options.embedded_host_bytes =
+        static_cast<size_t>(host_slots + 1) * layout.BlockBytes();
+    if (disk) options.embedded_disk_path = dir_.path() + "/disk";
+    auto client = Client::Open(options);
+    ASSERT_TRUE(client.ok()) << client.status().ToString();
+    client_ = std::move(*client);
+    tier_ = std::make_unique<ClientChunkTier>(client_.get());
+    store_->SetTier(tier_.get());
+  }
+
+  void Compute(const std::vector<TokenId>& chunk) {
+    StatusOr<std::vector<BlockId>> blocks = store_->ComputeAndInsert(chunk);
+    ASSERT_TRUE(blocks.ok()) << blocks.status().ToString();
+    store_->Release(*blocks);
+  }
+
+  // The blocks hold `chunk`'s KV computed in isolation at the virtual
+  // positions, every token of every layer, K and V.
+  void ExpectChunkKv(const std::vector<TokenId>& chunk,
+                     const std::vector<BlockId>& blocks) {
+    const auto n = static_cast<int64_t>(chunk.size());
+    PagedKvCache own =
+        PagedKvCache::Create(store_->layout(), (n + kBs - 1) / kBs).value();
+    std::vector<int64_t> slots(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) slots[i] = i;
+    ASSERT_TRUE(model_
+                    .Prefill({.tokens = chunk,
+                              .slots = slots,
+                              .start_position = store_->virtual_start(),
+                              .num_logits = 0},
+                             &own)
+                    .ok());
+    const size_t stride = own.layout().TokenStride();
+    for (int64_t t = 0; t < n; ++t) {
+      const int64_t slot = int64_t{blocks[t / kBs]} * kBs + t % kBs;
+      for (int32_t l = 0; l < model_.config().num_layers; ++l) {
+        for (KvPlane plane : {KvPlane::kKey, KvPlane::kValue}) {
+          ASSERT_EQ(std::memcmp(store_->cache().token(slot, l, plane),
+                                own.token(t, l, plane), stride),
+                    0)
+              << "token " << t << " layer " << l;
+        }
+      }
+    }
+  }
+
+  // Lets the disk finish spilling (each Stats call applies its results), as
+  // a gap between requests would.
+  void SettleSpills() {
+    for (int i = 0; i < 2000; ++i) {
+      if (client_->Stats().value().host.spills_in_flight == 0) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    FAIL() << "spills did not finish";
+  }
+
+  TempDir dir_{"tierkv-chunk-tier"};
+  ReferenceModel model_ = ReferenceModel::Create({}).value();
+  std::unique_ptr<ChunkKvStore> store_;
+  std::unique_ptr<EmulatedDeviceTier> device_;
+  std::unique_ptr<Client> client_;
+  std::unique_ptr<ClientChunkTier> tier_;
+};
+
+TEST_F(ChunkTierTest, ChunkEvictedFromThePoolComesBackFromHost) {
+  Open(/*pool_blocks=*/5, /*host_slots=*/32, /*disk=*/false);  // 4 usable.
+  const auto a = Tokens(1, 20), b = Tokens(2, 20), c = Tokens(3, 20);
+  Compute(a);
+  Compute(b);
+  Compute(c);  // Evicts a (least recently used) from the pool.
+  EXPECT_FALSE(store_->Contains(a));
+  EXPECT_EQ(client_->Stats().value().host.cached_slots, 6);
+
+  const std::vector<BlockId> blocks = store_->Acquire(a);
+  ASSERT_EQ(blocks.size(), 2u);
+  ExpectChunkKv(a, blocks);
+  store_->Release(blocks);
+  EXPECT_TRUE(store_->Contains(a));  // Keyed in the pool again.
+
+  const ChunkStoreStats s = store_->stats();
+  EXPECT_EQ(s.computed, 3u);
+  EXPECT_EQ(s.published, 3u);
+  EXPECT_EQ(s.tier_hits, 1u);
+  EXPECT_EQ(s.tier_errors, 0u);
+  // A chunk no one computed is a miss below too.
+  EXPECT_TRUE(store_->Acquire(Tokens(4, 20)).empty());
+  EXPECT_EQ(store_->stats().tier_errors, 0u);
+  // Nothing stays pinned, in the pool or on host.
+  EXPECT_EQ(store_->pool().num_free_blocks(), 4);
+  EXPECT_EQ(client_->Stats().value().host.pinned_slots, 0);
+}
+
+TEST_F(ChunkTierTest, ChunksSpilledToDiskComeBackBitExact) {
+  Open(/*pool_blocks=*/5, /*host_slots=*/6, /*disk=*/true);
+  std::vector<std::vector<TokenId>> chunks;
+  for (uint32_t i = 0; i < 8; ++i) {
+    chunks.push_back(Tokens(10 + i, 17 + static_cast<int>(i)));  // 2 blocks.
+    Compute(chunks.back());
+    SettleSpills();
+  }
+  const CoordinatorStats before = client_->Stats().value();
+  ASSERT_TRUE(before.disk.has_value());
+  EXPECT_GT(before.host.spills, 0u);
+  for (const auto& chunk : chunks) {
+    const std::vector<BlockId> blocks = store_->Acquire(chunk);
+    ASSERT_EQ(blocks.size(), 2u);
+    ExpectChunkKv(chunk, blocks);
+    store_->Release(blocks);
+    SettleSpills();
+  }
+  const ChunkStoreStats s = store_->stats();
+  EXPECT_EQ(s.computed, 8u);
+  EXPECT_EQ(s.tier_errors, 0u);
+  EXPECT_EQ(s.pool_hits + s.tier_hits, 8u);
+  EXPECT_GT(client_->Stats().value().host.promotions, 0u);
+}
+
+}  // namespace
+}  // namespace tierkv
