@@ -12,12 +12,13 @@ ClientChunkTier::ClientChunkTier(Client* client,
 StatusOr<bool> ClientChunkTier::Fetch(std::span<const TokenId> chunk,
                                       const AllocateBlocks& allocate) {
   const RequestId request = next_request_++;
+  ++stats_.fetches;
   TIERKV_ASSIGN_OR_RETURN(LookupResult hit,
                           client_->LookupChunk(request, chunk));
   const auto n = static_cast<int32_t>(chunk.size());
-  // Part of a chunk is no use: its tail would be computed at other virtual
-  // positions than the pool's.
+  // Part of a chunk is of no use to the pool, which holds whole chunks.
   if (hit.hit_tokens < n) {
+    ++stats_.misses;
     TIERKV_RETURN_IF_ERROR(client_->Finish(request));
     return false;
   }
@@ -33,15 +34,21 @@ StatusOr<bool> ClientChunkTier::Fetch(std::span<const TokenId> chunk,
   }
   // Finish also drops the pins of a lookup that was never allocated.
   const Status finished = client_->Finish(request);
-  if (status.code() == StatusCode::kDataLoss) return false;
+  if (status.code() == StatusCode::kDataLoss) {
+    ++stats_.failed;
+    return false;
+  }
   TIERKV_RETURN_IF_ERROR(status);
   TIERKV_RETURN_IF_ERROR(finished);
-  return load->load.has_value();
+  if (!load->load.has_value()) return false;
+  ++(hit.disk_hit_tokens > 0 ? stats_.disk_hits : stats_.host_hits);
+  return true;
 }
 
 Status ClientChunkTier::Publish(std::span<const TokenId> chunk,
                                 std::span<const BlockId> blocks) {
   const RequestId request = next_request_++;
+  ++stats_.publishes;
   const auto n = static_cast<int32_t>(chunk.size());
   Status status = client_->LookupChunk(request, chunk).status();
   if (status.ok()) status = client_->Allocate(request, blocks, 0).status();

@@ -24,6 +24,16 @@ struct ClientChunkTierOptions {
   std::chrono::milliseconds copy_timeout{10000};
 };
 
+// Where the fetches were served from.
+struct ClientChunkTierStats {
+  uint64_t fetches = 0;
+  uint64_t host_hits = 0;  // Every block of the chunk on host.
+  uint64_t disk_hits = 0;  // Some block promoted from the disk tier.
+  uint64_t misses = 0;     // Some block in no tier.
+  uint64_t failed = 0;     // Found, but a block could not be read.
+  uint64_t publishes = 0;
+};
+
 class ClientChunkTier final : public ChunkTier {
  public:
   // `client` must outlive the tier.
@@ -35,6 +45,8 @@ class ClientChunkTier final : public ChunkTier {
   Status Publish(std::span<const TokenId> chunk,
                  std::span<const BlockId> blocks) override;
 
+  const ClientChunkTierStats& stats() const { return stats_; }
+
  private:
   // Waits for the transfer `ref` (completing every transfer that finishes
   // meanwhile); its status, or failed_blocks > 0 as DataLoss.
@@ -43,6 +55,7 @@ class ClientChunkTier final : public ChunkTier {
   Client* client_;
   ClientChunkTierOptions options_;
   RequestId next_request_ = 1;
+  ClientChunkTierStats stats_;
 };
 
 }  // namespace tierkv

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "src/kv_cache_manager.h"
+#include "tools/demo/demo_util.h"
 
 namespace tierkv::demo {
 namespace {
@@ -21,33 +22,6 @@ constexpr uint32_t kVocabSize = 32000;
 constexpr int64_t kMaxRequestTokens = int64_t{1} << 24;
 constexpr int64_t kMaxWorkloadTokens = int64_t{1} << 28;
 constexpr int64_t kMaxPoolTokens = int64_t{1} << 28;
-
-// SplitMix64: tiny, and unlike std distributions gives the same numbers on
-// every standard library, so a seed names one workload everywhere.
-class Rng {
- public:
-  explicit Rng(uint64_t seed) : state_(seed) {}
-
-  uint64_t Next() {
-    uint64_t z = (state_ += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-  }
-  // Uniform in [lo, hi]; the modulo bias is irrelevant here.
-  int32_t Uniform(int32_t lo, int32_t hi) {
-    const auto span = static_cast<uint64_t>(int64_t{hi} - lo + 1);
-    return lo + static_cast<int32_t>(Next() % span);
-  }
-  std::vector<TokenId> Tokens(int32_t n) {
-    std::vector<TokenId> out(static_cast<size_t>(n));
-    for (TokenId& t : out) t = static_cast<TokenId>(Next() % kVocabSize);
-    return out;
-  }
-
- private:
-  uint64_t state_;
-};
 
 void Append(std::span<const TokenId> tail, std::vector<TokenId>* out) {
   out->insert(out->end(), tail.begin(), tail.end());
@@ -63,7 +37,7 @@ class WorkloadBuilder {
   explicit WorkloadBuilder(const DemoOptions& o)
       : o_(o),
         rng_(o.seed),
-        system_(rng_.Tokens(o.system_prompt_tokens)),
+        system_(rng_.Tokens(o.system_prompt_tokens, kVocabSize)),
         task_prefix_(static_cast<size_t>(o.few_shot_tasks)),
         chat_history_(static_cast<size_t>(o.chat_sessions)) {}
 
@@ -98,11 +72,11 @@ class WorkloadBuilder {
 
   std::vector<TokenId> Message() {
     return rng_.Tokens(
-        rng_.Uniform(o_.message_tokens_min, o_.message_tokens_max));
+        rng_.Uniform(o_.message_tokens_min, o_.message_tokens_max), kVocabSize);
   }
   std::vector<TokenId> Answer() {
-    return rng_.Tokens(
-        rng_.Uniform(o_.answer_tokens_min, o_.answer_tokens_max));
+    return rng_.Tokens(rng_.Uniform(o_.answer_tokens_min, o_.answer_tokens_max),
+                       kVocabSize);
   }
 
   static WorkloadRequest Start(RequestKind kind, size_t group, int32_t turn) {
@@ -120,7 +94,8 @@ class WorkloadBuilder {
     prefix = system_;
     for (int32_t e = 0; e < o_.examples_per_task; ++e) {
       Append(rng_.Tokens(
-                 rng_.Uniform(o_.example_tokens_min, o_.example_tokens_max)),
+                 rng_.Uniform(o_.example_tokens_min, o_.example_tokens_max),
+                 kVocabSize),
              &prefix);
     }
     return prefix;
@@ -289,43 +264,6 @@ Status ValidateDemoOptions(const DemoOptions& options) {
 // Running the workload.
 
 namespace {
-
-// Progress on a stream: a bar redrawn in place, or a line every quarter.
-class ProgressReporter {
- public:
-  ProgressReporter(ProgressMode mode, uint64_t total, std::ostream& out)
-      : mode_(mode == ProgressMode::kAuto ? ProgressMode::kLines : mode),
-        total_(std::max<uint64_t>(total, 1)),
-        out_(out) {}
-
-  void Update(uint64_t done) {
-    if (mode_ == ProgressMode::kBar) {
-      const auto step = static_cast<int>(done * 100 / total_);
-      if (step == last_step_ && done != total_) return;  // Redraw on change.
-      last_step_ = step;
-      const auto filled = static_cast<size_t>(done * kWidth / total_);
-      out_ << '\r' << '[' << std::string(filled, '#')
-           << std::string(kWidth - filled, '.') << "] " << done << '/' << total_
-           << " requests" << std::flush;
-    } else if (mode_ == ProgressMode::kLines) {
-      const auto quarter = static_cast<int>(done * 4 / total_);
-      if (quarter == last_step_) return;
-      last_step_ = quarter;
-      out_ << "progress: " << done << '/' << total_ << " requests\n"
-           << std::flush;
-    }
-  }
-  void Done() {
-    if (mode_ == ProgressMode::kBar) out_ << '\n' << std::flush;
-  }
-
- private:
-  static constexpr size_t kWidth = 30;
-  ProgressMode mode_;
-  uint64_t total_;
-  std::ostream& out_;
-  int last_step_ = 0;  // Nothing to report at 0 done.
-};
 
 // Drives one KVCacheManager through the workload like a scheduler would.
 // Not movable: the requests it holds point at its hasher.
@@ -611,7 +549,8 @@ StatusOr<DemoReport> RunPrefixDemo(const DemoOptions& options,
 
   PrintHeader(options, workload.size(), out);
   Simulator simulator(options, std::move(manager));
-  ProgressReporter reporter(options.progress, workload.size(), progress);
+  ProgressReporter reporter(options.progress, workload.size(), "requests",
+                            progress);
   const Status run = simulator.Run(workload, &reporter);
   reporter.Done();  // Ends the bar's line, so an error starts on its own.
   TIERKV_RETURN_IF_ERROR(run);

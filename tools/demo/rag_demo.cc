@@ -1,0 +1,918 @@
+#include "tools/demo/rag_demo.h"
+
+#include <fcntl.h>
+#include <limits.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <boost/program_options.hpp>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <numeric>
+#include <sstream>
+#include <thread>
+#include <utility>
+
+#include "ipc/chunk_tier.h"
+#include "ipc/client.h"
+#include "ipc/socket_call.h"
+#include "src/kv_cache_manager.h"
+#include "tiers/device_tier.h"
+#include "tools/admin/admin.h"
+#include "tools/daemon/daemon_flags.h"
+#include "tools/demo/demo_util.h"
+
+namespace tierkv::demo {
+namespace {
+
+namespace po = boost::program_options;
+
+constexpr int32_t kBlockSize = 16;
+// Content tokens are drawn from [0, kSeparator); the separator is one token
+// no document or question contains.
+constexpr TokenId kSeparator = 1023;
+constexpr int64_t kMaxPromptTokens = int64_t{1} << 16;
+
+double Seconds(std::chrono::steady_clock::duration d) {
+  return std::chrono::duration<double>(d).count();
+}
+
+// "32.0 KiB", "15.6 MiB", "1.2 GiB".
+std::string Bytes(double bytes) {
+  const char* unit = "B";
+  for (const char* next : {"KiB", "MiB", "GiB"}) {
+    if (bytes < 1024) break;
+    bytes /= 1024;
+    unit = next;
+  }
+  std::ostringstream s;
+  s << std::fixed << std::setprecision(1) << bytes << ' ' << unit;
+  return s.str();
+}
+
+}  // namespace
+
+ReferenceModelConfig RagModelConfig() {
+  return {.vocab_size = 1024,
+          .hidden_size = 128,
+          .num_layers = 4,
+          .num_heads = 4,
+          .num_kv_heads = 2,
+          .head_dim = 32,
+          .ffn_size = 384,
+          .rope_theta = 10000,
+          .rope_style = RopeStyle::kNeoX,
+          .seed = 1};
+}
+
+KvLayout RagLayout() {
+  return RagModelConfig().CacheLayout(kBlockSize, DType::kF32);
+}
+
+Status ValidateRagOptions(const RagDemoOptions& o) {
+  auto at_least = [](const char* flag, int64_t value, int64_t min) -> Status {
+    if (value >= min) return Status::Ok();
+    return Status::InvalidArgument("--" + std::string(flag) +
+                                   " must be at least " + std::to_string(min) +
+                                   ", got " + std::to_string(value));
+  };
+  TIERKV_RETURN_IF_ERROR(at_least("workers", o.workers, 1));
+  TIERKV_RETURN_IF_ERROR(at_least("requests", o.requests, 1));
+  TIERKV_RETURN_IF_ERROR(at_least("documents", o.documents, 1));
+  TIERKV_RETURN_IF_ERROR(at_least("docs-per-prompt", o.docs_per_prompt, 1));
+  TIERKV_RETURN_IF_ERROR(at_least("document-tokens", o.document_tokens, 1));
+  TIERKV_RETURN_IF_ERROR(at_least("system-tokens", o.system_tokens, 1));
+  TIERKV_RETURN_IF_ERROR(at_least("question-tokens", o.question_tokens, 1));
+  if (o.workers > 64) {
+    return Status::InvalidArgument("--workers must be at most 64, got " +
+                                   std::to_string(o.workers));
+  }
+  if (o.docs_per_prompt > o.documents) {
+    return Status::InvalidArgument(
+        "--docs-per-prompt (" + std::to_string(o.docs_per_prompt) +
+        ") cannot exceed --documents (" + std::to_string(o.documents) + ")");
+  }
+  const int64_t prompt = int64_t{o.system_tokens} + o.question_tokens +
+                         int64_t{o.docs_per_prompt} * o.document_tokens;
+  if (prompt > kMaxPromptTokens) {
+    return Status::InvalidArgument(
+        "a prompt of " + std::to_string(prompt) + " tokens is more than " +
+        std::to_string(kMaxPromptTokens) +
+        "; lower --document-tokens or --docs-per-prompt");
+  }
+  if (!(o.zipf >= 0 && o.zipf <= 10)) {
+    return Status::InvalidArgument("--zipf must be in [0, 10]");
+  }
+  if (!(o.blend_ratio >= 0 && o.blend_ratio <= 1)) {
+    return Status::InvalidArgument("--blend-ratio must be in [0, 1]");
+  }
+  // The pool must hold the largest chunk.
+  const int32_t largest =
+      (std::max(o.system_tokens, o.document_tokens) + kBlockSize - 1) /
+      kBlockSize;
+  if (o.chunk_pool_blocks < largest + 1) {
+    return Status::InvalidArgument(
+        "--chunk-pool-blocks must be at least " + std::to_string(largest + 1) +
+        " (the largest chunk plus the null block), got " +
+        std::to_string(o.chunk_pool_blocks));
+  }
+  const uint64_t slot = RagLayout().BlockBytes();
+  if (o.host_bytes < 2 * slot) {
+    return Status::InvalidArgument("--host-capacity must hold at least two " +
+                                   std::to_string(slot) + "-byte blocks");
+  }
+  return Status::Ok();
+}
+
+RagWorkload GenerateRagWorkload(const RagDemoOptions& o) {
+  RagWorkload w;
+  Rng rng(o.seed);
+  w.separator = {kSeparator};
+  w.system = rng.Tokens(o.system_tokens, kSeparator);
+  for (int32_t d = 0; d < o.documents; ++d) {
+    w.documents.push_back(rng.Tokens(o.document_tokens, kSeparator));
+  }
+  std::vector<double> weight(static_cast<size_t>(o.documents));
+  for (size_t k = 0; k < weight.size(); ++k) {
+    weight[k] = 1.0 / std::pow(static_cast<double>(k + 1), o.zipf);
+  }
+  for (int32_t id = 0; id < o.requests; ++id) {
+    RagRequest r;
+    r.id = id;
+    // Weighted draws without replacement; the draw order is the prompt
+    // order, so the same documents come in many orders.
+    std::vector<double> left = weight;
+    for (int32_t i = 0; i < o.docs_per_prompt; ++i) {
+      double x = rng.Unit() * std::accumulate(left.begin(), left.end(), 0.0);
+      size_t k = 0;
+      while (k + 1 < left.size() && (left[k] == 0 || x >= left[k])) {
+        x -= left[k];
+        ++k;
+      }
+      while (left[k] == 0) --k;  // Rounding ran past the last weight.
+      left[k] = 0;
+      r.documents.push_back(static_cast<int32_t>(k));
+    }
+    r.prompt = w.system;
+    for (int32_t d : r.documents) {
+      r.prompt.push_back(kSeparator);
+      const auto& doc = w.documents[static_cast<size_t>(d)];
+      r.prompt.insert(r.prompt.end(), doc.begin(), doc.end());
+    }
+    r.prompt.push_back(kSeparator);
+    const std::vector<TokenId> question =
+        rng.Tokens(o.question_tokens, kSeparator);
+    r.prompt.insert(r.prompt.end(), question.begin(), question.end());
+    w.requests.push_back(std::move(r));
+  }
+  return w;
+}
+
+// ---------------------------------------------------------------------------
+// The worker process.
+
+namespace {
+
+double RelativeL2(std::span<const float> a, std::span<const float> b) {
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff += (double{a[i]} - b[i]) * (double{a[i]} - b[i]);
+    norm += double{b[i]} * b[i];
+  }
+  return norm == 0 ? 0 : std::sqrt(diff / norm);
+}
+
+size_t ArgMax(std::span<const float> v) {
+  return static_cast<size_t>(std::max_element(v.begin(), v.end()) - v.begin());
+}
+
+}  // namespace
+
+Status RunRagWorker(const RagDemoOptions& o, std::ostream& out) {
+  TIERKV_RETURN_IF_ERROR(ValidateRagOptions(o));
+  if (o.socket_path.empty() || o.worker_index < 0 ||
+      o.worker_index >= o.workers) {
+    return Status::InvalidArgument(
+        "a worker needs --socket and --worker-index in [0, --workers)");
+  }
+  const RagWorkload w = GenerateRagWorkload(o);
+  TIERKV_ASSIGN_OR_RETURN(ReferenceModel model,
+                          ReferenceModel::Create(RagModelConfig()));
+  TIERKV_ASSIGN_OR_RETURN(
+      ChunkKvStore store,
+      ChunkKvStore::Create(model, {.num_blocks = o.chunk_pool_blocks,
+                                   .block_size = kBlockSize,
+                                   .dtype = DType::kF32}));
+  const KvLayout layout = store.layout();
+  TIERKV_ASSIGN_OR_RETURN(
+      std::unique_ptr<EmulatedDeviceTier> device,
+      EmulatedDeviceTier::CreateOver(
+          {store.memory(),
+           static_cast<size_t>(o.chunk_pool_blocks) * layout.BlockBytes()},
+          o.chunk_pool_blocks, layout.BlockBytes()));
+  ClientOptions client_options;
+  client_options.socket_path = o.socket_path;
+  client_options.layout = layout;
+  client_options.num_device_blocks = o.chunk_pool_blocks;
+  client_options.name = "rag-worker-" + std::to_string(o.worker_index);
+  client_options.device = device.get();
+  TIERKV_ASSIGN_OR_RETURN(std::unique_ptr<Client> client,
+                          Client::Open(client_options));
+  ClientChunkTier tier(client.get());
+  store.SetTier(&tier);
+
+  // The engine's main pool holds one request at a time.
+  const auto max_tokens = static_cast<int32_t>(
+      w.requests.empty()
+          ? 1
+          : std::max_element(w.requests.begin(), w.requests.end(),
+                             [](const auto& a, const auto& b) {
+                               return a.prompt.size() < b.prompt.size();
+                             })
+                ->prompt.size());
+  const int32_t main_blocks = (max_tokens + kBlockSize - 1) / kBlockSize + 1;
+  TIERKV_ASSIGN_OR_RETURN(
+      KVCacheManager main,
+      KVCacheManager::Create(
+          {.pool = {.num_blocks = main_blocks, .block_size = kBlockSize}}));
+  TIERKV_ASSIGN_OR_RETURN(PagedKvCache main_memory,
+                          PagedKvCache::Create(layout, main_blocks));
+  TIERKV_ASSIGN_OR_RETURN(PagedKvCache cold_cache,
+                          PagedKvCache::Create(layout, main_blocks));
+  std::optional<ChunkKvStore> private_store;
+  if (o.verify) {
+    TIERKV_ASSIGN_OR_RETURN(
+        private_store,
+        ChunkKvStore::Create(model, {.num_blocks = o.chunk_pool_blocks,
+                                     .block_size = kBlockSize,
+                                     .dtype = DType::kF32}));
+  }
+  ChunkedPrefillOptions chunked;
+  if (o.blend_ratio > 0) chunked.blend = BlendOptions{o.blend_ratio, 1};
+
+  for (const RagRequest& r : w.requests) {
+    if (r.id % o.workers != o.worker_index) continue;
+    const ChunkStoreStats before = store.stats();
+    const ClientChunkTierStats tier_before = tier.stats();
+    const auto t0 = std::chrono::steady_clock::now();
+    TIERKV_ASSIGN_OR_RETURN(
+        ChunkedPrefillResult cached,
+        ChunkedPrefill(model, &store, r.prompt, w.separator, chunked,
+                       MainKvPool{.manager = &main, .memory = &main_memory}));
+    const auto t1 = std::chrono::steady_clock::now();
+    // cleanup_remapped_blocks: the request is done.
+    main.ReleaseRemappedBlocks(cached.main_blocks);
+
+    // The same tokens without any cache: a full causal prefill.
+    const std::vector<TokenId>& tokens = cached.prompt.tokens;
+    std::vector<int64_t> slots(tokens.size());
+    std::iota(slots.begin(), slots.end(), 0);
+    const auto t2 = std::chrono::steady_clock::now();
+    TIERKV_ASSIGN_OR_RETURN(
+        PrefillOutput cold,
+        model.Prefill({.tokens = tokens, .slots = slots}, &cold_cache));
+    const auto t3 = std::chrono::steady_clock::now();
+
+    std::string verified = "-";
+    if (private_store.has_value()) {
+      TIERKV_ASSIGN_OR_RETURN(
+          ChunkedPrefillResult own,
+          ChunkedPrefill(model, &*private_store, r.prompt, w.separator, chunked,
+                         &cold_cache));
+      verified = own.output.logits == cached.output.logits ? "1" : "0";
+    }
+    const ChunkStoreStats after = store.stats();
+    const ClientChunkTierStats tier_after = tier.stats();
+    out << "result id=" << r.id << " worker=" << o.worker_index
+        << " cached_us=" << std::llround(Seconds(t1 - t0) * 1e6)
+        << " cold_us=" << std::llround(Seconds(t3 - t2) * 1e6)
+        << " pool=" << after.pool_hits - before.pool_hits
+        << " host=" << tier_after.host_hits - tier_before.host_hits
+        << " disk=" << tier_after.disk_hits - tier_before.disk_hits
+        << " computed=" << after.computed - before.computed
+        << " errors=" << after.tier_errors - before.tier_errors
+        << " dev=" << std::setprecision(6)
+        << RelativeL2(cached.output.logits, cold.logits)
+        << " top1=" << (ArgMax(cached.output.logits) == ArgMax(cold.logits))
+        << " verified=" << verified << '\n'
+        << std::flush;
+  }
+  if (store.stats().tier_errors > 0) {
+    std::cerr << "worker " << o.worker_index << ": "
+              << store.stats().tier_errors
+              << " chunk tier errors (chunks computed instead); last: "
+              << store.last_tier_error().ToString() << '\n';
+  }
+  return Status::Ok();
+}
+
+// ---------------------------------------------------------------------------
+// The parent: tierkvd, the workers, the report.
+
+namespace {
+
+// A child process; killed (SIGKILL) and reaped on destruction if still
+// running. stdout and stderr go to `output_fd` (a pipe) or /dev/null.
+class Child {
+ public:
+  static StatusOr<std::unique_ptr<Child>> Spawn(std::vector<std::string> argv,
+                                                bool capture) {
+    int fds[2] = {-1, -1};
+    if (capture && pipe2(fds, O_CLOEXEC) != 0) {
+      return Status::Internal(std::string("pipe2: ") + std::strerror(errno));
+    }
+    std::vector<char*> args;
+    for (std::string& a : argv) args.push_back(a.data());
+    args.push_back(nullptr);
+    const pid_t pid = fork();
+    if (pid < 0) {
+      return Status::Internal(std::string("fork: ") + std::strerror(errno));
+    }
+    if (pid == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGTERM);  // Never outlive the demo.
+      const int out = capture ? fds[1] : open("/dev/null", O_WRONLY);
+      dup2(out, STDOUT_FILENO);
+      dup2(out, STDERR_FILENO);
+      execv(args[0], args.data());
+      const char msg[] = "tierkv-demo: cannot execute the program\n";
+      (void)!write(STDERR_FILENO, msg, sizeof msg - 1);
+      _exit(127);
+    }
+    if (capture) close(fds[1]);
+    return std::unique_ptr<Child>(new Child(pid, fds[0]));
+  }
+  ~Child() {
+    if (!reaped_) {
+      kill(pid_, SIGKILL);
+      Wait();
+    }
+    if (fd_ >= 0) close(fd_);
+  }
+  pid_t pid() const { return pid_; }
+  int fd() const { return fd_; }
+  void CloseOutput() {
+    close(fd_);
+    fd_ = -1;
+  }
+  // Exit code, or 128 + signal.
+  int Wait() {
+    if (reaped_) return code_;
+    int status = 0;
+    while (waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
+    }
+    reaped_ = true;
+    code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    return code_;
+  }
+  // Like Wait, without blocking: nullopt while it runs.
+  std::optional<int> Poll() {
+    if (reaped_) return code_;
+    int status = 0;
+    if (waitpid(pid_, &status, WNOHANG) != pid_) return std::nullopt;
+    reaped_ = true;
+    code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    return code_;
+  }
+
+ private:
+  Child(pid_t pid, int fd) : pid_(pid), fd_(fd) {}
+  pid_t pid_;
+  int fd_;
+  bool reaped_ = false;
+  int code_ = 0;
+};
+
+std::string SelfPath() {
+  char buf[PATH_MAX];
+  const ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (n <= 0) return "tierkv-demo";
+  return std::string(buf, static_cast<size_t>(n));
+}
+
+std::string LastLines(const std::string& path, int lines) {
+  std::ifstream in(path);
+  std::vector<std::string> all;
+  for (std::string line; std::getline(in, line);) all.push_back(line);
+  std::string out;
+  for (size_t i = all.size() > static_cast<size_t>(lines)
+                      ? all.size() - static_cast<size_t>(lines)
+                      : 0;
+       i < all.size(); ++i) {
+    out += "  " + all[i] + "\n";
+  }
+  return out;
+}
+
+StatusOr<CoordinatorStats> FetchStats(const std::string& socket) {
+  TIERKV_ASSIGN_OR_RETURN(ipc::Message reply,
+                          ipc::SocketCall(socket, ipc::StatsRequest{}));
+  TIERKV_RETURN_IF_ERROR(ipc::StatusOf(reply));
+  const auto* stats = std::get_if<ipc::StatsReply>(&reply);
+  if (stats == nullptr) return Status::Internal("unexpected reply to stats");
+  return stats->stats;
+}
+
+// Parses a worker's "result k=v ..." line.
+StatusOr<RagRequestResult> ParseResult(const std::string& line) {
+  std::istringstream in(line);
+  std::string word;
+  in >> word;
+  std::map<std::string, std::string> kv;
+  while (in >> word) {
+    const size_t eq = word.find('=');
+    if (eq == std::string::npos) break;
+    kv[word.substr(0, eq)] = word.substr(eq + 1);
+  }
+  RagRequestResult r;
+  try {
+    r.id = std::stoi(kv.at("id"));
+    r.worker = std::stoi(kv.at("worker"));
+    r.cached_ms = std::stod(kv.at("cached_us")) / 1000;
+    r.cold_ms = std::stod(kv.at("cold_us")) / 1000;
+    r.pool_hits = std::stoi(kv.at("pool"));
+    r.host_hits = std::stoi(kv.at("host"));
+    r.disk_hits = std::stoi(kv.at("disk"));
+    r.computed = std::stoi(kv.at("computed"));
+    r.tier_errors = std::stoi(kv.at("errors"));
+    r.deviation = std::stod(kv.at("dev"));
+    r.top1_agrees = kv.at("top1") == "1";
+    const std::string& v = kv.at("verified");
+    if (v != "-") r.verified = v == "1";
+  } catch (const std::exception&) {
+    return Status::DataLoss("malformed worker result: " + line);
+  }
+  return r;
+}
+
+Percentiles Summarise(std::vector<double> v) {
+  Percentiles p;
+  if (v.empty()) return p;
+  std::sort(v.begin(), v.end());
+  auto at = [&v](double q) {  // Nearest rank.
+    const auto rank = static_cast<size_t>(std::ceil(q * v.size()));
+    return v[std::clamp<size_t>(rank, 1, v.size()) - 1];
+  };
+  p.p50 = at(0.5);
+  p.p90 = at(0.9);
+  p.p99 = at(0.99);
+  p.mean = std::accumulate(v.begin(), v.end(), 0.0) / v.size();
+  return p;
+}
+
+// The flags a worker needs to regenerate the workload.
+std::vector<std::string> WorkerArgs(const RagDemoOptions& o) {
+  auto num = [](auto v) {
+    std::ostringstream s;
+    s << std::setprecision(17) << v;
+    return s.str();
+  };
+  std::vector<std::string> a = {
+      "--seed",
+      num(o.seed),
+      "--workers",
+      num(o.workers),
+      "--requests",
+      num(o.requests),
+      "--documents",
+      num(o.documents),
+      "--docs-per-prompt",
+      num(o.docs_per_prompt),
+      "--document-tokens",
+      num(o.document_tokens),
+      "--system-tokens",
+      num(o.system_tokens),
+      "--question-tokens",
+      num(o.question_tokens),
+      "--zipf",
+      num(o.zipf),
+      "--chunk-pool-blocks",
+      num(o.chunk_pool_blocks),
+      "--blend-ratio",
+      num(o.blend_ratio),
+      "--host-capacity",
+      num(o.host_bytes),
+  };
+  if (o.verify) a.push_back("--verify");
+  return a;
+}
+
+void PrintReport(const RagDemoOptions& o, const RagDemoReport& r,
+                 std::ostream& out) {
+  const double block = static_cast<double>(RagLayout().BlockBytes());
+  const int64_t chunks = r.pool_hits + r.host_hits + r.disk_hits + r.computed;
+  auto row = [&](const char* name, int64_t n) {
+    out << "  " << std::left << std::setw(24) << name << std::right
+        << std::setw(8) << n << std::setw(9) << std::fixed
+        << std::setprecision(1) << (chunks ? 100.0 * n / chunks : 0.0) << "%\n";
+  };
+  out << "\nChunks served (system prompt and documents), by tier\n"
+      << "  " << std::left << std::setw(24) << "tier" << std::right
+      << std::setw(8) << "chunks" << std::setw(10) << "share" << '\n';
+  row("device chunk pool", r.pool_hits);
+  row("host DRAM (tierkvd)", r.host_hits);
+  row("disk (tierkvd)", r.disk_hits);
+  row("computed", r.computed);
+  if (r.tier_errors > 0) {
+    out << "  (" << r.tier_errors
+        << " tier errors: those chunks were computed instead)\n";
+  }
+
+  const HostTierStats& h = r.stats.host;
+  auto moved = [&](const char* name, uint64_t blocks) {
+    out << "  " << std::left << std::setw(28) << name << std::right
+        << std::setw(8) << blocks << std::setw(13)
+        << Bytes(static_cast<double>(blocks) * block) << '\n';
+  };
+  out << "\nBlocks moved between tiers (" << Bytes(block) << " each)\n";
+  moved("device -> host  (stores)", h.stores_completed);
+  moved("host -> device  (loads)", h.loads_completed);
+  moved("host -> disk    (spills)", h.spills);
+  moved("disk -> host    (promotions)", h.promotions);
+
+  auto ms = [&out](double v) {
+    out << std::setw(9) << std::fixed << std::setprecision(1) << v;
+  };
+  out << "\nPrefill time per request (ms)   " << std::setw(9) << "p50"
+      << std::setw(9) << "p90" << std::setw(9) << "p99" << std::setw(9)
+      << "mean" << '\n';
+  out << "  no cache (full prefill)     ";
+  for (double v :
+       {r.cold_ms.p50, r.cold_ms.p90, r.cold_ms.p99, r.cold_ms.mean}) {
+    ms(v);
+  }
+  out << "\n  tierkv chunk cache          ";
+  for (double v :
+       {r.cached_ms.p50, r.cached_ms.p90, r.cached_ms.p99, r.cached_ms.mean}) {
+    ms(v);
+  }
+  out << "\n  speedup                     ";
+  for (auto [cold, cached] : {std::pair{r.cold_ms.p50, r.cached_ms.p50},
+                              std::pair{r.cold_ms.p90, r.cached_ms.p90},
+                              std::pair{r.cold_ms.p99, r.cached_ms.p99},
+                              std::pair{r.cold_ms.mean, r.cached_ms.mean}}) {
+    out << std::setw(8) << std::fixed << std::setprecision(1)
+        << (cached > 0 ? cold / cached : 0.0) << 'x';
+  }
+  out << '\n';
+
+  std::vector<double> dev;
+  int64_t top1 = 0;
+  for (const RagRequestResult& q : r.requests) {
+    dev.push_back(q.deviation);
+    top1 += q.top1_agrees ? 1 : 0;
+  }
+  out << "\nLast-token logits against the full prefill: median relative L2 "
+         "deviation "
+      << std::setprecision(3) << Summarise(dev).p50
+      << ", top-1 token agrees in " << top1 << " of " << r.requests.size()
+      << " requests\n"
+      << (o.blend_ratio > 0
+              ? "  (CacheBlend, seed 001: " +
+                    std::to_string(static_cast<int>(o.blend_ratio * 100)) +
+                    "% of the reused tokens recomputed)\n"
+              : std::string(
+                    "  (chunk-isolated attention, seed 000; "
+                    "--blend-ratio recomputes toward full attention)\n"));
+  if (o.verify) {
+    out << "Verified: " << r.verified - r.mismatches << " of " << r.verified
+        << " requests bit-identical to a private chunk store in the worker\n";
+  }
+  out << "\ntierkv-admin stats:\n" << admin::FormatStatsTable(r.stats);
+}
+
+}  // namespace
+
+StatusOr<RagDemoReport> RunRagDemo(const RagDemoOptions& o, std::ostream& out,
+                                   std::ostream& progress) {
+  TIERKV_RETURN_IF_ERROR(ValidateRagOptions(o));
+  const std::string self = SelfPath();
+  const std::string tierkvd =
+      o.tierkvd_path.empty()
+          ? (std::filesystem::path(self).parent_path() / "tierkvd").string()
+          : o.tierkvd_path;
+  const std::string worker = o.worker_path.empty() ? self : o.worker_path;
+  std::string dir = o.work_dir;
+  bool remove_dir = false;
+  if (dir.empty()) {
+    std::string pattern = "/tmp/tierkv-demo.XXXXXX";
+    if (mkdtemp(pattern.data()) == nullptr) {
+      return Status::Internal(std::string("mkdtemp: ") + std::strerror(errno));
+    }
+    dir = pattern;
+    remove_dir = true;
+  }
+  struct Cleanup {
+    std::string dir;
+    bool remove;
+    ~Cleanup() {
+      std::error_code ignored;
+      if (remove) std::filesystem::remove_all(dir, ignored);
+    }
+  } cleanup{dir, remove_dir};
+  std::filesystem::create_directories(dir);
+  const std::string socket = dir + "/tierkvd.sock";
+  const std::string log = dir + "/tierkvd.log";
+  const std::string store = "demo-" + std::to_string(getpid());
+  const KvLayout layout = RagLayout();
+  const RagWorkload workload = GenerateRagWorkload(o);
+
+  const double block = static_cast<double>(layout.BlockBytes());
+  const int32_t doc_blocks = (o.document_tokens + kBlockSize - 1) / kBlockSize;
+  const int32_t sys_blocks = (o.system_tokens + kBlockSize - 1) / kBlockSize;
+  out << "tierkv RAG demo: " << o.workers << " workers, " << o.requests
+      << " requests. " << o.documents << " documents of " << o.document_tokens
+      << " tokens, " << o.docs_per_prompt
+      << " per prompt in random order, Zipf " << o.zipf << "; system prompt "
+      << o.system_tokens << ", question " << o.question_tokens << " tokens.\n"
+      << "Model: " << layout.ToString() << "; " << Bytes(block) << " per "
+      << kBlockSize << "-token block.\n"
+      << "Chunk working set "
+      << Bytes((int64_t{o.documents} * doc_blocks + sys_blocks) * block)
+      << "; device chunk pool " << Bytes((o.chunk_pool_blocks - 1) * block)
+      << " per worker; host tier " << Bytes(static_cast<double>(o.host_bytes))
+      << "; disk tier (RocksDB) in " << dir << "/disk.\n"
+      << std::flush;
+
+  std::vector<std::string> daemon_argv = {tierkvd,
+                                          "--store",
+                                          store,
+                                          "--socket",
+                                          socket,
+                                          "--host-capacity",
+                                          std::to_string(o.host_bytes),
+                                          "--layers",
+                                          std::to_string(layout.num_layers),
+                                          "--kv-heads",
+                                          std::to_string(layout.num_kv_heads),
+                                          "--head-dim",
+                                          std::to_string(layout.head_dim),
+                                          "--block-size",
+                                          std::to_string(layout.block_size),
+                                          "--dtype",
+                                          "f32",
+                                          "--disk-dir",
+                                          dir + "/disk",
+                                          "--disk-capacity",
+                                          std::to_string(o.disk_bytes),
+                                          "--log-file",
+                                          log};
+  TIERKV_ASSIGN_OR_RETURN(std::unique_ptr<Child> daemon,
+                          Child::Spawn(daemon_argv, /*capture=*/false));
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (!FetchStats(socket).ok()) {
+    if (std::optional<int> code = daemon->Poll(); code.has_value()) {
+      return Status::Unavailable("tierkvd (" + tierkvd + ") exited with " +
+                                 std::to_string(*code) + " before serving:\n" +
+                                 LastLines(log, 10));
+    }
+    if (std::chrono::steady_clock::now() > deadline) {
+      return Status::Unavailable("tierkvd did not answer on " + socket +
+                                 " within 20 s:\n" + LastLines(log, 10));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+
+  std::vector<std::unique_ptr<Child>> workers;
+  for (int32_t i = 0; i < o.workers; ++i) {
+    std::vector<std::string> argv = {worker,           "worker",
+                                     "--socket",       socket,
+                                     "--worker-index", std::to_string(i)};
+    for (std::string& a : WorkerArgs(o)) argv.push_back(std::move(a));
+    TIERKV_ASSIGN_OR_RETURN(std::unique_ptr<Child> child,
+                            Child::Spawn(argv, /*capture=*/true));
+    workers.push_back(std::move(child));
+  }
+
+  RagDemoReport report;
+  ProgressReporter bar(o.progress, static_cast<uint64_t>(o.requests),
+                       "requests", progress);
+  std::vector<std::string> partial(workers.size());
+  std::string worker_errors;
+  size_t open = workers.size();
+  while (open > 0) {
+    std::vector<pollfd> fds;
+    std::vector<size_t> which;
+    for (size_t i = 0; i < workers.size(); ++i) {
+      if (workers[i]->fd() < 0) continue;
+      fds.push_back({workers[i]->fd(), POLLIN, 0});
+      which.push_back(i);
+    }
+    if (poll(fds.data(), fds.size(), 1000) < 0 && errno != EINTR) {
+      return Status::Internal(std::string("poll: ") + std::strerror(errno));
+    }
+    for (size_t k = 0; k < fds.size(); ++k) {
+      if (fds[k].revents == 0) continue;
+      const size_t i = which[k];
+      char buf[4096];
+      const ssize_t n = read(workers[i]->fd(), buf, sizeof buf);
+      if (n <= 0) {
+        workers[i]->CloseOutput();
+        --open;
+        continue;
+      }
+      partial[i].append(buf, static_cast<size_t>(n));
+      for (size_t eol; (eol = partial[i].find('\n')) != std::string::npos;) {
+        const std::string line = partial[i].substr(0, eol);
+        partial[i].erase(0, eol + 1);
+        if (line.starts_with("result ")) {
+          TIERKV_ASSIGN_OR_RETURN(RagRequestResult r, ParseResult(line));
+          report.requests.push_back(r);
+          bar.Update(report.requests.size());
+        } else {
+          worker_errors += "worker " + std::to_string(i) + ": " + line + "\n";
+        }
+      }
+    }
+  }
+  bar.Done();
+  for (size_t i = 0; i < workers.size(); ++i) {
+    if (int code = workers[i]->Wait(); code != 0) {
+      return Status::Internal("worker " + std::to_string(i) + " exited with " +
+                              std::to_string(code) + "\n" + worker_errors);
+    }
+  }
+  if (!worker_errors.empty()) progress << worker_errors;
+  if (report.requests.size() != static_cast<size_t>(o.requests)) {
+    return Status::Internal("the workers reported " +
+                            std::to_string(report.requests.size()) + " of " +
+                            std::to_string(o.requests) + " requests");
+  }
+  TIERKV_ASSIGN_OR_RETURN(report.stats, FetchStats(socket));
+  kill(daemon->pid(), SIGTERM);
+  if (int code = daemon->Wait(); code != 0) {
+    return Status::Internal("tierkvd exited with " + std::to_string(code) +
+                            " on SIGTERM:\n" + LastLines(log, 10));
+  }
+
+  std::sort(report.requests.begin(), report.requests.end(),
+            [](const auto& a, const auto& b) { return a.id < b.id; });
+  std::vector<double> cached, cold;
+  for (const RagRequestResult& r : report.requests) {
+    cached.push_back(r.cached_ms);
+    cold.push_back(r.cold_ms);
+    report.pool_hits += r.pool_hits;
+    report.host_hits += r.host_hits;
+    report.disk_hits += r.disk_hits;
+    report.computed += r.computed;
+    report.tier_errors += r.tier_errors;
+    if (r.verified.has_value()) {
+      ++report.verified;
+      if (!*r.verified) ++report.mismatches;
+    }
+  }
+  report.cached_ms = Summarise(cached);
+  report.cold_ms = Summarise(cold);
+  PrintReport(o, report, out);
+  return report;
+}
+
+// ---------------------------------------------------------------------------
+// Flags.
+
+namespace {
+
+constexpr const char* kAbout =
+    "tierkv-demo: tierkv end to end on a RAG workload (the main job).\n"
+    "\n"
+    "Starts tierkvd with a host tier smaller than the workload's chunks and\n"
+    "a disk tier under it, then worker processes that run the reference\n"
+    "model (src/reference_model.h) on generated retrieval-augmented prompts:\n"
+    "a shared system prompt, then documents drawn by Zipf popularity, in\n"
+    "random order, then a question. Each prompt is split on the separator;\n"
+    "every chunk (system prompt and documents) comes from the worker's\n"
+    "device chunk pool, from tierkvd's host or disk tier (chunks any worker\n"
+    "computed), or is computed at virtual positions and published. Chunks\n"
+    "are re-rotated into place (RoPE) and only the question is computed.\n"
+    "Each request is also prefilled without any cache, for comparison.\n"
+    "\n"
+    "Prints where the chunks came from, the blocks moved between tiers,\n"
+    "prefill-time percentiles against the no-cache run, how far the logits\n"
+    "moved, and tierkv-admin's stats. Progress goes to stderr.\n"
+    "\n"
+    "Usage: tierkv-demo [options]\n"
+    "       tierkv-demo prefix [options]   the prefix-caching demo (one\n"
+    "                                      process; tierkv-demo prefix "
+    "--help)\n"
+    "Exit status: 0 done, 1 failed, 2 bad usage.\n";
+
+template <typename T>
+po::typed_value<T>* Flag(T* field) {
+  return po::value(field)->default_value(*field);
+}
+
+}  // namespace
+
+StatusOr<RagDemoCommand> ParseRagDemoFlags(int argc, const char* const* argv) {
+  RagDemoCommand command;
+  RagDemoOptions& o = command.options;
+  bool worker = argc > 1 && std::string(argv[1]) == "worker";
+  std::string progress = "auto";
+  std::string host = "4M", disk = "1G";
+  po::options_description d("Options (default in parentheses)");
+  po::options_description_easy_init add = d.add_options();
+  add("help,h", "print this help and exit");
+  add("seed", Flag(&o.seed), "workload RNG seed; same seed, same workload");
+  add("workers", Flag(&o.workers), "worker processes (1..64)");
+  add("requests", Flag(&o.requests), "requests in all, dealt round-robin");
+  add("documents", Flag(&o.documents), "distinct documents");
+  add("docs-per-prompt", Flag(&o.docs_per_prompt),
+      "documents in each prompt, drawn without repetition");
+  add("document-tokens", Flag(&o.document_tokens), "tokens per document");
+  add("system-tokens", Flag(&o.system_tokens), "system prompt tokens");
+  add("question-tokens", Flag(&o.question_tokens), "question tokens");
+  add("zipf", Flag(&o.zipf),
+      "popularity exponent: document k is drawn with weight 1/(k+1)^zipf");
+  add("host-capacity", po::value(&host)->default_value(host),
+      "tierkvd's host DRAM for KV blocks (K, M, G suffixes); the default is "
+      "a quarter of the default workload, so blocks spill to disk");
+  add("disk-capacity", po::value(&disk)->default_value(disk),
+      "bound on tierkvd's disk tier");
+  add("chunk-pool-blocks", Flag(&o.chunk_pool_blocks),
+      "each worker's device chunk pool in 16-token blocks, the null block "
+      "included");
+  add("blend-ratio", Flag(&o.blend_ratio),
+      "CacheBlend recompute ratio (seed 001); 0 keeps chunks isolated");
+  add("verify", po::bool_switch(&o.verify),
+      "also prefill each request with a private chunk store and count "
+      "logits that differ in any bit (slower)");
+  add("progress", po::value(&progress)->default_value(progress),
+      "auto (a bar on a terminal, else lines), bar, lines or none");
+  add("tierkvd", po::value(&o.tierkvd_path),
+      "the tierkvd program (default: next to tierkv-demo)");
+  add("work-dir", po::value(&o.work_dir),
+      "keep tierkvd's socket, log and disk tier here (default: a temporary "
+      "directory, removed at the end)");
+  po::options_description hidden;
+  hidden.add_options()("socket", po::value(&o.socket_path))(
+      "worker-index", po::value(&o.worker_index));
+  po::options_description all;
+  all.add(d).add(hidden);
+  po::variables_map vm;
+  try {
+    po::store(po::command_line_parser(argc - (worker ? 1 : 0),
+                                      argv + (worker ? 1 : 0))
+                  .options(all)
+                  .positional({})
+                  .run(),
+              vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    return Status::InvalidArgument(e.what());
+  }
+  if (vm.count("help") > 0) {
+    std::ostringstream help;
+    help << kAbout << '\n' << d;
+    command.show_help = true;
+    command.help_text = help.str();
+    return command;
+  }
+  if (!worker && vm.count("socket") + vm.count("worker-index") > 0) {
+    return Status::InvalidArgument(
+        "--socket and --worker-index are for worker processes only");
+  }
+  if (progress == "auto") {
+    o.progress = ProgressMode::kAuto;
+  } else if (progress == "bar") {
+    o.progress = ProgressMode::kBar;
+  } else if (progress == "lines") {
+    o.progress = ProgressMode::kLines;
+  } else if (progress == "none") {
+    o.progress = ProgressMode::kNone;
+  } else {
+    return Status::InvalidArgument(
+        "--progress must be auto, bar, lines or none, got '" + progress + "'");
+  }
+  StatusOr<size_t> host_bytes = daemon::ParseBytes(host);
+  if (!host_bytes.ok()) {
+    return Status::InvalidArgument("--host-capacity: " +
+                                   host_bytes.status().message());
+  }
+  StatusOr<size_t> disk_bytes = daemon::ParseBytes(disk);
+  if (!disk_bytes.ok()) {
+    return Status::InvalidArgument("--disk-capacity: " +
+                                   disk_bytes.status().message());
+  }
+  o.host_bytes = *host_bytes;
+  o.disk_bytes = *disk_bytes;
+  if (worker && o.socket_path.empty()) {
+    return Status::InvalidArgument("a worker needs --socket");
+  }
+  TIERKV_RETURN_IF_ERROR(ValidateRagOptions(o));
+  return command;
+}
+
+}  // namespace tierkv::demo
