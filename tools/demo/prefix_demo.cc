@@ -580,7 +580,7 @@ constexpr char kAbout[] =
     "the overall hit rate and the prefill tokens saved; progress goes to\n"
     "stderr.\n"
     "\n"
-    "Usage: tierkv-demo [options]\n"
+    "Usage: tierkv-demo prefix [options]\n"
     "Exit status: 0 done, 1 failed, 2 bad usage.\n";
 
 template <typename T>

@@ -1,7 +1,7 @@
-// The prefix-caching demo behind `tools/run demo`: a generated workload that
-// looks like real use (few-shot prompts, multi-turn chats) run through one
-// KVCacheManager. Used by tierkv-demo and its tests; free functions, each call
-// owns all its state, so concurrent calls are safe.
+// The prefix-caching demo behind `tierkv-demo prefix`: a generated
+// workload that looks like real use (few-shot prompts, multi-turn chats) run
+// through one KVCacheManager. Used by tierkv-demo and its tests; free
+// functions, each call owns all its state, so concurrent calls are safe.
 #ifndef TIERKV_TOOLS_DEMO_PREFIX_DEMO_H_
 #define TIERKV_TOOLS_DEMO_PREFIX_DEMO_H_
 
