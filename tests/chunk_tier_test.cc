@@ -2,8 +2,9 @@
 // embedded client: tierkvd's coordinator in-process, real shared host
 // memory, a real RocksDB disk tier). A chunk evicted from the pool comes
 // back from host DRAM or disk byte for byte, its partial last block
-// included; a chunk nobody computed is a miss, not an error.
-// tierkvd_test runs the same path across processes.
+// included; a chunk nobody computed is a miss, not an error. Against a real
+// tierkvd that dies, the pool goes on computing and counts the failures.
+// rag_demo_test runs the same path across worker processes.
 #include "ipc/chunk_tier.h"
 
 #include <gtest/gtest.h>
@@ -17,6 +18,7 @@
 
 #include "ipc/client.h"
 #include "src/reference_model.h"
+#include "tests/child_process.h"
 #include "tests/scratch.h"
 #include "tiers/device_tier.h"
 
@@ -35,8 +37,10 @@ std::vector<TokenId> Tokens(uint32_t seed, int n) {
 class ChunkTierTest : public ::testing::Test {
  protected:
   // A pool of `pool_blocks` (the null block included) over a client whose
-  // host tier has host_slots usable slots, with a disk tier when asked.
-  void Open(int32_t pool_blocks, int32_t host_slots, bool disk) {
+  // host tier has host_slots usable slots, with a disk tier when asked;
+  // attached to the tierkvd at `socket`, or embedded.
+  void Open(int32_t pool_blocks, int32_t host_slots, bool disk,
+            const std::string& socket = "") {
     store_ = std::make_unique<ChunkKvStore>(
         ChunkKvStore::Create(model_, {.num_blocks = pool_blocks,
                                       .block_size = kBs,
@@ -48,6 +52,7 @@ class ChunkTierTest : public ::testing::Test {
                                              pool_blocks, layout.BlockBytes())
                   .value();
     ClientOptions options;
+    options.socket_path = socket;
     options.layout = layout;
     options.num_device_blocks = pool_blocks;
     options.device = device_.get();
@@ -166,6 +171,42 @@ TEST_F(ChunkTierTest, ChunksSpilledToDiskComeBackBitExact) {
   EXPECT_EQ(s.tier_errors, 0u);
   EXPECT_EQ(s.pool_hits + s.tier_hits, 8u);
   EXPECT_GT(client_->Stats().value().host.promotions, 0u);
+}
+
+TEST_F(ChunkTierTest, DeadTierkvdIsCountedAndTheChunkComputed) {
+  const std::string store = "ct" + std::to_string(getpid());
+  const std::string socket = dir_.path() + "/tierkvd.sock";
+  const KvLayout layout = model_.config().CacheLayout(kBs, DType::kF32);
+  auto daemon =
+      ChildProcess::Spawn({TIERKVD_PATH, "--store", store, "--socket", socket,
+                           "--layers", std::to_string(layout.num_layers),
+                           "--kv-heads", std::to_string(layout.num_kv_heads),
+                           "--head-dim", std::to_string(layout.head_dim),
+                           "--dtype", "f32", "--host-capacity", "1M"});
+  ASSERT_TRUE(daemon.ok()) << daemon.status().ToString();
+  ASSERT_TRUE((*daemon)->WaitForOutput("serving store")) << (*daemon)->output();
+  Open(/*pool_blocks=*/5, /*host_slots=*/0, /*disk=*/false, socket);
+  const auto a = Tokens(1, 20), b = Tokens(2, 20), c = Tokens(3, 20);
+  Compute(a);
+  Compute(b);
+  Compute(c);  // a leaves the pool; tierkvd has it.
+  EXPECT_EQ(store_->stats().published, 3u);
+
+  (*daemon)->Signal(SIGKILL);
+  (*daemon)->Wait();
+  RemoveStoreSegments(store);
+  // a cannot be fetched: a miss, counted, not a crash or stale bytes.
+  EXPECT_TRUE(store_->Acquire(a).empty());
+  EXPECT_EQ(store_->stats().tier_errors, 1u);
+  EXPECT_FALSE(store_->last_tier_error().ok());
+  // Computing goes on; the publish fails and is counted.
+  const std::vector<BlockId> blocks = store_->ComputeAndInsert(a).value();
+  ExpectChunkKv(a, blocks);
+  store_->Release(blocks);
+  EXPECT_EQ(store_->stats().tier_errors, 2u);
+  EXPECT_EQ(store_->stats().published, 3u);
+  // What the pool still holds is served as before.
+  EXPECT_EQ(store_->Acquire(c).size(), 2u);
 }
 
 }  // namespace
