@@ -120,6 +120,20 @@ StatusOr<std::unique_ptr<DiskTier>> OpenDisk(const ServerOptions& options) {
   return tier;
 }
 
+// tierkv-admin's view of the events in flight: the oldest ones, with worker
+// names cut short, so the reply stays small however many there are.
+EventsReply ListEvents(std::vector<EventInfo> events) {
+  constexpr size_t kMaxName = 64;
+  EventsReply reply;
+  reply.in_flight = events.size();
+  if (events.size() > kMaxEventsListed) events.resize(kMaxEventsListed);
+  for (EventInfo& e : events) {
+    if (e.worker_name.size() > kMaxName) e.worker_name.resize(kMaxName);
+  }
+  reply.events = std::move(events);
+  return reply;
+}
+
 struct Connection {
   ucred peer{};
   std::vector<std::byte> input;
@@ -433,6 +447,14 @@ bool Server::Impl::Handle(int fd, Connection* conn, const Message& message) {
   if (std::holds_alternative<StatsRequest>(message)) {
     std::lock_guard<std::mutex> guard(mu);
     return SendFrame(fd, StatsReply{coordinator.stats()});
+  }
+  if (std::holds_alternative<EventsRequest>(message)) {
+    std::vector<EventInfo> events;
+    {
+      std::lock_guard<std::mutex> guard(mu);
+      events = coordinator.events();
+    }
+    return SendFrame(fd, ListEvents(std::move(events)));
   }
   SendFrame(fd, ErrorReply{Status::InvalidArgument(
                     std::string(MessageTypeName(TypeOf(message))) +
