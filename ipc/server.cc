@@ -441,6 +441,8 @@ bool Server::Impl::ReadFrom(int fd, Connection* conn) {
 }
 
 bool Server::Impl::Handle(int fd, Connection* conn, const Message& message) {
+  spdlog::debug("pid {}: {} on the socket", conn->peer.pid,
+                MessageTypeName(TypeOf(message)));
   if (const auto* reg = std::get_if<RegisterRequest>(&message)) {
     return Register(fd, conn, *reg);
   }

@@ -1,6 +1,7 @@
 // tierkvd as a service: the real daemon tells a stand-in for systemd's
-// notify socket when it serves and when it stops, reopens its log file on
-// SIGHUP, reads --config, and bounds how long a stop may take (StopWithin).
+// notify socket when it serves and when it stops, reopens its log file and
+// re-reads its log level on SIGHUP, reads --config, and bounds how long a
+// stop may take (StopWithin).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <poll.h>
@@ -265,6 +266,45 @@ TEST_F(TierkvdOpsTest, SighupWithoutALogFileSaysSoAndKeepsServing) {
   ASSERT_TRUE(daemon_->WaitForOutput("no log file to reopen"))
       << daemon_->output();
   EXPECT_NE(Attach(), nullptr);
+  daemon_->Signal(SIGTERM);
+  EXPECT_EQ(daemon_->Wait(), 0) << daemon_->output();
+}
+
+TEST_F(TierkvdOpsTest, SighupRereadsTheLogLevelFromTheConfig) {
+  const std::string config = dir_ + "/tierkvd.conf";
+  const std::string log = dir_ + "/tierkvd.log";
+  std::ofstream(config) << "log-level = info\n";
+  StartDaemon(Flags({"--config", config, "--log-file", log}));
+  auto admin_stats = [&] {
+    auto admin =
+        ChildProcess::Spawn({TIERKV_ADMIN_PATH, "stats", "--socket", socket_});
+    EXPECT_TRUE(admin.ok()) << admin.status().ToString();
+    if (!admin.ok()) return -1;
+    const int code = (*admin)->Wait();
+    EXPECT_THAT((*admin)->output(), HasSubstr("workers: 0"));
+    return code;
+  };
+  // At info, tierkvd does not log the admin's requests.
+  ASSERT_EQ(admin_stats(), 0);
+
+  std::ofstream(config) << "# more detail\nlog-level = debug\n";
+  daemon_->Signal(SIGHUP);
+  ASSERT_TRUE(WaitForFileText(log, "log level info -> debug")) << ReadFile(log);
+  ASSERT_EQ(admin_stats(), 0);
+  ASSERT_TRUE(WaitForFileText(log, "Stats on the socket")) << ReadFile(log);
+  EXPECT_EQ(Count(ReadFile(log), "Stats on the socket"), 1u);
+
+  // A file that no longer parses: named with its line, the level stays.
+  std::ofstream(config) << "log-level = debug\nlog-level at last\n";
+  daemon_->Signal(SIGHUP);
+  ASSERT_TRUE(WaitForFileText(log, config + ":2: expected 'key = value'"))
+      << ReadFile(log);
+  EXPECT_THAT(ReadFile(log), HasSubstr("; keeping log level debug"));
+  ASSERT_EQ(admin_stats(), 0);  // Still serving, still at debug.
+  ASSERT_TRUE(WaitForFile(log, [](const std::string& text) {
+    return Count(text, "Stats on the socket") == 2;
+  })) << ReadFile(log);
+
   daemon_->Signal(SIGTERM);
   EXPECT_EQ(daemon_->Wait(), 0) << daemon_->output();
 }

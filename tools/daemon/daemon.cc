@@ -31,6 +31,33 @@ void ReopenLog(DaemonLog& log) {
   spdlog::info("reopened log file {}", log.path());
 }
 
+// SIGHUP: take log-level from the --config file again. `*level` is the one
+// in force; a file that no longer parses leaves it so.
+void ApplyConfigLogLevel(const DaemonCommand& command, std::string* level) {
+  if (command.config_path.empty()) return;
+  StatusOr<std::string> fresh = RereadLogLevel(command);
+  if (!fresh.ok()) {
+    spdlog::error("{}; keeping log level {}", fresh.status().message(), *level);
+    return;
+  }
+  if (*fresh == *level) {
+    spdlog::info("log level stays {}{}", *level,
+                 command.log_level_on_command_line
+                     ? " (--log-level on the command line wins over " +
+                           command.config_path + ")"
+                     : "");
+    return;
+  }
+  const spdlog::level::level_enum before = spdlog::get_level();
+  const spdlog::level::level_enum after = spdlog::level::from_str(*fresh);
+  // Logged under the more verbose of the two levels, so that it shows
+  // whenever either would show it.
+  if (after < before) spdlog::set_level(after);
+  spdlog::info("log level {} -> {}", *level, *fresh);
+  if (after >= before) spdlog::set_level(after);
+  *level = *fresh;
+}
+
 }  // namespace
 
 void StopWithin(std::chrono::seconds timeout,
@@ -79,11 +106,13 @@ int RunDaemon(const DaemonCommand& command) {
   }
   sd_notifyf(0, "READY=1\nSTATUS=serving store '%s' on %s",
              command.server.store.c_str(), (*server)->socket_path().c_str());
+  std::string log_level = command.log_level;
   for (;;) {
     int signal_number = 0;
     sigwait(&signals, &signal_number);
     if (signal_number == SIGHUP) {
-      ReopenLog(**log);
+      ReopenLog(**log);  // First: what follows goes to the fresh file.
+      ApplyConfigLogLevel(command, &log_level);
       continue;
     }
     spdlog::info("received {}, stopping", strsignal(signal_number));
