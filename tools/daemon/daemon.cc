@@ -5,6 +5,7 @@
 #include <systemd/sd-daemon.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstring>
 #include <iostream>
@@ -13,6 +14,7 @@
 
 #include "ipc/server.h"
 #include "tools/daemon/daemon_log.h"
+#include "tools/daemon/watchdog.h"
 
 namespace tierkv::daemon {
 namespace {
@@ -56,6 +58,27 @@ void ApplyConfigLogLevel(const DaemonCommand& command, std::string* level) {
   spdlog::info("log level {} -> {}", *level, *fresh);
   if (after >= before) spdlog::set_level(after);
   *level = *fresh;
+}
+
+// Under systemd's WatchdogSec=: pets at half the interval while the server
+// makes progress (Server::CheckProgress). Null without a watchdog.
+std::unique_ptr<Watchdog> StartWatchdog(const ipc::Server& server) {
+  const std::optional<std::chrono::microseconds> interval =
+      Watchdog::SystemdInterval();
+  if (!interval.has_value()) return nullptr;
+  const auto period = *interval / 2;
+  // A check that waits longer than half a period would delay the pet.
+  const auto patience = std::max(
+      std::chrono::duration_cast<std::chrono::milliseconds>(period / 2),
+      std::chrono::milliseconds(1));
+  spdlog::info(
+      "systemd watchdog every {} ms: notifying every {} ms while tierkvd "
+      "makes progress",
+      std::chrono::duration_cast<std::chrono::milliseconds>(*interval).count(),
+      std::chrono::duration_cast<std::chrono::milliseconds>(period).count());
+  return Watchdog::Start(
+      period, [&server, patience] { return server.CheckProgress(patience); },
+      &Watchdog::PetSystemd);
 }
 
 }  // namespace
@@ -106,6 +129,7 @@ int RunDaemon(const DaemonCommand& command) {
   }
   sd_notifyf(0, "READY=1\nSTATUS=serving store '%s' on %s",
              command.server.store.c_str(), (*server)->socket_path().c_str());
+  std::unique_ptr<Watchdog> watchdog = StartWatchdog(**server);
   std::string log_level = command.log_level;
   for (;;) {
     int signal_number = 0;
@@ -116,6 +140,7 @@ int RunDaemon(const DaemonCommand& command) {
       continue;
     }
     spdlog::info("received {}, stopping", strsignal(signal_number));
+    watchdog.reset();  // A stopping server makes no progress to check.
     sd_notify(0, "STOPPING=1\nSTATUS=stopping");
     StopWithin(command.stop_timeout, [&] { (*server)->Stop(); });
     return 0;

@@ -1,6 +1,7 @@
 // RunDaemon: tierkvd's life once its flags are parsed. It logs (DaemonLog),
 // runs the Server, tells systemd (sd_notify) when it serves and when it
-// stops, and handles signals: SIGTERM and SIGINT stop it within
+// stops, feeds systemd's watchdog while the server makes progress
+// (Watchdog), and handles signals: SIGTERM and SIGINT stop it within
 // --stop-timeout, SIGHUP reopens the log file and re-reads log-level from
 // --config. Not thread-safe: call once, from main, before any other thread
 // starts, since it blocks those signals for the whole process.
