@@ -341,7 +341,8 @@ StatusOr<DaemonCommand> ParseDaemonFlags(int argc, const char* const* argv) {
       "tierkvd: the tierkv coordinator. Owns the index, LRU and pins of the\n"
       "host tier (shared memory) for one store and serves engine workers.\n"
       "Stops cleanly on SIGINT or SIGTERM; SIGHUP reopens --log-file and\n"
-      "re-reads log-level from --config.\n\n"
+      "re-reads log-level from --config. Under systemd with WatchdogSec=, it\n"
+      "notifies the watchdog while it makes progress.\n\n"
       "Command line only");
   general.add_options()("help,h", "show this help and exit")(
       "config", po::value<std::string>()->value_name("FILE"),
