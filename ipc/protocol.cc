@@ -183,6 +183,22 @@ void Get(Reader& r, TransferEvent* e) {
   }
 }
 
+void Put(Writer& w, const EventLatency& l) {
+  for (uint64_t b : l.buckets) w.Int<uint64_t>(b);
+  w.Int<uint64_t>(l.count);
+  w.Int<uint64_t>(l.sum_us);
+}
+void Get(Reader& r, EventLatency* l) {
+  uint64_t total = 0;
+  for (uint64_t& b : l->buckets) {
+    b = r.Int<uint64_t>();
+    total += b;
+  }
+  l->count = r.Int<uint64_t>();
+  l->sum_us = r.Int<uint64_t>();
+  if (total != l->count) r.Fail("latency buckets do not add up to the count");
+}
+
 void Put(Writer& w, const Status& s) {
   w.Int<uint8_t>(static_cast<uint8_t>(s.code()));
   w.String(s.message().substr(0, kMaxString));
@@ -308,6 +324,9 @@ void PutPayload(Writer& w, const StatsReply& m) {
     w.Int<uint32_t>(ws.loads_in_flight);
     w.Int<uint32_t>(ws.stores_in_flight);
   }
+  Put(w, m.stats.load_latency);
+  Put(w, m.stats.store_latency);
+  w.Int<uint64_t>(m.stats.oldest_event_age_us);
 }
 
 void GetPayload(Reader& r, ErrorReply* m) {
@@ -440,6 +459,9 @@ void GetPayload(Reader& r, StatsReply* m) {
     ws.stores_in_flight = r.Int<uint32_t>();
     m->stats.workers.push_back(std::move(ws));
   }
+  Get(r, &m->stats.load_latency);
+  Get(r, &m->stats.store_latency);
+  m->stats.oldest_event_age_us = r.Int<uint64_t>();
 }
 
 void PutPayload(Writer&, const ReadyLoadsRequest&) {}
@@ -458,6 +480,48 @@ void GetPayload(Reader& r, ReadyLoadsReply* m) {
   }
 }
 
+void PutPayload(Writer&, const EventsRequest&) {}
+void PutPayload(Writer& w, const EventsReply& m) {
+  w.Int<uint64_t>(m.in_flight);
+  w.Int<uint32_t>(static_cast<uint32_t>(m.events.size()));
+  for (const EventInfo& e : m.events) {
+    w.Int<uint32_t>(e.worker);
+    w.String(e.worker_name);
+    w.Int<uint8_t>(static_cast<uint8_t>(e.ref.kind));
+    w.Int<uint64_t>(e.ref.id);
+    w.Int<uint64_t>(e.request);
+    w.Int<uint32_t>(e.blocks);
+    w.Int<uint8_t>(static_cast<uint8_t>(e.state));
+    w.Int<uint64_t>(e.age_us);
+  }
+}
+void GetPayload(Reader&, EventsRequest*) {}
+void GetPayload(Reader& r, EventsReply* m) {
+  m->in_flight = r.Int<uint64_t>();
+  const uint32_t n = r.Count(kMaxEventsListed, "listed event");
+  if (n > m->in_flight) r.Fail("more events listed than in flight");
+  for (uint32_t i = 0; i < n && r.ok(); ++i) {
+    EventInfo e;
+    e.worker = r.Int<uint32_t>();
+    e.worker_name = r.String();
+    e.ref.kind = GetKind(r);
+    e.ref.id = r.Int<uint64_t>();
+    e.request = r.Int<uint64_t>();
+    e.blocks = r.Int<uint32_t>();
+    if (e.blocks > kMaxBlocks) {
+      r.Fail("event of " + std::to_string(e.blocks) + " blocks");
+    }
+    const auto state = r.Int<uint8_t>();
+    if (state < static_cast<uint8_t>(EventState::kPromoting) ||
+        state > static_cast<uint8_t>(EventState::kCopying)) {
+      r.Fail("unknown event state " + std::to_string(state));
+    }
+    e.state = static_cast<EventState>(state);
+    e.age_us = r.Int<uint64_t>();
+    m->events.push_back(std::move(e));
+  }
+}
+
 constexpr MessageType kTypes[] = {
     MessageType::kError,       MessageType::kOk,
     MessageType::kRegister,    MessageType::kRegisterReply,
@@ -467,7 +531,8 @@ constexpr MessageType kTypes[] = {
     MessageType::kComplete,    MessageType::kFinish,
     MessageType::kStats,       MessageType::kStatsReply,
     MessageType::kReadyLoads,  MessageType::kReadyLoadsReply,
-    MessageType::kLookupChunk,
+    MessageType::kLookupChunk, MessageType::kEvents,
+    MessageType::kEventsReply,
 };
 static_assert(std::size(kTypes) == std::variant_size_v<Message>);
 
@@ -534,6 +599,10 @@ const char* MessageTypeName(MessageType type) {
       return "ReadyLoadsReply";
     case MessageType::kLookupChunk:
       return "LookupChunk";
+    case MessageType::kEvents:
+      return "Events";
+    case MessageType::kEventsReply:
+      return "EventsReply";
   }
   return "?";
 }

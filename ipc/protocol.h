@@ -31,6 +31,7 @@ inline constexpr uint32_t kMaxBlocks = 1 << 20;
 inline constexpr uint32_t kMaxEvents = 1 << 16;
 inline constexpr uint32_t kMaxString = 4096;
 inline constexpr uint32_t kMaxWorkersListed = 4096;
+inline constexpr uint32_t kMaxEventsListed = 1024;
 
 enum class MessageType : uint16_t {
   kError = 1,
@@ -50,6 +51,8 @@ enum class MessageType : uint16_t {
   kReadyLoads = 15,
   kReadyLoadsReply = 16,
   kLookupChunk = 17,  // Answered by a LookupReply.
+  kEvents = 18,
+  kEventsReply = 19,
 };
 
 // A failed call: the Status travels back to the caller.
@@ -117,13 +120,20 @@ struct StatsRequest {};
 struct StatsReply {
   CoordinatorStats stats;
 };
+// Over the Unix socket from tierkv-admin: the transfer events in flight.
+struct EventsRequest {};
+struct EventsReply {
+  uint64_t in_flight = 0;  // Events in flight, all of them.
+  // The oldest of them, oldest first; at most kMaxEventsListed.
+  std::vector<EventInfo> events;
+};
 
 using Message =
     std::variant<ErrorReply, OkReply, RegisterRequest, RegisterReply,
                  LookupRequest, LookupReply, AllocateRequest, AllocateReply,
                  CommitRequest, CommitReply, CompleteRequest, FinishRequest,
                  StatsRequest, StatsReply, ReadyLoadsRequest, ReadyLoadsReply,
-                 LookupChunkRequest>;
+                 LookupChunkRequest, EventsRequest, EventsReply>;
 
 MessageType TypeOf(const Message& message);
 const char* MessageTypeName(MessageType type);

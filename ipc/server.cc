@@ -29,6 +29,32 @@ namespace {
 // hostile or broken.
 constexpr uint32_t kMaxSocketPayload = 64 * 1024;
 
+// The listener wakes at least this often, even with nothing to do.
+constexpr int kListenerPollMs = 1000;
+// A server thread that has not gone round its loop for this long is stuck:
+// the listener's slowest honest round (peers that take a second each to
+// read a reply) stays well below it.
+constexpr std::chrono::seconds kStalledAfter{10};
+
+// When a thread last went round its loop; read by CheckProgress.
+class Heartbeat {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  Heartbeat() { Beat(); }
+  void Beat() {
+    last_.store(Clock::now().time_since_epoch().count(),
+                std::memory_order_relaxed);
+  }
+  Clock::duration Age() const {
+    return Clock::now() - Clock::time_point(Clock::duration(
+                              last_.load(std::memory_order_relaxed)));
+  }
+
+ private:
+  std::atomic<Clock::rep> last_;
+};
+
 Status ValidateStoreName(const std::string& store) {
   if (store.empty() || store.size() > 64) {
     return Status::InvalidArgument("store name must be 1..64 characters");
@@ -120,6 +146,20 @@ StatusOr<std::unique_ptr<DiskTier>> OpenDisk(const ServerOptions& options) {
   return tier;
 }
 
+// tierkv-admin's view of the events in flight: the oldest ones, with worker
+// names cut short, so the reply stays small however many there are.
+EventsReply ListEvents(std::vector<EventInfo> events) {
+  constexpr size_t kMaxName = 64;
+  EventsReply reply;
+  reply.in_flight = events.size();
+  if (events.size() > kMaxEventsListed) events.resize(kMaxEventsListed);
+  for (EventInfo& e : events) {
+    if (e.worker_name.size() > kMaxName) e.worker_name.resize(kMaxName);
+  }
+  reply.events = std::move(events);
+  return reply;
+}
+
 struct Connection {
   ucred peer{};
   std::vector<std::byte> input;
@@ -148,12 +188,15 @@ struct Server::Impl {
   std::unique_ptr<DiskTier> disk;
   std::unique_ptr<SlotDisk> slot_disk;
   std::shared_ptr<TierSignal> tier_signal;
-  mutable std::mutex mu;
+  // Timed: CheckProgress tries it with a deadline.
+  mutable std::timed_mutex mu;
   Coordinator coordinator;  // GUARDED_BY(mu)
   std::thread tier_thread;
+  Heartbeat tier_heartbeat;  // Each round of the tier thread.
   int listen_fd = -1;
   int wake_pipe[2] = {-1, -1};
   std::thread listener;
+  Heartbeat listener_heartbeat;           // Each round of the listener.
   std::map<int, Connection> connections;  // Listener thread only.
   std::atomic<bool> stopping{false};
   std::mutex stop_mu;
@@ -299,7 +342,7 @@ void Server::Stop() {
     if (Status flushed = s.disk->Flush(); !flushed.ok()) {
       spdlog::error("disk tier: flush on stop failed: {}", flushed.ToString());
     }
-    std::lock_guard<std::mutex> guard(s.mu);
+    std::lock_guard<std::timed_mutex> guard(s.mu);
     s.coordinator.PumpLowerTier();
   }
   if (s.listen_fd >= 0) close(s.listen_fd);
@@ -319,12 +362,34 @@ const std::string& Server::host_segment() const {
 int32_t Server::host_slots() const { return impl_->host->num_slots(); }
 
 CoordinatorStats Server::stats() const {
-  std::lock_guard<std::mutex> guard(impl_->mu);
+  std::lock_guard<std::timed_mutex> guard(impl_->mu);
   return impl_->coordinator.stats();
+}
+
+Status Server::CheckProgress(std::chrono::milliseconds timeout) const {
+  const Impl& s = *impl_;
+  auto stalled = [](const char* thread, const Heartbeat& heartbeat) {
+    const auto age =
+        std::chrono::duration_cast<std::chrono::milliseconds>(heartbeat.Age());
+    if (age < kStalledAfter) return Status::Ok();
+    return Status::Unavailable(std::string(thread) + " has been stuck for " +
+                               std::to_string(age.count()) + " ms");
+  };
+  TIERKV_RETURN_IF_ERROR(stalled("the listener thread", s.listener_heartbeat));
+  if (s.disk != nullptr) {  // Only then is there a tier thread.
+    TIERKV_RETURN_IF_ERROR(stalled("the tier thread", s.tier_heartbeat));
+  }
+  std::unique_lock<std::timed_mutex> lock(s.mu, std::defer_lock);
+  if (!lock.try_lock_for(timeout)) {
+    return Status::Unavailable("the coordinator's mutex was not free within " +
+                               std::to_string(timeout.count()) + " ms");
+  }
+  return Status::Ok();
 }
 
 void Server::Impl::RunTiers() {
   while (!stopping.load()) {
+    tier_heartbeat.Beat();
     {
       std::unique_lock<std::mutex> lock(tier_signal->mu);
       // The timeout lets a spill that rested after a failure try again.
@@ -333,7 +398,7 @@ void Server::Impl::RunTiers() {
       });
       tier_signal->wanted = false;
     }
-    std::lock_guard<std::mutex> guard(mu);
+    std::lock_guard<std::timed_mutex> guard(mu);
     coordinator.PumpLowerTier();
   }
 }
@@ -341,11 +406,12 @@ void Server::Impl::RunTiers() {
 void Server::Impl::Listen() {
   std::vector<pollfd> fds;
   while (!stopping.load()) {
+    listener_heartbeat.Beat();
     fds.clear();
     fds.push_back({wake_pipe[0], POLLIN, 0});
     fds.push_back({listen_fd, POLLIN, 0});
     for (const auto& [fd, conn] : connections) fds.push_back({fd, POLLIN, 0});
-    if (poll(fds.data(), fds.size(), 1000) < 0 && errno != EINTR) {
+    if (poll(fds.data(), fds.size(), kListenerPollMs) < 0 && errno != EINTR) {
       spdlog::error("poll: {}", std::strerror(errno));
       return;
     }
@@ -427,12 +493,22 @@ bool Server::Impl::ReadFrom(int fd, Connection* conn) {
 }
 
 bool Server::Impl::Handle(int fd, Connection* conn, const Message& message) {
+  spdlog::debug("pid {}: {} on the socket", conn->peer.pid,
+                MessageTypeName(TypeOf(message)));
   if (const auto* reg = std::get_if<RegisterRequest>(&message)) {
     return Register(fd, conn, *reg);
   }
   if (std::holds_alternative<StatsRequest>(message)) {
-    std::lock_guard<std::mutex> guard(mu);
+    std::lock_guard<std::timed_mutex> guard(mu);
     return SendFrame(fd, StatsReply{coordinator.stats()});
+  }
+  if (std::holds_alternative<EventsRequest>(message)) {
+    std::vector<EventInfo> events;
+    {
+      std::lock_guard<std::timed_mutex> guard(mu);
+      events = coordinator.events();
+    }
+    return SendFrame(fd, ListEvents(std::move(events)));
   }
   SendFrame(fd, ErrorReply{Status::InvalidArgument(
                     std::string(MessageTypeName(TypeOf(message))) +
@@ -451,7 +527,7 @@ bool Server::Impl::Register(int fd, Connection* conn,
   StatusOr<WorkerId> worker = Status::ResourceExhausted(
       std::to_string(options.max_workers) + " workers are attached already");
   {
-    std::lock_guard<std::mutex> guard(mu);
+    std::lock_guard<std::timed_mutex> guard(mu);
     if (coordinator.num_workers() < options.max_workers) {
       worker = coordinator.RegisterWorker(reg);
     }
@@ -470,7 +546,7 @@ bool Server::Impl::Register(int fd, Connection* conn,
                              options.channel_bytes);
   if (!channel.ok()) {
     {
-      std::lock_guard<std::mutex> guard(mu);
+      std::lock_guard<std::timed_mutex> guard(mu);
       (void)coordinator.DropWorker(*worker);
     }
     SendFrame(fd, ErrorReply{channel.status()});
@@ -498,7 +574,7 @@ void Server::Impl::Close(int fd) {
     session->stop.store(true);
     session->channel.WakeReceiver();
     session->thread.join();
-    std::lock_guard<std::mutex> guard(mu);
+    std::lock_guard<std::timed_mutex> guard(mu);
     (void)coordinator.DropWorker(session->worker);
     spdlog::info("worker {} (pid {}) detached; its pins are released",
                  session->worker, it->second.peer.pid);
@@ -518,7 +594,7 @@ void Server::Impl::Serve(Session* session) {
                    message.status().ToString());
       reply = ErrorReply{message.status()};
     } else {
-      std::lock_guard<std::mutex> guard(mu);
+      std::lock_guard<std::timed_mutex> guard(mu);
       reply = Dispatch(coordinator, session->worker, *message);
     }
     response.clear();

@@ -4,14 +4,15 @@
 // (registration, liveness, tierkv-admin), and runs one session thread per
 // attached worker that serves the worker's shared-memory control channel,
 // and a tier thread that applies finished spills and promotions.
-// Thread-safety: Start/Stop/stats from any thread. Internally the
-// coordinator is guarded by one mutex that only the server's own threads
+// Thread-safety: Start/Stop/stats/CheckProgress from any thread. Internally
+// the coordinator is guarded by one mutex that only tierkvd's own threads
 // take; a worker never holds anything the server waits for.
 #ifndef TIERKV_IPC_SERVER_H_
 #define TIERKV_IPC_SERVER_H_
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -79,6 +80,12 @@ class Server {
   const std::string& host_segment() const;
   int32_t host_slots() const;
   CoordinatorStats stats() const;
+
+  // OK while the server makes progress: its listener (and tier) threads
+  // have gone round their loops in the last 10 s, and the coordinator's
+  // mutex can be taken within `timeout`. Unavailable naming what is stuck
+  // otherwise. For a watchdog; meaningful only between Start and Stop.
+  Status CheckProgress(std::chrono::milliseconds timeout) const;
 
  private:
   struct Impl;

@@ -7,8 +7,15 @@ namespace tierkv {
 namespace {
 
 std::string EventName(const EventRef& ref) {
-  return std::string(ref.kind == EventKind::kLoad ? "load" : "store") +
-         " event " + std::to_string(ref.id);
+  return std::string(EventKindName(ref.kind)) + " event " +
+         std::to_string(ref.id);
+}
+
+uint64_t MicrosecondsSince(std::chrono::steady_clock::time_point start,
+                           std::chrono::steady_clock::time_point now) {
+  const auto us =
+      std::chrono::duration_cast<std::chrono::microseconds>(now - start);
+  return us.count() > 0 ? static_cast<uint64_t>(us.count()) : 0;
 }
 
 std::string RequestName(RequestId request) {
@@ -16,6 +23,30 @@ std::string RequestName(RequestId request) {
 }
 
 }  // namespace
+
+const char* EventKindName(EventKind kind) {
+  return kind == EventKind::kLoad ? "load" : "store";
+}
+
+const char* EventStateName(EventState state) {
+  switch (state) {
+    case EventState::kPromoting:
+      return "promoting";
+    case EventState::kReady:
+      return "ready";
+    case EventState::kCopying:
+      return "copying";
+  }
+  return "?";
+}
+
+void EventLatency::Record(uint64_t latency_us) {
+  size_t b = 0;
+  while (b < std::size(kBucketMicros) && latency_us > kBucketMicros[b]) ++b;
+  ++buckets[b];
+  ++count;
+  sum_us += latency_us;
+}
 
 StatusOr<Coordinator> Coordinator::Create(const CoordinatorOptions& options) {
   TIERKV_RETURN_IF_ERROR(options.layout.Validate());
@@ -44,6 +75,7 @@ Coordinator::Coordinator(const CoordinatorOptions& options, BlockPool host_pool)
       host_pool_(std::move(host_pool)),
       inbox_(std::make_shared<LowerInbox>()) {
   inbox_->wakeup = options_.lower_tier_wakeup;
+  if (!options_.clock) options_.clock = std::chrono::steady_clock::now;
 }
 
 StatusOr<WorkerId> Coordinator::RegisterWorker(
@@ -283,6 +315,7 @@ StatusOr<AllocateResult> Coordinator::Allocate(
     // The lookup's pins become the load's (seed 004 step 5 frees and
     // re-touches; the ref count is the same).
     InFlight in_flight;
+    in_flight.started = Now();
     TransferEvent& load = in_flight.event;
     load = {.ref = {EventKind::kLoad, w->next_load_id++},
             .request = request,
@@ -363,6 +396,7 @@ StatusOr<CommitResult> Coordinator::Commit(
   }
   CommitResult result;
   InFlight store;
+  store.started = Now();
   store.event.ref.kind = EventKind::kStore;
   store.event.request = request;
   for (int32_t b = r.next_store_block; b < full; ++b) {
@@ -432,12 +466,14 @@ Status Coordinator::Complete(WorkerId worker,
   for (const CompletedEvent& done : events) {
     if (done.ref.kind == EventKind::kLoad) {
       auto it = w->loads.find(done.ref.id);
+      RecordLatency(EventKind::kLoad, it->second.started);
       ReleaseLoad(&it->second);
       if (done.ok)
         stats_.loads_completed += it->second.event.host_blocks.size();
       w->loads.erase(it);
     } else {
       auto it = w->stores.find(done.ref.id);
+      RecordLatency(EventKind::kStore, it->second.started);
       FinishStore(&it->second, done.ok);
       w->stores.erase(it);
     }
@@ -521,8 +557,7 @@ size_t Coordinator::PumpLowerTier() {
       const BlockPool::Block& b = host_pool_.block(op.slot);
       if (!ok) {
         ++stats_.spill_failures;
-        spill_resume_ =
-            std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
+        spill_resume_ = Now() + std::chrono::milliseconds(100);
       } else if (b.has_key && b.key == op.key &&
                  host_pool_.DemoteCachedBlock(op.slot)) {
         ++stats_.spills;
@@ -584,7 +619,7 @@ void Coordinator::MaybeSpill() {
   // Blocks being spilled leave host when their copy is done.
   const int64_t staying = UsedSlots() - spills_in_flight_;
   if (staying <= static_cast<int64_t>(options_.spill_high * usable)) return;
-  if (std::chrono::steady_clock::now() < spill_resume_) return;
+  if (Now() < spill_resume_) return;
   const int64_t excess =
       staying - static_cast<int64_t>(options_.spill_low * usable);
   std::vector<BlockId> victims;
@@ -622,7 +657,16 @@ CoordinatorStats Coordinator::stats() const {
   out.host.spills_in_flight = static_cast<uint64_t>(spills_in_flight_);
   out.host.promotions_in_flight = static_cast<uint64_t>(promotions_in_flight_);
   if (options_.lower != nullptr) out.disk = options_.lower->stats();
+  out.load_latency = load_latency_;
+  out.store_latency = store_latency_;
+  const auto now = Now();
   for (const auto& [id, w] : workers_) {
+    for (const auto* in_flight : {&w.loads, &w.stores}) {
+      for (const auto& [event_id, e] : *in_flight) {
+        out.oldest_event_age_us = std::max(out.oldest_event_age_us,
+                                           MicrosecondsSince(e.started, now));
+      }
+    }
     out.workers.push_back(WorkerStats{
         .id = id,
         .pid = w.registration.pid,
@@ -631,6 +675,49 @@ CoordinatorStats Coordinator::stats() const {
         .loads_in_flight = static_cast<uint32_t>(w.loads.size()),
         .stores_in_flight = static_cast<uint32_t>(w.stores.size())});
   }
+  return out;
+}
+
+void Coordinator::RecordLatency(EventKind kind,
+                                std::chrono::steady_clock::time_point started) {
+  EventLatency& latency =
+      kind == EventKind::kLoad ? load_latency_ : store_latency_;
+  latency.Record(MicrosecondsSince(started, Now()));
+}
+
+std::vector<EventInfo> Coordinator::events() const {
+  const auto now = Now();
+  std::vector<std::pair<std::chrono::steady_clock::time_point, EventInfo>>
+      found;
+  for (const auto& [worker, w] : workers_) {
+    for (const auto* in_flight : {&w.loads, &w.stores}) {
+      for (const auto& [id, e] : *in_flight) {
+        EventState state = EventState::kCopying;
+        if (e.promoting > 0) {
+          state = EventState::kPromoting;
+        } else if (e.pending) {
+          state = EventState::kReady;
+        }
+        found.emplace_back(
+            e.started, EventInfo{.worker = worker,
+                                 .worker_name = w.registration.name,
+                                 .ref = e.event.ref,
+                                 .request = e.event.request,
+                                 .blocks = static_cast<uint32_t>(
+                                     e.event.host_blocks.size()),
+                                 .state = state,
+                                 .age_us = MicrosecondsSince(e.started, now)});
+      }
+    }
+  }
+  // Workers, then loads before stores, then ids come in order already: a
+  // stable sort by start time leaves ties in that order.
+  std::stable_sort(
+      found.begin(), found.end(),
+      [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<EventInfo> out;
+  out.reserve(found.size());
+  for (auto& [started, info] : found) out.push_back(std::move(info));
   return out;
 }
 

@@ -40,6 +40,14 @@
 // thread-safe inbox until the owner calls PumpLowerTier (the wakeup option
 // says when); every other call stays on the owner's thread.
 //
+// A transfer event in flight (events() lists them, oldest first):
+//   PROMOTING  a load waiting for promotions from the lower tier
+//   READY      a load whose promotions are done, not yet taken by the worker
+//              (TakeReadyLoads)
+//   COPYING    handed to the worker, which has not completed it yet
+// Each is timestamped when Allocate or Commit creates it; Complete records
+// its latency per kind (CoordinatorStats::load_latency, store_latency).
+//
 // Host slot states (the null slot 0 is none of these):
 //   FREE / CACHED-FREE (ref 0, in the LRU free queue)
 //   PINNED by a lookup or a load (ref > 0, keyed)
@@ -52,6 +60,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -117,6 +126,9 @@ struct CoordinatorOptions {
   // Called on a lower-tier thread when results wait for PumpLowerTier.
   // Default: none (the owner pumps on its own schedule).
   std::function<void()> lower_tier_wakeup = {};
+  // The clock events are timestamped with (and spills rest by), called on
+  // the owner's thread. Default: std::chrono::steady_clock::now.
+  std::function<std::chrono::steady_clock::time_point()> clock = {};
 };
 
 struct LookupResult {
@@ -184,8 +196,48 @@ struct HostTierStats {
   uint64_t promotions_in_flight = 0;
 };
 
+// Where a transfer event in flight stands (see the state list above).
+enum class EventState : uint8_t { kPromoting = 1, kReady = 2, kCopying = 3 };
+
+const char* EventKindName(EventKind kind);     // "load", "store"
+const char* EventStateName(EventState state);  // "promoting", ...
+
+// One transfer event in flight, for people (tierkv-admin events).
+struct EventInfo {
+  WorkerId worker = 0;
+  std::string worker_name;
+  EventRef ref;
+  RequestId request = 0;
+  // Blocks it copies; a load cut short by failed promotions copies those
+  // before the cut.
+  uint32_t blocks = 0;
+  EventState state = EventState::kCopying;
+  uint64_t age_us = 0;  // Since Allocate or Commit created it.
+};
+
+// Latencies of completed transfer events, from Allocate or Commit to
+// Complete (failed copies included), as a histogram.
+struct EventLatency {
+  // Upper bounds of the buckets (100 us .. 10 s); a last bucket takes the
+  // rest.
+  static constexpr uint64_t kBucketMicros[] = {
+      100, 1'000, 5'000, 10'000, 50'000, 100'000, 1'000'000, 10'000'000};
+  static constexpr size_t kBuckets = std::size(kBucketMicros) + 1;
+  // Events per bucket (not cumulative); the last: above every bound.
+  uint64_t buckets[kBuckets] = {};
+  uint64_t count = 0;
+  uint64_t sum_us = 0;
+
+  void Record(uint64_t latency_us);
+  friend bool operator==(const EventLatency&, const EventLatency&) = default;
+};
+
 struct CoordinatorStats {
   HostTierStats host;
+  EventLatency load_latency;
+  EventLatency store_latency;
+  // Age of the oldest transfer event in flight; 0 when none is.
+  uint64_t oldest_event_age_us = 0;
   std::optional<DiskTierStats> disk;  // With a lower tier only.
   std::vector<WorkerStats> workers;
 };
@@ -241,6 +293,9 @@ class Coordinator {
   StatusOr<std::vector<TransferEvent>> TakeReadyLoads(WorkerId worker);
 
   CoordinatorStats stats() const;
+  // Every transfer event in flight, oldest first (ties: by worker, kind,
+  // id).
+  std::vector<EventInfo> events() const;
   const BlockPool& host_pool() const { return host_pool_; }
   const KvLayout& layout() const { return options_.layout; }
   size_t num_workers() const { return workers_.size(); }
@@ -265,6 +320,7 @@ class Coordinator {
     std::vector<LoadSlot> slots;               // Load: one per block.
     int32_t promoting = 0;                     // Load: promotions not finished.
     bool pending = false;  // Load: not handed to the worker yet.
+    std::chrono::steady_clock::time_point started;  // Allocate or Commit.
   };
   // A spill or promotion the lower tier is running.
   struct LowerOp {
@@ -322,6 +378,9 @@ class Coordinator {
   void ApplyLowerResult(const LowerResult& result);
   int64_t UsedSlots() const;
   void MaybeSpill();
+  std::chrono::steady_clock::time_point Now() const { return options_.clock(); }
+  void RecordLatency(EventKind kind,
+                     std::chrono::steady_clock::time_point started);
 
   CoordinatorOptions options_;
   BlockPool host_pool_;
@@ -330,6 +389,8 @@ class Coordinator {
   // Keys some store event is writing: a second store of one is skipped.
   std::unordered_set<BlockKey, BlockKeyHash> keys_being_stored_;
   HostTierStats stats_;
+  EventLatency load_latency_;
+  EventLatency store_latency_;
   // The lower tier's side (unused without one).
   std::shared_ptr<LowerInbox> inbox_;
   std::unordered_map<uint64_t, LowerOp> lower_ops_;

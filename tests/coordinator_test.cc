@@ -1,12 +1,15 @@
 // The coordinator state machine in-process: seed 004's host-side timeline
 // (slot ids, ref counts, free-queue order, event ids), pins, the host tier
-// full of pinned blocks, a dead worker's pins, and validation of what a
-// worker sends. tierkvd_test runs the same flow through real processes.
+// full of pinned blocks, a dead worker's pins, validation of what a worker
+// sends, and the in-flight events with their ages and latencies. tierkvd_test
+// runs the same flow through real processes.
 #include "src/coordinator.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <functional>
 #include <vector>
 
 #include "tests/sequential_tokens.h"
@@ -18,6 +21,8 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::ElementsAreArray;
 using ::testing::HasSubstr;
+using Clock = std::chrono::steady_clock;
+using std::chrono::microseconds;
 
 KvLayout Layout() { return TestLayout(); }
 
@@ -30,16 +35,19 @@ std::vector<BlockId> Range(BlockId first, BlockId last) {
 class CoordinatorTest : public ::testing::Test {
  protected:
   explicit CoordinatorTest(int32_t host_slots = 50)
-      : c_(Coordinator::Create({.layout = Layout(), .host_slots = host_slots})
+      : c_(Coordinator::Create({.layout = Layout(),
+                                .host_slots = host_slots,
+                                .clock = [this] { return now_; }})
                .value()) {}
 
-  WorkerId Register(const std::string& tenant = "") {
+  WorkerId Register(const std::string& tenant = "",
+                    const std::string& name = "w") {
     return c_
         .RegisterWorker({.layout = Layout(),
                          .num_device_blocks = 100,
                          .tenant = tenant,
                          .pid = 1,
-                         .name = "w"})
+                         .name = name})
         .value();
   }
   // Stores `tokens`' full blocks through worker `w` as request `id` and
@@ -65,6 +73,8 @@ class CoordinatorTest : public ::testing::Test {
     return c_.host_pool().FreeQueueSnapshot();
   }
 
+  // The coordinator's clock: moves only when a test advances it.
+  Clock::time_point now_ = Clock::time_point() + std::chrono::hours(1);
   Coordinator c_;
 };
 
@@ -355,6 +365,163 @@ TEST_F(CoordinatorTest, RejectsWhatAWorkerMayNotSay) {
   std::vector<CompletedEvent> mine{{ref, true}};
   EXPECT_TRUE(c_.Complete(w1, mine).ok());
   EXPECT_TRUE(c_.host_pool().CheckInvariants().ok());
+}
+
+TEST_F(CoordinatorTest, EventsAreListedOldestFirstUntilCompleted) {
+  const WorkerId a = Register("", "engine-a");
+  const WorkerId b = Register("", "engine-b");
+  const std::vector<TokenId> stored = SequentialTokens(1, 16);
+  StoreAll(a, 1, stored);  // Completed at once: a store latency of 0.
+  EXPECT_TRUE(c_.events().empty());
+
+  // t = 0: worker b stores two blocks.
+  ASSERT_TRUE(c_.Lookup(b, 7, SequentialTokens(500, 32), 0, {}).ok());
+  ASSERT_TRUE(c_.Allocate(b, 7, Range(1, 2), 0).ok());
+  const CommitResult b_store =
+      c_.Commit(b, 7, 32, Range(1, 2)).value();  // b's store 0.
+  ASSERT_EQ(b_store.stores.size(), 1u);
+  // t = 1 ms: worker a loads the stored block ...
+  now_ += microseconds(1000);
+  std::vector<TokenId> longer = stored;
+  for (TokenId t : SequentialTokens(900, 17)) longer.push_back(t);
+  ASSERT_EQ(c_.Lookup(a, 2, longer, 0, {}).value().hit_tokens, 16);
+  const AllocateResult a_load = c_.Allocate(a, 2, Range(1, 3), 16).value();
+  ASSERT_TRUE(a_load.load.has_value());
+  // ... and at t = 3 ms stores the one it computed.
+  now_ += microseconds(2000);
+  const CommitResult a_store = c_.Commit(a, 2, 33, Range(1, 3)).value();
+  ASSERT_EQ(a_store.stores.size(), 1u);
+
+  now_ += microseconds(500);
+  const std::vector<EventInfo> events = c_.events();
+  ASSERT_EQ(events.size(), 3u);
+  // Oldest first, whichever worker it belongs to.
+  EXPECT_EQ(events[0].worker, b);
+  EXPECT_EQ(events[0].worker_name, "engine-b");
+  EXPECT_EQ(events[0].ref, (EventRef{EventKind::kStore, 0}));
+  EXPECT_EQ(events[0].request, 7u);
+  EXPECT_EQ(events[0].blocks, 2u);
+  EXPECT_EQ(events[0].state, EventState::kCopying);
+  EXPECT_EQ(events[0].age_us, 3500u);
+  EXPECT_EQ(events[1].worker, a);
+  EXPECT_EQ(events[1].worker_name, "engine-a");
+  EXPECT_EQ(events[1].ref, a_load.load->ref);
+  EXPECT_EQ(events[1].ref.kind, EventKind::kLoad);
+  EXPECT_EQ(events[1].request, 2u);
+  EXPECT_EQ(events[1].blocks, 1u);
+  EXPECT_EQ(events[1].age_us, 2500u);
+  EXPECT_EQ(events[2].ref, a_store.stores[0].ref);
+  EXPECT_EQ(events[2].age_us, 500u);
+  EXPECT_EQ(c_.stats().oldest_event_age_us, 3500u);
+
+  // Complete drops an event from the list and records its latency.
+  const std::vector<CompletedEvent> loaded{{a_load.load->ref, true}};
+  ASSERT_TRUE(c_.Complete(a, loaded).ok());
+  std::vector<EventInfo> left = c_.events();
+  ASSERT_EQ(left.size(), 2u);
+  EXPECT_EQ(left[0].worker, b);
+  EXPECT_EQ(left[1].ref, a_store.stores[0].ref);
+  CoordinatorStats s = c_.stats();
+  EXPECT_EQ(s.load_latency.count, 1u);
+  EXPECT_EQ(s.load_latency.sum_us, 2500u);
+  EXPECT_EQ(s.load_latency.buckets[2], 1u);  // Within 5 ms.
+  EXPECT_EQ(s.store_latency.count, 1u);      // StoreAll's.
+  EXPECT_EQ(s.store_latency.buckets[0], 1u);
+
+  // A failed copy completes too; then nothing is in flight.
+  now_ += microseconds(2'000'000);
+  const std::vector<CompletedEvent> b_done{{b_store.stores[0].ref, false}};
+  const std::vector<CompletedEvent> a_done{{a_store.stores[0].ref, true}};
+  ASSERT_TRUE(c_.Complete(b, b_done).ok());
+  ASSERT_TRUE(c_.Complete(a, a_done).ok());
+  EXPECT_TRUE(c_.events().empty());
+  s = c_.stats();
+  EXPECT_EQ(s.oldest_event_age_us, 0u);
+  EXPECT_EQ(s.store_latency.count, 3u);
+  EXPECT_EQ(s.store_latency.sum_us, 2'003'500u + 2'000'500u);
+  EXPECT_EQ(s.store_latency.buckets[7], 2u);  // Within 10 s.
+}
+
+TEST_F(CoordinatorTest, ADroppedWorkersEventsLeaveTheList) {
+  const WorkerId w = Register();
+  ASSERT_TRUE(c_.Lookup(w, 1, SequentialTokens(1, 32), 0, {}).ok());
+  ASSERT_TRUE(c_.Allocate(w, 1, Range(1, 2), 0).ok());
+  ASSERT_EQ(c_.Commit(w, 1, 32, Range(1, 2)).value().stores.size(), 1u);
+  EXPECT_EQ(c_.events().size(), 1u);
+  ASSERT_TRUE(c_.DropWorker(w).ok());
+  EXPECT_TRUE(c_.events().empty());
+  EXPECT_EQ(c_.stats().store_latency.count, 0u);  // Never completed.
+}
+
+TEST(CoordinatorLatencyTest, BucketsTakeTheirUpperBound) {
+  EventLatency l;
+  l.Record(0);
+  l.Record(100);         // 100 us: the first bucket's bound.
+  l.Record(101);         // Just above it.
+  l.Record(20'000'000);  // 20 s: past every bound.
+  EXPECT_EQ(l.buckets[0], 2u);
+  EXPECT_EQ(l.buckets[1], 1u);
+  EXPECT_EQ(l.buckets[EventLatency::kBuckets - 1], 1u);
+  EXPECT_EQ(l.count, 4u);
+  EXPECT_EQ(l.sum_us, 20'000'201u);
+}
+
+// A lower tier that holds every block and finishes a promotion only when
+// the test says so.
+class ManualLowerTier : public LowerTier {
+ public:
+  bool Contains(const BlockKey&, std::span<const TokenId>) const override {
+    return true;
+  }
+  void Spill(const BlockKey&, std::span<const TokenId>, BlockId,
+             Done done) override {
+    done(Status::Ok());
+  }
+  void Promote(const BlockKey&, std::span<const TokenId>, BlockId,
+               Done done) override {
+    promotions.push_back(std::move(done));
+  }
+  DiskTierStats stats() const override { return {}; }
+
+  std::vector<Done> promotions;
+};
+
+TEST(CoordinatorEventsTest, ALoadIsPromotingThenReadyThenCopying) {
+  ManualLowerTier lower;
+  Clock::time_point now = Clock::time_point() + std::chrono::hours(1);
+  Coordinator c = Coordinator::Create({.layout = Layout(),
+                                       .host_slots = 50,
+                                       .lower = &lower,
+                                       .clock = [&now] { return now; }})
+                      .value();
+  const WorkerId w = c.RegisterWorker({.layout = Layout(),
+                                       .num_device_blocks = 10,
+                                       .tenant = "",
+                                       .pid = 1,
+                                       .name = "w"})
+                         .value();
+  const std::vector<TokenId> t = SequentialTokens(1, 33);
+  ASSERT_EQ(c.Lookup(w, 4, t, 0, {}).value().disk_hit_tokens, 32);
+  const AllocateResult alloc = c.Allocate(w, 4, Range(1, 3), 32).value();
+  ASSERT_TRUE(alloc.load_pending);
+  ASSERT_EQ(lower.promotions.size(), 2u);
+  auto state = [&c] {
+    const std::vector<EventInfo> events = c.events();
+    EXPECT_EQ(events.size(), 1u);
+    return events.empty() ? EventState::kCopying : events[0].state;
+  };
+  EXPECT_EQ(state(), EventState::kPromoting);
+  lower.promotions[0](Status::Ok());
+  c.PumpLowerTier();
+  EXPECT_EQ(state(), EventState::kPromoting);  // One block still to come.
+  lower.promotions[1](Status::Ok());
+  ASSERT_EQ(c.PumpLowerTier(), 1u);
+  EXPECT_EQ(state(), EventState::kReady);  // The worker has not taken it.
+  ASSERT_EQ(c.TakeReadyLoads(w).value().size(), 1u);
+  EXPECT_EQ(state(), EventState::kCopying);
+  now += microseconds(700);
+  EXPECT_EQ(c.events()[0].age_us, 700u);
+  EXPECT_EQ(c.events()[0].blocks, 2u);
 }
 
 TEST_F(CoordinatorTest, AnotherLayoutIsRefusedNamingBoth) {

@@ -195,6 +195,56 @@ TEST_F(DaemonFlagsTest, HelpListsConfigLogFileAndStopTimeout) {
   EXPECT_THAT(command->help_text, HasSubstr("--config FILE"));
   EXPECT_THAT(command->help_text, HasSubstr("--log-file PATH"));
   EXPECT_THAT(command->help_text, HasSubstr("--stop-timeout arg (=10)"));
+  EXPECT_THAT(command->help_text,
+              HasSubstr("SIGHUP reopens --log-file and\nre-reads log-level "
+                        "from --config"));
+}
+
+TEST_F(DaemonFlagsTest, RereadLogLevelReadsTheFileAgain) {
+  WriteConfig(std::string(kLayout) + "log-level = info\n");
+  auto command = Parse({"--config", config_});
+  ASSERT_TRUE(command.ok()) << command.status().ToString();
+  EXPECT_EQ(command->config_path, config_);
+  EXPECT_FALSE(command->log_level_on_command_line);
+  WriteConfig(std::string(kLayout) + "log-level = debug\n");
+  EXPECT_EQ(RereadLogLevel(*command).value(), "debug");
+  // Without the key: the default again.
+  WriteConfig(kLayout);
+  EXPECT_EQ(RereadLogLevel(*command).value(), "info");
+}
+
+TEST_F(DaemonFlagsTest, RereadLogLevelKeepsTheCommandLinesLevel) {
+  WriteConfig(std::string(kLayout) + "log-level = info\n");
+  auto command = Parse({"--log-level", "warn", "--config", config_});
+  ASSERT_TRUE(command.ok()) << command.status().ToString();
+  EXPECT_TRUE(command->log_level_on_command_line);
+  WriteConfig(std::string(kLayout) + "log-level = debug\n");
+  EXPECT_EQ(RereadLogLevel(*command).value(), "warn");
+}
+
+TEST_F(DaemonFlagsTest, RereadLogLevelNamesTheLineOfABrokenFile) {
+  WriteConfig(std::string(kLayout) + "log-level = info\n");
+  auto command = Parse({"--config", config_});
+  ASSERT_TRUE(command.ok()) << command.status().ToString();
+  WriteConfig(std::string(kLayout) + "log-level = loud\n");
+  StatusOr<std::string> level = RereadLogLevel(*command);
+  ASSERT_FALSE(level.ok());
+  EXPECT_THAT(level.status().message(),
+              HasSubstr(config_ + ":4: log-level 'loud'"));
+  WriteConfig(std::string(kLayout) + "log-level debug\n");
+  EXPECT_THAT(RereadLogLevel(*command).status().message(),
+              HasSubstr(config_ + ":4: expected 'key = value'"));
+  std::filesystem::remove(config_);
+  EXPECT_THAT(RereadLogLevel(*command).status().message(),
+              HasSubstr("--config " + config_ + ": cannot read"));
+}
+
+TEST_F(DaemonFlagsTest, RereadLogLevelWithoutAConfigIsTheCommandLines) {
+  auto command = Parse({"--layers", "2", "--kv-heads", "4", "--head-dim", "64",
+                        "--log-level", "debug"});
+  ASSERT_TRUE(command.ok()) << command.status().ToString();
+  EXPECT_EQ(command->config_path, "");
+  EXPECT_EQ(RereadLogLevel(*command).value(), "debug");
 }
 
 TEST_F(DaemonFlagsTest, ExampleConfigShowsEveryOptionWithItsDefault) {

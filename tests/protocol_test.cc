@@ -40,6 +40,25 @@ std::vector<Message> Samples() {
                            .requests = 2,
                            .loads_in_flight = 1,
                            .stores_in_flight = 0});
+  stats.load_latency.Record(250);
+  stats.store_latency.Record(20);
+  stats.store_latency.Record(3'000'000);
+  stats.oldest_event_age_us = 1234;
+  EventsReply events{.in_flight = 3,
+                     .events = {{.worker = 2,
+                                 .worker_name = "engine-2",
+                                 .ref = {EventKind::kLoad, 5},
+                                 .request = 11,
+                                 .blocks = 4,
+                                 .state = EventState::kPromoting,
+                                 .age_us = 90'000},
+                                {.worker = 1,
+                                 .worker_name = "engine-1",
+                                 .ref = {EventKind::kStore, 8},
+                                 .request = 12,
+                                 .blocks = 1,
+                                 .state = EventState::kCopying,
+                                 .age_us = 40}}};
   return {
       ErrorReply{Status::NotFound("gone")},
       OkReply{},
@@ -75,6 +94,8 @@ std::vector<Message> Samples() {
       StatsReply{stats},
       ReadyLoadsRequest{},
       ReadyLoadsReply{{event, cut_load}},
+      EventsRequest{},
+      events,
   };
 }
 
@@ -179,6 +200,22 @@ TEST(Protocol, InconsistentLoadsAreRefused) {
   load.failed_blocks = -1;
   bytes = Encode(ReadyLoadsReply{{load}});
   EXPECT_THAT(Decode(bytes).status().message(), HasSubstr("failed block"));
+}
+
+TEST(Protocol, InconsistentEventListsAreRefused) {
+  EventsReply reply{.in_flight = 1, .events = {EventInfo{}, EventInfo{}}};
+  EXPECT_THAT(Decode(Encode(reply)).status().message(),
+              HasSubstr("more events listed than in flight"));
+  reply = {.in_flight = 1, .events = {EventInfo{}}};
+  std::vector<std::byte> bytes = Encode(reply);
+  bytes[bytes.size() - 9] = std::byte{7};  // The state, before the age.
+  EXPECT_THAT(Decode(bytes).status().message(),
+              HasSubstr("unknown event state 7"));
+  // Latency buckets that disagree with their count.
+  StatsReply stats;
+  stats.stats.load_latency.count = 1;
+  EXPECT_THAT(Decode(Encode(stats)).status().message(),
+              HasSubstr("latency buckets"));
 }
 
 TEST(Protocol, RandomBytesNeverCrash) {

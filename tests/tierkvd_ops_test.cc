@@ -1,6 +1,7 @@
 // tierkvd as a service: the real daemon tells a stand-in for systemd's
-// notify socket when it serves and when it stops, reopens its log file on
-// SIGHUP, reads --config, and bounds how long a stop may take (StopWithin).
+// notify socket when it serves and when it stops, reopens its log file and
+// re-reads its log level on SIGHUP, reads --config, and bounds how long a
+// stop may take (StopWithin).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <poll.h>
@@ -11,11 +12,13 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <mutex>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -28,6 +31,7 @@
 #include "tests/test_layout.h"
 #include "tools/daemon/daemon.h"
 #include "tools/daemon/daemon_log.h"
+#include "tools/daemon/watchdog.h"
 
 namespace tierkv {
 namespace {
@@ -165,12 +169,38 @@ class TierkvdOpsTest : public ::testing::Test {
     notify_.reset();
   }
 
-  // tierkvd with NOTIFY_SOCKET set, as systemd runs a Type=notify service.
-  // env(1) execs tierkvd in its own place, so the child's pid is tierkvd's.
-  std::unique_ptr<ChildProcess> Spawn(const std::vector<std::string>& flags) {
-    std::vector<std::string> argv = {
-        "/usr/bin/env", "NOTIFY_SOCKET=" + notify_->path(), TIERKVD_PATH};
+  // tierkvd with NOTIFY_SOCKET set, as systemd runs a Type=notify service,
+  // and the variables in `env`. env(1) execs tierkvd in its own place, so
+  // the child's pid is tierkvd's.
+  std::unique_ptr<ChildProcess> Spawn(
+      const std::vector<std::string>& flags,
+      const std::vector<std::string>& env = {}) {
+    std::vector<std::string> argv = {"/usr/bin/env",
+                                     "NOTIFY_SOCKET=" + notify_->path()};
+    argv.insert(argv.end(), env.begin(), env.end());
+    argv.push_back(TIERKVD_PATH);
     argv.insert(argv.end(), flags.begin(), flags.end());
+    return SpawnArgv(std::move(argv));
+  }
+  // As systemd runs a unit with WatchdogSec=: also WATCHDOG_USEC, and
+  // WATCHDOG_PID naming tierkvd itself (the shell's $$: exec keeps the pid
+  // through env to tierkvd).
+  std::unique_ptr<ChildProcess> SpawnUnderWatchdog(
+      const std::string& usec, const std::vector<std::string>& flags) {
+    std::vector<std::string> argv = {
+        "/bin/sh",
+        "-c",
+        "WATCHDOG_PID=$$; export WATCHDOG_PID; exec \"$@\"",
+        "sh",
+        "/usr/bin/env",
+        "NOTIFY_SOCKET=" + notify_->path(),
+        "WATCHDOG_USEC=" + usec,
+        TIERKVD_PATH};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    return SpawnArgv(std::move(argv));
+  }
+  static std::unique_ptr<ChildProcess> SpawnArgv(
+      std::vector<std::string> argv) {
     auto child = ChildProcess::Spawn(std::move(argv));
     EXPECT_TRUE(child.ok()) << child.status().ToString();
     return std::move(child).value();
@@ -185,6 +215,10 @@ class TierkvdOpsTest : public ::testing::Test {
   // Starts tierkvd and waits for its READY=1.
   void StartDaemon(const std::vector<std::string>& flags) {
     daemon_ = Spawn(flags);
+    AwaitReady();
+  }
+  // Waits for daemon_'s READY=1.
+  void AwaitReady() {
     auto ready = notify_->Receive(std::chrono::seconds(20));
     ASSERT_TRUE(ready.has_value()) << daemon_->output();
     ASSERT_THAT(ready->text, HasSubstr("READY=1")) << daemon_->output();
@@ -269,6 +303,45 @@ TEST_F(TierkvdOpsTest, SighupWithoutALogFileSaysSoAndKeepsServing) {
   EXPECT_EQ(daemon_->Wait(), 0) << daemon_->output();
 }
 
+TEST_F(TierkvdOpsTest, SighupRereadsTheLogLevelFromTheConfig) {
+  const std::string config = dir_ + "/tierkvd.conf";
+  const std::string log = dir_ + "/tierkvd.log";
+  std::ofstream(config) << "log-level = info\n";
+  StartDaemon(Flags({"--config", config, "--log-file", log}));
+  auto admin_stats = [&] {
+    auto admin =
+        ChildProcess::Spawn({TIERKV_ADMIN_PATH, "stats", "--socket", socket_});
+    EXPECT_TRUE(admin.ok()) << admin.status().ToString();
+    if (!admin.ok()) return -1;
+    const int code = (*admin)->Wait();
+    EXPECT_THAT((*admin)->output(), HasSubstr("workers: 0"));
+    return code;
+  };
+  // At info, tierkvd does not log the admin's requests.
+  ASSERT_EQ(admin_stats(), 0);
+
+  std::ofstream(config) << "# more detail\nlog-level = debug\n";
+  daemon_->Signal(SIGHUP);
+  ASSERT_TRUE(WaitForFileText(log, "log level info -> debug")) << ReadFile(log);
+  ASSERT_EQ(admin_stats(), 0);
+  ASSERT_TRUE(WaitForFileText(log, "Stats on the socket")) << ReadFile(log);
+  EXPECT_EQ(Count(ReadFile(log), "Stats on the socket"), 1u);
+
+  // A file that no longer parses: named with its line, the level stays.
+  std::ofstream(config) << "log-level = debug\nlog-level at last\n";
+  daemon_->Signal(SIGHUP);
+  ASSERT_TRUE(WaitForFileText(log, config + ":2: expected 'key = value'"))
+      << ReadFile(log);
+  EXPECT_THAT(ReadFile(log), HasSubstr("; keeping log level debug"));
+  ASSERT_EQ(admin_stats(), 0);  // Still serving, still at debug.
+  ASSERT_TRUE(WaitForFile(log, [](const std::string& text) {
+    return Count(text, "Stats on the socket") == 2;
+  })) << ReadFile(log);
+
+  daemon_->Signal(SIGTERM);
+  EXPECT_EQ(daemon_->Wait(), 0) << daemon_->output();
+}
+
 TEST_F(TierkvdOpsTest, ALogFileThatCannotBeOpenedStopsTheStart) {
   const std::string plain = dir_ + "/plain";
   std::ofstream(plain) << "a file, not a folder\n";
@@ -304,6 +377,91 @@ TEST_F(TierkvdOpsTest, ABadConfigFileIsRefusedWithItsLine) {
   EXPECT_EQ(daemon->Wait(), 2);
   EXPECT_THAT(daemon->output(),
               HasSubstr(config + ":4: host-capacity: 'lots' is not a size"));
+}
+
+TEST_F(TierkvdOpsTest, FeedsTheSystemdWatchdogWhileServing) {
+  daemon_ = SpawnUnderWatchdog("200000", Flags());
+  AwaitReady();
+  EXPECT_EQ(ready_.sender, daemon_->pid());  // WATCHDOG_PID named it.
+  // Every 100 ms, half the interval: several within a second or so.
+  for (int i = 0; i < 3; ++i) {
+    auto pet = notify_->Receive(std::chrono::seconds(2));
+    ASSERT_TRUE(pet.has_value()) << "pet " << i << "\n" << daemon_->output();
+    EXPECT_EQ(pet->text, "WATCHDOG=1");
+    EXPECT_EQ(pet->sender, daemon_->pid());
+  }
+  EXPECT_THAT(daemon_->output(),
+              HasSubstr("systemd watchdog every 200 ms: notifying every "
+                        "100 ms"));
+
+  daemon_->Signal(SIGTERM);
+  ASSERT_EQ(daemon_->Wait(), 0) << daemon_->output();
+  // Exited: everything it sent is queued. The pets stopped before STOPPING.
+  std::vector<std::string> rest;
+  while (auto m = notify_->Receive(std::chrono::milliseconds(0))) {
+    rest.push_back(m->text);
+  }
+  ASSERT_FALSE(rest.empty());
+  EXPECT_THAT(rest.back(), HasSubstr("STOPPING=1"));
+  for (size_t i = 0; i + 1 < rest.size(); ++i) EXPECT_EQ(rest[i], "WATCHDOG=1");
+}
+
+TEST_F(TierkvdOpsTest, AWatchdogForAnotherProcessIsNotFed) {
+  // systemd's variables, but for pid 1: an inherited environment.
+  daemon_ = Spawn(Flags(), {"WATCHDOG_USEC=100000", "WATCHDOG_PID=1"});
+  AwaitReady();
+  daemon_->Signal(SIGTERM);
+  ASSERT_EQ(daemon_->Wait(), 0) << daemon_->output();
+  // A watchdog pets at once when it starts; none did.
+  std::vector<std::string> rest;
+  while (auto m = notify_->Receive(std::chrono::milliseconds(0))) {
+    rest.push_back(m->text);
+  }
+  ASSERT_EQ(rest.size(), 1u);
+  EXPECT_THAT(rest[0], HasSubstr("STOPPING=1"));
+  EXPECT_THAT(daemon_->output(), Not(HasSubstr("watchdog")));
+}
+
+// The watchdog in-process: it pets while its check passes, and only then.
+TEST(TierkvdWatchdogTest, PetsOnlyWhileTheCheckPasses) {
+  std::mutex mu;
+  std::condition_variable changed;
+  bool healthy = true;             // GUARDED_BY(mu)
+  int pets = 0;                    // GUARDED_BY(mu)
+  int failed_checks = 0;           // GUARDED_BY(mu)
+  int pets_at_first_failure = -1;  // GUARDED_BY(mu)
+  auto check = [&] {
+    std::lock_guard<std::mutex> lock(mu);
+    changed.notify_all();
+    if (healthy) return Status::Ok();
+    // The pet after the last passing check has run: pets never overlap.
+    if (failed_checks++ == 0) pets_at_first_failure = pets;
+    return Status::Unavailable("the coordinator's mutex was not free");
+  };
+  auto pet = [&] {
+    std::lock_guard<std::mutex> lock(mu);
+    ++pets;
+    changed.notify_all();
+  };
+  auto wait_for = [&](const std::function<bool()>& done) {
+    std::unique_lock<std::mutex> lock(mu);
+    return changed.wait_for(lock, std::chrono::seconds(20), done);
+  };
+  auto watchdog =
+      daemon::Watchdog::Start(std::chrono::milliseconds(1), check, pet);
+  ASSERT_TRUE(wait_for([&] { return pets >= 3; }));
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    healthy = false;
+  }
+  ASSERT_TRUE(wait_for([&] { return failed_checks >= 5; }));
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    EXPECT_EQ(pets, pets_at_first_failure);  // Silent while failing.
+    healthy = true;
+  }
+  ASSERT_TRUE(wait_for([&] { return pets > pets_at_first_failure; }));
+  watchdog.reset();
 }
 
 TEST(StopWithinTest, ReturnsOnceStopHasReturned) {

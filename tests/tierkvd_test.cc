@@ -1,9 +1,10 @@
 // tierkvd as a real process, with real worker processes attached over its
 // socket and shared memory: seed 004's flow, cross-process reuse, a worker
 // killed mid-transfer, malformed messages, permissions, a second daemon on
-// the same store, a stale segment, and tierkv-admin. With a disk tier: a
-// working set ten times the host, spilling and promotion under two busy
-// workers, and tierkvd SIGKILLed mid-spill and restarted.
+// the same store, a stale segment, and tierkv-admin (stats, metrics, the
+// events in flight). With a disk tier: a working set ten times the host,
+// spilling and promotion under two busy workers, and tierkvd SIGKILLed
+// mid-spill and restarted.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -361,6 +362,68 @@ TEST_F(TierkvdTest, AdminShowsTiersAndWorkers) {
   EXPECT_EQ(tables, 3u) << out;
   // Without a disk tier there is no disk row.
   EXPECT_THAT(out, ::testing::Not(HasSubstr("disk ")));
+}
+
+TEST_F(TierkvdTest, AdminListsEventsInFlightByAge) {
+  StartDaemon();
+  auto none = Spawn({TIERKV_ADMIN_PATH, "events", "--socket", socket_});
+  ASSERT_EQ(none->Wait(), 0) << none->output();
+  EXPECT_EQ(none->output(), "no events in flight\n");
+  auto none_json =
+      Spawn({TIERKV_ADMIN_PATH, "events", "--json", "--socket", socket_});
+  ASSERT_EQ(none_json->Wait(), 0) << none_json->output();
+  EXPECT_EQ(none_json->output(), "{\"in_flight\":0,\"events\":[]}\n");
+
+  // A completed store shows in the latency histogram ...
+  auto stored = Worker("store", 7, 2);
+  ASSERT_EQ(stored->Wait(), 0) << stored->output();
+  // ... and one that is never completed in the events.
+  auto hung = Worker("hang-store", 9, 8);
+  ASSERT_TRUE(hung->WaitForOutput("READY")) << hung->output();
+  auto table = Spawn({TIERKV_ADMIN_PATH, "events", "--socket", socket_});
+  ASSERT_EQ(table->Wait(), 0) << table->output();
+  EXPECT_THAT(table->output(), HasSubstr("age  worker"));
+  EXPECT_THAT(table->output(), ::testing::ContainsRegex(
+                                   " (us|ms|s)  [0-9]+ +hang-store-9 +store +0 "
+                                   "+1 +8  copying\n"));
+  auto json =
+      Spawn({TIERKV_ADMIN_PATH, "events", "--json", "--socket", socket_});
+  ASSERT_EQ(json->Wait(), 0) << json->output();
+  EXPECT_THAT(json->output(), HasSubstr("{\"in_flight\":1,\"events\":[{"));
+  EXPECT_THAT(json->output(),
+              HasSubstr("\"worker_name\":\"hang-store-9\",\"kind\":\"store\","
+                        "\"id\":0,\"request\":1,\"blocks\":8,"
+                        "\"state\":\"copying\"}"));
+  auto metrics = Spawn({TIERKV_ADMIN_PATH, "metrics", "--socket", socket_});
+  ASSERT_EQ(metrics->Wait(), 0) << metrics->output();
+  EXPECT_THAT(metrics->output(),
+              HasSubstr("# TYPE tierkv_event_seconds histogram\n"));
+  EXPECT_THAT(metrics->output(),
+              HasSubstr("tierkv_event_seconds_count{kind=\"store\"} 1\n"));
+  EXPECT_THAT(
+      metrics->output(),
+      HasSubstr("tierkv_event_seconds_bucket{kind=\"store\",le=\"+Inf\"} 1\n"));
+  EXPECT_THAT(metrics->output(),
+              HasSubstr("tierkv_event_seconds_count{kind=\"load\"} 0\n"));
+  EXPECT_THAT(metrics->output(),
+              HasSubstr("# TYPE tierkv_oldest_event_age_seconds gauge\n"));
+  auto stats = Spawn({TIERKV_ADMIN_PATH, "stats", "--socket", socket_});
+  ASSERT_EQ(stats->Wait(), 0) << stats->output();
+  EXPECT_THAT(stats->output(), HasSubstr("events in flight: 1, oldest "));
+
+  // The worker's death takes its event with it.
+  hung->Signal(SIGKILL);
+  hung->Wait();
+  std::unique_ptr<Client> observer = Attach("observer");
+  ASSERT_NE(observer, nullptr);
+  const auto deadline = Clock::now() + std::chrono::seconds(5);
+  while (observer->Stats().value().host.events_in_flight != 0 &&
+         Clock::now() < deadline) {
+    std::this_thread::yield();  // Polling the daemon's own state.
+  }
+  auto after = Spawn({TIERKV_ADMIN_PATH, "events", "--socket", socket_});
+  ASSERT_EQ(after->Wait(), 0) << after->output();
+  EXPECT_EQ(after->output(), "no events in flight\n");
 }
 
 // What a fill/verify/churn worker reports.

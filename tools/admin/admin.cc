@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdio>
 #include <iostream>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -55,6 +56,36 @@ std::string JsonString(const std::string& s) {
 
 }  // namespace
 
+std::string FormatAge(uint64_t age_us) {
+  char buf[32];
+  if (age_us < 1'000) {
+    std::snprintf(buf, sizeof(buf), "%llu us",
+                  static_cast<unsigned long long>(age_us));
+  } else if (age_us < 1'000'000) {
+    std::snprintf(buf, sizeof(buf), "%.1f ms", age_us / 1e3);
+  } else if (age_us < 60'000'000) {
+    std::snprintf(buf, sizeof(buf), "%.1f s", age_us / 1e6);
+  } else {
+    const unsigned long long s = age_us / 1'000'000;
+    if (s < 3600) {
+      std::snprintf(buf, sizeof(buf), "%llum%02llus", s / 60, s % 60);
+    } else {
+      std::snprintf(buf, sizeof(buf), "%lluh%02llum", s / 3600, s / 60 % 60);
+    }
+  }
+  return buf;
+}
+
+namespace {
+
+// " (mean 1.2 ms)", or nothing before the first event.
+std::string MeanAge(const EventLatency& latency) {
+  if (latency.count == 0) return "";
+  return " (mean " + FormatAge(latency.sum_us / latency.count) + ")";
+}
+
+}  // namespace
+
 StatusOr<AdminCommand> ParseAdminFlags(int argc, const char* const* argv) {
   AdminCommand command;
   std::string store = "default";
@@ -69,14 +100,20 @@ StatusOr<AdminCommand> ParseAdminFlags(int argc, const char* const* argv) {
       "  workers the attached workers: id, pid, name, requests, transfers\n"
       "  metrics the statistics in Prometheus text format (for a textfile\n"
       "          collector or a scrape proxy)\n"
-      "  watch   the stats table, refreshed every --interval seconds\n\n"
+      "  watch   the stats table, refreshed every --interval seconds\n"
+      "  events  the transfer events in flight, oldest first: age, worker,\n"
+      "          kind (load, store), id, request, blocks, state (promoting:\n"
+      "          a load waiting for blocks from disk; ready: waiting for its\n"
+      "          worker to take it; copying: the worker has not completed\n"
+      "          it) (--json: machine-readable)\n\n"
       "Options");
   desc.add_options()("help,h", "show this help and exit")(
       "store", po::value(&store)->default_value(store),
       "store name (finds the default socket)")(
       "socket", po::value(&command.socket_path),
       "tierkvd's socket (overrides --store)")(
-      "json", po::bool_switch(&command.json), "stats: machine-readable output")(
+      "json", po::bool_switch(&command.json),
+      "stats, events: machine-readable output")(
       "interval", po::value(&command.interval_seconds)->default_value(1.0, "1"),
       "watch: seconds between refreshes")(
       "count", po::value(&command.count)->default_value(0),
@@ -106,9 +143,11 @@ StatusOr<AdminCommand> ParseAdminFlags(int argc, const char* const* argv) {
     return Status::InvalidArgument(e.what());
   }
   if (command.verb != "stats" && command.verb != "workers" &&
-      command.verb != "metrics" && command.verb != "watch") {
-    return Status::InvalidArgument("unknown command '" + command.verb +
-                                   "' (try: stats, workers, metrics, watch)");
+      command.verb != "metrics" && command.verb != "watch" &&
+      command.verb != "events") {
+    return Status::InvalidArgument(
+        "unknown command '" + command.verb +
+        "' (try: stats, workers, metrics, watch, events)");
   }
   if (!(command.interval_seconds >= 0.05) || command.count < 0) {
     return Status::InvalidArgument(
@@ -169,7 +208,13 @@ std::string FormatStatsTable(const CoordinatorStats& stats) {
         << "; checksum failures " << d.checksum_failures << ", dropped on open "
         << d.dropped_on_open << ")\n";
   }
-  out << "\n";
+  out << "events in flight: " << h.events_in_flight;
+  if (h.events_in_flight > 0) {
+    out << ", oldest " << FormatAge(stats.oldest_event_age_us);
+  }
+  out << "; completed: loads " << stats.load_latency.count
+      << MeanAge(stats.load_latency) << ", stores " << stats.store_latency.count
+      << MeanAge(stats.store_latency) << "\n\n";
   out << FormatWorkers(stats);
   return out.str();
 }
@@ -233,6 +278,12 @@ std::string FormatStatsJson(const CoordinatorStats& stats) {
         << ",\"payload_bytes_written\":" << d.payload_bytes_written
         << ",\"stored_bytes_written\":" << d.stored_bytes_written << "}";
   }
+  out << "},\"events\":{\"in_flight\":" << h.events_in_flight
+      << ",\"oldest_age_us\":" << stats.oldest_event_age_us
+      << ",\"loads_completed\":" << stats.load_latency.count
+      << ",\"load_us_sum\":" << stats.load_latency.sum_us
+      << ",\"stores_completed\":" << stats.store_latency.count
+      << ",\"store_us_sum\":" << stats.store_latency.sum_us;
   out << "},\"workers\":[";
   for (size_t i = 0; i < stats.workers.size(); ++i) {
     const WorkerStats& w = stats.workers[i];
@@ -257,8 +308,28 @@ class MetricWriter {
           << type << "\n";
   }
   void Sample(double value, const std::string& labels = "") {
-    *out_ << name_ << (labels.empty() ? "" : "{" + labels + "}") << " " << value
-          << "\n";
+    Sample("", value, labels);
+  }
+  // A sample of a histogram's _bucket, _sum or _count series.
+  void Sample(const char* suffix, double value, const std::string& labels) {
+    *out_ << name_ << suffix << (labels.empty() ? "" : "{" + labels + "}")
+          << " " << value << "\n";
+  }
+  // One histogram of event latencies, cumulative as Prometheus wants it.
+  void Histogram(const EventLatency& latency, const std::string& labels) {
+    uint64_t cumulative = 0;
+    for (size_t b = 0; b < EventLatency::kBuckets; ++b) {
+      cumulative += latency.buckets[b];
+      char le[32] = "+Inf";
+      if (b < std::size(EventLatency::kBucketMicros)) {
+        std::snprintf(le, sizeof(le), "%g",
+                      EventLatency::kBucketMicros[b] / 1e6);
+      }
+      Sample("_bucket", double(cumulative),
+             labels + ",le=\"" + std::string(le) + "\"");
+    }
+    Sample("_sum", latency.sum_us / 1e6, labels);
+    Sample("_count", double(latency.count), labels);
   }
 
  private:
@@ -326,10 +397,96 @@ std::string FormatMetrics(const CoordinatorStats& stats) {
     m.Sample(double(h.spills_in_flight), "kind=\"spill\"");
     m.Sample(double(h.promotions_in_flight), "kind=\"promotion\"");
   }
+  m.Family("tierkv_event_seconds", "histogram",
+           "Transfer events from creation (allocate or commit) to "
+           "completion, by kind.");
+  m.Histogram(stats.load_latency, "kind=\"load\"");
+  m.Histogram(stats.store_latency, "kind=\"store\"");
+  m.Family("tierkv_oldest_event_age_seconds", "gauge",
+           "Age of the oldest transfer event in flight (0: none).");
+  m.Sample(stats.oldest_event_age_us / 1e6);
   m.Family("tierkv_workers", "gauge", "Attached workers.");
   m.Sample(double(stats.workers.size()));
   return out.str();
 }
+
+std::string FormatEventsTable(const std::vector<EventInfo>& events,
+                              uint64_t in_flight) {
+  if (in_flight == 0) return "no events in flight\n";
+  std::ostringstream out;
+  char line[256];
+  std::snprintf(line, sizeof(line), "%10s  %-6s %-20s %-5s %8s %10s %6s  %s\n",
+                "age", "worker", "name", "kind", "id", "request", "blocks",
+                "state");
+  out << line;
+  for (const EventInfo& e : events) {
+    std::snprintf(
+        line, sizeof(line), "%10s  %-6u %-20s %-5s %8llu %10llu %6u  %s\n",
+        FormatAge(e.age_us).c_str(), e.worker,
+        e.worker_name.substr(0, 20).c_str(), EventKindName(e.ref.kind),
+        static_cast<unsigned long long>(e.ref.id),
+        static_cast<unsigned long long>(e.request), e.blocks,
+        EventStateName(e.state));
+    out << line;
+  }
+  if (events.size() < in_flight) {
+    out << "(the oldest " << events.size() << " of " << in_flight
+        << " events in flight)\n";
+  }
+  return out.str();
+}
+
+std::string FormatEventsJson(const std::vector<EventInfo>& events,
+                             uint64_t in_flight) {
+  std::ostringstream out;
+  out << "{\"in_flight\":" << in_flight << ",\"events\":[";
+  for (size_t i = 0; i < events.size(); ++i) {
+    const EventInfo& e = events[i];
+    out << (i ? "," : "") << "{\"age_us\":" << e.age_us
+        << ",\"worker\":" << e.worker
+        << ",\"worker_name\":" << JsonString(e.worker_name) << ",\"kind\":\""
+        << EventKindName(e.ref.kind) << "\",\"id\":" << e.ref.id
+        << ",\"request\":" << e.request << ",\"blocks\":" << e.blocks
+        << ",\"state\":\"" << EventStateName(e.state) << "\"}";
+  }
+  out << "]}\n";
+  return out.str();
+}
+
+namespace {
+
+// tierkvd's reply to `request`; nullopt after saying on `err` why there is
+// none, with the exit code in *code.
+std::optional<ipc::Message> Ask(const std::string& socket_path,
+                                const ipc::Message& request, std::ostream& err,
+                                int* code) {
+  StatusOr<ipc::Message> reply = ipc::SocketCall(socket_path, request);
+  if (!reply.ok()) {
+    const Status& s = reply.status();
+    if (s.code() == StatusCode::kPermissionDenied) {
+      err << "tierkv-admin: permission denied on " << socket_path
+          << " (run as tierkvd's user or a member of its --group)\n";
+      *code = 1;
+    } else {
+      err << "tierkv-admin: " << s.message() << "\n";
+      *code = 3;
+    }
+    return std::nullopt;
+  }
+  if (Status s = ipc::StatusOf(*reply); !s.ok()) {
+    err << "tierkv-admin: tierkvd refused: " << s.ToString() << "\n";
+    *code = 1;
+    return std::nullopt;
+  }
+  return std::move(*reply);
+}
+
+int Unexpected(std::ostream& err) {
+  err << "tierkv-admin: unexpected reply from tierkvd\n";
+  return 1;
+}
+
+}  // namespace
 
 int RunAdmin(const AdminCommand& command, std::ostream& out,
              std::ostream& err) {
@@ -350,27 +507,23 @@ int RunAdmin(const AdminCommand& command, std::ostream& out,
     }
     return 0;
   }
-  StatusOr<ipc::Message> reply =
-      ipc::SocketCall(command.socket_path, ipc::StatsRequest{});
-  if (!reply.ok()) {
-    const Status& s = reply.status();
-    if (s.code() == StatusCode::kPermissionDenied) {
-      err << "tierkv-admin: permission denied on " << command.socket_path
-          << " (run as tierkvd's user or a member of its --group)\n";
-      return 1;
-    }
-    err << "tierkv-admin: " << s.message() << "\n";
-    return 3;
+  int code = 0;
+  if (command.verb == "events") {
+    std::optional<ipc::Message> reply =
+        Ask(command.socket_path, ipc::EventsRequest{}, err, &code);
+    if (!reply.has_value()) return code;
+    const auto* events = std::get_if<ipc::EventsReply>(&*reply);
+    if (events == nullptr) return Unexpected(err);
+    out << (command.json
+                ? FormatEventsJson(events->events, events->in_flight)
+                : FormatEventsTable(events->events, events->in_flight));
+    return 0;
   }
-  if (Status s = ipc::StatusOf(*reply); !s.ok()) {
-    err << "tierkv-admin: tierkvd refused: " << s.ToString() << "\n";
-    return 1;
-  }
+  std::optional<ipc::Message> reply =
+      Ask(command.socket_path, ipc::StatsRequest{}, err, &code);
+  if (!reply.has_value()) return code;
   const auto* stats = std::get_if<ipc::StatsReply>(&*reply);
-  if (stats == nullptr) {
-    err << "tierkv-admin: unexpected reply from tierkvd\n";
-    return 1;
-  }
+  if (stats == nullptr) return Unexpected(err);
   if (command.verb == "workers") {
     out << FormatWorkers(stats->stats);
   } else if (command.verb == "metrics") {

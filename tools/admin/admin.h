@@ -1,11 +1,13 @@
-// tierkv-admin: flags, the stats query and its renderings (table, JSON,
-// workers, Prometheus metrics, a live view). Kept out of main so tests can
-// run the same code. Stateless; thread-safe.
+// tierkv-admin: flags, the stats and events queries and their renderings
+// (table, JSON, workers, Prometheus metrics, a live view, events by age). Kept
+// out of main so tests can run the same code. Stateless; thread-safe.
 #ifndef TIERKV_TOOLS_ADMIN_ADMIN_H_
 #define TIERKV_TOOLS_ADMIN_ADMIN_H_
 
+#include <cstdint>
 #include <ostream>
 #include <string>
+#include <vector>
 
 #include "src/coordinator.h"
 #include "src/status.h"
@@ -15,7 +17,8 @@ namespace tierkv::admin {
 struct AdminCommand {
   bool show_help = false;
   std::string help_text;
-  std::string verb;         // "stats", "workers", "metrics" or "watch".
+  // "stats", "workers", "metrics", "watch" or "events".
+  std::string verb;
   std::string socket_path;  // Resolved (default from --store).
   bool json = false;
   double interval_seconds = 1.0;  // watch: between refreshes.
@@ -33,6 +36,13 @@ std::string FormatStatsJson(const CoordinatorStats& stats);
 std::string FormatWorkers(const CoordinatorStats& stats);
 // Prometheus text exposition format, version 0.0.4.
 std::string FormatMetrics(const CoordinatorStats& stats);
+// `events`: the oldest of the `in_flight` events in flight, oldest first.
+std::string FormatEventsTable(const std::vector<EventInfo>& events,
+                              uint64_t in_flight);
+std::string FormatEventsJson(const std::vector<EventInfo>& events,
+                             uint64_t in_flight);
+// "850 us", "12.5 ms", "3.2 s", "4m05s", "2h07m".
+std::string FormatAge(uint64_t age_us);
 
 }  // namespace tierkv::admin
 

@@ -5,6 +5,7 @@
 #include <systemd/sd-daemon.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstring>
 #include <iostream>
@@ -13,6 +14,7 @@
 
 #include "ipc/server.h"
 #include "tools/daemon/daemon_log.h"
+#include "tools/daemon/watchdog.h"
 
 namespace tierkv::daemon {
 namespace {
@@ -29,6 +31,54 @@ void ReopenLog(DaemonLog& log) {
     return;
   }
   spdlog::info("reopened log file {}", log.path());
+}
+
+// SIGHUP: take log-level from the --config file again. `*level` is the one
+// in force; a file that no longer parses leaves it so.
+void ApplyConfigLogLevel(const DaemonCommand& command, std::string* level) {
+  if (command.config_path.empty()) return;
+  StatusOr<std::string> fresh = RereadLogLevel(command);
+  if (!fresh.ok()) {
+    spdlog::error("{}; keeping log level {}", fresh.status().message(), *level);
+    return;
+  }
+  if (*fresh == *level) {
+    spdlog::info("log level stays {}{}", *level,
+                 command.log_level_on_command_line
+                     ? " (--log-level on the command line wins over " +
+                           command.config_path + ")"
+                     : "");
+    return;
+  }
+  const spdlog::level::level_enum before = spdlog::get_level();
+  const spdlog::level::level_enum after = spdlog::level::from_str(*fresh);
+  // Logged under the more verbose of the two levels, so that it shows
+  // whenever either would show it.
+  if (after < before) spdlog::set_level(after);
+  spdlog::info("log level {} -> {}", *level, *fresh);
+  if (after >= before) spdlog::set_level(after);
+  *level = *fresh;
+}
+
+// Under systemd's WatchdogSec=: pets at half the interval while the server
+// makes progress (Server::CheckProgress). Null without a watchdog.
+std::unique_ptr<Watchdog> StartWatchdog(const ipc::Server& server) {
+  const std::optional<std::chrono::microseconds> interval =
+      Watchdog::SystemdInterval();
+  if (!interval.has_value()) return nullptr;
+  const auto period = *interval / 2;
+  // A check that waits longer than half a period would delay the pet.
+  const auto patience = std::max(
+      std::chrono::duration_cast<std::chrono::milliseconds>(period / 2),
+      std::chrono::milliseconds(1));
+  spdlog::info(
+      "systemd watchdog every {} ms: notifying every {} ms while tierkvd "
+      "makes progress",
+      std::chrono::duration_cast<std::chrono::milliseconds>(*interval).count(),
+      std::chrono::duration_cast<std::chrono::milliseconds>(period).count());
+  return Watchdog::Start(
+      period, [&server, patience] { return server.CheckProgress(patience); },
+      &Watchdog::PetSystemd);
 }
 
 }  // namespace
@@ -79,14 +129,18 @@ int RunDaemon(const DaemonCommand& command) {
   }
   sd_notifyf(0, "READY=1\nSTATUS=serving store '%s' on %s",
              command.server.store.c_str(), (*server)->socket_path().c_str());
+  std::unique_ptr<Watchdog> watchdog = StartWatchdog(**server);
+  std::string log_level = command.log_level;
   for (;;) {
     int signal_number = 0;
     sigwait(&signals, &signal_number);
     if (signal_number == SIGHUP) {
-      ReopenLog(**log);
+      ReopenLog(**log);  // First: what follows goes to the fresh file.
+      ApplyConfigLogLevel(command, &log_level);
       continue;
     }
     spdlog::info("received {}, stopping", strsignal(signal_number));
+    watchdog.reset();  // A stopping server makes no progress to check.
     sd_notify(0, "STOPPING=1\nSTATUS=stopping");
     StopWithin(command.stop_timeout, [&] { (*server)->Stop(); });
     return 0;

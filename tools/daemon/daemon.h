@@ -1,9 +1,10 @@
 // RunDaemon: tierkvd's life once its flags are parsed. It logs (DaemonLog),
 // runs the Server, tells systemd (sd_notify) when it serves and when it
-// stops, and handles signals: SIGTERM and SIGINT stop it within
-// --stop-timeout, SIGHUP reopens the log file. Not thread-safe: call once,
-// from main, before any other thread starts, since it blocks those signals
-// for the whole process.
+// stops, feeds systemd's watchdog while the server makes progress
+// (Watchdog), and handles signals: SIGTERM and SIGINT stop it within
+// --stop-timeout, SIGHUP reopens the log file and re-reads log-level from
+// --config. Not thread-safe: call once, from main, before any other thread
+// starts, since it blocks those signals for the whole process.
 #ifndef TIERKV_TOOLS_DAEMON_DAEMON_H_
 #define TIERKV_TOOLS_DAEMON_DAEMON_H_
 

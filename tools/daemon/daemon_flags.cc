@@ -270,7 +270,8 @@ po::options_description SettingOptions(DaemonCommand& command,
       "max-workers", po::value(&s.max_workers)->default_value(s.max_workers),
       "most workers attached at once")(
       "log-level", po::value(&command.log_level)->default_value("info"),
-      "trace, debug, info, warn, error or off")(
+      "trace, debug, info, warn, error or off; SIGHUP re-reads it from "
+      "--config")(
       "log-file", po::value(&command.log_file)->value_name("PATH"),
       "append log lines to PATH instead of stderr; SIGHUP reopens it")(
       "stop-timeout",
@@ -334,11 +335,14 @@ StatusOr<DaemonCommand> Finish(DaemonCommand command, const RawOptions& raw,
 
 StatusOr<DaemonCommand> ParseDaemonFlags(int argc, const char* const* argv) {
   DaemonCommand command;
+  command.args.assign(argv, argv + argc);
   RawOptions raw;
   po::options_description general(
       "tierkvd: the tierkv coordinator. Owns the index, LRU and pins of the\n"
       "host tier (shared memory) for one store and serves engine workers.\n"
-      "Stops cleanly on SIGINT or SIGTERM; SIGHUP reopens --log-file.\n\n"
+      "Stops cleanly on SIGINT or SIGTERM; SIGHUP reopens --log-file and\n"
+      "re-reads log-level from --config. Under systemd with WatchdogSec=, it\n"
+      "notifies the watchdog while it makes progress.\n\n"
       "Command line only");
   general.add_options()("help,h", "show this help and exit")(
       "config", po::value<std::string>()->value_name("FILE"),
@@ -369,10 +373,11 @@ StatusOr<DaemonCommand> ParseDaemonFlags(int argc, const char* const* argv) {
   for (const auto& [key, value] : vm) {
     if (!value.defaulted()) on_command_line.insert(key);
   }
+  command.log_level_on_command_line = on_command_line.count("log-level") != 0;
   std::optional<ConfigFile> file;
   if (vm.count("config") != 0) {
-    TIERKV_ASSIGN_OR_RETURN(file,
-                            ReadConfigFile(vm["config"].as<std::string>()));
+    command.config_path = vm["config"].as<std::string>();
+    TIERKV_ASSIGN_OR_RETURN(file, ReadConfigFile(command.config_path));
     TIERKV_RETURN_IF_ERROR(StoreConfigFile(*file, settings, vm));
   }
   try {
@@ -388,6 +393,16 @@ StatusOr<DaemonCommand> ParseDaemonFlags(int argc, const char* const* argv) {
     return "--" + key;
   };
   return Finish(std::move(command), raw, where);
+}
+
+StatusOr<std::string> RereadLogLevel(const DaemonCommand& command) {
+  if (command.config_path.empty()) return command.log_level;
+  std::vector<const char*> argv;
+  for (const std::string& arg : command.args) argv.push_back(arg.c_str());
+  TIERKV_ASSIGN_OR_RETURN(
+      DaemonCommand now,
+      ParseDaemonFlags(static_cast<int>(argv.size()), argv.data()));
+  return now.log_level;
 }
 
 }  // namespace tierkv::daemon

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstddef>
 #include <string>
+#include <vector>
 
 #include "ipc/server.h"
 #include "src/status.h"
@@ -19,6 +20,11 @@ struct DaemonCommand {
   std::string help_text;
   ipc::ServerOptions server;
   std::string log_level = "info";
+  bool log_level_on_command_line = false;  // It wins over --config's.
+  // --config's FILE; empty without one. SIGHUP reads it again.
+  std::string config_path;
+  // argv as given, for reading --config again.
+  std::vector<std::string> args;
   // Where log lines go; SIGHUP reopens it. Default (empty): stderr.
   std::string log_file;
   // How long Server::Stop may take after SIGTERM before tierkvd gives up and
@@ -31,6 +37,13 @@ struct DaemonCommand {
 // '#' starts a comment). InvalidArgument with a message naming the flag, or
 // the file, line and key, for anything malformed.
 StatusOr<DaemonCommand> ParseDaemonFlags(int argc, const char* const* argv);
+
+// The log level that `command`'s command line and --config file give now:
+// the file is read again and checked whole, as at start, and the command
+// line still wins over it. Without --config: command.log_level.
+// InvalidArgument naming the file, line and key when the file no longer
+// parses.
+StatusOr<std::string> RereadLogLevel(const DaemonCommand& command);
 
 // "512M", "2G", "1048576", "64KiB": bytes. InvalidArgument otherwise.
 StatusOr<size_t> ParseBytes(const std::string& text);
