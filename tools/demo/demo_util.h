@@ -4,12 +4,14 @@
 #define TIERKV_TOOLS_DEMO_DEMO_UTIL_H_
 
 #include <algorithm>
+#include <boost/program_options.hpp>
 #include <cstdint>
 #include <ostream>
 #include <string>
 #include <vector>
 
 #include "src/block_key.h"
+#include "src/status.h"
 #include "tools/demo/prefix_demo.h"
 
 namespace tierkv::demo {
@@ -83,6 +85,36 @@ class ProgressReporter {
   std::ostream& out_;
   int last_step_ = 0;  // Nothing to report at 0 done.
 };
+
+// "auto", "bar", "lines" or "none"; InvalidArgument naming --progress.
+inline StatusOr<ProgressMode> ParseProgress(const std::string& s) {
+  if (s == "auto") return ProgressMode::kAuto;
+  if (s == "bar") return ProgressMode::kBar;
+  if (s == "lines") return ProgressMode::kLines;
+  if (s == "none") return ProgressMode::kNone;
+  return Status::InvalidArgument(
+      "--progress must be auto, bar, lines or none, got '" + s + "'");
+}
+
+// Parses flags (no positional arguments) into `vm` and notifies their
+// variables; InvalidArgument with the parser's message.
+inline Status ParseCommandLine(
+    int argc, const char* const* argv,
+    const boost::program_options::options_description& flags,
+    boost::program_options::variables_map* vm) {
+  namespace po = boost::program_options;
+  try {
+    po::store(po::command_line_parser(argc, argv)
+                  .options(flags)
+                  .positional({})  // Rejects stray arguments.
+                  .run(),
+              *vm);
+    po::notify(*vm);
+  } catch (const po::error& e) {
+    return Status::InvalidArgument(e.what());
+  }
+  return Status::Ok();
+}
 
 }  // namespace tierkv::demo
 

@@ -626,15 +626,6 @@ po::options_description DescribeFlags(DemoOptions* o, std::string* progress) {
   return d;
 }
 
-StatusOr<ProgressMode> ParseProgress(const std::string& s) {
-  if (s == "auto") return ProgressMode::kAuto;
-  if (s == "bar") return ProgressMode::kBar;
-  if (s == "lines") return ProgressMode::kLines;
-  if (s == "none") return ProgressMode::kNone;
-  return Status::InvalidArgument(
-      "--progress must be auto, bar, lines or none, got '" + s + "'");
-}
-
 }  // namespace
 
 StatusOr<DemoCommand> ParseDemoFlags(int argc, const char* const* argv) {
@@ -643,16 +634,7 @@ StatusOr<DemoCommand> ParseDemoFlags(int argc, const char* const* argv) {
   const po::options_description flags =
       DescribeFlags(&command.options, &progress);
   po::variables_map vm;
-  try {
-    po::store(po::command_line_parser(argc, argv)
-                  .options(flags)
-                  .positional({})  // Rejects stray arguments.
-                  .run(),
-              vm);
-    po::notify(vm);
-  } catch (const po::error& e) {
-    return Status::InvalidArgument(e.what());
-  }
+  TIERKV_RETURN_IF_ERROR(ParseCommandLine(argc, argv, flags, &vm));
   if (vm.count("help") > 0) {
     std::ostringstream help;
     help << kAbout << '\n' << flags;

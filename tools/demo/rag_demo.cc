@@ -234,15 +234,10 @@ Status RunRagWorker(const RagDemoOptions& o, std::ostream& out) {
   ClientChunkTier tier(client.get());
   store.SetTier(&tier);
 
-  // The engine's main pool holds one request at a time.
-  const auto max_tokens = static_cast<int32_t>(
-      w.requests.empty()
-          ? 1
-          : std::max_element(w.requests.begin(), w.requests.end(),
-                             [](const auto& a, const auto& b) {
-                               return a.prompt.size() < b.prompt.size();
-                             })
-                ->prompt.size());
+  // The engine's main pool holds one request at a time; every assembled
+  // prompt (separators dropped) has the same length.
+  const int32_t max_tokens = o.system_tokens + o.question_tokens +
+                             o.docs_per_prompt * o.document_tokens;
   const int32_t main_blocks = (max_tokens + kBlockSize - 1) / kBlockSize + 1;
   TIERKV_ASSIGN_OR_RETURN(
       KVCacheManager main,
@@ -862,17 +857,8 @@ StatusOr<RagDemoCommand> ParseRagDemoFlags(int argc, const char* const* argv) {
   po::options_description all;
   all.add(d).add(hidden);
   po::variables_map vm;
-  try {
-    po::store(po::command_line_parser(argc - (worker ? 1 : 0),
-                                      argv + (worker ? 1 : 0))
-                  .options(all)
-                  .positional({})
-                  .run(),
-              vm);
-    po::notify(vm);
-  } catch (const po::error& e) {
-    return Status::InvalidArgument(e.what());
-  }
+  TIERKV_RETURN_IF_ERROR(ParseCommandLine(argc - (worker ? 1 : 0),
+                                          argv + (worker ? 1 : 0), all, &vm));
   if (vm.count("help") > 0) {
     std::ostringstream help;
     help << kAbout << '\n' << d;
@@ -884,18 +870,7 @@ StatusOr<RagDemoCommand> ParseRagDemoFlags(int argc, const char* const* argv) {
     return Status::InvalidArgument(
         "--socket and --worker-index are for worker processes only");
   }
-  if (progress == "auto") {
-    o.progress = ProgressMode::kAuto;
-  } else if (progress == "bar") {
-    o.progress = ProgressMode::kBar;
-  } else if (progress == "lines") {
-    o.progress = ProgressMode::kLines;
-  } else if (progress == "none") {
-    o.progress = ProgressMode::kNone;
-  } else {
-    return Status::InvalidArgument(
-        "--progress must be auto, bar, lines or none, got '" + progress + "'");
-  }
+  TIERKV_ASSIGN_OR_RETURN(o.progress, ParseProgress(progress));
   StatusOr<size_t> host_bytes = daemon::ParseBytes(host);
   if (!host_bytes.ok()) {
     return Status::InvalidArgument("--host-capacity: " +
