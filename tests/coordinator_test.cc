@@ -481,6 +481,8 @@ class ManualLowerTier : public LowerTier {
                Done done) override {
     promotions.push_back(std::move(done));
   }
+  bool Remove(const BlockKey&) override { return false; }
+  uint64_t RemoveAll() override { return 0; }
   DiskTierStats stats() const override { return {}; }
 
   std::vector<Done> promotions;
