@@ -522,6 +522,76 @@ void GetPayload(Reader& r, EventsReply* m) {
   }
 }
 
+void PutPayload(Writer& w, const ClearRequest& m) {
+  w.Int<uint8_t>(static_cast<uint8_t>(m.tiers));
+}
+void PutPayload(Writer& w, const ClearReply& m) {
+  w.Int<uint64_t>(m.result.host_dropped);
+  w.Int<uint64_t>(m.result.host_kept_pinned);
+  w.Int<uint64_t>(m.result.disk_dropped);
+  w.Bool(m.result.disk_cleared);
+}
+void GetPayload(Reader& r, ClearRequest* m) {
+  const auto tiers = r.Int<uint8_t>();
+  if (tiers < static_cast<uint8_t>(TierSelection::kHost) ||
+      tiers > static_cast<uint8_t>(TierSelection::kAll)) {
+    r.Fail("unknown tier selection " + std::to_string(tiers));
+  }
+  m->tiers = static_cast<TierSelection>(tiers);
+}
+void GetPayload(Reader& r, ClearReply* m) {
+  m->result.host_dropped = r.Int<uint64_t>();
+  m->result.host_kept_pinned = r.Int<uint64_t>();
+  m->result.disk_dropped = r.Int<uint64_t>();
+  m->result.disk_cleared = r.Bool();
+}
+
+void Put(Writer& w, const BlockKey& key) {
+  w.Int<uint64_t>(key.lo);
+  w.Int<uint64_t>(key.hi);
+}
+BlockKey GetKey(Reader& r) {
+  BlockKey key;
+  key.lo = r.Int<uint64_t>();
+  key.hi = r.Int<uint64_t>();
+  return key;
+}
+
+void PutPayload(Writer& w, const EvictRequest& m) {
+  w.Int<uint32_t>(static_cast<uint32_t>(m.keys.size()));
+  for (const BlockKey& key : m.keys) Put(w, key);
+}
+// Flags of one EvictedBlock.
+constexpr uint8_t kHostDropped = 1, kHostPinned = 2, kDiskDropped = 4;
+void PutPayload(Writer& w, const EvictReply& m) {
+  w.Int<uint32_t>(static_cast<uint32_t>(m.blocks.size()));
+  for (const EvictedBlock& b : m.blocks) {
+    Put(w, b.key);
+    w.Int<uint8_t>((b.host_dropped ? kHostDropped : 0) |
+                   (b.host_pinned ? kHostPinned : 0) |
+                   (b.disk_dropped ? kDiskDropped : 0));
+  }
+}
+void GetPayload(Reader& r, EvictRequest* m) {
+  const uint32_t n = r.Count(kMaxBlocks, "key");
+  for (uint32_t i = 0; i < n && r.ok(); ++i) m->keys.push_back(GetKey(r));
+}
+void GetPayload(Reader& r, EvictReply* m) {
+  const uint32_t n = r.Count(kMaxBlocks, "evicted block");
+  for (uint32_t i = 0; i < n && r.ok(); ++i) {
+    EvictedBlock b{.key = GetKey(r)};
+    const auto flags = r.Int<uint8_t>();
+    if ((flags & ~(kHostDropped | kHostPinned | kDiskDropped)) != 0 ||
+        ((flags & kHostDropped) != 0 && (flags & kHostPinned) != 0)) {
+      r.Fail("bad evicted block flags " + std::to_string(flags));
+    }
+    b.host_dropped = (flags & kHostDropped) != 0;
+    b.host_pinned = (flags & kHostPinned) != 0;
+    b.disk_dropped = (flags & kDiskDropped) != 0;
+    m->blocks.push_back(b);
+  }
+}
+
 constexpr MessageType kTypes[] = {
     MessageType::kError,       MessageType::kOk,
     MessageType::kRegister,    MessageType::kRegisterReply,
@@ -532,7 +602,9 @@ constexpr MessageType kTypes[] = {
     MessageType::kStats,       MessageType::kStatsReply,
     MessageType::kReadyLoads,  MessageType::kReadyLoadsReply,
     MessageType::kLookupChunk, MessageType::kEvents,
-    MessageType::kEventsReply,
+    MessageType::kEventsReply, MessageType::kClear,
+    MessageType::kClearReply,  MessageType::kEvict,
+    MessageType::kEvictReply,
 };
 static_assert(std::size(kTypes) == std::variant_size_v<Message>);
 
@@ -603,6 +675,14 @@ const char* MessageTypeName(MessageType type) {
       return "Events";
     case MessageType::kEventsReply:
       return "EventsReply";
+    case MessageType::kClear:
+      return "Clear";
+    case MessageType::kClearReply:
+      return "ClearReply";
+    case MessageType::kEvict:
+      return "Evict";
+    case MessageType::kEvictReply:
+      return "EvictReply";
   }
   return "?";
 }

@@ -53,6 +53,10 @@ enum class MessageType : uint16_t {
   kLookupChunk = 17,  // Answered by a LookupReply.
   kEvents = 18,
   kEventsReply = 19,
+  kClear = 20,
+  kClearReply = 21,
+  kEvict = 22,
+  kEvictReply = 23,
 };
 
 // A failed call: the Status travels back to the caller.
@@ -128,12 +132,28 @@ struct EventsReply {
   std::vector<EventInfo> events;
 };
 
+// Over the Unix socket from tierkv-admin: an operator drops cached blocks
+// (Coordinator::Clear, Coordinator::Evict).
+struct ClearRequest {
+  TierSelection tiers = TierSelection::kAll;
+};
+struct ClearReply {
+  ClearResult result;
+};
+struct EvictRequest {
+  std::vector<BlockKey> keys;  // At most kMaxBlocks.
+};
+struct EvictReply {
+  std::vector<EvictedBlock> blocks;  // One per key, in order.
+};
+
 using Message =
     std::variant<ErrorReply, OkReply, RegisterRequest, RegisterReply,
                  LookupRequest, LookupReply, AllocateRequest, AllocateReply,
                  CommitRequest, CommitReply, CompleteRequest, FinishRequest,
                  StatsRequest, StatsReply, ReadyLoadsRequest, ReadyLoadsReply,
-                 LookupChunkRequest, EventsRequest, EventsReply>;
+                 LookupChunkRequest, EventsRequest, EventsReply, ClearRequest,
+                 ClearReply, EvictRequest, EvictReply>;
 
 MessageType TypeOf(const Message& message);
 const char* MessageTypeName(MessageType type);

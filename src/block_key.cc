@@ -98,6 +98,31 @@ std::string BlockKey::ToHex() const {
   return buf;
 }
 
+StatusOr<BlockKey> BlockKey::FromHex(std::string_view hex) {
+  const auto bad = [&](const std::string& why) {
+    return Status::InvalidArgument(
+        "block key '" + std::string(hex.substr(0, 64)) + "': " + why);
+  };
+  if (hex.size() != 32) {
+    return bad("expected 32 hex digits, got " + std::to_string(hex.size()) +
+               " characters");
+  }
+  uint64_t words[2] = {0, 0};  // hi, lo
+  for (size_t i = 0; i < hex.size(); ++i) {
+    const char c = hex[i];
+    int digit = -1;
+    if (c >= '0' && c <= '9') digit = c - '0';
+    if (c >= 'a' && c <= 'f') digit = c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') digit = c - 'A' + 10;
+    if (digit < 0) {
+      return bad("'" + std::string(1, c) + "' at position " +
+                 std::to_string(i) + " is not a hex digit");
+    }
+    words[i / 16] = words[i / 16] << 4 | static_cast<uint64_t>(digit);
+  }
+  return BlockKey{.lo = words[1], .hi = words[0]};
+}
+
 KeyHasher::KeyHasher(const KeyNamespace& ns)
     : sequence_root_(MakeRoot(kRootSequence, ns)),
       chunk_root_(MakeRoot(kRootChunk, ns)) {}

@@ -23,7 +23,10 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
+
+#include "src/status.h"
 
 namespace tierkv {
 
@@ -36,6 +39,9 @@ struct BlockKey {
   friend bool operator==(const BlockKey&, const BlockKey&) = default;
   // 32 lowercase hex digits, hi first.
   std::string ToHex() const;
+  // The inverse of ToHex (either case). InvalidArgument, naming the text,
+  // for anything but exactly 32 hex digits.
+  static StatusOr<BlockKey> FromHex(std::string_view hex);
 };
 
 // The key is already a uniform hash; its low word is a good bucket index.

@@ -167,7 +167,9 @@ bool BlockPool::EvictCachedBlock(BlockId id) {
   return true;
 }
 
-bool BlockPool::DemoteCachedBlock(BlockId id) {
+bool BlockPool::DemoteCachedBlock(BlockId id) { return DropCachedBlock(id); }
+
+bool BlockPool::DropCachedBlock(BlockId id) {
   if (!IsValid(id)) return false;
   const Block& b = blocks_[Index(id)];
   if (b.ref_cnt != 0 || !b.has_key) return false;
@@ -175,6 +177,12 @@ bool BlockPool::DemoteCachedBlock(BlockId id) {
   free_queue_.Remove(id);
   free_queue_.PushFront(id);
   return true;
+}
+
+std::optional<BlockId> BlockPool::FindKeyedBlock(const BlockKey& key) const {
+  auto it = index_.find(key);
+  if (it == index_.end()) return std::nullopt;
+  return it->second;
 }
 
 void BlockPool::DropKey(BlockId id) {

@@ -78,6 +78,10 @@ class BlockPool {
   std::optional<BlockId> GetCachedBlock(const BlockKey& key,
                                         std::span<const TokenId> tokens) const;
 
+  // The block holding `key`, in any state (free or in use), whatever its
+  // tokens: for an operator naming a block by its key alone.
+  std::optional<BlockId> FindKeyedBlock(const BlockKey& key) const;
+
   // Pops `n` blocks from the head of the free queue into `out` with ref
   // count 1, dropping the keys they held. ResourceExhausted (and no change)
   // when fewer than `n` are free.
@@ -116,6 +120,12 @@ class BlockPool {
   // block is not lost. Returns false when the block is in use or holds no
   // key.
   bool DemoteCachedBlock(BlockId id);
+
+  // Drops the key of a free cached block on an operator's request and
+  // moves the block to the front of the free queue (it holds nothing worth
+  // keeping). Not an eviction: stats().evictions counts capacity only.
+  // Returns false when the block is in use or holds no key.
+  bool DropCachedBlock(BlockId id);
 
   // Calls visit(id) for the free blocks, front (next to evict) to back,
   // until it returns false. The pool must not change during the walk.

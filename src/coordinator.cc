@@ -40,6 +40,28 @@ const char* EventStateName(EventState state) {
   return "?";
 }
 
+const char* TierSelectionName(TierSelection tiers) {
+  switch (tiers) {
+    case TierSelection::kHost:
+      return "host";
+    case TierSelection::kDisk:
+      return "disk";
+    case TierSelection::kAll:
+      return "all";
+  }
+  return "?";
+}
+
+std::string EvictedBlockSummary(const EvictedBlock& b) {
+  if (b.host_dropped) {
+    return b.disk_dropped ? "dropped from host and disk" : "dropped from host";
+  }
+  if (b.host_pinned) {
+    return b.disk_dropped ? "pinned, kept; dropped from disk" : "pinned, kept";
+  }
+  return b.disk_dropped ? "dropped from disk" : "not cached";
+}
+
 void EventLatency::Record(uint64_t latency_us) {
   size_t b = 0;
   while (b < std::size(kBucketMicros) && latency_us > kBucketMicros[b]) ++b;
@@ -604,6 +626,47 @@ StatusOr<std::vector<TransferEvent>> Coordinator::TakeReadyLoads(
     out.push_back(load.event);
   }
   w->ready_loads.clear();
+  return out;
+}
+
+StatusOr<ClearResult> Coordinator::Clear(TierSelection tiers) {
+  if (tiers == TierSelection::kDisk && options_.lower == nullptr) {
+    return Status::FailedPrecondition("this store has no disk tier to clear");
+  }
+  ClearResult result;
+  if (tiers != TierSelection::kDisk) {
+    std::vector<BlockId> cached;
+    host_pool_.VisitFreeQueue([&](BlockId id) {
+      if (host_pool_.block(id).has_key) cached.push_back(id);
+      return true;
+    });
+    for (BlockId id : cached) {
+      if (host_pool_.DropCachedBlock(id)) ++result.host_dropped;
+    }
+    // What stays keyed is pinned, and so is every slot being written.
+    result.host_kept_pinned = static_cast<uint64_t>(UsedSlots());
+  }
+  if (tiers != TierSelection::kHost && options_.lower != nullptr) {
+    result.disk_dropped = options_.lower->RemoveAll();
+    result.disk_cleared = true;
+  }
+  return result;
+}
+
+std::vector<EvictedBlock> Coordinator::Evict(std::span<const BlockKey> keys) {
+  std::vector<EvictedBlock> out;
+  out.reserve(keys.size());
+  for (const BlockKey& key : keys) {
+    EvictedBlock e{.key = key};
+    if (std::optional<BlockId> slot = host_pool_.FindKeyedBlock(key)) {
+      e.host_dropped = host_pool_.DropCachedBlock(*slot);
+      e.host_pinned = !e.host_dropped;
+    } else if (keys_being_stored_.contains(key)) {
+      e.host_pinned = true;  // A store keys it when it completes.
+    }
+    if (options_.lower != nullptr) e.disk_dropped = options_.lower->Remove(key);
+    out.push_back(e);
+  }
   return out;
 }
 

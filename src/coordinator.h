@@ -196,6 +196,32 @@ struct HostTierStats {
   uint64_t promotions_in_flight = 0;
 };
 
+// The tiers an operator's Clear empties.
+enum class TierSelection : uint8_t { kHost = 1, kDisk = 2, kAll = 3 };
+const char* TierSelectionName(TierSelection tiers);  // "host", "disk", "all"
+
+struct ClearResult {
+  uint64_t host_dropped = 0;
+  // Host blocks kept because something pins them: keyed slots held by
+  // lookups, loads or spills, and slots a store or promotion is writing.
+  uint64_t host_kept_pinned = 0;
+  uint64_t disk_dropped = 0;
+  bool disk_cleared = false;  // There was a lower tier to clear.
+};
+
+// What Evict did with one key.
+struct EvictedBlock {
+  BlockKey key;
+  bool host_dropped = false;
+  bool host_pinned = false;  // On host (or being stored) but pinned: kept.
+  bool disk_dropped = false;
+  friend bool operator==(const EvictedBlock&, const EvictedBlock&) = default;
+};
+// For people: "dropped from host and disk", "dropped from host", "dropped
+// from disk", "pinned, kept" (then "; dropped from disk" if it was), or
+// "not cached".
+std::string EvictedBlockSummary(const EvictedBlock& block);
+
 // Where a transfer event in flight stands (see the state list above).
 enum class EventState : uint8_t { kPromoting = 1, kReady = 2, kCopying = 3 };
 
@@ -291,6 +317,17 @@ class Coordinator {
   // The worker's pending loads whose promotions are done, in the order
   // they became ready; from now on each is an ordinary load in flight.
   StatusOr<std::vector<TransferEvent>> TakeReadyLoads(WorkerId worker);
+
+  // An operator's order: drops every block of `tiers` that nothing pins
+  // (host: keyed slots in the free queue; disk: every stored block, a
+  // promotion reading one then fails cleanly) and counts the host blocks
+  // kept because pinned. Drops are not evictions. FailedPrecondition for
+  // kDisk without a lower tier; kAll then clears the host only.
+  StatusOr<ClearResult> Clear(TierSelection tiers);
+  // Drops each of `keys` from host (unless pinned there) and from the
+  // lower tier, wherever it is held; one result per key, in order. A key
+  // no tier holds comes back with every flag false.
+  std::vector<EvictedBlock> Evict(std::span<const BlockKey> keys);
 
   CoordinatorStats stats() const;
   // Every transfer event in flight, oldest first (ties: by worker, kind,

@@ -65,6 +65,13 @@ class LowerTier {
   // slot holds garbage and must not be served.
   virtual void Promote(const BlockKey& key, std::span<const TokenId> tokens,
                        BlockId slot, Done done) = 0;
+  // Forgets the block of `key` (for any token ids) at once: Contains turns
+  // false. A promotion already reading it fails (its slot is never served),
+  // it is never served torn. Returns whether the tier held it.
+  virtual bool Remove(const BlockKey& key) = 0;
+  // Forgets every block the tier holds, as Remove; returns how many. Blocks
+  // still being written (spills in flight) are kept.
+  virtual uint64_t RemoveAll() = 0;
   virtual DiskTierStats stats() const = 0;
 };
 

@@ -246,5 +246,22 @@ TEST(BlockKey, ToHexIsHiThenLo) {
   EXPECT_EQ((BlockKey{0x1, 0xab}).ToHex(), "00000000000000ab0000000000000001");
 }
 
+TEST(BlockKey, FromHexInvertsToHex) {
+  const BlockKey key{0x0123456789abcdefULL, 0xfedcba9876543210ULL};
+  EXPECT_EQ(BlockKey::FromHex(key.ToHex()).value(), key);
+  EXPECT_EQ(BlockKey::FromHex("FEDCBA98765432100123456789ABCDEF").value(), key);
+}
+
+TEST(BlockKey, FromHexRefusesAnythingButThirtyTwoHexDigits) {
+  for (const char* bad : {"", "abc", "00000000000000ab00000000000000010",
+                          "00000000000000ab000000000000000g",
+                          "0x000000000000ab0000000000000001"}) {
+    StatusOr<BlockKey> key = BlockKey::FromHex(bad);
+    ASSERT_FALSE(key.ok()) << bad;
+    EXPECT_EQ(key.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(key.status().message().find("block key"), std::string::npos);
+  }
+}
+
 }  // namespace
 }  // namespace tierkv

@@ -1,8 +1,9 @@
 // The coordinator state machine in-process: seed 004's host-side timeline
 // (slot ids, ref counts, free-queue order, event ids), pins, the host tier
 // full of pinned blocks, a dead worker's pins, validation of what a worker
-// sends, and the in-flight events with their ages and latencies. tierkvd_test
-// runs the same flow through real processes.
+// sends, the in-flight events with their ages and latencies, and an
+// operator's clear and evict. tierkvd_test runs the same flow through real
+// processes.
 #include "src/coordinator.h"
 
 #include <gmock/gmock.h>
@@ -466,6 +467,78 @@ TEST(CoordinatorLatencyTest, BucketsTakeTheirUpperBound) {
   EXPECT_EQ(l.sum_us, 20'000'201u);
 }
 
+std::vector<TokenId> WithOneMore(std::vector<TokenId> tokens) {
+  tokens.push_back(7);
+  return tokens;
+}
+
+TEST_F(CoordinatorTest, ClearHostDropsUnpinnedBlocksAndKeepsPinnedOnes) {
+  const WorkerId w = Register();
+  const std::vector<TokenId> a = SequentialTokens(1, 48);
+  const std::vector<TokenId> b = SequentialTokens(1001, 32);
+  ASSERT_EQ(StoreAll(w, 1, a).size(), 3u);
+  ASSERT_EQ(StoreAll(w, 2, b).size(), 2u);
+  // A lookup pins b's two blocks.
+  ASSERT_EQ(c_.Lookup(w, 3, WithOneMore(b), 0, {}).value().hit_tokens, 32);
+
+  const ClearResult cleared = c_.Clear(TierSelection::kHost).value();
+  EXPECT_EQ(cleared.host_dropped, 3u);
+  EXPECT_EQ(cleared.host_kept_pinned, 2u);
+  EXPECT_EQ(cleared.disk_dropped, 0u);
+  EXPECT_FALSE(cleared.disk_cleared);
+  const HostTierStats h = c_.stats().host;
+  EXPECT_EQ(h.cached_slots, 2);
+  EXPECT_EQ(h.evictions, 0u);  // An operator's drop is not an eviction.
+  EXPECT_TRUE(c_.host_pool().CheckInvariants().ok());
+
+  ASSERT_TRUE(c_.Finish(w, 3).ok());
+  EXPECT_EQ(c_.Lookup(w, 4, WithOneMore(a), 0, {}).value().hit_tokens, 0);
+  EXPECT_EQ(c_.Lookup(w, 5, WithOneMore(b), 0, {}).value().hit_tokens, 32);
+  ASSERT_TRUE(c_.Finish(w, 5).ok());
+  // Unpinned now: a second clear takes them, and then every lookup misses.
+  EXPECT_EQ(c_.Clear(TierSelection::kAll).value().host_dropped, 2u);
+  EXPECT_EQ(c_.Lookup(w, 6, WithOneMore(b), 0, {}).value().hit_tokens, 0);
+  EXPECT_EQ(c_.stats().host.cached_slots, 0);
+}
+
+TEST_F(CoordinatorTest, ClearDiskWithoutALowerTierIsRefused) {
+  StatusOr<ClearResult> cleared = c_.Clear(TierSelection::kDisk);
+  ASSERT_EQ(cleared.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(cleared.status().message(), HasSubstr("no disk tier"));
+}
+
+TEST_F(CoordinatorTest, EvictDropsOnlyTheNamedBlocksAndKeepsPinnedOnes) {
+  const WorkerId w = Register();
+  const std::vector<TokenId> a = SequentialTokens(1, 48);
+  const std::vector<BlockId> slots = StoreAll(w, 1, a);
+  ASSERT_EQ(slots.size(), 3u);
+  std::vector<BlockKey> keys;
+  for (BlockId s : slots) keys.push_back(c_.host_pool().block(s).key);
+  const BlockKey unknown{0x1234, 0x5678};
+
+  const BlockKey evicted[] = {keys[1], unknown};
+  std::vector<EvictedBlock> result = c_.Evict(evicted);
+  ASSERT_EQ(result.size(), 2u);
+  EXPECT_EQ(result[0], (EvictedBlock{.key = keys[1], .host_dropped = true}));
+  EXPECT_EQ(result[1], (EvictedBlock{.key = unknown}));
+  EXPECT_EQ(EvictedBlockSummary(result[0]), "dropped from host");
+  EXPECT_EQ(EvictedBlockSummary(result[1]), "not cached");
+  EXPECT_EQ(c_.stats().host.cached_slots, 2);
+  EXPECT_EQ(c_.stats().host.evictions, 0u);
+  // The prefix now stops before the dropped block.
+  EXPECT_EQ(c_.Lookup(w, 2, WithOneMore(a), 0, {}).value().hit_tokens, 16);
+
+  // Block 0 is pinned by that lookup: kept.
+  const BlockKey pinned[] = {keys[0]};
+  result = c_.Evict(pinned);
+  EXPECT_EQ(result[0], (EvictedBlock{.key = keys[0], .host_pinned = true}));
+  EXPECT_EQ(EvictedBlockSummary(result[0]), "pinned, kept");
+  ASSERT_TRUE(c_.Finish(w, 2).ok());
+  EXPECT_TRUE(c_.Evict(pinned)[0].host_dropped);
+  EXPECT_EQ(c_.Lookup(w, 3, WithOneMore(a), 0, {}).value().hit_tokens, 0);
+  EXPECT_TRUE(c_.host_pool().CheckInvariants().ok());
+}
+
 // A lower tier that holds every block and finishes a promotion only when
 // the test says so.
 class ManualLowerTier : public LowerTier {
@@ -481,6 +554,8 @@ class ManualLowerTier : public LowerTier {
                Done done) override {
     promotions.push_back(std::move(done));
   }
+  bool Remove(const BlockKey&) override { return false; }
+  uint64_t RemoveAll() override { return 0; }
   DiskTierStats stats() const override { return {}; }
 
   std::vector<Done> promotions;

@@ -96,6 +96,15 @@ std::vector<Message> Samples() {
       ReadyLoadsReply{{event, cut_load}},
       EventsRequest{},
       events,
+      ClearRequest{TierSelection::kDisk},
+      ClearReply{{.host_dropped = 5,
+                  .host_kept_pinned = 2,
+                  .disk_dropped = 40,
+                  .disk_cleared = true}},
+      EvictRequest{{{1, 2}, {3, 4}}},
+      EvictReply{{{.key = {1, 2}, .host_dropped = true, .disk_dropped = true},
+                  {.key = {3, 4}, .host_pinned = true},
+                  {.key = {5, 6}}}},
   };
 }
 
@@ -216,6 +225,22 @@ TEST(Protocol, InconsistentEventListsAreRefused) {
   stats.stats.load_latency.count = 1;
   EXPECT_THAT(Decode(Encode(stats)).status().message(),
               HasSubstr("latency buckets"));
+}
+
+TEST(Protocol, BadOperatorOrdersAreRefused) {
+  std::vector<std::byte> bytes = Encode(ClearRequest{TierSelection::kHost});
+  bytes.back() = std::byte{4};
+  EXPECT_THAT(Decode(bytes).status().message(),
+              HasSubstr("unknown tier selection 4"));
+  // Dropped from host and pinned there at once.
+  bytes = Encode(EvictReply{{{.key = {1, 2}}}});
+  bytes.back() = std::byte{3};
+  EXPECT_THAT(Decode(bytes).status().message(),
+              HasSubstr("bad evicted block flags 3"));
+  // More keys than kMaxBlocks.
+  bytes = Encode(EvictRequest{});
+  bytes[kFrameHeaderBytes + 3] = std::byte{0x80};
+  EXPECT_THAT(Decode(bytes).status().message(), HasSubstr("key count"));
 }
 
 TEST(Protocol, RandomBytesNeverCrash) {

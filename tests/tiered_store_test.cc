@@ -1,9 +1,9 @@
 // The coordinator over a real host tier and a real disk tier (RocksDB in a
 // temporary directory), in one process: spilling past the high watermark,
 // promotion on a hit, a working set ten times the host, a corrupted value,
-// the disk's byte bound, and a worker dropped mid-promotion. The test plays
-// the worker: it writes a store's bytes into the host slots itself and
-// reads a load's bytes from them.
+// the disk's byte bound, a worker dropped mid-promotion, and an operator's
+// evict and clear. The test plays the worker: it writes a store's bytes
+// into the host slots itself and reads a load's bytes from them.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
@@ -243,6 +243,66 @@ TEST_F(TieredStoreTest, SpillsPastTheHighWatermarkDownToTheLowOne) {
   EXPECT_FALSE(again.was_pending);
   EXPECT_EQ(again.loaded_blocks, 5);
   EXPECT_EQ(again.wrong_blocks, 0);
+}
+
+// The keys a worker of the shared tenant gets for `tokens`' full blocks.
+std::vector<BlockKey> PrefixKeys(const std::vector<TokenId>& tokens) {
+  const KeyHasher hasher(
+      {.model_fingerprint = TestLayout().Fingerprint(), .tenant = ""});
+  std::vector<BlockKey> keys;
+  hasher.AppendPrefixKeys(tokens, kBs, {}, &keys);
+  return keys;
+}
+
+TEST_F(TieredStoreTest, EvictAndClearRemoveBlocksFromDisk) {
+  Open(/*host_slots=*/20, /*disk_blocks=*/100, /*high=*/0.8, /*low=*/0.5);
+  for (int r = 0; r < 4; ++r) {
+    Store(RequestTokens(r, 5));
+    Settle();
+  }
+  // Request 0 went to disk first (see the test above).
+  const std::vector<BlockKey> keys = PrefixKeys(RequestTokens(0, 5));
+  const BlockKey third[] = {keys[2]};
+  EXPECT_EQ(c().Evict(third)[0],
+            (EvictedBlock{.key = keys[2], .disk_dropped = true}));
+  LoadOutcome cut = Load(RequestTokens(0, 5));
+  EXPECT_EQ(cut.hit_blocks, 2);
+  EXPECT_EQ(cut.disk_hit_blocks, 2);
+  EXPECT_EQ(cut.wrong_blocks, 0);
+  // Promoted blocks are on host and still on disk: evict takes both.
+  const BlockKey first[] = {keys[0]};
+  EXPECT_EQ(EvictedBlockSummary(c().Evict(first)[0]),
+            "dropped from host and disk");
+  EXPECT_EQ(Load(RequestTokens(0, 5)).hit_blocks, 0);
+
+  const uint64_t on_disk = c().stats().disk->keys;
+  ASSERT_GT(on_disk, 0u);
+  const ClearResult cleared = c().Clear(TierSelection::kDisk).value();
+  EXPECT_TRUE(cleared.disk_cleared);
+  EXPECT_EQ(cleared.disk_dropped, on_disk);
+  EXPECT_EQ(cleared.host_dropped, 0u);  // The host is not touched.
+  EXPECT_EQ(c().stats().disk->keys, 0u);
+  EXPECT_EQ(c().stats().disk->evictions, 0u);
+  // What only the disk held is gone; what the host holds still hits.
+  const LoadOutcome second = Load(RequestTokens(1, 5));
+  EXPECT_EQ(second.disk_hit_blocks, 0);
+  const LoadOutcome last = Load(RequestTokens(3, 5));
+  EXPECT_EQ(last.hit_blocks, 5);
+  EXPECT_EQ(last.disk_hit_blocks, 0);
+
+  EXPECT_GT(c().Clear(TierSelection::kAll).value().host_dropped, 0u);
+  EXPECT_EQ(Load(RequestTokens(3, 5)).hit_blocks, 0);
+  // The values are gone from RocksDB too, not just from the index.
+  ASSERT_TRUE(disk_->Flush().ok());
+  size_t values = 0;
+  ASSERT_TRUE(corrupting_
+                  ->ForEach([&](std::string_view, std::string_view) {
+                    ++values;
+                    return Status::Ok();
+                  })
+                  .ok());
+  EXPECT_EQ(values, 0u);
+  EXPECT_TRUE(c().host_pool().CheckInvariants().ok());
 }
 
 TEST_F(TieredStoreTest, TenTimesTheHostReadsBackBitExact) {

@@ -2,9 +2,9 @@
 // socket and shared memory: seed 004's flow, cross-process reuse, a worker
 // killed mid-transfer, malformed messages, permissions, a second daemon on
 // the same store, a stale segment, and tierkv-admin (stats, metrics, the
-// events in flight). With a disk tier: a working set ten times the host,
-// spilling and promotion under two busy workers, and tierkvd SIGKILLed
-// mid-spill and restarted.
+// events in flight, evict and clear). With a disk tier: a working set ten times
+// the host, spilling and promotion under two busy workers, and tierkvd
+// SIGKILLed mid-spill and restarted.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -493,6 +493,76 @@ TEST_F(TierkvdTest, DiskTierHoldsTenTimesTheHostBitExact) {
       metrics->output(),
       HasSubstr("tierkv_moved_bytes_total{from=\"host\",to=\"disk\"} " +
                 std::to_string(s.host.spills * s.host.slot_bytes) + "\n"));
+}
+
+// The key of fill/verify's one-block request `r` of `seed` (worker_main.cc
+// derives the tokens the same way), as tierkv-admin evict takes it.
+std::string FillKeyHex(uint32_t seed, uint32_t r) {
+  std::vector<TokenId> tokens(16);
+  for (uint32_t i = 0; i < 16; ++i) {
+    tokens[i] = (seed * 1000003u + r * 4099u) * 16u + i;
+  }
+  const KeyHasher hasher(
+      {.model_fingerprint = TestLayout().Fingerprint(), .tenant = ""});
+  std::vector<BlockKey> keys;
+  hasher.AppendPrefixKeys(tokens, 16, {}, &keys);
+  return keys.at(0).ToHex();
+}
+
+TEST_F(TierkvdTest, AdminEvictAndClearDropStoredBlocks) {
+  StartDaemonWithDisk(16);
+  auto fill = ManyWorker("fill", 1, 40);  // Past the host: some spill.
+  ASSERT_EQ(fill->Wait(), 0) << fill->output();
+  std::unique_ptr<Client> observer = Attach("observer");
+  ASSERT_NE(observer, nullptr);
+  const auto deadline = Clock::now() + std::chrono::seconds(10);
+  auto settled = [&] {
+    const HostTierStats h = observer->Stats().value().host;
+    return h.spills_in_flight == 0 && h.promotions_in_flight == 0;
+  };
+  while (!settled() && Clock::now() < deadline) {
+    std::this_thread::yield();  // Polling the daemon's own state.
+  }
+  ASSERT_GT(observer->Stats().value().disk->keys, 0u);
+
+  // The newest block is on host, the oldest was spilled to disk.
+  const std::string newest = FillKeyHex(1, 39), oldest = FillKeyHex(1, 0);
+  const std::string unknown(32, '0');
+  auto evict = Spawn({TIERKV_ADMIN_PATH, "evict", newest, oldest, unknown,
+                      "--socket", socket_});
+  ASSERT_EQ(evict->Wait(), 0) << evict->output();
+  EXPECT_THAT(evict->output(), HasSubstr(newest + "  dropped from host"));
+  EXPECT_THAT(evict->output(), HasSubstr(oldest + "  dropped from disk"));
+  EXPECT_THAT(evict->output(), HasSubstr(unknown + "  not cached\n"));
+  EXPECT_TRUE(daemon_->WaitForOutput("evict " + newest + ": dropped from"))
+      << daemon_->output();
+  auto bad_key =
+      Spawn({TIERKV_ADMIN_PATH, "evict", "xyz", "--socket", socket_});
+  EXPECT_EQ(bad_key->Wait(), 2);
+  EXPECT_THAT(bad_key->output(), HasSubstr("block key 'xyz'"));
+
+  auto clear =
+      Spawn({TIERKV_ADMIN_PATH, "clear", "--tier", "all", "--socket", socket_});
+  ASSERT_EQ(clear->Wait(), 0) << clear->output();
+  // No worker holds a pin now.
+  EXPECT_THAT(clear->output(),
+              ::testing::ContainsRegex(
+                  "host: dropped [1-9][0-9]* blocks, kept 0 pinned\n"));
+  EXPECT_THAT(clear->output(),
+              ::testing::ContainsRegex("disk: dropped [1-9][0-9]* blocks\n"));
+  EXPECT_TRUE(daemon_->WaitForOutput("clear all: dropped"))
+      << daemon_->output();
+  const CoordinatorStats s = observer->Stats().value();
+  EXPECT_EQ(s.host.cached_slots, 0);
+  EXPECT_EQ(s.disk->keys, 0u);
+
+  // Nothing of it is found again.
+  auto verify = ManyWorker("verify", 1, 40);
+  ASSERT_EQ(verify->Wait(), 0) << verify->output();
+  const Tally t = ParseTally(verify->output());
+  EXPECT_EQ(t.blocks, 40) << verify->output();
+  EXPECT_EQ(t.hit, 0);
+  EXPECT_EQ(t.wrong, 0);
 }
 
 TEST_F(TierkvdTest, SpillAndPromotionUnderTwoBusyWorkers) {

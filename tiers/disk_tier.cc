@@ -826,6 +826,9 @@ class DiskIndex {
 
   uint64_t bytes() const { return bytes_; }
   uint64_t stored_keys() const { return lru_.size(); }
+  std::vector<BlockKey> StoredKeys() const {
+    return {lru_.begin(), lru_.end()};
+  }
   uint64_t evictions() const { return evictions_; }
 
  private:
@@ -972,13 +975,33 @@ class DiskTierImpl final : public DiskTier {
     return entry != nullptr && std::ranges::equal(entry->tokens, tokens);
   }
 
-  void Remove(const BlockKey& key) override {
+  bool Remove(const BlockKey& key) override {
+    bool stored = false;
     bool erased = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
+      stored = index_.FindStored(key) != nullptr;
       erased = index_.Erase(key);
     }
     if (erased) io_->Submit([this, key] { DeleteIfAbsent(key); });
+    return stored;
+  }
+
+  uint64_t RemoveAll() override {
+    std::vector<BlockKey> keys;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      keys = index_.StoredKeys();
+      for (const BlockKey& key : keys) index_.Erase(key);
+    }
+    const uint64_t removed = keys.size();
+    // One task: a large tier must not flood the I/O queue.
+    if (removed > 0) {
+      io_->Submit([this, keys = std::move(keys)] {
+        for (const BlockKey& key : keys) DeleteIfAbsent(key);
+      });
+    }
+    return removed;
   }
 
   Status Flush() override {

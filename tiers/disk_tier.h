@@ -264,8 +264,13 @@ class DiskTier {
   // Forgets `key` at once (Contains turns false) and deletes its value in
   // the background. A Put of the key that is still queued (its `done` has
   // not run) may store it again afterwards: if that matters, wait for the
-  // Put's `done` before removing its key.
-  virtual void Remove(const BlockKey& key) = 0;
+  // Put's `done` before removing its key. A Get already reading the value
+  // gets NotFound or the whole value, never part of it. Returns whether
+  // the key was stored (a write in flight that it cancels does not count).
+  virtual bool Remove(const BlockKey& key) = 0;
+  // Removes every stored key, as Remove, and returns how many. Keys being
+  // written are left alone: their writes complete as usual.
+  virtual uint64_t RemoveAll() = 0;
   // Waits until every queued Put, Get and Remove has run (and its callback
   // returned), then makes what was written durable. Must not be called
   // from a Done callback.

@@ -32,6 +32,8 @@ class SlotDisk : public LowerTier {
                BlockId slot, Done done) override {
     disk_->Get(key, tokens, Slot(slot), std::move(done));
   }
+  bool Remove(const BlockKey& key) override { return disk_->Remove(key); }
+  uint64_t RemoveAll() override { return disk_->RemoveAll(); }
   DiskTierStats stats() const override { return disk_->stats(); }
 
  private:

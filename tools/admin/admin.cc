@@ -86,11 +86,56 @@ std::string MeanAge(const EventLatency& latency) {
 
 }  // namespace
 
+namespace {
+
+// clear's --tier and evict's keys; no other verb takes either.
+Status ParseOrderArgs(const std::string& tier,
+                      const std::vector<std::string>& args,
+                      AdminCommand* command) {
+  if (command->verb == "clear") {
+    if (tier == "host") {
+      command->tiers = TierSelection::kHost;
+    } else if (tier == "disk") {
+      command->tiers = TierSelection::kDisk;
+    } else if (tier == "all") {
+      command->tiers = TierSelection::kAll;
+    } else {
+      return Status::InvalidArgument(
+          tier.empty() ? "clear needs --tier host, disk or all"
+                       : "--tier '" + tier + "': expected host, disk or all");
+    }
+  } else if (!tier.empty()) {
+    return Status::InvalidArgument("--tier is for clear only");
+  }
+  if (command->verb != "evict") {
+    if (!args.empty()) {
+      return Status::InvalidArgument("unexpected argument '" + args[0] + "'");
+    }
+    return Status::Ok();
+  }
+  if (args.empty()) {
+    return Status::InvalidArgument("evict needs at least one block key");
+  }
+  if (args.size() > ipc::kMaxBlocks) {
+    return Status::InvalidArgument("evict takes at most " +
+                                   std::to_string(ipc::kMaxBlocks) + " keys");
+  }
+  for (const std::string& arg : args) {
+    TIERKV_ASSIGN_OR_RETURN(BlockKey key, BlockKey::FromHex(arg));
+    command->keys.push_back(key);
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
 StatusOr<AdminCommand> ParseAdminFlags(int argc, const char* const* argv) {
   AdminCommand command;
   std::string store = "default";
+  std::string tier;
+  std::vector<std::string> args;
   po::options_description desc(
-      "tierkv-admin: inspect a running tierkvd.\n\n"
+      "tierkv-admin: inspect a running tierkvd, or drop its cached blocks.\n\n"
       "usage: tierkv-admin COMMAND [--store NAME | --socket PATH] [options]\n\n"
       "Commands:\n"
       "  stats   per tier (host, and disk when tierkvd has one): capacity,\n"
@@ -105,7 +150,17 @@ StatusOr<AdminCommand> ParseAdminFlags(int argc, const char* const* argv) {
       "          kind (load, store), id, request, blocks, state (promoting:\n"
       "          a load waiting for blocks from disk; ready: waiting for its\n"
       "          worker to take it; copying: the worker has not completed\n"
-      "          it) (--json: machine-readable)\n\n"
+      "          it) (--json: machine-readable)\n"
+      "  clear --tier host|disk|all\n"
+      "          drop every cached block of the tier that nothing pins\n"
+      "          (blocks pinned by lookups, loads, stores, spills or\n"
+      "          promotions stay); says how many were dropped per tier and\n"
+      "          how many were kept because pinned\n"
+      "  evict KEY [KEY...]\n"
+      "          drop these blocks (32 hex digits each, as tierkvd logs\n"
+      "          them) from host, unless pinned, and from disk; says per key\n"
+      "          where it was dropped from, \"pinned, kept\" or \"not "
+      "cached\"\n\n"
       "Options");
   desc.add_options()("help,h", "show this help and exit")(
       "store", po::value(&store)->default_value(store),
@@ -113,17 +168,19 @@ StatusOr<AdminCommand> ParseAdminFlags(int argc, const char* const* argv) {
       "socket", po::value(&command.socket_path),
       "tierkvd's socket (overrides --store)")(
       "json", po::bool_switch(&command.json),
-      "stats, events: machine-readable output")(
+      "stats, events, clear, evict: machine-readable output")(
+      "tier", po::value(&tier), "clear: host, disk or all")(
       "interval", po::value(&command.interval_seconds)->default_value(1.0, "1"),
       "watch: seconds between refreshes")(
       "count", po::value(&command.count)->default_value(0),
       "watch: stop after this many refreshes (0: until interrupted)");
   po::options_description hidden;
-  hidden.add_options()("verb", po::value(&command.verb));
+  hidden.add_options()("verb", po::value(&command.verb))("args",
+                                                         po::value(&args));
   po::options_description all;
   all.add(desc).add(hidden);
   po::positional_options_description positional;
-  positional.add("verb", 1);
+  positional.add("verb", 1).add("args", -1);
   std::ostringstream help;
   help << desc;
   command.help_text = help.str();
@@ -144,11 +201,13 @@ StatusOr<AdminCommand> ParseAdminFlags(int argc, const char* const* argv) {
   }
   if (command.verb != "stats" && command.verb != "workers" &&
       command.verb != "metrics" && command.verb != "watch" &&
-      command.verb != "events") {
+      command.verb != "events" && command.verb != "clear" &&
+      command.verb != "evict") {
     return Status::InvalidArgument(
         "unknown command '" + command.verb +
-        "' (try: stats, workers, metrics, watch, events)");
+        "' (try: stats, workers, metrics, watch, events, clear, evict)");
   }
+  TIERKV_RETURN_IF_ERROR(ParseOrderArgs(tier, args, &command));
   if (!(command.interval_seconds >= 0.05) || command.count < 0) {
     return Status::InvalidArgument(
         "--interval must be at least 0.05 s and --count at least 0");
@@ -453,6 +512,56 @@ std::string FormatEventsJson(const std::vector<EventInfo>& events,
   return out.str();
 }
 
+std::string FormatClear(TierSelection tiers, const ClearResult& result) {
+  std::ostringstream out;
+  if (tiers != TierSelection::kDisk) {
+    out << "host: dropped " << result.host_dropped << " blocks, kept "
+        << result.host_kept_pinned << " pinned\n";
+  }
+  if (result.disk_cleared) {
+    out << "disk: dropped " << result.disk_dropped << " blocks\n";
+  } else if (tiers == TierSelection::kAll) {
+    out << "disk: none (tierkvd has no disk tier)\n";
+  }
+  return out.str();
+}
+
+std::string FormatClearJson(TierSelection tiers, const ClearResult& result) {
+  std::ostringstream out;
+  out << "{\"tier\":\"" << TierSelectionName(tiers) << "\"";
+  if (tiers != TierSelection::kDisk) {
+    out << ",\"host\":{\"dropped\":" << result.host_dropped
+        << ",\"kept_pinned\":" << result.host_kept_pinned << "}";
+  }
+  if (result.disk_cleared) {
+    out << ",\"disk\":{\"dropped\":" << result.disk_dropped << "}";
+  }
+  out << "}\n";
+  return out.str();
+}
+
+std::string FormatEvict(const std::vector<EvictedBlock>& blocks) {
+  std::ostringstream out;
+  for (const EvictedBlock& b : blocks) {
+    out << b.key.ToHex() << "  " << EvictedBlockSummary(b) << "\n";
+  }
+  return out.str();
+}
+
+std::string FormatEvictJson(const std::vector<EvictedBlock>& blocks) {
+  std::ostringstream out;
+  out << "{\"keys\":[";
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    const EvictedBlock& b = blocks[i];
+    out << (i ? "," : "") << "{\"key\":\"" << b.key.ToHex()
+        << "\",\"host_dropped\":" << (b.host_dropped ? "true" : "false")
+        << ",\"host_pinned\":" << (b.host_pinned ? "true" : "false")
+        << ",\"disk_dropped\":" << (b.disk_dropped ? "true" : "false") << "}";
+  }
+  out << "]}\n";
+  return out.str();
+}
+
 namespace {
 
 // tierkvd's reply to `request`; nullopt after saying on `err` why there is
@@ -508,6 +617,28 @@ int RunAdmin(const AdminCommand& command, std::ostream& out,
     return 0;
   }
   int code = 0;
+  if (command.verb == "clear") {
+    std::optional<ipc::Message> reply =
+        Ask(command.socket_path, ipc::ClearRequest{command.tiers}, err, &code);
+    if (!reply.has_value()) return code;
+    const auto* clear = std::get_if<ipc::ClearReply>(&*reply);
+    if (clear == nullptr) return Unexpected(err);
+    out << (command.json ? FormatClearJson(command.tiers, clear->result)
+                         : FormatClear(command.tiers, clear->result));
+    return 0;
+  }
+  if (command.verb == "evict") {
+    std::optional<ipc::Message> reply =
+        Ask(command.socket_path, ipc::EvictRequest{command.keys}, err, &code);
+    if (!reply.has_value()) return code;
+    const auto* evict = std::get_if<ipc::EvictReply>(&*reply);
+    if (evict == nullptr || evict->blocks.size() != command.keys.size()) {
+      return Unexpected(err);
+    }
+    out << (command.json ? FormatEvictJson(evict->blocks)
+                         : FormatEvict(evict->blocks));
+    return 0;
+  }
   if (command.verb == "events") {
     std::optional<ipc::Message> reply =
         Ask(command.socket_path, ipc::EventsRequest{}, err, &code);

@@ -1,6 +1,7 @@
 // tierkv-admin: flags, the stats and events queries and their renderings
-// (table, JSON, workers, Prometheus metrics, a live view, events by age). Kept
-// out of main so tests can run the same code. Stateless; thread-safe.
+// (table, JSON, workers, Prometheus metrics, a live view, events by age), and
+// the operator orders clear and evict. Kept out of main so tests can run the
+// same code. Stateless; thread-safe.
 #ifndef TIERKV_TOOLS_ADMIN_ADMIN_H_
 #define TIERKV_TOOLS_ADMIN_ADMIN_H_
 
@@ -17,12 +18,14 @@ namespace tierkv::admin {
 struct AdminCommand {
   bool show_help = false;
   std::string help_text;
-  // "stats", "workers", "metrics", "watch" or "events".
+  // "stats", "workers", "metrics", "watch", "events", "clear" or "evict".
   std::string verb;
   std::string socket_path;  // Resolved (default from --store).
   bool json = false;
-  double interval_seconds = 1.0;  // watch: between refreshes.
-  int64_t count = 0;              // watch: refreshes, 0 for no end.
+  double interval_seconds = 1.0;              // watch: between refreshes.
+  int64_t count = 0;                          // watch: refreshes, 0 for no end.
+  TierSelection tiers = TierSelection::kAll;  // clear: --tier.
+  std::vector<BlockKey> keys;                 // evict: the keys named.
 };
 
 StatusOr<AdminCommand> ParseAdminFlags(int argc, const char* const* argv);
@@ -41,6 +44,11 @@ std::string FormatEventsTable(const std::vector<EventInfo>& events,
                               uint64_t in_flight);
 std::string FormatEventsJson(const std::vector<EventInfo>& events,
                              uint64_t in_flight);
+// `clear` and `evict`: what tierkvd dropped.
+std::string FormatClear(TierSelection tiers, const ClearResult& result);
+std::string FormatClearJson(TierSelection tiers, const ClearResult& result);
+std::string FormatEvict(const std::vector<EvictedBlock>& blocks);
+std::string FormatEvictJson(const std::vector<EvictedBlock>& blocks);
 // "850 us", "12.5 ms", "3.2 s", "4m05s", "2h07m".
 std::string FormatAge(uint64_t age_us);
 
