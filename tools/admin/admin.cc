@@ -17,19 +17,6 @@ namespace tierkv::admin {
 namespace po = boost::program_options;
 namespace {
 
-std::string HumanBytes(double bytes) {
-  static const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int unit = 0;
-  while (bytes >= 1024 && unit < 4) {
-    bytes /= 1024;
-    ++unit;
-  }
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), unit == 0 ? "%.0f %s" : "%.1f %s", bytes,
-                kUnits[unit]);
-  return buf;
-}
-
 std::string Percent(uint64_t part, uint64_t whole) {
   if (whole == 0) return "-";
   char buf[16];
@@ -55,6 +42,19 @@ std::string JsonString(const std::string& s) {
 }
 
 }  // namespace
+
+std::string HumanBytes(double bytes) {
+  static const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int unit = 0;
+  while (bytes >= 1024 && unit < 4) {
+    bytes /= 1024;
+    ++unit;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), unit == 0 ? "%.0f %s" : "%.1f %s", bytes,
+                kUnits[unit]);
+  return buf;
+}
 
 std::string FormatAge(uint64_t age_us) {
   char buf[32];

@@ -51,6 +51,8 @@ std::string FormatEvict(const std::vector<EvictedBlock>& blocks);
 std::string FormatEvictJson(const std::vector<EvictedBlock>& blocks);
 // "850 us", "12.5 ms", "3.2 s", "4m05s", "2h07m".
 std::string FormatAge(uint64_t age_us);
+// "512 B", "32.0 KiB", "15.6 MiB": powers of 1024, one decimal.
+std::string HumanBytes(double bytes);
 
 }  // namespace tierkv::admin
 

@@ -50,19 +50,6 @@ double Seconds(std::chrono::steady_clock::duration d) {
   return std::chrono::duration<double>(d).count();
 }
 
-// "32.0 KiB", "15.6 MiB", "1.2 GiB".
-std::string Bytes(double bytes) {
-  const char* unit = "B";
-  for (const char* next : {"KiB", "MiB", "GiB"}) {
-    if (bytes < 1024) break;
-    bytes /= 1024;
-    unit = next;
-  }
-  std::ostringstream s;
-  s << std::fixed << std::setprecision(1) << bytes << ' ' << unit;
-  return s.str();
-}
-
 }  // namespace
 
 ReferenceModelConfig RagModelConfig() {
@@ -529,9 +516,10 @@ void PrintReport(const RagDemoOptions& o, const RagDemoReport& r,
   auto moved = [&](const char* name, uint64_t blocks) {
     out << "  " << std::left << std::setw(28) << name << std::right
         << std::setw(8) << blocks << std::setw(13)
-        << Bytes(static_cast<double>(blocks) * block) << '\n';
+        << admin::HumanBytes(static_cast<double>(blocks) * block) << '\n';
   };
-  out << "\nBlocks moved between tiers (" << Bytes(block) << " each)\n";
+  out << "\nBlocks moved between tiers (" << admin::HumanBytes(block)
+      << " each)\n";
   moved("device -> host  (stores)", h.stores_completed);
   moved("host -> device  (loads)", h.loads_completed);
   moved("host -> disk    (spills)", h.spills);
@@ -632,12 +620,15 @@ StatusOr<RagDemoReport> RunRagDemo(const RagDemoOptions& o, std::ostream& out,
       << " tokens, " << o.docs_per_prompt
       << " per prompt in random order, Zipf " << o.zipf << "; system prompt "
       << o.system_tokens << ", question " << o.question_tokens << " tokens.\n"
-      << "Model: " << layout.ToString() << "; " << Bytes(block) << " per "
-      << kBlockSize << "-token block.\n"
+      << "Model: " << layout.ToString() << "; " << admin::HumanBytes(block)
+      << " per " << kBlockSize << "-token block.\n"
       << "Chunk working set "
-      << Bytes((int64_t{o.documents} * doc_blocks + sys_blocks) * block)
-      << "; device chunk pool " << Bytes((o.chunk_pool_blocks - 1) * block)
-      << " per worker; host tier " << Bytes(static_cast<double>(o.host_bytes))
+      << admin::HumanBytes((int64_t{o.documents} * doc_blocks + sys_blocks) *
+                           block)
+      << "; device chunk pool "
+      << admin::HumanBytes((o.chunk_pool_blocks - 1) * block)
+      << " per worker; host tier "
+      << admin::HumanBytes(static_cast<double>(o.host_bytes))
       << "; disk tier (RocksDB) in " << dir << "/disk.\n"
       << std::flush;
 
