@@ -16,9 +16,8 @@ namespace bip = boost::interprocess;
 
 struct ShmSegment::Impl {
   Impl() = default;
-  // Maps all of `shm` read-write; throws as Boost does (callers catch).
-  explicit Impl(bip::shared_memory_object& shm)
-      : region(shm, bip::read_write) {}
+  // Maps all of `shm` with `mode`; throws as Boost does (callers catch).
+  Impl(bip::shared_memory_object& shm, bip::mode_t mode) : region(shm, mode) {}
 
   bip::mapped_region region;
   void* anonymous = nullptr;  // mmap'd private memory (anonymous segments).
@@ -131,7 +130,8 @@ StatusOr<ShmSegment> ShmSegment::Create(const ShmCreateOptions& options) {
           std::to_string(*options.group) + ": " + std::strerror(err));
     }
     shm.truncate(static_cast<bip::offset_t>(options.bytes));
-    return FromImpl(std::make_unique<Impl>(shm), options.name, /*owner=*/true);
+    return FromImpl(std::make_unique<Impl>(shm, bip::read_write), options.name,
+                    /*owner=*/true);
   } catch (const bip::interprocess_exception& e) {
     bip::shared_memory_object::remove(options.name.c_str() + 1);
     return FromInterprocess(e, "cannot create", options.name);
@@ -139,11 +139,20 @@ StatusOr<ShmSegment> ShmSegment::Create(const ShmCreateOptions& options) {
 }
 
 StatusOr<ShmSegment> ShmSegment::Open(const std::string& name) {
+  return OpenMapping(name, /*writable=*/true);
+}
+
+StatusOr<ShmSegment> ShmSegment::OpenReadOnly(const std::string& name) {
+  return OpenMapping(name, /*writable=*/false);
+}
+
+StatusOr<ShmSegment> ShmSegment::OpenMapping(const std::string& name,
+                                             bool writable) {
   TIERKV_RETURN_IF_ERROR(ValidateShmName(name));
+  const bip::mode_t mode = writable ? bip::read_write : bip::read_only;
   try {
-    bip::shared_memory_object shm(bip::open_only, name.c_str() + 1,
-                                  bip::read_write);
-    return FromImpl(std::make_unique<Impl>(shm), name, /*owner=*/false);
+    bip::shared_memory_object shm(bip::open_only, name.c_str() + 1, mode);
+    return FromImpl(std::make_unique<Impl>(shm, mode), name, /*owner=*/false);
   } catch (const bip::interprocess_exception& e) {
     return FromInterprocess(e, "cannot open", name);
   }

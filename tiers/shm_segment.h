@@ -36,6 +36,9 @@ class ShmSegment {
   // Maps an existing segment. NotFound when it does not exist,
   // PermissionDenied when this user may not open it.
   static StatusOr<ShmSegment> Open(const std::string& name);
+  // Maps an existing segment read-only (PROT_READ): a write through data()
+  // faults. Errors as Open.
+  static StatusOr<ShmSegment> OpenReadOnly(const std::string& name);
   // Private anonymous memory (embedded mode: no name, nothing to clean up).
   static StatusOr<ShmSegment> CreateAnonymous(size_t bytes);
 
@@ -57,6 +60,8 @@ class ShmSegment {
   // A segment over `impl`'s mapping (or anonymous memory).
   static ShmSegment FromImpl(std::unique_ptr<Impl> impl,
                              const std::string& name, bool owner);
+  static StatusOr<ShmSegment> OpenMapping(const std::string& name,
+                                          bool writable);
 
   std::unique_ptr<Impl> impl_;
   std::byte* data_ = nullptr;
