@@ -14,11 +14,13 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
 #include "ipc/protocol.h"
 #include "ipc/service.h"
+#include "ipc/stats_page.h"
 #include "tiers/host_tier.h"
 #include "tiers/slot_disk.h"
 
@@ -198,6 +200,13 @@ struct Server::Impl {
   std::thread listener;
   Heartbeat listener_heartbeat;           // Each round of the listener.
   std::map<int, Connection> connections;  // Listener thread only.
+  // The stats page and the thread that publishes to it; the page is the
+  // stats thread's alone until Stop joins it.
+  std::optional<StatsPageWriter> stats_page;
+  std::thread stats_thread;
+  Heartbeat stats_heartbeat;  // Each snapshot.
+  std::mutex stats_wake_mu;   // With stats_wake: ends the wait on Stop.
+  std::condition_variable stats_wake;
   std::atomic<bool> stopping{false};
   std::mutex stop_mu;
   bool stopped = false;  // GUARDED_BY(stop_mu)
@@ -205,7 +214,8 @@ struct Server::Impl {
   Impl(ServerOptions opts, StoreLock store, StoreLock socket,
        std::unique_ptr<HostTier> host_tier, std::unique_ptr<DiskTier> disk_tier,
        std::unique_ptr<SlotDisk> slots_on_disk,
-       std::shared_ptr<TierSignal> signal, Coordinator coord)
+       std::shared_ptr<TierSignal> signal, Coordinator coord,
+       StatsPageWriter page)
       : options(std::move(opts)),
         store_lock(std::move(store)),
         socket_lock(std::move(socket)),
@@ -213,9 +223,12 @@ struct Server::Impl {
         disk(std::move(disk_tier)),
         slot_disk(std::move(slots_on_disk)),
         tier_signal(std::move(signal)),
-        coordinator(std::move(coord)) {}
+        coordinator(std::move(coord)),
+        stats_page(std::move(page)) {}
 
   void RunTiers();
+  // Publishes a snapshot every options.stats_interval until Stop.
+  void PublishStats();
 
   void Listen();
   void Accept();
@@ -247,6 +260,12 @@ StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& in) {
   if (options.socket_path.size() >= sizeof(addr.sun_path)) {
     return Status::InvalidArgument("socket path too long: " +
                                    options.socket_path);
+  }
+  if (options.stats_interval < std::chrono::milliseconds(10) ||
+      options.stats_interval > std::chrono::minutes(1)) {
+    return Status::InvalidArgument(
+        "stats interval of " + std::to_string(options.stats_interval.count()) +
+        " ms: use 10 ms to 60 s");
   }
   const size_t slot_bytes = options.layout.BlockBytes();
   const int32_t slots =
@@ -289,9 +308,18 @@ StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& in) {
                                                .lower_tier_wakeup = [signal] {
                                                  signal->Notify();
                                                }}));
+  TIERKV_ASSIGN_OR_RETURN(
+      StatsPageWriter stats_page,
+      StatsPageWriter::Create({.name = StatsPageName(options.store),
+                               .socket_path = options.socket_path,
+                               .max_workers = options.max_workers,
+                               .mode = options.mode,
+                               .group = options.group,
+                               .interval = options.stats_interval}));
   auto impl = std::make_unique<Impl>(
       options, std::move(store_lock), std::move(socket_lock), std::move(host),
-      std::move(disk), std::move(slot_disk), signal, std::move(coordinator));
+      std::move(disk), std::move(slot_disk), signal, std::move(coordinator),
+      std::move(stats_page));
 
   const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) return Errno("socket");
@@ -318,6 +346,7 @@ StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& in) {
   if (raw->disk != nullptr) {
     impl->tier_thread = std::thread([raw] { raw->RunTiers(); });
   }
+  impl->stats_thread = std::thread([raw] { raw->PublishStats(); });
   spdlog::info(
       "tierkvd serving store '{}' on {}: layout {}, {} host slots of {} "
       "bytes ({})",
@@ -340,6 +369,12 @@ void Server::Stop() {
   while (!s.connections.empty()) s.Close(s.connections.begin()->first);
   s.tier_signal->Notify();
   if (s.tier_thread.joinable()) s.tier_thread.join();
+  {
+    std::lock_guard<std::mutex> wake(s.stats_wake_mu);
+    s.stats_wake.notify_all();
+  }
+  if (s.stats_thread.joinable()) s.stats_thread.join();
+  s.stats_page.reset();  // Removes the page: no stale stats after a stop.
   if (s.disk != nullptr) {
     // Spills already started finish; then what is on disk is durable.
     if (Status flushed = s.disk->Flush(); !flushed.ok()) {
@@ -371,14 +406,18 @@ CoordinatorStats Server::stats() const {
 
 Status Server::CheckProgress(std::chrono::milliseconds timeout) const {
   const Impl& s = *impl_;
-  auto stalled = [](const char* thread, const Heartbeat& heartbeat) {
+  auto stalled = [](const char* thread, const Heartbeat& heartbeat,
+                    std::chrono::milliseconds sleeps = {}) {
     const auto age =
         std::chrono::duration_cast<std::chrono::milliseconds>(heartbeat.Age());
-    if (age < kStalledAfter) return Status::Ok();
+    if (age < kStalledAfter + sleeps) return Status::Ok();
     return Status::Unavailable(std::string(thread) + " has been stuck for " +
                                std::to_string(age.count()) + " ms");
   };
   TIERKV_RETURN_IF_ERROR(stalled("the listener thread", s.listener_heartbeat));
+  // It beats once per snapshot and sleeps an interval between them.
+  TIERKV_RETURN_IF_ERROR(
+      stalled("the stats thread", s.stats_heartbeat, s.options.stats_interval));
   if (s.disk != nullptr) {  // Only then is there a tier thread.
     TIERKV_RETURN_IF_ERROR(stalled("the tier thread", s.tier_heartbeat));
   }
@@ -403,6 +442,29 @@ void Server::Impl::RunTiers() {
     }
     std::lock_guard<std::timed_mutex> guard(mu);
     coordinator.PumpLowerTier();
+  }
+}
+
+void Server::Impl::PublishStats() {
+  bool warned = false;
+  while (!stopping.load()) {
+    stats_heartbeat.Beat();
+    CoordinatorStats snapshot;
+    {
+      std::lock_guard<std::timed_mutex> guard(mu);
+      snapshot = coordinator.stats();
+    }
+    // Encoding and copying happen outside the coordinator's mutex.
+    if (Status s =
+            stats_page->Publish(snapshot, std::chrono::system_clock::now());
+        !s.ok() && !warned) {
+      spdlog::warn("stats page: {}; tierkv-admin falls back to the socket",
+                   s.ToString());
+      warned = true;
+    }
+    std::unique_lock<std::mutex> lock(stats_wake_mu);
+    stats_wake.wait_for(lock, options.stats_interval,
+                        [this] { return stopping.load(); });
   }
 }
 

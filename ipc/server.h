@@ -3,7 +3,8 @@
 // the log), creates the host tier segment, listens on the Unix socket
 // (registration, liveness, tierkv-admin), and runs one session thread per
 // attached worker that serves the worker's shared-memory control channel,
-// and a tier thread that applies finished spills and promotions.
+// a tier thread that applies finished spills and promotions, and a stats
+// thread that publishes a snapshot to the stats page every stats_interval.
 // Thread-safety: Start/Stop/stats/CheckProgress from any thread. Internally
 // the coordinator is guarded by one mutex that only tierkvd's own threads
 // take; a worker never holds anything the server waits for.
@@ -28,7 +29,8 @@
 namespace tierkv::ipc {
 
 struct ServerOptions {
-  // Names the segments (/tierkv.<store>.host, /tierkv.<store>.w<N>).
+  // Names the segments (/tierkv.<store>.host, /tierkv.<store>.w<N>,
+  // /tierkv.<store>.stats).
   // [A-Za-z0-9_-], 1..64 characters. Default: "default".
   std::string store = "default";
   // Default (empty): DefaultSocketPath(store).
@@ -54,6 +56,9 @@ struct ServerOptions {
   double spill_low = 0.7;
   uint32_t max_workers = 64;                      // Default: 64.
   uint32_t channel_bytes = kDefaultChannelBytes;  // Per direction.
+  // Between snapshots in the stats page (ipc/stats_page.h). 10 ms..60 s.
+  // Default: 100 ms.
+  std::chrono::milliseconds stats_interval{100};
 };
 
 // "$XDG_RUNTIME_DIR/tierkv-<store>.sock", or "/tmp/tierkv-<uid>-<store>.sock"
@@ -81,7 +86,7 @@ class Server {
   int32_t host_slots() const;
   CoordinatorStats stats() const;
 
-  // OK while the server makes progress: its listener (and tier) threads
+  // OK while the server makes progress: its listener, stats (and tier) threads
   // have gone round their loops in the last 10 s, and the coordinator's
   // mutex can be taken within `timeout`. Unavailable naming what is stuck
   // otherwise. For a watchdog; meaningful only between Start and Stop.

@@ -73,7 +73,8 @@ TEST_F(DaemonFlagsTest, ConfigFileSetsEveryKindOfOption) {
       "max-workers = 8\n"
       "log-level = debug\n"
       "log-file = /var/log/tierkv/tierkvd.log\n"
-      "stop-timeout = 3\n");
+      "stop-timeout = 3\n"
+      "stats-interval-ms = 250\n");
   auto command = Parse({"--config", config_});
   ASSERT_TRUE(command.ok()) << command.status().ToString();
   const ipc::ServerOptions& s = command->server;
@@ -90,6 +91,7 @@ TEST_F(DaemonFlagsTest, ConfigFileSetsEveryKindOfOption) {
   EXPECT_EQ(command->log_level, "debug");
   EXPECT_EQ(command->log_file, "/var/log/tierkv/tierkvd.log");
   EXPECT_EQ(command->stop_timeout, std::chrono::seconds(3));
+  EXPECT_EQ(s.stats_interval, std::chrono::milliseconds(250));
 }
 
 TEST_F(DaemonFlagsTest, CommandLineWinsOverTheFile) {
@@ -143,6 +145,9 @@ TEST_F(DaemonFlagsTest, BadValuesNameFileLineAndKey) {
   WriteConfig(std::string(kLayout) + "stop-timeout = 0\n");
   EXPECT_THAT(Error({"--config", config_}),
               HasSubstr(config_ + ":4: stop-timeout '0': at least 1 second"));
+  WriteConfig(std::string(kLayout) + "stats-interval-ms = 5\n");
+  EXPECT_THAT(Error({"--config", config_}),
+              HasSubstr(config_ + ":4: stats-interval-ms '5': 10 to 60000"));
   WriteConfig(std::string(kLayout) + "disk-codec = zstd\n");
   EXPECT_THAT(Error({"--config", config_}),
               HasSubstr(config_ + ":4: disk-codec 'zstd': use none, lz4"));

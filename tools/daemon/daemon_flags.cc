@@ -62,6 +62,7 @@ struct RawOptions {
   std::string capacity = "1G", dtype = "bf16", mode = "0600", group;
   std::string disk_capacity = "16G", codec = "none";
   int stop_timeout = 10;
+  int stats_interval_ms = 100;
 };
 
 std::string Trim(std::string_view text) {
@@ -269,6 +270,10 @@ po::options_description SettingOptions(DaemonCommand& command,
       "spilling stops once at most this fraction is in use")(
       "max-workers", po::value(&s.max_workers)->default_value(s.max_workers),
       "most workers attached at once")(
+      "stats-interval-ms",
+      po::value(&raw.stats_interval_ms)->default_value(raw.stats_interval_ms),
+      "milliseconds between snapshots in the stats page "
+      "(/dev/shm/tierkv.<store>.stats) that tierkv-admin reads")(
       "log-level", po::value(&command.log_level)->default_value("info"),
       "trace, debug, info, warn, error or off; SIGHUP re-reads it from "
       "--config")(
@@ -328,6 +333,12 @@ StatusOr<DaemonCommand> Finish(DaemonCommand command, const RawOptions& raw,
                                    "': at least 1 second");
   }
   command.stop_timeout = std::chrono::seconds(raw.stop_timeout);
+  if (raw.stats_interval_ms < 10 || raw.stats_interval_ms > 60000) {
+    return Status::InvalidArgument(where("stats-interval-ms") + " '" +
+                                   std::to_string(raw.stats_interval_ms) +
+                                   "': 10 to 60000 milliseconds");
+  }
+  s.stats_interval = std::chrono::milliseconds(raw.stats_interval_ms);
   return command;
 }
 
