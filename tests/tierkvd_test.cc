@@ -364,6 +364,78 @@ TEST_F(TierkvdTest, AdminShowsTiersAndWorkers) {
   EXPECT_THAT(out, ::testing::Not(HasSubstr("disk ")));
 }
 
+TEST_F(TierkvdTest, AdminReadsTheStatsPageWithoutAskingTierkvd) {
+  StartDaemon("1M", {"--stats-interval-ms", "20"});
+  std::unique_ptr<Client> c = Attach("engine-7");
+  ASSERT_NE(c, nullptr);
+  auto admin = [&](const std::string& verb, const std::string& source) {
+    return Spawn({TIERKV_ADMIN_PATH, verb, "--store", store_, "--socket",
+                  socket_, "--source", source});
+  };
+  // The page shows the worker within a few snapshots of its attaching.
+  std::string out;
+  const auto deadline = Clock::now() + std::chrono::seconds(5);
+  do {
+    auto page = admin("stats", "page");
+    ASSERT_EQ(page->Wait(), 0) << page->output();
+    out = page->output();
+  } while (out.find("engine-7") == std::string::npos &&
+           Clock::now() < deadline);
+  EXPECT_THAT(out, HasSubstr("workers: 1"));
+  EXPECT_THAT(out, HasSubstr("engine-7"));
+  EXPECT_THAT(out, ::testing::ContainsRegex("source: stats page, [0-9.]+ "
+                                            "(us|ms) old\n"));
+  auto socket = admin("stats", "socket");
+  ASSERT_EQ(socket->Wait(), 0) << socket->output();
+  EXPECT_THAT(socket->output(), HasSubstr("source: tierkvd's socket\n"));
+  EXPECT_THAT(socket->output(), HasSubstr("engine-7"));
+  // auto takes the page; metrics then say how old it is.
+  auto metrics = admin("metrics", "auto");
+  ASSERT_EQ(metrics->Wait(), 0) << metrics->output();
+  EXPECT_THAT(metrics->output(), HasSubstr("tierkv_stats_age_seconds "));
+  EXPECT_THAT(metrics->output(), HasSubstr("tierkv_workers 1\n"));
+  // Without --store the page found is another store's (or none): the
+  // socket answers.
+  auto other = Spawn({TIERKV_ADMIN_PATH, "stats", "--socket", socket_});
+  ASSERT_EQ(other->Wait(), 0) << other->output();
+  EXPECT_THAT(other->output(), HasSubstr("source: tierkvd's socket\n"));
+
+  // A stopped tierkvd answers nothing, yet its page still does.
+  daemon_->Signal(SIGSTOP);
+  auto frozen = admin("workers", "page");
+  const int frozen_code = frozen->Wait();
+  daemon_->Signal(SIGCONT);
+  EXPECT_EQ(frozen_code, 0) << frozen->output();
+  EXPECT_THAT(frozen->output(), HasSubstr("engine-7"));
+
+  // A SIGKILLed tierkvd leaves its page behind, stale: page refuses it,
+  // auto falls back to the socket, which says no tierkvd runs.
+  c.reset();
+  daemon_->Signal(SIGKILL);
+  daemon_->Wait();
+  daemon_.reset();
+  ASSERT_TRUE(std::filesystem::exists("/dev/shm/tierkv." + store_ + ".stats"));
+  auto stale = admin("stats", "page");
+  EXPECT_EQ(stale->Wait(), 3);
+  EXPECT_THAT(stale->output(), HasSubstr("is stale: tierkvd pid"));
+  auto fallback = admin("stats", "auto");
+  EXPECT_EQ(fallback->Wait(), 3);
+  EXPECT_THAT(fallback->output(), HasSubstr("is tierkvd running"));
+}
+
+TEST_F(TierkvdTest, CleanStopRemovesTheStatsPage) {
+  StartDaemon();
+  const std::string page = "/dev/shm/tierkv." + store_ + ".stats";
+  ASSERT_TRUE(std::filesystem::exists(page));
+  struct stat st {};
+  ASSERT_EQ(stat(page.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0400u);  // --mode 0600, read bits only.
+  daemon_->Signal(SIGTERM);
+  EXPECT_EQ(daemon_->Wait(), 0) << daemon_->output();
+  daemon_.reset();
+  EXPECT_FALSE(std::filesystem::exists(page));
+}
+
 TEST_F(TierkvdTest, AdminListsEventsInFlightByAge) {
   StartDaemon();
   auto none = Spawn({TIERKV_ADMIN_PATH, "events", "--socket", socket_});

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <boost/program_options.hpp>
 #include <chrono>
 #include <cstdio>
@@ -12,6 +13,7 @@
 
 #include "ipc/server.h"
 #include "ipc/socket_call.h"
+#include "ipc/stats_page.h"
 
 namespace tierkv::admin {
 namespace po = boost::program_options;
@@ -169,6 +171,11 @@ StatusOr<AdminCommand> ParseAdminFlags(int argc, const char* const* argv) {
       "tierkvd's socket (overrides --store)")(
       "json", po::bool_switch(&command.json),
       "stats, events, clear, evict: machine-readable output")(
+      "source", po::value(&command.source)->default_value(command.source),
+      "stats, workers, metrics, watch: where the numbers come from. page: "
+      "tierkvd's stats page (/dev/shm/tierkv.<store>.stats), read without "
+      "asking tierkvd anything; socket: ask tierkvd; auto: the page when it "
+      "is fresh and its tierkvd serves --socket, else the socket")(
       "tier", po::value(&tier), "clear: host, disk or all")(
       "interval", po::value(&command.interval_seconds)->default_value(1.0, "1"),
       "watch: seconds between refreshes")(
@@ -212,9 +219,16 @@ StatusOr<AdminCommand> ParseAdminFlags(int argc, const char* const* argv) {
     return Status::InvalidArgument(
         "--interval must be at least 0.05 s and --count at least 0");
   }
-  if (command.socket_path.empty()) {
+  if (command.source != "auto" && command.source != "page" &&
+      command.source != "socket") {
+    return Status::InvalidArgument("--source '" + command.source +
+                                   "': use auto, page or socket");
+  }
+  command.socket_given = !command.socket_path.empty();
+  if (!command.socket_given) {
     command.socket_path = ipc::DefaultSocketPath(store);
   }
+  command.stats_page = ipc::StatsPageName(store);
   return command;
 }
 
@@ -595,6 +609,66 @@ int Unexpected(std::ostream& err) {
   return 1;
 }
 
+// Statistics and where they came from.
+struct StatsRead {
+  CoordinatorStats stats;
+  // Set when read from the stats page: how old the snapshot was.
+  std::optional<std::chrono::system_clock::duration> page_age;
+};
+
+// The snapshot in the stats page, or why it will not do.
+StatusOr<StatsRead> ReadStatsPage(const AdminCommand& command) {
+  TIERKV_ASSIGN_OR_RETURN(ipc::StatsPageReader reader,
+                          ipc::StatsPageReader::Open(command.stats_page));
+  TIERKV_ASSIGN_OR_RETURN(ipc::StatsPageSnapshot snapshot, reader.Read());
+  const auto now = std::chrono::system_clock::now();
+  if (!ipc::StatsPageIsFresh(snapshot, now)) {
+    return Status::Unavailable(
+        "stats page " + command.stats_page + " is stale: tierkvd pid " +
+        std::to_string(snapshot.pid) + " is gone or stopped publishing");
+  }
+  if (command.socket_given && snapshot.socket_path != command.socket_path) {
+    return Status::FailedPrecondition(
+        "stats page " + command.stats_page + " belongs to the tierkvd at " +
+        snapshot.socket_path + ", not " + command.socket_path +
+        " (give --store too)");
+  }
+  return StatsRead{std::move(snapshot.stats), now - snapshot.published_at};
+}
+
+// The statistics, from the page or the socket as --source says; nullopt
+// after saying on `err` why there are none, with the exit code in *code.
+std::optional<StatsRead> ReadStats(const AdminCommand& command,
+                                   std::ostream& err, int* code) {
+  if (command.source != "socket") {
+    StatusOr<StatsRead> page = ReadStatsPage(command);
+    if (page.ok()) return std::move(*page);
+    if (command.source == "page") {
+      err << "tierkv-admin: " << page.status().message() << "\n";
+      *code = page.status().code() == StatusCode::kPermissionDenied ? 1 : 3;
+      return std::nullopt;
+    }
+  }
+  std::optional<ipc::Message> reply =
+      Ask(command.socket_path, ipc::StatsRequest{}, err, code);
+  if (!reply.has_value()) return std::nullopt;
+  auto* stats = std::get_if<ipc::StatsReply>(&*reply);
+  if (stats == nullptr) {
+    *code = Unexpected(err);
+    return std::nullopt;
+  }
+  return StatsRead{std::move(stats->stats), std::nullopt};
+}
+
+std::string SourceLine(const StatsRead& read) {
+  if (!read.page_age.has_value()) return "source: tierkvd's socket\n";
+  const auto age =
+      std::chrono::duration_cast<std::chrono::microseconds>(*read.page_age);
+  return "source: stats page, " +
+         FormatAge(static_cast<uint64_t>(std::max<int64_t>(0, age.count()))) +
+         " old\n";
+}
+
 }  // namespace
 
 int RunAdmin(const AdminCommand& command, std::ostream& out,
@@ -650,18 +724,23 @@ int RunAdmin(const AdminCommand& command, std::ostream& out,
                 : FormatEventsTable(events->events, events->in_flight));
     return 0;
   }
-  std::optional<ipc::Message> reply =
-      Ask(command.socket_path, ipc::StatsRequest{}, err, &code);
-  if (!reply.has_value()) return code;
-  const auto* stats = std::get_if<ipc::StatsReply>(&*reply);
-  if (stats == nullptr) return Unexpected(err);
+  std::optional<StatsRead> read = ReadStats(command, err, &code);
+  if (!read.has_value()) return code;
   if (command.verb == "workers") {
-    out << FormatWorkers(stats->stats);
+    out << FormatWorkers(read->stats);
   } else if (command.verb == "metrics") {
-    out << FormatMetrics(stats->stats);
+    out << FormatMetrics(read->stats);
+    if (read->page_age.has_value()) {
+      out << "# HELP tierkv_stats_age_seconds How old the stats page's "
+             "snapshot was when read.\n"
+             "# TYPE tierkv_stats_age_seconds gauge\n"
+             "tierkv_stats_age_seconds "
+          << std::chrono::duration<double>(*read->page_age).count() << "\n";
+    }
+  } else if (command.json) {
+    out << FormatStatsJson(read->stats);
   } else {
-    out << (command.json ? FormatStatsJson(stats->stats)
-                         : FormatStatsTable(stats->stats));
+    out << FormatStatsTable(read->stats) << SourceLine(*read);
   }
   return 0;
 }

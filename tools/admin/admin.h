@@ -20,7 +20,11 @@ struct AdminCommand {
   std::string help_text;
   // "stats", "workers", "metrics", "watch", "events", "clear" or "evict".
   std::string verb;
-  std::string socket_path;  // Resolved (default from --store).
+  std::string socket_path;    // Resolved (default from --store).
+  bool socket_given = false;  // --socket named it (not derived from --store).
+  std::string stats_page;     // StatsPageName(--store).
+  // stats, workers, metrics, watch: "auto", "page" or "socket" (--source).
+  std::string source = "auto";
   bool json = false;
   double interval_seconds = 1.0;              // watch: between refreshes.
   int64_t count = 0;                          // watch: refreshes, 0 for no end.
@@ -31,7 +35,9 @@ struct AdminCommand {
 StatusOr<AdminCommand> ParseAdminFlags(int argc, const char* const* argv);
 
 // Runs the command; returns the process exit code (0 ok, 1 failed, 3 no
-// tierkvd running).
+// tierkvd running). stats, workers, metrics and watch read tierkvd's stats
+// page when it is fresh and belongs to the tierkvd at socket_path (--source
+// auto), so reading them costs tierkvd nothing; else they ask the socket.
 int RunAdmin(const AdminCommand& command, std::ostream& out, std::ostream& err);
 
 std::string FormatStatsTable(const CoordinatorStats& stats);
