@@ -36,6 +36,22 @@
 // All iterations reuse one request id; a repeated Lookup first drops the
 // previous one's pins, so every iteration starts from the same state.
 //
+// Reading statistics (tierkv-admin stats, metrics, watch), and what readers
+// cost the request path. One server in this process, as above, publishing
+// its stats page every 100 ms (tierkvd's default).
+// - BM_StatsRead/Page: StatsPageReader::Read of the server's page: copy the
+//   snapshot under the sequence lock, decode it. No server thread runs.
+// - BM_StatsRead/Socket: the baseline, what tierkv-admin did before the
+//   page: ipc::SocketCall(StatsRequest) to the server's Unix socket
+//   (connect, frame, the listener thread takes the coordinator's mutex for
+//   a snapshot, reply).
+// - BM_LookupWhileStatsPolled/<reader>/<pause_us>: the SharedMemory round
+//   trip above, while a reader thread reads stats in a loop from the page
+//   or the socket, pausing pause_us between reads (0: flat out, a runaway
+//   scraper; 100: near the socket's flat-out rate, so both read about
+//   equally often; 1000: a thousand reads a second). Quiet has no reader: the
+//   baseline. Counter reads_per_s: the reader's rate.
+//
 // The bar (control-channel issue): SharedMemory's p50 at least 1.5x lower
 // than UnixSocket's. Figures and the command that produced them are kept in
 // BENCHMARKS.md.
@@ -46,6 +62,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -56,6 +73,7 @@
 #include <memory>
 #include <mutex>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -65,6 +83,8 @@
 #include "ipc/protocol.h"
 #include "ipc/server.h"
 #include "ipc/service.h"
+#include "ipc/socket_call.h"
+#include "ipc/stats_page.h"
 #include "src/coordinator.h"
 
 namespace tierkv {
@@ -191,6 +211,7 @@ ClientOptions BaseClientOptions() {
 // times per run.
 struct SharedMemoryPath {
   std::string dir;
+  std::string store;
   std::unique_ptr<ipc::Server> server;
   std::unique_ptr<Client> client;
 
@@ -203,6 +224,7 @@ struct SharedMemoryPath {
     ipc::ServerOptions options;
     options.store = "control-bench-" + std::to_string(getpid()) +
                     (server_cpu >= 0 ? "-split" : "");
+    store = options.store;
     options.socket_path = dir + "/tierkvd.sock";
     options.host_capacity_bytes = kHostSlots * BenchLayout().BlockBytes();
     options.layout = BenchLayout();
@@ -468,6 +490,111 @@ void BM_ControlRoundTripEmbedded(benchmark::State& state) {
   });
 }
 BENCHMARK(BM_ControlRoundTripEmbedded)->UseManualTime();
+
+// The server the stats benchmarks read from and look up through.
+SharedMemoryPath& StatsPath() {
+  static SharedMemoryPath path;
+  return path;
+}
+
+enum class StatsSource { kNone, kPage, kSocket };
+
+// One stats read from `source`; false (after SkipWithError) on failure.
+class StatsReader {
+ public:
+  explicit StatsReader(StatsSource source) : source_(source) {
+    SharedMemoryPath& path = StatsPath();
+    socket_ = path.server->socket_path();
+    if (source_ != StatsSource::kPage) return;
+    // The first snapshot is published as the server starts.
+    page_ =
+        ValueOrDie(ipc::StatsPageReader::Open(ipc::StatsPageName(path.store)),
+                   "open stats page");
+  }
+
+  Status Read() {
+    if (source_ == StatsSource::kPage) {
+      TIERKV_ASSIGN_OR_RETURN(ipc::StatsPageSnapshot snapshot, page_->Read());
+      benchmark::DoNotOptimize(snapshot.stats.host.hit_blocks);
+      return Status::Ok();
+    }
+    TIERKV_ASSIGN_OR_RETURN(ipc::Message reply,
+                            ipc::SocketCall(socket_, ipc::StatsRequest{}));
+    if (std::get_if<ipc::StatsReply>(&reply) == nullptr) {
+      return ipc::StatusOf(reply).ok()
+                 ? Status::Internal("unexpected reply to stats")
+                 : ipc::StatusOf(reply);
+    }
+    return Status::Ok();
+  }
+
+ private:
+  StatsSource source_;
+  std::string socket_;
+  std::optional<ipc::StatsPageReader> page_;
+};
+
+void BM_StatsRead(benchmark::State& state, StatsSource source) {
+  StatsReader reader(source);
+  for (auto _ : state) {
+    if (Status s = reader.Read(); !s.ok()) {
+      state.SkipWithError(s.ToString().c_str());
+      return;
+    }
+  }
+  state.SetItemsProcessed(state.iterations());
+}
+BENCHMARK_CAPTURE(BM_StatsRead, Page, StatsSource::kPage);
+BENCHMARK_CAPTURE(BM_StatsRead, Socket, StatsSource::kSocket);
+
+void BM_LookupWhileStatsPolled(benchmark::State& state, StatsSource source) {
+  SharedMemoryPath& path = StatsPath();
+  const auto pause = std::chrono::microseconds(state.range(0));
+  std::atomic<bool> done{false};
+  std::atomic<uint64_t> reads{0};
+  std::string failure;
+  std::thread poller;
+  if (source != StatsSource::kNone) {
+    poller = std::thread([&] {
+      StatsReader reader(source);
+      while (!done.load(std::memory_order_relaxed)) {
+        if (Status s = reader.Read(); !s.ok()) {
+          failure = s.ToString();
+          return;
+        }
+        reads.fetch_add(1, std::memory_order_relaxed);
+        if (pause.count() > 0) std::this_thread::sleep_for(pause);
+      }
+    });
+  }
+  const auto start = std::chrono::steady_clock::now();
+  const std::vector<TokenId>& tokens = Tokens();
+  TimeRoundTrips(state, [&]() -> StatusOr<int32_t> {
+    TIERKV_ASSIGN_OR_RETURN(LookupResult r,
+                            path.client->Lookup(kLookupRequest, tokens));
+    return r.hit_tokens;
+  });
+  const std::chrono::duration<double> elapsed =
+      std::chrono::steady_clock::now() - start;
+  done.store(true);
+  if (poller.joinable()) poller.join();
+  if (!failure.empty()) state.SkipWithError(failure.c_str());
+  state.counters["reads_per_s"] =
+      static_cast<double>(reads.load()) / elapsed.count();
+}
+BENCHMARK_CAPTURE(BM_LookupWhileStatsPolled, Quiet, StatsSource::kNone)
+    ->Arg(0)
+    ->UseManualTime();
+BENCHMARK_CAPTURE(BM_LookupWhileStatsPolled, Page, StatsSource::kPage)
+    ->Arg(0)
+    ->Arg(100)
+    ->Arg(1000)
+    ->UseManualTime();
+BENCHMARK_CAPTURE(BM_LookupWhileStatsPolled, Socket, StatsSource::kSocket)
+    ->Arg(0)
+    ->Arg(100)
+    ->Arg(1000)
+    ->UseManualTime();
 
 }  // namespace
 }  // namespace tierkv
