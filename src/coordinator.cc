@@ -264,6 +264,8 @@ LookupResult Coordinator::FindHits(RequestState* r, int32_t first,
   int32_t disk_hits = 0;
   LookupResult result;
   for (int32_t b = first; b < first + max_blocks; ++b) {
+    // Dropped by an operator, though its spill has not finished.
+    if (discarded_spills_.contains(r->keys[b])) break;
     const std::span<const TokenId> tokens = BlockTokens(*r, b);
     std::optional<BlockId> slot = host_pool_.GetCachedBlock(r->keys[b], tokens);
     if (slot.has_value()) {
@@ -573,18 +575,7 @@ size_t Coordinator::PumpLowerTier() {
     lower_ops_.erase(it);
     const bool ok = result.status.ok();
     if (op.spill) {
-      --spills_in_flight_;
-      const BlockId slot[] = {op.slot};
-      ReleaseSlots(slot);
-      const BlockPool::Block& b = host_pool_.block(op.slot);
-      if (!ok) {
-        ++stats_.spill_failures;
-        spill_resume_ = Now() + std::chrono::milliseconds(100);
-      } else if (b.has_key && b.key == op.key &&
-                 host_pool_.DemoteCachedBlock(op.slot)) {
-        ++stats_.spills;
-      }
-      // Otherwise a lookup hit it meanwhile: it stays on host for now.
+      FinishSpill(op, ok);
       continue;
     }
     --promotions_in_flight_;
@@ -616,6 +607,28 @@ size_t Coordinator::PumpLowerTier() {
   return ready;
 }
 
+void Coordinator::FinishSpill(const LowerOp& op, bool ok) {
+  --spills_in_flight_;
+  const BlockId slot[] = {op.slot};
+  ReleaseSlots(slot);
+  const BlockPool::Block& b = host_pool_.block(op.slot);
+  const bool keyed = b.has_key && b.key == op.key;
+  if (!ok) {
+    ++stats_.spill_failures;
+    spill_resume_ = Now() + std::chrono::milliseconds(100);
+  }
+  if (op.discard) {
+    discarded_spills_.erase(op.key);
+    if (keyed) host_pool_.DropCachedBlock(op.slot);
+    // The write has landed, been cancelled or failed by now, so this
+    // removes whatever it left and cannot race it.
+    options_.lower->Remove(op.key);
+  } else if (ok && keyed && host_pool_.DemoteCachedBlock(op.slot)) {
+    ++stats_.spills;
+  }
+  // Otherwise a lookup hit it meanwhile: it stays on host for now.
+}
+
 StatusOr<std::vector<TransferEvent>> Coordinator::TakeReadyLoads(
     WorkerId worker) {
   TIERKV_ASSIGN_OR_RETURN(WorkerState * w, FindWorker(worker));
@@ -643,8 +656,16 @@ StatusOr<ClearResult> Coordinator::Clear(TierSelection tiers) {
     for (BlockId id : cached) {
       if (host_pool_.DropCachedBlock(id)) ++result.host_dropped;
     }
-    // What stays keyed is pinned, and so is every slot being written.
-    result.host_kept_pinned = static_cast<uint64_t>(UsedSlots());
+    for (auto& [id, op] : lower_ops_) {
+      if (op.spill && !op.discard && host_pool_.block(op.slot).ref_cnt == 1) {
+        DiscardSpill(&op);
+        ++result.host_dropped;
+      }
+    }
+    // What stays keyed is pinned (but for discarded spills, which keep
+    // their key until they finish), and so is every slot being written.
+    result.host_kept_pinned = static_cast<uint64_t>(
+        UsedSlots() - static_cast<int64_t>(discarded_spills_.size()));
   }
   if (tiers != TierSelection::kHost && options_.lower != nullptr) {
     result.disk_dropped = options_.lower->RemoveAll();
@@ -659,7 +680,9 @@ std::vector<EvictedBlock> Coordinator::Evict(std::span<const BlockKey> keys) {
   for (const BlockKey& key : keys) {
     EvictedBlock e{.key = key};
     if (std::optional<BlockId> slot = host_pool_.FindKeyedBlock(key)) {
-      e.host_dropped = host_pool_.DropCachedBlock(*slot);
+      LowerOp* spill = OnlyPinIsSpill(*slot);
+      if (spill != nullptr) DiscardSpill(spill);
+      e.host_dropped = spill != nullptr || host_pool_.DropCachedBlock(*slot);
       e.host_pinned = !e.host_dropped;
     } else if (keys_being_stored_.contains(key)) {
       e.host_pinned = true;  // A store keys it when it completes.
@@ -668,6 +691,19 @@ std::vector<EvictedBlock> Coordinator::Evict(std::span<const BlockKey> keys) {
     out.push_back(e);
   }
   return out;
+}
+
+Coordinator::LowerOp* Coordinator::OnlyPinIsSpill(BlockId slot) {
+  if (host_pool_.block(slot).ref_cnt != 1) return nullptr;
+  for (auto& [id, op] : lower_ops_) {
+    if (op.spill && op.slot == slot) return &op;
+  }
+  return nullptr;
+}
+
+void Coordinator::DiscardSpill(LowerOp* spill) {
+  spill->discard = true;
+  discarded_spills_.insert(spill->key);
 }
 
 int64_t Coordinator::UsedSlots() const {

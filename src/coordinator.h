@@ -35,7 +35,10 @@
 //            least recently used unpinned host blocks are spilled: pinned
 //            while the lower tier copies them, then dropped from host, until
 //            the low watermark is reached. A block the lower tier holds
-//            already is dropped at once.
+//            already is dropped at once. An operator's Evict or Clear of a
+//            block only its spill pins discards the spill: lookups miss the
+//            block at once, and when the spill finishes its host slot is
+//            dropped and whatever it wrote is removed from the lower tier.
 // Lower-tier results arrive on the lower tier's threads and wait in a
 // thread-safe inbox until the owner calls PumpLowerTier (the wakeup option
 // says when); every other call stays on the owner's thread.
@@ -52,7 +55,8 @@
 //   FREE / CACHED-FREE (ref 0, in the LRU free queue)
 //   PINNED by a lookup or a load (ref > 0, keyed)
 //   BEING WRITTEN by a store or a promotion (ref 1, unkeyed)
-//   BEING SPILLED (ref >= 1, keyed: lookups still hit it)
+//   BEING SPILLED (ref >= 1, keyed: lookups still hit it, unless an
+//                 operator discarded the spill)
 #ifndef TIERKV_SRC_COORDINATOR_H_
 #define TIERKV_SRC_COORDINATOR_H_
 
@@ -203,7 +207,8 @@ const char* TierSelectionName(TierSelection tiers);  // "host", "disk", "all"
 struct ClearResult {
   uint64_t host_dropped = 0;
   // Host blocks kept because something pins them: keyed slots held by
-  // lookups, loads or spills, and slots a store or promotion is writing.
+  // lookups or loads, and slots a store or promotion is writing. A block
+  // only its spill pins is dropped (host_dropped): see Coordinator::Clear.
   uint64_t host_kept_pinned = 0;
   uint64_t disk_dropped = 0;
   bool disk_cleared = false;  // There was a lower tier to clear.
@@ -212,8 +217,11 @@ struct ClearResult {
 // What Evict did with one key.
 struct EvictedBlock {
   BlockKey key;
+  // Dropped from host, including a block whose spill was in flight: lookups
+  // miss it at once, and nothing of it stays once the spill finishes.
   bool host_dropped = false;
-  bool host_pinned = false;  // On host (or being stored) but pinned: kept.
+  // On host (or being stored) but pinned by a worker: kept.
+  bool host_pinned = false;
   bool disk_dropped = false;
   friend bool operator==(const EvictedBlock&, const EvictedBlock&) = default;
 };
@@ -321,12 +329,16 @@ class Coordinator {
   // An operator's order: drops every block of `tiers` that nothing pins
   // (host: keyed slots in the free queue; disk: every stored block, a
   // promotion reading one then fails cleanly) and counts the host blocks
-  // kept because pinned. Drops are not evictions. FailedPrecondition for
-  // kDisk without a lower tier; kAll then clears the host only.
+  // kept because pinned. A host block only its spill pins is dropped from
+  // host and disk both (the spill is discarded, see "Spills" above); kDisk
+  // alone leaves spills in flight to land. Drops are not evictions.
+  // FailedPrecondition for kDisk without a lower tier; kAll then clears
+  // the host only.
   StatusOr<ClearResult> Clear(TierSelection tiers);
-  // Drops each of `keys` from host (unless pinned there) and from the
-  // lower tier, wherever it is held; one result per key, in order. A key
-  // no tier holds comes back with every flag false.
+  // Drops each of `keys` from host (unless a worker pins it there) and
+  // from the lower tier, wherever it is held; a block being spilled is
+  // dropped from both as Clear drops it. One result per key, in order. A
+  // key no tier holds comes back with every flag false.
   std::vector<EvictedBlock> Evict(std::span<const BlockKey> keys);
 
   CoordinatorStats stats() const;
@@ -368,6 +380,8 @@ class Coordinator {
     WorkerId worker = 0;          // Promotion: 0 once the worker is gone.
     uint64_t load = 0;
     size_t index = 0;  // The block's place in the load.
+    // Spill: an operator dropped the block meanwhile (DiscardSpill).
+    bool discard = false;
   };
   struct LowerResult {
     uint64_t op = 0;
@@ -413,6 +427,15 @@ class Coordinator {
   void FinishPromotions(InFlight* load);
   void StartLowerOp(LowerOp op);
   void ApplyLowerResult(const LowerResult& result);
+  // Unpins a finished spill's slot and drops it from host if it is now on
+  // the lower tier, or, when discarded, from host and the lower tier both.
+  void FinishSpill(const LowerOp& op, bool ok);
+  // The spill in flight from keyed `slot` when nothing else pins the slot;
+  // null otherwise.
+  LowerOp* OnlyPinIsSpill(BlockId slot);
+  // An operator drops a block being spilled: lookups miss it from now on,
+  // and FinishSpill drops both its host slot and what the spill wrote.
+  void DiscardSpill(LowerOp* spill);
   int64_t UsedSlots() const;
   void MaybeSpill();
   std::chrono::steady_clock::time_point Now() const { return options_.clock(); }
@@ -433,6 +456,9 @@ class Coordinator {
   std::unordered_map<uint64_t, LowerOp> lower_ops_;
   uint64_t next_lower_op_ = 1;
   int32_t spills_in_flight_ = 0;
+  // Keys of discarded spills in flight. Their slots stay keyed (so no store
+  // writes the key meanwhile) but no lookup hits them on any tier.
+  std::unordered_set<BlockKey, BlockKeyHash> discarded_spills_;
   int32_t promotions_in_flight_ = 0;
   // After a failed spill, spilling rests a while instead of retrying hot.
   std::chrono::steady_clock::time_point spill_resume_{};

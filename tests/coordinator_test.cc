@@ -9,8 +9,10 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <functional>
+#include <unordered_map>
 #include <vector>
 
 #include "tests/sequential_tokens.h"
@@ -597,6 +599,197 @@ TEST(CoordinatorEventsTest, ALoadIsPromotingThenReadyThenCopying) {
   now += microseconds(700);
   EXPECT_EQ(c.events()[0].age_us, 700u);
   EXPECT_EQ(c.events()[0].blocks, 2u);
+}
+
+// A disk tier in memory whose spills land only when the test says so.
+// Remove forgets what is stored; with cancel_writes it also cancels the
+// writes in flight (DiskTier's WRITING entry), without it a queued write
+// still lands afterwards (DiskTier's Put not yet started).
+class SlowSpillTier : public LowerTier {
+ public:
+  struct Write {
+    BlockKey key;
+    std::vector<TokenId> tokens;
+    Done done;
+    bool cancelled = false;
+  };
+
+  bool Contains(const BlockKey& key,
+                std::span<const TokenId> tokens) const override {
+    auto it = stored.find(key);
+    return it != stored.end() && std::ranges::equal(it->second, tokens);
+  }
+  void Spill(const BlockKey& key, std::span<const TokenId> tokens, BlockId,
+             Done done) override {
+    writes.push_back({key, {tokens.begin(), tokens.end()}, std::move(done)});
+  }
+  void Promote(const BlockKey&, std::span<const TokenId>, BlockId,
+               Done done) override {
+    done(Status::NotFound("not stored"));
+  }
+  bool Remove(const BlockKey& key) override {
+    if (cancel_writes) {
+      for (Write& w : writes) w.cancelled |= w.key == key;
+    }
+    return stored.erase(key) > 0;
+  }
+  uint64_t RemoveAll() override {
+    const uint64_t n = stored.size();
+    stored.clear();  // Writes in flight are left alone, as DiskTier does.
+    return n;
+  }
+  DiskTierStats stats() const override {
+    return {.keys = static_cast<uint64_t>(stored.size())};
+  }
+
+  // Finishes the i-th spill: it lands unless cancelled, and reports OK.
+  void Land(size_t i) {
+    Write& w = writes.at(i);
+    if (!w.cancelled) stored[w.key] = w.tokens;
+    w.done(Status::Ok());
+  }
+
+  bool cancel_writes = false;
+  std::vector<Write> writes;
+  std::unordered_map<BlockKey, std::vector<TokenId>, BlockKeyHash> stored;
+};
+
+// One block on a host of four usable slots that spills as soon as it holds
+// anything: storing the block starts its spill at once.
+class SpillTest : public ::testing::Test {
+ protected:
+  SpillTest()
+      : c_(Coordinator::Create({.layout = Layout(),
+                                .host_slots = 5,
+                                .lower = &lower_,
+                                .spill_high = 0.2,
+                                .spill_low = 0.2,
+                                .clock = [this] { return now_; }})
+               .value()),
+        w_(c_.RegisterWorker({.layout = Layout(),
+                              .num_device_blocks = 10,
+                              .tenant = "",
+                              .pid = 1,
+                              .name = "w"})
+               .value()) {}
+
+  // Stores one block of `tokens` as request `id`; returns its key. Its
+  // spill is then in flight, and nothing else pins it.
+  BlockKey StoreOneBlock(RequestId id, const std::vector<TokenId>& tokens) {
+    EXPECT_TRUE(c_.Lookup(w_, id, tokens, 0, {}).ok());
+    const BlockId device[] = {1, 2};
+    EXPECT_TRUE(c_.Allocate(w_, id, device, 0).ok());
+    CommitResult commit = c_.Commit(w_, id, 16, device).value();
+    EXPECT_EQ(commit.stores.size(), 1u);
+    slot_ = commit.stores.at(0).host_blocks.at(0);
+    const CompletedEvent done[] = {{commit.stores[0].ref, true}};
+    EXPECT_TRUE(c_.Complete(w_, done).ok());
+    EXPECT_TRUE(c_.Finish(w_, id).ok());
+    EXPECT_EQ(c_.stats().host.spills_in_flight, 1u);
+    EXPECT_EQ(c_.host_pool().block(slot_).ref_cnt, 1);
+    return c_.host_pool().block(slot_).key;
+  }
+  // Lookup's hit for `tokens` (host or disk), pins released.
+  int32_t HitTokens(RequestId id, const std::vector<TokenId>& tokens) {
+    const int32_t hit = c_.Lookup(w_, id, tokens, 0, {}).value().hit_tokens;
+    EXPECT_TRUE(c_.Finish(w_, id).ok());
+    return hit;
+  }
+  void ExpectGoneEverywhere(const BlockKey& key,
+                            const std::vector<TokenId>& tokens) {
+    EXPECT_EQ(HitTokens(90, tokens), 0);
+    EXPECT_FALSE(c_.host_pool().FindKeyedBlock(key).has_value());
+    EXPECT_FALSE(lower_.stored.contains(key));
+    const HostTierStats h = c_.stats().host;
+    EXPECT_EQ(h.cached_slots, 0);
+    EXPECT_EQ(h.pinned_slots, 0);
+    EXPECT_EQ(h.spills_in_flight, 0u);
+    EXPECT_TRUE(c_.host_pool().CheckInvariants().ok());
+  }
+
+  Clock::time_point now_ = Clock::time_point() + std::chrono::hours(1);
+  SlowSpillTier lower_;
+  Coordinator c_;
+  WorkerId w_;
+  BlockId slot_ = 0;
+};
+
+TEST_F(SpillTest, EvictMidSpillDropsTheBlockFromHostAndDisk) {
+  for (bool cancel_writes : {false, true}) {
+    SCOPED_TRACE(cancel_writes ? "Remove cancels the write"
+                               : "the write lands after Remove");
+    lower_.cancel_writes = cancel_writes;
+    lower_.writes.clear();
+    const std::vector<TokenId> t =
+        SequentialTokens(cancel_writes ? 500 : 1, 17);
+    const BlockKey key = StoreOneBlock(cancel_writes ? 20 : 10, t);
+    const uint64_t spills = c_.stats().host.spills;
+
+    const BlockKey keys[] = {key};
+    const std::vector<EvictedBlock> result = c_.Evict(keys);
+    ASSERT_EQ(result.size(), 1u);
+    EXPECT_EQ(result[0], (EvictedBlock{.key = key, .host_dropped = true}));
+    EXPECT_EQ(EvictedBlockSummary(result[0]), "dropped from host");
+    // Lookups miss it at once, though its spill is still running.
+    EXPECT_EQ(HitTokens(30, t), 0);
+
+    ASSERT_EQ(lower_.writes.size(), 1u);
+    lower_.Land(0);
+    c_.PumpLowerTier();
+    ExpectGoneEverywhere(key, t);
+    EXPECT_EQ(c_.stats().host.spills, spills);  // Nothing moved down.
+  }
+}
+
+TEST_F(SpillTest, EvictMidSpillKeepsABlockAWorkerPins) {
+  const std::vector<TokenId> t = SequentialTokens(1, 17);
+  const BlockKey key = StoreOneBlock(1, t);
+  ASSERT_EQ(c_.Lookup(w_, 2, t, 0, {}).value().hit_tokens, 16);
+
+  const BlockKey keys[] = {key};
+  EXPECT_EQ(c_.Evict(keys)[0], (EvictedBlock{.key = key, .host_pinned = true}));
+  lower_.Land(0);
+  c_.PumpLowerTier();
+  // Kept on host (the lookup still pins it), and now on disk too.
+  EXPECT_EQ(c_.host_pool().FindKeyedBlock(key), slot_);
+  EXPECT_TRUE(lower_.stored.contains(key));
+  ASSERT_TRUE(c_.Finish(w_, 2).ok());
+  EXPECT_EQ(HitTokens(3, t), 16);
+}
+
+TEST_F(SpillTest, ClearMidSpillDropsTheBlockFromHostAndDisk) {
+  for (TierSelection tiers : {TierSelection::kAll, TierSelection::kHost}) {
+    SCOPED_TRACE(TierSelectionName(tiers));
+    lower_.writes.clear();
+    const std::vector<TokenId> t =
+        SequentialTokens(tiers == TierSelection::kAll ? 1 : 500, 17);
+    const BlockKey key =
+        StoreOneBlock(tiers == TierSelection::kAll ? 10 : 20, t);
+
+    const ClearResult cleared = c_.Clear(tiers).value();
+    EXPECT_EQ(cleared.host_dropped, 1u);
+    EXPECT_EQ(cleared.host_kept_pinned, 0u);
+    EXPECT_EQ(HitTokens(30, t), 0);
+
+    lower_.Land(0);
+    c_.PumpLowerTier();
+    ExpectGoneEverywhere(key, t);
+  }
+}
+
+// Clearing the disk alone leaves a spill in flight alone: the block was
+// on host when the operator asked, and lands on disk as usual.
+TEST_F(SpillTest, ClearDiskMidSpillLetsTheSpillLand) {
+  const std::vector<TokenId> t = SequentialTokens(1, 17);
+  const BlockKey key = StoreOneBlock(1, t);
+  const ClearResult cleared = c_.Clear(TierSelection::kDisk).value();
+  EXPECT_EQ(cleared.host_dropped, 0u);
+  EXPECT_EQ(cleared.disk_dropped, 0u);
+  lower_.Land(0);
+  c_.PumpLowerTier();
+  EXPECT_FALSE(c_.host_pool().FindKeyedBlock(key).has_value());
+  EXPECT_TRUE(lower_.stored.contains(key));
+  EXPECT_EQ(c_.stats().host.spills, 1u);
 }
 
 TEST_F(CoordinatorTest, AnotherLayoutIsRefusedNamingBoth) {

@@ -388,6 +388,61 @@ TEST_F(TieredStoreTest, DiskBoundEvictsLeastRecentlyUsedBlocks) {
   EXPECT_EQ(newest.wrong_blocks, 0);
 }
 
+// Evict and clear with spills in flight: however far each write has got on
+// the I/O threads (queued, written, or written but not pumped yet), nothing
+// of a dropped block stays on host or on disk once the spills finish.
+class MidSpillTest : public TieredStoreTest {
+ protected:
+  // Stores six blocks on a host of ten that spills past five down to one:
+  // five blocks are being spilled, and stay so until pumped.
+  std::vector<TokenId> StoreAndStartSpills() {
+    Open(/*host_slots=*/10, /*disk_blocks=*/100, /*high=*/0.5, /*low=*/0.1);
+    const std::vector<TokenId> tokens = RequestTokens(0, 6);
+    Store(tokens);
+    EXPECT_EQ(c().stats().host.spills_in_flight, 5u);
+    return tokens;
+  }
+  void ExpectNothingLeft(const std::vector<TokenId>& tokens) {
+    EXPECT_EQ(Load(tokens).hit_blocks, 0);
+    Settle();
+    const CoordinatorStats s = c().stats();
+    EXPECT_EQ(s.host.cached_slots, 0);
+    EXPECT_EQ(s.host.pinned_slots, 0);
+    EXPECT_EQ(s.host.spills, 0u);
+    EXPECT_EQ(s.disk->keys, 0u);
+    EXPECT_EQ(Load(tokens).hit_blocks, 0);
+    // The values are gone from RocksDB too, not just from the index.
+    ASSERT_TRUE(disk_->Flush().ok());
+    size_t values = 0;
+    ASSERT_TRUE(corrupting_
+                    ->ForEach([&](std::string_view, std::string_view) {
+                      ++values;
+                      return Status::Ok();
+                    })
+                    .ok());
+    EXPECT_EQ(values, 0u);
+    EXPECT_TRUE(c().host_pool().CheckInvariants().ok());
+  }
+};
+
+TEST_F(MidSpillTest, EvictLeavesNothingBehind) {
+  const std::vector<TokenId> tokens = StoreAndStartSpills();
+  const std::vector<BlockKey> keys = PrefixKeys(tokens);
+  for (const EvictedBlock& e : c().Evict(keys)) {
+    EXPECT_TRUE(e.host_dropped);
+    EXPECT_FALSE(e.host_pinned);
+  }
+  ExpectNothingLeft(tokens);
+}
+
+TEST_F(MidSpillTest, ClearAllLeavesNothingBehind) {
+  const std::vector<TokenId> tokens = StoreAndStartSpills();
+  const ClearResult cleared = c().Clear(TierSelection::kAll).value();
+  EXPECT_EQ(cleared.host_dropped, 6u);
+  EXPECT_EQ(cleared.host_kept_pinned, 0u);
+  ExpectNothingLeft(tokens);
+}
+
 TEST_F(TieredStoreTest, WorkerDroppedMidPromotionLeaksNoPin) {
   Open(/*host_slots=*/10, /*disk_blocks=*/100, /*high=*/0.5, /*low=*/0.1);
   const std::vector<TokenId> tokens = RequestTokens(0, 4);
