@@ -265,7 +265,9 @@ LookupResult Coordinator::FindHits(RequestState* r, int32_t first,
   LookupResult result;
   for (int32_t b = first; b < first + max_blocks; ++b) {
     // Dropped by an operator, though its spill has not finished.
-    if (discarded_spills_.contains(r->keys[b])) break;
+    if (!discarded_spills_.empty() && discarded_spills_.contains(r->keys[b])) {
+      break;
+    }
     const std::span<const TokenId> tokens = BlockTokens(*r, b);
     std::optional<BlockId> slot = host_pool_.GetCachedBlock(r->keys[b], tokens);
     if (slot.has_value()) {

@@ -426,7 +426,6 @@ class Coordinator {
   // Cuts a load whose promotions are done before its first missing block.
   void FinishPromotions(InFlight* load);
   void StartLowerOp(LowerOp op);
-  void ApplyLowerResult(const LowerResult& result);
   // Unpins a finished spill's slot and drops it from host if it is now on
   // the lower tier, or, when discarded, from host and the lower tier both.
   void FinishSpill(const LowerOp& op, bool ok);
