@@ -217,13 +217,14 @@ struct SharedMemoryPath {
 
   // server_cpu >= 0: the server's threads (its listener, and so the
   // session thread the listener starts) run on that CPU only.
-  explicit SharedMemoryPath(int server_cpu = -1) {
+  // `name` tells the paths' stores apart: each static path lives until exit.
+  explicit SharedMemoryPath(int server_cpu = -1, const std::string& name = "") {
     char tmpl[] = "/tmp/control_bench.XXXXXX";
     if (mkdtemp(tmpl) == nullptr) Die(std::strerror(errno));
     dir = tmpl;
     ipc::ServerOptions options;
     options.store = "control-bench-" + std::to_string(getpid()) +
-                    (server_cpu >= 0 ? "-split" : "");
+                    (server_cpu >= 0 ? "-split" : "") + name;
     store = options.store;
     options.socket_path = dir + "/tierkvd.sock";
     options.host_capacity_bytes = kHostSlots * BenchLayout().BlockBytes();
@@ -493,7 +494,7 @@ BENCHMARK(BM_ControlRoundTripEmbedded)->UseManualTime();
 
 // The server the stats benchmarks read from and look up through.
 SharedMemoryPath& StatsPath() {
-  static SharedMemoryPath path;
+  static SharedMemoryPath path(-1, "-stats");
   return path;
 }
 
