@@ -479,6 +479,11 @@ TEST_F(TierkvdTest, AdminListsEventsInFlightByAge) {
               HasSubstr("tierkv_event_seconds_count{kind=\"load\"} 0\n"));
   EXPECT_THAT(metrics->output(),
               HasSubstr("# TYPE tierkv_oldest_event_age_seconds gauge\n"));
+  // Values print as the shortest text that reads back exactly, never as
+  // 0.10000000000000001.
+  EXPECT_THAT(metrics->output(), HasSubstr("le=\"0.1\""));
+  EXPECT_THAT(metrics->output(),
+              ::testing::Not(::testing::ContainsRegex("[0-9]\\.[0-9]{12,}")));
   auto stats = Spawn({TIERKV_ADMIN_PATH, "stats", "--socket", socket_});
   ASSERT_EQ(stats->Wait(), 0) << stats->output();
   EXPECT_THAT(stats->output(), HasSubstr("events in flight: 1, oldest "));

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <boost/program_options.hpp>
+#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <iostream>
@@ -372,6 +373,14 @@ std::string FormatStatsJson(const CoordinatorStats& stats) {
 namespace {
 
 // One metric family: its HELP and TYPE lines, then one sample per label set.
+// The shortest text that reads back as exactly `value` ("0.1", not
+// "0.10000000000000001"; "1048576", not "1.048576e+06").
+std::string MetricValue(double value) {
+  char text[32];
+  const auto [end, error] = std::to_chars(text, text + sizeof(text), value);
+  return error == std::errc() ? std::string(text, end) : "NaN";
+}
+
 class MetricWriter {
  public:
   explicit MetricWriter(std::ostringstream* out) : out_(out) {}
@@ -386,7 +395,7 @@ class MetricWriter {
   // A sample of a histogram's _bucket, _sum or _count series.
   void Sample(const char* suffix, double value, const std::string& labels) {
     *out_ << name_ << suffix << (labels.empty() ? "" : "{" + labels + "}")
-          << " " << value << "\n";
+          << " " << MetricValue(value) << "\n";
   }
   // One histogram of event latencies, cumulative as Prometheus wants it.
   void Histogram(const EventLatency& latency, const std::string& labels) {
@@ -417,7 +426,6 @@ std::string FormatMetrics(const CoordinatorStats& stats) {
   const double slot = static_cast<double>(h.slot_bytes);
   const bool disk = stats.disk.has_value();
   std::ostringstream out;
-  out.precision(17);
   MetricWriter m(&out);
   m.Family("tierkv_tier_capacity_bytes", "gauge", "Bytes a tier can hold.");
   m.Sample(double(h.capacity_slots) * slot, "tier=\"host\"");
@@ -735,7 +743,8 @@ int RunAdmin(const AdminCommand& command, std::ostream& out,
              "snapshot was when read.\n"
              "# TYPE tierkv_stats_age_seconds gauge\n"
              "tierkv_stats_age_seconds "
-          << std::chrono::duration<double>(*read->page_age).count() << "\n";
+          << MetricValue(std::chrono::duration<double>(*read->page_age).count())
+          << "\n";
     }
   } else if (command.json) {
     out << FormatStatsJson(read->stats);
