@@ -812,6 +812,7 @@ std::vector<BlockId> ChunkKvStore::FetchFromTier(
     std::span<const TokenId> chunk, std::span<const BlockKey> keys) {
   if (tier_ == nullptr || keys.empty()) return {};
   std::vector<BlockId> blocks;
+  bool pool_full = false;
   const ChunkTier::AllocateBlocks allocate =
       [&](int32_t n) -> StatusOr<std::vector<BlockId>> {
     if (n != static_cast<int32_t>(keys.size())) {
@@ -819,7 +820,10 @@ std::vector<BlockId> ChunkKvStore::FetchFromTier(
                               " blocks for a chunk of " +
                               std::to_string(keys.size()));
     }
-    TIERKV_RETURN_IF_ERROR(pool_.GetNewBlocks(n, &blocks));
+    if (Status got = pool_.GetNewBlocks(n, &blocks); !got.ok()) {
+      pool_full = true;
+      return got;
+    }
     return blocks;
   };
   StatusOr<bool> fetched = tier_->Fetch(chunk, allocate);
@@ -838,7 +842,11 @@ std::vector<BlockId> ChunkKvStore::FetchFromTier(
   }
   // A miss, or blocks whose contents are unknown: back to the pool unkeyed.
   Release(blocks);
-  if (!status.ok()) CountTierError(std::move(status));
+  if (pool_full) {
+    ++stats_.pool_full;  // The tier below did its part.
+  } else if (!status.ok()) {
+    CountTierError(std::move(status));
+  }
   return {};
 }
 

@@ -225,7 +225,11 @@ struct ChunkStoreStats {
   uint64_t computed = 0;     // Chunks computed (ComputeAndInsert).
   uint64_t published = 0;    // Computed chunks copied to the tier below.
   uint64_t tier_errors = 0;  // Fetches or publishes that failed.
-  uint64_t evictions = 0;    // Cached pool blocks dropped for reuse.
+  // Chunks the tier below held but that were not fetched: every pool block
+  // was pinned. Not a tier error; the caller computes nothing into a full
+  // pool either (ComputeAndInsert is ResourceExhausted).
+  uint64_t pool_full = 0;
+  uint64_t evictions = 0;  // Cached pool blocks dropped for reuse.
 };
 
 // A chunk pool: chunks keyed by content (KeyHasher::ChunkKeys), their KV

@@ -148,6 +148,36 @@ TEST_F(ChunkTierTest, ChunkEvictedFromThePoolComesBackFromHost) {
   EXPECT_EQ(client_->Stats().value().host.pinned_slots, 0);
 }
 
+TEST_F(ChunkTierTest, FullPoolIsNotATierError) {
+  Open(/*pool_blocks=*/5, /*host_slots=*/32, /*disk=*/false);  // 4 usable.
+  const auto a = Tokens(1, 20), b = Tokens(2, 20), c = Tokens(3, 20);
+  Compute(a);
+  Compute(b);
+  Compute(c);  // Evicts a from the pool; host still has it.
+  // b and c pinned: no pool block is free for a.
+  const std::vector<BlockId> held_b = store_->Acquire(b);
+  const std::vector<BlockId> held_c = store_->Acquire(c);
+  ASSERT_EQ(held_b.size() + held_c.size(), 4u);
+  EXPECT_TRUE(store_->Acquire(a).empty());
+  ChunkStoreStats s = store_->stats();
+  EXPECT_EQ(s.pool_full, 1u);
+  EXPECT_EQ(s.tier_errors, 0u) << store_->last_tier_error().ToString();
+  EXPECT_TRUE(store_->last_tier_error().ok());
+  // tierkvd's side of the failed fetch is undone: nothing stays pinned.
+  EXPECT_EQ(client_->Stats().value().host.pinned_slots, 0);
+
+  // With room again, the same chunk comes from host, bit-exact.
+  store_->Release(held_b);
+  store_->Release(held_c);
+  const std::vector<BlockId> blocks = store_->Acquire(a);
+  ASSERT_EQ(blocks.size(), 2u);
+  ExpectChunkKv(a, blocks);
+  store_->Release(blocks);
+  s = store_->stats();
+  EXPECT_EQ(s.tier_hits, 1u);
+  EXPECT_EQ(s.pool_full, 1u);
+}
+
 TEST_F(ChunkTierTest, ChunksSpilledToDiskComeBackBitExact) {
   Open(/*pool_blocks=*/5, /*host_slots=*/6, /*disk=*/true);
   std::vector<std::vector<TokenId>> chunks;
