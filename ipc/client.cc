@@ -218,6 +218,7 @@ Client::~Client() = default;
 
 StatusOr<std::unique_ptr<Client>> Client::Open(const ClientOptions& options) {
   TIERKV_RETURN_IF_ERROR(options.layout.Validate());
+  TIERKV_RETURN_IF_ERROR(ValidateModelName(options.model));
   if (options.num_device_blocks < 1) {
     return Status::InvalidArgument("num_device_blocks must be at least 1");
   }
@@ -236,27 +237,30 @@ StatusOr<std::unique_ptr<Client>> Client::Open(const ClientOptions& options) {
   }
   const WorkerRegistration registration{
       .layout = options.layout,
+      .model = options.model,
       .num_device_blocks = options.num_device_blocks,
       .tenant = options.tenant,
       .pid = static_cast<int32_t>(getpid()),
       .name = options.name};
 
+  const std::string fingerprint =
+      StoreFingerprint(options.layout, options.model);
   if (options.socket_path.empty()) {
     const int32_t slots = HostTier::SlotsFor(options.embedded_host_bytes,
                                              options.layout.BlockBytes());
     HostTierOptions host;
     host.num_slots = slots;
     host.slot_bytes = options.layout.BlockBytes();
-    host.layout_fingerprint = options.layout.Fingerprint();
+    host.layout_fingerprint = fingerprint;
     TIERKV_ASSIGN_OR_RETURN(impl->host, HostTier::Create(host));
-    CoordinatorOptions coordinator_options{.layout = options.layout,
-                                           .host_slots = slots};
+    CoordinatorOptions coordinator_options{
+        .layout = options.layout, .model = options.model, .host_slots = slots};
     if (!options.embedded_disk_path.empty()) {
       TIERKV_ASSIGN_OR_RETURN(
           impl->disk,
           DiskTier::Open({.storage = {.path = options.embedded_disk_path},
                           .capacity_bytes = options.embedded_disk_bytes,
-                          .layout_fingerprint = options.layout.Fingerprint(),
+                          .layout_fingerprint = fingerprint,
                           .block_bytes = options.layout.BlockBytes(),
                           .element_bytes = static_cast<int32_t>(
                               options.layout.ElementSize())}));
@@ -291,7 +295,7 @@ StatusOr<std::unique_ptr<Client>> Client::Open(const ClientOptions& options) {
   impl->worker = reg->worker_id;
   TIERKV_ASSIGN_OR_RETURN(
       impl->host,
-      HostTier::Attach(reg->host_segment, options.layout.Fingerprint(),
+      HostTier::Attach(reg->host_segment, fingerprint,
                        options.layout.BlockBytes(), reg->host_slots));
   TIERKV_ASSIGN_OR_RETURN(ipc::ControlChannel channel,
                           ipc::ControlChannel::Open(reg->control_segment));

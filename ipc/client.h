@@ -35,7 +35,11 @@ struct ClientOptions {
   // slots, bounded by embedded_disk_bytes. Default (empty): none.
   std::string embedded_disk_path;
   uint64_t embedded_disk_bytes = uint64_t{4} << 30;  // Default: 4 GiB.
-  KvLayout layout;                // Required; must match the store's.
+  KvLayout layout;  // Required; must match the store's.
+  // The model this worker runs (ValidateModelName); must match the store's
+  // (tierkvd --model), so KV of one model is never served to another.
+  // Default: "" (the unnamed model).
+  std::string model = {};
   int32_t num_device_blocks = 0;  // Required, >= 1.
   std::string tenant;             // Default: "" (the shared tenant).
   std::string name;               // Shown by tierkv-admin.
@@ -57,8 +61,8 @@ struct FinishedTransfer {
 class Client {
  public:
   // Unavailable when no tierkvd answers on the socket; PermissionDenied when
-  // this user may not use it; FailedPrecondition naming both layouts when
-  // the store serves another.
+  // this user may not use it; FailedPrecondition naming both layouts, or
+  // both models, when the store serves another.
   static StatusOr<std::unique_ptr<Client>> Open(const ClientOptions& options);
   ~Client();  // Waits for copies in flight; tierkvd drops the rest.
 

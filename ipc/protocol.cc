@@ -221,6 +221,7 @@ void PutPayload(Writer&, const OkReply&) {}
 void PutPayload(Writer& w, const RegisterRequest& m) {
   const WorkerRegistration& reg = m.registration;
   Put(w, reg.layout);
+  w.String(reg.model);
   w.Int<int32_t>(reg.num_device_blocks);
   w.String(reg.tenant);
   w.Int<int32_t>(reg.pid);
@@ -232,7 +233,7 @@ void PutPayload(Writer& w, const RegisterReply& m) {
   w.Int<int32_t>(m.host_slots);
   w.Int<uint64_t>(m.slot_bytes);
   w.String(m.control_segment);
-  w.String(m.layout_fingerprint);
+  w.String(m.store_fingerprint);
 }
 void PutPayload(Writer& w, const LookupRequest& m) {
   w.Int<uint64_t>(m.request);
@@ -327,6 +328,7 @@ void PutPayload(Writer& w, const StatsReply& m) {
   Put(w, m.stats.load_latency);
   Put(w, m.stats.store_latency);
   w.Int<uint64_t>(m.stats.oldest_event_age_us);
+  w.String(m.stats.model);
 }
 
 void GetPayload(Reader& r, ErrorReply* m) {
@@ -337,6 +339,7 @@ void GetPayload(Reader&, OkReply*) {}
 void GetPayload(Reader& r, RegisterRequest* m) {
   WorkerRegistration& reg = m->registration;
   Get(r, &reg.layout);
+  reg.model = r.String();
   reg.num_device_blocks = r.Int<int32_t>();
   reg.tenant = r.String();
   reg.pid = r.Int<int32_t>();
@@ -348,7 +351,7 @@ void GetPayload(Reader& r, RegisterReply* m) {
   m->host_slots = r.Int<int32_t>();
   m->slot_bytes = r.Int<uint64_t>();
   m->control_segment = r.String();
-  m->layout_fingerprint = r.String();
+  m->store_fingerprint = r.String();
 }
 void GetPayload(Reader& r, LookupRequest* m) {
   m->request = r.Int<uint64_t>();
@@ -462,6 +465,7 @@ void GetPayload(Reader& r, StatsReply* m) {
   Get(r, &m->stats.load_latency);
   Get(r, &m->stats.store_latency);
   m->stats.oldest_event_age_us = r.Int<uint64_t>();
+  m->stats.model = r.String();
 }
 
 void PutPayload(Writer&, const ReadyLoadsRequest&) {}

@@ -23,7 +23,8 @@
 namespace tierkv::ipc {
 
 inline constexpr uint32_t kFrameMagic = 0x4D564B54;  // "TKVM"
-inline constexpr uint16_t kProtocolVersion = 3;
+// 4: RegisterRequest and StatsReply carry the model.
+inline constexpr uint16_t kProtocolVersion = 4;
 inline constexpr size_t kFrameHeaderBytes = 16;
 // Upper bounds a decoder enforces before allocating anything.
 inline constexpr uint32_t kMaxTokens = 1 << 20;
@@ -75,7 +76,9 @@ struct RegisterReply {
   int32_t host_slots = 0;    // Including the null slot.
   uint64_t slot_bytes = 0;
   std::string control_segment;  // This worker's request/response channel.
-  std::string layout_fingerprint;
+  // StoreFingerprint(layout, model) of the store, as its host segment's
+  // header records it.
+  std::string store_fingerprint;
 };
 
 struct LookupRequest {

@@ -125,7 +125,7 @@ StatusOr<std::unique_ptr<DiskTier>> OpenDisk(const ServerOptions& options) {
   DiskTierOptions disk{
       .storage = {.path = options.disk_path},
       .capacity_bytes = options.disk_capacity_bytes,
-      .layout_fingerprint = options.layout.Fingerprint(),
+      .layout_fingerprint = StoreFingerprint(options.layout, options.model),
       .block_bytes = options.layout.BlockBytes(),
       .element_bytes = static_cast<int32_t>(options.layout.ElementSize()),
       .codec = options.disk_codec};
@@ -142,7 +142,7 @@ StatusOr<std::unique_ptr<DiskTier>> OpenDisk(const ServerOptions& options) {
   const DiskTierStats stats = tier->stats();
   spdlog::info(
       "disk tier: {} blocks, {} of {} bytes; dropped {} bad values ({} of "
-      "another layout)",
+      "another layout or model)",
       stats.keys, stats.bytes, stats.capacity_bytes, stats.dropped_on_open,
       stats.layout_mismatches);
   return tier;
@@ -253,6 +253,7 @@ StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& in) {
   ServerOptions options = in;
   TIERKV_RETURN_IF_ERROR(ValidateStoreName(options.store));
   TIERKV_RETURN_IF_ERROR(options.layout.Validate());
+  TIERKV_RETURN_IF_ERROR(ValidateModelName(options.model));
   if (options.socket_path.empty()) {
     options.socket_path = DefaultSocketPath(options.store);
   }
@@ -291,7 +292,8 @@ StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& in) {
       HostTier::Create({.segment_name = "/tierkv." + options.store + ".host",
                         .num_slots = slots,
                         .slot_bytes = slot_bytes,
-                        .layout_fingerprint = options.layout.Fingerprint(),
+                        .layout_fingerprint =
+                            StoreFingerprint(options.layout, options.model),
                         .mode = options.mode,
                         .group = options.group}));
   std::unique_ptr<SlotDisk> slot_disk;
@@ -301,6 +303,7 @@ StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& in) {
   auto signal = std::make_shared<TierSignal>();
   TIERKV_ASSIGN_OR_RETURN(Coordinator coordinator,
                           Coordinator::Create({.layout = options.layout,
+                                               .model = options.model,
                                                .host_slots = slots,
                                                .lower = slot_disk.get(),
                                                .spill_high = options.spill_high,
@@ -348,10 +351,11 @@ StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& in) {
   }
   impl->stats_thread = std::thread([raw] { raw->PublishStats(); });
   spdlog::info(
-      "tierkvd serving store '{}' on {}: layout {}, {} host slots of {} "
-      "bytes ({})",
-      options.store, options.socket_path, options.layout.ToString(), slots - 1,
-      slot_bytes, impl->host->segment_name());
+      "tierkvd serving store '{}' on {}: model {}, layout {}, {} host slots "
+      "of {} bytes ({})",
+      options.store, options.socket_path, ModelDisplayName(options.model),
+      options.layout.ToString(), slots - 1, slot_bytes,
+      impl->host->segment_name());
   return std::unique_ptr<Server>(new Server(std::move(impl)));
 }
 
@@ -676,13 +680,13 @@ bool Server::Impl::Register(int fd, Connection* conn,
   conn->session = std::move(session);
   spdlog::info("worker {} attached: pid {}, '{}', {} device blocks", *worker,
                reg.pid, reg.name, reg.num_device_blocks);
-  return SendFrame(
-      fd, RegisterReply{.worker_id = *worker,
-                        .host_segment = host->segment_name(),
-                        .host_slots = host->num_slots(),
-                        .slot_bytes = host->slot_bytes(),
-                        .control_segment = ChannelName(*worker),
-                        .layout_fingerprint = options.layout.Fingerprint()});
+  return SendFrame(fd, RegisterReply{.worker_id = *worker,
+                                     .host_segment = host->segment_name(),
+                                     .host_slots = host->num_slots(),
+                                     .slot_bytes = host->slot_bytes(),
+                                     .control_segment = ChannelName(*worker),
+                                     .store_fingerprint = StoreFingerprint(
+                                         options.layout, options.model)});
 }
 
 void Server::Impl::Close(int fd) {

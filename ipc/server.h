@@ -39,6 +39,10 @@ struct ServerOptions {
   // Default: 1 GiB.
   size_t host_capacity_bytes = size_t{1} << 30;
   KvLayout layout;  // Required: the one layout this store serves.
+  // The one model this store serves (ValidateModelName): only workers of
+  // this model attach, and its keys, host segment and disk values are in
+  // StoreFingerprint(layout, model). Default: "" (the unnamed model).
+  std::string model = {};
   // Permission bits of the socket and the segments. Default: 0600.
   mode_t mode = 0600;
   // Workers of this group may attach too (give mode group bits, e.g. 0660).

@@ -72,6 +72,7 @@ void EventLatency::Record(uint64_t latency_us) {
 
 StatusOr<Coordinator> Coordinator::Create(const CoordinatorOptions& options) {
   TIERKV_RETURN_IF_ERROR(options.layout.Validate());
+  TIERKV_RETURN_IF_ERROR(ValidateModelName(options.model));
   if (!(options.spill_low > 0 && options.spill_low <= options.spill_high &&
         options.spill_high <= 1)) {
     return Status::InvalidArgument(
@@ -110,12 +111,23 @@ StatusOr<WorkerId> Coordinator::RegisterWorker(
         "this store serves layout " + options_.layout.ToString() +
         "; the worker registered " + registration.layout.ToString());
   }
+  if (Status s = ValidateModelName(registration.model); !s.ok()) {
+    return Status::InvalidArgument("worker " + s.message());
+  }
+  if (registration.model != options_.model) {
+    return Status::FailedPrecondition(
+        "this store serves model " + ModelDisplayName(options_.model) +
+        "; the worker registered model " +
+        ModelDisplayName(registration.model) +
+        " (KV of one model is never served to another)");
+  }
   if (registration.num_device_blocks < 1) {
     return Status::InvalidArgument("worker has no device blocks");
   }
   const WorkerId id = next_worker_id_++;
-  const KeyNamespace ns{.model_fingerprint = options_.layout.Fingerprint(),
-                        .tenant = registration.tenant};
+  const KeyNamespace ns{
+      .model_fingerprint = StoreFingerprint(options_.layout, options_.model),
+      .tenant = registration.tenant};
   workers_.emplace(std::piecewise_construct, std::forward_as_tuple(id),
                    std::forward_as_tuple(registration, KeyHasher(ns)));
   return id;
@@ -758,6 +770,7 @@ CoordinatorStats Coordinator::stats() const {
   out.host.spills_in_flight = static_cast<uint64_t>(spills_in_flight_);
   out.host.promotions_in_flight = static_cast<uint64_t>(promotions_in_flight_);
   if (options_.lower != nullptr) out.disk = options_.lower->stats();
+  out.model = options_.model;
   out.load_latency = load_latency_;
   out.store_latency = store_latency_;
   const auto now = Now();

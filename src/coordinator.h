@@ -109,6 +109,7 @@ struct TransferEvent {
 
 struct WorkerRegistration {
   KvLayout layout;
+  std::string model = {};         // The model it runs. Default: "" (unnamed).
   int32_t num_device_blocks = 0;  // Block ids the worker may name: [0, n).
   std::string tenant;             // Tenants never share keys.
   int32_t pid = 0;
@@ -116,7 +117,10 @@ struct WorkerRegistration {
 };
 
 struct CoordinatorOptions {
-  KvLayout layout;         // The one layout this store serves.
+  KvLayout layout;  // The one layout this store serves.
+  // The one model this store serves (ValidateModelName); its keys are in
+  // StoreFingerprint(layout, model). Default: "" (the unnamed model).
+  std::string model = {};
   int32_t host_slots = 0;  // Including the null slot 0. Required, >= 2.
   size_t max_request_tokens = 1 << 20;  // Default: 1Mi tokens.
   // The tier below host DRAM. Not owned; it must outlive the coordinator's
@@ -273,6 +277,7 @@ struct CoordinatorStats {
   // Age of the oldest transfer event in flight; 0 when none is.
   uint64_t oldest_event_age_us = 0;
   std::optional<DiskTierStats> disk;  // With a lower tier only.
+  std::string model = {};             // CoordinatorOptions::model.
   std::vector<WorkerStats> workers;
 };
 
@@ -280,8 +285,9 @@ class Coordinator {
  public:
   static StatusOr<Coordinator> Create(const CoordinatorOptions& options);
 
-  // FailedPrecondition naming both layouts when the worker's differs from
-  // the store's; InvalidArgument for a malformed registration.
+  // FailedPrecondition naming both layouts, or both models, when the
+  // worker's differs from the store's; InvalidArgument for a malformed
+  // registration.
   StatusOr<WorkerId> RegisterWorker(const WorkerRegistration& registration);
   // The worker is gone: releases all its pins. NotFound if unknown.
   Status DropWorker(WorkerId worker);

@@ -76,4 +76,32 @@ std::string KvLayout::Fingerprint() const {
          ",dtype=" + std::string(DTypeName(dtype));
 }
 
+Status ValidateModelName(std::string_view model) {
+  if (model.size() > kMaxModelNameBytes) {
+    return Status::InvalidArgument(
+        "model name of " + std::to_string(model.size()) +
+        " bytes is longer than " + std::to_string(kMaxModelNameBytes));
+  }
+  for (char c : model) {
+    if (c <= ' ' || c > '~') {
+      return Status::InvalidArgument(
+          "model name '" + std::string(model) +
+          "' may hold printable ASCII only, without spaces");
+    }
+  }
+  return Status::Ok();
+}
+
+std::string ModelDisplayName(std::string_view model) {
+  if (model.empty()) return "(unnamed)";
+  return "\"" + std::string(model) + "\"";
+}
+
+std::string StoreFingerprint(const KvLayout& layout, std::string_view model) {
+  // Appended last: the layout fingerprint holds no ",model=", so the result
+  // names exactly one (layout, model) pair.
+  if (model.empty()) return layout.Fingerprint();
+  return layout.Fingerprint() + ",model=" + std::string(model);
+}
+
 }  // namespace tierkv

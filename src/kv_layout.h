@@ -2,6 +2,9 @@
 // one block as every tier stores it. Plain value type, owned by whoever
 // configures the store; immutable use is safe to share between threads.
 //
+// StoreFingerprint names what a store's keys and stored values belong to: the
+// layout plus the model whose KV it holds.
+//
 // Block geometry: for each layer, the K plane then the V plane; each plane is
 // [block_size tokens][num_kv_heads][head_dim] elements of `dtype`, densely
 // packed. A token's K (or V) for one layer is therefore one contiguous run of
@@ -63,6 +66,23 @@ struct KvLayout {
 
   static constexpr size_t kMaxBlockBytes = size_t{1} << 32;
 };
+
+// A model name: what separates the KV of two models that share a layout
+// (two fine-tunes of one base model, or one model under another RoPE
+// scaling). "" is the unnamed model. At most kMaxModelNameBytes of printable
+// ASCII without spaces, e.g. "meta-llama/Llama-3.1-8B-Instruct@5206a32".
+inline constexpr size_t kMaxModelNameBytes = 128;
+// OK, or InvalidArgument saying what is wrong with `model`.
+Status ValidateModelName(std::string_view model);
+// `"name"` in quotes, or "(unnamed)" for "": for messages naming a model.
+std::string ModelDisplayName(std::string_view model);
+
+// The namespace of a store's keys and stored values (host segment header,
+// disk values): layout.Fingerprint(), then ",model=<name>" for a named model.
+// The unnamed model's is the layout fingerprint alone, so stores that never
+// named a model keep their keys and their disk tier. Changing its format
+// invalidates every persisted key.
+std::string StoreFingerprint(const KvLayout& layout, std::string_view model);
 
 }  // namespace tierkv
 

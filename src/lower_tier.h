@@ -34,7 +34,8 @@ struct DiskTierStats {
   // accidental or crafted): a miss, the stored block is kept.
   uint64_t token_mismatches = 0;
   // Values the last open dropped: malformed, failed checksum, or written
-  // for another layout. layout_mismatches counts the last kind only.
+  // for another layout or model (another StoreFingerprint).
+  // layout_mismatches counts the last kind only.
   uint64_t dropped_on_open = 0;
   uint64_t layout_mismatches = 0;
   // Payload and stored bytes of the values written: their ratio is the

@@ -805,5 +805,81 @@ TEST_F(CoordinatorTest, AnotherLayoutIsRefusedNamingBoth) {
   EXPECT_THAT(w.status().message(), HasSubstr("head_dim=128"));
 }
 
+WorkerRegistration ModelWorker(const std::string& model) {
+  return {.layout = Layout(),
+          .model = model,
+          .num_device_blocks = 10,
+          .tenant = "",
+          .pid = 1,
+          .name = "w"};
+}
+
+TEST(CoordinatorModelTest, AnotherModelIsRefusedNamingBoth) {
+  Coordinator c =
+      Coordinator::Create(
+          {.layout = Layout(), .model = "org/model-a", .host_slots = 10})
+          .value();
+  StatusOr<WorkerId> b = c.RegisterWorker(ModelWorker("org/model-b"));
+  ASSERT_EQ(b.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(b.status().message(), HasSubstr("\"org/model-a\""));
+  EXPECT_THAT(b.status().message(), HasSubstr("\"org/model-b\""));
+  StatusOr<WorkerId> unnamed = c.RegisterWorker(ModelWorker(""));
+  ASSERT_EQ(unnamed.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(unnamed.status().message(), HasSubstr("(unnamed)"));
+  EXPECT_TRUE(c.RegisterWorker(ModelWorker("org/model-a")).ok());
+  EXPECT_EQ(c.stats().model, "org/model-a");
+}
+
+TEST(CoordinatorModelTest, AnUnnamedStoreRefusesANamedWorker) {
+  Coordinator c =
+      Coordinator::Create({.layout = Layout(), .host_slots = 10}).value();
+  EXPECT_EQ(c.RegisterWorker(ModelWorker("org/model-a")).status().code(),
+            StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(c.RegisterWorker(ModelWorker("")).ok());
+}
+
+TEST(CoordinatorModelTest, BadModelNamesAreInvalid) {
+  EXPECT_EQ(Coordinator::Create(
+                {.layout = Layout(), .model = "two words", .host_slots = 10})
+                .status()
+                .code(),
+            StatusCode::kInvalidArgument);
+  Coordinator c =
+      Coordinator::Create({.layout = Layout(), .host_slots = 10}).value();
+  EXPECT_EQ(
+      c.RegisterWorker(ModelWorker(std::string(200, 'm'))).status().code(),
+      StatusCode::kInvalidArgument);
+}
+
+// The model is part of every key: the same tokens under another model are
+// another block, even where no registration check stood in the way (a
+// disk tier written by another model's store).
+TEST(CoordinatorModelTest, KeysAreInTheModelsNamespace) {
+  Coordinator c =
+      Coordinator::Create({.layout = Layout(), .model = "m", .host_slots = 10})
+          .value();
+  const WorkerId w = c.RegisterWorker(ModelWorker("m")).value();
+  const std::vector<TokenId> t = SequentialTokens(1, 16);
+  ASSERT_TRUE(c.Lookup(w, 1, t, 0, {}).ok());
+  ASSERT_TRUE(c.Allocate(w, 1, Range(1, 2), 0).ok());
+  CommitResult commit = c.Commit(w, 1, 16, Range(1, 2)).value();
+  ASSERT_EQ(commit.stores.size(), 1u);
+  std::vector<CompletedEvent> done{{commit.stores[0].ref, true}};
+  ASSERT_TRUE(c.Complete(w, done).ok());
+
+  auto key_under = [&t](const std::string& fingerprint) {
+    std::vector<BlockKey> keys;
+    KeyHasher({.model_fingerprint = fingerprint, .tenant = ""})
+        .AppendPrefixKeys(t, 16, {}, &keys);
+    return keys.at(0);
+  };
+  EXPECT_TRUE(c.host_pool()
+                  .FindKeyedBlock(key_under(StoreFingerprint(Layout(), "m")))
+                  .has_value());
+  EXPECT_FALSE(c.host_pool()
+                   .FindKeyedBlock(key_under(Layout().Fingerprint()))
+                   .has_value());
+}
+
 }  // namespace
 }  // namespace tierkv

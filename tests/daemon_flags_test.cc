@@ -55,6 +55,7 @@ TEST_F(DaemonFlagsTest, DefaultsWithoutConfig) {
   EXPECT_EQ(command->log_file, "");
   EXPECT_EQ(command->stop_timeout, std::chrono::seconds(10));
   EXPECT_EQ(command->log_level, "info");
+  EXPECT_EQ(command->server.model, "");  // The unnamed model.
 }
 
 TEST_F(DaemonFlagsTest, ConfigFileSetsEveryKindOfOption) {
@@ -62,6 +63,7 @@ TEST_F(DaemonFlagsTest, ConfigFileSetsEveryKindOfOption) {
       "# tierkvd settings\n"
       "\n"
       "store = prod\n"
+      "model = org/model-7b@v2\n"
       "socket = /run/tierkv/prod.sock\n"
       "host-capacity = 2G   # two GiB\n"
       "layers = 32\n"
@@ -79,6 +81,7 @@ TEST_F(DaemonFlagsTest, ConfigFileSetsEveryKindOfOption) {
   ASSERT_TRUE(command.ok()) << command.status().ToString();
   const ipc::ServerOptions& s = command->server;
   EXPECT_EQ(s.store, "prod");
+  EXPECT_EQ(s.model, "org/model-7b@v2");
   EXPECT_EQ(s.socket_path, "/run/tierkv/prod.sock");
   EXPECT_EQ(s.host_capacity_bytes, size_t{2} << 30);
   EXPECT_EQ(s.layout.num_layers, 32);
@@ -159,6 +162,15 @@ TEST_F(DaemonFlagsTest, BadValuesNameFileLineAndKey) {
   WriteConfig(std::string(kLayout) + "spill-high = 0.5\nspill-low = 0.8\n");
   EXPECT_THAT(Error({"--config", config_}),
               HasSubstr("must satisfy 0 < low <= high <= 1"));
+}
+
+TEST_F(DaemonFlagsTest, ABadModelNameIsNamed) {
+  WriteConfig(std::string(kLayout) + "model = " + std::string(129, 'm') + "\n");
+  EXPECT_THAT(Error({"--config", config_}),
+              HasSubstr(config_ + ":4: model: model name of 129 bytes"));
+  EXPECT_THAT(Error({"--layers", "2", "--kv-heads", "4", "--head-dim", "64",
+                     "--model", "caf\xc3\xa9"}),
+              HasSubstr("--model: model name 'caf"));
 }
 
 TEST_F(DaemonFlagsTest, ABadFlagIsNamedAsTheFlagEvenWhenTheFileSetsItToo) {

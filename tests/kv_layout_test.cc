@@ -127,5 +127,35 @@ TEST(KvLayout, OffsetsTileTheBlockExactly) {
   for (int c : covered) EXPECT_EQ(c, 1);
 }
 
+TEST(KvLayout, StoreFingerprintNamesTheModel) {
+  // The unnamed model keeps the layout's own namespace: stores that never
+  // named a model keep their keys and disk values.
+  EXPECT_EQ(StoreFingerprint(Llama3_8B(), ""), Llama3_8B().Fingerprint());
+  EXPECT_EQ(StoreFingerprint(Llama3_8B(), "org/m@rev"),
+            "kv1:layers=32,kv_heads=8,head_dim=128,block=16,dtype=bf16,"
+            "model=org/m@rev");
+  std::set<std::string> fingerprints;
+  for (const char* model : {"", "a", "b", "ab"}) {
+    fingerprints.insert(StoreFingerprint(Llama3_8B(), model));
+  }
+  EXPECT_EQ(fingerprints.size(), 4u);
+}
+
+TEST(KvLayout, ModelNames) {
+  EXPECT_TRUE(ValidateModelName("").ok());
+  EXPECT_TRUE(
+      ValidateModelName("meta-llama/Llama-3.1-8B-Instruct@5206a32").ok());
+  EXPECT_TRUE(ValidateModelName(std::string(kMaxModelNameBytes, 'm')).ok());
+  EXPECT_EQ(ValidateModelName(std::string(kMaxModelNameBytes + 1, 'm')).code(),
+            StatusCode::kInvalidArgument);
+  for (const char* bad :
+       {"two words", "tab\there", "new\nline", "caf\xc3\xa9"}) {
+    EXPECT_EQ(ValidateModelName(bad).code(), StatusCode::kInvalidArgument)
+        << bad;
+  }
+  EXPECT_EQ(ModelDisplayName(""), "(unnamed)");
+  EXPECT_EQ(ModelDisplayName("m"), "\"m\"");
+}
+
 }  // namespace
 }  // namespace tierkv

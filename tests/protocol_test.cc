@@ -44,6 +44,7 @@ std::vector<Message> Samples() {
   stats.store_latency.Record(20);
   stats.store_latency.Record(3'000'000);
   stats.oldest_event_age_us = 1234;
+  stats.model = "org/model@rev";
   EventsReply events{.in_flight = 3,
                      .events = {{.worker = 2,
                                  .worker_name = "engine-2",
@@ -63,6 +64,7 @@ std::vector<Message> Samples() {
       ErrorReply{Status::NotFound("gone")},
       OkReply{},
       RegisterRequest{{.layout = TestLayout(),
+                       .model = "org/model@rev",
                        .num_device_blocks = 100,
                        .tenant = "t",
                        .pid = 5,
@@ -72,7 +74,7 @@ std::vector<Message> Samples() {
                     .host_slots = 50,
                     .slot_bytes = 16384,
                     .control_segment = "/c",
-                    .layout_fingerprint = "kv1"},
+                    .store_fingerprint = "kv1:...,model=org/model@rev"},
       LookupRequest{.request = 1,
                     .num_computed_tokens = 16,
                     .tokens = {1, 2, 3},
@@ -117,6 +119,18 @@ TEST(Protocol, EveryMessageRoundTrips) {
     EXPECT_EQ(TypeOf(*back), TypeOf(m));
     EXPECT_EQ(Encode(*back), bytes) << MessageTypeName(TypeOf(m));
   }
+}
+
+TEST(Protocol, TheModelTravels) {
+  StatusOr<Message> reg = Decode(Encode(Samples()[2]));
+  ASSERT_TRUE(reg.ok()) << reg.status().ToString();
+  EXPECT_EQ(std::get<RegisterRequest>(*reg).registration.model,
+            "org/model@rev");
+  StatsReply stats;
+  stats.stats.model = "org/model@rev";
+  StatusOr<Message> back = Decode(Encode(stats));
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(std::get<StatsReply>(*back).stats.model, "org/model@rev");
 }
 
 TEST(Protocol, EveryTruncationIsAnError) {

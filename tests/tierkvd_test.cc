@@ -4,7 +4,8 @@
 // the same store, a stale segment, and tierkv-admin (stats, metrics, the
 // events in flight, evict and clear). With a disk tier: a working set ten times
 // the host, spilling and promotion under two busy workers, and tierkvd
-// SIGKILLed mid-spill and restarted.
+// SIGKILLed mid-spill and restarted. A worker of another model is refused,
+// and a disk tier reopened under another model serves none of its values.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -70,20 +71,32 @@ class TierkvdTest : public ::testing::Test {
   }
   // A host tier of `slots` usable slots over a disk tier in dir_/disk,
   // spilling early so the disk keeps up with fast workers.
-  void StartDaemonWithDisk(int slots) {
-    StartDaemon(std::to_string((slots + 1) * TestLayout().BlockBytes()),
-                {"--disk-dir", dir_ + "/disk", "--disk-capacity", "64M",
-                 "--spill-high", "0.5", "--spill-low", "0.25"});
+  void StartDaemonWithDisk(int slots,
+                           const std::vector<std::string>& more = {}) {
+    std::vector<std::string> args = {
+        "--disk-dir",   dir_ + "/disk", "--disk-capacity", "64M",
+        "--spill-high", "0.5",          "--spill-low",     "0.25"};
+    args.insert(args.end(), more.begin(), more.end());
+    StartDaemon(std::to_string((slots + 1) * TestLayout().BlockBytes()), args);
+  }
+  // SIGTERM: a clean stop, which lets the disk tier finish its writes.
+  void StopDaemon() {
+    daemon_->Signal(SIGTERM);
+    EXPECT_EQ(daemon_->Wait(), 0) << daemon_->output();
+    daemon_.reset();
   }
   std::unique_ptr<ChildProcess> ManyWorker(const std::string& mode, int seed,
-                                           int requests) {
-    return Spawn({TEST_WORKER_PATH, mode, socket_, std::to_string(seed),
-                  std::to_string(requests)});
+                                           int requests,
+                                           const std::string& model = "") {
+    return Spawn({TEST_WORKER_PATH, "--model", model, mode, socket_,
+                  std::to_string(seed), std::to_string(requests)});
   }
-  std::unique_ptr<Client> Attach(const std::string& name = "test") {
+  std::unique_ptr<Client> Attach(const std::string& name = "test",
+                                 const std::string& model = "") {
     ClientOptions options;
     options.socket_path = socket_;
     options.layout = TestLayout();
+    options.model = model;
     options.num_device_blocks = 64;
     options.name = name;
     auto client = Client::Open(options);
@@ -314,6 +327,30 @@ TEST_F(TierkvdTest, AnotherLayoutIsRefusedWithBothNamed) {
   ASSERT_EQ(client.status().code(), StatusCode::kFailedPrecondition);
   EXPECT_THAT(client.status().message(), HasSubstr("kv_heads=2"));
   EXPECT_THAT(client.status().message(), HasSubstr("kv_heads=8"));
+}
+
+TEST_F(TierkvdTest, AnotherModelIsRefusedWithBothNamed) {
+  StartDaemon("1M", {"--model", "org/model-a"});
+  EXPECT_THAT(daemon_->output(), HasSubstr("model \"org/model-a\""));
+  for (const std::string model : {"org/model-b", ""}) {
+    ClientOptions options;
+    options.socket_path = socket_;
+    options.layout = TestLayout();
+    options.model = model;
+    options.num_device_blocks = 4;
+    auto client = Client::Open(options);
+    ASSERT_EQ(client.status().code(), StatusCode::kFailedPrecondition) << model;
+    EXPECT_THAT(client.status().message(), HasSubstr("\"org/model-a\""));
+    EXPECT_THAT(client.status().message(),
+                HasSubstr(model.empty() ? "(unnamed)" : "\"org/model-b\""));
+  }
+  // The refused workers left nothing behind; one of the model attaches.
+  std::unique_ptr<Client> a = Attach("engine-a", "org/model-a");
+  ASSERT_NE(a, nullptr);
+  EXPECT_EQ(a->Stats().value().model, "org/model-a");
+  auto table = Spawn({TIERKV_ADMIN_PATH, "stats", "--socket", socket_});
+  ASSERT_EQ(table->Wait(), 0) << table->output();
+  EXPECT_THAT(table->output(), HasSubstr("model \"org/model-a\""));
 }
 
 TEST_F(TierkvdTest, NoDaemonIsAClearError) {
@@ -700,6 +737,53 @@ TEST_F(TierkvdTest, KilledMidSpillRestartsWithEverySpilledBlockIntact) {
   const Tally t = ParseTally(verify->output());
   EXPECT_EQ(t.wrong, 0) << verify->output();  // Nothing torn is served.
   EXPECT_GE(static_cast<uint64_t>(t.hit), spilled) << verify->output();
+}
+
+// A disk tier outlives tierkvd, so a restart under another model must not
+// serve what the last model stored: the values carry the store fingerprint
+// (layout and model), and an open under another one deletes them.
+TEST_F(TierkvdTest, DiskValuesOfAnotherModelAreDroppedOnOpen) {
+  auto disk_stats = [this](const std::string& model) {
+    std::unique_ptr<Client> observer = Attach("observer", model);
+    EXPECT_NE(observer, nullptr);
+    return observer == nullptr ? DiskTierStats{}
+                               : *observer->Stats().value().disk;
+  };
+  StartDaemonWithDisk(16, {"--model", "model-a"});
+  auto fill = ManyWorker("fill", 3, 160, "model-a");
+  ASSERT_EQ(fill->Wait(), 0) << fill->output();
+  StopDaemon();
+
+  // Under the same model they survive the restart.
+  StartDaemonWithDisk(16, {"--model", "model-a"});
+  auto verify_a = ManyWorker("verify", 3, 160, "model-a");
+  ASSERT_EQ(verify_a->Wait(), 0) << verify_a->output();
+  EXPECT_GT(ParseTally(verify_a->output()).hit, 0) << verify_a->output();
+  const uint64_t on_disk = disk_stats("model-a").keys;
+  ASSERT_GT(on_disk, 0u);
+  StopDaemon();
+
+  // Model B's tierkvd deletes and counts every one of them; its worker
+  // asking for the same tokens misses.
+  StartDaemonWithDisk(16, {"--model", "model-b"});
+  EXPECT_THAT(daemon_->output(), HasSubstr("(" + std::to_string(on_disk) +
+                                           " of another layout or model)"));
+  const DiskTierStats b = disk_stats("model-b");
+  EXPECT_EQ(b.keys, 0u);
+  EXPECT_EQ(b.layout_mismatches, on_disk);
+  EXPECT_EQ(b.dropped_on_open, on_disk);
+  auto verify_b = ManyWorker("verify", 3, 160, "model-b");
+  ASSERT_EQ(verify_b->Wait(), 0) << verify_b->output();
+  const Tally t = ParseTally(verify_b->output());
+  EXPECT_EQ(t.hit, 0) << verify_b->output();
+  EXPECT_EQ(t.missed, 160);
+  StopDaemon();
+
+  // Deleted, not set aside: model A's next tierkvd finds nothing.
+  StartDaemonWithDisk(16, {"--model", "model-a"});
+  const DiskTierStats a = disk_stats("model-a");
+  EXPECT_EQ(a.keys, 0u);
+  EXPECT_EQ(a.dropped_on_open, 0u);
 }
 
 TEST_F(TierkvdTest, SigtermStopsCleanlyAndRemovesItsFiles) {

@@ -1,4 +1,6 @@
 // tierkv_test_worker: a worker process for the tierkvd integration tests.
+// Every mode takes an optional leading `--model NAME` (ClientOptions::model;
+// default: the unnamed model).
 //   tierkv_test_worker store|load|hang-store SOCKET SEED BLOCKS
 // store: computes BLOCKS blocks of a prompt derived from SEED, fills them
 //   with bytes derived from SEED, stores them; prints "checksum <hex>".
@@ -62,8 +64,9 @@ struct Attached {
   std::unique_ptr<EmulatedDeviceTier> device;
   std::unique_ptr<Client> client;
 };
-StatusOr<Attached> Attach(const std::string& mode, const std::string& socket,
-                          uint32_t seed, int32_t blocks) {
+StatusOr<Attached> Attach(const std::string& model, const std::string& mode,
+                          const std::string& socket, uint32_t seed,
+                          int32_t blocks) {
   Attached out;
   TIERKV_ASSIGN_OR_RETURN(
       out.device,
@@ -71,6 +74,7 @@ StatusOr<Attached> Attach(const std::string& mode, const std::string& socket,
   ClientOptions options;
   options.socket_path = socket;
   options.layout = TestLayout();
+  options.model = model;
   options.num_device_blocks = blocks + 2;
   options.name = mode + "-" + std::to_string(seed);
   options.device = out.device.get();
@@ -172,9 +176,10 @@ class RequestRunner {
   RequestId next_id_ = 1;
 };
 
-int RunMany(const std::string& mode, const std::string& socket, uint32_t seed,
-            int32_t requests, int32_t blocks) {
-  auto attached = Attach(mode, socket, seed, blocks);
+int RunMany(const std::string& model, const std::string& mode,
+            const std::string& socket, uint32_t seed, int32_t requests,
+            int32_t blocks) {
+  auto attached = Attach(model, mode, socket, seed, blocks);
   if (!attached.ok()) return Fail(attached.status());
   auto& [device, client] = *attached;
   RequestRunner runner(*client, *device, blocks);
@@ -210,9 +215,9 @@ int RunMany(const std::string& mode, const std::string& socket, uint32_t seed,
   return 0;
 }
 
-int Run(const std::string& mode, const std::string& socket, uint32_t seed,
-        int32_t blocks) {
-  auto attached = Attach(mode, socket, seed, blocks);
+int Run(const std::string& model, const std::string& mode,
+        const std::string& socket, uint32_t seed, int32_t blocks) {
+  auto attached = Attach(model, mode, socket, seed, blocks);
   if (!attached.ok()) return Fail(attached.status());
   auto& [device, client] = *attached;
   Client& c = *client;
@@ -266,22 +271,28 @@ int Run(const std::string& mode, const std::string& socket, uint32_t seed,
 }  // namespace tierkv
 
 int main(int argc, char** argv) {
+  std::string model;
+  if (argc > 2 && std::string(argv[1]) == "--model") {
+    model = argv[2];
+    argv += 2;  // argv[0] is not used below.
+    argc -= 2;
+  }
   const std::string mode = argc > 1 ? argv[1] : "";
   if ((mode == "fill" || mode == "verify" || mode == "churn") &&
       (argc == 5 || argc == 6)) {
     return tierkv::RunMany(
-        mode, argv[2], static_cast<uint32_t>(std::stoul(argv[3])),
+        model, mode, argv[2], static_cast<uint32_t>(std::stoul(argv[3])),
         std::stoi(argv[4]), argc == 6 ? std::stoi(argv[5]) : 1);
   }
   if (argc != 5) {
     std::fprintf(stderr,
-                 "usage: tierkv_test_worker store|load|hang-store SOCKET SEED "
-                 "BLOCKS\n"
-                 "       tierkv_test_worker fill|verify|churn SOCKET SEED "
-                 "REQUESTS [BLOCKS]\n");
+                 "usage: tierkv_test_worker [--model NAME] "
+                 "store|load|hang-store SOCKET SEED BLOCKS\n"
+                 "       tierkv_test_worker [--model NAME] fill|verify|churn "
+                 "SOCKET SEED REQUESTS [BLOCKS]\n");
     return 2;
   }
-  return tierkv::Run(argv[1], argv[2],
+  return tierkv::Run(model, argv[1], argv[2],
                      static_cast<uint32_t>(std::stoul(argv[3])),
                      std::stoi(argv[4]));
 }

@@ -28,14 +28,14 @@
 //   | u64 payload checksum (XXH3-64 of the uncompressed payload)
 //   | u64 stored checksum (XXH3-64 of the stored bytes; the same value when
 //     the codec is none, so a raw payload is hashed once)
-//   | u16 fingerprint length | layout fingerprint
+//   | u16 fingerprint length | store fingerprint (layout and model)
 //   | u32 token count | u32 token ids
 //   | u64 header checksum (XXH3-64 of every header byte before it)
 //   | stored bytes (the payload after the codec)
 // Open verifies every value's header and stored checksum (one read of the
 // store, no decompression); Get verifies all three checksums. A value that
-// fails, or that belongs to another layout, is deleted and counted, never
-// served.
+// fails, or that belongs to another layout or model, is deleted and counted,
+// never served.
 #ifndef TIERKV_TIERS_DISK_TIER_H_
 #define TIERKV_TIERS_DISK_TIER_H_
 
@@ -190,8 +190,9 @@ struct DiskTierOptions {
   // on disk can exceed it by RocksDB's space amplification until compaction
   // reclaims deleted values (DiskTierStats::file_bytes shows it).
   uint64_t capacity_bytes = 0;
-  // Required. KvLayout::Fingerprint() of the store. Values written under
-  // another fingerprint are dropped on open.
+  // Required. StoreFingerprint(layout, model) of the store (src/kv_layout.h).
+  // Values written under another fingerprint (another layout or model) are
+  // deleted on open and counted in layout_mismatches.
   std::string layout_fingerprint;
   // Required. KvLayout::BlockBytes(): the payload of every Put and Get.
   size_t block_bytes = 0;
@@ -226,8 +227,8 @@ class DiskTier {
       const DiskTierOptions& options);
   // Rebuilds the in-memory index and LRU from `storage`: every value is
   // read once, its header and stored checksum verified; bad values and
-  // values of another layout are deleted and counted. The LRU order is the
-  // write order (reads of a previous run are not remembered). If the store
+  // values of another layout or model are deleted and counted. The LRU order is
+  // the write order (reads of a previous run are not remembered). If the store
   // holds more than capacity_bytes, the oldest values are evicted.
   // InvalidArgument for bad options.
   static StatusOr<std::unique_ptr<DiskTier>> Open(

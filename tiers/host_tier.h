@@ -28,9 +28,11 @@ struct HostTierOptions {
   std::string segment_name;
   int32_t num_slots = 0;  // Including the null slot 0. Required, >= 2.
   size_t slot_bytes = 0;  // One KV block (KvLayout::BlockBytes()). Required.
-  std::string layout_fingerprint;  // Written to the header; checked on Attach.
-  mode_t mode = 0600;              // Default: owner only.
-  std::optional<gid_t> group;      // Default: the creator's group.
+  // StoreFingerprint(layout, model): written to the header; checked on
+  // Attach.
+  std::string layout_fingerprint;
+  mode_t mode = 0600;          // Default: owner only.
+  std::optional<gid_t> group;  // Default: the creator's group.
 };
 
 class HostTier {

@@ -237,6 +237,7 @@ std::string FormatStatsTable(const CoordinatorStats& stats) {
   const HostTierStats& h = stats.host;
   const int64_t used = h.used_slots;
   std::ostringstream out;
+  out << "model " << ModelDisplayName(stats.model) << "\n";
   char line[256];
   std::snprintf(line, sizeof(line),
                 "%-6s %11s %11s %11s %8s %10s %10s %8s %10s %9s\n", "tier",
@@ -280,7 +281,8 @@ std::string FormatStatsTable(const CoordinatorStats& stats) {
         << h.spill_failures << "; promoted " << h.promotions
         << ", failed promotions " << h.promotion_failures
         << "; checksum failures " << d.checksum_failures << ", dropped on open "
-        << d.dropped_on_open << ")\n";
+        << d.dropped_on_open << " (of another layout or model "
+        << d.layout_mismatches << "))\n";
   }
   out << "events in flight: " << h.events_in_flight;
   if (h.events_in_flight > 0) {
@@ -314,7 +316,7 @@ std::string FormatWorkers(const CoordinatorStats& stats) {
 std::string FormatStatsJson(const CoordinatorStats& stats) {
   const HostTierStats& h = stats.host;
   std::ostringstream out;
-  out << "{\"tiers\":{\"host\":{"
+  out << "{\"model\":" << JsonString(stats.model) << ",\"tiers\":{\"host\":{"
       << "\"slot_bytes\":" << h.slot_bytes
       << ",\"capacity_slots\":" << h.capacity_slots
       << ",\"capacity_bytes\":" << h.capacity_slots * h.slot_bytes

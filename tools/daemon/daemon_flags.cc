@@ -239,6 +239,11 @@ po::options_description SettingOptions(DaemonCommand& command,
       " or /tmp/tierkv-<uid>-<store>.sock)")(
       "host-capacity", po::value(&raw.capacity)->default_value(raw.capacity),
       "host DRAM for KV blocks (K, M, G, T suffixes, powers of 1024)")(
+      "model", po::value(&s.model)->value_name("NAME"),
+      "the model whose KV this store serves, e.g. "
+      "meta-llama/Llama-3.1-8B-Instruct; workers of another model are "
+      "refused, and the disk tier drops values of another model on open "
+      "(default: unnamed; name it whenever models share a KV layout)")(
       "layers", po::value(&s.layout.num_layers)->required(),
       "KV layout: number of layers (required)")(
       "kv-heads", po::value(&s.layout.num_kv_heads)->required(),
@@ -323,6 +328,9 @@ StatusOr<DaemonCommand> Finish(DaemonCommand command, const RawOptions& raw,
     }
     s.group = g->gr_gid;
   }
+  if (Status m = ValidateModelName(s.model); !m.ok()) {
+    return Status::InvalidArgument(where("model") + ": " + m.message());
+  }
   if (Status v = s.layout.Validate(); !v.ok()) {
     return Status::InvalidArgument("layout: " + v.message());
   }
@@ -363,11 +371,12 @@ StatusOr<DaemonCommand> ParseDaemonFlags(int argc, const char* const* argv) {
   po::options_description all;
   all.add(general).add(settings);
   std::ostringstream help;
-  help << general << "\n"
-       << settings
-       << "\nExample:\n  tierkvd --layers 32 --kv-heads 8 --head-dim "
-          "128 --host-capacity 8G \\\n      --disk-dir /var/lib/tierkv/default "
-          "--disk-capacity 200G\n";
+  help
+      << general << "\n"
+      << settings
+      << "\nExample:\n  tierkvd --model meta-llama/Llama-3.1-8B-Instruct "
+         "--layers 32 --kv-heads 8 \\\n      --head-dim 128 --host-capacity 8G "
+         "--disk-dir /var/lib/tierkv/default \\\n      --disk-capacity 200G\n";
   command.help_text = help.str();
 
   po::variables_map vm;
