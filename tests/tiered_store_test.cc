@@ -201,6 +201,19 @@ class TieredStoreTest : public ::testing::Test {
     return out;
   }
 
+  // Values in RocksDB itself (not the disk tier's index), once flushed.
+  size_t StoredValues() {
+    EXPECT_TRUE(disk_->Flush().ok());
+    size_t values = 0;
+    EXPECT_TRUE(corrupting_
+                    ->ForEach([&](std::string_view, std::string_view) {
+                      ++values;
+                      return Status::Ok();
+                    })
+                    .ok());
+    return values;
+  }
+
   const TempDir scratch_{"tiered_store_test"};
   const std::string dir_ = scratch_.path();
   std::unique_ptr<HostTier> host_;
@@ -293,15 +306,7 @@ TEST_F(TieredStoreTest, EvictAndClearRemoveBlocksFromDisk) {
   EXPECT_GT(c().Clear(TierSelection::kAll).value().host_dropped, 0u);
   EXPECT_EQ(Load(RequestTokens(3, 5)).hit_blocks, 0);
   // The values are gone from RocksDB too, not just from the index.
-  ASSERT_TRUE(disk_->Flush().ok());
-  size_t values = 0;
-  ASSERT_TRUE(corrupting_
-                  ->ForEach([&](std::string_view, std::string_view) {
-                    ++values;
-                    return Status::Ok();
-                  })
-                  .ok());
-  EXPECT_EQ(values, 0u);
+  EXPECT_EQ(StoredValues(), 0u);
   EXPECT_TRUE(c().host_pool().CheckInvariants().ok());
 }
 
@@ -412,15 +417,7 @@ class MidSpillTest : public TieredStoreTest {
     EXPECT_EQ(s.disk->keys, 0u);
     EXPECT_EQ(Load(tokens).hit_blocks, 0);
     // The values are gone from RocksDB too, not just from the index.
-    ASSERT_TRUE(disk_->Flush().ok());
-    size_t values = 0;
-    ASSERT_TRUE(corrupting_
-                    ->ForEach([&](std::string_view, std::string_view) {
-                      ++values;
-                      return Status::Ok();
-                    })
-                    .ok());
-    EXPECT_EQ(values, 0u);
+    EXPECT_EQ(StoredValues(), 0u);
     EXPECT_TRUE(c().host_pool().CheckInvariants().ok());
   }
 };
