@@ -216,8 +216,9 @@ StatusOr<StatsPageSnapshot> StatsPageReader::Read() const {
         strnlen(header->socket_path, sizeof(header->socket_path)));
     return out;
   }
-  return Status::Unavailable("the stats page was being rewritten on each of " +
-                             std::to_string(kTries) + " tries");
+  return Status::Unavailable("the stats page was mid-update on each of " +
+                             std::to_string(kTries) +
+                             " tries (its tierkvd may be stopped or stuck)");
 }
 
 bool StatsPageIsFresh(const StatsPageSnapshot& snapshot,

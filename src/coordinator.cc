@@ -440,6 +440,12 @@ StatusOr<CommitResult> Coordinator::Commit(
   for (int32_t b = r.next_store_block; b < full; ++b) {
     const BlockKey& key = r.keys[b];
     std::span<const TokenId> tokens = BlockTokens(r, b);
+    if (!discarded_spills_.empty() && discarded_spills_.contains(key)) {
+      // Its slot stays keyed until the discarded spill finishes; storing
+      // the key again then would need a second slot under one key.
+      ++result.skipped_blocks;
+      continue;
+    }
     if (HostHas(key, tokens) || keys_being_stored_.contains(key)) continue;
     std::vector<BlockId> slot;
     if (!host_pool_.GetNewBlocks(1, &slot).ok()) {

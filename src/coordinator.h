@@ -159,7 +159,9 @@ struct AllocateResult {
 
 struct CommitResult {
   std::vector<TransferEvent> stores;  // Zero or one event.
-  int32_t skipped_blocks = 0;         // Full blocks no slot was free for.
+  // Full blocks not stored: no slot was free, or an operator dropped the
+  // key while its spill runs (Evict, Clear).
+  int32_t skipped_blocks = 0;
 };
 
 struct CompletedEvent {

@@ -83,10 +83,11 @@ Status ValidateModelName(std::string_view model) {
         " bytes is longer than " + std::to_string(kMaxModelNameBytes));
   }
   for (char c : model) {
-    if (c <= ' ' || c > '~') {
+    if (c <= ' ' || c > '~' || c == '#') {
       return Status::InvalidArgument(
           "model name '" + std::string(model) +
-          "' may hold printable ASCII only, without spaces");
+          "' may hold printable ASCII only, without spaces or '#' (which "
+          "starts a comment in tierkvd's config file)");
     }
   }
   return Status::Ok();

@@ -741,6 +741,31 @@ TEST_F(SpillTest, EvictMidSpillDropsTheBlockFromHostAndDisk) {
   }
 }
 
+TEST_F(SpillTest, StoreOfAKeyWhoseSpillIsDiscardedIsCountedSkipped) {
+  const std::vector<TokenId> t = SequentialTokens(1, 17);
+  const BlockKey key = StoreOneBlock(1, t);
+  const BlockKey keys[] = {key};
+  ASSERT_TRUE(c_.Evict(keys)[0].host_dropped);
+
+  // A worker computes the block again while the discarded spill runs: its
+  // slot still holds the key, so the store is skipped, and says so.
+  ASSERT_EQ(c_.Lookup(w_, 2, t, 0, {}).value().hit_tokens, 0);
+  const BlockId device[] = {1, 2};
+  ASSERT_TRUE(c_.Allocate(w_, 2, device, 0).ok());
+  const CommitResult commit = c_.Commit(w_, 2, 16, device).value();
+  EXPECT_TRUE(commit.stores.empty());
+  EXPECT_EQ(commit.skipped_blocks, 1);
+  EXPECT_EQ(c_.stats().host.store_skipped, 1u);
+  ASSERT_TRUE(c_.Finish(w_, 2).ok());
+
+  lower_.Land(0);
+  c_.PumpLowerTier();
+  ExpectGoneEverywhere(key, t);
+  // Once the spill is done, the block can be stored again.
+  StoreOneBlock(3, t);
+  EXPECT_EQ(HitTokens(4, t), 16);
+}
+
 TEST_F(SpillTest, EvictMidSpillKeepsABlockAWorkerPins) {
   const std::vector<TokenId> t = SequentialTokens(1, 17);
   const BlockKey key = StoreOneBlock(1, t);

@@ -171,6 +171,19 @@ TEST_F(DaemonFlagsTest, ABadModelNameIsNamed) {
   EXPECT_THAT(Error({"--layers", "2", "--kv-heads", "4", "--head-dim", "64",
                      "--model", "caf\xc3\xa9"}),
               HasSubstr("--model: model name 'caf"));
+  // '#' starts a comment in the config file: a name with one would be cut.
+  EXPECT_THAT(Error({"--layers", "2", "--kv-heads", "4", "--head-dim", "64",
+                     "--model", "org/m#rev"}),
+              HasSubstr("without spaces or '#'"));
+}
+
+TEST_F(DaemonFlagsTest, MaxWorkersIsBoundedByWhatAStatsReplyLists) {
+  WriteConfig(std::string(kLayout) + "max-workers = 5000\n");
+  EXPECT_THAT(Error({"--config", config_}),
+              HasSubstr(config_ + ":4: max-workers '5000': 1 to 4096"));
+  WriteConfig(std::string(kLayout) + "max-workers = 0\n");
+  EXPECT_THAT(Error({"--config", config_}),
+              HasSubstr(config_ + ":4: max-workers '0'"));
 }
 
 TEST_F(DaemonFlagsTest, ABadFlagIsNamedAsTheFlagEvenWhenTheFileSetsItToo) {

@@ -149,7 +149,7 @@ TEST(KvLayout, ModelNames) {
   EXPECT_EQ(ValidateModelName(std::string(kMaxModelNameBytes + 1, 'm')).code(),
             StatusCode::kInvalidArgument);
   for (const char* bad :
-       {"two words", "tab\there", "new\nline", "caf\xc3\xa9"}) {
+       {"two words", "tab\there", "new\nline", "caf\xc3\xa9", "org/m#rev"}) {
     EXPECT_EQ(ValidateModelName(bad).code(), StatusCode::kInvalidArgument)
         << bad;
   }

@@ -104,8 +104,8 @@ StatusOr<std::unique_ptr<HostTier>> HostTier::Attach(
       strnlen(header->layout_fingerprint, kFingerprintBytes));
   if (fingerprint != layout_fingerprint) {
     return Status::FailedPrecondition(
-        "host tier '" + segment_name + "' holds layout " + fingerprint +
-        ", this worker uses " + layout_fingerprint);
+        "host tier '" + segment_name + "' holds the store (layout, model) " +
+        fingerprint + ", this worker uses " + layout_fingerprint);
   }
   if (header->slot_bytes != slot_bytes || header->num_slots != num_slots ||
       segment.size() < kSlotAlignment + slot_bytes * num_slots) {

@@ -655,7 +655,11 @@ std::optional<StatsRead> ReadStats(const AdminCommand& command,
     if (page.ok()) return std::move(*page);
     if (command.source == "page") {
       err << "tierkv-admin: " << page.status().message() << "\n";
-      *code = page.status().code() == StatusCode::kPermissionDenied ? 1 : 3;
+      // 3 says no tierkvd publishes; a page that is there but will not do
+      // (another tierkvd's, another version's, unreadable) is a failure.
+      const StatusCode c = page.status().code();
+      *code =
+          c == StatusCode::kNotFound || c == StatusCode::kUnavailable ? 3 : 1;
       return std::nullopt;
     }
   }

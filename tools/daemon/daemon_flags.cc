@@ -17,6 +17,8 @@
 #include <string_view>
 #include <vector>
 
+#include "ipc/protocol.h"
+
 namespace tierkv::daemon {
 namespace po = boost::program_options;
 
@@ -341,6 +343,11 @@ StatusOr<DaemonCommand> Finish(DaemonCommand command, const RawOptions& raw,
                                    "': at least 1 second");
   }
   command.stop_timeout = std::chrono::seconds(raw.stop_timeout);
+  if (s.max_workers < 1 || s.max_workers > ipc::kMaxWorkersListed) {
+    return Status::InvalidArgument(where("max-workers") + " '" +
+                                   std::to_string(s.max_workers) + "': 1 to " +
+                                   std::to_string(ipc::kMaxWorkersListed));
+  }
   if (raw.stats_interval_ms < 10 || raw.stats_interval_ms > 60000) {
     return Status::InvalidArgument(where("stats-interval-ms") + " '" +
                                    std::to_string(raw.stats_interval_ms) +
