@@ -276,7 +276,7 @@ po::options_description SettingOptions(DaemonCommand& command,
       "spill-low", po::value(&s.spill_low)->default_value(s.spill_low, "0.7"),
       "spilling stops once at most this fraction is in use")(
       "max-workers", po::value(&s.max_workers)->default_value(s.max_workers),
-      "most workers attached at once")(
+      "most workers attached at once (1 to 4096)")(
       "stats-interval-ms",
       po::value(&raw.stats_interval_ms)->default_value(raw.stats_interval_ms),
       "milliseconds between snapshots in the stats page "
