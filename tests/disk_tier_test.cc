@@ -183,14 +183,16 @@ TEST_P(DiskTierCodecTest, TruncatedStoredBytesAreDataLoss) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Codecs, DiskTierCodecTest,
-                         ::testing::Values(DiskCodec::kNone, DiskCodec::kLz4,
-                                           DiskCodec::kLz4BytePlanes),
-                         [](const auto& info) {
-                           std::string name(DiskCodecName(info.param));
-                           std::erase(name, '-');
-                           return name;
-                         });
+// Every codec, and a test name for each ("lz4byteplanes").
+const auto kEveryCodec = ::testing::Values(DiskCodec::kNone, DiskCodec::kLz4,
+                                           DiskCodec::kLz4BytePlanes);
+std::string CodecTestName(const ::testing::TestParamInfo<DiskCodec>& info) {
+  std::string name(DiskCodecName(info.param));
+  std::erase(name, '-');
+  return name;
+}
+
+INSTANTIATE_TEST_SUITE_P(Codecs, DiskTierCodecTest, kEveryCodec, CodecTestName);
 
 TEST(DiskTierCodec, IncompressibleBytesAreStoredRaw) {
   std::vector<std::byte> payload(16384);
@@ -254,14 +256,8 @@ TEST_P(DiskTierRoundTripTest, BlocksComeBackBitExact) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Codecs, DiskTierRoundTripTest,
-                         ::testing::Values(DiskCodec::kNone, DiskCodec::kLz4,
-                                           DiskCodec::kLz4BytePlanes),
-                         [](const auto& info) {
-                           std::string name(DiskCodecName(info.param));
-                           std::erase(name, '-');
-                           return name;
-                         });
+INSTANTIATE_TEST_SUITE_P(Codecs, DiskTierRoundTripTest, kEveryCodec,
+                         CodecTestName);
 
 TEST_F(DiskTierTest, MissAndRemove) {
   std::unique_ptr<DiskTier> tier = OpenTier(Options());

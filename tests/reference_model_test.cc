@@ -20,6 +20,7 @@
 #include "src/kv_cache_manager.h"
 #include "src/request.h"
 #include "src/rope_remap.h"
+#include "tests/kv_element.h"
 
 namespace tierkv {
 namespace {
@@ -228,17 +229,6 @@ double UlpAt(DType d, double mag) {
   return std::ldexp(1.0, std::max(e, min_exp) - mantissa);
 }
 
-float LoadElem(DType d, const std::byte* p) {
-  if (d == DType::kF32) {
-    float f;
-    std::memcpy(&f, p, 4);
-    return f;
-  }
-  uint16_t h;
-  std::memcpy(&h, p, 2);
-  return d == DType::kF16 ? internal::HalfToFloat(h) : internal::Bf16ToFloat(h);
-}
-
 // fp32 arithmetic noise of one rotation, relative to the pair's norm: cos
 // and sin rounded to float (2^-24 each), two products and their sum rounded
 // (2^-24 each, weighted by |x c| + |y s| <= sqrt(2) |pair|): under 6 units
@@ -344,12 +334,12 @@ TEST_P(ReferenceModelRemap, RemappedChunkMatchesDirectComputation) {
         ASSERT_TRUE(ApplyRope(rope, w, kReal + t, head).ok());
         for (int32_t p = 0; p < 8; ++p) {
           const int32_t xi = g * 16 + p, yi = xi + 8;  // NeoX pairs.
-          const double x = LoadElem(dtype, cached_k + xi * es);
-          const double y = LoadElem(dtype, cached_k + yi * es);
+          const double x = LoadKvElement(dtype, cached_k + xi * es);
+          const double y = LoadKvElement(dtype, cached_k + yi * es);
           const double c = std::cos(delta * w[p]), s = std::sin(delta * w[p]);
           const double exact[2] = {x * c - y * s, x * s + y * c};
-          const double got[2] = {LoadElem(dtype, got_k + xi * es),
-                                 LoadElem(dtype, got_k + yi * es)};
+          const double got[2] = {LoadKvElement(dtype, got_k + xi * es),
+                                 LoadKvElement(dtype, got_k + yi * es)};
           const double want[2] = {direct[xi], direct[yi]};
           const double norm = std::hypot(want[0], want[1]);
           for (int i = 0; i < 2; ++i) {
@@ -376,7 +366,7 @@ TEST_P(ReferenceModelRemap, RemappedChunkMatchesDirectComputation) {
       }
       for (int32_t e = 0; e < kWidth; ++e) {
         const double model = r_out.layers[l].k[t * kWidth + e];
-        diff2 += std::pow(LoadElem(dtype, got_k + e * es) - model, 2);
+        diff2 += std::pow(LoadKvElement(dtype, got_k + e * es) - model, 2);
         norm2 += model * model;
       }
       worst.deep_rel = std::max(worst.deep_rel, std::sqrt(diff2 / norm2));

@@ -18,6 +18,7 @@
 
 #include "src/kv_layout.h"
 #include "src/rope.h"
+#include "tests/kv_element.h"
 
 namespace tierkv {
 namespace {
@@ -164,17 +165,6 @@ TEST(RopeRemap, Bf16RoundsToNearestEven) {
 
 // ---------------------------------------------------------------------------
 // Remap fixtures.
-
-float Load(DType d, const std::byte* p) {
-  if (d == DType::kF32) {
-    float f;
-    std::memcpy(&f, p, 4);
-    return f;
-  }
-  uint16_t h;
-  std::memcpy(&h, p, 2);
-  return d == DType::kF16 ? internal::HalfToFloat(h) : internal::Bf16ToFloat(h);
-}
 
 void Store(DType d, float f, std::byte* p) {
   if (d == DType::kF32) {
@@ -324,7 +314,7 @@ double CheckHead(const RopeConfig& rope, std::span<const double> w, DType d,
   const size_t es = DTypeSize(d);
   std::vector<float> exact(rope.head_dim);
   for (int32_t e = 0; e < rope.head_dim; ++e) {
-    exact[e] = Load(d, cached + e * es);
+    exact[e] = LoadKvElement(d, cached + e * es);
   }
   EXPECT_TRUE(ApplyRope(rope, w, delta, exact).ok());
   double worst = 0;
@@ -332,7 +322,7 @@ double CheckHead(const RopeConfig& rope, std::span<const double> w, DType d,
     auto [xi, yi] = PairOf(rope, p);
     double norm = std::hypot(direct[xi], direct[yi]);
     for (int32_t e : {xi, yi}) {
-      double value = Load(d, got + e * es);
+      double value = LoadKvElement(d, got + e * es);
       double once = 0.5 * UlpAt(d, std::abs(exact[e])) + kFp32Noise * norm;
       double straight =
           d == DType::kF32 ? 1e-6 * norm : kDirectUlps * UlpAt(d, norm);
