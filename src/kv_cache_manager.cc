@@ -81,9 +81,13 @@ Status KVCacheManager::CheckComputedStillCached(
 
 StatusOr<std::vector<BlockId>> KVCacheManager::AllocateSlots(
     const Request& request, int32_t num_new_tokens,
-    const ComputedBlocks& computed) {
+    const ComputedBlocks& computed, int32_t num_external_tokens) {
   if (num_new_tokens < 0) {
     return Status::InvalidArgument("num_new_tokens must be >= 0");
+  }
+  if (num_external_tokens < 0 || num_external_tokens > num_new_tokens) {
+    return Status::InvalidArgument(
+        "num_external_tokens must be within 0..num_new_tokens");
   }
   TIERKV_RETURN_IF_ERROR(CheckBlockSize(request));
   auto it = requests_.find(request.id());
@@ -92,10 +96,22 @@ StatusOr<std::vector<BlockId>> KVCacheManager::AllocateSlots(
     return Status::InvalidArgument(
         "computed blocks are only taken on a request's first allocation");
   }
+  if (!is_new && it->second.load_end > 0) {
+    return Status::FailedPrecondition(
+        "request " + std::to_string(request.id()) +
+        " waits for an external load; CompleteExternalLoad first");
+  }
   TIERKV_RETURN_IF_ERROR(CheckComputedStillCached(request, computed));
 
   const int32_t bs = pool_.block_size();
   const int64_t have_tokens = is_new ? 0 : it->second.num_tokens;
+  const int64_t load_start = have_tokens + computed.num_tokens;
+  if (num_external_tokens > 0 && load_start % bs != 0) {
+    return Status::InvalidArgument(
+        "an external load must start at a block "
+        "boundary, not at token " +
+        std::to_string(load_start));
+  }
   const size_t have_blocks = is_new ? 0 : it->second.blocks.size();
   const int64_t total =
       have_tokens + int64_t{computed.num_tokens} + int64_t{num_new_tokens};
@@ -129,13 +145,63 @@ StatusOr<std::vector<BlockId>> KVCacheManager::AllocateSlots(
   TIERKV_RETURN_IF_ERROR(pool_.GetNewBlocks(needed, &new_blocks));
   state.blocks.insert(state.blocks.end(), new_blocks.begin(), new_blocks.end());
   state.num_tokens = static_cast<int32_t>(total);
+  if (num_external_tokens > 0) {
+    state.load_start = static_cast<int32_t>(load_start);
+    state.load_end = static_cast<int32_t>(load_start) + num_external_tokens;
+  }
   TIERKV_RETURN_IF_ERROR(CacheFullBlocks(request, &state));
   return new_blocks;
 }
 
+StatusOr<ExternalLoadResult> KVCacheManager::CompleteExternalLoad(
+    const Request& request, int32_t num_loaded_tokens) {
+  auto it = requests_.find(request.id());
+  if (it == requests_.end()) {
+    return Status::NotFound("request " + std::to_string(request.id()) +
+                            " holds no blocks");
+  }
+  RequestState& state = it->second;
+  if (state.load_end == 0) {
+    return Status::FailedPrecondition("request " +
+                                      std::to_string(request.id()) +
+                                      " has no external load outstanding");
+  }
+  const int32_t expected = state.load_end - state.load_start;
+  if (num_loaded_tokens < 0 || num_loaded_tokens > expected) {
+    return Status::InvalidArgument("the load of request " +
+                                   std::to_string(request.id()) + " had " +
+                                   std::to_string(expected) + " tokens, not " +
+                                   std::to_string(num_loaded_tokens));
+  }
+  ExternalLoadResult result{.num_computed_tokens = state.load_end,
+                            .failed_blocks = {}};
+  const int32_t bs = pool_.block_size();
+  if (num_loaded_tokens < expected) {
+    // Only whole blocks count: the engine recomputes from the first block
+    // that did not load, and nothing after it is keyed before it is.
+    const int32_t good = state.load_start + num_loaded_tokens / bs * bs;
+    const auto first_failed = static_cast<size_t>(good / bs);
+    const auto end = std::min(state.blocks.size(),
+                              static_cast<size_t>(CeilDiv(state.load_end, bs)));
+    for (size_t i = first_failed; i < end; ++i) {
+      result.failed_blocks.push_back(state.blocks[i]);
+    }
+    state.num_tokens = std::min(state.num_tokens, good);
+    result.num_computed_tokens = good;
+  }
+  state.load_start = state.load_end = 0;
+  TIERKV_RETURN_IF_ERROR(CacheFullBlocks(request, &state));
+  return result;
+}
+
+bool KVCacheManager::IsLoading(RequestId id) const {
+  auto it = requests_.find(id);
+  return it != requests_.end() && it->second.load_end > 0;
+}
+
 Status KVCacheManager::CacheFullBlocks(const Request& request,
                                        RequestState* state) {
-  if (!enable_caching_) return Status::Ok();
+  if (!enable_caching_ || state->load_end > 0) return Status::Ok();
   const int32_t bs = pool_.block_size();
   const int32_t known = std::min(state->num_tokens, request.num_tokens());
   const int32_t full = std::min<int32_t>(

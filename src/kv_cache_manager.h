@@ -9,6 +9,14 @@
 // several calls) -> [AppendToken on the Request, then CanAppend/MayAppend per
 // decode step]* -> Free.
 //
+// Blocks an external load fills (a tierkv load event, from host or disk) are
+// not prefix hits before their bytes exist: AllocateSlots with
+// num_external_tokens > 0 keys none of the request's blocks until
+// CompleteExternalLoad says how much of the load landed (vLLM's
+// delay_cache_blocks). Blocks of a failed or cut load are never keyed; they
+// are reported for the engine to recompute (vLLM's
+// get_block_ids_with_load_errors).
+//
 // As in seed 003, MayAppend runs before the step that computes the appended
 // token's KV, and keys a block the moment that token fills it. A token that
 // ends the request (sampled, never computed) must not be passed to
@@ -42,6 +50,16 @@ struct PrefixCacheStats {
   uint64_t evictions = 0;     // Cached blocks dropped for reuse.
 };
 
+// What CompleteExternalLoad found.
+struct ExternalLoadResult {
+  // Tokens of the request whose KV now exists: the engine computes from
+  // here. Less than the load's end when the load failed or was cut.
+  int32_t num_computed_tokens = 0;
+  // Blocks the load should have filled and did not, in order; they hold no
+  // valid KV and no key until the engine recomputes them.
+  std::vector<BlockId> failed_blocks;
+};
+
 // The cached prefix of a request: blocks in order and the tokens they cover.
 struct ComputedBlocks {
   std::vector<BlockId> blocks;
@@ -67,9 +85,29 @@ class KVCacheManager {
   // ResourceExhausted, with nothing changed, when too few blocks are free;
   // InvalidArgument for a request that could never fit the pool or was keyed
   // for another block size.
+  //
+  // num_external_tokens: the first of the new tokens whose KV an external
+  // load brings (tierkv's AllocateResult::load) instead of the engine's
+  // forward pass. The load must start at a block boundary. Until
+  // CompleteExternalLoad, no block of the request is keyed, so no other
+  // request hits a block whose bytes are still on their way. Default: 0.
   StatusOr<std::vector<BlockId>> AllocateSlots(
       const Request& request, int32_t num_new_tokens,
-      const ComputedBlocks& computed = {});
+      const ComputedBlocks& computed = {}, int32_t num_external_tokens = 0);
+
+  // The external load of AllocateSlots finished: its first
+  // `num_loaded_tokens` tokens got their KV (0 when the copy failed or the
+  // load was lost with tierkvd). Keys the request's blocks up to the first
+  // block that did not load, or all of them when everything loaded. When
+  // the load fell short, the request's tokens with slots roll back to
+  // num_computed_tokens (its blocks stay held): the engine recomputes from
+  // there, with AllocateSlots for the tokens it computes, which keys them.
+  // NotFound for an unknown request, FailedPrecondition when it has no load
+  // outstanding, InvalidArgument for more tokens than the load had.
+  StatusOr<ExternalLoadResult> CompleteExternalLoad(const Request& request,
+                                                    int32_t num_loaded_tokens);
+  // Whether the request waits for an external load.
+  bool IsLoading(RequestId id) const;
 
   // Seed 003's decode path, called after each Request::AppendToken.
   // CanAppend: enough blocks are free for the tokens the request's blocks do
@@ -116,6 +154,10 @@ class KVCacheManager {
     std::vector<BlockId> blocks;
     int32_t num_tokens = 0;         // Tokens that have slots.
     int32_t num_cached_blocks = 0;  // Leading blocks already keyed.
+    // An external load outstanding: tokens [load_start, load_end) wait for
+    // their KV and nothing of the request is keyed. load_end == 0: none.
+    int32_t load_start = 0;
+    int32_t load_end = 0;
   };
 
   KVCacheManager(BlockPool pool, bool enable_caching)

@@ -214,5 +214,93 @@ TEST(RequestTest, BlockTokensPastTheEndIsEmpty) {
   EXPECT_TRUE(r.block_tokens(-1).empty());
 }
 
+// An external load's blocks are no prefix hits before their bytes land
+// (vLLM's delay_cache_blocks): a second request on the engine misses them.
+TEST_F(KVCacheManagerTest, DelayedCachingHidesBlocksWaitingForALoad) {
+  KVCacheManager m = Make(10);
+  Request a(1, SequentialTokens(1, 13), 4, hasher_);
+  // Blocks 1-2 come from tierkv (8 tokens), block 3 and the last token's
+  // block are computed.
+  ASSERT_THAT(m.AllocateSlots(a, 13, {}, /*num_external_tokens=*/8).value(),
+              ElementsAre(1, 2, 3, 4));
+  EXPECT_TRUE(m.IsLoading(1));
+  EXPECT_EQ(m.pool().num_cached_blocks(), 0u);
+  Request b(2, SequentialTokens(1, 13), 4, hasher_);
+  EXPECT_TRUE(m.GetComputedBlocks(b).blocks.empty());
+  // Nothing more is allocated for a request while its load runs.
+  EXPECT_EQ(m.AllocateSlots(a, 1).status().code(),
+            StatusCode::kFailedPrecondition);
+
+  ExternalLoadResult done = m.CompleteExternalLoad(a, 8).value();
+  EXPECT_EQ(done.num_computed_tokens, 8);
+  EXPECT_TRUE(done.failed_blocks.empty());
+  EXPECT_FALSE(m.IsLoading(1));
+  // Keyed now, up to the blocks the engine computes in the same step.
+  EXPECT_THAT(m.GetComputedBlocks(b).blocks, ElementsAre(1, 2, 3));
+  EXPECT_TRUE(m.pool().CheckInvariants().ok());
+}
+
+// A load cut short (a promotion failed, tierkvd died): the blocks it did
+// not fill are never keyed, are reported to recompute, and are keyed only
+// once the engine schedules their recompute.
+TEST_F(KVCacheManagerTest, DelayedCachingReportsBlocksOfACutLoad) {
+  KVCacheManager m = Make(10);
+  Request a(1, SequentialTokens(1, 17), 4, hasher_);
+  ASSERT_THAT(m.AllocateSlots(a, 17, {}, /*num_external_tokens=*/12).value(),
+              ElementsAre(1, 2, 3, 4, 5));
+  // Only the first block loaded.
+  ExternalLoadResult cut = m.CompleteExternalLoad(a, 4).value();
+  EXPECT_EQ(cut.num_computed_tokens, 4);
+  EXPECT_THAT(cut.failed_blocks, ElementsAre(2, 3));
+  Request b(2, SequentialTokens(1, 17), 4, hasher_);
+  EXPECT_THAT(m.GetComputedBlocks(b).blocks, ElementsAre(1));
+  // The engine recomputes tokens 4..16 in the blocks it already holds.
+  EXPECT_TRUE(m.AllocateSlots(a, 13).value().empty());
+  EXPECT_THAT(m.GetComputedBlocks(b).blocks, ElementsAre(1, 2, 3, 4));
+  EXPECT_TRUE(m.pool().CheckInvariants().ok());
+}
+
+TEST_F(KVCacheManagerTest, DelayedCachingFailedLoadKeysNothing) {
+  KVCacheManager m = Make(10);
+  Request a(1, SequentialTokens(1, 9), 4, hasher_);
+  ASSERT_TRUE(m.AllocateSlots(a, 9, {}, 8).ok());
+  ExternalLoadResult failed = m.CompleteExternalLoad(a, 0).value();
+  EXPECT_EQ(failed.num_computed_tokens, 0);
+  EXPECT_THAT(failed.failed_blocks, ElementsAre(1, 2));
+  EXPECT_EQ(m.pool().num_cached_blocks(), 0u);
+  // An aborted request's blocks go back unkeyed: nothing half-filled is
+  // ever a hit.
+  ASSERT_TRUE(m.Free(1).ok());
+  EXPECT_EQ(m.pool().num_cached_blocks(), 0u);
+  Request b(2, SequentialTokens(1, 9), 4, hasher_);
+  EXPECT_TRUE(m.GetComputedBlocks(b).blocks.empty());
+}
+
+TEST_F(KVCacheManagerTest, DelayedCachingAfterADeviceHit) {
+  KVCacheManager m = Make(10);
+  Request a(1, SequentialTokens(1, 8), 4, hasher_);
+  ASSERT_TRUE(m.AllocateSlots(a, 8).ok());
+  ASSERT_TRUE(m.Free(1).ok());
+  // b hits block 1 on the device, loads the next from tierkvd.
+  Request b(2, SequentialTokens(1, 13), 4, hasher_);
+  ComputedBlocks hit = m.GetComputedBlocks(b);
+  ASSERT_THAT(hit.blocks, ElementsAre(1, 2));
+  hit.blocks.pop_back();  // Say the engine takes one block only.
+  hit.num_tokens = 4;
+  ASSERT_TRUE(m.AllocateSlots(b, 9, hit, 4).ok());
+  EXPECT_EQ(m.CompleteExternalLoad(b, 5).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(m.CompleteExternalLoad(b, 4).value().num_computed_tokens, 8);
+  EXPECT_EQ(m.CompleteExternalLoad(b, 4).status().code(),
+            StatusCode::kFailedPrecondition);
+  EXPECT_EQ(m.CompleteExternalLoad(a, 0).status().code(),
+            StatusCode::kNotFound);
+  // A load must start at a block boundary.
+  Request c(3, SequentialTokens(50, 9), 4, hasher_);
+  ASSERT_TRUE(m.AllocateSlots(c, 2).ok());
+  EXPECT_EQ(m.AllocateSlots(c, 6, {}, 4).status().code(),
+            StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace tierkv
