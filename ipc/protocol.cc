@@ -206,7 +206,7 @@ void Put(Writer& w, const Status& s) {
 Status GetStatus(Reader& r) {
   const auto code = r.Int<uint8_t>();
   std::string message = r.String();
-  if (code > static_cast<uint8_t>(StatusCode::kInternal)) {
+  if (code > static_cast<uint8_t>(StatusCode::kDeadlineExceeded)) {
     r.Fail("unknown status code");
     return Status::Internal("bad status");
   }
@@ -297,12 +297,26 @@ void PutPayload(Writer& w, const StatsReply& m) {
                     h.cached_slots, h.pinned_slots}) {
     w.Int<int64_t>(v);
   }
-  for (uint64_t v :
-       {h.slot_bytes, h.lookups, h.lookup_blocks, h.hit_blocks, h.miss_blocks,
-        h.evictions, h.stores_completed, h.loads_completed, h.stores_failed,
-        h.store_skipped, h.events_in_flight, h.disk_hit_blocks, h.spills,
-        h.spill_drops, h.spill_failures, h.promotions, h.promotion_failures,
-        h.spills_in_flight, h.promotions_in_flight}) {
+  for (uint64_t v : {h.slot_bytes,
+                     h.lookups,
+                     h.lookup_blocks,
+                     h.hit_blocks,
+                     h.miss_blocks,
+                     h.evictions,
+                     h.stores_completed,
+                     h.loads_completed,
+                     h.stores_failed,
+                     h.store_skipped,
+                     h.events_in_flight,
+                     h.disk_hit_blocks,
+                     h.spills,
+                     h.spill_drops,
+                     h.spill_failures,
+                     h.promotions,
+                     h.promotion_failures,
+                     h.spills_in_flight,
+                     h.promotions_in_flight,
+                     h.loads_cancelled}) {
     w.Int<uint64_t>(v);
   }
   w.Bool(m.stats.disk.has_value());
@@ -432,13 +446,26 @@ void GetPayload(Reader& r, StatsReply* m) {
                      &h.cached_slots, &h.pinned_slots}) {
     *v = r.Int<int64_t>();
   }
-  for (uint64_t* v :
-       {&h.slot_bytes, &h.lookups, &h.lookup_blocks, &h.hit_blocks,
-        &h.miss_blocks, &h.evictions, &h.stores_completed, &h.loads_completed,
-        &h.stores_failed, &h.store_skipped, &h.events_in_flight,
-        &h.disk_hit_blocks, &h.spills, &h.spill_drops, &h.spill_failures,
-        &h.promotions, &h.promotion_failures, &h.spills_in_flight,
-        &h.promotions_in_flight}) {
+  for (uint64_t* v : {&h.slot_bytes,
+                      &h.lookups,
+                      &h.lookup_blocks,
+                      &h.hit_blocks,
+                      &h.miss_blocks,
+                      &h.evictions,
+                      &h.stores_completed,
+                      &h.loads_completed,
+                      &h.stores_failed,
+                      &h.store_skipped,
+                      &h.events_in_flight,
+                      &h.disk_hit_blocks,
+                      &h.spills,
+                      &h.spill_drops,
+                      &h.spill_failures,
+                      &h.promotions,
+                      &h.promotion_failures,
+                      &h.spills_in_flight,
+                      &h.promotions_in_flight,
+                      &h.loads_cancelled}) {
     *v = r.Int<uint64_t>();
   }
   if (r.Bool()) {

@@ -24,7 +24,8 @@ namespace tierkv::ipc {
 
 inline constexpr uint32_t kFrameMagic = 0x4D564B54;  // "TKVM"
 // 4: RegisterRequest and StatsReply carry the model.
-inline constexpr uint16_t kProtocolVersion = 4;
+// 5: StatsReply counts loads a Finish cancelled.
+inline constexpr uint16_t kProtocolVersion = 5;
 inline constexpr size_t kFrameHeaderBytes = 16;
 // Upper bounds a decoder enforces before allocating anything.
 inline constexpr uint32_t kMaxTokens = 1 << 20;

@@ -534,8 +534,26 @@ Status Coordinator::Finish(WorkerId worker, RequestId request) {
     return Status::NotFound(RequestName(request) + " is not known");
   }
   ReleasePendingHits(&it->second);
+  CancelUntakenLoads(w, request);
   w->requests.erase(it);
   return Status::Ok();
+}
+
+void Coordinator::CancelUntakenLoads(WorkerState* w, RequestId request) {
+  for (auto it = w->loads.begin(); it != w->loads.end();) {
+    InFlight& load = it->second;
+    if (load.event.request != request || !load.pending) {
+      ++it;
+      continue;
+    }
+    // Slots still being promoted are released by PumpLowerTier when their
+    // promotion lands (keyed on host if it succeeded): the load is gone.
+    ReleaseLoad(&load);
+    std::erase(w->ready_loads, it->first);
+    ++stats_.loads_cancelled;
+    --stats_.events_in_flight;
+    it = w->loads.erase(it);
+  }
 }
 
 void Coordinator::FinishPromotions(InFlight* load) {

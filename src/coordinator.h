@@ -17,7 +17,10 @@
 //            (only now can a lookup see them) and unpins them; a finished
 //            load unpins its source slots.
 //   Finish   [request_finished]           drops the request's unused pins
-//            in reverse block order. Events in flight outlive it.
+//            in reverse block order and cancels its loads that were not
+//            handed to the worker yet (PROMOTING or READY): their device
+//            blocks may belong to another request by now, so no copy ever
+//            starts into them. Events the worker is copying outlive it.
 // DropWorker releases every pin a dead worker held; a slot it was writing
 // goes back to the free queue without a key, so it is never served.
 //
@@ -202,6 +205,9 @@ struct HostTierStats {
   uint64_t spill_failures = 0;      // Kept on host: the copy failed.
   uint64_t promotions = 0;          // Blocks copied up for a load.
   uint64_t promotion_failures = 0;  // Missing, corrupt, or no free slot.
+  // Load events a Finish cancelled before the worker took them (its
+  // request was aborted while promotions ran).
+  uint64_t loads_cancelled = 0;
   uint64_t spills_in_flight = 0;
   uint64_t promotions_in_flight = 0;
 };
@@ -431,6 +437,9 @@ class Coordinator {
   void FinishStore(InFlight* store, bool ok);
   void ReleaseSlots(std::span<const BlockId> slots);
   void ReleaseLoad(InFlight* load);
+  // Finish's part for loads: drops the request's pending loads (PROMOTING
+  // or READY), which the worker never copies.
+  void CancelUntakenLoads(WorkerState* w, RequestId request);
   // Cuts a load whose promotions are done before its first missing block.
   void FinishPromotions(InFlight* load);
   void StartLowerOp(LowerOp op);

@@ -26,6 +26,7 @@ enum class StatusCode : uint8_t {
   kDataLoss,            // Stored bytes failed verification.
   kUnimplemented,       // Not supported by this build or backend.
   kInternal,            // An invariant broke; a bug in tierkv.
+  kDeadlineExceeded,    // A peer did not answer in time (wedged or slow).
 };
 
 std::string_view StatusCodeName(StatusCode code);
@@ -69,6 +70,9 @@ class [[nodiscard]] Status {
   }
   static Status Internal(std::string msg) {
     return {StatusCode::kInternal, std::move(msg)};
+  }
+  static Status DeadlineExceeded(std::string msg) {
+    return {StatusCode::kDeadlineExceeded, std::move(msg)};
   }
 
   bool ok() const { return code_ == StatusCode::kOk; }

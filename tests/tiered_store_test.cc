@@ -339,6 +339,45 @@ TEST_F(TieredStoreTest, TenTimesTheHostReadsBackBitExact) {
   EXPECT_TRUE(c().host_pool().CheckInvariants().ok());
 }
 
+// An engine aborts a request whose load waits for promotions: Finish
+// cancels the load, so no copy ever starts into device blocks the engine
+// may already have given to another request. The promotions still land on
+// host, where the next lookup hits them.
+TEST_F(TieredStoreTest, PendingLoadIsCancelledByFinish) {
+  Open(/*host_slots=*/8, /*disk_blocks=*/100, /*high=*/0.5, /*low=*/0.25);
+  for (int r = 0; r < 4; ++r) {
+    Store(RequestTokens(r, 2));
+    Settle();
+  }
+  for (const bool ready_first : {false, true}) {
+    const RequestId id = next_request_++;
+    std::vector<TokenId> tokens = RequestTokens(ready_first ? 1 : 0, 2);
+    tokens.push_back(1);
+    auto hit = c().Lookup(worker_, id, tokens, 0, {});
+    ASSERT_TRUE(hit.ok()) << hit.status().ToString();
+    ASSERT_EQ(hit->disk_hit_tokens, 2 * kBs) << "spilled to disk first";
+    auto alloc = c().Allocate(worker_, id, DeviceBlocks(3), hit->hit_tokens);
+    ASSERT_TRUE(alloc.ok()) << alloc.status().ToString();
+    ASSERT_TRUE(alloc->load_pending);
+    EXPECT_EQ(c().stats().host.events_in_flight, 1u);
+    if (ready_first) Settle();  // READY, not taken yet.
+    ASSERT_TRUE(c().Finish(worker_, id).ok());
+    Settle();
+    EXPECT_TRUE(c().TakeReadyLoads(worker_).value().empty());
+    const CoordinatorStats s = c().stats();
+    EXPECT_EQ(s.host.events_in_flight, 0u);
+    EXPECT_EQ(s.host.pinned_slots, 0);
+    EXPECT_TRUE(c().events().empty());
+    // The promoted blocks are on host now.
+    LoadOutcome again = Load(RequestTokens(ready_first ? 1 : 0, 2));
+    EXPECT_EQ(again.hit_blocks, 2);
+    EXPECT_FALSE(again.was_pending);
+    EXPECT_EQ(again.wrong_blocks, 0);
+  }
+  EXPECT_EQ(c().stats().host.loads_cancelled, 2u);
+  EXPECT_TRUE(c().host_pool().CheckInvariants().ok());
+}
+
 TEST_F(TieredStoreTest, CorruptedValueIsDroppedCountedAndRecomputed) {
   Open(/*host_slots=*/10, /*disk_blocks=*/100, /*high=*/0.5, /*low=*/0.1);
   const std::vector<TokenId> victim = RequestTokens(0, 5);

@@ -285,6 +285,10 @@ std::string FormatStatsTable(const CoordinatorStats& stats) {
         << d.layout_mismatches << "))\n";
   }
   out << "events in flight: " << h.events_in_flight;
+  if (h.loads_cancelled > 0) {
+    out << " (loads cancelled by an aborted request: " << h.loads_cancelled
+        << ")";
+  }
   if (h.events_in_flight > 0) {
     out << ", oldest " << FormatAge(stats.oldest_event_age_us);
   }
@@ -338,7 +342,8 @@ std::string FormatStatsJson(const CoordinatorStats& stats) {
       << ",\"promotions\":" << h.promotions
       << ",\"promotion_failures\":" << h.promotion_failures
       << ",\"spills_in_flight\":" << h.spills_in_flight
-      << ",\"promotions_in_flight\":" << h.promotions_in_flight << "}";
+      << ",\"promotions_in_flight\":" << h.promotions_in_flight
+      << ",\"loads_cancelled\":" << h.loads_cancelled << "}";
   if (stats.disk.has_value()) {
     const DiskTierStats& d = *stats.disk;
     out << ",\"disk\":{\"capacity_bytes\":" << d.capacity_bytes
@@ -474,6 +479,10 @@ std::string FormatMetrics(const CoordinatorStats& stats) {
     m.Sample(double(h.promotion_failures), "kind=\"promotion\"");
     m.Sample(double(stats.disk->checksum_failures), "kind=\"checksum\"");
   }
+  m.Family("tierkv_loads_cancelled_total", "counter",
+           "Load events cancelled before their copy started: the request "
+           "finished while its promotions ran.");
+  m.Sample(double(h.loads_cancelled));
   m.Family("tierkv_in_flight", "gauge", "Transfers in flight, by kind.");
   m.Sample(double(h.events_in_flight), "kind=\"event\"");
   if (disk) {
