@@ -6,6 +6,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <utility>
 
@@ -141,6 +142,7 @@ StatusOr<ControlChannel> ControlChannel::Open(const std::string& name) {
 Status ControlChannel::Call(std::span<const std::byte> request,
                             std::vector<std::byte>* response,
                             const std::function<bool()>& alive,
+                            std::chrono::steady_clock::time_point deadline,
                             std::chrono::milliseconds poll) {
   Header* h = header();
   if (request.size() > capacity_) {
@@ -153,9 +155,25 @@ Status ControlChannel::Call(std::span<const std::byte> request,
   const uint32_t seen = h->response_seq.load(std::memory_order_acquire);
   Publish(&h->request_seq, &h->request_waiting,
           h->request_seq.load(std::memory_order_relaxed) + 1);
+  bool late = false;
+  const auto keep_waiting = [&] {
+    if (std::chrono::steady_clock::now() >= deadline) {
+      late = true;
+      return false;
+    }
+    return alive();
+  };
+  // A deadline closer than one poll sleeps only until the deadline.
+  const auto now = std::chrono::steady_clock::now();
+  if (deadline - now < poll) {
+    poll = std::max(
+        std::chrono::milliseconds(1),
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now));
+  }
   if (!WaitForChange(&h->response_seq, &h->response_waiting, seen, poll,
-                     alive)) {
-    return Status::Unavailable("tierkvd went away during a call");
+                     keep_waiting)) {
+    return late ? Status::DeadlineExceeded("tierkvd did not answer in time")
+                : Status::Unavailable("tierkvd went away during a call");
   }
   const uint32_t len = h->response_len;
   if (len > capacity_) {

@@ -38,10 +38,15 @@ class ControlChannel {
 
   // Worker side. Sends `request` and waits for the response. `alive` is
   // asked whenever a wait times out (every `poll`): Unavailable as soon as
-  // it says the peer is gone.
+  // it says the peer is gone. DeadlineExceeded once `deadline` passes with
+  // no response (a stopped or wedged tierkvd). After either, the channel
+  // is out of step (a late response would answer the next call): the
+  // caller must not call again.
   Status Call(std::span<const std::byte> request,
               std::vector<std::byte>* response,
               const std::function<bool()>& alive,
+              std::chrono::steady_clock::time_point deadline =
+                  std::chrono::steady_clock::time_point::max(),
               std::chrono::milliseconds poll = std::chrono::milliseconds(100));
 
   // tierkvd side. Waits for the next request and copies it into `request`

@@ -24,10 +24,6 @@ namespace {
 
 using ipc::Message;
 
-uint64_t TagOf(const EventRef& ref) {
-  return (ref.id << 1) | (ref.kind == EventKind::kLoad ? 1 : 0);
-}
-
 // Reads exactly one frame from a blocking socket.
 StatusOr<Message> ReadFrame(int fd) {
   std::vector<std::byte> frame(ipc::kFrameHeaderBytes);
@@ -35,6 +31,10 @@ StatusOr<Message> ReadFrame(int fd) {
     while (n > 0) {
       const ssize_t got = recv(fd, p, n, 0);
       if (got < 0 && errno == EINTR) continue;
+      if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        return Status::DeadlineExceeded(
+            "tierkvd did not answer in time (is it stopped or wedged?)");
+      }
       if (got <= 0) {
         return Status::Unavailable(got == 0 ? "tierkvd closed the connection"
                                             : std::string("recv: ") +
@@ -52,7 +52,10 @@ StatusOr<Message> ReadFrame(int fd) {
   return ipc::Decode(frame);
 }
 
-StatusOr<int> Connect(const std::string& path) {
+// A socket connected to tierkvd whose reads and writes give up after
+// `timeout` (a daemon that never answers).
+StatusOr<int> Connect(const std::string& path,
+                      std::chrono::milliseconds timeout) {
   sockaddr_un addr{};
   if (path.size() >= sizeof(addr.sun_path)) {
     return Status::InvalidArgument("socket path too long: " + path);
@@ -69,8 +72,12 @@ StatusOr<int> Connect(const std::string& path) {
     return err == EACCES ? Status::PermissionDenied(msg)
                          : Status::Unavailable(msg);
   }
-  timeval tv{.tv_sec = 10, .tv_usec = 0};  // A daemon that never answers.
+  const auto us = std::max<int64_t>(
+      1,
+      std::chrono::duration_cast<std::chrono::microseconds>(timeout).count());
+  timeval tv{.tv_sec = us / 1'000'000, .tv_usec = us % 1'000'000};
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
   return fd;
 }
 
@@ -80,7 +87,8 @@ namespace ipc {
 
 StatusOr<Message> SocketCall(const std::string& socket_path,
                              const Message& request) {
-  TIERKV_ASSIGN_OR_RETURN(int fd, Connect(socket_path));
+  TIERKV_ASSIGN_OR_RETURN(int fd,
+                          Connect(socket_path, std::chrono::seconds(10)));
   const std::vector<std::byte> bytes = Encode(request);
   const bool sent = send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL) ==
                     static_cast<ssize_t>(bytes.size());
@@ -93,6 +101,12 @@ StatusOr<Message> SocketCall(const std::string& socket_path,
 }  // namespace ipc
 
 struct Client::Impl {
+  // A copy running on the device tier.
+  struct Copy {
+    TransferEvent event;
+    uint64_t session = 0;
+  };
+
   ClientOptions options;
   WorkerId worker = 0;
   std::unique_ptr<DeviceTier> owned_device;
@@ -102,14 +116,23 @@ struct Client::Impl {
   int socket_fd = -1;
   std::optional<ipc::ControlChannel> channel;
   std::vector<std::byte> request_bytes, response_bytes;
-  Status channel_error;  // Set once tierkvd is gone; every call fails.
+  Status channel_error;  // Set once the attachment is lost.
+  uint64_t session = 1;
   // Embedded mode. The disk tier is destroyed (waiting for its I/O into
   // host slots) before the host tier.
   std::unique_ptr<DiskTier> disk;
   std::unique_ptr<SlotDisk> slot_disk;
   std::optional<Coordinator> coordinator;
-  std::map<uint64_t, TransferEvent> in_flight;      // By copy-job tag.
-  std::map<uint64_t, TransferEvent> pending_loads;  // By load id.
+  // Copies on the device tier, by their client-wide tag (event ids start
+  // again at 0 in every attachment).
+  std::map<uint64_t, Copy> in_flight;
+  uint64_t next_tag = 1;
+  // Loads waiting for promotions, by load id, as Allocate returned them:
+  // their device blocks are pinned.
+  std::map<uint64_t, TransferEvent> pending_loads;
+  // Finished transfers not handed out yet: loads lost with tierkvd, and
+  // copies that finished while Reconnect waited for them.
+  std::vector<FinishedTransfer> finished;
 
   ~Impl() {
     if (device != nullptr) {
@@ -117,7 +140,17 @@ struct Client::Impl {
         device->WaitCompleted(std::chrono::milliseconds(100));
       }
     }
+    for (const auto& [tag, copy] : in_flight) Unpin(copy.event.device_blocks);
+    for (const auto& [id, load] : pending_loads) Unpin(load.device_blocks);
+    for (const FinishedTransfer& f : finished) Unpin(f.event.device_blocks);
     if (socket_fd >= 0) close(socket_fd);
+  }
+
+  void Pin(std::span<const BlockId> blocks) {
+    if (options.engine != nullptr) options.engine->PinBlocks(blocks);
+  }
+  void Unpin(std::span<const BlockId> blocks) {
+    if (options.engine != nullptr) options.engine->UnpinBlocks(blocks);
   }
 
   bool PeerAlive() const {
@@ -126,6 +159,63 @@ struct Client::Impl {
     if (p.revents & (POLLHUP | POLLERR)) return false;
     char c;
     return recv(socket_fd, &c, 1, MSG_PEEK | MSG_DONTWAIT) != 0;
+  }
+
+  // Registers with tierkvd over a new connection: a new worker id, host
+  // mapping and control channel.
+  Status Attach(const WorkerRegistration& registration,
+                const std::string& fingerprint) {
+    const std::string& path = options.socket_path;
+    TIERKV_ASSIGN_OR_RETURN(const int fd, Connect(path, options.call_timeout));
+    if (socket_fd >= 0) close(socket_fd);
+    socket_fd = fd;
+    const std::vector<std::byte> hello =
+        ipc::Encode(ipc::RegisterRequest{registration});
+    if (send(socket_fd, hello.data(), hello.size(), MSG_NOSIGNAL) !=
+        static_cast<ssize_t>(hello.size())) {
+      return Status::Unavailable("cannot register with tierkvd on " + path);
+    }
+    StatusOr<Message> reply = ReadFrame(socket_fd);
+    if (!reply.ok()) {
+      return Status(reply.status().code(), "registering with tierkvd on " +
+                                               path + ": " +
+                                               reply.status().message());
+    }
+    TIERKV_RETURN_IF_ERROR(ipc::StatusOf(*reply));
+    const auto* reg = std::get_if<ipc::RegisterReply>(&*reply);
+    if (reg == nullptr) {
+      return Status::DataLoss(
+          "tierkvd answered registration with " +
+          std::string(ipc::MessageTypeName(ipc::TypeOf(*reply))));
+    }
+    TIERKV_ASSIGN_OR_RETURN(
+        std::unique_ptr<HostTier> attached_host,
+        HostTier::Attach(reg->host_segment, fingerprint,
+                         options.layout.BlockBytes(), reg->host_slots));
+    TIERKV_ASSIGN_OR_RETURN(ipc::ControlChannel attached_channel,
+                            ipc::ControlChannel::Open(reg->control_segment));
+    worker = reg->worker_id;
+    host = std::move(attached_host);
+    channel.emplace(std::move(attached_channel));
+    channel_error = Status::Ok();
+    return Status::Ok();
+  }
+
+  // The attachment is gone (tierkvd died, or missed a deadline and may
+  // answer late): every later call fails until Reconnect, and loads that
+  // wait for promotions fail now. Their device blocks stay pinned until the
+  // engine completes them.
+  void LoseAttachment(const Status& why) {
+    if (!channel_error.ok()) return;
+    channel_error =
+        Status::Unavailable("lost tierkvd on " + options.socket_path + " (" +
+                            why.ToString() + "); Reconnect to attach again");
+    for (auto& [id, load] : pending_loads) {
+      finished.push_back({.event = std::move(load),
+                          .status = channel_error,
+                          .session = session});
+    }
+    pending_loads.clear();
   }
 
   StatusOr<Message> Call(const Message& request) {
@@ -138,11 +228,13 @@ struct Client::Impl {
     if (!channel_error.ok()) return channel_error;
     request_bytes.clear();
     ipc::Encode(request, &request_bytes);
-    Status s = channel->Call(request_bytes, &response_bytes,
-                             [this] { return PeerAlive(); });
-    if (s.code() == StatusCode::kUnavailable) {
+    Status s = channel->Call(
+        request_bytes, &response_bytes, [this] { return PeerAlive(); },
+        std::chrono::steady_clock::now() + options.call_timeout);
+    if (s.code() == StatusCode::kUnavailable ||
+        s.code() == StatusCode::kDeadlineExceeded) {
       // A late reply could be taken for the next call's: stay failed.
-      channel_error = s;
+      LoseAttachment(s);
     }
     TIERKV_RETURN_IF_ERROR(s);
     return ipc::Decode(response_bytes);
@@ -159,8 +251,16 @@ struct Client::Impl {
                             ipc::MessageTypeName(ipc::TypeOf(reply)));
   }
 
+  // Tells tierkvd that a copy never ran, so it releases the event's slots.
+  void ReportFailed(const EventRef& ref) {
+    std::vector<CompletedEvent> failed{{ref, false}};
+    (void)Call(ipc::CompleteRequest{failed});
+  }
+
+  // Starts the copy of `event`, whose device blocks the caller pinned.
   Status Submit(const TransferEvent& event) {
-    CopyJob job{.tag = TagOf(event.ref),
+    const uint64_t tag = next_tag++;
+    CopyJob job{.tag = tag,
                 .direction = event.ref.kind == EventKind::kLoad
                                  ? CopyDirection::kHostToDevice
                                  : CopyDirection::kDeviceToHost,
@@ -173,17 +273,21 @@ struct Client::Impl {
       }
       job.host_blocks.push_back(host->slot(slot));
     }
-    if (options.engine != nullptr)
-      options.engine->PinBlocks(event.device_blocks);
-    Status s = device->Submit(std::move(job));
-    if (!s.ok()) {
-      if (options.engine != nullptr) {
-        options.engine->UnpinBlocks(event.device_blocks);
-      }
-      return s;
-    }
-    in_flight.emplace(TagOf(event.ref), event);
+    TIERKV_RETURN_IF_ERROR(device->Submit(std::move(job)));
+    in_flight.emplace(tag, Copy{event, session});
     return Status::Ok();
+  }
+
+  // Pins the event's device blocks and starts its copy; on failure unpins
+  // them and releases tierkvd's side.
+  Status PinAndSubmit(const TransferEvent& event) {
+    Pin(event.device_blocks);
+    Status s = Submit(event);
+    if (!s.ok()) {
+      Unpin(event.device_blocks);
+      ReportFailed(event.ref);
+    }
+    return s;
   }
 
   // Starts the copies of pending loads that tierkvd reports ready.
@@ -191,24 +295,41 @@ struct Client::Impl {
     if (pending_loads.empty()) return;
     StatusOr<ipc::ReadyLoadsReply> ready =
         CallFor<ipc::ReadyLoadsReply>(ipc::ReadyLoadsRequest{});
-    if (!ready.ok()) return;  // Retried on the next poll.
+    if (!ready.ok()) return;  // Retried, or failed by LoseAttachment.
     for (const TransferEvent& load : ready->loads) {
-      pending_loads.erase(load.ref.id);
-      if (!Submit(load).ok()) {
-        std::vector<CompletedEvent> failed{{load.ref, false}};
-        (void)Call(ipc::CompleteRequest{failed});
+      auto it = pending_loads.find(load.ref.id);
+      if (it == pending_loads.end()) {
+        ReportFailed(load.ref);  // Cancelled here; never copied.
+        continue;
+      }
+      // A load cut short copies fewer blocks: unpin the ones it dropped.
+      const std::vector<BlockId>& pinned = it->second.device_blocks;
+      Unpin(std::span(pinned).subspan(
+          std::min(load.device_blocks.size(), pinned.size())));
+      pending_loads.erase(it);
+      if (Status s = Submit(load); !s.ok()) {
+        // The copy never ran: the engine gets it back failed, and its
+        // Complete tells tierkvd.
+        finished.push_back({.event = load, .status = s, .session = session});
       }
     }
   }
 
-  std::vector<FinishedTransfer> Collect(std::vector<CopyCompletion> done) {
-    std::vector<FinishedTransfer> out;
+  void Collect(std::vector<CopyCompletion> done,
+               std::vector<FinishedTransfer>* out) {
     for (CopyCompletion& c : done) {
       auto it = in_flight.find(c.tag);
       if (it == in_flight.end()) continue;
-      out.push_back({std::move(it->second), std::move(c.status)});
+      out->push_back({.event = std::move(it->second.event),
+                      .status = std::move(c.status),
+                      .session = it->second.session});
       in_flight.erase(it);
     }
+  }
+
+  std::vector<FinishedTransfer> TakeFinished() {
+    std::vector<FinishedTransfer> out;
+    out.swap(finished);
     return out;
   }
 };
@@ -216,11 +337,27 @@ struct Client::Impl {
 Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Client::~Client() = default;
 
+namespace {
+
+WorkerRegistration RegistrationOf(const ClientOptions& options) {
+  return {.layout = options.layout,
+          .model = options.model,
+          .num_device_blocks = options.num_device_blocks,
+          .tenant = options.tenant,
+          .pid = static_cast<int32_t>(getpid()),
+          .name = options.name};
+}
+
+}  // namespace
+
 StatusOr<std::unique_ptr<Client>> Client::Open(const ClientOptions& options) {
   TIERKV_RETURN_IF_ERROR(options.layout.Validate());
   TIERKV_RETURN_IF_ERROR(ValidateModelName(options.model));
   if (options.num_device_blocks < 1) {
     return Status::InvalidArgument("num_device_blocks must be at least 1");
+  }
+  if (options.call_timeout <= std::chrono::milliseconds(0)) {
+    return Status::InvalidArgument("call_timeout must be positive");
   }
   auto impl = std::make_unique<Impl>();
   impl->options = options;
@@ -235,71 +372,41 @@ StatusOr<std::unique_ptr<Client>> Client::Open(const ClientOptions& options) {
   if (impl->device->block_bytes() != options.layout.BlockBytes()) {
     return Status::InvalidArgument("device tier blocks are not layout-sized");
   }
-  const WorkerRegistration registration{
-      .layout = options.layout,
-      .model = options.model,
-      .num_device_blocks = options.num_device_blocks,
-      .tenant = options.tenant,
-      .pid = static_cast<int32_t>(getpid()),
-      .name = options.name};
-
+  const WorkerRegistration registration = RegistrationOf(options);
   const std::string fingerprint =
       StoreFingerprint(options.layout, options.model);
-  if (options.socket_path.empty()) {
-    const int32_t slots = HostTier::SlotsFor(options.embedded_host_bytes,
-                                             options.layout.BlockBytes());
-    HostTierOptions host;
-    host.num_slots = slots;
-    host.slot_bytes = options.layout.BlockBytes();
-    host.layout_fingerprint = fingerprint;
-    TIERKV_ASSIGN_OR_RETURN(impl->host, HostTier::Create(host));
-    CoordinatorOptions coordinator_options{
-        .layout = options.layout, .model = options.model, .host_slots = slots};
-    if (!options.embedded_disk_path.empty()) {
-      TIERKV_ASSIGN_OR_RETURN(
-          impl->disk,
-          DiskTier::Open({.storage = {.path = options.embedded_disk_path},
-                          .capacity_bytes = options.embedded_disk_bytes,
-                          .layout_fingerprint = fingerprint,
-                          .block_bytes = options.layout.BlockBytes(),
-                          .element_bytes = static_cast<int32_t>(
-                              options.layout.ElementSize())}));
-      impl->slot_disk =
-          std::make_unique<SlotDisk>(impl->disk.get(), impl->host.get());
-      coordinator_options.lower = impl->slot_disk.get();
-    }
-    TIERKV_ASSIGN_OR_RETURN(Coordinator coordinator,
-                            Coordinator::Create(coordinator_options));
-    impl->coordinator.emplace(std::move(coordinator));
-    TIERKV_ASSIGN_OR_RETURN(impl->worker,
-                            impl->coordinator->RegisterWorker(registration));
+  if (!options.socket_path.empty()) {
+    TIERKV_RETURN_IF_ERROR(impl->Attach(registration, fingerprint));
     return std::unique_ptr<Client>(new Client(std::move(impl)));
   }
 
-  TIERKV_ASSIGN_OR_RETURN(impl->socket_fd, Connect(options.socket_path));
-  const std::vector<std::byte> hello =
-      ipc::Encode(ipc::RegisterRequest{registration});
-  if (send(impl->socket_fd, hello.data(), hello.size(), MSG_NOSIGNAL) !=
-      static_cast<ssize_t>(hello.size())) {
-    return Status::Unavailable("cannot register with tierkvd on " +
-                               options.socket_path);
+  const int32_t slots = HostTier::SlotsFor(options.embedded_host_bytes,
+                                           options.layout.BlockBytes());
+  HostTierOptions host;
+  host.num_slots = slots;
+  host.slot_bytes = options.layout.BlockBytes();
+  host.layout_fingerprint = fingerprint;
+  TIERKV_ASSIGN_OR_RETURN(impl->host, HostTier::Create(host));
+  CoordinatorOptions coordinator_options{
+      .layout = options.layout, .model = options.model, .host_slots = slots};
+  if (!options.embedded_disk_path.empty()) {
+    TIERKV_ASSIGN_OR_RETURN(
+        impl->disk,
+        DiskTier::Open({.storage = {.path = options.embedded_disk_path},
+                        .capacity_bytes = options.embedded_disk_bytes,
+                        .layout_fingerprint = fingerprint,
+                        .block_bytes = options.layout.BlockBytes(),
+                        .element_bytes = static_cast<int32_t>(
+                            options.layout.ElementSize())}));
+    impl->slot_disk =
+        std::make_unique<SlotDisk>(impl->disk.get(), impl->host.get());
+    coordinator_options.lower = impl->slot_disk.get();
   }
-  TIERKV_ASSIGN_OR_RETURN(Message reply, ReadFrame(impl->socket_fd));
-  TIERKV_RETURN_IF_ERROR(ipc::StatusOf(reply));
-  const auto* reg = std::get_if<ipc::RegisterReply>(&reply);
-  if (reg == nullptr) {
-    return Status::DataLoss(
-        "tierkvd answered registration with " +
-        std::string(ipc::MessageTypeName(ipc::TypeOf(reply))));
-  }
-  impl->worker = reg->worker_id;
-  TIERKV_ASSIGN_OR_RETURN(
-      impl->host,
-      HostTier::Attach(reg->host_segment, fingerprint,
-                       options.layout.BlockBytes(), reg->host_slots));
-  TIERKV_ASSIGN_OR_RETURN(ipc::ControlChannel channel,
-                          ipc::ControlChannel::Open(reg->control_segment));
-  impl->channel.emplace(std::move(channel));
+  TIERKV_ASSIGN_OR_RETURN(Coordinator coordinator,
+                          Coordinator::Create(coordinator_options));
+  impl->coordinator.emplace(std::move(coordinator));
+  TIERKV_ASSIGN_OR_RETURN(impl->worker,
+                          impl->coordinator->RegisterWorker(registration));
   return std::unique_ptr<Client>(new Client(std::move(impl)));
 }
 
@@ -337,16 +444,15 @@ StatusOr<AllocateResult> Client::Allocate(
           .num_external_tokens = num_external_tokens,
           .device_blocks = std::vector<BlockId>(device_blocks.begin(),
                                                 device_blocks.end())}));
+  if (!reply.result.load.has_value()) return reply.result;
+  const TransferEvent& load = *reply.result.load;
   if (reply.result.load_pending) {
-    impl_->pending_loads.emplace(reply.result.load->ref.id, *reply.result.load);
-  } else if (reply.result.load.has_value()) {
-    Status s = impl_->Submit(*reply.result.load);
-    if (!s.ok()) {
-      // Release the coordinator's pins: the copy never started.
-      std::vector<CompletedEvent> failed{{reply.result.load->ref, false}};
-      (void)impl_->Call(ipc::CompleteRequest{failed});
-      return s;
-    }
+    // Pinned from now on, so the blocks cannot pass to another request
+    // before the copy that writes them has run or been cancelled.
+    impl_->Pin(load.device_blocks);
+    impl_->pending_loads.emplace(load.ref.id, load);
+  } else {
+    TIERKV_RETURN_IF_ERROR(impl_->PinAndSubmit(load));
   }
   return reply.result;
 }
@@ -362,19 +468,16 @@ StatusOr<CommitResult> Client::Commit(RequestId request,
                              .device_blocks = std::vector<BlockId>(
                                  device_blocks.begin(), device_blocks.end())}));
   for (const TransferEvent& store : reply.result.stores) {
-    Status s = impl_->Submit(store);
-    if (!s.ok()) {
-      std::vector<CompletedEvent> failed{{store.ref, false}};
-      (void)impl_->Call(ipc::CompleteRequest{failed});
-      return s;
-    }
+    TIERKV_RETURN_IF_ERROR(impl_->PinAndSubmit(store));
   }
   return reply.result;
 }
 
 std::vector<FinishedTransfer> Client::PollEvents() {
   impl_->StartReadyLoads();
-  return impl_->Collect(impl_->device->PollCompleted());
+  std::vector<FinishedTransfer> out = impl_->TakeFinished();
+  impl_->Collect(impl_->device->PollCompleted(), &out);
+  return out;
 }
 
 std::vector<FinishedTransfer> Client::WaitEvents(
@@ -384,13 +487,17 @@ std::vector<FinishedTransfer> Client::WaitEvents(
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   for (;;) {
     impl_->StartReadyLoads();
+    std::vector<FinishedTransfer> done = impl_->TakeFinished();
+    if (!done.empty()) {
+      impl_->Collect(impl_->device->PollCompleted(), &done);
+      return done;
+    }
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
         deadline - std::chrono::steady_clock::now());
     const auto wait = impl_->pending_loads.empty()
                           ? left
                           : std::min(left, std::chrono::milliseconds(1));
-    std::vector<FinishedTransfer> done =
-        impl_->Collect(impl_->device->WaitCompleted(std::max(wait, {})));
+    impl_->Collect(impl_->device->WaitCompleted(std::max(wait, {})), &done);
     if (!done.empty() || std::chrono::steady_clock::now() >= deadline) {
       return done;
     }
@@ -400,21 +507,42 @@ std::vector<FinishedTransfer> Client::WaitEvents(
 Status Client::Complete(std::span<const FinishedTransfer> finished) {
   ipc::CompleteRequest request;
   for (const FinishedTransfer& f : finished) {
-    request.events.push_back({f.event.ref, f.status.ok()});
-  }
-  StatusOr<Message> reply = impl_->Call(request);
-  // The copies are over whatever tierkvd answers: the device blocks are
-  // free to use again.
-  if (impl_->options.engine != nullptr) {
-    for (const FinishedTransfer& f : finished) {
-      impl_->options.engine->UnpinBlocks(f.event.device_blocks);
+    // Events of a lost attachment are not tierkvd's any more.
+    if (f.session == impl_->session) {
+      request.events.push_back({f.event.ref, f.status.ok()});
     }
   }
-  if (!reply.ok()) return reply.status();
-  return ipc::StatusOf(*reply);
+  // The copies are over whatever tierkvd answers: the device blocks are
+  // free to use again.
+  for (const FinishedTransfer& f : finished) {
+    impl_->Unpin(f.event.device_blocks);
+  }
+  if (request.events.empty() || !impl_->channel_error.ok()) {
+    return Status::Ok();
+  }
+  TIERKV_ASSIGN_OR_RETURN(Message reply, impl_->Call(request));
+  return ipc::StatusOf(reply);
 }
 
 Status Client::Finish(RequestId request) {
+  for (auto it = impl_->pending_loads.begin();
+       it != impl_->pending_loads.end();) {
+    if (it->second.request != request) {
+      ++it;
+      continue;
+    }
+    impl_->Unpin(it->second.device_blocks);
+    it = impl_->pending_loads.erase(it);
+  }
+  // Lost loads of the request, not handed out yet, are of no use either.
+  std::erase_if(impl_->finished, [&](const FinishedTransfer& f) {
+    if (f.event.request != request || f.event.ref.kind != EventKind::kLoad ||
+        f.status.ok()) {
+      return false;
+    }
+    impl_->Unpin(f.event.device_blocks);
+    return true;
+  });
   TIERKV_ASSIGN_OR_RETURN(Message reply,
                           impl_->Call(ipc::FinishRequest{request}));
   return ipc::StatusOf(reply);
@@ -426,6 +554,32 @@ StatusOr<CoordinatorStats> Client::Stats() {
   return reply.stats;
 }
 
+Status Client::Reconnect() {
+  Impl& impl = *impl_;
+  if (impl.coordinator.has_value()) return Status::Ok();
+  if (impl.channel_error.ok()) {
+    if (impl.PeerAlive()) return Status::Ok();
+    impl.LoseAttachment(Status::Unavailable("tierkvd closed the connection"));
+  }
+  // The old attachment's pins keep the host slots of copies in flight
+  // unchanged until its socket closes: let the copies finish first.
+  while (impl.device->in_flight() > 0) {
+    impl.Collect(impl.device->WaitCompleted(std::chrono::milliseconds(100)),
+                 &impl.finished);
+  }
+  impl.Collect(impl.device->PollCompleted(), &impl.finished);
+  impl.channel.reset();
+  if (impl.socket_fd >= 0) {
+    close(impl.socket_fd);
+    impl.socket_fd = -1;
+  }
+  const ClientOptions& o = impl.options;
+  TIERKV_RETURN_IF_ERROR(
+      impl.Attach(RegistrationOf(o), StoreFingerprint(o.layout, o.model)));
+  ++impl.session;
+  return Status::Ok();
+}
+
 WorkerId Client::worker_id() const { return impl_->worker; }
 bool Client::embedded() const { return impl_->coordinator.has_value(); }
 const KvLayout& Client::layout() const { return impl_->options.layout; }
@@ -435,5 +589,7 @@ const std::byte* Client::host_slot(BlockId slot) const {
 }
 size_t Client::transfers_in_flight() const { return impl_->in_flight.size(); }
 size_t Client::loads_pending() const { return impl_->pending_loads.size(); }
+bool Client::connected() const { return impl_->channel_error.ok(); }
+uint64_t Client::session() const { return impl_->session; }
 
 }  // namespace tierkv

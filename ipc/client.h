@@ -6,6 +6,22 @@
 // coordinator's events ask for on its DeviceTier and pins the engine's
 // device blocks while they are in flight.
 // Not thread-safe: one engine thread drives a client.
+//
+// Invariant: a device block receives bytes only while the transfer that
+// writes it pins it. A load's destination blocks are pinned in the engine's
+// KVCacheManager (ClientOptions::engine) from Allocate until the load is
+// completed (Complete) or cancelled (Finish of its request while the load
+// still waits for promotions, a lost tierkvd, or ~Client); no copy ever
+// starts into a block that is not pinned so.
+//
+// Every call to tierkvd has a deadline (ClientOptions::call_timeout). A
+// call that misses it returns DeadlineExceeded; a tierkvd that died makes
+// it Unavailable. Either way the attachment is lost: later calls return
+// Unavailable, loads still waiting for promotions come back from
+// PollEvents / WaitEvents failed (status Unavailable, nothing copied), and
+// Reconnect attaches to tierkvd again (a restarted one, or the same one
+// once it answers) as a new worker. Copies already running finish, and
+// their completions are handed out as usual; Complete then only unpins.
 #ifndef TIERKV_IPC_CLIENT_H_
 #define TIERKV_IPC_CLIENT_H_
 
@@ -47,15 +63,30 @@ struct ClientOptions {
   // EmulatedDeviceTier of num_device_blocks blocks, owned by the client.
   DeviceTier* device = nullptr;
   // The engine's main pool. When set, device blocks in a transfer are
-  // pinned in it until Complete (seed 004's transfer protection).
+  // pinned in it until Complete (seed 004's transfer protection); it must
+  // outlive the client.
   KVCacheManager* engine = nullptr;
+  // How long one call may wait for tierkvd (registration included) before
+  // it fails with DeadlineExceeded. Default: 5 s.
+  std::chrono::milliseconds call_timeout = std::chrono::seconds(5);
 };
 
-// A transfer whose copy has finished (or failed) on the device tier; hand
-// it to Complete so the coordinator can publish or release its slots.
+// A transfer whose copy has finished (or failed) on the device tier, or a
+// load that never started because tierkvd was lost; hand it to Complete so
+// the coordinator can publish or release its slots and the client unpins
+// its device blocks.
 struct FinishedTransfer {
   TransferEvent event;
   Status status;
+  // The attachment it belongs to (Client::session); Complete reports it to
+  // tierkvd only while that attachment lasts.
+  uint64_t session = 0;
+
+  // Load: leading blocks of event.device_blocks that now hold the loaded
+  // KV (0 when the copy failed); the engine recomputes from the next one.
+  int32_t loaded_blocks() const {
+    return status.ok() ? static_cast<int32_t>(event.device_blocks.size()) : 0;
+  }
 };
 
 class Client {
@@ -63,8 +94,11 @@ class Client {
   // Unavailable when no tierkvd answers on the socket; PermissionDenied when
   // this user may not use it; FailedPrecondition naming both layouts, or
   // both models, when the store serves another.
+  // DeadlineExceeded when tierkvd does not answer within call_timeout.
   static StatusOr<std::unique_ptr<Client>> Open(const ClientOptions& options);
-  ~Client();  // Waits for copies in flight; tierkvd drops the rest.
+  // Waits for copies in flight, then unpins every device block the client
+  // still pins in the engine; tierkvd drops the rest when the socket closes.
+  ~Client();
 
   // See Coordinator for the semantics of each call.
   StatusOr<LookupResult> Lookup(RequestId request,
@@ -73,9 +107,10 @@ class Client {
                                 const RequestExtras& extras = {});
   StatusOr<LookupResult> LookupChunk(RequestId request,
                                      std::span<const TokenId> tokens);
-  // Also starts the load's copy, or, when the load is pending (promotions
-  // from disk), keeps it until tierkvd reports it ready: PollEvents and
-  // WaitEvents start it then.
+  // Also pins the load's device blocks and starts its copy, or, when the
+  // load is pending (promotions from disk), keeps it until tierkvd reports
+  // it ready: PollEvents and WaitEvents start it then (and unpin the blocks
+  // of a load cut short).
   StatusOr<AllocateResult> Allocate(RequestId request,
                                     std::span<const BlockId> device_blocks,
                                     int32_t num_external_tokens);
@@ -91,8 +126,24 @@ class Client {
   std::vector<FinishedTransfer> WaitEvents(std::chrono::milliseconds timeout);
   // Reports finished transfers, then unpins their device blocks.
   Status Complete(std::span<const FinishedTransfer> finished);
+  // Also cancels the request's loads that wait for promotions (an aborted
+  // or preempted request): they are never copied, and their device blocks
+  // are unpinned at once. Loads being copied finish and are completed as
+  // usual.
   Status Finish(RequestId request);
   StatusOr<CoordinatorStats> Stats();
+
+  // After a lost attachment (any call returned Unavailable or
+  // DeadlineExceeded): waits for the copies in flight, then registers
+  // with tierkvd again as a new worker. Requests of the old attachment are
+  // gone there: the engine finishes them locally and looks new ones up.
+  // OK at once when attached and healthy, or embedded. Unavailable (or
+  // DeadlineExceeded) when tierkvd does not answer yet: call it again.
+  Status Reconnect();
+  // False once the attachment is lost, until Reconnect succeeds.
+  bool connected() const;
+  // Counts attachments: 1 after Open, one more per successful Reconnect.
+  uint64_t session() const;
 
   WorkerId worker_id() const;
   bool embedded() const;

@@ -8,10 +8,23 @@
 #include <cstdint>
 #include <cstring>
 #include <span>
+#include <vector>
 
 #include "src/block_key.h"
 
 namespace tierkv {
+
+// The tokens of request `request` (of `blocks` 16-token blocks) that
+// tierkv_test_worker's fill, verify and churn modes store under `seed`.
+inline std::vector<TokenId> FillRequestTokens(uint32_t seed, int32_t request,
+                                              int32_t blocks) {
+  std::vector<TokenId> t(static_cast<size_t>(blocks) * 16);
+  for (size_t i = 0; i < t.size(); ++i) {
+    t[i] = (seed * 1000003u + static_cast<uint32_t>(request) * 4099u) * 16u +
+           static_cast<uint32_t>(i);
+  }
+  return t;
+}
 
 // Fills `bytes` with an xorshift stream seeded by `first`.
 inline void FillBlock(TokenId first, std::span<std::byte> bytes) {

@@ -88,6 +88,30 @@ class ChildProcess {
   void Signal(int sig) {
     if (!reaped_) kill(pid_, sig);
   }
+  // SIGSTOP, returning once the child is stopped (not merely signalled).
+  void Freeze() {
+    if (reaped_) return;
+    kill(pid_, SIGSTOP);
+    int status = 0;
+    while (waitpid(pid_, &status, WUNTRACED) == pid_) {
+      if (WIFSTOPPED(status)) return;
+      if (WIFEXITED(status) || WIFSIGNALED(status)) {
+        reaped_ = true;
+        exit_code_ =
+            WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        return;
+      }
+    }
+  }
+  // SIGCONT, returning once the child runs again.
+  void Thaw() {
+    if (reaped_) return;
+    kill(pid_, SIGCONT);
+    int status = 0;
+    while (waitpid(pid_, &status, WCONTINUED) == pid_ &&
+           !WIFCONTINUED(status)) {
+    }
+  }
   // SIGTERM, then reaps it. Idempotent.
   void Stop() {
     Signal(SIGTERM);

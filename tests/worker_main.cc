@@ -86,12 +86,7 @@ StatusOr<Attached> Attach(const std::string& model, const std::string& mode,
 
 std::vector<TokenId> RequestTokens(uint32_t seed, int32_t request,
                                    int32_t blocks) {
-  std::vector<TokenId> t(static_cast<size_t>(blocks) * 16);
-  for (size_t i = 0; i < t.size(); ++i) {
-    t[i] = (seed * 1000003u + static_cast<uint32_t>(request) * 4099u) * 16u +
-           static_cast<uint32_t>(i);
-  }
-  return t;
+  return FillRequestTokens(seed, request, blocks);
 }
 
 struct Tally {

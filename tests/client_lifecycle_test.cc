@@ -1,0 +1,322 @@
+// The worker client's load lifecycle against a real tierkvd, where an engine
+// meets it: a request aborted while its load waits for promotions, a
+// stopped (wedged) tierkvd, a tierkvd that dies and restarts. In each, the
+// engine's device blocks stay consistent: a block receives bytes only while
+// the transfer that writes it pins it, and nothing is pinned forever.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <chrono>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "ipc/client.h"
+#include "src/kv_cache_manager.h"
+#include "tests/block_pattern.h"
+#include "tests/test_layout.h"
+#include "tests/tierkvd_fixture.h"
+#include "tiers/device_tier.h"
+
+namespace tierkv {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr int32_t kBs = 16;
+constexpr int32_t kDeviceBlocks = 32;
+
+// An engine: its main pool (KVCacheManager), its device memory and its
+// client, which pins the pool's blocks during transfers.
+struct Engine {
+  std::unique_ptr<KVCacheManager> manager;
+  std::unique_ptr<EmulatedDeviceTier> device;
+  std::unique_ptr<Client> client;
+
+  static Engine Open(const std::string& socket,
+                     std::chrono::milliseconds timeout) {
+    Engine e;
+    e.manager = std::make_unique<KVCacheManager>(
+        KVCacheManager::Create({.pool = {.num_blocks = kDeviceBlocks,
+                                         .block_size = kBs,
+                                         .reserve_null_block = true}})
+            .value());
+    e.device =
+        EmulatedDeviceTier::Create(kDeviceBlocks, TestLayout().BlockBytes())
+            .value();
+    ClientOptions options;
+    options.socket_path = socket;
+    options.layout = TestLayout();
+    options.num_device_blocks = kDeviceBlocks;
+    options.name = "engine";
+    options.device = e.device.get();
+    options.engine = e.manager.get();
+    options.call_timeout = timeout;
+    auto client = Client::Open(options);
+    EXPECT_TRUE(client.ok()) << client.status().ToString();
+    if (client.ok()) e.client = std::move(*client);
+    return e;
+  }
+  int32_t Ref(BlockId b) const { return manager->pool().block(b).ref_cnt; }
+  // Blocks the engine pins beyond its requests' own references.
+  int32_t TotalRefs() const {
+    int32_t refs = 0;
+    for (BlockId b = 1; b < kDeviceBlocks; ++b) refs += Ref(b);
+    return refs;
+  }
+};
+
+class ClientLifecycle : public TierkvdFixture {
+ protected:
+  // A store whose host holds 6 blocks over a disk tier, filled with 40
+  // one-block requests of fill seed 1 by a worker process, and settled: the
+  // oldest requests are on disk only.
+  void StartFilledStore() {
+    StartDaemonWithDisk(6);
+    auto fill = ManyWorker("fill", 1, 40);
+    ASSERT_EQ(fill->Wait(), 0) << fill->output();
+    std::unique_ptr<Client> observer = Attach("observer");
+    ASSERT_NE(observer, nullptr);
+    for (;;) {  // The daemon's own state; it settles in milliseconds.
+      const HostTierStats h = observer->Stats().value().host;
+      if (h.spills_in_flight == 0 && h.promotions_in_flight == 0) break;
+      std::this_thread::yield();
+    }
+  }
+
+  // Looks fill request `r` (two blocks: its stored one plus one more
+  // token's) up and allocates it with delayed caching, loading the hit.
+  // Returns the load event Allocate gave.
+  AllocateResult LookupAndAllocate(Engine& e, RequestId id, int32_t r) {
+    std::vector<TokenId> tokens = FillRequestTokens(1, r, 1);
+    tokens.push_back(7);
+    Request request(id, tokens, kBs, hasher_);
+    auto hit = e.client->Lookup(id, tokens);
+    EXPECT_TRUE(hit.ok()) << hit.status().ToString();
+    EXPECT_EQ(hit->disk_hit_tokens, kBs) << "request " << r << " on disk";
+    auto blocks = e.manager->AllocateSlots(request, kBs + 1, {}, kBs);
+    EXPECT_TRUE(blocks.ok()) << blocks.status().ToString();
+    auto alloc = e.client->Allocate(id, *blocks, kBs);
+    EXPECT_TRUE(alloc.ok()) << alloc.status().ToString();
+    return alloc.ok() ? *alloc : AllocateResult{};
+  }
+
+  const KeyHasher hasher_{
+      {.model_fingerprint = TestLayout().Fingerprint(), .tenant = ""}};
+};
+
+class PendingLoad : public ClientLifecycle {};
+class ClientDeadline : public ClientLifecycle {};
+class Reconnect : public ClientLifecycle {};
+
+// The engine aborts a request whose load waits for a promotion and gives
+// its block to another request at once. The load is cancelled: the new
+// owner's bytes are never overwritten, and nothing stays pinned.
+TEST_F(PendingLoad, AbortedRequestsBlocksAreNeverWritten) {
+  StartFilledStore();
+  Engine e = Engine::Open(socket_, std::chrono::seconds(5));
+  ASSERT_NE(e.client, nullptr);
+  AllocateResult alloc = LookupAndAllocate(e, 1, 0);
+  ASSERT_TRUE(alloc.load_pending);
+  const BlockId target = alloc.load->device_blocks.at(0);
+  EXPECT_EQ(e.Ref(target), 2);  // The request's, and the load's pin.
+  EXPECT_EQ(e.client->loads_pending(), 1u);
+
+  ASSERT_TRUE(e.client->Finish(1).ok());
+  ASSERT_TRUE(e.manager->Free(1).ok());
+  EXPECT_EQ(e.Ref(target), 0);
+  EXPECT_EQ(e.client->loads_pending(), 0u);
+  // Never keyed: the load did not land.
+  EXPECT_FALSE(e.manager->pool().block(target).has_key);
+
+  // Another request takes every free block, so `target` among them, and
+  // computes its own bytes into them.
+  Request other(2, FillRequestTokens(9, 0, 31), kBs, hasher_);
+  std::vector<BlockId> taken =
+      e.manager->AllocateSlots(other, other.num_tokens()).value();
+  ASSERT_THAT(taken, ::testing::Contains(target));
+  std::vector<std::byte> mine(e.device->block_bytes());
+  FillBlock(424242, mine);
+  std::memcpy(e.device->block(target).data(), mine.data(), mine.size());
+
+  // tierkvd lands the promotion on host and cancels the load.
+  for (;;) {
+    const CoordinatorStats s = e.client->Stats().value();
+    if (s.host.promotions_in_flight == 0 && s.host.loads_cancelled == 1) {
+      EXPECT_EQ(s.host.events_in_flight, 0u);
+      break;
+    }
+    std::this_thread::yield();
+  }
+  EXPECT_TRUE(e.client->PollEvents().empty());
+  EXPECT_EQ(e.client->transfers_in_flight(), 0u);
+  EXPECT_EQ(
+      std::memcmp(e.device->block(target).data(), mine.data(), mine.size()), 0);
+  // The promoted block serves the next lookup from host.
+  std::vector<TokenId> again = FillRequestTokens(1, 0, 1);
+  again.push_back(7);
+  auto hit = e.client->Lookup(3, again);
+  ASSERT_TRUE(hit.ok());
+  EXPECT_EQ(hit->hit_tokens, kBs);
+  EXPECT_EQ(hit->disk_hit_tokens, 0);
+  ASSERT_TRUE(e.client->Finish(3).ok());
+}
+
+// ~Client unpins what it pinned: a load waiting for promotions and copies
+// in flight leave no block of the engine's pool pinned.
+TEST_F(PendingLoad, DestroyingTheClientUnpinsEveryBlock) {
+  StartFilledStore();
+  Engine e = Engine::Open(socket_, std::chrono::seconds(5));
+  ASSERT_NE(e.client, nullptr);
+  ASSERT_TRUE(LookupAndAllocate(e, 1, 0).load_pending);
+  ASSERT_TRUE(LookupAndAllocate(e, 2, 1).load_pending);
+  const int32_t requests_refs = e.TotalRefs() - 2;
+  e.client.reset();
+  EXPECT_EQ(e.TotalRefs(), requests_refs);
+  ASSERT_TRUE(e.manager->Free(1).ok());
+  ASSERT_TRUE(e.manager->Free(2).ok());
+  EXPECT_EQ(e.TotalRefs(), 0);
+  EXPECT_TRUE(e.manager->pool().CheckInvariants().ok());
+}
+
+// A loaded block becomes a prefix hit on the engine only once its bytes are
+// there, and is checked bit for bit.
+TEST_F(PendingLoad, LoadedBlockIsKeyedOnlyOnceItLands) {
+  StartFilledStore();
+  Engine e = Engine::Open(socket_, std::chrono::seconds(5));
+  ASSERT_NE(e.client, nullptr);
+  AllocateResult alloc = LookupAndAllocate(e, 1, 0);
+  ASSERT_TRUE(alloc.load_pending);
+  std::vector<TokenId> tokens = FillRequestTokens(1, 0, 1);
+  tokens.push_back(7);
+  Request twin(2, tokens, kBs, hasher_);
+  EXPECT_TRUE(e.manager->GetComputedBlocks(twin).blocks.empty());
+
+  std::vector<FinishedTransfer> done;
+  while (done.empty()) done = e.client->WaitEvents(std::chrono::seconds(10));
+  ASSERT_EQ(done.size(), 1u);
+  ASSERT_TRUE(done[0].status.ok()) << done[0].status.ToString();
+  ASSERT_EQ(done[0].loaded_blocks(), 1);
+  ASSERT_TRUE(e.client->Complete(done).ok());
+  Request request(1, tokens, kBs, hasher_);
+  ExternalLoadResult landed =
+      e.manager->CompleteExternalLoad(request, done[0].loaded_blocks() * kBs)
+          .value();
+  EXPECT_EQ(landed.num_computed_tokens, kBs);
+  std::vector<std::byte> expected(e.device->block_bytes());
+  FillBlock(tokens[0], expected);
+  const BlockId b = done[0].event.device_blocks[0];
+  EXPECT_EQ(
+      std::memcmp(e.device->block(b).data(), expected.data(), expected.size()),
+      0);
+  EXPECT_THAT(e.manager->GetComputedBlocks(twin).blocks,
+              ::testing::ElementsAre(b));
+  EXPECT_EQ(e.Ref(b), 1);  // The load's pin is gone.
+  ASSERT_TRUE(e.client->Finish(1).ok());
+}
+
+// A stopped tierkvd: every call fails within the deadline instead of
+// blocking, pending loads come back failed, and once tierkvd runs again
+// Reconnect attaches anew.
+TEST_F(ClientDeadline, StoppedTierkvdFailsCallsInTime) {
+  StartFilledStore();
+  const auto timeout = std::chrono::milliseconds(300);
+  Engine e = Engine::Open(socket_, timeout);
+  ASSERT_NE(e.client, nullptr);
+  ASSERT_TRUE(LookupAndAllocate(e, 1, 0).load_pending);
+  daemon_->Freeze();
+
+  std::vector<TokenId> tokens = FillRequestTokens(1, 5, 1);
+  const auto start = Clock::now();
+  auto hit = e.client->Lookup(2, tokens);
+  const auto took = Clock::now() - start;
+  EXPECT_EQ(hit.status().code(), StatusCode::kDeadlineExceeded)
+      << hit.status().ToString();
+  EXPECT_GE(took, timeout);
+  EXPECT_LT(took, std::chrono::seconds(3));
+  EXPECT_FALSE(e.client->connected());
+  // Later calls fail at once; the pending load is handed back failed.
+  EXPECT_EQ(e.client->Lookup(2, tokens).status().code(),
+            StatusCode::kUnavailable);
+  std::vector<FinishedTransfer> lost = e.client->PollEvents();
+  ASSERT_EQ(lost.size(), 1u);
+  EXPECT_EQ(lost[0].status.code(), StatusCode::kUnavailable);
+  EXPECT_EQ(lost[0].loaded_blocks(), 0);
+  EXPECT_EQ(e.client->loads_pending(), 0u);
+  ASSERT_TRUE(e.client->Complete(lost).ok());
+  EXPECT_EQ(e.TotalRefs(), 2);  // The request's own two blocks.
+
+  // Registration too has a deadline.
+  ClientOptions options;
+  options.socket_path = socket_;
+  options.layout = TestLayout();
+  options.num_device_blocks = 4;
+  options.call_timeout = timeout;
+  auto refused = Client::Open(options);
+  EXPECT_EQ(refused.status().code(), StatusCode::kDeadlineExceeded)
+      << refused.status().ToString();
+
+  daemon_->Thaw();
+  Status again = e.client->Reconnect();
+  for (int i = 0; !again.ok() && i < 20; ++i) again = e.client->Reconnect();
+  ASSERT_TRUE(again.ok()) << again.ToString();
+  EXPECT_TRUE(e.client->connected());
+  EXPECT_EQ(e.client->session(), 2u);
+  ASSERT_TRUE(e.client->Lookup(3, tokens).ok());
+  ASSERT_TRUE(e.client->Finish(3).ok());
+}
+
+// tierkvd is SIGKILLed with a load pending and restarted on its disk
+// directory: the load resolves failed (its blocks are reported to
+// recompute), Reconnect attaches to the new tierkvd, and the disk's blocks
+// load bit-exact again.
+TEST_F(Reconnect, EngineRidesThroughATierkvdRestart) {
+  StartFilledStore();
+  Engine e = Engine::Open(socket_, std::chrono::seconds(5));
+  ASSERT_NE(e.client, nullptr);
+  ASSERT_TRUE(LookupAndAllocate(e, 1, 0).load_pending);
+  daemon_->Signal(SIGKILL);
+  EXPECT_EQ(daemon_->Wait(), 128 + SIGKILL);
+  daemon_.reset();
+
+  std::vector<FinishedTransfer> lost;
+  while (lost.empty()) lost = e.client->WaitEvents(std::chrono::seconds(10));
+  ASSERT_EQ(lost.size(), 1u);
+  EXPECT_EQ(lost[0].status.code(), StatusCode::kUnavailable);
+  ASSERT_TRUE(e.client->Complete(lost).ok());
+  std::vector<TokenId> tokens = FillRequestTokens(1, 0, 1);
+  tokens.push_back(7);
+  Request request(1, tokens, kBs, hasher_);
+  ExternalLoadResult cut =
+      e.manager->CompleteExternalLoad(request, lost[0].loaded_blocks() * kBs)
+          .value();
+  EXPECT_EQ(cut.num_computed_tokens, 0);
+  EXPECT_EQ(cut.failed_blocks.size(), 1u);
+  EXPECT_EQ(e.manager->pool().num_cached_blocks(), 0u);
+  EXPECT_FALSE(e.client->Finish(1).ok());  // Lost with tierkvd.
+  ASSERT_TRUE(e.manager->Free(1).ok());
+  EXPECT_EQ(e.TotalRefs(), 0);
+  EXPECT_EQ(e.client->Reconnect().code(), StatusCode::kUnavailable);
+
+  StartDaemonWithDisk(6);
+  ASSERT_TRUE(e.client->Reconnect().ok());
+  EXPECT_EQ(e.client->session(), 2u);
+  AllocateResult alloc = LookupAndAllocate(e, 2, 0);
+  ASSERT_TRUE(alloc.load.has_value());
+  std::vector<FinishedTransfer> done;
+  while (done.empty()) done = e.client->WaitEvents(std::chrono::seconds(10));
+  ASSERT_TRUE(done[0].status.ok()) << done[0].status.ToString();
+  ASSERT_EQ(done[0].loaded_blocks(), 1);
+  ASSERT_TRUE(e.client->Complete(done).ok());
+  std::vector<std::byte> expected(e.device->block_bytes());
+  FillBlock(tokens[0], expected);
+  EXPECT_EQ(std::memcmp(e.device->block(done[0].event.device_blocks[0]).data(),
+                        expected.data(), expected.size()),
+            0);
+  ASSERT_TRUE(e.client->Finish(2).ok());
+  ASSERT_TRUE(e.manager->Free(2).ok());
+  EXPECT_EQ(e.TotalRefs(), 0);
+}
+
+}  // namespace
+}  // namespace tierkv

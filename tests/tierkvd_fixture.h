@@ -1,0 +1,108 @@
+// TierkvdFixture: a real tierkvd process for integration tests, in a
+// scratch directory with a store name of its own, plus helpers to attach
+// clients and spawn worker processes (tests/worker_main.cc). TearDown stops
+// tierkvd cleanly and removes what a killed one left behind.
+// Needs TIERKVD_PATH and TEST_WORKER_PATH defined by the build.
+#ifndef TIERKV_TESTS_TIERKVD_FIXTURE_H_
+#define TIERKV_TESTS_TIERKVD_FIXTURE_H_
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ipc/client.h"
+#include "tests/child_process.h"
+#include "tests/scratch.h"
+#include "tests/test_layout.h"
+
+namespace tierkv {
+
+class TierkvdFixture : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    store_ = "t" + std::to_string(getpid()) + "-" +
+             ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    socket_ = dir_ + "/tierkvd.sock";
+  }
+  void TearDown() override {
+    if (daemon_ != nullptr) {
+      daemon_->Signal(SIGTERM);  // A clean stop removes its files.
+      daemon_->Wait();
+      daemon_.reset();
+    }
+    RemoveStoreSegments(store_);  // Whatever a killed daemon left behind.
+  }
+
+  static std::unique_ptr<ChildProcess> Spawn(std::vector<std::string> argv) {
+    auto child = ChildProcess::Spawn(std::move(argv));
+    EXPECT_TRUE(child.ok()) << child.status().ToString();
+    return std::move(child).value();
+  }
+  std::vector<std::string> DaemonArgs(const std::string& capacity) const {
+    return {TIERKVD_PATH, "--store",         store_,  "--socket",
+            socket_,      "--layers",        "2",     "--kv-heads",
+            "2",          "--head-dim",      "64",    "--dtype",
+            "bf16",       "--host-capacity", capacity};
+  }
+  // Starts tierkvd and waits for the line it logs once it serves.
+  void StartDaemon(const std::string& capacity = "1M",
+                   const std::vector<std::string>& more = {}) {
+    std::vector<std::string> args = DaemonArgs(capacity);
+    args.insert(args.end(), more.begin(), more.end());
+    daemon_ = Spawn(args);
+    ASSERT_TRUE(daemon_->WaitForOutput("serving store")) << daemon_->output();
+  }
+  // A host tier of `slots` usable slots over a disk tier in dir_/disk,
+  // spilling early so the disk keeps up with fast workers.
+  void StartDaemonWithDisk(int slots,
+                           const std::vector<std::string>& more = {}) {
+    std::vector<std::string> args = {
+        "--disk-dir",   dir_ + "/disk", "--disk-capacity", "64M",
+        "--spill-high", "0.5",          "--spill-low",     "0.25"};
+    args.insert(args.end(), more.begin(), more.end());
+    StartDaemon(std::to_string((slots + 1) * TestLayout().BlockBytes()), args);
+  }
+  // SIGTERM: a clean stop, which lets the disk tier finish its writes.
+  void StopDaemon() {
+    daemon_->Signal(SIGTERM);
+    EXPECT_EQ(daemon_->Wait(), 0) << daemon_->output();
+    daemon_.reset();
+  }
+  std::unique_ptr<ChildProcess> ManyWorker(const std::string& mode, int seed,
+                                           int requests,
+                                           const std::string& model = "") {
+    return Spawn({TEST_WORKER_PATH, "--model", model, mode, socket_,
+                  std::to_string(seed), std::to_string(requests)});
+  }
+  std::unique_ptr<Client> Attach(const std::string& name = "test",
+                                 const std::string& model = "") {
+    ClientOptions options;
+    options.socket_path = socket_;
+    options.layout = TestLayout();
+    options.model = model;
+    options.num_device_blocks = 64;
+    options.name = name;
+    auto client = Client::Open(options);
+    EXPECT_TRUE(client.ok()) << client.status().ToString();
+    return client.ok() ? std::move(*client) : nullptr;
+  }
+  std::unique_ptr<ChildProcess> Worker(const std::string& mode, int seed,
+                                       int blocks) {
+    return Spawn({TEST_WORKER_PATH, mode, socket_, std::to_string(seed),
+                  std::to_string(blocks)});
+  }
+  std::string HostSegment() const { return "/tierkv." + store_ + ".host"; }
+
+  const TempDir scratch_{"tierkvd_test"};
+  const std::string dir_ = scratch_.path();
+  std::string store_, socket_;
+  std::unique_ptr<ChildProcess> daemon_;
+};
+
+}  // namespace tierkv
+
+#endif  // TIERKV_TESTS_TIERKVD_FIXTURE_H_
