@@ -590,6 +590,7 @@ const std::byte* Client::host_slot(BlockId slot) const {
 size_t Client::transfers_in_flight() const { return impl_->in_flight.size(); }
 size_t Client::loads_pending() const { return impl_->pending_loads.size(); }
 bool Client::connected() const { return impl_->channel_error.ok(); }
+const Status& Client::connection_status() const { return impl_->channel_error; }
 uint64_t Client::session() const { return impl_->session; }
 
 }  // namespace tierkv

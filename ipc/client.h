@@ -142,6 +142,9 @@ class Client {
   Status Reconnect();
   // False once the attachment is lost, until Reconnect succeeds.
   bool connected() const;
+  // OK while attached; once the attachment is lost, the Unavailable every
+  // call returns, naming the failure that lost it.
+  const Status& connection_status() const;
   // Counts attachments: 1 after Open, one more per successful Reconnect.
   uint64_t session() const;
 

@@ -77,7 +77,11 @@ class KVCacheManager {
   // another block size never hits.
   ComputedBlocks GetComputedBlocks(const Request& request);
 
-  // Gives the request slots for `num_new_tokens` more tokens. On the first
+  // Gives the request slots for `num_new_tokens` more tokens. As in vLLM,
+  // blocks are keyed here, before their KV exists: the engine must fill
+  // every block this keys (the forward pass of the same step) before it
+  // looks anything up again, even when it aborts the request meanwhile. On
+  // the first
   // call for a request, `computed` (from GetComputedBlocks, with no pool
   // change in between) is touched and becomes the request's first blocks.
   // New blocks come from the head of the free queue; every block that is

@@ -16,6 +16,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -66,11 +67,18 @@ class ChildProcess {
   // Waits until the output contains `text`; false on exit or timeout.
   bool WaitForOutput(const std::string& text,
                      std::chrono::seconds timeout = std::chrono::seconds(20)) {
+    return WaitFor(
+        [&](const std::string& out) {
+          return out.find(text) != std::string::npos;
+        },
+        timeout);
+  }
+  // Waits until `done(output)` holds; false on exit or timeout.
+  bool WaitFor(const std::function<bool(const std::string&)>& done,
+               std::chrono::seconds timeout = std::chrono::seconds(20)) {
     std::unique_lock<std::mutex> lock(mu_);
-    changed_.wait_for(lock, timeout, [&] {
-      return output_.find(text) != std::string::npos || eof_;
-    });
-    return output_.find(text) != std::string::npos;
+    changed_.wait_for(lock, timeout, [&] { return done(output_) || eof_; });
+    return done(output_);
   }
   // Reaps the child: its exit code, or 128 + the signal that ended it.
   int Wait() {

@@ -1,0 +1,32 @@
+// EngineStress: a short run of tierkv_engine_stress
+// (tests/engine_stress_main.cc): a real tierkvd and four engine-shaped worker
+// processes under aborts, preemption and faults, then the audit of what tierkvd
+// holds and counts. `tools/run soak --seconds N --seed S` runs the same program
+// longer.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "tests/child_process.h"
+
+namespace tierkv {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(EngineStress, NoWrongKvUnderAbortsAndFaults) {
+  auto run = ChildProcess::Spawn(
+      {ENGINE_STRESS_PATH, "--seconds", "15", "--seed", "1"});
+  ASSERT_TRUE(run.ok()) << run.status().ToString();
+  const int code = (*run)->Wait();
+  const std::string out = (*run)->output();
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_THAT(out, HasSubstr("wrong blocks: 0,"));
+  EXPECT_THAT(out, HasSubstr("dead workers: nothing held"));
+  EXPECT_THAT(out, HasSubstr("engine stress: PASS"));
+  // Every kind of fault struck.
+  EXPECT_THAT(out, ::testing::Not(::testing::ContainsRegex(" [a-z-]+ 0( |$)")))
+      << out;
+}
+
+}  // namespace
+}  // namespace tierkv
