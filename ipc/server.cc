@@ -130,12 +130,16 @@ StatusOr<std::unique_ptr<DiskTier>> OpenDisk(const ServerOptions& options) {
       .element_bytes = static_cast<int32_t>(options.layout.ElementSize()),
       .codec = options.disk_codec};
   auto last_decile = std::make_shared<int>(-1);
-  disk.progress = [last_decile](uint64_t done, uint64_t total) {
-    const int decile = total == 0 ? 10 : static_cast<int>(done * 10 / total);
+  disk.progress = [last_decile](const RebuildProgress& p) {
+    const int decile = p.Percent() / 10;
     if (decile == *last_decile) return;
     *last_decile = decile;
-    spdlog::info("disk tier: rebuilding the index: {} of about {} values ({}%)",
-                 done, total, decile * 10);
+    constexpr double kMiB = 1 << 20;
+    spdlog::info(
+        "disk tier: rebuilding the index: {} values, {:.1f} of {:.1f} MiB "
+        "read ({}%)",
+        p.values, double(p.bytes_read) / kMiB, double(p.total_bytes) / kMiB,
+        p.Percent());
   };
   spdlog::info("disk tier: opening {}", options.disk_path);
   TIERKV_ASSIGN_OR_RETURN(std::unique_ptr<DiskTier> tier, DiskTier::Open(disk));

@@ -405,18 +405,24 @@ TEST_F(DiskTierTest, ReopenRebuildsIndexWithProgress) {
     std::unique_ptr<DiskTier> tier = OpenTier(Options());
     for (int i = 0; i < 10; ++i) ASSERT_TRUE(Put(*tier, i).ok());
   }  // Closing flushes.
-  std::vector<std::pair<uint64_t, uint64_t>> calls;
+  std::vector<RebuildProgress> calls;
   DiskTierOptions options = Options();
-  options.progress = [&](uint64_t done, uint64_t total) {
-    calls.emplace_back(done, total);
-  };
+  options.progress = [&](const RebuildProgress& p) { calls.push_back(p); };
   std::unique_ptr<DiskTier> tier = OpenTier(options);
   ASSERT_FALSE(calls.empty());
-  EXPECT_EQ(calls.back(), std::make_pair(uint64_t{10}, uint64_t{10}));
+  // The end counts the real values and bytes, not an estimate.
+  const RebuildProgress& last = calls.back();
+  EXPECT_TRUE(last.done);
+  EXPECT_EQ(last.values, 10u);
+  EXPECT_EQ(last.Percent(), 100);
+  EXPECT_GE(last.bytes_read, tier->stats().bytes);  // Values plus keys.
+  EXPECT_EQ(last.total_bytes, last.bytes_read);
   for (size_t i = 0; i < calls.size(); ++i) {
-    EXPECT_LE(calls[i].first, calls[i].second);
+    EXPECT_LE(calls[i].bytes_read, calls[i].total_bytes);
+    EXPECT_LE(calls[i].Percent(), calls[i].done ? 100 : 99);
     if (i > 0) {
-      EXPECT_LE(calls[i - 1].first, calls[i].first);
+      EXPECT_LE(calls[i - 1].values, calls[i].values);
+      EXPECT_LE(calls[i - 1].Percent(), calls[i].Percent());
     }
   }
   DiskTierStats stats = tier->stats();

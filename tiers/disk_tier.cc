@@ -646,10 +646,6 @@ class RocksDbStorage final : public DiskStorage {
     });
   }
 
-  uint64_t EstimateNumKeys() override {
-    return IntProperty(rocksdb::DB::Properties::kEstimateNumKeys);
-  }
-
   uint64_t FileBytes() override {
     return IntProperty(rocksdb::DB::Properties::kLiveSstFilesSize) +
            IntProperty(rocksdb::DB::Properties::kLiveBlobFileSize);
@@ -1254,26 +1250,33 @@ struct FoundValue {
   std::vector<TokenId> tokens;
 };
 
-// Reports `done` of about `total` at least every 1%.
+// Reports a rebuild's progress at least every 1% of the bytes to read.
 class Progress {
  public:
-  explicit Progress(std::function<void(uint64_t, uint64_t)> fn, uint64_t total)
-      : fn_(std::move(fn)),
-        total_(total),
-        step_(std::max<uint64_t>(1, total / 100)) {}
-  void Step() {
-    ++done_;
-    if (fn_ && done_ % step_ == 0) fn_(done_, std::max(total_, done_));
+  Progress(std::function<void(const RebuildProgress&)> fn, uint64_t total)
+      : fn_(std::move(fn)), step_(std::max<uint64_t>(1, total / 100)) {
+    p_.total_bytes = total;
+  }
+  void Step(uint64_t bytes) {
+    ++p_.values;
+    p_.bytes_read += bytes;
+    p_.total_bytes = std::max(p_.total_bytes, p_.bytes_read);
+    if (fn_ && p_.bytes_read >= next_) {
+      next_ = p_.bytes_read + step_;
+      fn_(p_);
+    }
   }
   void Finish() {
-    if (fn_) fn_(done_, done_);
+    p_.done = true;
+    p_.total_bytes = p_.bytes_read;
+    if (fn_) fn_(p_);
   }
 
  private:
-  std::function<void(uint64_t, uint64_t)> fn_;
-  uint64_t total_;
+  std::function<void(const RebuildProgress&)> fn_;
+  RebuildProgress p_;
   uint64_t step_;
-  uint64_t done_ = 0;
+  uint64_t next_ = 0;
 };
 
 // Runs on the Open thread before the I/O threads start: no lock contention,
@@ -1282,10 +1285,10 @@ Status DiskTierImpl::Rebuild() {
   std::vector<FoundValue> found;
   std::vector<std::string> bad;
   uint64_t layout_mismatches = 0;
-  Progress progress(options_.progress, storage_->EstimateNumKeys());
+  Progress progress(options_.progress, storage_->FileBytes());
   TIERKV_RETURN_IF_ERROR(storage_->ForEach(
       [&](std::string_view key, std::string_view value) -> Status {
-        progress.Step();
+        progress.Step(key.size() + value.size());
         std::optional<BlockKey> block_key = ParseStorageKey(key);
         StatusOr<ValueFields> fields = ParseHeader(value);
         if (fields.ok() && !VerifyStored(*fields).ok()) {

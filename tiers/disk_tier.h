@@ -39,6 +39,7 @@
 #ifndef TIERKV_TIERS_DISK_TIER_H_
 #define TIERKV_TIERS_DISK_TIER_H_
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -95,8 +96,6 @@ class DiskStorage {
   // Writes everything Put so far to files and syncs them: after OK, it
   // survives a crash.
   virtual Status Flush() = 0;
-  // For progress reports; may be off in either direction.
-  virtual uint64_t EstimateNumKeys() = 0;
   // Bytes of the files that hold live data (RocksDB: SST and blob files).
   virtual uint64_t FileBytes() = 0;
 };
@@ -120,7 +119,6 @@ class DiskStorageWrapper : public DiskStorage {
     return target_->ForEach(visit);
   }
   Status Flush() override { return target_->Flush(); }
-  uint64_t EstimateNumKeys() override { return target_->EstimateNumKeys(); }
   uint64_t FileBytes() override { return target_->FileBytes(); }
 
   DiskStorage* target() const { return target_.get(); }
@@ -181,6 +179,23 @@ Status DecodePayload(DiskCodec codec, int32_t element_bytes,
 // ---------------------------------------------------------------------------
 // The tier.
 
+// How far a disk tier's Open is in rebuilding its index.
+struct RebuildProgress {
+  uint64_t values = 0;      // Values read so far (good and bad).
+  uint64_t bytes_read = 0;  // Their keys and values.
+  // Bytes in the store's files when the scan started (at least bytes_read):
+  // what the scan reads, give or take what RocksDB has not flushed yet.
+  uint64_t total_bytes = 0;
+  bool done = false;  // The last call: every value was read.
+  // Share of total_bytes read, 0..100; 100 only when done.
+  int Percent() const {
+    if (done) return 100;
+    if (total_bytes == 0) return 0;
+    return static_cast<int>(
+        std::min<uint64_t>(99, bytes_read * 100 / total_bytes));
+  }
+};
+
 struct DiskTierOptions {
   // Where and how the database is kept, for Open(options). Ignored by the
   // Open overload that takes a storage.
@@ -206,10 +221,10 @@ struct DiskTierOptions {
   // space, not throughput, is the scarce resource.
   DiskCodec codec = DiskCodec::kNone;
   int32_t io_threads = 2;  // Default: 2.
-  // Called by Open on its own thread while it rebuilds the index: done
-  // values of about total (an estimate; total >= done in every call), at
-  // least every 1% and once at the end with done == total. Default: none.
-  std::function<void(uint64_t done, uint64_t total)> progress = {};
+  // Called by Open on its own thread while it rebuilds the index, at least
+  // every 1% of the bytes to read and once at the end (done set). Default:
+  // none.
+  std::function<void(const RebuildProgress&)> progress = {};
 };
 
 // DiskTierStats is in src/lower_tier.h: the coordinator reports it too.
