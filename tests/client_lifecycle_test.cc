@@ -318,5 +318,25 @@ TEST_F(Reconnect, EngineRidesThroughATierkvdRestart) {
   EXPECT_EQ(e.TotalRefs(), 0);
 }
 
+// examples/engine, the request loop the README shows: tierkvd is killed
+// and restarted under it, and it goes on serving requests.
+TEST_F(Reconnect, ExampleEngineRidesThroughARestart) {
+  StartDaemon();
+  auto engine = Spawn({EXAMPLE_ENGINE_PATH, socket_});
+  ASSERT_TRUE(engine->WaitForOutput("request 20:")) << engine->output();
+  daemon_->Signal(SIGKILL);
+  daemon_->Wait();
+  ASSERT_TRUE(engine->WaitForOutput(" dropped: ")) << engine->output();
+  StartDaemon();
+  ASSERT_TRUE(engine->WaitForOutput("reconnected to tierkvd\n"))
+      << engine->output();
+  const size_t after = engine->output().size();
+  ASSERT_TRUE(engine->WaitFor([&](const std::string& out) {
+    return out.find("tokens cached", after) != std::string::npos;
+  })) << engine->output();
+  engine->Signal(SIGTERM);
+  EXPECT_EQ(engine->Wait(), 0) << engine->output();
+}
+
 }  // namespace
 }  // namespace tierkv
