@@ -11,6 +11,7 @@ ClientChunkTier::ClientChunkTier(Client* client,
 
 StatusOr<bool> ClientChunkTier::Fetch(std::span<const TokenId> chunk,
                                       const AllocateBlocks& allocate) {
+  TIERKV_RETURN_IF_ERROR(ReattachIfLost());
   const RequestId request = next_request_++;
   ++stats_.fetches;
   TIERKV_ASSIGN_OR_RETURN(LookupResult hit,
@@ -47,6 +48,7 @@ StatusOr<bool> ClientChunkTier::Fetch(std::span<const TokenId> chunk,
 
 Status ClientChunkTier::Publish(std::span<const TokenId> chunk,
                                 std::span<const BlockId> blocks) {
+  TIERKV_RETURN_IF_ERROR(ReattachIfLost());
   const RequestId request = next_request_++;
   ++stats_.publishes;
   const auto n = static_cast<int32_t>(chunk.size());
@@ -66,7 +68,17 @@ Status ClientChunkTier::Publish(std::span<const TokenId> chunk,
   return finished;
 }
 
+Status ClientChunkTier::ReattachIfLost() {
+  if (client_->connected()) return Status::Ok();
+  // Copies of the lost attachment are over once Reconnect returns; what
+  // they hand back is completed (which only unpins) and dropped.
+  Status s = client_->Reconnect();
+  TIERKV_RETURN_IF_ERROR(client_->Complete(client_->PollEvents()));
+  return s;
+}
+
 Status ClientChunkTier::WaitFor(const EventRef& ref) {
+  const uint64_t session = client_->session();
   const auto deadline =
       std::chrono::steady_clock::now() + options_.copy_timeout;
   for (;;) {
@@ -75,7 +87,7 @@ Status ClientChunkTier::WaitFor(const EventRef& ref) {
     Status mine;
     bool found = false;
     for (const FinishedTransfer& f : finished) {
-      if (!(f.event.ref == ref)) continue;
+      if (!(f.event.ref == ref) || f.session != session) continue;
       found = true;
       mine = f.status;
       if (mine.ok() && f.event.failed_blocks > 0) {

@@ -50,6 +50,10 @@ class ClientChunkTier final : public ChunkTier {
  private:
   // Waits for the transfer `ref` (completing every transfer that finishes
   // meanwhile); its status, or failed_blocks > 0 as DataLoss.
+  // A lost attachment (tierkvd died or stopped answering) is re-made
+  // before the next fetch or publish, so a restarted tierkvd serves the
+  // pool again.
+  Status ReattachIfLost();
   Status WaitFor(const EventRef& ref);
 
   Client* client_;

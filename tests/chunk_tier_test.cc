@@ -203,7 +203,7 @@ TEST_F(ChunkTierTest, ChunksSpilledToDiskComeBackBitExact) {
   EXPECT_GT(client_->Stats().value().host.promotions, 0u);
 }
 
-TEST_F(ChunkTierTest, DeadTierkvdIsCountedAndTheChunkComputed) {
+TEST_F(ChunkTierTest, DeadTierkvdIsCountedThenReattached) {
   const std::string store = "ct" + std::to_string(getpid());
   const std::string socket = dir_.path() + "/tierkvd.sock";
   const KvLayout layout = model_.config().CacheLayout(kBs, DType::kF32);
@@ -236,7 +236,34 @@ TEST_F(ChunkTierTest, DeadTierkvdIsCountedAndTheChunkComputed) {
   EXPECT_EQ(store_->stats().tier_errors, 2u);
   EXPECT_EQ(store_->stats().published, 3u);
   // What the pool still holds is served as before.
-  EXPECT_EQ(store_->Acquire(c).size(), 2u);
+  const std::vector<BlockId> held = store_->Acquire(c);
+  EXPECT_EQ(held.size(), 2u);
+  store_->Release(held);
+
+  // tierkvd comes back: the next publish re-attaches, and what it publishes
+  // is fetched again once the pool has dropped it.
+  auto again =
+      ChildProcess::Spawn({TIERKVD_PATH, "--store", store, "--socket", socket,
+                           "--layers", std::to_string(layout.num_layers),
+                           "--kv-heads", std::to_string(layout.num_kv_heads),
+                           "--head-dim", std::to_string(layout.head_dim),
+                           "--dtype", "f32", "--host-capacity", "1M"});
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  ASSERT_TRUE((*again)->WaitForOutput("serving store")) << (*again)->output();
+  const auto d = Tokens(4, 20);
+  Compute(d);
+  EXPECT_EQ(store_->stats().published, 4u);
+  EXPECT_EQ(client_->session(), 2u);
+  Compute(Tokens(5, 20));
+  Compute(Tokens(6, 20));  // d leaves the pool; the new tierkvd has it.
+  const uint64_t tier_hits = store_->stats().tier_hits;
+  const std::vector<BlockId> fetched = store_->Acquire(d);
+  ASSERT_EQ(fetched.size(), 2u);
+  EXPECT_EQ(store_->stats().tier_hits, tier_hits + 1);
+  ExpectChunkKv(d, fetched);
+  store_->Release(fetched);
+  EXPECT_EQ(store_->stats().tier_errors, 2u);
+  (*again)->Stop();  // A clean stop removes its segments.
 }
 
 }  // namespace
