@@ -263,7 +263,8 @@ TEST_F(ChunkTierTest, DeadTierkvdIsCountedThenReattached) {
   ExpectChunkKv(d, fetched);
   store_->Release(fetched);
   EXPECT_EQ(store_->stats().tier_errors, 2u);
-  (*again)->Stop();  // A clean stop removes its segments.
+  (*again)->Stop();
+  RemoveStoreSegments(store);
 }
 
 }  // namespace
