@@ -216,6 +216,21 @@ struct Client::Impl {
                           .session = session});
     }
     pending_loads.clear();
+    // A tierkvd that is only slow keeps this worker's host pins until the
+    // socket closes. Copies still read or write those host slots: let them
+    // finish, then close it, so tierkvd releases the pins at once.
+    WaitForCopies();
+    channel.reset();
+    if (socket_fd >= 0) close(socket_fd);
+    socket_fd = -1;
+  }
+
+  // Waits for every copy in flight; their completions wait in `finished`.
+  void WaitForCopies() {
+    while (device->in_flight() > 0) {
+      Collect(device->WaitCompleted(std::chrono::milliseconds(100)), &finished);
+    }
+    Collect(device->PollCompleted(), &finished);
   }
 
   StatusOr<Message> Call(const Message& request) {
@@ -259,6 +274,9 @@ struct Client::Impl {
 
   // Starts the copy of `event`, whose device blocks the caller pinned.
   Status Submit(const TransferEvent& event) {
+    // A lost attachment's host slots are tierkvd's to reuse: no copy may
+    // touch them any more.
+    if (!channel_error.ok()) return channel_error;
     const uint64_t tag = next_tag++;
     CopyJob job{.tag = tag,
                 .direction = event.ref.kind == EventKind::kLoad
@@ -541,6 +559,10 @@ Status Client::Finish(RequestId request) {
       return false;
     }
     impl_->Unpin(f.event.device_blocks);
+    // A load whose copy could not start: tierkvd still holds its slots.
+    if (f.session == impl_->session && impl_->channel_error.ok()) {
+      impl_->ReportFailed(f.event.ref);
+    }
     return true;
   });
   TIERKV_ASSIGN_OR_RETURN(Message reply,
@@ -561,18 +583,7 @@ Status Client::Reconnect() {
     if (impl.PeerAlive()) return Status::Ok();
     impl.LoseAttachment(Status::Unavailable("tierkvd closed the connection"));
   }
-  // The old attachment's pins keep the host slots of copies in flight
-  // unchanged until its socket closes: let the copies finish first.
-  while (impl.device->in_flight() > 0) {
-    impl.Collect(impl.device->WaitCompleted(std::chrono::milliseconds(100)),
-                 &impl.finished);
-  }
-  impl.Collect(impl.device->PollCompleted(), &impl.finished);
-  impl.channel.reset();
-  if (impl.socket_fd >= 0) {
-    close(impl.socket_fd);
-    impl.socket_fd = -1;
-  }
+  // LoseAttachment let the old attachment's copies finish and closed it.
   const ClientOptions& o = impl.options;
   TIERKV_RETURN_IF_ERROR(
       impl.Attach(RegistrationOf(o), StoreFingerprint(o.layout, o.model)));

@@ -20,8 +20,10 @@
 // Unavailable, loads still waiting for promotions come back from
 // PollEvents / WaitEvents failed (status Unavailable, nothing copied), and
 // Reconnect attaches to tierkvd again (a restarted one, or the same one
-// once it answers) as a new worker. Copies already running finish, and
-// their completions are handed out as usual; Complete then only unpins.
+// once it answers) as a new worker. On the loss the client waits for the
+// copies already running (their completions are handed out as usual, and
+// Complete then only unpins) and closes the socket, so a tierkvd that was
+// only slow releases the old worker's pins at once.
 #ifndef TIERKV_IPC_CLIENT_H_
 #define TIERKV_IPC_CLIENT_H_
 
@@ -97,7 +99,9 @@ class Client {
   // DeadlineExceeded when tierkvd does not answer within call_timeout.
   static StatusOr<std::unique_ptr<Client>> Open(const ClientOptions& options);
   // Waits for copies in flight, then unpins every device block the client
-  // still pins in the engine; tierkvd drops the rest when the socket closes.
+  // still pins in the engine, but for transfers PollEvents or WaitEvents
+  // handed out: the engine Completes those (which unpins), before or after.
+  // tierkvd drops the rest when the socket closes.
   ~Client();
 
   // See Coordinator for the semantics of each call.

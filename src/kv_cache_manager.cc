@@ -166,29 +166,35 @@ StatusOr<ExternalLoadResult> KVCacheManager::CompleteExternalLoad(
                                       std::to_string(request.id()) +
                                       " has no external load outstanding");
   }
+  const int32_t bs = pool_.block_size();
   const int32_t expected = state.load_end - state.load_start;
+  // A whole-block count for a load whose last block is partial (a chunk).
+  if (num_loaded_tokens > expected &&
+      num_loaded_tokens <= static_cast<int32_t>(CeilDiv(expected, bs)) * bs) {
+    num_loaded_tokens = expected;
+  }
   if (num_loaded_tokens < 0 || num_loaded_tokens > expected) {
     return Status::InvalidArgument("the load of request " +
                                    std::to_string(request.id()) + " had " +
                                    std::to_string(expected) + " tokens, not " +
                                    std::to_string(num_loaded_tokens));
   }
-  ExternalLoadResult result{.num_computed_tokens = state.load_end,
-                            .failed_blocks = {}};
-  const int32_t bs = pool_.block_size();
-  if (num_loaded_tokens < expected) {
-    // Only whole blocks count: the engine recomputes from the first block
-    // that did not load, and nothing after it is keyed before it is.
-    const int32_t good = state.load_start + num_loaded_tokens / bs * bs;
-    const auto first_failed = static_cast<size_t>(good / bs);
-    const auto end = std::min(state.blocks.size(),
-                              static_cast<size_t>(CeilDiv(state.load_end, bs)));
-    for (size_t i = first_failed; i < end; ++i) {
-      result.failed_blocks.push_back(state.blocks[i]);
-    }
-    state.num_tokens = std::min(state.num_tokens, good);
-    result.num_computed_tokens = good;
+  // Only whole blocks count when the load fell short: the engine recomputes
+  // from the first block that did not load.
+  const int32_t good = num_loaded_tokens == expected
+                           ? state.load_end
+                           : state.load_start + num_loaded_tokens / bs * bs;
+  ExternalLoadResult result{.num_computed_tokens = good, .failed_blocks = {}};
+  const auto end = std::min(state.blocks.size(),
+                            static_cast<size_t>(CeilDiv(state.load_end, bs)));
+  for (auto i = static_cast<size_t>(good / bs);
+       i < end && good < state.load_end; ++i) {
+    result.failed_blocks.push_back(state.blocks[i]);
   }
+  // Tokens past `good` are computed later, when the engine schedules them
+  // (AllocateSlots keys their blocks then), so nothing is keyed before its
+  // KV exists.
+  state.num_tokens = std::min(state.num_tokens, good);
   state.load_start = state.load_end = 0;
   TIERKV_RETURN_IF_ERROR(CacheFullBlocks(request, &state));
   return result;
@@ -230,6 +236,14 @@ Status KVCacheManager::MayAppend(const Request& request) {
   TIERKV_RETURN_IF_ERROR(CheckBlockSize(request));
   RequestState& state = it->second;
   const int32_t len = request.num_tokens();
+  if (state.load_end > 0 || state.num_tokens < len - 1) {
+    // The new token's block would be keyed over blocks that have no KV yet.
+    return Status::FailedPrecondition(
+        "request " + std::to_string(request.id()) +
+        (state.load_end > 0 ? " waits for an external load"
+                            : " has tokens without slots; AllocateSlots "
+                              "them first"));
+  }
   const auto needed =
       static_cast<int32_t>(BlocksShort(len, state.blocks.size()));
   if (needed > 0) {

@@ -101,13 +101,14 @@ class KVCacheManager {
 
   // The external load of AllocateSlots finished: its first
   // `num_loaded_tokens` tokens got their KV (0 when the copy failed or the
-  // load was lost with tierkvd). Keys the request's blocks up to the first
-  // block that did not load, or all of them when everything loaded. When
-  // the load fell short, the request's tokens with slots roll back to
-  // num_computed_tokens (its blocks stay held): the engine recomputes from
-  // there, with AllocateSlots for the tokens it computes, which keys them.
-  // NotFound for an unknown request, FailedPrecondition when it has no load
-  // outstanding, InvalidArgument for more tokens than the load had.
+  // load was lost with tierkvd; a whole-block count for a load whose last
+  // block is partial counts as all of it). Keys the request's blocks up to
+  // the first block that did not load. The request's tokens with slots
+  // become num_computed_tokens (its blocks stay held): the engine schedules
+  // the rest, the failed blocks' tokens included, with AllocateSlots, which
+  // needs no new block for them and keys them as it keys any computed
+  // block. NotFound for an unknown request, FailedPrecondition when it has
+  // no load outstanding, InvalidArgument for more tokens than the load had.
   StatusOr<ExternalLoadResult> CompleteExternalLoad(const Request& request,
                                                     int32_t num_loaded_tokens);
   // Whether the request waits for an external load.
@@ -118,7 +119,9 @@ class KVCacheManager {
   // not cover yet (seed 003's len % block_size == 1 case, made exact for
   // requests that were given slots ahead).
   // MayAppend: allocates that block, or keys the last block when the new
-  // token filled it.
+  // token filled it. FailedPrecondition while an external load is
+  // outstanding, or while tokens before the new one have no slots (after
+  // a load that fell short: AllocateSlots them first).
   bool CanAppend(const Request& request) const;
   Status MayAppend(const Request& request);
 

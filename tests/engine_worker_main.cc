@@ -61,6 +61,8 @@ struct Flags {
   int64_t requests = 0;  // 0: until SIGTERM.
   int32_t abort_percent = 10;
   int32_t timeout_ms = 500;
+  // Which process of this index (a replaced worker's suffixes differ).
+  int64_t incarnation = 0;
 };
 
 // Shared by every worker: prefix p is 2..6 blocks of tokens of its own.
@@ -195,7 +197,9 @@ class EngineWorker {
     for (int32_t i = 0; i < suffix; ++i) {
       t.push_back(100'000'000u +
                   static_cast<TokenId>(flags_.index) * 10'000'000u +
-                  static_cast<TokenId>(started_ % 100'000) * 64u +
+                  static_cast<TokenId>(
+                      (flags_.incarnation * 100'000 + started_) % 150'000) *
+                      64u +
                   static_cast<TokenId>(i));
     }
     return t;
@@ -330,18 +334,32 @@ class EngineWorker {
     a.loading = false;
     TIERKV_ASSIGN_OR_RETURN(ExternalLoadResult landed,
                             manager_->CompleteExternalLoad(r, loaded * kBs));
-    if (!landed.failed_blocks.empty()) {
-      // Recompute from the first block that did not load.
-      TIERKV_ASSIGN_OR_RETURN(
-          std::vector<BlockId> more,
-          manager_->AllocateSlots(r,
-                                  r.num_tokens() - landed.num_computed_tokens));
-      (void)more;  // The blocks are held already.
-    }
+    // The rest, from the first block that did not load, is scheduled now
+    // (in blocks the request holds already).
+    TIERKV_ASSIGN_OR_RETURN(
+        std::vector<BlockId> more,
+        manager_->AllocateSlots(r,
+                                r.num_tokens() - landed.num_computed_tokens));
+    (void)more;
     // The rest is computed in this step: its blocks are keyed now.
     Compute(r, landed.num_computed_tokens);
     if (!client_->connected()) return Status::Ok();  // Dropped right after.
     return Commit(r.id());
+  }
+
+  // Completes finished transfers and counts the blocks tierkvd counts:
+  // those of this attachment whose copy succeeded.
+  Status CompleteAndCount(const std::vector<FinishedTransfer>& events) {
+    const bool connected = client_->connected();
+    Status completed = client_->Complete(events);
+    if (!completed.ok() || !connected) return completed;
+    for (const FinishedTransfer& f : events) {
+      if (!f.status.ok() || f.session != client_->session()) continue;
+      (f.event.ref.kind == EventKind::kLoad ? session_.loaded_blocks
+                                            : session_.stored_blocks) +=
+          static_cast<int64_t>(f.event.host_blocks.size());
+    }
+    return completed;
   }
 
   Status HandleEvents(std::vector<FinishedTransfer> events) {
@@ -352,17 +370,7 @@ class EngineWorker {
       Status s = OnLoad(f);
       if (first.ok()) first = s;
     }
-    const bool connected = client_->connected();
-    Status completed = client_->Complete(events);
-    if (completed.ok() && connected) {
-      // What tierkvd counted: events of this attachment that succeeded.
-      for (const FinishedTransfer& f : events) {
-        if (!f.status.ok() || f.session != client_->session()) continue;
-        (f.event.ref.kind == EventKind::kLoad ? session_.loaded_blocks
-                                              : session_.stored_blocks) +=
-            static_cast<int64_t>(f.event.host_blocks.size());
-      }
-    }
+    Status completed = CompleteAndCount(events);
     for (const FinishedTransfer& f : events) {
       if (f.event.ref.kind != EventKind::kStore) continue;
       auto it = active_.find(f.event.request);
@@ -407,7 +415,7 @@ class EngineWorker {
       if (events.empty()) {
         events = client_->WaitEvents(std::chrono::milliseconds(5));
       }
-      (void)client_->Complete(events);
+      (void)CompleteAndCount(events);
     }
   }
 
@@ -459,7 +467,8 @@ class EngineWorker {
 int Usage() {
   std::fprintf(stderr,
                "usage: tierkv_engine_worker --socket PATH --seed S --index I "
-               "[--requests N] [--abort-percent P] [--timeout-ms T]\n");
+               "[--requests N] [--abort-percent P] [--timeout-ms T] "
+               "[--incarnation K]\n");
   return 2;
 }
 
@@ -482,6 +491,8 @@ int main(int argc, char** argv) {
       flags.abort_percent = std::stoi(value);
     } else if (name == "--timeout-ms") {
       flags.timeout_ms = std::stoi(value);
+    } else if (name == "--incarnation") {
+      flags.incarnation = std::stoll(value);
     } else {
       return tierkv::Usage();
     }

@@ -231,12 +231,20 @@ TEST_F(KVCacheManagerTest, DelayedCachingHidesBlocksWaitingForALoad) {
   EXPECT_EQ(m.AllocateSlots(a, 1).status().code(),
             StatusCode::kFailedPrecondition);
 
+  a.AppendToken(99);
+  EXPECT_EQ(m.MayAppend(a).code(), StatusCode::kFailedPrecondition);
+
   ExternalLoadResult done = m.CompleteExternalLoad(a, 8).value();
   EXPECT_EQ(done.num_computed_tokens, 8);
   EXPECT_TRUE(done.failed_blocks.empty());
   EXPECT_FALSE(m.IsLoading(1));
-  // Keyed now, up to the blocks the engine computes in the same step.
+  // The loaded blocks are keyed now; the rest once the engine schedules
+  // its computation (in blocks it holds already).
+  EXPECT_THAT(m.GetComputedBlocks(b).blocks, ElementsAre(1, 2));
+  EXPECT_EQ(m.MayAppend(a).code(), StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(m.AllocateSlots(a, 5).value().empty());
   EXPECT_THAT(m.GetComputedBlocks(b).blocks, ElementsAre(1, 2, 3));
+  EXPECT_TRUE(m.MayAppend(a).ok());
   EXPECT_TRUE(m.pool().CheckInvariants().ok());
 }
 
@@ -290,6 +298,10 @@ TEST_F(KVCacheManagerTest, DelayedCachingAfterADeviceHit) {
   ASSERT_TRUE(m.AllocateSlots(b, 9, hit, 4).ok());
   EXPECT_EQ(m.CompleteExternalLoad(b, 5).status().code(),
             StatusCode::kInvalidArgument);
+  // A whole-block count for a partial last block counts as the whole load.
+  Request chunk(4, SequentialTokens(70, 7), 4, hasher_);
+  ASSERT_TRUE(m.AllocateSlots(chunk, 7, {}, 7).ok());
+  EXPECT_EQ(m.CompleteExternalLoad(chunk, 8).value().num_computed_tokens, 7);
   EXPECT_EQ(m.CompleteExternalLoad(b, 4).value().num_computed_tokens, 8);
   EXPECT_EQ(m.CompleteExternalLoad(b, 4).status().code(),
             StatusCode::kFailedPrecondition);

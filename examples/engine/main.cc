@@ -6,8 +6,9 @@
 //   main-pool blocks   KVCacheManager::AllocateSlots(..., num_external)
 //                      (the loaded blocks are keyed only once they land)
 //   load               Client::Allocate, then WaitEvents until it is back
-//   landed             Client::Complete, KVCacheManager::CompleteExternalLoad
-//                      (recompute from its num_computed_tokens)
+//   landed             Client::Complete, KVCacheManager::CompleteExternalLoad,
+//                      then AllocateSlots for the rest, from its
+//                      num_computed_tokens (no new blocks; keys them)
 //   forward pass       fill the blocks from there
 //   eager store        Client::Commit, WaitEvents, Complete
 //   done               Client::Finish, KVCacheManager::Free
@@ -76,12 +77,10 @@ StatusOr<int32_t> Serve(KVCacheManager& engine, Client& client,
     TIERKV_ASSIGN_OR_RETURN(
         ExternalLoadResult landed,
         engine.CompleteExternalLoad(r, load[0].loaded_blocks() * kBlockSize));
-    if (!landed.failed_blocks.empty()) {
-      TIERKV_RETURN_IF_ERROR(
-          engine.AllocateSlots(r, r.num_tokens() - landed.num_computed_tokens)
-              .status());
-    }
+    // Schedule the rest (the blocks are held already): this keys them.
     computed = landed.num_computed_tokens;
+    TIERKV_RETURN_IF_ERROR(
+        engine.AllocateSlots(r, r.num_tokens() - computed).status());
   }
   // The forward pass would compute tokens [computed, num_tokens) here.
   TIERKV_ASSIGN_OR_RETURN(CommitResult commit,
