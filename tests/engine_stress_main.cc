@@ -309,12 +309,13 @@ class Stress {
     for (int i = 0; i < n; ++i) {
       workers_.push_back(Spawn(100 + i, flags_.audit_requests));
     }
-    long long lookups = 0, hits = 0, loads = 0, stores = 0;
+    long long lookups = 0, hits = 0, misses = 0, loads = 0, stores = 0;
     // A worker that lost its attachment counts its last attachment only:
     // the audit needs every one to have kept its first.
     const std::regex report(
         "lost 0 sessions 1 .* session lookups (\\d+) lookup_hit_blocks "
-        "(\\d+) loaded_blocks (\\d+) stored_blocks (\\d+)");
+        "(\\d+) lookup_miss_blocks (\\d+) loaded_blocks (\\d+) "
+        "stored_blocks (\\d+)");
     for (Worker& w : workers_) {
       const int code = w.process->Wait();
       const std::string out = w.process->output();
@@ -327,8 +328,9 @@ class Stress {
       }
       lookups += std::stoll(m[1]);
       hits += std::stoll(m[2]);
-      loads += std::stoll(m[3]);
-      stores += std::stoll(m[4]);
+      misses += std::stoll(m[3]);
+      loads += std::stoll(m[4]);
+      stores += std::stoll(m[5]);
     }
     workers_.clear();
     if (!CheckNothingHeld("after the audit")) return false;
@@ -342,18 +344,23 @@ class Stress {
     const HostTierStats h = stats->host;
     const long long t_hits =
         static_cast<long long>(h.hit_blocks + h.disk_hit_blocks);
+    const uint64_t disk_evictions = stats->disk ? stats->disk->evictions : 0;
     std::printf(
         "audit (tierkvd / workers): lookups %llu / %lld, hit blocks %lld / "
-        "%lld, loaded blocks %llu / %lld, stored blocks %llu / %lld; "
-        "promotions %llu, spills %llu, loads cancelled %llu\n",
+        "%lld, missed blocks %llu / %lld, loaded blocks %llu / %lld, stored "
+        "blocks %llu / %lld; spills %llu, promotions %llu, disk evictions "
+        "%llu, loads cancelled %llu\n",
         static_cast<unsigned long long>(h.lookups), lookups, t_hits, hits,
+        static_cast<unsigned long long>(h.miss_blocks), misses,
         static_cast<unsigned long long>(h.loads_completed), loads,
         static_cast<unsigned long long>(h.stores_completed), stores,
-        static_cast<unsigned long long>(h.promotions),
         static_cast<unsigned long long>(h.spills),
+        static_cast<unsigned long long>(h.promotions),
+        static_cast<unsigned long long>(disk_evictions),
         static_cast<unsigned long long>(h.loads_cancelled));
     const bool agree = static_cast<long long>(h.lookups) == lookups &&
                        t_hits == hits &&
+                       static_cast<long long>(h.miss_blocks) == misses &&
                        static_cast<long long>(h.loads_completed) == loads &&
                        static_cast<long long>(h.stores_completed) == stores;
     if (!agree)

@@ -23,6 +23,11 @@ TEST(EngineStress, NoWrongKvUnderAbortsAndFaults) {
   EXPECT_THAT(out, HasSubstr("wrong blocks: 0,"));
   EXPECT_THAT(out, HasSubstr("dead workers: nothing held"));
   EXPECT_THAT(out, HasSubstr("engine stress: PASS"));
+  // Spills, promotions and disk evictions all happened in the audit.
+  EXPECT_THAT(out, ::testing::ContainsRegex(
+                       "spills [1-9][0-9]*, promotions [1-9][0-9]*, disk "
+                       "evictions [1-9][0-9]*"))
+      << out;
   // Every kind of fault struck.
   EXPECT_THAT(out, ::testing::Not(::testing::ContainsRegex(" [a-z-]+ 0( |$)")))
       << out;

@@ -85,8 +85,8 @@ void ExpectedBlock(std::span<const TokenId> tokens, int32_t b,
 }
 
 struct Counts {
-  int64_t lookups = 0, lookup_hit_blocks = 0, loaded_blocks = 0,
-          stored_blocks = 0, device_hit_blocks = 0;
+  int64_t lookups = 0, lookup_hit_blocks = 0, lookup_miss_blocks = 0,
+          loaded_blocks = 0, stored_blocks = 0, device_hit_blocks = 0;
 };
 
 class EngineWorker {
@@ -150,8 +150,8 @@ class EngineWorker {
         "report requests %lld aborted %lld preempted %lld dropped %lld "
         "lost %lld "
         "sessions %llu wrong %lld device_hit_blocks %lld | session "
-        "lookups %lld lookup_hit_blocks %lld loaded_blocks %lld "
-        "stored_blocks %lld\n",
+        "lookups %lld lookup_hit_blocks %lld lookup_miss_blocks %lld "
+        "loaded_blocks %lld stored_blocks %lld\n",
         static_cast<long long>(finished_), static_cast<long long>(aborted_),
         static_cast<long long>(preempted_), static_cast<long long>(dropped_),
         static_cast<long long>(lost_),
@@ -160,6 +160,7 @@ class EngineWorker {
         static_cast<long long>(total_device_hits_),
         static_cast<long long>(session_.lookups),
         static_cast<long long>(session_.lookup_hit_blocks),
+        static_cast<long long>(session_.lookup_miss_blocks),
         static_cast<long long>(session_.loaded_blocks),
         static_cast<long long>(session_.stored_blocks));
     std::fflush(stdout);
@@ -254,6 +255,10 @@ class EngineWorker {
         LookupResult hit, client_->Lookup(id, r.tokens(), computed.num_tokens));
     ++session_.lookups;
     session_.lookup_hit_blocks += hit.hit_tokens / kBs;
+    // The blocks tierkvd could have hit: full ones past the device hit,
+    // short of the last token.
+    session_.lookup_miss_blocks +=
+        (r.num_tokens() - 1 - computed.num_tokens) / kBs - hit.hit_tokens / kBs;
     // Mostly take the whole hit; sometimes none of it (its pins go back).
     const int32_t external = rng_() % 10 == 0 ? 0 : hit.hit_tokens;
     const int32_t fresh = r.num_tokens() - computed.num_tokens;
