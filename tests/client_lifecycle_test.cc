@@ -77,11 +77,7 @@ class ClientLifecycle : public TierkvdFixture {
     ASSERT_EQ(fill->Wait(), 0) << fill->output();
     std::unique_ptr<Client> observer = Attach("observer");
     ASSERT_NE(observer, nullptr);
-    for (;;) {  // The daemon's own state; it settles in milliseconds.
-      const HostTierStats h = observer->Stats().value().host;
-      if (h.spills_in_flight == 0 && h.promotions_in_flight == 0) break;
-      std::this_thread::yield();
-    }
+    SettledStats(*observer);
   }
 
   // Looks fill request `r` (two blocks: its stored one plus one more

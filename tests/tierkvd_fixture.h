@@ -10,8 +10,10 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "ipc/client.h"
@@ -94,6 +96,25 @@ class TierkvdFixture : public ::testing::Test {
                                        int blocks) {
     return Spawn({TEST_WORKER_PATH, mode, socket_, std::to_string(seed),
                   std::to_string(blocks)});
+  }
+  // tierkvd's stats once it is idle: no spill, promotion or transfer in
+  // flight, and no worker but `observer` (workers that exited are
+  // noticed). Waits on tierkvd's own state, at most 20 s.
+  static CoordinatorStats SettledStats(Client& observer) {
+    const auto deadline =
+        std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    for (;;) {
+      StatusOr<CoordinatorStats> s = observer.Stats();
+      EXPECT_TRUE(s.ok()) << s.status().ToString();
+      if (!s.ok()) return {};
+      const HostTierStats& h = s->host;
+      if ((h.spills_in_flight == 0 && h.promotions_in_flight == 0 &&
+           h.events_in_flight == 0 && s->workers.size() == 1) ||
+          std::chrono::steady_clock::now() > deadline) {
+        return *s;
+      }
+      std::this_thread::yield();
+    }
   }
   std::string HostSegment() const { return "/tierkv." + store_ + ".host"; }
 

@@ -561,15 +561,7 @@ TEST_F(TierkvdTest, AdminEvictAndClearDropStoredBlocks) {
   ASSERT_EQ(fill->Wait(), 0) << fill->output();
   std::unique_ptr<Client> observer = Attach("observer");
   ASSERT_NE(observer, nullptr);
-  const auto deadline = Clock::now() + std::chrono::seconds(10);
-  auto settled = [&] {
-    const HostTierStats h = observer->Stats().value().host;
-    return h.spills_in_flight == 0 && h.promotions_in_flight == 0;
-  };
-  while (!settled() && Clock::now() < deadline) {
-    std::this_thread::yield();  // Polling the daemon's own state.
-  }
-  ASSERT_GT(observer->Stats().value().disk->keys, 0u);
+  ASSERT_GT(SettledStats(*observer).disk->keys, 0u);
 
   // The newest block is on host, the oldest was spilled to disk.
   const std::string newest = FillKeyHex(1, 39), oldest = FillKeyHex(1, 0);
@@ -626,7 +618,8 @@ TEST_F(TierkvdTest, SpillAndPromotionUnderTwoBusyWorkers) {
   const Tally tb = ParseTally(b->output());
   std::unique_ptr<Client> observer = Attach("observer");
   ASSERT_NE(observer, nullptr);
-  const CoordinatorStats s = observer->Stats().value();
+  // Spills still running when the workers exit pin their slots.
+  const CoordinatorStats s = SettledStats(*observer);
   EXPECT_EQ(ta.wrong, 0) << a->output();
   EXPECT_EQ(tb.wrong, 0) << b->output();
   EXPECT_EQ(ta.blocks + tb.blocks, 240);
