@@ -343,6 +343,7 @@ void PutPayload(Writer& w, const StatsReply& m) {
   Put(w, m.stats.store_latency);
   w.Int<uint64_t>(m.stats.oldest_event_age_us);
   w.String(m.stats.model);
+  w.String(m.stats.version);
 }
 
 void GetPayload(Reader& r, ErrorReply* m) {
@@ -493,6 +494,7 @@ void GetPayload(Reader& r, StatsReply* m) {
   Get(r, &m->stats.store_latency);
   m->stats.oldest_event_age_us = r.Int<uint64_t>();
   m->stats.model = r.String();
+  m->stats.version = r.String();
 }
 
 void PutPayload(Writer&, const ReadyLoadsRequest&) {}

@@ -24,7 +24,7 @@ namespace tierkv::ipc {
 
 inline constexpr uint32_t kFrameMagic = 0x4D564B54;  // "TKVM"
 // 4: RegisterRequest and StatsReply carry the model.
-// 5: StatsReply counts loads a Finish cancelled.
+// 5: StatsReply counts loads a Finish cancelled and names tierkv's version.
 inline constexpr uint16_t kProtocolVersion = 5;
 inline constexpr size_t kFrameHeaderBytes = 16;
 // Upper bounds a decoder enforces before allocating anything.

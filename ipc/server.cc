@@ -21,6 +21,7 @@
 #include "ipc/protocol.h"
 #include "ipc/service.h"
 #include "ipc/stats_page.h"
+#include "src/version.h"
 #include "tiers/host_tier.h"
 #include "tiers/slot_disk.h"
 
@@ -362,10 +363,10 @@ StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& in) {
   impl->stats_thread = std::thread([raw] { raw->PublishStats(); });
   spdlog::info(
       "tierkvd serving store '{}' on {}: model {}, layout {}, {} host slots "
-      "of {} bytes ({})",
+      "of {} bytes ({}); version {}",
       options.store, options.socket_path, ModelDisplayName(options.model),
       options.layout.ToString(), slots - 1, slot_bytes,
-      impl->host->segment_name());
+      impl->host->segment_name(), Version());
   return std::unique_ptr<Server>(new Server(std::move(impl)));
 }
 

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <utility>
 
+#include "src/version.h"
+
 namespace tierkv {
 namespace {
 
@@ -795,6 +797,7 @@ CoordinatorStats Coordinator::stats() const {
   out.host.promotions_in_flight = static_cast<uint64_t>(promotions_in_flight_);
   if (options_.lower != nullptr) out.disk = options_.lower->stats();
   out.model = options_.model;
+  out.version = std::string(Version());
   out.load_latency = load_latency_;
   out.store_latency = store_latency_;
   const auto now = Now();

@@ -286,6 +286,7 @@ struct CoordinatorStats {
   uint64_t oldest_event_age_us = 0;
   std::optional<DiskTierStats> disk;  // With a lower tier only.
   std::string model = {};             // CoordinatorOptions::model.
+  std::string version = {};           // tierkv's release (Version()).
   std::vector<WorkerStats> workers;
 };
 

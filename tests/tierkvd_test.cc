@@ -23,6 +23,7 @@
 #include "ipc/channel.h"
 #include "ipc/client.h"
 #include "ipc/protocol.h"
+#include "src/version.h"
 #include "tests/child_process.h"
 #include "tests/scratch.h"
 #include "tests/seed004_scenario.h"
@@ -273,6 +274,17 @@ TEST_F(TierkvdTest, AnotherModelIsRefusedWithBothNamed) {
   auto table = Spawn({TIERKV_ADMIN_PATH, "stats", "--socket", socket_});
   ASSERT_EQ(table->Wait(), 0) << table->output();
   EXPECT_THAT(table->output(), HasSubstr("model \"org/model-a\""));
+  // The release tierkvd runs, in the table and as a metric.
+  const std::string version(Version());
+  EXPECT_THAT(table->output(), HasSubstr(", tierkvd " + version + "\n"));
+  auto metrics = Spawn({TIERKV_ADMIN_PATH, "metrics", "--socket", socket_});
+  ASSERT_EQ(metrics->Wait(), 0) << metrics->output();
+  EXPECT_THAT(metrics->output(),
+              HasSubstr("tierkv_build_info{version=\"" + version +
+                        "\",model=\"org/model-a\"} 1\n"));
+  auto printed = Spawn({TIERKVD_PATH, "--version"});
+  EXPECT_EQ(printed->Wait(), 0);
+  EXPECT_EQ(printed->output(), "tierkvd " + version + "\n");
 }
 
 TEST_F(TierkvdTest, NoDaemonIsAClearError) {

@@ -2,9 +2,14 @@
 // everything else is in tools/admin/admin.h.
 #include <iostream>
 
+#include "src/version.h"
 #include "tools/admin/admin.h"
 
 int main(int argc, char** argv) {
+  if (tierkv::WantsVersion(argc, argv)) {
+    std::cout << "tierkv-admin " << tierkv::Version() << "\n";
+    return 0;
+  }
   auto command = tierkv::admin::ParseAdminFlags(argc, argv);
   if (!command.ok()) {
     std::cerr << "tierkv-admin: " << command.status().message()

@@ -7,6 +7,7 @@
 #include <iostream>
 #include <string>
 
+#include "src/version.h"
 #include "tools/demo/prefix_demo.h"
 #include "tools/demo/rag_demo.h"
 
@@ -46,6 +47,10 @@ int RunPrefix(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (tierkv::WantsVersion(argc, argv)) {
+    std::cout << "tierkv-demo " << tierkv::Version() << "\n";
+    return 0;
+  }
   if (argc > 1 && std::string(argv[1]) == "prefix") {
     return RunPrefix(argc - 1, argv + 1);
   }

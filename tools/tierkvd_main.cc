@@ -3,10 +3,15 @@
 // ipc/server.h.
 #include <iostream>
 
+#include "src/version.h"
 #include "tools/daemon/daemon.h"
 #include "tools/daemon/daemon_flags.h"
 
 int main(int argc, char** argv) {
+  if (tierkv::WantsVersion(argc, argv)) {
+    std::cout << "tierkvd " << tierkv::Version() << "\n";
+    return 0;
+  }
   auto command = tierkv::daemon::ParseDaemonFlags(argc, argv);
   if (!command.ok()) {
     std::cerr << "tierkvd: " << command.status().message()

@@ -27,6 +27,20 @@ std::string Percent(uint64_t part, uint64_t whole) {
   return buf;
 }
 
+// A Prometheus label value, quoted and escaped.
+std::string LabelValue(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '\\' || c == '"') out += '\\';
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
+    out += c;
+  }
+  return out + "\"";
+}
+
 std::string JsonString(const std::string& s) {
   std::string out = "\"";
   for (char c : s) {
@@ -166,6 +180,7 @@ StatusOr<AdminCommand> ParseAdminFlags(int argc, const char* const* argv) {
       "cached\"\n\n"
       "Options");
   desc.add_options()("help,h", "show this help and exit")(
+      "version", "print tierkv-admin's version and exit")(
       "store", po::value(&store)->default_value(store),
       "store name (finds the default socket)")(
       "socket", po::value(&command.socket_path),
@@ -237,7 +252,9 @@ std::string FormatStatsTable(const CoordinatorStats& stats) {
   const HostTierStats& h = stats.host;
   const int64_t used = h.used_slots;
   std::ostringstream out;
-  out << "model " << ModelDisplayName(stats.model) << "\n";
+  out << "model " << ModelDisplayName(stats.model);
+  if (!stats.version.empty()) out << ", tierkvd " << stats.version;
+  out << "\n";
   char line[256];
   std::snprintf(line, sizeof(line),
                 "%-6s %11s %11s %11s %8s %10s %10s %8s %10s %9s\n", "tier",
@@ -320,7 +337,9 @@ std::string FormatWorkers(const CoordinatorStats& stats) {
 std::string FormatStatsJson(const CoordinatorStats& stats) {
   const HostTierStats& h = stats.host;
   std::ostringstream out;
-  out << "{\"model\":" << JsonString(stats.model) << ",\"tiers\":{\"host\":{"
+  out << "{\"model\":" << JsonString(stats.model)
+      << ",\"version\":" << JsonString(stats.version)
+      << ",\"tiers\":{\"host\":{"
       << "\"slot_bytes\":" << h.slot_bytes
       << ",\"capacity_slots\":" << h.capacity_slots
       << ",\"capacity_bytes\":" << h.capacity_slots * h.slot_bytes
@@ -434,6 +453,10 @@ std::string FormatMetrics(const CoordinatorStats& stats) {
   const bool disk = stats.disk.has_value();
   std::ostringstream out;
   MetricWriter m(&out);
+  m.Family("tierkv_build_info", "gauge",
+           "Always 1: the tierkvd release and the model its store serves.");
+  m.Sample(1, "version=" + LabelValue(stats.version) +
+                  ",model=" + LabelValue(stats.model));
   m.Family("tierkv_tier_capacity_bytes", "gauge", "Bytes a tier can hold.");
   m.Sample(double(h.capacity_slots) * slot, "tier=\"host\"");
   if (disk) m.Sample(double(stats.disk->capacity_bytes), "tier=\"disk\"");

@@ -371,6 +371,7 @@ StatusOr<DaemonCommand> ParseDaemonFlags(int argc, const char* const* argv) {
       "notifies the watchdog while it makes progress.\n\n"
       "Command line only");
   general.add_options()("help,h", "show this help and exit")(
+      "version", "print tierkvd's version and exit")(
       "config", po::value<std::string>()->value_name("FILE"),
       "read options from FILE: 'key = value' lines, keys named as the long "
       "flags (host-capacity = 2G); the command line wins over FILE");

@@ -592,6 +592,7 @@ po::options_description DescribeFlags(DemoOptions* o, std::string* progress) {
   po::options_description d("Options (default in parentheses)");
   po::options_description_easy_init add = d.add_options();
   add("help,h", "print this help and exit");
+  add("version", "print tierkv-demo's version and exit");
   add("seed", Flag(&o->seed), "workload RNG seed; same seed, same report");
   add("system-prompt-tokens", Flag(&o->system_prompt_tokens),
       "system prompt shared by every request");

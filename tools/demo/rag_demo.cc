@@ -811,6 +811,7 @@ StatusOr<RagDemoCommand> ParseRagDemoFlags(int argc, const char* const* argv) {
   po::options_description d("Options (default in parentheses)");
   po::options_description_easy_init add = d.add_options();
   add("help,h", "print this help and exit");
+  add("version", "print tierkv-demo's version and exit");
   add("seed", Flag(&o.seed), "workload RNG seed; same seed, same workload");
   add("workers", Flag(&o.workers), "worker processes (1..64)");
   add("requests", Flag(&o.requests), "requests in all, dealt round-robin");
