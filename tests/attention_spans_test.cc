@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "tests/status_matchers.h"
+
 namespace tierkv {
 namespace {
 
@@ -41,18 +43,18 @@ int64_t Total(const Layout& layout) {
 void ExpectSpansMatchDense(const Layout& layout) {
   auto spans = BuildAttentionSpans(layout);
   auto dense = BuildDenseMask(layout);
-  ASSERT_TRUE(spans.ok()) << spans.status().ToString();
-  ASSERT_TRUE(dense.ok()) << dense.status().ToString();
+  ASSERT_THAT(spans, IsOk());
+  ASSERT_THAT(dense, IsOk());
   EXPECT_EQ(spans->size(), layout.size());
   auto expanded = ExpandSpans(*spans, Total(layout));
-  ASSERT_TRUE(expanded.ok()) << expanded.status().ToString();
+  ASSERT_THAT(expanded, IsOk());
   EXPECT_EQ(*expanded, *dense);
 }
 
 TEST(AttentionSpans, HandCheckedLayout) {
   const Layout layout = {{kSys, 2}, {kDoc, 3}, {kQuestion, 2}};
   auto spans = BuildAttentionSpans(layout);
-  ASSERT_TRUE(spans.ok()) << spans.status().ToString();
+  ASSERT_THAT(spans, IsOk());
   EXPECT_THAT(*spans, ElementsAre(AttentionSpan{{0, 2}, {0, 2}},
                                   AttentionSpan{{2, 5}, {2, 5}},
                                   AttentionSpan{{5, 7}, {0, 7}}));
@@ -66,17 +68,17 @@ TEST(AttentionSpans, HandCheckedLayout) {
       "1111111",
   });
   auto dense = BuildDenseMask(layout);
-  ASSERT_TRUE(dense.ok());
+  ASSERT_THAT(dense, IsOk());
   EXPECT_EQ(*dense, expected);
   auto expanded = ExpandSpans(*spans, 7);
-  ASSERT_TRUE(expanded.ok());
+  ASSERT_THAT(expanded, IsOk());
   EXPECT_EQ(*expanded, expected);
 }
 
 TEST(AttentionSpans, DocumentsDoNotSeeEachOther) {
   const Layout layout = {{kSys, 1}, {kDoc, 2}, {kDoc, 2}, {kQuestion, 1}};
   auto dense = BuildDenseMask(layout);
-  ASSERT_TRUE(dense.ok());
+  ASSERT_THAT(dense, IsOk());
   EXPECT_EQ(*dense, MaskFromRows({"100000", "010000", "011000", "000100",
                                   "000110", "111111"}));
 }
@@ -85,7 +87,7 @@ TEST(AttentionSpans, SeedScenarioTwoPositions) {
   // Seed 000 §2.4: sys [0, 3), Doc1 [3, 103), question [103, 105).
   auto spans =
       BuildAttentionSpans(Layout{{kSys, 3}, {kDoc, 100}, {kQuestion, 2}});
-  ASSERT_TRUE(spans.ok());
+  ASSERT_THAT(spans, IsOk());
   EXPECT_THAT(*spans, ElementsAre(AttentionSpan{{0, 3}, {0, 3}},
                                   AttentionSpan{{3, 103}, {3, 103}},
                                   AttentionSpan{{103, 105}, {0, 105}}));
@@ -94,7 +96,7 @@ TEST(AttentionSpans, SeedScenarioTwoPositions) {
 TEST(AttentionSpans, AssembledLayoutDropsSeparators) {
   const std::vector<TokenId> prompt = {1, 2, 7, 8, 10, 11, 12, 7, 8, 100};
   auto split = SplitPrompt(prompt, std::vector<TokenId>{7, 8});
-  ASSERT_TRUE(split.ok()) << split.status().ToString();
+  ASSERT_THAT(split, IsOk());
   const Layout layout = AssembledLayout(*split);
   ASSERT_EQ(layout.size(), 3u);
   EXPECT_EQ(layout[0].kind, kSys);
@@ -108,7 +110,7 @@ TEST(AttentionSpans, AssembledLayoutDropsSeparators) {
 
 TEST(AttentionSpans, LoneChunkIsCausal) {
   auto dense = BuildDenseMask(Layout{{kDoc, 3}});
-  ASSERT_TRUE(dense.ok());
+  ASSERT_THAT(dense, IsOk());
   EXPECT_EQ(*dense, MaskFromRows({"100", "110", "111"}));
 }
 
@@ -146,7 +148,7 @@ TEST(AttentionSpans, SpanCountIsPerSegmentNotPerToken) {
   const Layout layout = {
       {kSys, 1 << 20}, {kDoc, 1 << 22}, {kDoc, 1 << 21}, {kQuestion, 1 << 10}};
   auto spans = BuildAttentionSpans(layout);
-  ASSERT_TRUE(spans.ok());
+  ASSERT_THAT(spans, IsOk());
   ASSERT_EQ(spans->size(), 4u);
   EXPECT_EQ(spans->back().keys, (TokenRange{0, Total(layout)}));
 }

@@ -7,6 +7,8 @@
 
 #include <vector>
 
+#include "tests/status_matchers.h"
+
 namespace tierkv {
 namespace {
 
@@ -35,14 +37,14 @@ TEST(BlockPool, NullBlockIsNeverHandedOutOrFreed) {
   BlockPool pool = MakePool(3, /*null_block=*/true);
   EXPECT_EQ(pool.num_free_blocks(), 2);
   std::vector<BlockId> got;
-  ASSERT_TRUE(pool.GetNewBlocks(2, &got).ok());
+  ASSERT_THAT(pool.GetNewBlocks(2, &got), IsOk());
   EXPECT_THAT(got, ElementsAre(1, 2));
   const BlockId null_then_real[] = {0, 1};
   pool.FreeBlocks(null_then_real);  // Freeing the null block is a no-op.
   EXPECT_THAT(pool.FreeQueueSnapshot(), ElementsAre(1));
   EXPECT_EQ(pool.CacheBlock(0, kKeyA, kTokensA).code(),
             StatusCode::kInvalidArgument);
-  EXPECT_TRUE(pool.CheckInvariants().ok());
+  EXPECT_THAT(pool.CheckInvariants(), IsOk());
 }
 
 TEST(BlockPool, NotEnoughFreeBlocksChangesNothing) {
@@ -58,26 +60,26 @@ TEST(BlockPool, NotEnoughFreeBlocksChangesNothing) {
 TEST(BlockPool, LazyEvictionDropsKeyOnlyWhenPopped) {
   BlockPool pool = MakePool(2);
   std::vector<BlockId> got;
-  ASSERT_TRUE(pool.GetNewBlocks(1, &got).ok());
-  ASSERT_TRUE(pool.CacheBlock(0, kKeyA, kTokensA).ok());
+  ASSERT_THAT(pool.GetNewBlocks(1, &got), IsOk());
+  ASSERT_THAT(pool.CacheBlock(0, kKeyA, kTokensA), IsOk());
   pool.FreeBlocks(got);
   EXPECT_EQ(pool.GetCachedBlock(kKeyA, kTokensA), 0);  // Free yet hittable.
   EXPECT_EQ(pool.stats().evictions, 0u);
 
   got.clear();
-  ASSERT_TRUE(pool.GetNewBlocks(1, &got).ok());  // Pops block 1: no key.
+  ASSERT_THAT(pool.GetNewBlocks(1, &got), IsOk());  // Pops block 1: no key.
   EXPECT_EQ(pool.GetCachedBlock(kKeyA, kTokensA), 0);
-  ASSERT_TRUE(pool.GetNewBlocks(1, &got).ok());  // Pops block 0: evicts A.
+  ASSERT_THAT(pool.GetNewBlocks(1, &got), IsOk());  // Pops block 0: evicts A.
   EXPECT_FALSE(pool.GetCachedBlock(kKeyA, kTokensA).has_value());
   EXPECT_EQ(pool.stats().evictions, 1u);
-  EXPECT_TRUE(pool.CheckInvariants().ok());
+  EXPECT_THAT(pool.CheckInvariants(), IsOk());
 }
 
 TEST(BlockPool, TouchPinsAFreeCachedBlock) {
   BlockPool pool = MakePool(3);
   std::vector<BlockId> got;
-  ASSERT_TRUE(pool.GetNewBlocks(1, &got).ok());
-  ASSERT_TRUE(pool.CacheBlock(0, kKeyA, kTokensA).ok());
+  ASSERT_THAT(pool.GetNewBlocks(1, &got), IsOk());
+  ASSERT_THAT(pool.CacheBlock(0, kKeyA, kTokensA), IsOk());
   pool.FreeBlocks(got);
   EXPECT_THAT(pool.FreeQueueSnapshot(), ElementsAre(1, 2, 0));
   const BlockId hit[] = {0};
@@ -94,13 +96,13 @@ TEST(BlockPool, TouchPinsAFreeCachedBlock) {
 TEST(BlockPool, NewerBlockTakesADuplicateKey) {
   BlockPool pool = MakePool(3);
   std::vector<BlockId> got;
-  ASSERT_TRUE(pool.GetNewBlocks(2, &got).ok());
-  ASSERT_TRUE(pool.CacheBlock(0, kKeyA, kTokensA).ok());
-  ASSERT_TRUE(pool.CacheBlock(1, kKeyA, kTokensA).ok());
+  ASSERT_THAT(pool.GetNewBlocks(2, &got), IsOk());
+  ASSERT_THAT(pool.CacheBlock(0, kKeyA, kTokensA), IsOk());
+  ASSERT_THAT(pool.CacheBlock(1, kKeyA, kTokensA), IsOk());
   EXPECT_EQ(pool.GetCachedBlock(kKeyA, kTokensA), 1);
   EXPECT_FALSE(pool.block(0).has_key);
   EXPECT_EQ(pool.num_cached_blocks(), 1u);
-  EXPECT_TRUE(pool.CheckInvariants().ok());
+  EXPECT_THAT(pool.CheckInvariants(), IsOk());
 }
 
 TEST(BlockPool, CacheBlockRejectsMisuse) {
@@ -110,11 +112,11 @@ TEST(BlockPool, CacheBlockRejectsMisuse) {
   EXPECT_EQ(pool.CacheBlock(7, kKeyA, kTokensA).code(),
             StatusCode::kInvalidArgument);  // Out of range.
   std::vector<BlockId> got;
-  ASSERT_TRUE(pool.GetNewBlocks(1, &got).ok());
+  ASSERT_THAT(pool.GetNewBlocks(1, &got), IsOk());
   const std::vector<TokenId> five{1, 2, 3, 4, 5};
   EXPECT_EQ(pool.CacheBlock(0, kKeyA, five).code(),
             StatusCode::kInvalidArgument);  // More than block_size.
-  ASSERT_TRUE(pool.CacheBlock(0, kKeyA, kTokensA).ok());
+  ASSERT_THAT(pool.CacheBlock(0, kKeyA, kTokensA), IsOk());
   EXPECT_EQ(pool.CacheBlock(0, kKeyB, kTokensB).code(),
             StatusCode::kInvalidArgument);  // Already keyed.
 }
@@ -123,9 +125,9 @@ TEST(BlockPool, PartialBlocksAreKeyedWithTheirTokenCount) {
   // Chunk caches key a chunk's trailing partial block.
   BlockPool pool = MakePool(2);
   std::vector<BlockId> got;
-  ASSERT_TRUE(pool.GetNewBlocks(1, &got).ok());
+  ASSERT_THAT(pool.GetNewBlocks(1, &got), IsOk());
   const std::vector<TokenId> partial{1, 2};
-  ASSERT_TRUE(pool.CacheBlock(0, kKeyA, partial).ok());
+  ASSERT_THAT(pool.CacheBlock(0, kKeyA, partial), IsOk());
   EXPECT_EQ(pool.GetCachedBlock(kKeyA, partial), 0);
   EXPECT_FALSE(pool.GetCachedBlock(kKeyA, kTokensA).has_value());
   EXPECT_THAT(pool.block_tokens(0), ElementsAre(1, 2));
@@ -134,8 +136,8 @@ TEST(BlockPool, PartialBlocksAreKeyedWithTheirTokenCount) {
 TEST(BlockPool, EvictCachedBlockOnlyTouchesFreeKeyedBlocks) {
   BlockPool pool = MakePool(2);
   std::vector<BlockId> got;
-  ASSERT_TRUE(pool.GetNewBlocks(1, &got).ok());
-  ASSERT_TRUE(pool.CacheBlock(0, kKeyA, kTokensA).ok());
+  ASSERT_THAT(pool.GetNewBlocks(1, &got), IsOk());
+  ASSERT_THAT(pool.CacheBlock(0, kKeyA, kTokensA), IsOk());
   EXPECT_FALSE(pool.EvictCachedBlock(0));  // In use.
   pool.FreeBlocks(got);
   EXPECT_TRUE(pool.EvictCachedBlock(0));
@@ -148,9 +150,9 @@ TEST(BlockPool, EvictCachedBlockOnlyTouchesFreeKeyedBlocks) {
 TEST(BlockPool, DemoteCachedBlockDropsTheKeyAndQueuesTheBlockFirst) {
   BlockPool pool = MakePool(3);
   std::vector<BlockId> got;
-  ASSERT_TRUE(pool.GetNewBlocks(3, &got).ok());
-  ASSERT_TRUE(pool.CacheBlock(1, kKeyA, kTokensA).ok());
-  ASSERT_TRUE(pool.CacheBlock(2, kKeyB, kTokensB).ok());
+  ASSERT_THAT(pool.GetNewBlocks(3, &got), IsOk());
+  ASSERT_THAT(pool.CacheBlock(1, kKeyA, kTokensA), IsOk());
+  ASSERT_THAT(pool.CacheBlock(2, kKeyB, kTokensB), IsOk());
   EXPECT_FALSE(pool.DemoteCachedBlock(2));  // In use.
   pool.FreeBlocks(got);
   EXPECT_FALSE(pool.DemoteCachedBlock(0));  // No key.
@@ -161,18 +163,18 @@ TEST(BlockPool, DemoteCachedBlockDropsTheKeyAndQueuesTheBlockFirst) {
   EXPECT_TRUE(pool.GetCachedBlock(kKeyA, kTokensA).has_value());
   EXPECT_EQ(pool.stats().evictions, 0u);  // Moved down, not lost.
   std::vector<BlockId> reused;
-  ASSERT_TRUE(pool.GetNewBlocks(1, &reused).ok());
+  ASSERT_THAT(pool.GetNewBlocks(1, &reused), IsOk());
   EXPECT_THAT(reused, ElementsAre(2));
-  EXPECT_TRUE(pool.CheckInvariants().ok());
+  EXPECT_THAT(pool.CheckInvariants(), IsOk());
 }
 
 TEST(BlockPool, CacheFullBlocksKeysTheGivenRange) {
   BlockPool pool = MakePool(4);
   std::vector<BlockId> got;
-  ASSERT_TRUE(pool.GetNewBlocks(3, &got).ok());
+  ASSERT_THAT(pool.GetNewBlocks(3, &got), IsOk());
   const std::vector<BlockKey> keys{kKeyA, kKeyB, {3, 3}};
   const std::vector<TokenId> tokens{1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
-  ASSERT_TRUE(pool.CacheFullBlocks(got, keys, tokens, 1, 2).ok());
+  ASSERT_THAT(pool.CacheFullBlocks(got, keys, tokens, 1, 2), IsOk());
   EXPECT_FALSE(pool.block(got[0]).has_key);  // Below num_cached_blocks.
   EXPECT_EQ(pool.GetCachedBlock(kKeyB, kTokensB), got[1]);
   EXPECT_FALSE(pool.block(got[2]).has_key);  // Past num_full_blocks.

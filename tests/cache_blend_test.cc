@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "src/reference_model.h"
+#include "tests/status_matchers.h"
 
 namespace tierkv {
 namespace {
@@ -55,8 +56,8 @@ TEST(CacheBlend, BadRatiosAreErrors) {
 }
 
 TEST(CacheBlend, OptionsCheckTheLayer) {
-  EXPECT_TRUE(BlendOptions{}.Validate(2).ok());
-  EXPECT_TRUE(BlendOptions{.check_layer = 0}.Validate(1).ok());
+  EXPECT_THAT(BlendOptions{}.Validate(2), IsOk());
+  EXPECT_THAT(BlendOptions{.check_layer = 0}.Validate(1), IsOk());
   Status s = BlendOptions{.check_layer = 2}.Validate(2);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("check_layer"), std::string::npos);

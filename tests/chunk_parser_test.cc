@@ -10,6 +10,8 @@
 #include <random>
 #include <vector>
 
+#include "tests/status_matchers.h"
+
 namespace tierkv {
 namespace {
 
@@ -60,7 +62,7 @@ TEST(ChunkParser, SeedExampleSystemDocumentQuestion) {
   const Tokens sys = {1, 2, 3}, doc = {10, 11, 12, 13}, question = {100, 101};
   const Tokens prompt = Join({sys, doc, question}, {kHash});
   auto split = SplitPrompt(prompt, Tokens{kHash});
-  ASSERT_TRUE(split.ok()) << split.status().ToString();
+  ASSERT_THAT(split, IsOk());
   EXPECT_THAT(split->segments(),
               ElementsAre(PromptSegment{SegmentKind::kSystemPrompt, 0, 3},
                           PromptSegment{SegmentKind::kDocument, 4, 8},
@@ -76,7 +78,7 @@ TEST(ChunkParser, SeedExampleSystemDocumentQuestion) {
 TEST(ChunkParser, SingleSeparatorIsSystemPromptAndQuestion) {
   const Tokens prompt = {1, 2, kHash, 100};
   auto split = SplitPrompt(prompt, Tokens{kHash});
-  ASSERT_TRUE(split.ok()) << split.status().ToString();
+  ASSERT_THAT(split, IsOk());
   EXPECT_THAT(split->documents(), IsEmpty());
   ASSERT_EQ(split->chunks().size(), 1u);
   EXPECT_EQ(split->system_prompt(),
@@ -89,7 +91,7 @@ TEST(ChunkParser, ManyDocumentsMultiTokenSeparator) {
   const std::vector<Tokens> parts = {{1}, {20, 21}, {7, 8}, {9, 30}, {40}};
   const Tokens prompt = Join(parts, sep);
   auto split = SplitPrompt(prompt, sep);
-  ASSERT_TRUE(split.ok()) << split.status().ToString();
+  ASSERT_THAT(split, IsOk());
   ASSERT_EQ(split->segments().size(), parts.size());
   for (size_t i = 0; i < parts.size(); ++i) {
     EXPECT_EQ(Text(prompt, split->segments()[i]), parts[i]) << "segment " << i;
@@ -102,7 +104,7 @@ TEST(ChunkParser, PartialMatchFallsBack) {
   // The 5 at offset 1 starts a near-match; the real one begins at offset 2.
   const Tokens prompt = {1, 5, 5, 5, 6, 2, 5, 5, 6, 3};
   auto split = SplitPrompt(prompt, Tokens{5, 5, 6});
-  ASSERT_TRUE(split.ok()) << split.status().ToString();
+  ASSERT_THAT(split, IsOk());
   EXPECT_EQ(Text(prompt, split->system_prompt()), (Tokens{1, 5}));
   ASSERT_EQ(split->documents().size(), 1u);
   EXPECT_EQ(Text(prompt, split->documents()[0]), (Tokens{2}));
@@ -113,7 +115,7 @@ TEST(ChunkParser, SelfOverlappingSeparator) {
   const Tokens sep = {1, 2, 1, 2, 3};
   const Tokens prompt = {9, 1, 2, 1, 2, 1, 2, 3, 8};
   auto split = SplitPrompt(prompt, sep);
-  ASSERT_TRUE(split.ok()) << split.status().ToString();
+  ASSERT_THAT(split, IsOk());
   EXPECT_EQ(Text(prompt, split->system_prompt()), (Tokens{9, 1, 2}));
   EXPECT_EQ(Text(prompt, split->question()), (Tokens{8}));
 }
@@ -122,7 +124,7 @@ TEST(ChunkParser, MatchesDoNotOverlap) {
   // 4 4 4: the match at offset 1 consumes offsets 1-2; offset 2 starts none.
   const Tokens prompt = {1, 4, 4, 4, 2};
   auto split = SplitPrompt(prompt, Tokens{4, 4});
-  ASSERT_TRUE(split.ok()) << split.status().ToString();
+  ASSERT_THAT(split, IsOk());
   EXPECT_EQ(Text(prompt, split->system_prompt()), (Tokens{1}));
   EXPECT_EQ(Text(prompt, split->question()), (Tokens{4, 2}));
 }
@@ -164,7 +166,7 @@ TEST(ChunkParser, LinearTimeOnAdversarialPrompts) {
   EXPECT_THAT(internal::FindSeparators(near, sep, &comparisons), IsEmpty());
   EXPECT_LE(comparisons, 2 * static_cast<int64_t>(near.size()));
   auto split = SplitPrompt(prompt, sep);
-  ASSERT_TRUE(split.ok()) << split.status().ToString();
+  ASSERT_THAT(split, IsOk());
   EXPECT_EQ(split->system_prompt().size(),
             static_cast<int64_t>(kPromptTokens - 999));
 }
@@ -262,7 +264,7 @@ TEST(ChunkParser, SystemPromptKeyedLikeAnyChunk) {
 TEST(ChunkParser, ChunkKeysRejectBadArguments) {
   const Tokens prompt = {1, 2, kHash, 3, kHash, 4};
   auto split = SplitPrompt(prompt, Tokens{kHash});
-  ASSERT_TRUE(split.ok());
+  ASSERT_THAT(split, IsOk());
   auto zero = ChunkContentKeys(Hasher(), prompt, *split, 0);
   EXPECT_EQ(zero.status().code(), StatusCode::kInvalidArgument);
   EXPECT_THAT(zero.status().message(), HasSubstr("block_size >= 1, got 0"));

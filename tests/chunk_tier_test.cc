@@ -20,6 +20,7 @@
 #include "src/reference_model.h"
 #include "tests/child_process.h"
 #include "tests/scratch.h"
+#include "tests/status_matchers.h"
 #include "tiers/device_tier.h"
 
 namespace tierkv {
@@ -60,7 +61,7 @@ class ChunkTierTest : public ::testing::Test {
         static_cast<size_t>(host_slots + 1) * layout.BlockBytes();
     if (disk) options.embedded_disk_path = dir_.path() + "/disk";
     auto client = Client::Open(options);
-    ASSERT_TRUE(client.ok()) << client.status().ToString();
+    ASSERT_THAT(client, IsOk());
     client_ = std::move(*client);
     tier_ = std::make_unique<ClientChunkTier>(client_.get());
     store_->SetTier(tier_.get());
@@ -68,7 +69,7 @@ class ChunkTierTest : public ::testing::Test {
 
   void Compute(const std::vector<TokenId>& chunk) {
     StatusOr<std::vector<BlockId>> blocks = store_->ComputeAndInsert(chunk);
-    ASSERT_TRUE(blocks.ok()) << blocks.status().ToString();
+    ASSERT_THAT(blocks, IsOk());
     store_->Release(*blocks);
   }
 
@@ -162,7 +163,7 @@ TEST_F(ChunkTierTest, FullPoolIsNotATierError) {
   ChunkStoreStats s = store_->stats();
   EXPECT_EQ(s.pool_full, 1u);
   EXPECT_EQ(s.tier_errors, 0u) << store_->last_tier_error().ToString();
-  EXPECT_TRUE(store_->last_tier_error().ok());
+  EXPECT_THAT(store_->last_tier_error(), IsOk());
   // tierkvd's side of the failed fetch is undone: nothing stays pinned.
   EXPECT_EQ(client_->Stats().value().host.pinned_slots, 0);
 
@@ -213,7 +214,7 @@ TEST_F(ChunkTierTest, DeadTierkvdIsCountedThenReattached) {
                            "--kv-heads", std::to_string(layout.num_kv_heads),
                            "--head-dim", std::to_string(layout.head_dim),
                            "--dtype", "f32", "--host-capacity", "1M"});
-  ASSERT_TRUE(daemon.ok()) << daemon.status().ToString();
+  ASSERT_THAT(daemon, IsOk());
   ASSERT_TRUE((*daemon)->WaitForOutput("serving store")) << (*daemon)->output();
   Open(/*pool_blocks=*/5, /*host_slots=*/0, /*disk=*/false, socket);
   const auto a = Tokens(1, 20), b = Tokens(2, 20), c = Tokens(3, 20);
@@ -248,7 +249,7 @@ TEST_F(ChunkTierTest, DeadTierkvdIsCountedThenReattached) {
                            "--kv-heads", std::to_string(layout.num_kv_heads),
                            "--head-dim", std::to_string(layout.head_dim),
                            "--dtype", "f32", "--host-capacity", "1M"});
-  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  ASSERT_THAT(again, IsOk());
   ASSERT_TRUE((*again)->WaitForOutput("serving store")) << (*again)->output();
   const auto d = Tokens(4, 20);
   Compute(d);

@@ -15,6 +15,7 @@
 #include "ipc/client.h"
 #include "src/kv_cache_manager.h"
 #include "tests/block_pattern.h"
+#include "tests/status_matchers.h"
 #include "tests/test_layout.h"
 #include "tests/tierkvd_fixture.h"
 #include "tiers/device_tier.h"
@@ -53,7 +54,7 @@ struct Engine {
     options.engine = e.manager.get();
     options.call_timeout = timeout;
     auto client = Client::Open(options);
-    EXPECT_TRUE(client.ok()) << client.status().ToString();
+    EXPECT_THAT(client, IsOk());
     if (client.ok()) e.client = std::move(*client);
     return e;
   }
@@ -88,12 +89,12 @@ class ClientLifecycle : public TierkvdFixture {
     tokens.push_back(7);
     Request request(id, tokens, kBs, hasher_);
     auto hit = e.client->Lookup(id, tokens);
-    EXPECT_TRUE(hit.ok()) << hit.status().ToString();
+    EXPECT_THAT(hit, IsOk());
     EXPECT_EQ(hit->disk_hit_tokens, kBs) << "request " << r << " on disk";
     auto blocks = e.manager->AllocateSlots(request, kBs + 1, {}, kBs);
-    EXPECT_TRUE(blocks.ok()) << blocks.status().ToString();
+    EXPECT_THAT(blocks, IsOk());
     auto alloc = e.client->Allocate(id, *blocks, kBs);
-    EXPECT_TRUE(alloc.ok()) << alloc.status().ToString();
+    EXPECT_THAT(alloc, IsOk());
     return alloc.ok() ? *alloc : AllocateResult{};
   }
 
@@ -118,8 +119,8 @@ TEST_F(PendingLoad, AbortedRequestsBlocksAreNeverWritten) {
   EXPECT_EQ(e.Ref(target), 2);  // The request's, and the load's pin.
   EXPECT_EQ(e.client->loads_pending(), 1u);
 
-  ASSERT_TRUE(e.client->Finish(1).ok());
-  ASSERT_TRUE(e.manager->Free(1).ok());
+  ASSERT_THAT(e.client->Finish(1), IsOk());
+  ASSERT_THAT(e.manager->Free(1), IsOk());
   EXPECT_EQ(e.Ref(target), 0);
   EXPECT_EQ(e.client->loads_pending(), 0u);
   // Never keyed: the load did not land.
@@ -152,10 +153,10 @@ TEST_F(PendingLoad, AbortedRequestsBlocksAreNeverWritten) {
   std::vector<TokenId> again = FillRequestTokens(1, 0, 1);
   again.push_back(7);
   auto hit = e.client->Lookup(3, again);
-  ASSERT_TRUE(hit.ok());
+  ASSERT_THAT(hit, IsOk());
   EXPECT_EQ(hit->hit_tokens, kBs);
   EXPECT_EQ(hit->disk_hit_tokens, 0);
-  ASSERT_TRUE(e.client->Finish(3).ok());
+  ASSERT_THAT(e.client->Finish(3), IsOk());
 }
 
 // ~Client unpins what it pinned: a load waiting for promotions and copies
@@ -169,10 +170,10 @@ TEST_F(PendingLoad, DestroyingTheClientUnpinsEveryBlock) {
   const int32_t requests_refs = e.TotalRefs() - 2;
   e.client.reset();
   EXPECT_EQ(e.TotalRefs(), requests_refs);
-  ASSERT_TRUE(e.manager->Free(1).ok());
-  ASSERT_TRUE(e.manager->Free(2).ok());
+  ASSERT_THAT(e.manager->Free(1), IsOk());
+  ASSERT_THAT(e.manager->Free(2), IsOk());
   EXPECT_EQ(e.TotalRefs(), 0);
-  EXPECT_TRUE(e.manager->pool().CheckInvariants().ok());
+  EXPECT_THAT(e.manager->pool().CheckInvariants(), IsOk());
 }
 
 // A loaded block becomes a prefix hit on the engine only once its bytes are
@@ -191,9 +192,9 @@ TEST_F(PendingLoad, LoadedBlockIsKeyedOnlyOnceItLands) {
   std::vector<FinishedTransfer> done;
   while (done.empty()) done = e.client->WaitEvents(std::chrono::seconds(10));
   ASSERT_EQ(done.size(), 1u);
-  ASSERT_TRUE(done[0].status.ok()) << done[0].status.ToString();
+  ASSERT_THAT(done[0].status, IsOk());
   ASSERT_EQ(done[0].loaded_blocks(), 1);
-  ASSERT_TRUE(e.client->Complete(done).ok());
+  ASSERT_THAT(e.client->Complete(done), IsOk());
   Request request(1, tokens, kBs, hasher_);
   ExternalLoadResult landed =
       e.manager->CompleteExternalLoad(request, done[0].loaded_blocks() * kBs)
@@ -208,7 +209,7 @@ TEST_F(PendingLoad, LoadedBlockIsKeyedOnlyOnceItLands) {
   EXPECT_THAT(e.manager->GetComputedBlocks(twin).blocks,
               ::testing::ElementsAre(b));
   EXPECT_EQ(e.Ref(b), 1);  // The load's pin is gone.
-  ASSERT_TRUE(e.client->Finish(1).ok());
+  ASSERT_THAT(e.client->Finish(1), IsOk());
 }
 
 // A stopped tierkvd: every call fails within the deadline instead of
@@ -239,7 +240,7 @@ TEST_F(ClientDeadline, StoppedTierkvdFailsCallsInTime) {
   EXPECT_EQ(lost[0].status.code(), StatusCode::kUnavailable);
   EXPECT_EQ(lost[0].loaded_blocks(), 0);
   EXPECT_EQ(e.client->loads_pending(), 0u);
-  ASSERT_TRUE(e.client->Complete(lost).ok());
+  ASSERT_THAT(e.client->Complete(lost), IsOk());
   EXPECT_EQ(e.TotalRefs(), 2);  // The request's own two blocks.
 
   // Registration too has a deadline.
@@ -255,11 +256,11 @@ TEST_F(ClientDeadline, StoppedTierkvdFailsCallsInTime) {
   daemon_->Thaw();
   Status again = e.client->Reconnect();
   for (int i = 0; !again.ok() && i < 20; ++i) again = e.client->Reconnect();
-  ASSERT_TRUE(again.ok()) << again.ToString();
+  ASSERT_THAT(again, IsOk());
   EXPECT_TRUE(e.client->connected());
   EXPECT_EQ(e.client->session(), 2u);
-  ASSERT_TRUE(e.client->Lookup(3, tokens).ok());
-  ASSERT_TRUE(e.client->Finish(3).ok());
+  ASSERT_THAT(e.client->Lookup(3, tokens), IsOk());
+  ASSERT_THAT(e.client->Finish(3), IsOk());
 }
 
 // tierkvd is SIGKILLed with a load pending and restarted on its disk
@@ -279,7 +280,7 @@ TEST_F(Reconnect, EngineRidesThroughATierkvdRestart) {
   while (lost.empty()) lost = e.client->WaitEvents(std::chrono::seconds(10));
   ASSERT_EQ(lost.size(), 1u);
   EXPECT_EQ(lost[0].status.code(), StatusCode::kUnavailable);
-  ASSERT_TRUE(e.client->Complete(lost).ok());
+  ASSERT_THAT(e.client->Complete(lost), IsOk());
   std::vector<TokenId> tokens = FillRequestTokens(1, 0, 1);
   tokens.push_back(7);
   Request request(1, tokens, kBs, hasher_);
@@ -290,27 +291,27 @@ TEST_F(Reconnect, EngineRidesThroughATierkvdRestart) {
   EXPECT_EQ(cut.failed_blocks.size(), 1u);
   EXPECT_EQ(e.manager->pool().num_cached_blocks(), 0u);
   EXPECT_FALSE(e.client->Finish(1).ok());  // Lost with tierkvd.
-  ASSERT_TRUE(e.manager->Free(1).ok());
+  ASSERT_THAT(e.manager->Free(1), IsOk());
   EXPECT_EQ(e.TotalRefs(), 0);
   EXPECT_EQ(e.client->Reconnect().code(), StatusCode::kUnavailable);
 
   StartDaemonWithDisk(6);
-  ASSERT_TRUE(e.client->Reconnect().ok());
+  ASSERT_THAT(e.client->Reconnect(), IsOk());
   EXPECT_EQ(e.client->session(), 2u);
   AllocateResult alloc = LookupAndAllocate(e, 2, 0);
   ASSERT_TRUE(alloc.load.has_value());
   std::vector<FinishedTransfer> done;
   while (done.empty()) done = e.client->WaitEvents(std::chrono::seconds(10));
-  ASSERT_TRUE(done[0].status.ok()) << done[0].status.ToString();
+  ASSERT_THAT(done[0].status, IsOk());
   ASSERT_EQ(done[0].loaded_blocks(), 1);
-  ASSERT_TRUE(e.client->Complete(done).ok());
+  ASSERT_THAT(e.client->Complete(done), IsOk());
   std::vector<std::byte> expected(e.device->block_bytes());
   FillBlock(tokens[0], expected);
   EXPECT_EQ(std::memcmp(e.device->block(done[0].event.device_blocks[0]).data(),
                         expected.data(), expected.size()),
             0);
-  ASSERT_TRUE(e.client->Finish(2).ok());
-  ASSERT_TRUE(e.manager->Free(2).ok());
+  ASSERT_THAT(e.client->Finish(2), IsOk());
+  ASSERT_THAT(e.manager->Free(2), IsOk());
   EXPECT_EQ(e.TotalRefs(), 0);
 }
 

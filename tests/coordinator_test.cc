@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "tests/sequential_tokens.h"
+#include "tests/status_matchers.h"
 #include "tests/test_layout.h"
 
 namespace tierkv {
@@ -57,18 +58,18 @@ class CoordinatorTest : public ::testing::Test {
   // completes the stores. Returns the host slots.
   std::vector<BlockId> StoreAll(WorkerId w, RequestId id,
                                 const std::vector<TokenId>& tokens) {
-    EXPECT_TRUE(c_.Lookup(w, id, tokens, 0, {}).ok());
+    EXPECT_THAT(c_.Lookup(w, id, tokens, 0, {}), IsOk());
     std::vector<BlockId> device = Range(1, tokens.size() / 16 + 1);
-    EXPECT_TRUE(c_.Allocate(w, id, device, 0).ok());
+    EXPECT_THAT(c_.Allocate(w, id, device, 0), IsOk());
     CommitResult commit =
         c_.Commit(w, id, static_cast<int32_t>(tokens.size()), device).value();
     std::vector<BlockId> slots;
     for (const TransferEvent& e : commit.stores) {
       slots.insert(slots.end(), e.host_blocks.begin(), e.host_blocks.end());
       std::vector<CompletedEvent> done{{e.ref, true}};
-      EXPECT_TRUE(c_.Complete(w, done).ok());
+      EXPECT_THAT(c_.Complete(w, done), IsOk());
     }
-    EXPECT_TRUE(c_.Finish(w, id).ok());
+    EXPECT_THAT(c_.Finish(w, id), IsOk());
     return slots;
   }
   int32_t Ref(BlockId slot) const { return c_.host_pool().block(slot).ref_cnt; }
@@ -99,11 +100,11 @@ TEST_F(CoordinatorTest, Seed004HostTimeline) {
   EXPECT_EQ(Ref(1), 1);                           // Pinned while written ...
   EXPECT_FALSE(c_.host_pool().block(1).has_key);  // ... and invisible.
   EXPECT_EQ(c_.Lookup(w2, 99, a, 0, {}).value().hit_tokens, 0);
-  ASSERT_TRUE(c_.Finish(w2, 99).ok());
+  ASSERT_THAT(c_.Finish(w2, 99), IsOk());
   EXPECT_THAT(FreeQueue(), ElementsAreArray(Range(2, 49)));
   std::vector<CompletedEvent> done{{a_commit.stores[0].ref, true}};
-  ASSERT_TRUE(c_.Complete(w1, done).ok());
-  ASSERT_TRUE(c_.Finish(w1, 1).ok());
+  ASSERT_THAT(c_.Complete(w1, done), IsOk());
+  ASSERT_THAT(c_.Finish(w1, 1), IsOk());
   EXPECT_EQ(Ref(1), 0);
   EXPECT_TRUE(c_.host_pool().block(1).has_key);
   std::vector<BlockId> queue = Range(2, 49);
@@ -130,15 +131,15 @@ TEST_F(CoordinatorTest, Seed004HostTimeline) {
   EXPECT_THAT(FreeQueue(), ElementsAreArray(Range(3, 49)));
   std::vector<CompletedEvent> b_done{{alloc.load->ref, true},
                                      {b_commit.stores[0].ref, true}};
-  ASSERT_TRUE(c_.Complete(w2, b_done).ok());
-  ASSERT_TRUE(c_.Finish(w2, 2).ok());
+  ASSERT_THAT(c_.Complete(w2, b_done), IsOk());
+  ASSERT_THAT(c_.Finish(w2, 2), IsOk());
   // Final: [3..49, 1, 2]; 1 is older than 2 and is evicted first.
   queue = Range(3, 49);
   queue.push_back(1);
   queue.push_back(2);
   EXPECT_THAT(FreeQueue(), ElementsAreArray(queue));
   EXPECT_EQ(c_.host_pool().num_cached_blocks(), 2u);
-  EXPECT_TRUE(c_.host_pool().CheckInvariants().ok());
+  EXPECT_THAT(c_.host_pool().CheckInvariants(), IsOk());
 }
 
 TEST_F(CoordinatorTest, MaxHitLeavesTheLastTokenToCompute) {
@@ -164,9 +165,9 @@ TEST_F(CoordinatorTest, RepeatedLookupDropsTheEarlierPins) {
   ASSERT_EQ(c_.Lookup(w, 2, t, 0, {}).value().hit_tokens, 32);
   EXPECT_EQ(c_.stats().host.pinned_slots, 2);  // Not 4.
   // Unused hits are released by Allocate; Finish releases the rest.
-  ASSERT_TRUE(c_.Allocate(w, 2, Range(1, 3), 16).ok());
+  ASSERT_THAT(c_.Allocate(w, 2, Range(1, 3), 16), IsOk());
   EXPECT_EQ(c_.stats().host.pinned_slots, 1);
-  ASSERT_TRUE(c_.Finish(w, 2).ok());
+  ASSERT_THAT(c_.Finish(w, 2), IsOk());
   EXPECT_EQ(c_.stats().host.pinned_slots, 1);  // The load is in flight.
   EXPECT_EQ(c_.stats().host.events_in_flight, 1u);
 }
@@ -178,7 +179,7 @@ TEST_F(CoordinatorTest, ChunkIsStoredAndLoadedWholeIncludingItsPartialBlock) {
   const WorkerId b = Register();
   const std::vector<TokenId> chunk = SequentialTokens(100, 40);
   ASSERT_EQ(c_.LookupChunk(a, 1, chunk).value().hit_tokens, 0);
-  ASSERT_TRUE(c_.Allocate(a, 1, Range(10, 12), 0).ok());
+  ASSERT_THAT(c_.Allocate(a, 1, Range(10, 12), 0), IsOk());
   // 32 tokens computed: only the full blocks are ready.
   CommitResult part = c_.Commit(a, 1, 32, Range(10, 12)).value();
   ASSERT_EQ(part.stores.size(), 1u);
@@ -189,8 +190,8 @@ TEST_F(CoordinatorTest, ChunkIsStoredAndLoadedWholeIncludingItsPartialBlock) {
   EXPECT_THAT(rest.stores[0].device_blocks, ElementsAre(12));
   const std::vector<CompletedEvent> done{{part.stores[0].ref, true},
                                          {rest.stores[0].ref, true}};
-  ASSERT_TRUE(c_.Complete(a, done).ok());
-  ASSERT_TRUE(c_.Finish(a, 1).ok());
+  ASSERT_THAT(c_.Complete(a, done), IsOk());
+  ASSERT_THAT(c_.Finish(a, 1), IsOk());
   EXPECT_EQ(c_.stats().host.cached_slots, 3);
 
   // Every token of the chunk may hit, the partial block included.
@@ -209,8 +210,8 @@ TEST_F(CoordinatorTest, ChunkIsStoredAndLoadedWholeIncludingItsPartialBlock) {
       ElementsAre(part.stores[0].host_blocks[0], part.stores[0].host_blocks[1],
                   rest.stores[0].host_blocks[0]));
   const std::vector<CompletedEvent> loaded{{load.load->ref, true}};
-  ASSERT_TRUE(c_.Complete(b, loaded).ok());
-  ASSERT_TRUE(c_.Finish(b, 7).ok());
+  ASSERT_THAT(c_.Complete(b, loaded), IsOk());
+  ASSERT_THAT(c_.Finish(b, 7), IsOk());
   EXPECT_EQ(c_.stats().host.pinned_slots, 0);
 
   // The same tokens as a prompt: prefix keys, not chunk keys.
@@ -230,13 +231,13 @@ TEST_F(CoordinatorTest, ChunkShorterThanABlockIsOneBlock) {
   const WorkerId w = Register();
   const std::vector<TokenId> chunk = SequentialTokens(5, 3);
   ASSERT_EQ(c_.LookupChunk(w, 1, chunk).value().hit_tokens, 0);
-  ASSERT_TRUE(c_.Allocate(w, 1, Range(1, 1), 0).ok());
+  ASSERT_THAT(c_.Allocate(w, 1, Range(1, 1), 0), IsOk());
   EXPECT_TRUE(c_.Commit(w, 1, 2, Range(1, 1)).value().stores.empty());
   CommitResult commit = c_.Commit(w, 1, 3, Range(1, 1)).value();
   ASSERT_EQ(commit.stores.size(), 1u);
   const std::vector<CompletedEvent> done{{commit.stores[0].ref, true}};
-  ASSERT_TRUE(c_.Complete(w, done).ok());
-  ASSERT_TRUE(c_.Finish(w, 1).ok());
+  ASSERT_THAT(c_.Complete(w, done), IsOk());
+  ASSERT_THAT(c_.Finish(w, 1), IsOk());
   EXPECT_EQ(c_.LookupChunk(w, 2, chunk).value().hit_tokens, 3);
   EXPECT_EQ(c_.LookupChunk(w, 3, std::vector<TokenId>{}).status().code(),
             StatusCode::kInvalidArgument);
@@ -261,8 +262,8 @@ TEST_F(SmallHostTest, FullOfPinnedBlocksStoresNothingThenRecovers) {
   const WorkerId w2 = Register();
   // Worker 1 is writing all 4 slots.
   const std::vector<TokenId> t = SequentialTokens(1, 64);
-  ASSERT_TRUE(c_.Lookup(w1, 1, t, 0, {}).ok());
-  ASSERT_TRUE(c_.Allocate(w1, 1, Range(1, 4), 0).ok());
+  ASSERT_THAT(c_.Lookup(w1, 1, t, 0, {}), IsOk());
+  ASSERT_THAT(c_.Allocate(w1, 1, Range(1, 4), 0), IsOk());
   CommitResult busy = c_.Commit(w1, 1, 64, Range(1, 4)).value();
   ASSERT_EQ(busy.stores.size(), 1u);
   EXPECT_EQ(busy.stores[0].host_blocks.size(), 4u);
@@ -270,21 +271,21 @@ TEST_F(SmallHostTest, FullOfPinnedBlocksStoresNothingThenRecovers) {
 
   // Worker 2 is told that nothing can be stored now, and stores nothing.
   const std::vector<TokenId> u = SequentialTokens(1000, 32);
-  ASSERT_TRUE(c_.Lookup(w2, 2, u, 0, {}).ok());
+  ASSERT_THAT(c_.Lookup(w2, 2, u, 0, {}), IsOk());
   AllocateResult alloc = c_.Allocate(w2, 2, Range(1, 2), 0).value();
   EXPECT_EQ(alloc.store_status.code(), StatusCode::kResourceExhausted);
   EXPECT_THAT(alloc.store_status.message(), HasSubstr("nothing can be stored"));
   CommitResult none = c_.Commit(w2, 2, 32, Range(1, 2)).value();
   EXPECT_TRUE(none.stores.empty());
   EXPECT_EQ(none.skipped_blocks, 2);
-  ASSERT_TRUE(c_.Finish(w2, 2).ok());
+  ASSERT_THAT(c_.Finish(w2, 2), IsOk());
 
   // The pins go; storing works again (evicting worker 1's blocks, LRU).
   std::vector<CompletedEvent> done{{busy.stores[0].ref, true}};
-  ASSERT_TRUE(c_.Complete(w1, done).ok());
+  ASSERT_THAT(c_.Complete(w1, done), IsOk());
   EXPECT_EQ(StoreAll(w2, 3, u).size(), 2u);
   EXPECT_EQ(c_.stats().host.evictions, 2u);
-  EXPECT_TRUE(c_.host_pool().CheckInvariants().ok());
+  EXPECT_THAT(c_.host_pool().CheckInvariants(), IsOk());
 }
 
 TEST_F(CoordinatorTest, DroppedWorkerReleasesPinsAndPublishesNothing) {
@@ -297,13 +298,13 @@ TEST_F(CoordinatorTest, DroppedWorkerReleasesPinsAndPublishesNothing) {
   // Worker w: a hit pinned by a lookup, a load in flight, a store in flight.
   ASSERT_EQ(c_.Lookup(w, 5, stored, 0, {}).value().hit_tokens, 32);
   std::vector<TokenId> fresh = SequentialTokens(500, 48);
-  ASSERT_TRUE(c_.Lookup(w, 6, fresh, 0, {}).ok());
-  ASSERT_TRUE(c_.Allocate(w, 6, Range(1, 3), 0).ok());
+  ASSERT_THAT(c_.Lookup(w, 6, fresh, 0, {}), IsOk());
+  ASSERT_THAT(c_.Allocate(w, 6, Range(1, 3), 0), IsOk());
   CommitResult writing = c_.Commit(w, 6, 48, Range(1, 3)).value();
   ASSERT_EQ(writing.stores.size(), 1u);
   EXPECT_LT(c_.stats().host.free_slots, free_before);
 
-  ASSERT_TRUE(c_.DropWorker(w).ok());
+  ASSERT_THAT(c_.DropWorker(w), IsOk());
   EXPECT_EQ(c_.stats().host.free_slots, free_before);
   EXPECT_EQ(c_.stats().host.pinned_slots, 0);
   EXPECT_EQ(c_.stats().host.events_in_flight, 0u);
@@ -312,18 +313,18 @@ TEST_F(CoordinatorTest, DroppedWorkerReleasesPinsAndPublishesNothing) {
   fresh49.push_back(1);
   EXPECT_EQ(c_.Lookup(other, 7, fresh49, 0, {}).value().hit_tokens, 0);
   EXPECT_EQ(c_.DropWorker(w).code(), StatusCode::kNotFound);
-  EXPECT_TRUE(c_.host_pool().CheckInvariants().ok());
+  EXPECT_THAT(c_.host_pool().CheckInvariants(), IsOk());
 }
 
 TEST_F(CoordinatorTest, FailedStoreLeavesTheSlotUnkeyed) {
   const WorkerId w = Register();
   std::vector<TokenId> t = SequentialTokens(1, 17);
-  ASSERT_TRUE(c_.Lookup(w, 1, t, 0, {}).ok());
-  ASSERT_TRUE(c_.Allocate(w, 1, Range(1, 2), 0).ok());
+  ASSERT_THAT(c_.Lookup(w, 1, t, 0, {}), IsOk());
+  ASSERT_THAT(c_.Allocate(w, 1, Range(1, 2), 0), IsOk());
   CommitResult commit = c_.Commit(w, 1, 17, Range(1, 2)).value();
   ASSERT_EQ(commit.stores.size(), 1u);
   std::vector<CompletedEvent> failed{{commit.stores[0].ref, false}};
-  ASSERT_TRUE(c_.Complete(w, failed).ok());
+  ASSERT_THAT(c_.Complete(w, failed), IsOk());
   EXPECT_EQ(c_.stats().host.cached_slots, 0);
   EXPECT_EQ(c_.stats().host.stores_failed, 1u);
   EXPECT_EQ(c_.Lookup(w, 2, t, 0, {}).value().hit_tokens, 0);
@@ -333,8 +334,8 @@ TEST_F(CoordinatorTest, RejectsWhatAWorkerMayNotSay) {
   const WorkerId w1 = Register();
   const WorkerId w2 = Register();
   std::vector<TokenId> t = SequentialTokens(1, 32);
-  ASSERT_TRUE(c_.Lookup(w1, 1, t, 0, {}).ok());
-  ASSERT_TRUE(c_.Allocate(w1, 1, Range(1, 2), 0).ok());
+  ASSERT_THAT(c_.Lookup(w1, 1, t, 0, {}), IsOk());
+  ASSERT_THAT(c_.Allocate(w1, 1, Range(1, 2), 0), IsOk());
   CommitResult commit = c_.Commit(w1, 1, 32, Range(1, 2)).value();
   ASSERT_EQ(commit.stores.size(), 1u);
   const EventRef ref = commit.stores[0].ref;
@@ -349,7 +350,7 @@ TEST_F(CoordinatorTest, RejectsWhatAWorkerMayNotSay) {
   EXPECT_EQ(c_.Complete(w1, twice).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(c_.stats().host.events_in_flight, 1u);
   // Out-of-range device blocks, bad token counts, unknown requests.
-  ASSERT_TRUE(c_.Lookup(w1, 2, t, 0, {}).ok());
+  ASSERT_THAT(c_.Lookup(w1, 2, t, 0, {}), IsOk());
   EXPECT_EQ(c_.Allocate(w1, 2, {{1, 100}}, 0).status().code(),
             StatusCode::kOutOfRange);
   EXPECT_EQ(c_.Allocate(w1, 2, {{1, -1}}, 0).status().code(),
@@ -366,8 +367,8 @@ TEST_F(CoordinatorTest, RejectsWhatAWorkerMayNotSay) {
   EXPECT_EQ(c_.Lookup(77, 1, t, 0, {}).status().code(), StatusCode::kNotFound);
   // A completion still works after all that.
   std::vector<CompletedEvent> mine{{ref, true}};
-  EXPECT_TRUE(c_.Complete(w1, mine).ok());
-  EXPECT_TRUE(c_.host_pool().CheckInvariants().ok());
+  EXPECT_THAT(c_.Complete(w1, mine), IsOk());
+  EXPECT_THAT(c_.host_pool().CheckInvariants(), IsOk());
 }
 
 TEST_F(CoordinatorTest, EventsAreListedOldestFirstUntilCompleted) {
@@ -378,8 +379,8 @@ TEST_F(CoordinatorTest, EventsAreListedOldestFirstUntilCompleted) {
   EXPECT_TRUE(c_.events().empty());
 
   // t = 0: worker b stores two blocks.
-  ASSERT_TRUE(c_.Lookup(b, 7, SequentialTokens(500, 32), 0, {}).ok());
-  ASSERT_TRUE(c_.Allocate(b, 7, Range(1, 2), 0).ok());
+  ASSERT_THAT(c_.Lookup(b, 7, SequentialTokens(500, 32), 0, {}), IsOk());
+  ASSERT_THAT(c_.Allocate(b, 7, Range(1, 2), 0), IsOk());
   const CommitResult b_store =
       c_.Commit(b, 7, 32, Range(1, 2)).value();  // b's store 0.
   ASSERT_EQ(b_store.stores.size(), 1u);
@@ -419,7 +420,7 @@ TEST_F(CoordinatorTest, EventsAreListedOldestFirstUntilCompleted) {
 
   // Complete drops an event from the list and records its latency.
   const std::vector<CompletedEvent> loaded{{a_load.load->ref, true}};
-  ASSERT_TRUE(c_.Complete(a, loaded).ok());
+  ASSERT_THAT(c_.Complete(a, loaded), IsOk());
   std::vector<EventInfo> left = c_.events();
   ASSERT_EQ(left.size(), 2u);
   EXPECT_EQ(left[0].worker, b);
@@ -435,8 +436,8 @@ TEST_F(CoordinatorTest, EventsAreListedOldestFirstUntilCompleted) {
   now_ += microseconds(2'000'000);
   const std::vector<CompletedEvent> b_done{{b_store.stores[0].ref, false}};
   const std::vector<CompletedEvent> a_done{{a_store.stores[0].ref, true}};
-  ASSERT_TRUE(c_.Complete(b, b_done).ok());
-  ASSERT_TRUE(c_.Complete(a, a_done).ok());
+  ASSERT_THAT(c_.Complete(b, b_done), IsOk());
+  ASSERT_THAT(c_.Complete(a, a_done), IsOk());
   EXPECT_TRUE(c_.events().empty());
   s = c_.stats();
   EXPECT_EQ(s.oldest_event_age_us, 0u);
@@ -447,11 +448,11 @@ TEST_F(CoordinatorTest, EventsAreListedOldestFirstUntilCompleted) {
 
 TEST_F(CoordinatorTest, ADroppedWorkersEventsLeaveTheList) {
   const WorkerId w = Register();
-  ASSERT_TRUE(c_.Lookup(w, 1, SequentialTokens(1, 32), 0, {}).ok());
-  ASSERT_TRUE(c_.Allocate(w, 1, Range(1, 2), 0).ok());
+  ASSERT_THAT(c_.Lookup(w, 1, SequentialTokens(1, 32), 0, {}), IsOk());
+  ASSERT_THAT(c_.Allocate(w, 1, Range(1, 2), 0), IsOk());
   ASSERT_EQ(c_.Commit(w, 1, 32, Range(1, 2)).value().stores.size(), 1u);
   EXPECT_EQ(c_.events().size(), 1u);
-  ASSERT_TRUE(c_.DropWorker(w).ok());
+  ASSERT_THAT(c_.DropWorker(w), IsOk());
   EXPECT_TRUE(c_.events().empty());
   EXPECT_EQ(c_.stats().store_latency.count, 0u);  // Never completed.
 }
@@ -491,12 +492,12 @@ TEST_F(CoordinatorTest, ClearHostDropsUnpinnedBlocksAndKeepsPinnedOnes) {
   const HostTierStats h = c_.stats().host;
   EXPECT_EQ(h.cached_slots, 2);
   EXPECT_EQ(h.evictions, 0u);  // An operator's drop is not an eviction.
-  EXPECT_TRUE(c_.host_pool().CheckInvariants().ok());
+  EXPECT_THAT(c_.host_pool().CheckInvariants(), IsOk());
 
-  ASSERT_TRUE(c_.Finish(w, 3).ok());
+  ASSERT_THAT(c_.Finish(w, 3), IsOk());
   EXPECT_EQ(c_.Lookup(w, 4, WithOneMore(a), 0, {}).value().hit_tokens, 0);
   EXPECT_EQ(c_.Lookup(w, 5, WithOneMore(b), 0, {}).value().hit_tokens, 32);
-  ASSERT_TRUE(c_.Finish(w, 5).ok());
+  ASSERT_THAT(c_.Finish(w, 5), IsOk());
   // Unpinned now: a second clear takes them, and then every lookup misses.
   EXPECT_EQ(c_.Clear(TierSelection::kAll).value().host_dropped, 2u);
   EXPECT_EQ(c_.Lookup(w, 6, WithOneMore(b), 0, {}).value().hit_tokens, 0);
@@ -535,10 +536,10 @@ TEST_F(CoordinatorTest, EvictDropsOnlyTheNamedBlocksAndKeepsPinnedOnes) {
   result = c_.Evict(pinned);
   EXPECT_EQ(result[0], (EvictedBlock{.key = keys[0], .host_pinned = true}));
   EXPECT_EQ(EvictedBlockSummary(result[0]), "pinned, kept");
-  ASSERT_TRUE(c_.Finish(w, 2).ok());
+  ASSERT_THAT(c_.Finish(w, 2), IsOk());
   EXPECT_TRUE(c_.Evict(pinned)[0].host_dropped);
   EXPECT_EQ(c_.Lookup(w, 3, WithOneMore(a), 0, {}).value().hit_tokens, 0);
-  EXPECT_TRUE(c_.host_pool().CheckInvariants().ok());
+  EXPECT_THAT(c_.host_pool().CheckInvariants(), IsOk());
 }
 
 // A lower tier that holds every block and finishes a promotion only when
@@ -676,15 +677,15 @@ class SpillTest : public ::testing::Test {
   // Stores one block of `tokens` as request `id`; returns its key. Its
   // spill is then in flight, and nothing else pins it.
   BlockKey StoreOneBlock(RequestId id, const std::vector<TokenId>& tokens) {
-    EXPECT_TRUE(c_.Lookup(w_, id, tokens, 0, {}).ok());
+    EXPECT_THAT(c_.Lookup(w_, id, tokens, 0, {}), IsOk());
     const BlockId device[] = {1, 2};
-    EXPECT_TRUE(c_.Allocate(w_, id, device, 0).ok());
+    EXPECT_THAT(c_.Allocate(w_, id, device, 0), IsOk());
     CommitResult commit = c_.Commit(w_, id, 16, device).value();
     EXPECT_EQ(commit.stores.size(), 1u);
     slot_ = commit.stores.at(0).host_blocks.at(0);
     const CompletedEvent done[] = {{commit.stores[0].ref, true}};
-    EXPECT_TRUE(c_.Complete(w_, done).ok());
-    EXPECT_TRUE(c_.Finish(w_, id).ok());
+    EXPECT_THAT(c_.Complete(w_, done), IsOk());
+    EXPECT_THAT(c_.Finish(w_, id), IsOk());
     EXPECT_EQ(c_.stats().host.spills_in_flight, 1u);
     EXPECT_EQ(c_.host_pool().block(slot_).ref_cnt, 1);
     return c_.host_pool().block(slot_).key;
@@ -692,7 +693,7 @@ class SpillTest : public ::testing::Test {
   // Lookup's hit for `tokens` (host or disk), pins released.
   int32_t HitTokens(RequestId id, const std::vector<TokenId>& tokens) {
     const int32_t hit = c_.Lookup(w_, id, tokens, 0, {}).value().hit_tokens;
-    EXPECT_TRUE(c_.Finish(w_, id).ok());
+    EXPECT_THAT(c_.Finish(w_, id), IsOk());
     return hit;
   }
   void ExpectGoneEverywhere(const BlockKey& key,
@@ -704,7 +705,7 @@ class SpillTest : public ::testing::Test {
     EXPECT_EQ(h.cached_slots, 0);
     EXPECT_EQ(h.pinned_slots, 0);
     EXPECT_EQ(h.spills_in_flight, 0u);
-    EXPECT_TRUE(c_.host_pool().CheckInvariants().ok());
+    EXPECT_THAT(c_.host_pool().CheckInvariants(), IsOk());
   }
 
   Clock::time_point now_ = Clock::time_point() + std::chrono::hours(1);
@@ -751,12 +752,12 @@ TEST_F(SpillTest, StoreOfAKeyWhoseSpillIsDiscardedIsCountedSkipped) {
   // slot still holds the key, so the store is skipped, and says so.
   ASSERT_EQ(c_.Lookup(w_, 2, t, 0, {}).value().hit_tokens, 0);
   const BlockId device[] = {1, 2};
-  ASSERT_TRUE(c_.Allocate(w_, 2, device, 0).ok());
+  ASSERT_THAT(c_.Allocate(w_, 2, device, 0), IsOk());
   const CommitResult commit = c_.Commit(w_, 2, 16, device).value();
   EXPECT_TRUE(commit.stores.empty());
   EXPECT_EQ(commit.skipped_blocks, 1);
   EXPECT_EQ(c_.stats().host.store_skipped, 1u);
-  ASSERT_TRUE(c_.Finish(w_, 2).ok());
+  ASSERT_THAT(c_.Finish(w_, 2), IsOk());
 
   lower_.Land(0);
   c_.PumpLowerTier();
@@ -778,7 +779,7 @@ TEST_F(SpillTest, EvictMidSpillKeepsABlockAWorkerPins) {
   // Kept on host (the lookup still pins it), and now on disk too.
   EXPECT_EQ(c_.host_pool().FindKeyedBlock(key), slot_);
   EXPECT_TRUE(lower_.stored.contains(key));
-  ASSERT_TRUE(c_.Finish(w_, 2).ok());
+  ASSERT_THAT(c_.Finish(w_, 2), IsOk());
   EXPECT_EQ(HitTokens(3, t), 16);
 }
 
@@ -851,7 +852,7 @@ TEST(CoordinatorModelTest, AnotherModelIsRefusedNamingBoth) {
   StatusOr<WorkerId> unnamed = c.RegisterWorker(ModelWorker(""));
   ASSERT_EQ(unnamed.status().code(), StatusCode::kFailedPrecondition);
   EXPECT_THAT(unnamed.status().message(), HasSubstr("(unnamed)"));
-  EXPECT_TRUE(c.RegisterWorker(ModelWorker("org/model-a")).ok());
+  EXPECT_THAT(c.RegisterWorker(ModelWorker("org/model-a")), IsOk());
   EXPECT_EQ(c.stats().model, "org/model-a");
 }
 
@@ -860,7 +861,7 @@ TEST(CoordinatorModelTest, AnUnnamedStoreRefusesANamedWorker) {
       Coordinator::Create({.layout = Layout(), .host_slots = 10}).value();
   EXPECT_EQ(c.RegisterWorker(ModelWorker("org/model-a")).status().code(),
             StatusCode::kFailedPrecondition);
-  EXPECT_TRUE(c.RegisterWorker(ModelWorker("")).ok());
+  EXPECT_THAT(c.RegisterWorker(ModelWorker("")), IsOk());
 }
 
 TEST(CoordinatorModelTest, BadModelNamesAreInvalid) {
@@ -885,12 +886,12 @@ TEST(CoordinatorModelTest, KeysAreInTheModelsNamespace) {
           .value();
   const WorkerId w = c.RegisterWorker(ModelWorker("m")).value();
   const std::vector<TokenId> t = SequentialTokens(1, 16);
-  ASSERT_TRUE(c.Lookup(w, 1, t, 0, {}).ok());
-  ASSERT_TRUE(c.Allocate(w, 1, Range(1, 2), 0).ok());
+  ASSERT_THAT(c.Lookup(w, 1, t, 0, {}), IsOk());
+  ASSERT_THAT(c.Allocate(w, 1, Range(1, 2), 0), IsOk());
   CommitResult commit = c.Commit(w, 1, 16, Range(1, 2)).value();
   ASSERT_EQ(commit.stores.size(), 1u);
   std::vector<CompletedEvent> done{{commit.stores[0].ref, true}};
-  ASSERT_TRUE(c.Complete(w, done).ok());
+  ASSERT_THAT(c.Complete(w, done), IsOk());
 
   auto key_under = [&t](const std::string& fingerprint) {
     std::vector<BlockKey> keys;

@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "tests/status_matchers.h"
+
 namespace tierkv::daemon {
 namespace {
 
@@ -50,7 +52,7 @@ constexpr char kLayout[] = "layers = 2\nkv-heads = 4\nhead-dim = 64\n";
 TEST_F(DaemonFlagsTest, DefaultsWithoutConfig) {
   auto command =
       Parse({"--layers", "2", "--kv-heads", "4", "--head-dim", "64"});
-  ASSERT_TRUE(command.ok()) << command.status().ToString();
+  ASSERT_THAT(command, IsOk());
   EXPECT_EQ(command->server.host_capacity_bytes, size_t{1} << 30);
   EXPECT_EQ(command->log_file, "");
   EXPECT_EQ(command->stop_timeout, std::chrono::seconds(10));
@@ -78,7 +80,7 @@ TEST_F(DaemonFlagsTest, ConfigFileSetsEveryKindOfOption) {
       "stop-timeout = 3\n"
       "stats-interval-ms = 250\n");
   auto command = Parse({"--config", config_});
-  ASSERT_TRUE(command.ok()) << command.status().ToString();
+  ASSERT_THAT(command, IsOk());
   const ipc::ServerOptions& s = command->server;
   EXPECT_EQ(s.store, "prod");
   EXPECT_EQ(s.model, "org/model-7b@v2");
@@ -104,7 +106,7 @@ TEST_F(DaemonFlagsTest, CommandLineWinsOverTheFile) {
            {"--host-capacity", "512M", "--config", config_},
            {"--config", config_, "--host-capacity", "512M"}}) {
     auto command = Parse(args);
-    ASSERT_TRUE(command.ok()) << command.status().ToString();
+    ASSERT_THAT(command, IsOk());
     EXPECT_EQ(command->server.host_capacity_bytes, size_t{512} << 20);
     EXPECT_EQ(command->server.layout.dtype, DType::kF16);  // From the file.
     EXPECT_EQ(command->server.layout.num_layers, 2);
@@ -220,7 +222,7 @@ TEST_F(DaemonFlagsTest, RequiredLayoutFromNeitherIsAnError) {
 
 TEST_F(DaemonFlagsTest, HelpListsConfigLogFileAndStopTimeout) {
   auto command = Parse({"--help"});
-  ASSERT_TRUE(command.ok());
+  ASSERT_THAT(command, IsOk());
   EXPECT_TRUE(command->show_help);
   EXPECT_THAT(command->help_text, HasSubstr("--config FILE"));
   EXPECT_THAT(command->help_text, HasSubstr("--log-file PATH"));
@@ -233,7 +235,7 @@ TEST_F(DaemonFlagsTest, HelpListsConfigLogFileAndStopTimeout) {
 TEST_F(DaemonFlagsTest, RereadLogLevelReadsTheFileAgain) {
   WriteConfig(std::string(kLayout) + "log-level = info\n");
   auto command = Parse({"--config", config_});
-  ASSERT_TRUE(command.ok()) << command.status().ToString();
+  ASSERT_THAT(command, IsOk());
   EXPECT_EQ(command->config_path, config_);
   EXPECT_FALSE(command->log_level_on_command_line);
   WriteConfig(std::string(kLayout) + "log-level = debug\n");
@@ -246,7 +248,7 @@ TEST_F(DaemonFlagsTest, RereadLogLevelReadsTheFileAgain) {
 TEST_F(DaemonFlagsTest, RereadLogLevelKeepsTheCommandLinesLevel) {
   WriteConfig(std::string(kLayout) + "log-level = info\n");
   auto command = Parse({"--log-level", "warn", "--config", config_});
-  ASSERT_TRUE(command.ok()) << command.status().ToString();
+  ASSERT_THAT(command, IsOk());
   EXPECT_TRUE(command->log_level_on_command_line);
   WriteConfig(std::string(kLayout) + "log-level = debug\n");
   EXPECT_EQ(RereadLogLevel(*command).value(), "warn");
@@ -255,7 +257,7 @@ TEST_F(DaemonFlagsTest, RereadLogLevelKeepsTheCommandLinesLevel) {
 TEST_F(DaemonFlagsTest, RereadLogLevelNamesTheLineOfABrokenFile) {
   WriteConfig(std::string(kLayout) + "log-level = info\n");
   auto command = Parse({"--config", config_});
-  ASSERT_TRUE(command.ok()) << command.status().ToString();
+  ASSERT_THAT(command, IsOk());
   WriteConfig(std::string(kLayout) + "log-level = loud\n");
   StatusOr<std::string> level = RereadLogLevel(*command);
   ASSERT_FALSE(level.ok());
@@ -272,7 +274,7 @@ TEST_F(DaemonFlagsTest, RereadLogLevelNamesTheLineOfABrokenFile) {
 TEST_F(DaemonFlagsTest, RereadLogLevelWithoutAConfigIsTheCommandLines) {
   auto command = Parse({"--layers", "2", "--kv-heads", "4", "--head-dim", "64",
                         "--log-level", "debug"});
-  ASSERT_TRUE(command.ok()) << command.status().ToString();
+  ASSERT_THAT(command, IsOk());
   EXPECT_EQ(command->config_path, "");
   EXPECT_EQ(RereadLogLevel(*command).value(), "debug");
 }
@@ -291,7 +293,7 @@ TEST_F(DaemonFlagsTest, ExampleConfigShowsEveryOptionWithItsDefault) {
     if (m[1] != "group") uncommented += m[1].str() + " = " + m[2].str() + "\n";
   }
   auto help = Parse({"--help"});
-  ASSERT_TRUE(help.ok());
+  ASSERT_THAT(help, IsOk());
   const std::regex flag("--([a-z][a-z-]*)");
   int flags = 0;
   for (std::sregex_iterator
@@ -308,10 +310,10 @@ TEST_F(DaemonFlagsTest, ExampleConfigShowsEveryOptionWithItsDefault) {
   // Uncommented, the example gives what no config gives.
   WriteConfig(uncommented);
   auto from_example = Parse({"--config", config_});
-  ASSERT_TRUE(from_example.ok()) << from_example.status().ToString();
+  ASSERT_THAT(from_example, IsOk());
   auto defaults =
       Parse({"--layers", "32", "--kv-heads", "8", "--head-dim", "128"});
-  ASSERT_TRUE(defaults.ok());
+  ASSERT_THAT(defaults, IsOk());
   const ipc::ServerOptions& a = from_example->server;
   const ipc::ServerOptions& b = defaults->server;
   EXPECT_EQ(a.store, b.store);

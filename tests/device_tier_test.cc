@@ -15,6 +15,8 @@
 #include <thread>
 #include <vector>
 
+#include "tests/status_matchers.h"
+
 namespace tierkv {
 namespace {
 
@@ -29,7 +31,7 @@ constexpr std::chrono::milliseconds kFailAfter{60'000};
 std::unique_ptr<EmulatedDeviceTier> MakeTier(int32_t num_blocks,
                                              size_t block_bytes) {
   auto tier = EmulatedDeviceTier::Create(num_blocks, block_bytes);
-  EXPECT_TRUE(tier.ok()) << tier.status().ToString();
+  EXPECT_THAT(tier, IsOk());
   return std::move(tier).value();
 }
 
@@ -130,7 +132,7 @@ TEST(DeviceTierCopy, StoreCopiesDeviceBlocksIntoHostExactly) {
               .direction = CopyDirection::kDeviceToHost,
               .device_blocks = {2, 0, 3},
               .host_blocks = {slot(0), slot(1), slot(2)}};
-  ASSERT_TRUE(tier->Submit(std::move(job)).ok());
+  ASSERT_THAT(tier->Submit(std::move(job)), IsOk());
   EXPECT_THAT(Tags(Collect(*tier, 1)), ElementsAre(7u));
 
   const BlockId expected[] = {2, 0, 3};
@@ -340,7 +342,7 @@ TEST(DeviceTierConcurrency, TwoSubmittersEveryJobCompletesOnce) {
           CopyJob{.tag = static_cast<uint64_t>(tag),
                   .device_blocks = {static_cast<BlockId>(tag % kBlocks)},
                   .host_blocks = {host[tag].data()}});
-      EXPECT_TRUE(s.ok()) << s.ToString();
+      EXPECT_THAT(s, IsOk());
     }
   };
   std::thread a(submit_all, 0);
@@ -389,7 +391,7 @@ TEST(DeviceTierLifetime, DestructorRunsQueuedJobsThenStops) {
         job.device_blocks.push_back(id);
         job.host_blocks.push_back(host[j * kBlocks + id].data());
       }
-      ASSERT_TRUE(tier->Submit(std::move(job)).ok());
+      ASSERT_THAT(tier->Submit(std::move(job)), IsOk());
     }
     EXPECT_EQ(tier->in_flight(), static_cast<size_t>(kJobs));
     // Destroyed with jobs queued and completions never collected.

@@ -20,6 +20,7 @@
 
 #include "src/kv_layout.h"
 #include "tests/scratch.h"
+#include "tests/status_matchers.h"
 
 namespace tierkv {
 namespace {
@@ -94,7 +95,7 @@ class DiskTierTest : public ::testing::Test {
 
   std::unique_ptr<DiskTier> OpenTier(const DiskTierOptions& options) {
     StatusOr<std::unique_ptr<DiskTier>> tier = DiskTier::Open(options);
-    EXPECT_TRUE(tier.ok()) << tier.status().ToString();
+    EXPECT_THAT(tier, IsOk());
     return tier.ok() ? std::move(tier).value() : nullptr;
   }
 
@@ -124,7 +125,7 @@ class DiskTierTest : public ::testing::Test {
     DiskTierOptions options = Options(codec);
     options.storage.path = dir.path();
     std::unique_ptr<DiskTier> tier = OpenTier(options);
-    EXPECT_TRUE(Put(*tier, 0).ok());
+    EXPECT_THAT(Put(*tier, 0), IsOk());
     return tier->stats().bytes;
   }
 
@@ -148,7 +149,7 @@ TEST_P(DiskTierCodecTest, RoundTripIsBitExact) {
           MaxEncodedBytes(codec, element_bytes, bytes));
       StatusOr<EncodedPayload> encoded =
           EncodePayload(codec, element_bytes, payload, stored);
-      ASSERT_TRUE(encoded.ok()) << encoded.status().ToString();
+      ASSERT_THAT(encoded, IsOk());
       std::string_view view =
           encoded->codec == DiskCodec::kNone
               ? std::string_view(reinterpret_cast<const char*>(payload.data()),
@@ -157,7 +158,8 @@ TEST_P(DiskTierCodecTest, RoundTripIsBitExact) {
                                  encoded->bytes);
       EXPECT_LT(view.size(), bytes + 1);
       std::vector<std::byte> out(bytes);
-      ASSERT_TRUE(DecodePayload(encoded->codec, element_bytes, view, out).ok());
+      ASSERT_THAT(DecodePayload(encoded->codec, element_bytes, view, out),
+                  IsOk());
       EXPECT_EQ(out, payload)
           << "bytes " << bytes << " element " << element_bytes;
     }
@@ -169,7 +171,7 @@ TEST_P(DiskTierCodecTest, TruncatedStoredBytesAreDataLoss) {
   std::vector<std::byte> payload(16384, std::byte{7});  // Compresses well.
   std::vector<std::byte> stored(MaxEncodedBytes(codec, 2, payload.size()));
   StatusOr<EncodedPayload> encoded = EncodePayload(codec, 2, payload, stored);
-  ASSERT_TRUE(encoded.ok());
+  ASSERT_THAT(encoded, IsOk());
   ASSERT_EQ(encoded->codec, codec);
   const std::byte* stored_bytes =
       codec == DiskCodec::kNone ? payload.data() : stored.data();
@@ -201,7 +203,7 @@ TEST(DiskTierCodec, IncompressibleBytesAreStoredRaw) {
   for (DiskCodec codec : {DiskCodec::kLz4, DiskCodec::kLz4BytePlanes}) {
     std::vector<std::byte> stored(MaxEncodedBytes(codec, 2, payload.size()));
     StatusOr<EncodedPayload> encoded = EncodePayload(codec, 2, payload, stored);
-    ASSERT_TRUE(encoded.ok());
+    ASSERT_THAT(encoded, IsOk());
     EXPECT_EQ(encoded->codec, DiskCodec::kNone) << DiskCodecName(codec);
   }
 }
@@ -237,7 +239,7 @@ TEST_P(DiskTierRoundTripTest, BlocksComeBackBitExact) {
     EXPECT_TRUE(tier->Contains(KeyOf(i)));
     EXPECT_TRUE(tier->Contains(KeyOf(i), TokensOf(i)));
     Status s = GetAndCheck(*tier, i);
-    EXPECT_TRUE(s.ok()) << s.ToString();
+    EXPECT_THAT(s, IsOk());
   }
   DiskTierStats stats = tier->stats();
   EXPECT_EQ(stats.keys, 8u);
@@ -264,10 +266,10 @@ TEST_F(DiskTierTest, MissAndRemove) {
   std::vector<std::byte> out(layout_.BlockBytes());
   EXPECT_EQ(GetSync(*tier, KeyOf(1), TokensOf(1), out).code(),
             StatusCode::kNotFound);
-  ASSERT_TRUE(Put(*tier, 1).ok());
+  ASSERT_THAT(Put(*tier, 1), IsOk());
   tier->Remove(KeyOf(1));
   EXPECT_FALSE(tier->Contains(KeyOf(1)));  // At once, before the delete.
-  ASSERT_TRUE(tier->Flush().ok());
+  ASSERT_THAT(tier->Flush(), IsOk());
   EXPECT_EQ(GetSync(*tier, KeyOf(1), TokensOf(1), out).code(),
             StatusCode::kNotFound);
   DiskTierStats stats = tier->stats();
@@ -288,15 +290,15 @@ TEST_F(DiskTierTest, PutOfAKeyReplacesItsValueAndLaterPutWins) {
             [&](Status s) { first.set_value(s); });
   tier->Put(KeyOf(0), TokensOf(0), Block(2),
             [&](Status s) { second.set_value(s); });
-  EXPECT_TRUE(first.get_future().get().ok());
-  EXPECT_TRUE(second.get_future().get().ok());
+  EXPECT_THAT(first.get_future().get(), IsOk());
+  EXPECT_THAT(second.get_future().get(), IsOk());
   std::vector<std::byte> out(layout_.BlockBytes());
-  ASSERT_TRUE(GetSync(*tier, KeyOf(0), TokensOf(0), out).ok());
+  ASSERT_THAT(GetSync(*tier, KeyOf(0), TokensOf(0), out), IsOk());
   EXPECT_EQ(out, Block(2));
   EXPECT_EQ(tier->stats().keys, 1u);
   tier.reset();
   tier = OpenTier(Options());
-  ASSERT_TRUE(GetSync(*tier, KeyOf(0), TokensOf(0), out).ok());
+  ASSERT_THAT(GetSync(*tier, KeyOf(0), TokensOf(0), out), IsOk());
   EXPECT_EQ(out, Block(2));
 }
 
@@ -304,13 +306,13 @@ TEST_F(DiskTierTest, CallbacksRunOnIoThreads) {
   std::unique_ptr<DiskTier> tier = OpenTier(Options());
   std::promise<std::thread::id> put_thread, get_thread;
   tier->Put(KeyOf(0), TokensOf(0), Block(0), [&](Status s) {
-    EXPECT_TRUE(s.ok());
+    EXPECT_THAT(s, IsOk());
     put_thread.set_value(std::this_thread::get_id());
   });
   EXPECT_NE(put_thread.get_future().get(), std::this_thread::get_id());
   std::vector<std::byte> out(layout_.BlockBytes());
   tier->Get(KeyOf(0), TokensOf(0), out, [&](Status s) {
-    EXPECT_TRUE(s.ok());
+    EXPECT_THAT(s, IsOk());
     get_thread.set_value(std::this_thread::get_id());
   });
   EXPECT_NE(get_thread.get_future().get(), std::this_thread::get_id());
@@ -363,7 +365,7 @@ TEST_F(DiskTierTest, CapacityReachedEvictsLeastRecentlyUsed) {
     });
   }
   for (auto& d : done) EXPECT_TRUE(d.get_future().get().ok());
-  ASSERT_TRUE(tier->Flush().ok());
+  ASSERT_THAT(tier->Flush(), IsOk());
   EXPECT_EQ(over_bound.load(), 0);
   DiskTierStats stats = tier->stats();
   EXPECT_LE(stats.bytes, options.capacity_bytes);
@@ -372,12 +374,12 @@ TEST_F(DiskTierTest, CapacityReachedEvictsLeastRecentlyUsed) {
 
   // Sequentially now: four known blocks, then touch the oldest.
   for (int i = 100; i < 104; ++i) ASSERT_TRUE(Put(*tier, i).ok());
-  ASSERT_TRUE(GetAndCheck(*tier, 100).ok());  // 100 becomes most recent.
-  ASSERT_TRUE(Put(*tier, 104).ok());          // Evicts 101, the LRU.
+  ASSERT_THAT(GetAndCheck(*tier, 100), IsOk());  // 100 becomes most recent.
+  ASSERT_THAT(Put(*tier, 104), IsOk());          // Evicts 101, the LRU.
   EXPECT_TRUE(tier->Contains(KeyOf(100)));
   EXPECT_FALSE(tier->Contains(KeyOf(101)));
   for (int i : {100, 102, 103, 104}) {
-    EXPECT_TRUE(GetAndCheck(*tier, i).ok()) << i;
+    EXPECT_THAT(GetAndCheck(*tier, i), IsOk()) << i;
   }
   EXPECT_EQ(tier->stats().evictions, 36u + 4u + 1u);
   EXPECT_LE(tier->stats().bytes, options.capacity_bytes);
@@ -430,7 +432,7 @@ TEST_F(DiskTierTest, ReopenRebuildsIndexWithProgress) {
   EXPECT_EQ(stats.dropped_on_open, 0u);
   for (int i = 0; i < 10; ++i) {
     EXPECT_TRUE(tier->Contains(KeyOf(i), TokensOf(i)));
-    EXPECT_TRUE(GetAndCheck(*tier, i).ok()) << i;
+    EXPECT_THAT(GetAndCheck(*tier, i), IsOk()) << i;
   }
 }
 
@@ -490,16 +492,16 @@ TEST_P(DiskTierCorruptionTest, FlippedBytesAreDetectedDroppedAndCounted) {
   DiskTierOptions options = Options();
   StatusOr<std::unique_ptr<DiskStorage>> rocks =
       OpenRocksDbStorage(options.storage);
-  ASSERT_TRUE(rocks.ok()) << rocks.status().ToString();
+  ASSERT_THAT(rocks, IsOk());
   auto flipping = std::make_unique<FlippingStorage>(std::move(rocks).value());
   FlippingStorage* storage = flipping.get();
   StatusOr<std::unique_ptr<DiskTier>> opened =
       DiskTier::Open(options, std::move(flipping));
-  ASSERT_TRUE(opened.ok());
+  ASSERT_THAT(opened, IsOk());
   DiskTier& tier = **opened;
 
-  ASSERT_TRUE(Put(tier, 0).ok());
-  ASSERT_TRUE(Put(tier, 1).ok());
+  ASSERT_THAT(Put(tier, 0), IsOk());
+  ASSERT_THAT(Put(tier, 1), IsOk());
   storage->Corrupt(KeyOf(0), GetParam());
   std::vector<std::byte> out(layout_.BlockBytes());
   Status s = GetSync(tier, KeyOf(0), TokensOf(0), out);
@@ -518,7 +520,7 @@ TEST_P(DiskTierCorruptionTest, FlippedBytesAreDetectedDroppedAndCounted) {
             StatusCode::kNotFound);
   EXPECT_EQ(GetSync(tier, KeyOf(0), TokensOf(0), out).code(),
             StatusCode::kNotFound);
-  EXPECT_TRUE(GetAndCheck(tier, 1).ok());
+  EXPECT_THAT(GetAndCheck(tier, 1), IsOk());
 }
 
 // Bytes in the header (the codec, the sequence), in the token ids, and in
@@ -535,7 +537,7 @@ TEST_F(DiskTierTest, ValuesCorruptedOnDiskAreDroppedOnOpen) {
     // Between runs: damage values through the storage seam directly.
     StatusOr<std::unique_ptr<DiskStorage>> storage =
         OpenRocksDbStorage(Options().storage);
-    ASSERT_TRUE(storage.ok());
+    ASSERT_THAT(storage, IsOk());
     DiskStorage& db = **storage;
     std::string value;
     ASSERT_TRUE(db.Get(DiskStorageKey(KeyOf(2)), [&](std::string_view v) {
@@ -544,11 +546,11 @@ TEST_F(DiskTierTest, ValuesCorruptedOnDiskAreDroppedOnOpen) {
                   }).ok());
     value[value.size() / 2] ^= 0x01;  // One bit in the payload.
     std::string_view parts[] = {value};
-    ASSERT_TRUE(db.Put(DiskStorageKey(KeyOf(2)), parts).ok());
+    ASSERT_THAT(db.Put(DiskStorageKey(KeyOf(2)), parts), IsOk());
     value.resize(value.size() - 1);  // A torn value.
-    ASSERT_TRUE(db.Put(DiskStorageKey(KeyOf(3)), parts).ok());
+    ASSERT_THAT(db.Put(DiskStorageKey(KeyOf(3)), parts), IsOk());
     std::string_view garbage[] = {"not a tierkv value"};
-    ASSERT_TRUE(db.Put("garbage key", garbage).ok());
+    ASSERT_THAT(db.Put("garbage key", garbage), IsOk());
   }
   std::unique_ptr<DiskTier> tier = OpenTier(Options());
   DiskTierStats stats = tier->stats();
@@ -594,7 +596,7 @@ TEST_F(DiskTierTest, OpenFailsCleanlyWhenTheScanFails) {
   };
   StatusOr<std::unique_ptr<DiskStorage>> rocks =
       OpenRocksDbStorage(Options().storage);
-  ASSERT_TRUE(rocks.ok());
+  ASSERT_THAT(rocks, IsOk());
   StatusOr<std::unique_ptr<DiskTier>> tier = DiskTier::Open(
       Options(), std::make_unique<FailingScan>(std::move(rocks).value()));
   EXPECT_EQ(tier.status().code(), StatusCode::kUnavailable);
@@ -604,7 +606,7 @@ TEST_F(DiskTierTest, OpenFailsCleanlyWhenTheScanFails) {
 
 TEST_F(DiskTierTest, WrongTokenIdsAreNeverServed) {
   std::unique_ptr<DiskTier> tier = OpenTier(Options());
-  ASSERT_TRUE(Put(*tier, 0).ok());
+  ASSERT_THAT(Put(*tier, 0), IsOk());
   std::vector<TokenId> other = TokensOf(0);
   other[5] += 1;  // Same key, different content: a collision.
   std::vector<std::byte> out(layout_.BlockBytes(), std::byte{0x5a});
@@ -621,7 +623,7 @@ TEST_F(DiskTierTest, WrongTokenIdsAreNeverServed) {
   EXPECT_EQ(stats.misses, 2u);
   EXPECT_EQ(stats.hits, 0u);
   // The stored block is kept for its own tokens.
-  EXPECT_TRUE(GetAndCheck(*tier, 0).ok());
+  EXPECT_THAT(GetAndCheck(*tier, 0), IsOk());
 }
 
 // --- Threads ----------------------------------------------------------------
@@ -678,7 +680,7 @@ TEST_F(DiskTierTest, PutAndGetFromSeveralThreads) {
   });
   for (std::thread& t : threads) t.join();
   churn.join();
-  ASSERT_TRUE(tier->Flush().ok());
+  ASSERT_THAT(tier->Flush(), IsOk());
   EXPECT_EQ(failures.load(), 0);
   DiskTierStats stats = tier->stats();
   // Every value has the same size, so the byte count must match the keys.

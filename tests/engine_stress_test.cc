@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include "tests/child_process.h"
+#include "tests/status_matchers.h"
 
 namespace tierkv {
 namespace {
@@ -16,7 +17,7 @@ using ::testing::HasSubstr;
 TEST(EngineStress, NoWrongKvUnderAbortsAndFaults) {
   auto run = ChildProcess::Spawn(
       {ENGINE_STRESS_PATH, "--seconds", "15", "--seed", "1"});
-  ASSERT_TRUE(run.ok()) << run.status().ToString();
+  ASSERT_THAT(run, IsOk());
   const int code = (*run)->Wait();
   const std::string out = (*run)->output();
   EXPECT_EQ(code, 0) << out;

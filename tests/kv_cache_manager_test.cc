@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "tests/sequential_tokens.h"
+#include "tests/status_matchers.h"
 
 namespace tierkv {
 namespace {
@@ -30,7 +31,7 @@ class KVCacheManagerTest : public ::testing::Test {
 TEST_F(KVCacheManagerTest, HitNeverCoversTheLastToken) {
   KVCacheManager m = Make(10);
   Request a(1, SequentialTokens(1, 8), 4, hasher_);
-  ASSERT_TRUE(m.AllocateSlots(a, 8).ok());
+  ASSERT_THAT(m.AllocateSlots(a, 8), IsOk());
   // Identical 8-token prompt: both blocks are cached, but the last token must
   // be computed for logits, so only the first block counts.
   Request same(2, SequentialTokens(1, 8), 4, hasher_);
@@ -44,7 +45,7 @@ TEST_F(KVCacheManagerTest, HitNeverCoversTheLastToken) {
 TEST_F(KVCacheManagerTest, CachingDisabledNeverHitsOrKeys) {
   KVCacheManager m = Make(10, /*caching=*/false);
   Request a(1, SequentialTokens(1, 9), 4, hasher_);
-  ASSERT_TRUE(m.AllocateSlots(a, 9).ok());
+  ASSERT_THAT(m.AllocateSlots(a, 9), IsOk());
   EXPECT_EQ(m.pool().num_cached_blocks(), 0u);
   EXPECT_TRUE(m.GetComputedBlocks(a).blocks.empty());
   EXPECT_EQ(m.stats().queries, 0u);
@@ -53,21 +54,21 @@ TEST_F(KVCacheManagerTest, CachingDisabledNeverHitsOrKeys) {
 TEST_F(KVCacheManagerTest, AllocationIsAllOrNothing) {
   KVCacheManager m = Make(4);  // Null block + 3 usable.
   Request a(1, SequentialTokens(1, 8), 4, hasher_);
-  ASSERT_TRUE(m.AllocateSlots(a, 8).ok());
+  ASSERT_THAT(m.AllocateSlots(a, 8), IsOk());
   Request b(2, SequentialTokens(100, 8), 4, hasher_);
   auto r = m.AllocateSlots(b, 8);
   EXPECT_EQ(r.status().code(), StatusCode::kResourceExhausted);
   EXPECT_EQ(m.num_requests(), 1u);
   EXPECT_TRUE(m.blocks(2).empty());
   EXPECT_EQ(m.pool().num_free_blocks(), 1);
-  EXPECT_TRUE(m.pool().CheckInvariants().ok());
+  EXPECT_THAT(m.pool().CheckInvariants(), IsOk());
 }
 
 TEST_F(KVCacheManagerTest, FreeHitsDoNotCountAsAvailableNewBlocks) {
   KVCacheManager m = Make(4);  // 3 usable.
   Request a(1, SequentialTokens(1, 9), 4, hasher_);
-  ASSERT_TRUE(m.AllocateSlots(a, 9).ok());
-  ASSERT_TRUE(m.Free(1).ok());
+  ASSERT_THAT(m.AllocateSlots(a, 9), IsOk());
+  ASSERT_THAT(m.Free(1), IsOk());
   // b hits a's two cached blocks (both free) and needs 2 new ones: 3 free
   // blocks minus the 2 hits it will pin leave 1, so it must be refused.
   Request b(2, SequentialTokens(1, 16), 4, hasher_);
@@ -81,14 +82,14 @@ TEST_F(KVCacheManagerTest, FreeHitsDoNotCountAsAvailableNewBlocks) {
 TEST_F(KVCacheManagerTest, StaleComputedBlocksAreRefused) {
   KVCacheManager m = Make(3);  // 2 usable.
   Request a(1, SequentialTokens(1, 5), 4, hasher_);
-  ASSERT_TRUE(m.AllocateSlots(a, 5).ok());
-  ASSERT_TRUE(m.Free(1).ok());
+  ASSERT_THAT(m.AllocateSlots(a, 5), IsOk());
+  ASSERT_THAT(m.Free(1), IsOk());
   Request b(2, SequentialTokens(1, 5), 4, hasher_);
   ComputedBlocks c = m.GetComputedBlocks(b);
   ASSERT_EQ(c.blocks.size(), 1u);
   // Another request evicts the hit before b allocates.
   Request x(3, SequentialTokens(50, 8), 4, hasher_);
-  ASSERT_TRUE(m.AllocateSlots(x, 8).ok());
+  ASSERT_THAT(m.AllocateSlots(x, 8), IsOk());
   auto r = m.AllocateSlots(b, 1, c);
   EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition);
 }
@@ -97,11 +98,11 @@ TEST_F(KVCacheManagerTest, ChunkedPrefillKeysBlocksAsTheyFill) {
   KVCacheManager m = Make(10);
   Request a(1, SequentialTokens(1, 10), 4, hasher_);
   auto first = m.AllocateSlots(a, 6);  // Tokens 0-5: one full block.
-  ASSERT_TRUE(first.ok());
+  ASSERT_THAT(first, IsOk());
   EXPECT_THAT(*first, ElementsAre(1, 2));
   EXPECT_EQ(m.pool().num_cached_blocks(), 1u);
   auto second = m.AllocateSlots(a, 4);  // Tokens 6-9: block 2 fills.
-  ASSERT_TRUE(second.ok());
+  ASSERT_THAT(second, IsOk());
   EXPECT_THAT(*second, ElementsAre(3));
   EXPECT_EQ(m.pool().num_cached_blocks(), 2u);
   EXPECT_THAT(m.blocks(1), ElementsAre(1, 2, 3));
@@ -111,15 +112,15 @@ TEST_F(KVCacheManagerTest, StatsCountQueriesHitsAndEvictions) {
   KVCacheManager m = Make(4);  // 3 usable.
   Request a(1, SequentialTokens(1, 9), 4, hasher_);
   (void)m.GetComputedBlocks(a);
-  ASSERT_TRUE(m.AllocateSlots(a, 9).ok());
-  ASSERT_TRUE(m.Free(1).ok());
+  ASSERT_THAT(m.AllocateSlots(a, 9), IsOk());
+  ASSERT_THAT(m.Free(1), IsOk());
   Request b(2, SequentialTokens(1, 9), 4, hasher_);
   ComputedBlocks c = m.GetComputedBlocks(b);
-  ASSERT_TRUE(m.AllocateSlots(b, 1, c).ok());
-  ASSERT_TRUE(m.Free(2).ok());
+  ASSERT_THAT(m.AllocateSlots(b, 1, c), IsOk());
+  ASSERT_THAT(m.Free(2), IsOk());
   Request x(3, SequentialTokens(70, 12), 4, hasher_);
   (void)m.GetComputedBlocks(x);
-  ASSERT_TRUE(m.AllocateSlots(x, 12).ok());  // Reuses every block.
+  ASSERT_THAT(m.AllocateSlots(x, 12), IsOk());  // Reuses every block.
   const PrefixCacheStats s = m.stats();
   EXPECT_EQ(s.queries, 3u);
   EXPECT_EQ(s.query_tokens, 9u + 9u + 12u);
@@ -138,24 +139,24 @@ TEST_F(KVCacheManagerTest, HitsAtTheQueueHeadAreTouchedBeforePopping) {
                                        .reserve_null_block = false}})
           .value();
   Request a(1, SequentialTokens(1, 9), 4, hasher_);  // Blocks 0, 1, 2.
-  ASSERT_TRUE(m.AllocateSlots(a, 9).ok());
+  ASSERT_THAT(m.AllocateSlots(a, 9), IsOk());
   Request x(2, SequentialTokens(100, 4), 4, hasher_);  // Block 3.
-  ASSERT_TRUE(m.AllocateSlots(x, 4).ok());
-  ASSERT_TRUE(m.Free(1).ok());
-  ASSERT_TRUE(m.Free(2).ok());
+  ASSERT_THAT(m.AllocateSlots(x, 4), IsOk());
+  ASSERT_THAT(m.Free(1), IsOk());
+  ASSERT_THAT(m.Free(2), IsOk());
   Request y(3, SequentialTokens(200, 12), 4, hasher_);  // Pops 4, 5, 2.
-  ASSERT_TRUE(m.AllocateSlots(y, 12).ok());
+  ASSERT_THAT(m.AllocateSlots(y, 12), IsOk());
   ASSERT_THAT(m.pool().FreeQueueSnapshot(), ElementsAre(1, 0, 3));
 
   Request b(4, SequentialTokens(1, 9), 4, hasher_);
   ComputedBlocks c = m.GetComputedBlocks(b);
   ASSERT_THAT(c.blocks, ElementsAre(0, 1));
   auto fresh = m.AllocateSlots(b, 1, c);
-  ASSERT_TRUE(fresh.ok()) << fresh.status().ToString();
+  ASSERT_THAT(fresh, IsOk());
   EXPECT_THAT(*fresh, ElementsAre(3));
   EXPECT_THAT(m.blocks(4), ElementsAre(0, 1, 3));
   EXPECT_TRUE(m.pool().block(1).has_key);
-  EXPECT_TRUE(m.pool().CheckInvariants().ok());
+  EXPECT_THAT(m.pool().CheckInvariants(), IsOk());
 }
 
 TEST_F(KVCacheManagerTest, HugeRequestsAreRefusedWithoutOverflow) {
@@ -165,7 +166,7 @@ TEST_F(KVCacheManagerTest, HugeRequestsAreRefusedWithoutOverflow) {
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
   EXPECT_THAT(r.status().message(), ::testing::HasSubstr("whole pool"));
   EXPECT_EQ(m.num_requests(), 0u);
-  ASSERT_TRUE(m.AllocateSlots(a, 8).ok());
+  ASSERT_THAT(m.AllocateSlots(a, 8), IsOk());
   r = m.AllocateSlots(a, std::numeric_limits<int32_t>::max());
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
   EXPECT_THAT(m.blocks(1), ElementsAre(1, 2));
@@ -199,7 +200,7 @@ TEST_F(KVCacheManagerTest, DifferentLoraNeverShares) {
   RequestExtras lora;
   lora.lora_id = 3;
   Request a(1, SequentialTokens(1, 9), 4, hasher_, lora);
-  ASSERT_TRUE(m.AllocateSlots(a, 9).ok());
+  ASSERT_THAT(m.AllocateSlots(a, 9), IsOk());
   Request base(2, SequentialTokens(1, 9), 4, hasher_);
   EXPECT_TRUE(m.GetComputedBlocks(base).blocks.empty());
   Request same_lora(3, SequentialTokens(1, 9), 4, hasher_, lora);
@@ -244,8 +245,8 @@ TEST_F(KVCacheManagerTest, DelayedCachingHidesBlocksWaitingForALoad) {
   EXPECT_EQ(m.MayAppend(a).code(), StatusCode::kFailedPrecondition);
   EXPECT_TRUE(m.AllocateSlots(a, 5).value().empty());
   EXPECT_THAT(m.GetComputedBlocks(b).blocks, ElementsAre(1, 2, 3));
-  EXPECT_TRUE(m.MayAppend(a).ok());
-  EXPECT_TRUE(m.pool().CheckInvariants().ok());
+  EXPECT_THAT(m.MayAppend(a), IsOk());
+  EXPECT_THAT(m.pool().CheckInvariants(), IsOk());
 }
 
 // A load cut short (a promotion failed, tierkvd died): the blocks it did
@@ -265,20 +266,20 @@ TEST_F(KVCacheManagerTest, DelayedCachingReportsBlocksOfACutLoad) {
   // The engine recomputes tokens 4..16 in the blocks it already holds.
   EXPECT_TRUE(m.AllocateSlots(a, 13).value().empty());
   EXPECT_THAT(m.GetComputedBlocks(b).blocks, ElementsAre(1, 2, 3, 4));
-  EXPECT_TRUE(m.pool().CheckInvariants().ok());
+  EXPECT_THAT(m.pool().CheckInvariants(), IsOk());
 }
 
 TEST_F(KVCacheManagerTest, DelayedCachingFailedLoadKeysNothing) {
   KVCacheManager m = Make(10);
   Request a(1, SequentialTokens(1, 9), 4, hasher_);
-  ASSERT_TRUE(m.AllocateSlots(a, 9, {}, 8).ok());
+  ASSERT_THAT(m.AllocateSlots(a, 9, {}, 8), IsOk());
   ExternalLoadResult failed = m.CompleteExternalLoad(a, 0).value();
   EXPECT_EQ(failed.num_computed_tokens, 0);
   EXPECT_THAT(failed.failed_blocks, ElementsAre(1, 2));
   EXPECT_EQ(m.pool().num_cached_blocks(), 0u);
   // An aborted request's blocks go back unkeyed: nothing half-filled is
   // ever a hit.
-  ASSERT_TRUE(m.Free(1).ok());
+  ASSERT_THAT(m.Free(1), IsOk());
   EXPECT_EQ(m.pool().num_cached_blocks(), 0u);
   Request b(2, SequentialTokens(1, 9), 4, hasher_);
   EXPECT_TRUE(m.GetComputedBlocks(b).blocks.empty());
@@ -287,20 +288,20 @@ TEST_F(KVCacheManagerTest, DelayedCachingFailedLoadKeysNothing) {
 TEST_F(KVCacheManagerTest, DelayedCachingAfterADeviceHit) {
   KVCacheManager m = Make(10);
   Request a(1, SequentialTokens(1, 8), 4, hasher_);
-  ASSERT_TRUE(m.AllocateSlots(a, 8).ok());
-  ASSERT_TRUE(m.Free(1).ok());
+  ASSERT_THAT(m.AllocateSlots(a, 8), IsOk());
+  ASSERT_THAT(m.Free(1), IsOk());
   // b hits block 1 on the device, loads the next from tierkvd.
   Request b(2, SequentialTokens(1, 13), 4, hasher_);
   ComputedBlocks hit = m.GetComputedBlocks(b);
   ASSERT_THAT(hit.blocks, ElementsAre(1, 2));
   hit.blocks.pop_back();  // Say the engine takes one block only.
   hit.num_tokens = 4;
-  ASSERT_TRUE(m.AllocateSlots(b, 9, hit, 4).ok());
+  ASSERT_THAT(m.AllocateSlots(b, 9, hit, 4), IsOk());
   EXPECT_EQ(m.CompleteExternalLoad(b, 5).status().code(),
             StatusCode::kInvalidArgument);
   // A whole-block count for a partial last block counts as the whole load.
   Request chunk(4, SequentialTokens(70, 7), 4, hasher_);
-  ASSERT_TRUE(m.AllocateSlots(chunk, 7, {}, 7).ok());
+  ASSERT_THAT(m.AllocateSlots(chunk, 7, {}, 7), IsOk());
   EXPECT_EQ(m.CompleteExternalLoad(chunk, 8).value().num_computed_tokens, 7);
   EXPECT_EQ(m.CompleteExternalLoad(b, 4).value().num_computed_tokens, 8);
   EXPECT_EQ(m.CompleteExternalLoad(b, 4).status().code(),
@@ -309,7 +310,7 @@ TEST_F(KVCacheManagerTest, DelayedCachingAfterADeviceHit) {
             StatusCode::kNotFound);
   // A load must start at a block boundary.
   Request c(3, SequentialTokens(50, 9), 4, hasher_);
-  ASSERT_TRUE(m.AllocateSlots(c, 2).ok());
+  ASSERT_THAT(m.AllocateSlots(c, 2), IsOk());
   EXPECT_EQ(m.AllocateSlots(c, 6, {}, 4).status().code(),
             StatusCode::kInvalidArgument);
 }

@@ -5,6 +5,8 @@
 #include <set>
 #include <string>
 
+#include "tests/status_matchers.h"
+
 namespace tierkv {
 namespace {
 
@@ -113,7 +115,7 @@ TEST(KvLayout, OffsetsTileTheBlockExactly) {
              .head_dim = 5,
              .block_size = 4,
              .dtype = DType::kF32};
-  ASSERT_TRUE(l.Validate().ok());
+  ASSERT_THAT(l.Validate(), IsOk());
   std::vector<int> covered(l.BlockBytes(), 0);
   for (int32_t layer = 0; layer < l.num_layers; ++layer) {
     for (KvPlane plane : {KvPlane::kKey, KvPlane::kValue}) {
@@ -142,10 +144,10 @@ TEST(KvLayout, StoreFingerprintNamesTheModel) {
 }
 
 TEST(KvLayout, ModelNames) {
-  EXPECT_TRUE(ValidateModelName("").ok());
+  EXPECT_THAT(ValidateModelName(""), IsOk());
   EXPECT_TRUE(
       ValidateModelName("meta-llama/Llama-3.1-8B-Instruct@5206a32").ok());
-  EXPECT_TRUE(ValidateModelName(std::string(kMaxModelNameBytes, 'm')).ok());
+  EXPECT_THAT(ValidateModelName(std::string(kMaxModelNameBytes, 'm')), IsOk());
   EXPECT_EQ(ValidateModelName(std::string(kMaxModelNameBytes + 1, 'm')).code(),
             StatusCode::kInvalidArgument);
   for (const char* bad :

@@ -21,6 +21,7 @@
 #include "src/kv_cache_manager.h"
 #include "src/request.h"
 #include "src/status.h"
+#include "tests/status_matchers.h"
 
 namespace tierkv {
 namespace {
@@ -573,7 +574,7 @@ class Runner {
     ASSERT_EQ(got.code(), want)
         << "MayAppend(" << id << "): " << got.ToString();
     if (can) {
-      ASSERT_TRUE(got.ok()) << got.ToString();
+      ASSERT_THAT(got, IsOk());
     }
     if (!got.ok()) {
       ASSERT_NO_FATAL_FAILURE(CheckState());
@@ -605,7 +606,7 @@ class Runner {
 
   void FreeRequest(RequestId id) {
     const Status got = manager_.Free(id);
-    ASSERT_TRUE(got.ok()) << got.ToString();
+    ASSERT_THAT(got, IsOk());
     ASSERT_EQ(model_.Free(id), StatusCode::kOk);
     live_.erase(id);
   }
@@ -714,7 +715,7 @@ class Runner {
     ASSERT_EQ(pool.stats().evictions, want.evictions);
 
     const Status invariants = pool.CheckInvariants();
-    ASSERT_TRUE(invariants.ok()) << invariants.ToString();
+    ASSERT_THAT(invariants, IsOk());
   }
 
   Config config_;

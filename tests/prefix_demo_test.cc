@@ -13,6 +13,8 @@
 #include <utility>
 #include <vector>
 
+#include "tests/status_matchers.h"
+
 namespace tierkv::demo {
 namespace {
 
@@ -26,7 +28,7 @@ DemoReport RunOrDie(const DemoOptions& o, std::string* out_text = nullptr) {
   std::ostringstream out;
   std::ostringstream progress;
   StatusOr<DemoReport> report = RunPrefixDemo(o, out, progress);
-  EXPECT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_THAT(report, IsOk());
   if (out_text != nullptr) *out_text = out.str();
   return report.ok() ? *std::move(report) : DemoReport{};
 }
@@ -178,7 +180,7 @@ TEST(PrefixDemo, HelpExplainsTheDemoAndListsDefaults) {
   const std::vector<const char*> argv = Argv({"--help"});
   const StatusOr<DemoCommand> command =
       ParseDemoFlags(static_cast<int>(argv.size()), argv.data());
-  ASSERT_TRUE(command.ok()) << command.status().ToString();
+  ASSERT_THAT(command, IsOk());
   EXPECT_TRUE(command->show_help);
   const std::string& help = command->help_text;
   EXPECT_NE(help.find("few-shot"), std::string::npos);
@@ -199,7 +201,7 @@ TEST(PrefixDemo, ParsesFlags) {
       Argv({"--seed", "7", "--block-size", "32", "--progress", "none"});
   const StatusOr<DemoCommand> command =
       ParseDemoFlags(static_cast<int>(argv.size()), argv.data());
-  ASSERT_TRUE(command.ok()) << command.status().ToString();
+  ASSERT_THAT(command, IsOk());
   EXPECT_FALSE(command->show_help);
   EXPECT_EQ(command->options.seed, 7u);
   EXPECT_EQ(command->options.block_size, 32);
@@ -240,7 +242,7 @@ TEST(PrefixDemo, ProgressGoesToItsOwnStream) {
     o.progress = mode;
     std::ostringstream out;
     std::ostringstream progress;
-    ASSERT_TRUE(RunPrefixDemo(o, out, progress).ok());
+    ASSERT_THAT(RunPrefixDemo(o, out, progress), IsOk());
     EXPECT_NE(progress.str().find(total + "/" + total + " requests"),
               std::string::npos)
         << progress.str();

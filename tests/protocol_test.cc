@@ -9,6 +9,7 @@
 
 #include <random>
 
+#include "tests/status_matchers.h"
 #include "tests/test_layout.h"
 
 namespace tierkv::ipc {
@@ -123,13 +124,13 @@ TEST(Protocol, EveryMessageRoundTrips) {
 
 TEST(Protocol, TheModelTravels) {
   StatusOr<Message> reg = Decode(Encode(Samples()[2]));
-  ASSERT_TRUE(reg.ok()) << reg.status().ToString();
+  ASSERT_THAT(reg, IsOk());
   EXPECT_EQ(std::get<RegisterRequest>(*reg).registration.model,
             "org/model@rev");
   StatsReply stats;
   stats.stats.model = "org/model@rev";
   StatusOr<Message> back = Decode(Encode(stats));
-  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  ASSERT_THAT(back, IsOk());
   EXPECT_EQ(std::get<StatsReply>(*back).stats.model, "org/model@rev");
 }
 

@@ -16,6 +16,8 @@
 #include <utility>
 #include <vector>
 
+#include "tests/status_matchers.h"
+
 namespace tierkv::demo {
 namespace {
 
@@ -52,7 +54,7 @@ TEST(RagDemo, WorkloadHasTheShapeItPromises) {
     }
     // The prompt splits into the system prompt, its documents, a question.
     StatusOr<AssembledPrompt> p = AssemblePrompt(r.prompt, w.separator);
-    ASSERT_TRUE(p.ok()) << p.status().ToString();
+    ASSERT_THAT(p, IsOk());
     ASSERT_EQ(p->chunks.size(), 5u);
     EXPECT_EQ(p->chunks[0].size(), o.system_tokens);
     for (size_t i = 1; i < 5; ++i) {
@@ -80,7 +82,7 @@ TEST(RagDemo, BadFlagsAreRefusedByName) {
     args.insert(args.begin(), "tierkv-demo");
     return ParseRagDemoFlags(static_cast<int>(args.size()), args.data());
   };
-  EXPECT_TRUE(parse({}).ok());
+  EXPECT_THAT(parse({}), IsOk());
   EXPECT_THAT(parse({"--workers", "0"}).status().message(),
               HasSubstr("--workers"));
   EXPECT_THAT(
@@ -96,7 +98,7 @@ TEST(RagDemo, BadFlagsAreRefusedByName) {
               HasSubstr("worker processes only"));
   EXPECT_FALSE(parse({"--no-such-flag"}).ok());
   StatusOr<RagDemoCommand> help = parse({"--help"});
-  ASSERT_TRUE(help.ok());
+  ASSERT_THAT(help, IsOk());
   EXPECT_THAT(help->help_text, HasSubstr("--docs-per-prompt"));
   EXPECT_THAT(help->help_text, HasSubstr("tierkv-demo prefix"));
 }

@@ -21,6 +21,7 @@
 #include "src/request.h"
 #include "src/rope_remap.h"
 #include "tests/kv_element.h"
+#include "tests/status_matchers.h"
 
 namespace tierkv {
 namespace {
@@ -305,7 +306,7 @@ TEST_P(ReferenceModelRemap, RemappedChunkMatchesDirectComputation) {
   request.dst_num_blocks = dst.num_blocks();
   request.dst_slots = dst_slots;
   request.real_start = kReal;
-  ASSERT_TRUE(remap.Remap(request).ok());
+  ASSERT_THAT(remap.Remap(request), IsOk());
 
   // Layer 0 does not depend on position before RoPE.
   EXPECT_EQ(Bits(v_out.layers[0].k_unrotated),
@@ -331,7 +332,7 @@ TEST_P(ReferenceModelRemap, RemappedChunkMatchesDirectComputation) {
       double diff2 = 0, norm2 = 0;
       for (int32_t g = 0; g < 2; ++g) {
         std::span<float> head(direct.data() + g * 16, 16);
-        ASSERT_TRUE(ApplyRope(rope, w, kReal + t, head).ok());
+        ASSERT_THAT(ApplyRope(rope, w, kReal + t, head), IsOk());
         for (int32_t p = 0; p < 8; ++p) {
           const int32_t xi = g * 16 + p, yi = xi + 8;  // NeoX pairs.
           const double x = LoadKvElement(dtype, cached_k + xi * es);
@@ -424,9 +425,10 @@ TEST_P(ReferenceModelPrefix, PrefixHitIsBitIdentical) {
   };
   const Request a(1, with(prefix, 20), 16, hasher);
   int32_t hit = -1;
-  ASSERT_TRUE(PrefixCachedPrefill(m, &manager, a, &pool_cache, 1, &hit).ok());
+  ASSERT_THAT(PrefixCachedPrefill(m, &manager, a, &pool_cache, 1, &hit),
+              IsOk());
   EXPECT_EQ(hit, 0);
-  ASSERT_TRUE(manager.Free(a.id()).ok());
+  ASSERT_THAT(manager.Free(a.id()), IsOk());
 
   struct Case {
     Request request;
@@ -465,7 +467,7 @@ TEST_P(ReferenceModelPrefix, PrefixHitIsBitIdentical) {
         }
       }
     }
-    ASSERT_TRUE(manager.Free(c.request.id()).ok());
+    ASSERT_THAT(manager.Free(c.request.id()), IsOk());
   }
 }
 
@@ -618,7 +620,7 @@ TEST(ReferenceModelChunks, PartialHitStoresEveryChunk) {
   for (const auto* chunk : {&sys, &a, &b, &d, &e}) {
     EXPECT_TRUE(f.store.Contains(*chunk));
   }
-  EXPECT_TRUE(f.store.pool().CheckInvariants().ok());
+  EXPECT_THAT(f.store.pool().CheckInvariants(), IsOk());
   // Nothing stays pinned after a request.
   EXPECT_EQ(f.store.pool().num_free_blocks(), f.store.pool().num_blocks() - 1);
 
@@ -673,7 +675,7 @@ TEST(ReferenceModelChunks, StoreEvictsAndReportsExhaustion) {
   EXPECT_TRUE(store.Contains(c));
   EXPECT_EQ(store.ComputeAndInsert(big).status().code(),
             StatusCode::kResourceExhausted);
-  EXPECT_TRUE(store.pool().CheckInvariants().ok());
+  EXPECT_THAT(store.pool().CheckInvariants(), IsOk());
 }
 
 // ---------------------------------------------------------------------------
@@ -710,7 +712,7 @@ TEST(ReferenceModelChunks, MainPoolRemapBlocksAreReleasedUnkeyed) {
   main.ReleaseRemappedBlocks(r.main_blocks);
   EXPECT_EQ(main.pool().num_free_blocks(), free_before);
   EXPECT_EQ(main.pool().num_cached_blocks(), 0u);
-  EXPECT_TRUE(main.pool().CheckInvariants().ok());
+  EXPECT_THAT(main.pool().CheckInvariants(), IsOk());
   // Chunk-isolated KV is never a prefix hit.
   const KeyHasher hasher(KeyNamespace{});
   const Request again(1, r.prompt.tokens, 16, hasher);

@@ -19,6 +19,7 @@
 #include "src/kv_layout.h"
 #include "src/rope.h"
 #include "tests/kv_element.h"
+#include "tests/status_matchers.h"
 
 namespace tierkv {
 namespace {
@@ -38,7 +39,7 @@ RopeConfig Rope(int32_t head_dim, int32_t rotary_dim, double theta = 10000) {
 
 TEST(Rope, ValidateNamesTheProblem) {
   RopeConfig ok = Rope(128, 64);
-  EXPECT_TRUE(ok.Validate().ok());
+  EXPECT_THAT(ok.Validate(), IsOk());
   auto message = [](RopeConfig c) { return c.Validate().message(); };
   RopeConfig c = ok;
   c.rotary_dim = 63;
@@ -81,7 +82,7 @@ TEST(Rope, Llama3MatchesTransformers) {
   // _compute_llama3_parameters evaluated in float64.
   RopeConfig c = Rope(128, 128, 500000);
   c.scaling = RopeScaling::Llama3(8, 1, 4, 8192);
-  ASSERT_TRUE(c.Validate().ok());
+  ASSERT_THAT(c.Validate(), IsOk());
   std::vector<double> w = InverseFrequencies(c);
   ASSERT_EQ(w.size(), 64u);
   EXPECT_DOUBLE_EQ(w[0], 1.0);                     // High frequency: kept.
@@ -95,12 +96,12 @@ TEST(Rope, ApplyRopePairsPerStyle) {
   RopeConfig c = Rope(6, 4);
   std::vector<double> w = InverseFrequencies(c);
   std::vector<float> neox = {1, 0, 0, 0, 7, 8};
-  ASSERT_TRUE(ApplyRope(c, w, 1, neox).ok());
+  ASSERT_THAT(ApplyRope(c, w, 1, neox), IsOk());
   EXPECT_EQ(neox,
             (std::vector<float>{std::cos(1.0f), 0, std::sin(1.0f), 0, 7, 8}));
   c.style = RopeStyle::kGptJ;
   std::vector<float> gptj = {1, 0, 0, 0, 7, 8};
-  ASSERT_TRUE(ApplyRope(c, w, 1, gptj).ok());
+  ASSERT_THAT(ApplyRope(c, w, 1, gptj), IsOk());
   EXPECT_EQ(gptj,
             (std::vector<float>{std::cos(1.0f), std::sin(1.0f), 0, 0, 7, 8}));
   std::vector<float> wrong_size(5);
@@ -316,7 +317,7 @@ double CheckHead(const RopeConfig& rope, std::span<const double> w, DType d,
   for (int32_t e = 0; e < rope.head_dim; ++e) {
     exact[e] = LoadKvElement(d, cached + e * es);
   }
-  EXPECT_TRUE(ApplyRope(rope, w, delta, exact).ok());
+  EXPECT_THAT(ApplyRope(rope, w, delta, exact), IsOk());
   double worst = 0;
   for (int32_t p = 0; p < rope.rotary_dim / 2; ++p) {
     auto [xi, yi] = PairOf(rope, p);
@@ -344,7 +345,7 @@ TEST_P(RopeRemapVariant, MatchesDirectRotation) {
   const RopeConfig rope = RopeFor(v);
   const KvLayout layout = LayoutFor(v);
   StatusOr<RopeRemap> remap = RopeRemap::Create(layout, rope);
-  ASSERT_TRUE(remap.ok()) << remap.status().ToString();
+  ASSERT_THAT(remap, IsOk());
   const std::vector<double>& w = remap->inverse_frequencies();
   constexpr int32_t kTokens = 37, kVirtual = 5, kReal = 1237;
   const std::vector<int32_t> dst_ids = {4, 1, 6};
@@ -361,8 +362,8 @@ TEST_P(RopeRemapVariant, MatchesDirectRotation) {
         std::vector<float> k0(rope.head_dim), k;
         for (float& x : k0) x = value(rng);
         k = k0;
-        ASSERT_TRUE(ApplyRope(rope, w, kVirtual + t, k).ok());
-        ASSERT_TRUE(ApplyRope(rope, w, kReal + t, k0).ok());
+        ASSERT_THAT(ApplyRope(rope, w, kVirtual + t, k), IsOk());
+        ASSERT_THAT(ApplyRope(rope, w, kReal + t, k0), IsOk());
         direct.push_back(k0);
         std::byte* src =
             buf.Src(t, layer, KvPlane::kKey) + h * rope.head_dim * es;
@@ -379,7 +380,7 @@ TEST_P(RopeRemapVariant, MatchesDirectRotation) {
   RemapRequest r = buf.Request(kTokens, slots);
   r.virtual_start = kVirtual;
   r.real_start = kReal;
-  ASSERT_TRUE(remap->Remap(r).ok());
+  ASSERT_THAT(remap->Remap(r), IsOk());
 
   double worst = 0;
   size_t next = 0;
@@ -426,7 +427,7 @@ TEST_P(RopeRemapVariant, ScalarAndVectorizedAgreeBitForBit) {
   const Variant v = GetParam();
   const KvLayout layout = LayoutFor(v);
   StatusOr<RopeRemap> remap = RopeRemap::Create(layout, RopeFor(v));
-  ASSERT_TRUE(remap.ok()) << remap.status().ToString();
+  ASSERT_THAT(remap, IsOk());
   constexpr int32_t kTokens = 45;
   Buffers buf(layout, kTokens, 5);
   std::mt19937 rng(99);
@@ -442,10 +443,10 @@ TEST_P(RopeRemapVariant, ScalarAndVectorizedAgreeBitForBit) {
   RemapRequest r = buf.Request(kTokens, slots);
   r.virtual_start = 100000;
   r.real_positions = real;
-  ASSERT_TRUE(remap->Remap(r, RemapPath::kScalar).ok());
+  ASSERT_THAT(remap->Remap(r, RemapPath::kScalar), IsOk());
   std::vector<std::byte> scalar = buf.dst;
   buf.dst.assign(buf.dst.size(), kSentinel);
-  ASSERT_TRUE(remap->Remap(r, RemapPath::kVectorized).ok());
+  ASSERT_THAT(remap->Remap(r, RemapPath::kVectorized), IsOk());
   EXPECT_TRUE(scalar == buf.dst);
 }
 
@@ -461,7 +462,7 @@ KvLayout SmallLayout() {
 }
 
 TEST(RopeRemap, CreateChecksBothConfigs) {
-  EXPECT_TRUE(RopeRemap::Create(SmallLayout(), Rope(8, 8)).ok());
+  EXPECT_THAT(RopeRemap::Create(SmallLayout(), Rope(8, 8)), IsOk());
   Status mismatch = RopeRemap::Create(SmallLayout(), Rope(16, 8)).status();
   EXPECT_EQ(mismatch.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(mismatch.message().find("head_dim 8 != RoPE head_dim 16"),
@@ -491,7 +492,7 @@ TEST(RopeRemap, SlotMappingForBlocks) {
 TEST(RopeRemap, ScatteredSlotsAndSkips) {
   const KvLayout layout = SmallLayout();
   StatusOr<RopeRemap> remap = RopeRemap::Create(layout, Rope(8, 8));
-  ASSERT_TRUE(remap.ok());
+  ASSERT_THAT(remap, IsOk());
   constexpr int32_t kTokens = 10;
   Buffers contiguous(layout, kTokens, 4);
   std::mt19937 rng(5);
@@ -502,7 +503,7 @@ TEST(RopeRemap, ScatteredSlotsAndSkips) {
   RemapRequest r = contiguous.Request(kTokens, dense);
   r.virtual_start = 40;
   r.real_start = 9;
-  ASSERT_TRUE(remap->Remap(r).ok());
+  ASSERT_THAT(remap->Remap(r), IsOk());
 
   Buffers scattered = contiguous;
   scattered.dst.assign(scattered.dst.size(), kSentinel);
@@ -513,7 +514,7 @@ TEST(RopeRemap, ScatteredSlotsAndSkips) {
   RemapRequest s = scattered.Request(kTokens, slots);
   s.virtual_start = 40;
   s.real_positions = real;
-  ASSERT_TRUE(remap->Remap(s).ok());
+  ASSERT_THAT(remap->Remap(s), IsOk());
 
   std::vector<bool> written(4 * layout.block_size, false);
   for (int32_t t = 0; t < kTokens; ++t) {
@@ -546,7 +547,7 @@ TEST(RopeRemap, ScatteredSlotsAndSkips) {
 TEST(RopeRemap, BadRequestsWriteNothing) {
   const KvLayout layout = SmallLayout();
   StatusOr<RopeRemap> remap = RopeRemap::Create(layout, Rope(8, 8));
-  ASSERT_TRUE(remap.ok());
+  ASSERT_THAT(remap, IsOk());
   constexpr int32_t kTokens = 6;
   Buffers buf(layout, kTokens, 3);
   std::vector<int64_t> slots = {0, 1, 2, 3, 4, 5};
@@ -592,18 +593,18 @@ TEST(RopeRemap, BadRequestsWriteNothing) {
     EXPECT_TRUE(buf.dst == before) << c.name;
   }
   RemapRequest ok = buf.Request(kTokens, slots);
-  EXPECT_TRUE(remap->Remap(ok).ok());
+  EXPECT_THAT(remap->Remap(ok), IsOk());
 }
 
 TEST(RopeRemap, VectorizedPathNeedsTheCpu) {
   const KvLayout layout = SmallLayout();
   StatusOr<RopeRemap> remap = RopeRemap::Create(layout, Rope(8, 8));
-  ASSERT_TRUE(remap.ok());
+  ASSERT_THAT(remap, IsOk());
   Buffers buf(layout, 1, 1);
   std::vector<int64_t> slots = {0};
   Status status = remap->Remap(buf.Request(1, slots), RemapPath::kVectorized);
   if (RopeRemap::VectorizedAvailable()) {
-    EXPECT_TRUE(status.ok()) << status.ToString();
+    EXPECT_THAT(status, IsOk());
   } else {
     EXPECT_EQ(status.code(), StatusCode::kUnimplemented);
   }

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "src/kv_cache_manager.h"
+#include "tests/status_matchers.h"
 
 namespace tierkv {
 namespace {
@@ -51,7 +52,7 @@ TEST_F(Seed002Timeline, Times1To7) {
   ComputedBlocks c0 = manager_.GetComputedBlocks(r0);
   EXPECT_TRUE(c0.blocks.empty());
   auto new0 = manager_.AllocateSlots(r0, 15, c0);
-  ASSERT_TRUE(new0.ok()) << new0.status().ToString();
+  ASSERT_THAT(new0, IsOk());
   EXPECT_THAT(*new0, ElementsAre(0, 1, 2, 3));
   ExpectKey(0, r0.block_keys()[0]);  // A-D
   ExpectKey(1, r0.block_keys()[1]);  // A-H
@@ -63,11 +64,11 @@ TEST_F(Seed002Timeline, Times1To7) {
   // A-P); the next token Q needs a new block: block 4.
   r0.AppendToken('P');
   ASSERT_TRUE(manager_.CanAppend(r0));
-  ASSERT_TRUE(manager_.MayAppend(r0).ok());
+  ASSERT_THAT(manager_.MayAppend(r0), IsOk());
   ExpectKey(3, r0.block_keys()[3]);  // A-P
   r0.AppendToken('Q');
   ASSERT_TRUE(manager_.CanAppend(r0));
-  ASSERT_TRUE(manager_.MayAppend(r0).ok());
+  ASSERT_THAT(manager_.MayAppend(r0), IsOk());
   EXPECT_THAT(manager_.blocks(0), ElementsAre(0, 1, 2, 3, 4));
   EXPECT_FALSE(Block(4).has_key);
   EXPECT_THAT(FreeQueue(), ElementsAre(5, 6, 7, 8, 9));
@@ -79,7 +80,7 @@ TEST_F(Seed002Timeline, Times1To7) {
   EXPECT_THAT(c1.blocks, ElementsAre(0, 1));
   EXPECT_EQ(c1.num_tokens, 8);
   auto new1 = manager_.AllocateSlots(r1, 14 - c1.num_tokens, c1);
-  ASSERT_TRUE(new1.ok()) << new1.status().ToString();
+  ASSERT_THAT(new1, IsOk());
   EXPECT_THAT(*new1, ElementsAre(5, 6));
   EXPECT_THAT(manager_.blocks(1), ElementsAre(0, 1, 5, 6));
   EXPECT_EQ(Block(0).ref_cnt, 2);
@@ -90,7 +91,7 @@ TEST_F(Seed002Timeline, Times1To7) {
 
   // Time 5: request 0 finishes. Blocks 4, 3, 2 are appended in reverse;
   // 0 and 1 stay with request 1. Blocks 2 and 3 keep their keys.
-  ASSERT_TRUE(manager_.Free(0).ok());
+  ASSERT_THAT(manager_.Free(0), IsOk());
   EXPECT_THAT(FreeQueue(), ElementsAre(7, 8, 9, 4, 3, 2));
   EXPECT_EQ(Block(0).ref_cnt, 1);
   EXPECT_EQ(Block(1).ref_cnt, 1);
@@ -98,7 +99,7 @@ TEST_F(Seed002Timeline, Times1To7) {
   ExpectKey(3, r0.block_keys()[3]);
 
   // Time 6: request 1 finishes.
-  ASSERT_TRUE(manager_.Free(1).ok());
+  ASSERT_THAT(manager_.Free(1), IsOk());
   EXPECT_THAT(FreeQueue(), ElementsAre(7, 8, 9, 4, 3, 2, 6, 5, 1, 0));
   EXPECT_EQ(manager_.pool().num_cached_blocks(), 5u);  // 0, 1, 2, 3, 5.
 
@@ -119,7 +120,7 @@ TEST_F(Seed002Timeline, Times1To7) {
 
   const uint64_t evictions_before = manager_.stats().evictions;
   auto new2 = manager_.AllocateSlots(r2, 29 - c2.num_tokens, c2);
-  ASSERT_TRUE(new2.ok()) << new2.status().ToString();
+  ASSERT_THAT(new2, IsOk());
   EXPECT_THAT(*new2, ElementsAre(7, 8, 9, 4, 3));
   EXPECT_THAT(manager_.blocks(2), ElementsAreArray({0, 1, 2, 7, 8, 9, 4, 3}));
   EXPECT_THAT(FreeQueue(), ElementsAre(6, 5));
@@ -133,13 +134,13 @@ TEST_F(Seed002Timeline, Times1To7) {
   }
   EXPECT_FALSE(Block(3).has_key);    // Now holds token 16 only.
   ExpectKey(5, r1.block_keys()[2]);  // Still cached, still hittable.
-  EXPECT_TRUE(manager_.pool().CheckInvariants().ok());
+  EXPECT_THAT(manager_.pool().CheckInvariants(), IsOk());
 }
 
 TEST_F(Seed002Timeline, FreedBlocksStayHittableUntilPopped) {
   Request r0(0, Tokens("ABCDEFGHIJKLMNO"), 4, hasher_);
-  ASSERT_TRUE(manager_.AllocateSlots(r0, 15).ok());
-  ASSERT_TRUE(manager_.Free(0).ok());
+  ASSERT_THAT(manager_.AllocateSlots(r0, 15), IsOk());
+  ASSERT_THAT(manager_.Free(0), IsOk());
   // A request with the same 12-token prefix still hits all three blocks.
   Request again(1, Tokens("ABCDEFGHIJKLxyz"), 4, hasher_);
   EXPECT_THAT(manager_.GetComputedBlocks(again).blocks, ElementsAre(0, 1, 2));
@@ -148,7 +149,7 @@ TEST_F(Seed002Timeline, FreedBlocksStayHittableUntilPopped) {
 TEST_F(Seed002Timeline, SameMiddleDifferentPrefixMisses) {
   // Seed §4.4.3: DCAB|EFGH cannot reuse ABCD|EFGH's second block.
   Request a(0, Tokens("ABCDEFGHx"), 4, hasher_);
-  ASSERT_TRUE(manager_.AllocateSlots(a, a.num_tokens()).ok());
+  ASSERT_THAT(manager_.AllocateSlots(a, a.num_tokens()), IsOk());
   Request b(1, Tokens("DCABEFGHx"), 4, hasher_);
   EXPECT_TRUE(manager_.GetComputedBlocks(b).blocks.empty());
 }

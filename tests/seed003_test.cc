@@ -9,6 +9,7 @@
 
 #include "src/kv_cache_manager.h"
 #include "tests/sequential_tokens.h"
+#include "tests/status_matchers.h"
 
 namespace tierkv {
 namespace {
@@ -45,7 +46,7 @@ TEST_F(Seed003, SharedPrefixBlockHasRefCountTwo) {
   Request seq2(2, Concat(greeting, SequentialTokens(6000, 50)), 256,
                hasher_);  // 小红
 
-  ASSERT_TRUE(m.AllocateSlots(seq1, seq1.num_tokens()).ok());
+  ASSERT_THAT(m.AllocateSlots(seq1, seq1.num_tokens()), IsOk());
   EXPECT_THAT(m.blocks(1), ElementsAre(0, 1));
 
   ComputedBlocks hit = m.GetComputedBlocks(seq2);
@@ -64,16 +65,16 @@ TEST_F(Seed003, DeallocateInReverseOnlyFreesUnsharedBlocks) {
   const std::vector<TokenId> greeting = SequentialTokens(100, 256);
   Request seq1(1, Concat(greeting, SequentialTokens(5000, 50)), 256, hasher_);
   Request seq2(2, Concat(greeting, SequentialTokens(6000, 50)), 256, hasher_);
-  ASSERT_TRUE(m.AllocateSlots(seq1, seq1.num_tokens()).ok());
+  ASSERT_THAT(m.AllocateSlots(seq1, seq1.num_tokens()), IsOk());
   ComputedBlocks hit = m.GetComputedBlocks(seq2);
   ASSERT_TRUE(
       m.AllocateSlots(seq2, seq2.num_tokens() - hit.num_tokens, hit).ok());
 
-  ASSERT_TRUE(m.Free(2).ok());
+  ASSERT_THAT(m.Free(2), IsOk());
   EXPECT_EQ(m.pool().block(0).ref_cnt, 1);  // Still held by seq1.
   EXPECT_THAT(m.pool().FreeQueueSnapshot(),
               ElementsAre(3, 4, 5, 6, 7, 8, 9, 2));
-  ASSERT_TRUE(m.Free(1).ok());
+  ASSERT_THAT(m.Free(1), IsOk());
   // Reversed: seq1's tail block 1 goes before its prefix block 0, so the
   // shared greeting is evicted last.
   EXPECT_THAT(m.pool().FreeQueueSnapshot(),
@@ -86,22 +87,22 @@ TEST_F(Seed003, MayAppendThreeCases) {
   KVCacheManager m = MakeManager(4, 4);
   Request seq(1, SequentialTokens(1, 4), 4,
               hasher_);  // Exactly one full block.
-  ASSERT_TRUE(m.AllocateSlots(seq, 4).ok());
+  ASSERT_THAT(m.AllocateSlots(seq, 4), IsOk());
   ASSERT_THAT(m.blocks(1), ElementsAre(0));
   ASSERT_TRUE(m.pool().block(0).has_key);
 
   // Case 1: len % block_size == 1 -> the last block is full; a new one.
   seq.AppendToken(5);
   EXPECT_TRUE(m.CanAppend(seq));
-  ASSERT_TRUE(m.MayAppend(seq).ok());
+  ASSERT_THAT(m.MayAppend(seq), IsOk());
   EXPECT_THAT(m.blocks(1), ElementsAre(0, 1));
   EXPECT_FALSE(m.pool().block(1).has_key);
 
   // Case 3: room left in the last block -> nothing changes.
   seq.AppendToken(6);
-  ASSERT_TRUE(m.MayAppend(seq).ok());
+  ASSERT_THAT(m.MayAppend(seq), IsOk());
   seq.AppendToken(7);
-  ASSERT_TRUE(m.MayAppend(seq).ok());
+  ASSERT_THAT(m.MayAppend(seq), IsOk());
   EXPECT_THAT(m.blocks(1), ElementsAre(0, 1));
   EXPECT_FALSE(m.pool().block(1).has_key);
   EXPECT_EQ(m.pool().num_free_blocks(), 2);
@@ -109,7 +110,7 @@ TEST_F(Seed003, MayAppendThreeCases) {
   // Case 2: len % block_size == 0 -> the last block is keyed, chained from
   // the previous block's key, exactly as a fresh request computes it.
   seq.AppendToken(8);
-  ASSERT_TRUE(m.MayAppend(seq).ok());
+  ASSERT_THAT(m.MayAppend(seq), IsOk());
   ASSERT_TRUE(m.pool().block(1).has_key);
   Request fresh(2, SequentialTokens(1, 8), 4, hasher_);
   EXPECT_EQ(m.pool().block(1).key, fresh.block_keys()[1]);
@@ -122,14 +123,14 @@ TEST_F(Seed003, MayAppendThreeCases) {
 TEST_F(Seed003, CannotAppendWithoutAFreeBlock) {
   KVCacheManager m = MakeManager(2, 4);
   Request seq(1, SequentialTokens(1, 8), 4, hasher_);
-  ASSERT_TRUE(m.AllocateSlots(seq, 8).ok());
+  ASSERT_THAT(m.AllocateSlots(seq, 8), IsOk());
   ASSERT_EQ(m.pool().num_free_blocks(), 0);
   seq.AppendToken(9);  // Needs a third block.
   EXPECT_FALSE(m.CanAppend(seq));
   Status s = m.MayAppend(seq);
   EXPECT_EQ(s.code(), StatusCode::kResourceExhausted) << s.ToString();
   EXPECT_THAT(m.blocks(1), ElementsAre(0, 1));  // Nothing changed.
-  EXPECT_TRUE(m.pool().CheckInvariants().ok());
+  EXPECT_THAT(m.pool().CheckInvariants(), IsOk());
 }
 
 // Seed §5.7.2 compares token ids on a hash hit. A key that collides (forged
@@ -137,7 +138,7 @@ TEST_F(Seed003, CannotAppendWithoutAFreeBlock) {
 TEST_F(Seed003, CollidingKeyIsAMissNeverWrongData) {
   KVCacheManager m = MakeManager(8, 4);
   Request a(1, SequentialTokens(1, 9), 4, hasher_);
-  ASSERT_TRUE(m.AllocateSlots(a, a.num_tokens()).ok());
+  ASSERT_THAT(m.AllocateSlots(a, a.num_tokens()), IsOk());
 
   Request b = Request::WithKeys(2, SequentialTokens(101, 9), 4, a.block_keys());
   ASSERT_EQ(b.block_keys(), a.block_keys());
@@ -160,7 +161,7 @@ TEST_F(Seed003, CollidingKeyIsAMissNeverWrongData) {
 TEST(Seed004StartingState, NullBlockReservedFreeQueueOneToN) {
   for (int32_t n : {100, 50}) {
     auto pool = BlockPool::Create({.num_blocks = n, .block_size = 16});
-    ASSERT_TRUE(pool.ok());
+    ASSERT_THAT(pool, IsOk());
     EXPECT_EQ(pool->null_block(), 0);
     std::vector<BlockId> expected(static_cast<size_t>(n - 1));
     std::iota(expected.begin(), expected.end(), 1);

@@ -16,6 +16,7 @@
 #include <string>
 #include <thread>
 
+#include "tests/status_matchers.h"
 #include "tiers/shm_segment.h"
 
 namespace tierkv::ipc {
@@ -40,7 +41,7 @@ class StatsPageTest : public ::testing::Test {
                                            .mode = 0660,
                                            .group = std::nullopt,
                                            .interval = {}});
-    EXPECT_TRUE(writer.ok()) << writer.status().ToString();
+    EXPECT_THAT(writer, IsOk());
     return std::move(writer).value();
   }
 
@@ -87,12 +88,12 @@ bool Whole(const CoordinatorStats& s) {
 TEST_F(StatsPageTest, ReadsWhatWasPublished) {
   StatsPageWriter writer = Create();
   auto reader = StatsPageReader::Open(name_);
-  ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+  ASSERT_THAT(reader, IsOk());
 
   const auto at = SystemClock::now() - std::chrono::milliseconds(250);
-  ASSERT_TRUE(writer.Publish(NumberedStats(7), at).ok());
+  ASSERT_THAT(writer.Publish(NumberedStats(7), at), IsOk());
   auto snapshot = reader->Read();
-  ASSERT_TRUE(snapshot.ok()) << snapshot.status().ToString();
+  ASSERT_THAT(snapshot, IsOk());
   EXPECT_TRUE(Whole(snapshot->stats));
   EXPECT_EQ(snapshot->stats.host.hit_blocks, 7u);
   ASSERT_EQ(snapshot->stats.workers.size(), 3u);
@@ -105,9 +106,9 @@ TEST_F(StatsPageTest, ReadsWhatWasPublished) {
                 at.time_since_epoch()));
 
   // The next snapshot replaces it whole, shorter worker list included.
-  ASSERT_TRUE(writer.Publish(NumberedStats(8), SystemClock::now()).ok());
+  ASSERT_THAT(writer.Publish(NumberedStats(8), SystemClock::now()), IsOk());
   snapshot = reader->Read();
-  ASSERT_TRUE(snapshot.ok());
+  ASSERT_THAT(snapshot, IsOk());
   EXPECT_EQ(snapshot->stats.host.hit_blocks, 8u);
   EXPECT_TRUE(snapshot->stats.workers.empty());
   EXPECT_EQ(writer.published(), 2u);
@@ -116,7 +117,7 @@ TEST_F(StatsPageTest, ReadsWhatWasPublished) {
 TEST_F(StatsPageTest, NothingPublishedYetIsUnavailable) {
   StatsPageWriter writer = Create();
   auto reader = StatsPageReader::Open(name_);
-  ASSERT_TRUE(reader.ok());
+  ASSERT_THAT(reader, IsOk());
   auto snapshot = reader->Read();
   EXPECT_EQ(snapshot.status().code(), StatusCode::kUnavailable);
   EXPECT_THAT(snapshot.status().message(), HasSubstr("not published"));
@@ -141,7 +142,7 @@ TEST_F(StatsPageTest, PageIsReadOnlyToEveryone) {
   // A reader's mapping is PROT_READ: a stray write faults in the reader,
   // it cannot change what tierkvd published.
   auto reader = ShmSegment::OpenReadOnly(name_);
-  ASSERT_TRUE(reader.ok());
+  ASSERT_THAT(reader, IsOk());
   const pid_t child = fork();
   ASSERT_GE(child, 0);
   if (child == 0) {
@@ -157,7 +158,7 @@ TEST_F(StatsPageTest, PageIsReadOnlyToEveryone) {
 
 TEST_F(StatsPageTest, SnapshotTooLargeKeepsThePreviousOne) {
   StatsPageWriter writer = Create(/*max_workers=*/1);
-  ASSERT_TRUE(writer.Publish(NumberedStats(5), SystemClock::now()).ok());
+  ASSERT_THAT(writer.Publish(NumberedStats(5), SystemClock::now()), IsOk());
   CoordinatorStats huge;
   for (uint32_t i = 0; i < 8; ++i) {
     huge.workers.push_back({.id = i,
@@ -170,9 +171,9 @@ TEST_F(StatsPageTest, SnapshotTooLargeKeepsThePreviousOne) {
   const Status s = writer.Publish(huge, SystemClock::now());
   EXPECT_EQ(s.code(), StatusCode::kResourceExhausted) << s.ToString();
   auto reader = StatsPageReader::Open(name_);
-  ASSERT_TRUE(reader.ok());
+  ASSERT_THAT(reader, IsOk());
   auto snapshot = reader->Read();
-  ASSERT_TRUE(snapshot.ok());
+  ASSERT_THAT(snapshot, IsOk());
   EXPECT_EQ(snapshot->stats.host.hit_blocks, 5u);
   EXPECT_TRUE(Whole(snapshot->stats));
 }
@@ -180,7 +181,7 @@ TEST_F(StatsPageTest, SnapshotTooLargeKeepsThePreviousOne) {
 TEST_F(StatsPageTest, SegmentThatIsNotAPageIsRefused) {
   auto other = ShmSegment::Create(
       {.name = name_, .bytes = 4096, .mode = 0600, .group = std::nullopt});
-  ASSERT_TRUE(other.ok());
+  ASSERT_THAT(other, IsOk());
   auto reader = StatsPageReader::Open(name_);
   EXPECT_EQ(reader.status().code(), StatusCode::kFailedPrecondition);
   EXPECT_THAT(reader.status().message(), HasSubstr("not a stats page"));
@@ -214,8 +215,8 @@ TEST_F(StatsPageTest, FreshOnlyWhileItsTierkvdLivesAndPublishes) {
 TEST_F(StatsPageTest, ReaderNeverSeesATornSnapshot) {
   StatsPageWriter writer = Create();
   auto reader = StatsPageReader::Open(name_);
-  ASSERT_TRUE(reader.ok());
-  ASSERT_TRUE(writer.Publish(NumberedStats(1), SystemClock::now()).ok());
+  ASSERT_THAT(reader, IsOk());
+  ASSERT_THAT(writer.Publish(NumberedStats(1), SystemClock::now()), IsOk());
 
   std::atomic<bool> done{false};
   std::thread publisher([&] {

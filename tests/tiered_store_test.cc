@@ -21,6 +21,7 @@
 #include "src/coordinator.h"
 #include "tests/block_pattern.h"
 #include "tests/scratch.h"
+#include "tests/status_matchers.h"
 #include "tests/test_layout.h"
 #include "tiers/disk_tier.h"
 #include "tiers/host_tier.h"
@@ -89,7 +90,7 @@ class TieredStoreTest : public ::testing::Test {
     host_ = HostTier::Create(host).value();
     auto storage = OpenRocksDbStorage(
         {.path = dir_ + "/disk", .write_buffer_bytes = 1 << 20});
-    ASSERT_TRUE(storage.ok()) << storage.status().ToString();
+    ASSERT_THAT(storage, IsOk());
     auto corrupting = std::make_unique<CorruptingStorage>(std::move(*storage));
     corrupting_ = corrupting.get();
     DiskTierOptions disk;
@@ -98,7 +99,7 @@ class TieredStoreTest : public ::testing::Test {
     disk.layout_fingerprint = layout.Fingerprint();
     disk.block_bytes = layout.BlockBytes();
     auto tier = DiskTier::Open(disk, std::move(corrupting));
-    ASSERT_TRUE(tier.ok()) << tier.status().ToString();
+    ASSERT_THAT(tier, IsOk());
     disk_ = std::move(*tier);
     slot_disk_ = std::make_unique<SlotDisk>(disk_.get(), host_.get());
     auto c = Coordinator::Create({.layout = layout,
@@ -107,7 +108,7 @@ class TieredStoreTest : public ::testing::Test {
                                   .spill_high = high,
                                   .spill_low = low,
                                   .lower_tier_wakeup = {}});
-    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    ASSERT_THAT(c, IsOk());
     coordinator_.emplace(std::move(*c));
     worker_ = coordinator_
                   ->RegisterWorker({.layout = layout,
@@ -124,7 +125,7 @@ class TieredStoreTest : public ::testing::Test {
   // results start in turn) to the end.
   void Settle() {
     for (int round = 0; round < 1000; ++round) {
-      ASSERT_TRUE(disk_->Flush().ok());
+      ASSERT_THAT(disk_->Flush(), IsOk());
       c().PumpLowerTier();
       const HostTierStats h = c().stats().host;
       if (h.spills_in_flight == 0 && h.promotions_in_flight == 0) return;
@@ -142,11 +143,11 @@ class TieredStoreTest : public ::testing::Test {
   void Store(const std::vector<TokenId>& tokens) {
     const RequestId id = next_request_++;
     const size_t blocks = tokens.size() / kBs;
-    ASSERT_TRUE(c().Lookup(worker_, id, tokens, 0, {}).ok());
-    ASSERT_TRUE(c().Allocate(worker_, id, DeviceBlocks(blocks), 0).ok());
+    ASSERT_THAT(c().Lookup(worker_, id, tokens, 0, {}), IsOk());
+    ASSERT_THAT(c().Allocate(worker_, id, DeviceBlocks(blocks), 0), IsOk());
     auto commit = c().Commit(worker_, id, static_cast<int32_t>(tokens.size()),
                              DeviceBlocks(blocks));
-    ASSERT_TRUE(commit.ok()) << commit.status().ToString();
+    ASSERT_THAT(commit, IsOk());
     std::vector<CompletedEvent> done;
     for (const TransferEvent& store : commit->stores) {
       for (size_t i = 0; i < store.host_blocks.size(); ++i) {
@@ -157,8 +158,8 @@ class TieredStoreTest : public ::testing::Test {
       }
       done.push_back({store.ref, true});
     }
-    ASSERT_TRUE(c().Complete(worker_, done).ok());
-    ASSERT_TRUE(c().Finish(worker_, id).ok());
+    ASSERT_THAT(c().Complete(worker_, done), IsOk());
+    ASSERT_THAT(c().Finish(worker_, id), IsOk());
   }
 
   // Looks `tokens` (plus one token) up, loads the whole hit and checks the
@@ -168,12 +169,12 @@ class TieredStoreTest : public ::testing::Test {
     const RequestId id = next_request_++;
     tokens.push_back(1);
     auto hit = c().Lookup(worker_, id, tokens, 0, {});
-    EXPECT_TRUE(hit.ok()) << hit.status().ToString();
+    EXPECT_THAT(hit, IsOk());
     out.hit_blocks = hit->hit_tokens / kBs;
     out.disk_hit_blocks = hit->disk_hit_tokens / kBs;
     auto alloc = c().Allocate(worker_, id, DeviceBlocks(tokens.size() / kBs),
                               hit->hit_tokens);
-    EXPECT_TRUE(alloc.ok()) << alloc.status().ToString();
+    EXPECT_THAT(alloc, IsOk());
     std::optional<TransferEvent> load = alloc->load;
     out.was_pending = alloc->load_pending;
     if (alloc->load_pending) {
@@ -195,15 +196,15 @@ class TieredStoreTest : public ::testing::Test {
         }
       }
       const CompletedEvent done[] = {{load->ref, true}};
-      EXPECT_TRUE(c().Complete(worker_, done).ok());
+      EXPECT_THAT(c().Complete(worker_, done), IsOk());
     }
-    EXPECT_TRUE(c().Finish(worker_, id).ok());
+    EXPECT_THAT(c().Finish(worker_, id), IsOk());
     return out;
   }
 
   // Values in RocksDB itself (not the disk tier's index), once flushed.
   size_t StoredValues() {
-    EXPECT_TRUE(disk_->Flush().ok());
+    EXPECT_THAT(disk_->Flush(), IsOk());
     size_t values = 0;
     EXPECT_TRUE(corrupting_
                     ->ForEach([&](std::string_view, std::string_view) {
@@ -240,7 +241,7 @@ TEST_F(TieredStoreTest, SpillsPastTheHighWatermarkDownToTheLowOne) {
   EXPECT_EQ(s.host.pinned_slots, 0);
   ASSERT_TRUE(s.disk.has_value());
   EXPECT_EQ(s.disk->keys, s.host.spills);
-  EXPECT_TRUE(c().host_pool().CheckInvariants().ok());
+  EXPECT_THAT(c().host_pool().CheckInvariants(), IsOk());
 
   // The oldest request went to disk first; it comes back through a
   // pending load, bit-exact, and is on host again afterwards.
@@ -307,7 +308,7 @@ TEST_F(TieredStoreTest, EvictAndClearRemoveBlocksFromDisk) {
   EXPECT_EQ(Load(RequestTokens(3, 5)).hit_blocks, 0);
   // The values are gone from RocksDB too, not just from the index.
   EXPECT_EQ(StoredValues(), 0u);
-  EXPECT_TRUE(c().host_pool().CheckInvariants().ok());
+  EXPECT_THAT(c().host_pool().CheckInvariants(), IsOk());
 }
 
 TEST_F(TieredStoreTest, TenTimesTheHostReadsBackBitExact) {
@@ -336,7 +337,7 @@ TEST_F(TieredStoreTest, TenTimesTheHostReadsBackBitExact) {
   // Promoted blocks had a disk copy: pressure dropped them, not re-spilled.
   EXPECT_GT(s.host.spill_drops, 0u);
   EXPECT_LE(s.disk->puts, uint64_t{kRequests * kBlocks});  // Once each.
-  EXPECT_TRUE(c().host_pool().CheckInvariants().ok());
+  EXPECT_THAT(c().host_pool().CheckInvariants(), IsOk());
 }
 
 // An engine aborts a request whose load waits for promotions: Finish
@@ -354,14 +355,14 @@ TEST_F(TieredStoreTest, PendingLoadIsCancelledByFinish) {
     std::vector<TokenId> tokens = RequestTokens(ready_first ? 1 : 0, 2);
     tokens.push_back(1);
     auto hit = c().Lookup(worker_, id, tokens, 0, {});
-    ASSERT_TRUE(hit.ok()) << hit.status().ToString();
+    ASSERT_THAT(hit, IsOk());
     ASSERT_EQ(hit->disk_hit_tokens, 2 * kBs) << "spilled to disk first";
     auto alloc = c().Allocate(worker_, id, DeviceBlocks(3), hit->hit_tokens);
-    ASSERT_TRUE(alloc.ok()) << alloc.status().ToString();
+    ASSERT_THAT(alloc, IsOk());
     ASSERT_TRUE(alloc->load_pending);
     EXPECT_EQ(c().stats().host.events_in_flight, 1u);
     if (ready_first) Settle();  // READY, not taken yet.
-    ASSERT_TRUE(c().Finish(worker_, id).ok());
+    ASSERT_THAT(c().Finish(worker_, id), IsOk());
     Settle();
     EXPECT_TRUE(c().TakeReadyLoads(worker_).value().empty());
     const CoordinatorStats s = c().stats();
@@ -375,7 +376,7 @@ TEST_F(TieredStoreTest, PendingLoadIsCancelledByFinish) {
     EXPECT_EQ(again.wrong_blocks, 0);
   }
   EXPECT_EQ(c().stats().host.loads_cancelled, 2u);
-  EXPECT_TRUE(c().host_pool().CheckInvariants().ok());
+  EXPECT_THAT(c().host_pool().CheckInvariants(), IsOk());
 }
 
 TEST_F(TieredStoreTest, CorruptedValueIsDroppedCountedAndRecomputed) {
@@ -405,7 +406,7 @@ TEST_F(TieredStoreTest, CorruptedValueIsDroppedCountedAndRecomputed) {
   LoadOutcome after = Load(victim);
   EXPECT_EQ(after.hit_blocks, 2);
   EXPECT_EQ(after.wrong_blocks, 0);
-  EXPECT_TRUE(c().host_pool().CheckInvariants().ok());
+  EXPECT_THAT(c().host_pool().CheckInvariants(), IsOk());
 }
 
 TEST_F(TieredStoreTest, DiskBoundEvictsLeastRecentlyUsedBlocks) {
@@ -457,7 +458,7 @@ class MidSpillTest : public TieredStoreTest {
     EXPECT_EQ(Load(tokens).hit_blocks, 0);
     // The values are gone from RocksDB too, not just from the index.
     EXPECT_EQ(StoredValues(), 0u);
-    EXPECT_TRUE(c().host_pool().CheckInvariants().ok());
+    EXPECT_THAT(c().host_pool().CheckInvariants(), IsOk());
   }
 };
 
@@ -489,21 +490,21 @@ TEST_F(TieredStoreTest, WorkerDroppedMidPromotionLeaksNoPin) {
   std::vector<TokenId> lookup = tokens;
   lookup.push_back(1);
   auto hit = c().Lookup(worker_, 99, lookup, 0, {});
-  ASSERT_TRUE(hit.ok());
+  ASSERT_THAT(hit, IsOk());
   ASSERT_GT(hit->disk_hit_tokens, 0);
   auto alloc = c().Allocate(worker_, 99, DeviceBlocks(5), hit->hit_tokens);
-  ASSERT_TRUE(alloc.ok());
+  ASSERT_THAT(alloc, IsOk());
   ASSERT_TRUE(alloc->load_pending);
   // Completing a load that is still promoting is refused.
   const CompletedEvent early[] = {{alloc->load->ref, true}};
   EXPECT_EQ(c().Complete(worker_, early).code(),
             StatusCode::kFailedPrecondition);
-  ASSERT_TRUE(c().DropWorker(worker_).ok());
+  ASSERT_THAT(c().DropWorker(worker_), IsOk());
   Settle();
   const CoordinatorStats s = c().stats();
   EXPECT_EQ(s.host.pinned_slots, 0);
   EXPECT_EQ(s.host.events_in_flight, 0u);
-  EXPECT_TRUE(c().host_pool().CheckInvariants().ok());
+  EXPECT_THAT(c().host_pool().CheckInvariants(), IsOk());
   // What was promoted is on host for the next worker.
   worker_ = c().RegisterWorker({.layout = TestLayout(),
                                 .num_device_blocks = 64,
@@ -525,7 +526,7 @@ TEST_F(TieredStoreTest, EmbeddedClientSpillsAndPromotes) {
   options.embedded_host_bytes = 9 * TestLayout().BlockBytes();  // 8 slots.
   options.embedded_disk_path = dir_ + "/embedded";
   auto opened = Client::Open(options);
-  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+  ASSERT_THAT(opened, IsOk());
   Client& client = **opened;
   auto* device = dynamic_cast<EmulatedDeviceTier*>(&client.device());
   ASSERT_NE(device, nullptr);
@@ -536,7 +537,7 @@ TEST_F(TieredStoreTest, EmbeddedClientSpillsAndPromotes) {
           client.WaitEvents(std::chrono::milliseconds(100));
       if (!done.empty()) {
         EXPECT_EQ(done.size(), 1u);
-        EXPECT_TRUE(client.Complete(done).ok());
+        EXPECT_THAT(client.Complete(done), IsOk());
         return done[0];
       }
     }
@@ -547,13 +548,13 @@ TEST_F(TieredStoreTest, EmbeddedClientSpillsAndPromotes) {
   RequestId id = 1;
   for (int r = 0; r < kRequests; ++r, ++id) {
     const std::vector<TokenId> tokens = RequestTokens(r, 1);
-    ASSERT_TRUE(client.Lookup(id, tokens).ok());
-    ASSERT_TRUE(client.Allocate(id, blocks, 0).ok());
+    ASSERT_THAT(client.Lookup(id, tokens), IsOk());
+    ASSERT_THAT(client.Allocate(id, blocks, 0), IsOk());
     FillBlock(tokens[0], device->block(1));
     auto commit = client.Commit(id, kBs, blocks);
-    ASSERT_TRUE(commit.ok()) << commit.status().ToString();
+    ASSERT_THAT(commit, IsOk());
     if (!commit->stores.empty()) wait_one();
-    ASSERT_TRUE(client.Finish(id).ok());
+    ASSERT_THAT(client.Finish(id), IsOk());
     // Requests this fast outrun the disk: let the spills finish (each
     // Stats call applies what the disk has done), as a gap between
     // requests would. Without it, blocks not yet spilled are evicted.
@@ -568,14 +569,14 @@ TEST_F(TieredStoreTest, EmbeddedClientSpillsAndPromotes) {
     std::vector<TokenId> tokens = RequestTokens(r, 1);
     tokens.push_back(1);
     auto hit = client.Lookup(id, tokens);
-    ASSERT_TRUE(hit.ok());
+    ASSERT_THAT(hit, IsOk());
     auto alloc = client.Allocate(id, blocks, hit->hit_tokens);
-    ASSERT_TRUE(alloc.ok());
+    ASSERT_THAT(alloc, IsOk());
     if (alloc->load.has_value()) {
       pending += alloc->load_pending ? 1 : 0;
       EXPECT_EQ(client.loads_pending(), alloc->load_pending ? 1u : 0u);
       FinishedTransfer done = wait_one();
-      EXPECT_TRUE(done.status.ok());
+      EXPECT_THAT(done.status, IsOk());
       if (done.event.device_blocks.size() == 1) {
         FillBlock(tokens[0], expected);
         EXPECT_EQ(std::memcmp(device->block(1).data(), expected.data(),
@@ -585,7 +586,7 @@ TEST_F(TieredStoreTest, EmbeddedClientSpillsAndPromotes) {
         ++loaded;
       }
     }
-    ASSERT_TRUE(client.Finish(id).ok());
+    ASSERT_THAT(client.Finish(id), IsOk());
   }
   const CoordinatorStats s = client.Stats().value();
   // Every block loads bit-exact, or was evicted from host and counted. (With

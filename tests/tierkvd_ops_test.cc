@@ -28,6 +28,7 @@
 #include "ipc/client.h"
 #include "tests/child_process.h"
 #include "tests/scratch.h"
+#include "tests/status_matchers.h"
 #include "tests/test_layout.h"
 #include "tools/daemon/daemon.h"
 #include "tools/daemon/daemon_log.h"
@@ -202,7 +203,7 @@ class TierkvdOpsTest : public ::testing::Test {
   static std::unique_ptr<ChildProcess> SpawnArgv(
       std::vector<std::string> argv) {
     auto child = ChildProcess::Spawn(std::move(argv));
-    EXPECT_TRUE(child.ok()) << child.status().ToString();
+    EXPECT_THAT(child, IsOk());
     return std::move(child).value();
   }
   std::vector<std::string> Flags(std::vector<std::string> extra = {}) const {
@@ -231,7 +232,7 @@ class TierkvdOpsTest : public ::testing::Test {
     options.num_device_blocks = 16;
     options.name = "ops";
     auto client = Client::Open(options);
-    EXPECT_TRUE(client.ok()) << client.status().ToString();
+    EXPECT_THAT(client, IsOk());
     return client.ok() ? std::move(*client) : nullptr;
   }
 
@@ -311,7 +312,7 @@ TEST_F(TierkvdOpsTest, SighupRereadsTheLogLevelFromTheConfig) {
   auto admin_stats = [&] {
     auto admin =
         ChildProcess::Spawn({TIERKV_ADMIN_PATH, "stats", "--socket", socket_});
-    EXPECT_TRUE(admin.ok()) << admin.status().ToString();
+    EXPECT_THAT(admin, IsOk());
     if (!admin.ok()) return -1;
     const int code = (*admin)->Wait();
     EXPECT_THAT((*admin)->output(), HasSubstr("workers: 0"));

@@ -27,6 +27,7 @@
 #include "tests/child_process.h"
 #include "tests/scratch.h"
 #include "tests/seed004_scenario.h"
+#include "tests/status_matchers.h"
 #include "tests/test_layout.h"
 #include "tests/tierkvd_fixture.h"
 #include "tiers/shm_segment.h"
@@ -107,13 +108,13 @@ TEST_F(TierkvdTest, MalformedMessagesGetErrorsAndOthersAreServed) {
   // The bad worker's own channel, written by hand.
   auto channel = ipc::ControlChannel::Open("/tierkv." + store_ + ".w" +
                                            std::to_string(bad->worker_id()));
-  ASSERT_TRUE(channel.ok()) << channel.status().ToString();
+  ASSERT_THAT(channel, IsOk());
   auto alive = [] { return true; };
   auto call = [&](std::vector<std::byte> frame) {
     std::vector<std::byte> response;
-    EXPECT_TRUE(channel->Call(frame, &response, alive).ok());
+    EXPECT_THAT(channel->Call(frame, &response, alive), IsOk());
     auto reply = ipc::Decode(response);
-    EXPECT_TRUE(reply.ok());
+    EXPECT_THAT(reply, IsOk());
     return reply.ok() ? ipc::StatusOf(*reply) : reply.status();
   };
   std::vector<TokenId> tokens = SequentialTokens(1, 40);
@@ -138,8 +139,8 @@ TEST_F(TierkvdTest, MalformedMessagesGetErrorsAndOthersAreServed) {
           .code(),
       StatusCode::kOutOfRange);
   // Another worker's event id: the good worker has a store in flight.
-  ASSERT_TRUE(good->Lookup(5, tokens).ok());
-  ASSERT_TRUE(good->Allocate(5, {{1, 2, 3}}, 0).ok());
+  ASSERT_THAT(good->Lookup(5, tokens), IsOk());
+  ASSERT_THAT(good->Allocate(5, {{1, 2, 3}}, 0), IsOk());
   CommitResult commit = good->Commit(5, 40, {{1, 2, 3}}).value();
   ASSERT_EQ(commit.stores.size(), 1u);
   EXPECT_EQ(
@@ -153,7 +154,7 @@ TEST_F(TierkvdTest, MalformedMessagesGetErrorsAndOthersAreServed) {
   // The good worker is served throughout, and the daemon still runs.
   std::vector<FinishedTransfer> done;
   while (done.empty()) done = good->WaitEvents(std::chrono::seconds(10));
-  ASSERT_TRUE(good->Complete(done).ok());
+  ASSERT_THAT(good->Complete(done), IsOk());
   tokens.push_back(3);
   EXPECT_EQ(good->Lookup(6, tokens).value().hit_tokens, 32);
   EXPECT_EQ(good->Stats().value().workers.size(), 2u);
@@ -168,7 +169,7 @@ TEST_F(TierkvdTest, HostileChannelHeaderCannotHurtTheDaemon) {
   const std::string name =
       "/tierkv." + store_ + ".w" + std::to_string(bad->worker_id());
   auto raw = ShmSegment::Open(name);
-  ASSERT_TRUE(raw.ok()) << raw.status().ToString();
+  ASSERT_THAT(raw, IsOk());
   // The channel header as ipc/channel.cc lays it out: capacity at byte 12,
   // request_seq and request_len at 64 and 68, response_seq at 128.
   auto word = [&](size_t offset) {
@@ -653,7 +654,7 @@ TEST_F(TierkvdTest, KilledMidSpillRestartsWithEverySpilledBlockIntact) {
   const auto deadline = Clock::now() + std::chrono::seconds(60);
   while (Clock::now() < deadline) {
     StatusOr<CoordinatorStats> s = observer->Stats();
-    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    ASSERT_THAT(s, IsOk());
     if (s->host.spills >= 200) {
       spilled = s->host.spills;  // Every one of these had completed.
       break;
