@@ -130,8 +130,9 @@ struct Client::Impl {
   // Loads waiting for promotions, by load id, as Allocate returned them:
   // their device blocks are pinned.
   std::map<uint64_t, TransferEvent> pending_loads;
-  // Finished transfers not handed out yet: loads lost with tierkvd, and
-  // copies that finished while Reconnect waited for them.
+  // Finished transfers not handed out yet: loads lost with tierkvd, loads
+  // whose copy could not start, and copies that finished while a lost
+  // attachment waited for them.
   std::vector<FinishedTransfer> finished;
 
   ~Impl() {
