@@ -208,12 +208,15 @@ TEST_F(ChunkTierTest, DeadTierkvdIsCountedThenReattached) {
   const std::string store = "ct" + std::to_string(getpid());
   const std::string socket = dir_.path() + "/tierkvd.sock";
   const KvLayout layout = model_.config().CacheLayout(kBs, DType::kF32);
-  auto daemon =
-      ChildProcess::Spawn({TIERKVD_PATH, "--store", store, "--socket", socket,
-                           "--layers", std::to_string(layout.num_layers),
-                           "--kv-heads", std::to_string(layout.num_kv_heads),
-                           "--head-dim", std::to_string(layout.head_dim),
-                           "--dtype", "f32", "--host-capacity", "1M"});
+  const auto start_tierkvd = [&] {
+    return ChildProcess::Spawn({TIERKVD_PATH, "--store", store, "--socket",
+                                socket, "--layers",
+                                std::to_string(layout.num_layers), "--kv-heads",
+                                std::to_string(layout.num_kv_heads),
+                                "--head-dim", std::to_string(layout.head_dim),
+                                "--dtype", "f32", "--host-capacity", "1M"});
+  };
+  auto daemon = start_tierkvd();
   ASSERT_THAT(daemon, IsOk());
   ASSERT_TRUE((*daemon)->WaitForOutput("serving store")) << (*daemon)->output();
   Open(/*pool_blocks=*/5, /*host_slots=*/0, /*disk=*/false, socket);
@@ -243,12 +246,7 @@ TEST_F(ChunkTierTest, DeadTierkvdIsCountedThenReattached) {
 
   // tierkvd comes back: the next publish re-attaches, and what it publishes
   // is fetched again once the pool has dropped it.
-  auto again =
-      ChildProcess::Spawn({TIERKVD_PATH, "--store", store, "--socket", socket,
-                           "--layers", std::to_string(layout.num_layers),
-                           "--kv-heads", std::to_string(layout.num_kv_heads),
-                           "--head-dim", std::to_string(layout.head_dim),
-                           "--dtype", "f32", "--host-capacity", "1M"});
+  auto again = start_tierkvd();
   ASSERT_THAT(again, IsOk());
   ASSERT_TRUE((*again)->WaitForOutput("serving store")) << (*again)->output();
   const auto d = Tokens(4, 20);
