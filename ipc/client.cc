@@ -6,6 +6,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <map>
@@ -322,10 +323,25 @@ struct Client::Impl {
         continue;
       }
       // A load cut short copies fewer blocks: unpin the ones it dropped.
-      const std::vector<BlockId>& pinned = it->second.device_blocks;
-      Unpin(std::span(pinned).subspan(
-          std::min(load.device_blocks.size(), pinned.size())));
+      // Any other change of destination would write into blocks this load
+      // does not pin: refused.
+      const std::vector<BlockId> pinned = std::move(it->second.device_blocks);
       pending_loads.erase(it);
+      const bool prefix = load.device_blocks.size() <= pinned.size() &&
+                          std::equal(load.device_blocks.begin(),
+                                     load.device_blocks.end(), pinned.begin());
+      if (!prefix) {
+        TransferEvent refused = load;
+        refused.device_blocks = pinned;
+        finished.push_back(
+            {.event = std::move(refused),
+             .status = Status::DataLoss(
+                 "tierkvd readied a load into device blocks it was not "
+                 "allocated"),
+             .session = session});
+        continue;
+      }
+      Unpin(std::span(pinned).subspan(load.device_blocks.size()));
       if (Status s = Submit(load); !s.ok()) {
         // The copy never ran: the engine gets it back failed, and its
         // Complete tells tierkvd.
