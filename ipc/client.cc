@@ -137,12 +137,8 @@ struct Client::Impl {
   std::vector<FinishedTransfer> finished;
 
   ~Impl() {
-    if (device != nullptr) {
-      while (device->in_flight() > 0) {
-        device->WaitCompleted(std::chrono::milliseconds(100));
-      }
-    }
-    for (const auto& [tag, copy] : in_flight) Unpin(copy.event.device_blocks);
+    // Every copy ends in `finished`, whose blocks are unpinned below.
+    if (device != nullptr) WaitForCopies();
     for (const auto& [id, load] : pending_loads) Unpin(load.device_blocks);
     for (const FinishedTransfer& f : finished) Unpin(f.event.device_blocks);
     if (socket_fd >= 0) close(socket_fd);

@@ -86,7 +86,7 @@ void ExpectedBlock(std::span<const TokenId> tokens, int32_t b,
 
 struct Counts {
   int64_t lookups = 0, lookup_hit_blocks = 0, lookup_miss_blocks = 0,
-          loaded_blocks = 0, stored_blocks = 0, device_hit_blocks = 0;
+          loaded_blocks = 0, stored_blocks = 0;
 };
 
 class EngineWorker {
