@@ -1,0 +1,123 @@
+// The encoding of tierkv-admin's orders (ipc/protocol.h): the events in
+// flight, clear and evict.
+#include "ipc/wire.h"
+
+namespace tierkv::ipc::wire {
+
+void PutPayload(Writer&, const EventsRequest&) {}
+void PutPayload(Writer& w, const EventsReply& m) {
+  w.Int<uint64_t>(m.in_flight);
+  w.Int<uint32_t>(static_cast<uint32_t>(m.events.size()));
+  for (const EventInfo& e : m.events) {
+    w.Int<uint32_t>(e.worker);
+    w.String(e.worker_name);
+    w.Int<uint8_t>(static_cast<uint8_t>(e.ref.kind));
+    w.Int<uint64_t>(e.ref.id);
+    w.Int<uint64_t>(e.request);
+    w.Int<uint32_t>(e.blocks);
+    w.Int<uint8_t>(static_cast<uint8_t>(e.state));
+    w.Int<uint64_t>(e.age_us);
+  }
+}
+void GetPayload(Reader&, EventsRequest*) {}
+void GetPayload(Reader& r, EventsReply* m) {
+  m->in_flight = r.Int<uint64_t>();
+  const uint32_t n = r.Count(kMaxEventsListed, "listed event");
+  if (n > m->in_flight) r.Fail("more events listed than in flight");
+  for (uint32_t i = 0; i < n && r.ok(); ++i) {
+    EventInfo e;
+    e.worker = r.Int<uint32_t>();
+    e.worker_name = r.String();
+    e.ref.kind = GetKind(r);
+    e.ref.id = r.Int<uint64_t>();
+    e.request = r.Int<uint64_t>();
+    e.blocks = r.Int<uint32_t>();
+    if (e.blocks > kMaxBlocks) {
+      r.Fail("event of " + std::to_string(e.blocks) + " blocks");
+    }
+    const auto state = r.Int<uint8_t>();
+    if (state < static_cast<uint8_t>(EventState::kPromoting) ||
+        state > static_cast<uint8_t>(EventState::kCopying)) {
+      r.Fail("unknown event state " + std::to_string(state));
+    }
+    e.state = static_cast<EventState>(state);
+    e.age_us = r.Int<uint64_t>();
+    m->events.push_back(std::move(e));
+  }
+}
+
+void PutPayload(Writer& w, const ClearRequest& m) {
+  w.Int<uint8_t>(static_cast<uint8_t>(m.tiers));
+}
+void PutPayload(Writer& w, const ClearReply& m) {
+  w.Int<uint64_t>(m.result.host_dropped);
+  w.Int<uint64_t>(m.result.host_kept_pinned);
+  w.Int<uint64_t>(m.result.disk_dropped);
+  w.Bool(m.result.disk_cleared);
+}
+void GetPayload(Reader& r, ClearRequest* m) {
+  const auto tiers = r.Int<uint8_t>();
+  if (tiers < static_cast<uint8_t>(TierSelection::kHost) ||
+      tiers > static_cast<uint8_t>(TierSelection::kAll)) {
+    r.Fail("unknown tier selection " + std::to_string(tiers));
+  }
+  m->tiers = static_cast<TierSelection>(tiers);
+}
+void GetPayload(Reader& r, ClearReply* m) {
+  m->result.host_dropped = r.Int<uint64_t>();
+  m->result.host_kept_pinned = r.Int<uint64_t>();
+  m->result.disk_dropped = r.Int<uint64_t>();
+  m->result.disk_cleared = r.Bool();
+}
+
+namespace {
+
+void Put(Writer& w, const BlockKey& key) {
+  w.Int<uint64_t>(key.lo);
+  w.Int<uint64_t>(key.hi);
+}
+BlockKey GetKey(Reader& r) {
+  BlockKey key;
+  key.lo = r.Int<uint64_t>();
+  key.hi = r.Int<uint64_t>();
+  return key;
+}
+
+}  // namespace
+
+void PutPayload(Writer& w, const EvictRequest& m) {
+  w.Int<uint32_t>(static_cast<uint32_t>(m.keys.size()));
+  for (const BlockKey& key : m.keys) Put(w, key);
+}
+// Flags of one EvictedBlock.
+constexpr uint8_t kHostDropped = 1, kHostPinned = 2, kDiskDropped = 4;
+void PutPayload(Writer& w, const EvictReply& m) {
+  w.Int<uint32_t>(static_cast<uint32_t>(m.blocks.size()));
+  for (const EvictedBlock& b : m.blocks) {
+    Put(w, b.key);
+    w.Int<uint8_t>((b.host_dropped ? kHostDropped : 0) |
+                   (b.host_pinned ? kHostPinned : 0) |
+                   (b.disk_dropped ? kDiskDropped : 0));
+  }
+}
+void GetPayload(Reader& r, EvictRequest* m) {
+  const uint32_t n = r.Count(kMaxBlocks, "key");
+  for (uint32_t i = 0; i < n && r.ok(); ++i) m->keys.push_back(GetKey(r));
+}
+void GetPayload(Reader& r, EvictReply* m) {
+  const uint32_t n = r.Count(kMaxBlocks, "evicted block");
+  for (uint32_t i = 0; i < n && r.ok(); ++i) {
+    EvictedBlock b{.key = GetKey(r)};
+    const auto flags = r.Int<uint8_t>();
+    if ((flags & ~(kHostDropped | kHostPinned | kDiskDropped)) != 0 ||
+        ((flags & kHostDropped) != 0 && (flags & kHostPinned) != 0)) {
+      r.Fail("bad evicted block flags " + std::to_string(flags));
+    }
+    b.host_dropped = (flags & kHostDropped) != 0;
+    b.host_pinned = (flags & kHostPinned) != 0;
+    b.disk_dropped = (flags & kDiskDropped) != 0;
+    m->blocks.push_back(b);
+  }
+}
+
+}  // namespace tierkv::ipc::wire

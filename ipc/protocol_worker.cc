@@ -1,0 +1,185 @@
+// The encoding of a worker's messages (ipc/protocol.h): registration,
+// lookups, allocate, commit, complete, finish and ready loads.
+#include "ipc/wire.h"
+
+namespace tierkv::ipc::wire {
+
+void PutPayload(Writer& w, const RegisterRequest& m) {
+  const WorkerRegistration& reg = m.registration;
+  Put(w, reg.layout);
+  w.String(reg.model);
+  w.Int<int32_t>(reg.num_device_blocks);
+  w.String(reg.tenant);
+  w.Int<int32_t>(reg.pid);
+  w.String(reg.name);
+}
+void PutPayload(Writer& w, const RegisterReply& m) {
+  w.Int<uint32_t>(m.worker_id);
+  w.String(m.host_segment);
+  w.Int<int32_t>(m.host_slots);
+  w.Int<uint64_t>(m.slot_bytes);
+  w.String(m.control_segment);
+  w.String(m.store_fingerprint);
+}
+void PutPayload(Writer& w, const LookupRequest& m) {
+  w.Int<uint64_t>(m.request);
+  w.Int<int32_t>(m.num_computed_tokens);
+  w.Ints(m.tokens);
+  w.Bool(m.extras.lora_id.has_value());
+  w.Int<uint64_t>(m.extras.lora_id.value_or(0));
+  w.Int<uint32_t>(static_cast<uint32_t>(m.extras.mm_items.size()));
+  for (const MultiModalItem& item : m.extras.mm_items) {
+    w.Int<uint64_t>(item.hash.lo);
+    w.Int<uint64_t>(item.hash.hi);
+    w.Int<int64_t>(item.start);
+    w.Int<int64_t>(item.length);
+  }
+  w.String(m.extras.cache_salt);
+}
+void PutPayload(Writer& w, const LookupChunkRequest& m) {
+  w.Int<uint64_t>(m.request);
+  w.Ints(m.tokens);
+}
+void PutPayload(Writer& w, const LookupReply& m) {
+  w.Int<int32_t>(m.result.hit_tokens);
+  w.Int<int32_t>(m.result.disk_hit_tokens);
+}
+void PutPayload(Writer& w, const AllocateRequest& m) {
+  w.Int<uint64_t>(m.request);
+  w.Int<int32_t>(m.num_external_tokens);
+  w.Ints(m.device_blocks);
+}
+void PutPayload(Writer& w, const AllocateReply& m) {
+  w.Bool(m.result.load.has_value());
+  if (m.result.load.has_value()) Put(w, *m.result.load);
+  w.Bool(m.result.load_pending);
+  Put(w, m.result.store_status);
+}
+void PutPayload(Writer& w, const CommitRequest& m) {
+  w.Int<uint64_t>(m.request);
+  w.Int<int32_t>(m.num_computed_tokens);
+  w.Ints(m.device_blocks);
+}
+void PutPayload(Writer& w, const CommitReply& m) {
+  w.Int<uint32_t>(static_cast<uint32_t>(m.result.stores.size()));
+  for (const TransferEvent& e : m.result.stores) Put(w, e);
+  w.Int<int32_t>(m.result.skipped_blocks);
+}
+void PutPayload(Writer& w, const CompleteRequest& m) {
+  w.Int<uint32_t>(static_cast<uint32_t>(m.events.size()));
+  for (const CompletedEvent& e : m.events) {
+    w.Int<uint8_t>(static_cast<uint8_t>(e.ref.kind));
+    w.Int<uint64_t>(e.ref.id);
+    w.Bool(e.ok);
+  }
+}
+void PutPayload(Writer& w, const FinishRequest& m) {
+  w.Int<uint64_t>(m.request);
+}
+void GetPayload(Reader& r, RegisterRequest* m) {
+  WorkerRegistration& reg = m->registration;
+  Get(r, &reg.layout);
+  reg.model = r.String();
+  reg.num_device_blocks = r.Int<int32_t>();
+  reg.tenant = r.String();
+  reg.pid = r.Int<int32_t>();
+  reg.name = r.String();
+}
+void GetPayload(Reader& r, RegisterReply* m) {
+  m->worker_id = r.Int<uint32_t>();
+  m->host_segment = r.String();
+  m->host_slots = r.Int<int32_t>();
+  m->slot_bytes = r.Int<uint64_t>();
+  m->control_segment = r.String();
+  m->store_fingerprint = r.String();
+}
+void GetPayload(Reader& r, LookupRequest* m) {
+  m->request = r.Int<uint64_t>();
+  m->num_computed_tokens = r.Int<int32_t>();
+  m->tokens = r.Ints<TokenId>(kMaxTokens, "token");
+  const bool has_lora = r.Bool();
+  const auto lora = r.Int<uint64_t>();
+  if (has_lora) m->extras.lora_id = lora;
+  const uint32_t items = r.Count(kMaxTokens, "multimodal item");
+  for (uint32_t i = 0; i < items && r.ok(); ++i) {
+    MultiModalItem item;
+    item.hash.lo = r.Int<uint64_t>();
+    item.hash.hi = r.Int<uint64_t>();
+    item.start = r.Int<int64_t>();
+    item.length = r.Int<int64_t>();
+    m->extras.mm_items.push_back(item);
+  }
+  m->extras.cache_salt = r.String();
+}
+void GetPayload(Reader& r, LookupChunkRequest* m) {
+  m->request = r.Int<uint64_t>();
+  m->tokens = r.Ints<TokenId>(kMaxTokens, "token");
+}
+void GetPayload(Reader& r, LookupReply* m) {
+  m->result.hit_tokens = r.Int<int32_t>();
+  m->result.disk_hit_tokens = r.Int<int32_t>();
+  if (m->result.disk_hit_tokens < 0 ||
+      m->result.disk_hit_tokens > m->result.hit_tokens) {
+    r.Fail("disk hit tokens outside the hit");
+  }
+}
+void GetPayload(Reader& r, AllocateRequest* m) {
+  m->request = r.Int<uint64_t>();
+  m->num_external_tokens = r.Int<int32_t>();
+  m->device_blocks = r.Ints<BlockId>(kMaxBlocks, "device block");
+}
+void GetPayload(Reader& r, AllocateReply* m) {
+  if (r.Bool()) {
+    TransferEvent e;
+    Get(r, &e);
+    m->result.load = std::move(e);
+  }
+  m->result.load_pending = r.Bool();
+  if (m->result.load_pending && !m->result.load.has_value()) {
+    r.Fail("pending load without a load");
+  }
+  m->result.store_status = GetStatus(r);
+}
+void GetPayload(Reader& r, CommitRequest* m) {
+  m->request = r.Int<uint64_t>();
+  m->num_computed_tokens = r.Int<int32_t>();
+  m->device_blocks = r.Ints<BlockId>(kMaxBlocks, "device block");
+}
+void GetPayload(Reader& r, CommitReply* m) {
+  const uint32_t n = r.Count(kMaxEvents, "event");
+  for (uint32_t i = 0; i < n && r.ok(); ++i) {
+    TransferEvent e;
+    Get(r, &e);
+    m->result.stores.push_back(std::move(e));
+  }
+  m->result.skipped_blocks = r.Int<int32_t>();
+}
+void GetPayload(Reader& r, CompleteRequest* m) {
+  const uint32_t n = r.Count(kMaxEvents, "event");
+  for (uint32_t i = 0; i < n && r.ok(); ++i) {
+    CompletedEvent e;
+    e.ref.kind = GetKind(r);
+    e.ref.id = r.Int<uint64_t>();
+    e.ok = r.Bool();
+    m->events.push_back(e);
+  }
+}
+void GetPayload(Reader& r, FinishRequest* m) { m->request = r.Int<uint64_t>(); }
+
+void PutPayload(Writer&, const ReadyLoadsRequest&) {}
+void PutPayload(Writer& w, const ReadyLoadsReply& m) {
+  w.Int<uint32_t>(static_cast<uint32_t>(m.loads.size()));
+  for (const TransferEvent& e : m.loads) Put(w, e);
+}
+void GetPayload(Reader&, ReadyLoadsRequest*) {}
+void GetPayload(Reader& r, ReadyLoadsReply* m) {
+  const uint32_t n = r.Count(kMaxEvents, "event");
+  for (uint32_t i = 0; i < n && r.ok(); ++i) {
+    TransferEvent e;
+    Get(r, &e);
+    if (e.ref.kind != EventKind::kLoad) r.Fail("a ready load that is a store");
+    m->loads.push_back(std::move(e));
+  }
+}
+
+}  // namespace tierkv::ipc::wire
