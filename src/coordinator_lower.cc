@@ -1,0 +1,234 @@
+// Coordinator's lower-tier side: promotions from the lower tier and the
+// loads waiting for them, spills past the high watermark, the lower tier's
+// results (PumpLowerTier), and the operator orders (Clear, Evict) that drop
+// blocks from host and the lower tier, spills in flight included.
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "src/coordinator.h"
+
+namespace tierkv {
+
+void Coordinator::FinishPromotions(InFlight* load) {
+  TransferEvent& e = load->event;
+  const size_t n = e.host_blocks.size();
+  size_t cut = 0;
+  while (cut < n && load->slots[cut] == LoadSlot::kHeld) ++cut;
+  // Blocks after a missing one are useless to the engine (it recomputes
+  // from the first missing block): release them, tail first.
+  std::vector<BlockId> unused;
+  for (size_t i = cut; i < n; ++i) {
+    if (load->slots[i] == LoadSlot::kHeld) unused.push_back(e.host_blocks[i]);
+  }
+  ReleaseSlots(unused);
+  e.device_blocks.resize(cut);
+  e.host_blocks.resize(cut);
+  load->slots.resize(cut);
+  e.failed_blocks = static_cast<int32_t>(n - cut);
+}
+
+void Coordinator::StartLowerOp(LowerOp op) {
+  const uint64_t id = next_lower_op_++;
+  auto [it, inserted] = lower_ops_.emplace(id, std::move(op));
+  const LowerOp& o = it->second;
+  std::weak_ptr<LowerInbox> weak = inbox_;
+  LowerTier::Done done = [weak, id](Status status) {
+    std::shared_ptr<LowerInbox> inbox = weak.lock();
+    if (inbox == nullptr) return;  // The coordinator is gone.
+    {
+      std::lock_guard<std::mutex> lock(inbox->mu);
+      inbox->results.push_back({id, std::move(status)});
+    }
+    if (inbox->wakeup) inbox->wakeup();
+  };
+  if (o.spill) {
+    ++spills_in_flight_;
+    options_.lower->Spill(o.key, host_pool_.block_tokens(o.slot), o.slot,
+                          std::move(done));
+  } else {
+    ++promotions_in_flight_;
+    options_.lower->Promote(o.key, o.tokens, o.slot, std::move(done));
+  }
+}
+
+size_t Coordinator::PumpLowerTier() {
+  if (options_.lower == nullptr) return 0;
+  std::vector<LowerResult> results;
+  {
+    std::lock_guard<std::mutex> lock(inbox_->mu);
+    results.swap(inbox_->results);
+  }
+  size_t ready = 0;
+  for (const LowerResult& result : results) {
+    const auto it = lower_ops_.find(result.op);
+    if (it == lower_ops_.end()) continue;
+    LowerOp op = std::move(it->second);
+    lower_ops_.erase(it);
+    const bool ok = result.status.ok();
+    if (op.spill) {
+      FinishSpill(op, ok);
+      continue;
+    }
+    --promotions_in_flight_;
+    if (ok) {
+      // Cannot fail: the slot is pinned and unkeyed, with 1..block_size tokens.
+      (void)host_pool_.CacheBlock(op.slot, op.key, op.tokens);
+      ++stats_.promotions;
+    } else {
+      ++stats_.promotion_failures;
+    }
+    auto w = workers_.find(op.worker);
+    InFlight* load = nullptr;
+    if (w != workers_.end()) {
+      auto l = w->second.loads.find(op.load);
+      if (l != w->second.loads.end()) load = &l->second;
+    }
+    if (load == nullptr || !ok) {
+      const BlockId slot[] = {op.slot};
+      ReleaseSlots(slot);  // Unkeyed when it failed: never served.
+    }
+    if (load == nullptr) continue;  // The worker is gone.
+    load->slots[op.index] = ok ? LoadSlot::kHeld : LoadSlot::kReleased;
+    if (--load->promoting > 0) continue;
+    FinishPromotions(load);
+    w->second.ready_loads.push_back(op.load);
+    ++ready;
+  }
+  MaybeSpill();
+  return ready;
+}
+
+void Coordinator::FinishSpill(const LowerOp& op, bool ok) {
+  --spills_in_flight_;
+  const BlockId slot[] = {op.slot};
+  ReleaseSlots(slot);
+  const BlockPool::Block& b = host_pool_.block(op.slot);
+  const bool keyed = b.has_key && b.key == op.key;
+  if (!ok) {
+    ++stats_.spill_failures;
+    spill_resume_ = Now() + std::chrono::milliseconds(100);
+  }
+  if (op.discard) {
+    discarded_spills_.erase(op.key);
+    if (keyed) host_pool_.DropCachedBlock(op.slot);
+    // The write has landed, been cancelled or failed by now, so this
+    // removes whatever it left and cannot race it.
+    options_.lower->Remove(op.key);
+  } else if (ok && keyed && host_pool_.DemoteCachedBlock(op.slot)) {
+    ++stats_.spills;
+  }
+  // Otherwise a lookup hit it meanwhile: it stays on host for now.
+}
+
+StatusOr<std::vector<TransferEvent>> Coordinator::TakeReadyLoads(
+    WorkerId worker) {
+  TIERKV_ASSIGN_OR_RETURN(WorkerState * w, FindWorker(worker));
+  std::vector<TransferEvent> out;
+  for (uint64_t id : w->ready_loads) {
+    InFlight& load = w->loads.at(id);
+    load.pending = false;
+    out.push_back(load.event);
+  }
+  w->ready_loads.clear();
+  return out;
+}
+
+StatusOr<ClearResult> Coordinator::Clear(TierSelection tiers) {
+  if (tiers == TierSelection::kDisk && options_.lower == nullptr) {
+    return Status::FailedPrecondition("this store has no disk tier to clear");
+  }
+  ClearResult result;
+  if (tiers != TierSelection::kDisk) {
+    std::vector<BlockId> cached;
+    host_pool_.VisitFreeQueue([&](BlockId id) {
+      if (host_pool_.block(id).has_key) cached.push_back(id);
+      return true;
+    });
+    for (BlockId id : cached) {
+      if (host_pool_.DropCachedBlock(id)) ++result.host_dropped;
+    }
+    for (auto& [id, op] : lower_ops_) {
+      if (op.spill && !op.discard && host_pool_.block(op.slot).ref_cnt == 1) {
+        DiscardSpill(&op);
+        ++result.host_dropped;
+      }
+    }
+    // What stays keyed is pinned (but for discarded spills, which keep
+    // their key until they finish), and so is every slot being written.
+    result.host_kept_pinned = static_cast<uint64_t>(
+        UsedSlots() - static_cast<int64_t>(discarded_spills_.size()));
+  }
+  if (tiers != TierSelection::kHost && options_.lower != nullptr) {
+    result.disk_dropped = options_.lower->RemoveAll();
+    result.disk_cleared = true;
+  }
+  return result;
+}
+
+std::vector<EvictedBlock> Coordinator::Evict(std::span<const BlockKey> keys) {
+  std::vector<EvictedBlock> out;
+  out.reserve(keys.size());
+  for (const BlockKey& key : keys) {
+    EvictedBlock e{.key = key};
+    if (std::optional<BlockId> slot = host_pool_.FindKeyedBlock(key)) {
+      LowerOp* spill = OnlyPinIsSpill(*slot);
+      if (spill != nullptr) DiscardSpill(spill);
+      e.host_dropped = spill != nullptr || host_pool_.DropCachedBlock(*slot);
+      e.host_pinned = !e.host_dropped;
+    } else if (keys_being_stored_.contains(key)) {
+      e.host_pinned = true;  // A store keys it when it completes.
+    }
+    if (options_.lower != nullptr) e.disk_dropped = options_.lower->Remove(key);
+    out.push_back(e);
+  }
+  return out;
+}
+
+Coordinator::LowerOp* Coordinator::OnlyPinIsSpill(BlockId slot) {
+  if (host_pool_.block(slot).ref_cnt != 1) return nullptr;
+  for (auto& [id, op] : lower_ops_) {
+    if (op.spill && op.slot == slot) return &op;
+  }
+  return nullptr;
+}
+
+void Coordinator::DiscardSpill(LowerOp* spill) {
+  spill->discard = true;
+  discarded_spills_.insert(spill->key);
+}
+
+void Coordinator::MaybeSpill() {
+  if (options_.lower == nullptr) return;
+  const int64_t usable = host_pool_.num_blocks() - 1;
+  // Blocks being spilled leave host when their copy is done.
+  const int64_t staying = UsedSlots() - spills_in_flight_;
+  if (staying <= static_cast<int64_t>(options_.spill_high * usable)) return;
+  if (Now() < spill_resume_) return;
+  const int64_t excess =
+      staying - static_cast<int64_t>(options_.spill_low * usable);
+  std::vector<BlockId> victims;
+  host_pool_.VisitFreeQueue([&](BlockId id) {
+    if (host_pool_.block(id).has_key) victims.push_back(id);
+    return static_cast<int64_t>(victims.size()) < excess;
+  });
+  for (BlockId slot : victims) {
+    const BlockPool::Block& b = host_pool_.block(slot);
+    if (options_.lower->Contains(b.key, host_pool_.block_tokens(slot))) {
+      if (host_pool_.DemoteCachedBlock(slot)) ++stats_.spill_drops;
+      continue;
+    }
+    const BlockId pin[] = {slot};
+    host_pool_.Touch(pin);
+    LowerOp op;
+    op.spill = true;
+    op.slot = slot;
+    op.key = b.key;
+    StartLowerOp(std::move(op));
+  }
+}
+
+}  // namespace tierkv

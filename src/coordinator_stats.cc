@@ -1,0 +1,112 @@
+// Coordinator's introspection: the statistics (stats()), the transfer events
+// in flight (events()) and the latency of finished events.
+#include <algorithm>
+#include <chrono>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "src/coordinator.h"
+#include "src/version.h"
+
+namespace tierkv {
+namespace {
+
+uint64_t MicrosecondsSince(std::chrono::steady_clock::time_point start,
+                           std::chrono::steady_clock::time_point now) {
+  const auto us =
+      std::chrono::duration_cast<std::chrono::microseconds>(now - start);
+  return us.count() > 0 ? static_cast<uint64_t>(us.count()) : 0;
+}
+
+}  // namespace
+
+void EventLatency::Record(uint64_t latency_us) {
+  size_t b = 0;
+  while (b < std::size(kBucketMicros) && latency_us > kBucketMicros[b]) ++b;
+  ++buckets[b];
+  ++count;
+  sum_us += latency_us;
+}
+
+CoordinatorStats Coordinator::stats() const {
+  CoordinatorStats out;
+  out.host = stats_;
+  const int64_t usable = host_pool_.num_blocks() - 1;
+  out.host.slot_bytes = options_.layout.BlockBytes();
+  out.host.capacity_slots = usable;
+  out.host.free_slots = host_pool_.num_free_blocks();
+  out.host.cached_slots = static_cast<int64_t>(host_pool_.num_cached_blocks());
+  out.host.pinned_slots = usable - host_pool_.num_free_blocks();
+  out.host.used_slots = UsedSlots();
+  out.host.evictions = host_pool_.stats().evictions;
+  out.host.spills_in_flight = static_cast<uint64_t>(spills_in_flight_);
+  out.host.promotions_in_flight = static_cast<uint64_t>(promotions_in_flight_);
+  if (options_.lower != nullptr) out.disk = options_.lower->stats();
+  out.model = options_.model;
+  out.version = std::string(Version());
+  out.load_latency = load_latency_;
+  out.store_latency = store_latency_;
+  const auto now = Now();
+  for (const auto& [id, w] : workers_) {
+    for (const auto* in_flight : {&w.loads, &w.stores}) {
+      for (const auto& [event_id, e] : *in_flight) {
+        out.oldest_event_age_us = std::max(out.oldest_event_age_us,
+                                           MicrosecondsSince(e.started, now));
+      }
+    }
+    out.workers.push_back(WorkerStats{
+        .id = id,
+        .pid = w.registration.pid,
+        .name = w.registration.name,
+        .requests = static_cast<uint32_t>(w.requests.size()),
+        .loads_in_flight = static_cast<uint32_t>(w.loads.size()),
+        .stores_in_flight = static_cast<uint32_t>(w.stores.size())});
+  }
+  return out;
+}
+
+void Coordinator::RecordLatency(EventKind kind,
+                                std::chrono::steady_clock::time_point started) {
+  EventLatency& latency =
+      kind == EventKind::kLoad ? load_latency_ : store_latency_;
+  latency.Record(MicrosecondsSince(started, Now()));
+}
+
+std::vector<EventInfo> Coordinator::events() const {
+  const auto now = Now();
+  std::vector<std::pair<std::chrono::steady_clock::time_point, EventInfo>>
+      found;
+  for (const auto& [worker, w] : workers_) {
+    for (const auto* in_flight : {&w.loads, &w.stores}) {
+      for (const auto& [id, e] : *in_flight) {
+        EventState state = EventState::kCopying;
+        if (e.promoting > 0) {
+          state = EventState::kPromoting;
+        } else if (e.pending) {
+          state = EventState::kReady;
+        }
+        found.emplace_back(
+            e.started, EventInfo{.worker = worker,
+                                 .worker_name = w.registration.name,
+                                 .ref = e.event.ref,
+                                 .request = e.event.request,
+                                 .blocks = static_cast<uint32_t>(
+                                     e.event.host_blocks.size()),
+                                 .state = state,
+                                 .age_us = MicrosecondsSince(e.started, now)});
+      }
+    }
+  }
+  // Workers, then loads before stores, then ids come in order already: a
+  // stable sort by start time leaves ties in that order.
+  std::stable_sort(
+      found.begin(), found.end(),
+      [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<EventInfo> out;
+  out.reserve(found.size());
+  for (auto& [started, info] : found) out.push_back(std::move(info));
+  return out;
+}
+
+}  // namespace tierkv
