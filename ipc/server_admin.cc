@@ -1,0 +1,104 @@
+// The orders tierkvd answers on its socket: a registration goes to Register
+// (server_listener.cc); tierkv-admin's stats, events, clear and evict are
+// answered here, and each clear and evict leaves a line in the log.
+#include <spdlog/spdlog.h>
+
+#include "ipc/server_impl.h"
+
+namespace tierkv::ipc {
+namespace {
+
+// tierkv-admin's view of the events in flight: the oldest ones, with worker
+// names cut short, so the reply stays small however many there are.
+EventsReply ListEvents(std::vector<EventInfo> events) {
+  constexpr size_t kMaxName = 64;
+  EventsReply reply;
+  reply.in_flight = events.size();
+  if (events.size() > kMaxEventsListed) events.resize(kMaxEventsListed);
+  for (EventInfo& e : events) {
+    if (e.worker_name.size() > kMaxName) e.worker_name.resize(kMaxName);
+  }
+  reply.events = std::move(events);
+  return reply;
+}
+
+}  // namespace
+
+bool Server::Impl::Handle(int fd, Connection* conn, const Message& message) {
+  spdlog::debug("pid {}: {} on the socket", conn->peer.pid,
+                MessageTypeName(TypeOf(message)));
+  if (const auto* reg = std::get_if<RegisterRequest>(&message)) {
+    return Register(fd, conn, *reg);
+  }
+  if (std::holds_alternative<StatsRequest>(message)) {
+    std::lock_guard<std::timed_mutex> guard(mu);
+    return SendFrame(fd, StatsReply{coordinator.stats()});
+  }
+  if (std::holds_alternative<EventsRequest>(message)) {
+    std::vector<EventInfo> events;
+    {
+      std::lock_guard<std::timed_mutex> guard(mu);
+      events = coordinator.events();
+    }
+    return SendFrame(fd, ListEvents(std::move(events)));
+  }
+  if (const auto* clear = std::get_if<ClearRequest>(&message)) {
+    return SendFrame(fd, Clear(conn->peer.pid, clear->tiers));
+  }
+  if (const auto* evict = std::get_if<EvictRequest>(&message)) {
+    return SendFrame(fd, Evict(conn->peer.pid, evict->keys));
+  }
+  SendFrame(fd, ErrorReply{Status::InvalidArgument(
+                    std::string(MessageTypeName(TypeOf(message))) +
+                    " is not accepted on the socket")});
+  return false;
+}
+
+Message Server::Impl::Clear(pid_t pid, TierSelection tiers) {
+  StatusOr<ClearResult> result = Status::Internal("unreached");
+  {
+    std::lock_guard<std::timed_mutex> guard(mu);
+    result = coordinator.Clear(tiers);
+  }
+  if (!result.ok()) {
+    spdlog::warn("pid {}: clear {} refused: {}", pid, TierSelectionName(tiers),
+                 result.status().ToString());
+    return ErrorReply{result.status()};
+  }
+  spdlog::info(
+      "pid {}: clear {}: dropped {} host blocks ({} kept: pinned) and {} "
+      "disk blocks{}",
+      pid, TierSelectionName(tiers), result->host_dropped,
+      result->host_kept_pinned, result->disk_dropped,
+      result->disk_cleared ? "" : " (no disk tier)");
+  return ClearReply{*result};
+}
+
+Message Server::Impl::Evict(pid_t pid, const std::vector<BlockKey>& keys) {
+  std::vector<EvictedBlock> blocks;
+  {
+    std::lock_guard<std::timed_mutex> guard(mu);
+    blocks = coordinator.Evict(keys);
+  }
+  // Every key of a short list; a summary of any list.
+  constexpr size_t kKeysLogged = 32;
+  size_t host = 0, disk = 0, pinned = 0, absent = 0;
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    const EvictedBlock& b = blocks[i];
+    host += b.host_dropped;
+    disk += b.disk_dropped;
+    pinned += b.host_pinned;
+    absent += !b.host_dropped && !b.disk_dropped && !b.host_pinned;
+    if (i < kKeysLogged) {
+      spdlog::info("pid {}: evict {}: {}", pid, b.key.ToHex(),
+                   EvictedBlockSummary(b));
+    }
+  }
+  spdlog::info(
+      "pid {}: evict of {} keys: {} dropped from host, {} from disk, {} "
+      "pinned on host (kept), {} not cached",
+      pid, blocks.size(), host, disk, pinned, absent);
+  return EvictReply{std::move(blocks)};
+}
+
+}  // namespace tierkv::ipc

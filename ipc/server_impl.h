@@ -1,0 +1,166 @@
+// Internal to ipc/: Server::Impl, the state of a running tierkvd, and what
+// its parts share. server.cc starts and stops it (with the tier and stats
+// threads), server_listener.cc runs the Unix socket (accept, registration,
+// worker sessions) and server_admin.cc answers tierkv-admin's orders.
+#ifndef TIERKV_IPC_SERVER_IMPL_H_
+#define TIERKV_IPC_SERVER_IMPL_H_
+
+#include <sys/socket.h>
+#include <sys/types.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ipc/channel.h"
+#include "ipc/protocol.h"
+#include "ipc/server.h"
+#include "ipc/stats_page.h"
+#include "tiers/host_tier.h"
+#include "tiers/slot_disk.h"
+
+namespace tierkv::ipc {
+
+// Socket messages (registration, stats) are small; anything larger is
+// hostile or broken.
+constexpr uint32_t kMaxSocketPayload = 64 * 1024;
+
+// The listener wakes at least this often, even with nothing to do.
+constexpr int kListenerPollMs = 1000;
+// A server thread that has not gone round its loop for this long is stuck:
+// the listener's slowest honest round (peers that take a second each to
+// read a reply) stays well below it.
+constexpr std::chrono::seconds kStalledAfter{10};
+
+// When a thread last went round its loop; read by CheckProgress.
+class Heartbeat {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  Heartbeat() { Beat(); }
+  void Beat() {
+    last_.store(Clock::now().time_since_epoch().count(),
+                std::memory_order_relaxed);
+  }
+  Clock::duration Age() const {
+    return Clock::now() - Clock::time_point(Clock::duration(
+                              last_.load(std::memory_order_relaxed)));
+  }
+
+ private:
+  std::atomic<Clock::rep> last_;
+};
+
+// Sends a whole frame on a non-blocking socket. A peer that does not take
+// it within a second is treated as gone.
+bool SendFrame(int fd, const Message& message);
+
+// One attached worker: its control channel and the thread serving it.
+struct Session {
+  Session(WorkerId id, ControlChannel ch)
+      : worker(id), channel(std::move(ch)) {}
+
+  WorkerId worker = 0;
+  ControlChannel channel;
+  std::atomic<bool> stop{false};
+  std::thread thread;
+};
+
+// Wakes the tier thread: lower-tier results are waiting.
+struct TierSignal {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool wanted = false;  // GUARDED_BY(mu)
+
+  void Notify() {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      wanted = true;
+    }
+    cv.notify_one();
+  }
+};
+
+struct Connection {
+  ucred peer{};
+  std::vector<std::byte> input;
+  std::unique_ptr<Session> session;  // Set once the peer registered.
+};
+
+struct Server::Impl {
+  ServerOptions options;
+  StoreLock store_lock;   // Guards the segment names.
+  StoreLock socket_lock;  // Guards the socket path.
+  std::unique_ptr<HostTier> host;
+  // Declared after `host`: destroyed first, it waits for I/O into slots.
+  std::unique_ptr<DiskTier> disk;
+  std::unique_ptr<SlotDisk> slot_disk;
+  std::shared_ptr<TierSignal> tier_signal;
+  // Timed: CheckProgress tries it with a deadline.
+  mutable std::timed_mutex mu;
+  Coordinator coordinator;  // GUARDED_BY(mu)
+  std::thread tier_thread;
+  Heartbeat tier_heartbeat;  // Each round of the tier thread.
+  int listen_fd = -1;
+  int wake_pipe[2] = {-1, -1};
+  std::thread listener;
+  Heartbeat listener_heartbeat;           // Each round of the listener.
+  std::map<int, Connection> connections;  // Listener thread only.
+  // The stats page and the thread that publishes to it; the page is the
+  // stats thread's alone until Stop joins it.
+  std::optional<StatsPageWriter> stats_page;
+  std::thread stats_thread;
+  Heartbeat stats_heartbeat;  // Each snapshot.
+  std::mutex stats_wake_mu;   // With stats_wake: ends the wait on Stop.
+  std::condition_variable stats_wake;
+  std::atomic<bool> stopping{false};
+  std::mutex stop_mu;
+  bool stopped = false;  // GUARDED_BY(stop_mu)
+
+  Impl(ServerOptions opts, StoreLock store, StoreLock socket,
+       std::unique_ptr<HostTier> host_tier, std::unique_ptr<DiskTier> disk_tier,
+       std::unique_ptr<SlotDisk> slots_on_disk,
+       std::shared_ptr<TierSignal> signal, Coordinator coord,
+       StatsPageWriter page)
+      : options(std::move(opts)),
+        store_lock(std::move(store)),
+        socket_lock(std::move(socket)),
+        host(std::move(host_tier)),
+        disk(std::move(disk_tier)),
+        slot_disk(std::move(slots_on_disk)),
+        tier_signal(std::move(signal)),
+        coordinator(std::move(coord)),
+        stats_page(std::move(page)) {}
+
+  void RunTiers();
+  // Publishes a snapshot every options.stats_interval until Stop.
+  void PublishStats();
+
+  void Listen();
+  void Accept();
+  // False when the connection must be closed.
+  bool ReadFrom(int fd, Connection* conn);
+  bool Handle(int fd, Connection* conn, const Message& message);
+  bool Register(int fd, Connection* conn, const RegisterRequest& request);
+  // tierkv-admin's operator orders; each leaves a line in the log.
+  Message Clear(pid_t pid, TierSelection tiers);
+  Message Evict(pid_t pid, const std::vector<BlockKey>& keys);
+  void Close(int fd);
+  void Serve(Session* session);
+  std::string ChannelName(WorkerId worker) const {
+    return "/tierkv." + options.store + ".w" + std::to_string(worker);
+  }
+};
+
+}  // namespace tierkv::ipc
+
+#endif  // TIERKV_IPC_SERVER_IMPL_H_
