@@ -1,0 +1,98 @@
+// The disk tier's in-memory index (DiskIndex, declared in disk_internal.h):
+// which keys the tier holds, their sizes, tokens and LRU order, and the byte
+// bound.
+#include <string>
+#include <utility>
+
+#include "tiers/disk_internal.h"
+
+namespace tierkv::disk_internal {
+
+StatusOr<bool> DiskIndex::Reserve(const BlockKey& key, uint64_t generation,
+                                  uint64_t bytes,
+                                  std::span<const TokenId> tokens,
+                                  std::vector<BlockKey>* victims) {
+  auto existing = entries_.find(key);
+  if (existing != entries_.end() && existing->second.generation > generation) {
+    return false;
+  }
+  if (bytes > capacity_) {
+    return Status::ResourceExhausted(
+        "a " + std::to_string(bytes) +
+        "-byte value is larger than the disk tier's capacity of " +
+        std::to_string(capacity_) + " bytes");
+  }
+  const bool replaced = Erase(key);
+  while (bytes_ + bytes > capacity_) {
+    if (lru_.empty()) {
+      if (replaced) victims->push_back(key);
+      return Status::ResourceExhausted(
+          "disk tier full: its capacity is taken by writes in flight");
+    }
+    victims->push_back(lru_.front());
+    Erase(lru_.front());
+    ++evictions_;
+  }
+  // The key's old value, if any, is overwritten rather than deleted.
+  Entry& entry = entries_[key];
+  entry.generation = generation;
+  entry.bytes = bytes;
+  entry.tokens.assign(tokens.begin(), tokens.end());
+  bytes_ += bytes;
+  return true;
+}
+
+bool DiskIndex::Commit(const BlockKey& key, uint64_t generation) {
+  auto it = entries_.find(key);
+  if (it == entries_.end() || it->second.generation != generation) {
+    return false;
+  }
+  it->second.stored = true;
+  it->second.lru = lru_.insert(lru_.end(), key);
+  return true;
+}
+
+bool DiskIndex::IsCurrent(const BlockKey& key, uint64_t generation) const {
+  auto it = entries_.find(key);
+  return it != entries_.end() && it->second.generation == generation;
+}
+
+void DiskIndex::InsertStored(const BlockKey& key, uint64_t bytes,
+                             std::vector<TokenId> tokens) {
+  Erase(key);
+  Entry& entry = entries_[key];
+  entry.generation = 0;  // Older than every Put of this run.
+  entry.bytes = bytes;
+  entry.tokens = std::move(tokens);
+  entry.stored = true;
+  entry.lru = lru_.insert(lru_.end(), key);
+  bytes_ += bytes;
+}
+
+void DiskIndex::EvictToCapacity(std::vector<BlockKey>* victims) {
+  while (bytes_ > capacity_ && !lru_.empty()) {
+    victims->push_back(lru_.front());
+    Erase(lru_.front());
+    ++evictions_;
+  }
+}
+
+const DiskIndex::Entry* DiskIndex::FindStored(const BlockKey& key) const {
+  auto it = entries_.find(key);
+  return it != entries_.end() && it->second.stored ? &it->second : nullptr;
+}
+
+bool DiskIndex::Erase(const BlockKey& key) {
+  auto it = entries_.find(key);
+  if (it == entries_.end()) return false;
+  if (it->second.stored) lru_.erase(it->second.lru);
+  bytes_ -= it->second.bytes;
+  entries_.erase(it);
+  return true;
+}
+
+bool DiskIndex::EraseIf(const BlockKey& key, uint64_t generation) {
+  return IsCurrent(key, generation) && Erase(key);
+}
+
+}  // namespace tierkv::disk_internal
