@@ -1,0 +1,468 @@
+// tierkv-admin's renderings: the stats table, workers, JSON, Prometheus
+// metrics, events by age, and what clear and evict dropped.
+#include <charconv>
+#include <cstdio>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "tools/admin/admin.h"
+#include "tools/admin/admin_internal.h"
+
+namespace tierkv::admin {
+namespace {
+
+std::string Percent(uint64_t part, uint64_t whole) {
+  if (whole == 0) return "-";
+  char buf[16];
+  std::snprintf(buf, sizeof(buf), "%.1f%%", 100.0 * part / whole);
+  return buf;
+}
+
+// A Prometheus label value, quoted and escaped.
+std::string LabelValue(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '\\' || c == '"') out += '\\';
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
+    out += c;
+  }
+  return out + "\"";
+}
+
+std::string JsonString(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof(buf), "\\u%04x", c);
+      out += buf;
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
+}
+
+}  // namespace
+
+std::string HumanBytes(double bytes) {
+  static const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int unit = 0;
+  while (bytes >= 1024 && unit < 4) {
+    bytes /= 1024;
+    ++unit;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), unit == 0 ? "%.0f %s" : "%.1f %s", bytes,
+                kUnits[unit]);
+  return buf;
+}
+
+std::string FormatAge(uint64_t age_us) {
+  char buf[32];
+  if (age_us < 1'000) {
+    std::snprintf(buf, sizeof(buf), "%llu us",
+                  static_cast<unsigned long long>(age_us));
+  } else if (age_us < 1'000'000) {
+    std::snprintf(buf, sizeof(buf), "%.1f ms", age_us / 1e3);
+  } else if (age_us < 60'000'000) {
+    std::snprintf(buf, sizeof(buf), "%.1f s", age_us / 1e6);
+  } else {
+    const unsigned long long s = age_us / 1'000'000;
+    if (s < 3600) {
+      std::snprintf(buf, sizeof(buf), "%llum%02llus", s / 60, s % 60);
+    } else {
+      std::snprintf(buf, sizeof(buf), "%lluh%02llum", s / 3600, s / 60 % 60);
+    }
+  }
+  return buf;
+}
+
+namespace {
+
+// " (mean 1.2 ms)", or nothing before the first event.
+std::string MeanAge(const EventLatency& latency) {
+  if (latency.count == 0) return "";
+  return " (mean " + FormatAge(latency.sum_us / latency.count) + ")";
+}
+
+}  // namespace
+
+std::string FormatStatsTable(const CoordinatorStats& stats) {
+  const HostTierStats& h = stats.host;
+  const int64_t used = h.used_slots;
+  std::ostringstream out;
+  out << "model " << ModelDisplayName(stats.model);
+  if (!stats.version.empty()) out << ", tierkvd " << stats.version;
+  out << "\n";
+  char line[256];
+  std::snprintf(line, sizeof(line),
+                "%-6s %11s %11s %11s %8s %10s %10s %8s %10s %9s\n", "tier",
+                "capacity", "used", "cached", "pinned", "hits", "misses",
+                "hit rate", "evictions", "in flight");
+  out << line;
+  std::snprintf(line, sizeof(line),
+                "%-6s %11s %11s %11s %8lld %10llu %10llu %8s %10llu %9llu\n",
+                "host",
+                HumanBytes(double(h.capacity_slots) * h.slot_bytes).c_str(),
+                HumanBytes(double(used) * h.slot_bytes).c_str(),
+                HumanBytes(double(h.cached_slots) * h.slot_bytes).c_str(),
+                static_cast<long long>(h.pinned_slots),
+                static_cast<unsigned long long>(h.hit_blocks),
+                static_cast<unsigned long long>(h.miss_blocks),
+                Percent(h.hit_blocks, h.lookup_blocks).c_str(),
+                static_cast<unsigned long long>(h.evictions),
+                static_cast<unsigned long long>(h.events_in_flight));
+  out << line;
+  out << "  (hits and misses count blocks; " << h.capacity_slots << " slots of "
+      << HumanBytes(double(h.slot_bytes)) << "; stored " << h.stores_completed
+      << ", loaded " << h.loads_completed << ", failed stores "
+      << h.stores_failed << ", not stored (tier full) " << h.store_skipped
+      << ")\n";
+  if (stats.disk.has_value()) {
+    const DiskTierStats& d = *stats.disk;
+    std::snprintf(line, sizeof(line),
+                  "%-6s %11s %11s %11s %8s %10llu %10llu %8s %10llu %9llu\n",
+                  "disk", HumanBytes(double(d.capacity_bytes)).c_str(),
+                  HumanBytes(double(d.bytes)).c_str(), "-", "-",
+                  static_cast<unsigned long long>(h.disk_hit_blocks),
+                  static_cast<unsigned long long>(d.misses),
+                  Percent(h.disk_hit_blocks, h.lookup_blocks).c_str(),
+                  static_cast<unsigned long long>(d.evictions),
+                  static_cast<unsigned long long>(h.spills_in_flight +
+                                                  h.promotions_in_flight));
+    out << line;
+    out << "  (" << d.keys << " blocks in " << HumanBytes(double(d.file_bytes))
+        << " of files; spilled " << h.spills << ", dropped from host (already "
+        << "on disk) " << h.spill_drops << ", failed spills "
+        << h.spill_failures << "; promoted " << h.promotions
+        << ", failed promotions " << h.promotion_failures
+        << "; checksum failures " << d.checksum_failures << ", dropped on open "
+        << d.dropped_on_open << " (of another layout or model "
+        << d.layout_mismatches << "))\n";
+  }
+  out << "events in flight: " << h.events_in_flight;
+  if (h.loads_cancelled > 0) {
+    out << " (loads cancelled by an aborted request: " << h.loads_cancelled
+        << ")";
+  }
+  if (h.events_in_flight > 0) {
+    out << ", oldest " << FormatAge(stats.oldest_event_age_us);
+  }
+  out << "; completed: loads " << stats.load_latency.count
+      << MeanAge(stats.load_latency) << ", stores " << stats.store_latency.count
+      << MeanAge(stats.store_latency) << "\n\n";
+  out << FormatWorkers(stats);
+  return out.str();
+}
+
+std::string FormatWorkers(const CoordinatorStats& stats) {
+  std::ostringstream out;
+  char line[256];
+  out << "workers: " << stats.workers.size() << "\n";
+  if (!stats.workers.empty()) {
+    std::snprintf(line, sizeof(line), "  %-6s %-8s %-20s %8s %7s %7s\n", "id",
+                  "pid", "name", "requests", "loads", "stores");
+    out << line;
+  }
+  for (const WorkerStats& w : stats.workers) {
+    std::snprintf(line, sizeof(line), "  %-6u %-8d %-20s %8u %7u %7u\n", w.id,
+                  w.pid, w.name.substr(0, 20).c_str(), w.requests,
+                  w.loads_in_flight, w.stores_in_flight);
+    out << line;
+  }
+  return out.str();
+}
+
+std::string FormatStatsJson(const CoordinatorStats& stats) {
+  const HostTierStats& h = stats.host;
+  std::ostringstream out;
+  out << "{\"model\":" << JsonString(stats.model)
+      << ",\"version\":" << JsonString(stats.version)
+      << ",\"tiers\":{\"host\":{"
+      << "\"slot_bytes\":" << h.slot_bytes
+      << ",\"capacity_slots\":" << h.capacity_slots
+      << ",\"capacity_bytes\":" << h.capacity_slots * h.slot_bytes
+      << ",\"free_slots\":" << h.free_slots
+      << ",\"used_slots\":" << h.used_slots
+      << ",\"cached_slots\":" << h.cached_slots
+      << ",\"pinned_slots\":" << h.pinned_slots << ",\"lookups\":" << h.lookups
+      << ",\"lookup_blocks\":" << h.lookup_blocks
+      << ",\"hits\":" << h.hit_blocks << ",\"misses\":" << h.miss_blocks
+      << ",\"evictions\":" << h.evictions
+      << ",\"stores_completed\":" << h.stores_completed
+      << ",\"loads_completed\":" << h.loads_completed
+      << ",\"stores_failed\":" << h.stores_failed
+      << ",\"store_skipped\":" << h.store_skipped
+      << ",\"events_in_flight\":" << h.events_in_flight
+      << ",\"disk_hits\":" << h.disk_hit_blocks << ",\"spills\":" << h.spills
+      << ",\"spill_drops\":" << h.spill_drops
+      << ",\"spill_failures\":" << h.spill_failures
+      << ",\"promotions\":" << h.promotions
+      << ",\"promotion_failures\":" << h.promotion_failures
+      << ",\"spills_in_flight\":" << h.spills_in_flight
+      << ",\"promotions_in_flight\":" << h.promotions_in_flight
+      << ",\"loads_cancelled\":" << h.loads_cancelled << "}";
+  if (stats.disk.has_value()) {
+    const DiskTierStats& d = *stats.disk;
+    out << ",\"disk\":{\"capacity_bytes\":" << d.capacity_bytes
+        << ",\"bytes\":" << d.bytes << ",\"keys\":" << d.keys
+        << ",\"file_bytes\":" << d.file_bytes << ",\"puts\":" << d.puts
+        << ",\"put_failures\":" << d.put_failures << ",\"gets\":" << d.gets
+        << ",\"hits\":" << d.hits << ",\"misses\":" << d.misses
+        << ",\"evictions\":" << d.evictions
+        << ",\"checksum_failures\":" << d.checksum_failures
+        << ",\"token_mismatches\":" << d.token_mismatches
+        << ",\"dropped_on_open\":" << d.dropped_on_open
+        << ",\"layout_mismatches\":" << d.layout_mismatches
+        << ",\"payload_bytes_written\":" << d.payload_bytes_written
+        << ",\"stored_bytes_written\":" << d.stored_bytes_written << "}";
+  }
+  out << "},\"events\":{\"in_flight\":" << h.events_in_flight
+      << ",\"oldest_age_us\":" << stats.oldest_event_age_us
+      << ",\"loads_completed\":" << stats.load_latency.count
+      << ",\"load_us_sum\":" << stats.load_latency.sum_us
+      << ",\"stores_completed\":" << stats.store_latency.count
+      << ",\"store_us_sum\":" << stats.store_latency.sum_us;
+  out << "},\"workers\":[";
+  for (size_t i = 0; i < stats.workers.size(); ++i) {
+    const WorkerStats& w = stats.workers[i];
+    out << (i ? "," : "") << "{\"id\":" << w.id << ",\"pid\":" << w.pid
+        << ",\"name\":" << JsonString(w.name) << ",\"requests\":" << w.requests
+        << ",\"loads_in_flight\":" << w.loads_in_flight
+        << ",\"stores_in_flight\":" << w.stores_in_flight << "}";
+  }
+  out << "]}\n";
+  return out.str();
+}
+
+// The shortest text that reads back as exactly `value` ("0.1", not
+// "0.10000000000000001"; "1048576", not "1.048576e+06").
+std::string MetricValue(double value) {
+  char text[32];
+  const auto [end, error] = std::to_chars(text, text + sizeof(text), value);
+  return error == std::errc() ? std::string(text, end) : "NaN";
+}
+
+namespace {
+
+// One metric family: its HELP and TYPE lines, then one sample per label set.
+class MetricWriter {
+ public:
+  explicit MetricWriter(std::ostringstream* out) : out_(out) {}
+  void Family(const char* name, const char* type, const char* help) {
+    name_ = name;
+    *out_ << "# HELP " << name << " " << help << "\n# TYPE " << name << " "
+          << type << "\n";
+  }
+  void Sample(double value, const std::string& labels = "") {
+    Sample("", value, labels);
+  }
+  // A sample of a histogram's _bucket, _sum or _count series.
+  void Sample(const char* suffix, double value, const std::string& labels) {
+    *out_ << name_ << suffix << (labels.empty() ? "" : "{" + labels + "}")
+          << " " << MetricValue(value) << "\n";
+  }
+  // One histogram of event latencies, cumulative as Prometheus wants it.
+  void Histogram(const EventLatency& latency, const std::string& labels) {
+    uint64_t cumulative = 0;
+    for (size_t b = 0; b < EventLatency::kBuckets; ++b) {
+      cumulative += latency.buckets[b];
+      char le[32] = "+Inf";
+      if (b < std::size(EventLatency::kBucketMicros)) {
+        std::snprintf(le, sizeof(le), "%g",
+                      EventLatency::kBucketMicros[b] / 1e6);
+      }
+      Sample("_bucket", double(cumulative),
+             labels + ",le=\"" + std::string(le) + "\"");
+    }
+    Sample("_sum", latency.sum_us / 1e6, labels);
+    Sample("_count", double(latency.count), labels);
+  }
+
+ private:
+  std::ostringstream* out_;
+  std::string name_;
+};
+
+}  // namespace
+
+std::string FormatMetrics(const CoordinatorStats& stats) {
+  const HostTierStats& h = stats.host;
+  const double slot = static_cast<double>(h.slot_bytes);
+  const bool disk = stats.disk.has_value();
+  std::ostringstream out;
+  MetricWriter m(&out);
+  m.Family("tierkv_build_info", "gauge",
+           "Always 1: the tierkvd release and the model its store serves.");
+  m.Sample(1, "version=" + LabelValue(stats.version) +
+                  ",model=" + LabelValue(stats.model));
+  m.Family("tierkv_tier_capacity_bytes", "gauge", "Bytes a tier can hold.");
+  m.Sample(double(h.capacity_slots) * slot, "tier=\"host\"");
+  if (disk) m.Sample(double(stats.disk->capacity_bytes), "tier=\"disk\"");
+  m.Family("tierkv_tier_used_bytes", "gauge",
+           "Bytes of KV blocks a tier holds (host: keyed or being written).");
+  m.Sample(double(h.used_slots) * slot, "tier=\"host\"");
+  if (disk) m.Sample(double(stats.disk->bytes), "tier=\"disk\"");
+  m.Family("tierkv_tier_blocks", "gauge", "KV blocks a tier holds.");
+  m.Sample(double(h.cached_slots), "tier=\"host\"");
+  if (disk) m.Sample(double(stats.disk->keys), "tier=\"disk\"");
+  m.Family("tierkv_host_pinned_slots", "gauge",
+           "Host slots pinned by lookups, transfers, spills or promotions.");
+  m.Sample(double(h.pinned_slots));
+  m.Family("tierkv_lookup_blocks_total", "counter",
+           "Blocks lookups could have hit.");
+  m.Sample(double(h.lookup_blocks));
+  m.Family("tierkv_hit_blocks_total", "counter",
+           "Blocks lookups found, by the tier that held them.");
+  m.Sample(double(h.hit_blocks), "tier=\"host\"");
+  if (disk) m.Sample(double(h.disk_hit_blocks), "tier=\"disk\"");
+  m.Family("tierkv_miss_blocks_total", "counter",
+           "Blocks lookups found in no tier.");
+  m.Sample(double(h.miss_blocks));
+  m.Family("tierkv_evictions_total", "counter",
+           "Blocks a tier let go for capacity (host: not spilled first).");
+  m.Sample(double(h.evictions), "tier=\"host\"");
+  if (disk) m.Sample(double(stats.disk->evictions), "tier=\"disk\"");
+  m.Family("tierkv_moved_bytes_total", "counter",
+           "Bytes of KV blocks moved between tiers.");
+  m.Sample(double(h.stores_completed) * slot, "from=\"device\",to=\"host\"");
+  m.Sample(double(h.loads_completed) * slot, "from=\"host\",to=\"device\"");
+  if (disk) {
+    m.Sample(double(h.spills) * slot, "from=\"host\",to=\"disk\"");
+    m.Sample(double(h.promotions) * slot, "from=\"disk\",to=\"host\"");
+  }
+  m.Family("tierkv_failures_total", "counter",
+           "Transfers that failed or were skipped, by kind; none served "
+           "wrong bytes.");
+  m.Sample(double(h.stores_failed), "kind=\"store\"");
+  m.Sample(double(h.store_skipped), "kind=\"store_skipped\"");
+  if (disk) {
+    m.Sample(double(h.spill_failures), "kind=\"spill\"");
+    m.Sample(double(h.promotion_failures), "kind=\"promotion\"");
+    m.Sample(double(stats.disk->checksum_failures), "kind=\"checksum\"");
+  }
+  m.Family("tierkv_loads_cancelled_total", "counter",
+           "Load events cancelled before their copy started: the request "
+           "finished while its promotions ran.");
+  m.Sample(double(h.loads_cancelled));
+  m.Family("tierkv_in_flight", "gauge", "Transfers in flight, by kind.");
+  m.Sample(double(h.events_in_flight), "kind=\"event\"");
+  if (disk) {
+    m.Sample(double(h.spills_in_flight), "kind=\"spill\"");
+    m.Sample(double(h.promotions_in_flight), "kind=\"promotion\"");
+  }
+  m.Family("tierkv_event_seconds", "histogram",
+           "Transfer events from creation (allocate or commit) to "
+           "completion, by kind.");
+  m.Histogram(stats.load_latency, "kind=\"load\"");
+  m.Histogram(stats.store_latency, "kind=\"store\"");
+  m.Family("tierkv_oldest_event_age_seconds", "gauge",
+           "Age of the oldest transfer event in flight (0: none).");
+  m.Sample(stats.oldest_event_age_us / 1e6);
+  m.Family("tierkv_workers", "gauge", "Attached workers.");
+  m.Sample(double(stats.workers.size()));
+  return out.str();
+}
+
+std::string FormatEventsTable(const std::vector<EventInfo>& events,
+                              uint64_t in_flight) {
+  if (in_flight == 0) return "no events in flight\n";
+  std::ostringstream out;
+  char line[256];
+  std::snprintf(line, sizeof(line), "%10s  %-6s %-20s %-5s %8s %10s %6s  %s\n",
+                "age", "worker", "name", "kind", "id", "request", "blocks",
+                "state");
+  out << line;
+  for (const EventInfo& e : events) {
+    std::snprintf(
+        line, sizeof(line), "%10s  %-6u %-20s %-5s %8llu %10llu %6u  %s\n",
+        FormatAge(e.age_us).c_str(), e.worker,
+        e.worker_name.substr(0, 20).c_str(), EventKindName(e.ref.kind),
+        static_cast<unsigned long long>(e.ref.id),
+        static_cast<unsigned long long>(e.request), e.blocks,
+        EventStateName(e.state));
+    out << line;
+  }
+  if (events.size() < in_flight) {
+    out << "(the oldest " << events.size() << " of " << in_flight
+        << " events in flight)\n";
+  }
+  return out.str();
+}
+
+std::string FormatEventsJson(const std::vector<EventInfo>& events,
+                             uint64_t in_flight) {
+  std::ostringstream out;
+  out << "{\"in_flight\":" << in_flight << ",\"events\":[";
+  for (size_t i = 0; i < events.size(); ++i) {
+    const EventInfo& e = events[i];
+    out << (i ? "," : "") << "{\"age_us\":" << e.age_us
+        << ",\"worker\":" << e.worker
+        << ",\"worker_name\":" << JsonString(e.worker_name) << ",\"kind\":\""
+        << EventKindName(e.ref.kind) << "\",\"id\":" << e.ref.id
+        << ",\"request\":" << e.request << ",\"blocks\":" << e.blocks
+        << ",\"state\":\"" << EventStateName(e.state) << "\"}";
+  }
+  out << "]}\n";
+  return out.str();
+}
+
+std::string FormatClear(TierSelection tiers, const ClearResult& result) {
+  std::ostringstream out;
+  if (tiers != TierSelection::kDisk) {
+    out << "host: dropped " << result.host_dropped << " blocks, kept "
+        << result.host_kept_pinned << " pinned\n";
+  }
+  if (result.disk_cleared) {
+    out << "disk: dropped " << result.disk_dropped << " blocks\n";
+  } else if (tiers == TierSelection::kAll) {
+    out << "disk: none (tierkvd has no disk tier)\n";
+  }
+  return out.str();
+}
+
+std::string FormatClearJson(TierSelection tiers, const ClearResult& result) {
+  std::ostringstream out;
+  out << "{\"tier\":\"" << TierSelectionName(tiers) << "\"";
+  if (tiers != TierSelection::kDisk) {
+    out << ",\"host\":{\"dropped\":" << result.host_dropped
+        << ",\"kept_pinned\":" << result.host_kept_pinned << "}";
+  }
+  if (result.disk_cleared) {
+    out << ",\"disk\":{\"dropped\":" << result.disk_dropped << "}";
+  }
+  out << "}\n";
+  return out.str();
+}
+
+std::string FormatEvict(const std::vector<EvictedBlock>& blocks) {
+  std::ostringstream out;
+  for (const EvictedBlock& b : blocks) {
+    out << b.key.ToHex() << "  " << EvictedBlockSummary(b) << "\n";
+  }
+  return out.str();
+}
+
+std::string FormatEvictJson(const std::vector<EvictedBlock>& blocks) {
+  std::ostringstream out;
+  out << "{\"keys\":[";
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    const EvictedBlock& b = blocks[i];
+    out << (i ? "," : "") << "{\"key\":\"" << b.key.ToHex()
+        << "\",\"host_dropped\":" << (b.host_dropped ? "true" : "false")
+        << ",\"host_pinned\":" << (b.host_pinned ? "true" : "false")
+        << ",\"disk_dropped\":" << (b.disk_dropped ? "true" : "false") << "}";
+  }
+  out << "]}\n";
+  return out.str();
+}
+
+}  // namespace tierkv::admin
