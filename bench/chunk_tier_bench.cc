@@ -4,7 +4,7 @@
 //
 // Setup: an ipc::Server in this process (tierkvd's machinery, a 256 MiB host
 // tier, no disk) and a worker Client attached to it whose device tier is an
-// EmulatedDeviceTier over a pool arena, driven by a ClientChunkTier, as a
+// EmulatedDeviceTier over a pool arena, driven by a ClientChunkSource, as a
 // worker's ChunkKvStore drives it. The layout is the demo's: 4 layers, 2 KV
 // heads of 32 dims, f32, 16-token blocks (32 KiB); a chunk is 256 tokens,
 // 16 blocks, 512 KiB (a retrieved document of the demo).
@@ -15,10 +15,10 @@
 // - BM_ChunkMemcpyToCold: the baseline for a publish, the same memcpy from
 //   the pool into the next 512 KiB of a 256 MiB buffer, round robin, as a
 //   publish writes least recently used host slots.
-// - BM_ChunkFetch: ClientChunkTier::Fetch of a chunk that sits on host:
+// - BM_ChunkFetch: ClientChunkSource::Fetch of a chunk that sits on host:
 //   LookupChunk, Allocate (a load event), the device tier's copy of the 16
 //   blocks, Complete, Finish; about 4 control round trips and the copy.
-// - BM_ChunkPublish: ClientChunkTier::Publish of a chunk tierkvd has not
+// - BM_ChunkPublish: ClientChunkSource::Publish of a chunk tierkvd has not
 //   seen (fresh tokens each iteration): LookupChunk, Allocate, Commit (a
 //   store event), the copy into host slots, Complete, Finish. The host tier
 //   holds 512 chunks, so later iterations recycle least recently used slots.
@@ -36,10 +36,10 @@
 #include <string>
 #include <vector>
 
-#include "ipc/chunk_tier.h"
-#include "ipc/client.h"
 #include "ipc/server.h"
-#include "tiers/device_tier.h"
+#include "tierkv/client.h"
+#include "tierkv/client_chunk_source.h"
+#include "tierkv/device_tier.h"
 
 namespace tierkv {
 namespace {
@@ -92,7 +92,7 @@ struct ChunkPath {
   std::unique_ptr<ipc::Server> server;
   std::unique_ptr<EmulatedDeviceTier> device;
   std::unique_ptr<Client> client;
-  std::unique_ptr<ClientChunkTier> tier;
+  std::unique_ptr<ClientChunkSource> tier;
   uint64_t next_chunk = 1;
 
   ChunkPath() {
@@ -118,7 +118,7 @@ struct ChunkPath {
     client_options.device = device.get();
     client_options.name = "chunk_tier_bench";
     client = ValueOrDie(Client::Open(client_options), "attach");
-    tier = std::make_unique<ClientChunkTier>(client.get());
+    tier = std::make_unique<ClientChunkSource>(client.get());
     // The chunk BM_ChunkFetch fetches, published once; and a warm-up pass
     // over every host slot, so no timed copy takes a first-touch fault.
     const int64_t chunks_on_host =

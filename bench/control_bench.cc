@@ -79,13 +79,14 @@
 #include <thread>
 #include <vector>
 
-#include "ipc/client.h"
 #include "ipc/protocol.h"
 #include "ipc/server.h"
 #include "ipc/service.h"
 #include "ipc/socket_call.h"
 #include "ipc/stats_page.h"
 #include "src/coordinator.h"
+#include "tierkv/client.h"
+#include "tierkv/embedded.h"
 
 namespace tierkv {
 namespace {
@@ -251,8 +252,9 @@ struct EmbeddedPath {
 
   EmbeddedPath() {
     ClientOptions options = BaseClientOptions();
-    options.embedded_host_bytes = kHostSlots * BenchLayout().BlockBytes();
-    client = ValueOrDie(Client::Open(options), "open embedded");
+    EmbeddedOptions embedded;
+    embedded.host_bytes = kHostSlots * BenchLayout().BlockBytes();
+    client = ValueOrDie(OpenEmbedded(options, embedded), "open embedded");
     StoreThroughClient(*client);
   }
 };

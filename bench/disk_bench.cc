@@ -36,9 +36,9 @@
 #include <string>
 #include <vector>
 
-#include "src/kv_layout.h"
 #include "src/reference_model.h"
 #include "tests/scratch.h"
+#include "tierkv/kv_layout.h"
 #include "tiers/disk_tier.h"
 
 namespace tierkv {

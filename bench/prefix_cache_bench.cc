@@ -8,7 +8,7 @@
 #include <random>
 #include <vector>
 
-#include "src/kv_cache_manager.h"
+#include "tierkv/kv_cache_manager.h"
 
 namespace tierkv {
 namespace {

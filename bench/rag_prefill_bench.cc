@@ -21,9 +21,9 @@
 #include <string>
 #include <vector>
 
-#include "src/kv_cache_manager.h"
 #include "src/reference_model.h"
-#include "src/request.h"
+#include "tierkv/kv_cache_manager.h"
+#include "tierkv/request.h"
 
 namespace tierkv {
 namespace {

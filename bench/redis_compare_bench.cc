@@ -58,9 +58,9 @@
 #include <thread>
 #include <vector>
 
-#include "ipc/client.h"
 #include "tests/child_process.h"
-#include "tiers/device_tier.h"
+#include "tierkv/client.h"
+#include "tierkv/device_tier.h"
 
 namespace tierkv {
 namespace {

@@ -31,7 +31,7 @@
 #include <string>
 #include <vector>
 
-#include "tiers/device_tier.h"
+#include "tierkv/device_tier.h"
 
 namespace tierkv {
 namespace {

@@ -1,36 +1,17 @@
-# cmake --install: the daemons, the worker client's static libraries and
-# public headers, a CMake package (find_package(tierkv)) and tierkv.pc.
-include(GNUInstallDirs)
+# cmake --install: the daemons, the shared libraries engines link
+# (cmake/libraries.cmake) and their public headers, a CMake package
+# (find_package(tierkv)) and pkg-config files (tierkv, tierkv-embedded).
 include(CMakePackageConfigHelpers)
 
 install(TARGETS tierkvd tierkv-admin RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
-install(TARGETS tierkv_core tierkv_tiers tierkv_ipc
+install(TARGETS tierkv tierkv_embedded
   EXPORT tierkvTargets
-  ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
-  INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/tierkv)
-foreach(lib tierkv_core tierkv_tiers tierkv_ipc)
-  target_include_directories(${lib} INTERFACE
-    $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}/tierkv>)
-endforeach()
-
-# What an engine includes: the client and the headers it names.
-set(TIERKV_PUBLIC_HEADERS
-  src/block_key.h src/block_pool.h src/chunk_tier.h src/coordinator.h
-  src/free_block_queue.h
-  src/kv_cache_manager.h src/kv_layout.h src/lower_tier.h src/request.h
-  src/status.h
-  tiers/device_tier.h ipc/client.h ipc/chunk_tier.h)
-foreach(header ${TIERKV_PUBLIC_HEADERS})
-  get_filename_component(dir ${header} DIRECTORY)
-  install(FILES ${PROJECT_SOURCE_DIR}/${header}
-    DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/tierkv/${dir})
-endforeach()
-
-# tierkv::client: everything an engine links, under one name.
-add_library(tierkv_client INTERFACE)
-target_link_libraries(tierkv_client INTERFACE tierkv_ipc)
-set_target_properties(tierkv_client PROPERTIES EXPORT_NAME client)
-install(TARGETS tierkv_client EXPORT tierkvTargets)
+  LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
+  INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+# The public headers, and nothing else: the coordinator, block pool, free
+# queue, tiers and server stay inside.
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/tierkv
+  DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 
 install(EXPORT tierkvTargets NAMESPACE tierkv::
   DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/tierkv)
@@ -42,10 +23,26 @@ write_basic_package_version_file(${PROJECT_BINARY_DIR}/tierkvConfigVersion.cmake
 install(FILES ${PROJECT_BINARY_DIR}/tierkvConfig.cmake
   ${PROJECT_BINARY_DIR}/tierkvConfigVersion.cmake
   DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/tierkv)
-configure_file(${PROJECT_SOURCE_DIR}/cmake/tierkv.pc.in
-  ${PROJECT_BINARY_DIR}/tierkv.pc @ONLY)
-install(FILES ${PROJECT_BINARY_DIR}/tierkv.pc
-  DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
+
+# pkg-config: tierkv (the client) and tierkv-embedded. Relocatable: the
+# prefix is found from where the .pc file lies, as many levels up as
+# <libdir>/pkgconfig is deep (lib/pkgconfig, or Debian's multiarch
+# lib/x86_64-linux-gnu/pkgconfig).
+if(IS_ABSOLUTE "${CMAKE_INSTALL_LIBDIR}")
+  set(TIERKV_PC_PREFIX "${CMAKE_INSTALL_PREFIX}")
+  set(TIERKV_PC_LIBDIR "${CMAKE_INSTALL_LIBDIR}")
+else()
+  file(RELATIVE_PATH TIERKV_PC_UP
+    "/prefix/${CMAKE_INSTALL_LIBDIR}/pkgconfig" "/prefix")
+  set(TIERKV_PC_PREFIX "\${pcfiledir}/${TIERKV_PC_UP}")
+  set(TIERKV_PC_LIBDIR "\${prefix}/${CMAKE_INSTALL_LIBDIR}")
+endif()
+foreach(pc tierkv tierkv-embedded)
+  configure_file(${PROJECT_SOURCE_DIR}/cmake/${pc}.pc.in
+    ${PROJECT_BINARY_DIR}/${pc}.pc @ONLY)
+  install(FILES ${PROJECT_BINARY_DIR}/${pc}.pc
+    DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
+endforeach()
 
 # systemd: the unit, generated because ExecStart names the installed tierkvd
 # and its config by absolute path (this configure's CMAKE_INSTALL_PREFIX; a

@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "src/status.h"
+#include "tierkv/status.h"
 #include "tiers/shm_segment.h"
 
 namespace tierkv::ipc {

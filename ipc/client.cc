@@ -1,4 +1,4 @@
-#include "ipc/client.h"
+#include "tierkv/client.h"
 
 #include <poll.h>
 #include <sys/socket.h>
@@ -13,12 +13,11 @@
 #include <optional>
 
 #include "ipc/channel.h"
+#include "ipc/in_process_store.h"
 #include "ipc/protocol.h"
 #include "ipc/service.h"
 #include "ipc/socket_call.h"
-#include "tiers/disk_tier.h"
 #include "tiers/host_tier.h"
-#include "tiers/slot_disk.h"
 
 namespace tierkv {
 namespace {
@@ -112,18 +111,19 @@ struct Client::Impl {
   WorkerId worker = 0;
   std::unique_ptr<DeviceTier> owned_device;
   DeviceTier* device = nullptr;
-  std::unique_ptr<HostTier> host;
+  // The host slots copies read and write: the attached tierkvd's mapping
+  // (attached_host) or the in-process store's.
+  const HostTier* host = nullptr;
+  std::unique_ptr<HostTier> attached_host;
   // Attached mode.
   int socket_fd = -1;
   std::optional<ipc::ControlChannel> channel;
   std::vector<std::byte> request_bytes, response_bytes;
   Status channel_error;  // Set once the attachment is lost.
   uint64_t session = 1;
-  // Embedded mode. The disk tier is destroyed (waiting for its I/O into
-  // host slots) before the host tier.
-  std::unique_ptr<DiskTier> disk;
-  std::unique_ptr<SlotDisk> slot_disk;
-  std::optional<Coordinator> coordinator;
+  // Embedded mode: the store in this process. ~Impl waits for the copies
+  // into its slots before it goes.
+  std::unique_ptr<ipc::InProcessStore> in_process;
   // Copies on the device tier, by their client-wide tag (event ids start
   // again at 0 in every attachment).
   std::map<uint64_t, Copy> in_flight;
@@ -187,13 +187,14 @@ struct Client::Impl {
           std::string(ipc::MessageTypeName(ipc::TypeOf(*reply))));
     }
     TIERKV_ASSIGN_OR_RETURN(
-        std::unique_ptr<HostTier> attached_host,
+        std::unique_ptr<HostTier> mapped,
         HostTier::Attach(reg->host_segment, fingerprint,
                          options.layout.BlockBytes(), reg->host_slots));
     TIERKV_ASSIGN_OR_RETURN(ipc::ControlChannel attached_channel,
                             ipc::ControlChannel::Open(reg->control_segment));
     worker = reg->worker_id;
-    host = std::move(attached_host);
+    attached_host = std::move(mapped);
+    host = attached_host.get();
     channel.emplace(std::move(attached_channel));
     channel_error = Status::Ok();
     return Status::Ok();
@@ -232,12 +233,7 @@ struct Client::Impl {
   }
 
   StatusOr<Message> Call(const Message& request) {
-    if (coordinator.has_value()) {
-      // No tier thread in embedded mode: each call applies what the disk
-      // tier has finished (tierkvd's tier thread does this for workers).
-      coordinator->PumpLowerTier();
-      return ipc::Dispatch(*coordinator, worker, request);
-    }
+    if (in_process != nullptr) return in_process->Call(worker, request);
     if (!channel_error.ok()) return channel_error;
     request_bytes.clear();
     ipc::Encode(request, &request_bytes);
@@ -381,7 +377,10 @@ WorkerRegistration RegistrationOf(const ClientOptions& options) {
 
 }  // namespace
 
-StatusOr<std::unique_ptr<Client>> Client::Open(const ClientOptions& options) {
+// Checks the options and sets up the device side; the store side is
+// Open's (attached) or OpenInProcess's (embedded).
+StatusOr<std::unique_ptr<Client::Impl>> Client::NewImpl(
+    const ClientOptions& options) {
   TIERKV_RETURN_IF_ERROR(options.layout.Validate());
   TIERKV_RETURN_IF_ERROR(ValidateModelName(options.model));
   if (options.num_device_blocks < 1) {
@@ -403,41 +402,36 @@ StatusOr<std::unique_ptr<Client>> Client::Open(const ClientOptions& options) {
   if (impl->device->block_bytes() != options.layout.BlockBytes()) {
     return Status::InvalidArgument("device tier blocks are not layout-sized");
   }
-  const WorkerRegistration registration = RegistrationOf(options);
-  const std::string fingerprint =
-      StoreFingerprint(options.layout, options.model);
-  if (!options.socket_path.empty()) {
-    TIERKV_RETURN_IF_ERROR(impl->Attach(registration, fingerprint));
-    return std::unique_ptr<Client>(new Client(std::move(impl)));
-  }
+  return impl;
+}
 
-  const int32_t slots = HostTier::SlotsFor(options.embedded_host_bytes,
-                                           options.layout.BlockBytes());
-  HostTierOptions host;
-  host.num_slots = slots;
-  host.slot_bytes = options.layout.BlockBytes();
-  host.layout_fingerprint = fingerprint;
-  TIERKV_ASSIGN_OR_RETURN(impl->host, HostTier::Create(host));
-  CoordinatorOptions coordinator_options{
-      .layout = options.layout, .model = options.model, .host_slots = slots};
-  if (!options.embedded_disk_path.empty()) {
-    TIERKV_ASSIGN_OR_RETURN(
-        impl->disk,
-        DiskTier::Open({.storage = {.path = options.embedded_disk_path},
-                        .capacity_bytes = options.embedded_disk_bytes,
-                        .layout_fingerprint = fingerprint,
-                        .block_bytes = options.layout.BlockBytes(),
-                        .element_bytes = static_cast<int32_t>(
-                            options.layout.ElementSize())}));
-    impl->slot_disk =
-        std::make_unique<SlotDisk>(impl->disk.get(), impl->host.get());
-    coordinator_options.lower = impl->slot_disk.get();
+StatusOr<std::unique_ptr<Client>> Client::Open(const ClientOptions& options) {
+  if (options.socket_path.empty()) {
+    return Status::InvalidArgument(
+        "ClientOptions::socket_path is empty: name the tierkvd to attach to, "
+        "or open a store in this process with OpenEmbedded "
+        "(tierkv/embedded.h, library tierkv::embedded)");
   }
-  TIERKV_ASSIGN_OR_RETURN(Coordinator coordinator,
-                          Coordinator::Create(coordinator_options));
-  impl->coordinator.emplace(std::move(coordinator));
+  TIERKV_ASSIGN_OR_RETURN(std::unique_ptr<Impl> impl, NewImpl(options));
+  TIERKV_RETURN_IF_ERROR(
+      impl->Attach(RegistrationOf(options),
+                   StoreFingerprint(options.layout, options.model)));
+  return std::unique_ptr<Client>(new Client(std::move(impl)));
+}
+
+StatusOr<std::unique_ptr<Client>> Client::OpenInProcess(
+    const ClientOptions& options, std::unique_ptr<ipc::InProcessStore> store) {
+  if (!options.socket_path.empty()) {
+    return Status::InvalidArgument(
+        "an embedded client attaches to no tierkvd: socket_path must be "
+        "empty, not " +
+        options.socket_path);
+  }
+  TIERKV_ASSIGN_OR_RETURN(std::unique_ptr<Impl> impl, NewImpl(options));
   TIERKV_ASSIGN_OR_RETURN(impl->worker,
-                          impl->coordinator->RegisterWorker(registration));
+                          store->RegisterWorker(RegistrationOf(options)));
+  impl->host = &store->host();
+  impl->in_process = std::move(store);
   return std::unique_ptr<Client>(new Client(std::move(impl)));
 }
 
@@ -591,7 +585,7 @@ StatusOr<CoordinatorStats> Client::Stats() {
 
 Status Client::Reconnect() {
   Impl& impl = *impl_;
-  if (impl.coordinator.has_value()) return Status::Ok();
+  if (impl.in_process != nullptr) return Status::Ok();
   if (impl.channel_error.ok()) {
     if (impl.PeerAlive()) return Status::Ok();
     impl.LoseAttachment(Status::Unavailable("tierkvd closed the connection"));
@@ -605,12 +599,9 @@ Status Client::Reconnect() {
 }
 
 WorkerId Client::worker_id() const { return impl_->worker; }
-bool Client::embedded() const { return impl_->coordinator.has_value(); }
+bool Client::embedded() const { return impl_->in_process != nullptr; }
 const KvLayout& Client::layout() const { return impl_->options.layout; }
 DeviceTier& Client::device() { return *impl_->device; }
-const std::byte* Client::host_slot(BlockId slot) const {
-  return impl_->host->slot(slot);
-}
 size_t Client::transfers_in_flight() const { return impl_->in_flight.size(); }
 size_t Client::loads_pending() const { return impl_->pending_loads.size(); }
 bool Client::connected() const { return impl_->channel_error.ok(); }

@@ -15,10 +15,10 @@
 #include <variant>
 #include <vector>
 
-#include "src/block_key.h"
 #include "src/coordinator.h"
-#include "src/kv_layout.h"
-#include "src/status.h"
+#include "tierkv/block_key.h"
+#include "tierkv/kv_layout.h"
+#include "tierkv/status.h"
 
 namespace tierkv::ipc {
 

@@ -14,7 +14,7 @@
 #include <cstring>
 
 #include "ipc/server_impl.h"
-#include "src/version.h"
+#include "tierkv/version.h"
 
 namespace tierkv::ipc {
 namespace {

@@ -22,8 +22,8 @@
 
 #include "ipc/channel.h"
 #include "src/coordinator.h"
-#include "src/kv_layout.h"
-#include "src/status.h"
+#include "tierkv/kv_layout.h"
+#include "tierkv/status.h"
 #include "tiers/disk_tier.h"
 
 namespace tierkv::ipc {

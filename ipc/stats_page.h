@@ -27,7 +27,7 @@
 #include <string>
 
 #include "src/coordinator.h"
-#include "src/status.h"
+#include "tierkv/status.h"
 #include "tiers/shm_segment.h"
 
 namespace tierkv::ipc {

@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "src/chunk_parser.h"
-#include "src/status.h"
+#include "tierkv/status.h"
 
 namespace tierkv {
 

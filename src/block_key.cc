@@ -1,4 +1,4 @@
-#include "src/block_key.h"
+#include "tierkv/block_key.h"
 
 #include <xxhash.h>
 

@@ -33,18 +33,12 @@
 #include <utility>
 #include <vector>
 
-#include "src/block_key.h"
 #include "src/free_block_queue.h"
-#include "src/status.h"
+#include "tierkv/block_key.h"
+#include "tierkv/block_pool_options.h"
+#include "tierkv/status.h"
 
 namespace tierkv {
-
-struct BlockPoolOptions {
-  int32_t num_blocks = 0;          // Including the null block. Required.
-  int32_t block_size = 16;         // Tokens per block. Default: 16.
-  bool reserve_null_block = true;  // Block 0 is a placeholder, as in vLLM v1.
-                                   // Default: true.
-};
 
 struct BlockPoolStats {
   uint64_t evictions = 0;  // Keyed blocks whose key was dropped for reuse.

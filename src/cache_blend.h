@@ -19,7 +19,7 @@
 #include <span>
 #include <vector>
 
-#include "src/status.h"
+#include "tierkv/status.h"
 
 namespace tierkv {
 

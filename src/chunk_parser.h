@@ -22,8 +22,8 @@
 #include <utility>
 #include <vector>
 
-#include "src/block_key.h"
-#include "src/status.h"
+#include "tierkv/block_key.h"
+#include "tierkv/status.h"
 
 namespace tierkv {
 

@@ -17,44 +17,6 @@ std::string RequestName(RequestId request) {
 
 }  // namespace
 
-const char* EventKindName(EventKind kind) {
-  return kind == EventKind::kLoad ? "load" : "store";
-}
-
-const char* EventStateName(EventState state) {
-  switch (state) {
-    case EventState::kPromoting:
-      return "promoting";
-    case EventState::kReady:
-      return "ready";
-    case EventState::kCopying:
-      return "copying";
-  }
-  return "?";
-}
-
-const char* TierSelectionName(TierSelection tiers) {
-  switch (tiers) {
-    case TierSelection::kHost:
-      return "host";
-    case TierSelection::kDisk:
-      return "disk";
-    case TierSelection::kAll:
-      return "all";
-  }
-  return "?";
-}
-
-std::string EvictedBlockSummary(const EvictedBlock& b) {
-  if (b.host_dropped) {
-    return b.disk_dropped ? "dropped from host and disk" : "dropped from host";
-  }
-  if (b.host_pinned) {
-    return b.disk_dropped ? "pinned, kept; dropped from disk" : "pinned, kept";
-  }
-  return b.disk_dropped ? "dropped from disk" : "not cached";
-}
-
 StatusOr<Coordinator> Coordinator::Create(const CoordinatorOptions& options) {
   TIERKV_RETURN_IF_ERROR(options.layout.Validate());
   TIERKV_RETURN_IF_ERROR(ValidateModelName(options.model));

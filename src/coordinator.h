@@ -78,46 +78,17 @@
 #include <unordered_set>
 #include <vector>
 
-#include "src/block_key.h"
 #include "src/block_pool.h"
-#include "src/kv_layout.h"
+#include "src/coordinator_types.h"
 #include "src/lower_tier.h"
-#include "src/request.h"
-#include "src/status.h"
+#include "tierkv/block_key.h"
+#include "tierkv/kv_layout.h"
+#include "tierkv/request.h"
+#include "tierkv/stats.h"
+#include "tierkv/status.h"
+#include "tierkv/transfer.h"
 
 namespace tierkv {
-
-using WorkerId = uint32_t;
-
-enum class EventKind : uint8_t { kLoad = 1, kStore = 2 };
-
-// Loads and stores are numbered separately per worker from 0, as seed 004
-// numbers load_event and store_event.
-struct EventRef {
-  EventKind kind = EventKind::kStore;
-  uint64_t id = 0;
-  friend bool operator==(const EventRef&, const EventRef&) = default;
-};
-
-// A copy the worker must run: device_blocks[i] <-> host_blocks[i].
-struct TransferEvent {
-  EventRef ref;
-  RequestId request = 0;
-  std::vector<BlockId> device_blocks;  // Store: sources. Load: destinations.
-  std::vector<BlockId> host_blocks;    // Store: destinations. Load: sources.
-  // Load: blocks after these that are not loaded (their promotion from the
-  // lower tier failed); the engine recomputes them.
-  int32_t failed_blocks = 0;
-};
-
-struct WorkerRegistration {
-  KvLayout layout;
-  std::string model = {};         // The model it runs. Default: "" (unnamed).
-  int32_t num_device_blocks = 0;  // Block ids the worker may name: [0, n).
-  std::string tenant;             // Tenants never share keys.
-  int32_t pid = 0;
-  std::string name;  // For people: shown by tierkv-admin.
-};
 
 struct CoordinatorOptions {
   KvLayout layout;  // The one layout this store serves.
@@ -140,154 +111,6 @@ struct CoordinatorOptions {
   // The clock events are timestamped with (and spills rest by), called on
   // the owner's thread. Default: std::chrono::steady_clock::now.
   std::function<std::chrono::steady_clock::time_point()> clock = {};
-};
-
-struct LookupResult {
-  // Tokens after num_computed_tokens found on host or the lower tier.
-  int32_t hit_tokens = 0;
-  // Of hit_tokens, those in blocks only the lower tier holds: loading them
-  // waits for a promotion.
-  int32_t disk_hit_tokens = 0;
-};
-
-struct AllocateResult {
-  std::optional<TransferEvent> load;
-  // The load waits for promotions from the lower tier: do not copy it.
-  // TakeReadyLoads hands it out (possibly cut short) when they are done.
-  bool load_pending = false;
-  // OK, or ResourceExhausted when every host slot is pinned: the request runs,
-  // but nothing it computes can be stored now.
-  Status store_status;
-};
-
-struct CommitResult {
-  std::vector<TransferEvent> stores;  // Zero or one event.
-  // Full blocks not stored: no slot was free, or an operator dropped the
-  // key while its spill runs (Evict, Clear).
-  int32_t skipped_blocks = 0;
-};
-
-struct CompletedEvent {
-  EventRef ref;
-  bool ok = true;  // False: the copy failed; a store's slots stay unkeyed.
-};
-
-struct WorkerStats {
-  WorkerId id = 0;
-  int32_t pid = 0;
-  std::string name;
-  uint32_t requests = 0;
-  uint32_t loads_in_flight = 0;
-  uint32_t stores_in_flight = 0;
-};
-
-struct HostTierStats {
-  uint64_t slot_bytes = 0;     // One KV block.
-  int64_t capacity_slots = 0;  // Usable slots (the null slot excluded).
-  int64_t free_slots = 0;      // In the free queue (cached or not).
-  int64_t used_slots = 0;      // Keyed, or being written by a store.
-  int64_t cached_slots = 0;    // Keyed: visible to lookups.
-  int64_t pinned_slots = 0;    // Ref count > 0 (hits, loads, stores).
-  uint64_t lookups = 0;
-  uint64_t lookup_blocks = 0;  // Blocks a lookup could have hit.
-  uint64_t hit_blocks = 0;
-  uint64_t miss_blocks = 0;
-  uint64_t evictions = 0;
-  uint64_t stores_completed = 0;  // Blocks.
-  uint64_t loads_completed = 0;   // Blocks.
-  uint64_t stores_failed = 0;     // Blocks whose store failed or was lost.
-  uint64_t store_skipped = 0;     // Blocks not stored: no free slot.
-  uint64_t events_in_flight = 0;
-  // Traffic with the lower tier (all 0 without one).
-  uint64_t disk_hit_blocks = 0;     // Lookup hits only the lower tier held.
-  uint64_t spills = 0;              // Blocks copied down, then dropped.
-  uint64_t spill_drops = 0;         // Dropped: the lower tier had them.
-  uint64_t spill_failures = 0;      // Kept on host: the copy failed.
-  uint64_t promotions = 0;          // Blocks copied up for a load.
-  uint64_t promotion_failures = 0;  // Missing, corrupt, or no free slot.
-  // Load events a Finish cancelled before the worker took them (its
-  // request was aborted while promotions ran).
-  uint64_t loads_cancelled = 0;
-  uint64_t spills_in_flight = 0;
-  uint64_t promotions_in_flight = 0;
-};
-
-// The tiers an operator's Clear empties.
-enum class TierSelection : uint8_t { kHost = 1, kDisk = 2, kAll = 3 };
-const char* TierSelectionName(TierSelection tiers);  // "host", "disk", "all"
-
-struct ClearResult {
-  uint64_t host_dropped = 0;
-  // Host blocks kept because something pins them: keyed slots held by
-  // lookups or loads, and slots a store or promotion is writing. A block
-  // only its spill pins is dropped (host_dropped): see Coordinator::Clear.
-  uint64_t host_kept_pinned = 0;
-  uint64_t disk_dropped = 0;
-  bool disk_cleared = false;  // There was a lower tier to clear.
-};
-
-// What Evict did with one key.
-struct EvictedBlock {
-  BlockKey key;
-  // Dropped from host, including a block whose spill was in flight: lookups
-  // miss it at once, and nothing of it stays once the spill finishes.
-  bool host_dropped = false;
-  // On host (or being stored) but pinned by a worker: kept.
-  bool host_pinned = false;
-  bool disk_dropped = false;
-  friend bool operator==(const EvictedBlock&, const EvictedBlock&) = default;
-};
-// For people: "dropped from host and disk", "dropped from host", "dropped
-// from disk", "pinned, kept" (then "; dropped from disk" if it was), or
-// "not cached".
-std::string EvictedBlockSummary(const EvictedBlock& block);
-
-// Where a transfer event in flight stands (see the state list above).
-enum class EventState : uint8_t { kPromoting = 1, kReady = 2, kCopying = 3 };
-
-const char* EventKindName(EventKind kind);     // "load", "store"
-const char* EventStateName(EventState state);  // "promoting", ...
-
-// One transfer event in flight, for people (tierkv-admin events).
-struct EventInfo {
-  WorkerId worker = 0;
-  std::string worker_name;
-  EventRef ref;
-  RequestId request = 0;
-  // Blocks it copies; a load cut short by failed promotions copies those
-  // before the cut.
-  uint32_t blocks = 0;
-  EventState state = EventState::kCopying;
-  uint64_t age_us = 0;  // Since Allocate or Commit created it.
-};
-
-// Latencies of completed transfer events, from Allocate or Commit to
-// Complete (failed copies included), as a histogram.
-struct EventLatency {
-  // Upper bounds of the buckets (100 us .. 10 s); a last bucket takes the
-  // rest.
-  static constexpr uint64_t kBucketMicros[] = {
-      100, 1'000, 5'000, 10'000, 50'000, 100'000, 1'000'000, 10'000'000};
-  static constexpr size_t kBuckets = std::size(kBucketMicros) + 1;
-  // Events per bucket (not cumulative); the last: above every bound.
-  uint64_t buckets[kBuckets] = {};
-  uint64_t count = 0;
-  uint64_t sum_us = 0;
-
-  void Record(uint64_t latency_us);
-  friend bool operator==(const EventLatency&, const EventLatency&) = default;
-};
-
-struct CoordinatorStats {
-  HostTierStats host;
-  EventLatency load_latency;
-  EventLatency store_latency;
-  // Age of the oldest transfer event in flight; 0 when none is.
-  uint64_t oldest_event_age_us = 0;
-  std::optional<DiskTierStats> disk;  // With a lower tier only.
-  std::string model = {};             // CoordinatorOptions::model.
-  std::string version = {};           // tierkv's release (Version()).
-  std::vector<WorkerStats> workers;
 };
 
 class Coordinator {
@@ -361,6 +184,9 @@ class Coordinator {
   // id).
   std::vector<EventInfo> events() const;
   const BlockPool& host_pool() const { return host_pool_; }
+  // Nothing in flight on the lower tier: every spill and promotion
+  // started has finished and PumpLowerTier applied its result.
+  bool lower_tier_idle() const { return lower_ops_.empty(); }
   const KvLayout& layout() const { return options_.layout; }
   size_t num_workers() const { return workers_.size(); }
 

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "src/coordinator.h"
-#include "src/version.h"
+#include "tierkv/version.h"
 
 namespace tierkv {
 namespace {
@@ -20,14 +20,6 @@ uint64_t MicrosecondsSince(std::chrono::steady_clock::time_point start,
 }
 
 }  // namespace
-
-void EventLatency::Record(uint64_t latency_us) {
-  size_t b = 0;
-  while (b < std::size(kBucketMicros) && latency_us > kBucketMicros[b]) ++b;
-  ++buckets[b];
-  ++count;
-  sum_us += latency_us;
-}
 
 CoordinatorStats Coordinator::stats() const {
   CoordinatorStats out;

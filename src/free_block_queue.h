@@ -11,9 +11,9 @@
 #include <span>
 #include <vector>
 
-namespace tierkv {
+#include "tierkv/types.h"
 
-using BlockId = int32_t;
+namespace tierkv {
 
 class FreeBlockQueue {
  public:

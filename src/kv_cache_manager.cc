@@ -1,7 +1,12 @@
-#include "src/kv_cache_manager.h"
+#include "tierkv/kv_cache_manager.h"
 
 #include <algorithm>
 #include <string>
+#include <unordered_map>
+#include <utility>
+
+#include "src/block_pool.h"
+#include "src/kv_cache_manager_internal.h"
 
 namespace tierkv {
 namespace {
@@ -10,58 +15,104 @@ int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 }  // namespace
 
+struct KVCacheManager::RequestState {
+  std::vector<BlockId> blocks;
+  int32_t num_tokens = 0;         // Tokens that have slots.
+  int32_t num_cached_blocks = 0;  // Leading blocks already keyed.
+  // An external load outstanding: tokens [load_start, load_end) wait for
+  // their KV and nothing of the request is keyed. load_end == 0: none.
+  int32_t load_start = 0;
+  int32_t load_end = 0;
+};
+
+struct KVCacheManager::State {
+  BlockPool pool;
+  bool enable_caching = true;
+  std::unordered_map<RequestId, RequestState> requests;
+  PrefixCacheStats stats;
+};
+
+KVCacheManager::KVCacheManager(std::unique_ptr<State> state)
+    : s_(std::move(state)) {}
+KVCacheManager::KVCacheManager(KVCacheManager&&) noexcept = default;
+KVCacheManager& KVCacheManager::operator=(KVCacheManager&&) noexcept = default;
+KVCacheManager::~KVCacheManager() = default;
+
+const BlockPool& PoolOf(const KVCacheManager& manager) {
+  return manager.s_->pool;
+}
+
+bool KVCacheManager::EvictCachedBlock(BlockId id) {
+  return s_->pool.EvictCachedBlock(id);
+}
+void KVCacheManager::PinBlocks(std::span<const BlockId> ids) {
+  s_->pool.Touch(ids);
+}
+void KVCacheManager::UnpinBlocks(std::span<const BlockId> ids) {
+  s_->pool.FreeBlocks(ids);
+}
+size_t KVCacheManager::num_requests() const { return s_->requests.size(); }
+int32_t KVCacheManager::num_blocks() const { return s_->pool.num_blocks(); }
+int32_t KVCacheManager::num_free_blocks() const {
+  return s_->pool.num_free_blocks();
+}
+
 StatusOr<KVCacheManager> KVCacheManager::Create(
     const KVCacheManagerOptions& options) {
   TIERKV_ASSIGN_OR_RETURN(BlockPool pool, BlockPool::Create(options.pool));
-  return KVCacheManager(std::move(pool), options.enable_caching);
+  return KVCacheManager(
+      std::make_unique<State>(State{.pool = std::move(pool),
+                                    .enable_caching = options.enable_caching,
+                                    .requests = {},
+                                    .stats = {}}));
 }
 
 ComputedBlocks KVCacheManager::GetComputedBlocks(const Request& request) {
   ComputedBlocks computed;
-  if (!enable_caching_ || request.num_tokens() == 0 ||
-      request.block_size() != pool_.block_size()) {
+  if (!s_->enable_caching || request.num_tokens() == 0 ||
+      request.block_size() != s_->pool.block_size()) {
     return computed;
   }
-  ++stats_.queries;
-  stats_.query_tokens += static_cast<uint64_t>(request.num_tokens());
+  ++s_->stats.queries;
+  s_->stats.query_tokens += static_cast<uint64_t>(request.num_tokens());
 
-  const int32_t bs = pool_.block_size();
+  const int32_t bs = s_->pool.block_size();
   const auto max_blocks =
       std::min<size_t>(static_cast<size_t>((request.num_tokens() - 1) / bs),
                        request.block_keys().size());
   computed.blocks.reserve(max_blocks);
   for (size_t i = 0; i < max_blocks; ++i) {
-    auto hit = pool_.GetCachedBlock(
+    auto hit = s_->pool.GetCachedBlock(
         request.block_keys()[i], request.block_tokens(static_cast<int32_t>(i)));
     if (!hit) break;
     computed.blocks.push_back(*hit);
   }
   computed.num_tokens = static_cast<int32_t>(computed.blocks.size()) * bs;
   if (computed.num_tokens > 0) {
-    ++stats_.hits;
-    stats_.hit_tokens += static_cast<uint64_t>(computed.num_tokens);
+    ++s_->stats.hits;
+    s_->stats.hit_tokens += static_cast<uint64_t>(computed.num_tokens);
   }
   return computed;
 }
 
 int64_t KVCacheManager::BlocksShort(int64_t num_tokens, size_t held) const {
-  return std::max<int64_t>(
-      0, CeilDiv(num_tokens, pool_.block_size()) - static_cast<int64_t>(held));
+  return std::max<int64_t>(0, CeilDiv(num_tokens, s_->pool.block_size()) -
+                                  static_cast<int64_t>(held));
 }
 
 Status KVCacheManager::CheckBlockSize(const Request& request) const {
-  if (request.block_size() != pool_.block_size()) {
+  if (request.block_size() != s_->pool.block_size()) {
     return Status::InvalidArgument(
         "request " + std::to_string(request.id()) + " was keyed with " +
         std::to_string(request.block_size()) + "-token blocks; this pool's " +
-        "blocks hold " + std::to_string(pool_.block_size()));
+        "blocks hold " + std::to_string(s_->pool.block_size()));
   }
   return Status::Ok();
 }
 
 Status KVCacheManager::CheckComputedStillCached(
     const Request& request, const ComputedBlocks& computed) const {
-  const int32_t bs = pool_.block_size();
+  const int32_t bs = s_->pool.block_size();
   if (computed.num_tokens !=
           static_cast<int32_t>(computed.blocks.size()) * bs ||
       computed.blocks.size() > request.block_keys().size()) {
@@ -69,8 +120,8 @@ Status KVCacheManager::CheckComputedStillCached(
   }
   for (size_t i = 0; i < computed.blocks.size(); ++i) {
     const BlockId id = computed.blocks[i];
-    if (!pool_.IsValid(id) || !pool_.block(id).has_key ||
-        !(pool_.block(id).key == request.block_keys()[i])) {
+    if (!s_->pool.IsValid(id) || !s_->pool.block(id).has_key ||
+        !(s_->pool.block(id).key == request.block_keys()[i])) {
       return Status::FailedPrecondition(
           "computed block " + std::to_string(id) +
           " was evicted since GetComputedBlocks; look the request up again");
@@ -90,8 +141,8 @@ StatusOr<std::vector<BlockId>> KVCacheManager::AllocateSlots(
         "num_external_tokens must be within 0..num_new_tokens");
   }
   TIERKV_RETURN_IF_ERROR(CheckBlockSize(request));
-  auto it = requests_.find(request.id());
-  const bool is_new = it == requests_.end();
+  auto it = s_->requests.find(request.id());
+  const bool is_new = it == s_->requests.end();
   if (!is_new && !computed.blocks.empty()) {
     return Status::InvalidArgument(
         "computed blocks are only taken on a request's first allocation");
@@ -103,7 +154,7 @@ StatusOr<std::vector<BlockId>> KVCacheManager::AllocateSlots(
   }
   TIERKV_RETURN_IF_ERROR(CheckComputedStillCached(request, computed));
 
-  const int32_t bs = pool_.block_size();
+  const int32_t bs = s_->pool.block_size();
   const int64_t have_tokens = is_new ? 0 : it->second.num_tokens;
   const int64_t load_start = have_tokens + computed.num_tokens;
   if (num_external_tokens > 0 && load_start % bs != 0) {
@@ -115,34 +166,34 @@ StatusOr<std::vector<BlockId>> KVCacheManager::AllocateSlots(
   const size_t have_blocks = is_new ? 0 : it->second.blocks.size();
   const int64_t total =
       have_tokens + int64_t{computed.num_tokens} + int64_t{num_new_tokens};
-  if (CeilDiv(total, bs) > pool_.num_blocks()) {
+  if (CeilDiv(total, bs) > s_->pool.num_blocks()) {
     return Status::InvalidArgument("request " + std::to_string(request.id()) +
                                    " would hold " + std::to_string(total) +
                                    " tokens, more than the whole pool (" +
-                                   std::to_string(pool_.num_blocks()) +
+                                   std::to_string(s_->pool.num_blocks()) +
                                    " blocks of " + std::to_string(bs) + ")");
   }
   const auto needed = static_cast<int32_t>(
       BlocksShort(total, have_blocks + computed.blocks.size()));
   // Touching a free hit takes it out of the free queue, so it cannot also
   // serve as a new block.
-  const auto free_hits = static_cast<int32_t>(
-      std::count_if(computed.blocks.begin(), computed.blocks.end(),
-                    [&](BlockId id) { return pool_.block(id).ref_cnt == 0; }));
-  if (needed > pool_.num_free_blocks() - free_hits) {
+  const auto free_hits = static_cast<int32_t>(std::count_if(
+      computed.blocks.begin(), computed.blocks.end(),
+      [&](BlockId id) { return s_->pool.block(id).ref_cnt == 0; }));
+  if (needed > s_->pool.num_free_blocks() - free_hits) {
     return Status::ResourceExhausted(
         "request " + std::to_string(request.id()) + " needs " +
         std::to_string(needed) + " new blocks, " +
-        std::to_string(pool_.num_free_blocks() - free_hits) + " available");
+        std::to_string(s_->pool.num_free_blocks() - free_hits) + " available");
   }
 
-  RequestState& state = is_new ? requests_[request.id()] : it->second;
-  pool_.Touch(computed.blocks);
+  RequestState& state = is_new ? s_->requests[request.id()] : it->second;
+  s_->pool.Touch(computed.blocks);
   state.blocks.insert(state.blocks.end(), computed.blocks.begin(),
                       computed.blocks.end());
   state.num_cached_blocks += static_cast<int32_t>(computed.blocks.size());
   std::vector<BlockId> new_blocks;
-  TIERKV_RETURN_IF_ERROR(pool_.GetNewBlocks(needed, &new_blocks));
+  TIERKV_RETURN_IF_ERROR(s_->pool.GetNewBlocks(needed, &new_blocks));
   state.blocks.insert(state.blocks.end(), new_blocks.begin(), new_blocks.end());
   state.num_tokens = static_cast<int32_t>(total);
   if (num_external_tokens > 0) {
@@ -155,8 +206,8 @@ StatusOr<std::vector<BlockId>> KVCacheManager::AllocateSlots(
 
 StatusOr<ExternalLoadResult> KVCacheManager::CompleteExternalLoad(
     const Request& request, int32_t num_loaded_tokens) {
-  auto it = requests_.find(request.id());
-  if (it == requests_.end()) {
+  auto it = s_->requests.find(request.id());
+  if (it == s_->requests.end()) {
     return Status::NotFound("request " + std::to_string(request.id()) +
                             " holds no blocks");
   }
@@ -166,7 +217,7 @@ StatusOr<ExternalLoadResult> KVCacheManager::CompleteExternalLoad(
                                       std::to_string(request.id()) +
                                       " has no external load outstanding");
   }
-  const int32_t bs = pool_.block_size();
+  const int32_t bs = s_->pool.block_size();
   const int32_t expected = state.load_end - state.load_start;
   // A whole-block count for a load whose last block is partial (a chunk).
   if (num_loaded_tokens > expected &&
@@ -201,35 +252,35 @@ StatusOr<ExternalLoadResult> KVCacheManager::CompleteExternalLoad(
 }
 
 bool KVCacheManager::IsLoading(RequestId id) const {
-  auto it = requests_.find(id);
-  return it != requests_.end() && it->second.load_end > 0;
+  auto it = s_->requests.find(id);
+  return it != s_->requests.end() && it->second.load_end > 0;
 }
 
 Status KVCacheManager::CacheFullBlocks(const Request& request,
                                        RequestState* state) {
-  if (!enable_caching_ || state->load_end > 0) return Status::Ok();
-  const int32_t bs = pool_.block_size();
+  if (!s_->enable_caching || state->load_end > 0) return Status::Ok();
+  const int32_t bs = s_->pool.block_size();
   const int32_t known = std::min(state->num_tokens, request.num_tokens());
   const int32_t full = std::min<int32_t>(
       {known / bs, static_cast<int32_t>(request.block_keys().size()),
        static_cast<int32_t>(state->blocks.size())});
   if (full <= state->num_cached_blocks) return Status::Ok();
-  TIERKV_RETURN_IF_ERROR(
-      pool_.CacheFullBlocks(state->blocks, request.block_keys(),
-                            request.tokens(), state->num_cached_blocks, full));
+  TIERKV_RETURN_IF_ERROR(s_->pool.CacheFullBlocks(
+      state->blocks, request.block_keys(), request.tokens(),
+      state->num_cached_blocks, full));
   state->num_cached_blocks = full;
   return Status::Ok();
 }
 
 bool KVCacheManager::CanAppend(const Request& request) const {
-  auto it = requests_.find(request.id());
-  const size_t held = it == requests_.end() ? 0 : it->second.blocks.size();
-  return pool_.num_free_blocks() >= BlocksShort(request.num_tokens(), held);
+  auto it = s_->requests.find(request.id());
+  const size_t held = it == s_->requests.end() ? 0 : it->second.blocks.size();
+  return s_->pool.num_free_blocks() >= BlocksShort(request.num_tokens(), held);
 }
 
 Status KVCacheManager::MayAppend(const Request& request) {
-  auto it = requests_.find(request.id());
-  if (it == requests_.end()) {
+  auto it = s_->requests.find(request.id());
+  if (it == s_->requests.end()) {
     return Status::NotFound("request " + std::to_string(request.id()) +
                             " holds no blocks");
   }
@@ -248,7 +299,7 @@ Status KVCacheManager::MayAppend(const Request& request) {
       static_cast<int32_t>(BlocksShort(len, state.blocks.size()));
   if (needed > 0) {
     // len % block_size == 1: the previous block is full, start a new one.
-    TIERKV_RETURN_IF_ERROR(pool_.GetNewBlocks(needed, &state.blocks));
+    TIERKV_RETURN_IF_ERROR(s_->pool.GetNewBlocks(needed, &state.blocks));
   }
   state.num_tokens = std::max(state.num_tokens, len);
   // len % block_size == 0: the new token filled the last block.
@@ -256,39 +307,39 @@ Status KVCacheManager::MayAppend(const Request& request) {
 }
 
 Status KVCacheManager::Free(RequestId id) {
-  auto it = requests_.find(id);
-  if (it == requests_.end()) {
+  auto it = s_->requests.find(id);
+  if (it == s_->requests.end()) {
     return Status::NotFound("request " + std::to_string(id) +
                             " holds no blocks");
   }
   std::vector<BlockId>& blocks = it->second.blocks;
   std::reverse(blocks.begin(), blocks.end());
-  pool_.FreeBlocks(blocks);
-  requests_.erase(it);
+  s_->pool.FreeBlocks(blocks);
+  s_->requests.erase(it);
   return Status::Ok();
 }
 
 StatusOr<std::vector<BlockId>> KVCacheManager::AllocateRemapBlocks(int32_t n) {
   std::vector<BlockId> blocks;
   if (n < 1) return blocks;
-  TIERKV_RETURN_IF_ERROR(pool_.GetNewBlocks(n, &blocks));
+  TIERKV_RETURN_IF_ERROR(s_->pool.GetNewBlocks(n, &blocks));
   return blocks;
 }
 
 void KVCacheManager::ReleaseRemappedBlocks(std::span<const BlockId> blocks) {
   std::vector<BlockId> reversed(blocks.rbegin(), blocks.rend());
-  pool_.FreeBlocks(reversed);
+  s_->pool.FreeBlocks(reversed);
 }
 
 std::span<const BlockId> KVCacheManager::blocks(RequestId id) const {
-  auto it = requests_.find(id);
-  if (it == requests_.end()) return {};
+  auto it = s_->requests.find(id);
+  if (it == s_->requests.end()) return {};
   return it->second.blocks;
 }
 
 PrefixCacheStats KVCacheManager::stats() const {
-  PrefixCacheStats s = stats_;
-  s.evictions = pool_.stats().evictions;
+  PrefixCacheStats s = s_->stats;
+  s.evictions = s_->pool.stats().evictions;
   return s;
 }
 

@@ -12,38 +12,12 @@
 #include <functional>
 #include <span>
 
-#include "src/block_key.h"
-#include "src/free_block_queue.h"
-#include "src/status.h"
+#include "tierkv/block_key.h"
+#include "tierkv/stats.h"
+#include "tierkv/status.h"
+#include "tierkv/types.h"
 
 namespace tierkv {
-
-struct DiskTierStats {
-  uint64_t capacity_bytes = 0;  // The bound on `bytes`.
-  uint64_t bytes = 0;           // Value bytes held (being written + stored).
-  uint64_t keys = 0;            // Stored keys.
-  uint64_t puts = 0;            // Values written.
-  uint64_t put_failures = 0;    // Puts that failed (not superseded ones).
-  uint64_t gets = 0;
-  uint64_t hits = 0;
-  uint64_t misses = 0;     // Not stored, or stored for other tokens.
-  uint64_t evictions = 0;  // Keys evicted for capacity.
-  // Values that failed verification on Get; each was deleted.
-  uint64_t checksum_failures = 0;
-  // Gets whose token ids differ from the stored block's (a key collision,
-  // accidental or crafted): a miss, the stored block is kept.
-  uint64_t token_mismatches = 0;
-  // Values the last open dropped: malformed, failed checksum, or written
-  // for another layout or model (another StoreFingerprint).
-  // layout_mismatches counts the last kind only.
-  uint64_t dropped_on_open = 0;
-  uint64_t layout_mismatches = 0;
-  // Payload and stored bytes of the values written: their ratio is the
-  // compression ratio the tier achieves.
-  uint64_t payload_bytes_written = 0;
-  uint64_t stored_bytes_written = 0;
-  uint64_t file_bytes = 0;  // Bytes of the files that hold live data.
-};
 
 class LowerTier {
  public:

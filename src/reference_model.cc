@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "src/chunk_parser.h"
+#include "src/kv_cache_manager_internal.h"
 
 namespace tierkv {
 namespace {
@@ -692,7 +693,7 @@ StatusOr<PrefillOutput> PrefixCachedPrefill(const ReferenceModel& model,
                                             PagedKvCache* pool_cache,
                                             int32_t num_logits,
                                             int32_t* hit_tokens) {
-  const BlockPool& pool = manager->pool();
+  const BlockPool& pool = PoolOf(*manager);
   if (pool_cache->num_blocks() < pool.num_blocks() ||
       pool_cache->layout().block_size != pool.block_size()) {
     return Invalid("the pool's KV cache must have one block per pool block");
@@ -813,7 +814,7 @@ std::vector<BlockId> ChunkKvStore::FetchFromTier(
   if (tier_ == nullptr || keys.empty()) return {};
   std::vector<BlockId> blocks;
   bool pool_full = false;
-  const ChunkTier::AllocateBlocks allocate =
+  const ChunkSource::AllocateBlocks allocate =
       [&](int32_t n) -> StatusOr<std::vector<BlockId>> {
     if (n != static_cast<int32_t>(keys.size())) {
       return Status::Internal("chunk tier asked for " + std::to_string(n) +
@@ -1007,8 +1008,8 @@ StatusOr<ChunkedPrefillResult> ChunkedPrefill(
     std::span<const TokenId> prompt, std::span<const TokenId> separator,
     const ChunkedPrefillOptions& options, MainKvPool main) {
   if (main.manager == nullptr || main.memory == nullptr ||
-      main.memory->num_blocks() < main.manager->pool().num_blocks() ||
-      main.memory->layout().block_size != main.manager->pool().block_size()) {
+      main.memory->num_blocks() < PoolOf(*main.manager).num_blocks() ||
+      main.memory->layout().block_size != PoolOf(*main.manager).block_size()) {
     return Status::InvalidArgument(
         "chunked prefill: the main pool's memory must hold one block of its "
         "block size per pool block");

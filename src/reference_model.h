@@ -31,16 +31,16 @@
 #include <vector>
 
 #include "src/attention_spans.h"
-#include "src/block_key.h"
 #include "src/block_pool.h"
 #include "src/cache_blend.h"
-#include "src/chunk_tier.h"
-#include "src/kv_cache_manager.h"
-#include "src/kv_layout.h"
-#include "src/request.h"
 #include "src/rope.h"
 #include "src/rope_remap.h"
-#include "src/status.h"
+#include "tierkv/block_key.h"
+#include "tierkv/chunk_source.h"
+#include "tierkv/kv_cache_manager.h"
+#include "tierkv/kv_layout.h"
+#include "tierkv/request.h"
+#include "tierkv/status.h"
 
 namespace tierkv {
 
@@ -235,7 +235,7 @@ struct ChunkStoreStats {
 // A chunk pool: chunks keyed by content (KeyHasher::ChunkKeys), their KV
 // computed in isolation at virtual positions [virtual_start, +n), in blocks
 // managed by a BlockPool (LRU eviction, token check on every hit). With a
-// ChunkTier below (SetTier), a pool miss is fetched from the tier before it
+// ChunkSource below (SetTier), a pool miss is fetched from the tier before it
 // is computed, and every computed chunk is published to it. A tier that
 // fails is counted (stats().tier_errors, last_tier_error()) and worked
 // around: the chunk is computed, never served half-copied. The model must
@@ -247,7 +247,7 @@ class ChunkKvStore {
 
   // The tier below the pool, or null for none (the default). Not owned; it
   // copies into and out of memory().
-  void SetTier(ChunkTier* tier) { tier_ = tier; }
+  void SetTier(ChunkSource* tier) { tier_ = tier; }
   // The pool's KV memory: num_blocks blocks of layout().BlockBytes(), at a
   // fixed address for the store's life (a device tier is built over it).
   std::byte* memory() { return cache_.base(); }
@@ -292,7 +292,7 @@ class ChunkKvStore {
   BlockPool pool_;
   PagedKvCache cache_;
   RopeRemap remap_;
-  ChunkTier* tier_ = nullptr;
+  ChunkSource* tier_ = nullptr;
   ChunkStoreStats stats_;
   Status last_tier_error_;
 };

@@ -1,4 +1,4 @@
-#include "src/request.h"
+#include "tierkv/request.h"
 
 #include <algorithm>
 #include <utility>

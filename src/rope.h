@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "src/status.h"
+#include "tierkv/status.h"
 
 namespace tierkv {
 

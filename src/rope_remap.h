@@ -18,9 +18,9 @@
 #include <span>
 #include <vector>
 
-#include "src/kv_layout.h"
 #include "src/rope.h"
-#include "src/status.h"
+#include "tierkv/kv_layout.h"
+#include "tierkv/status.h"
 
 namespace tierkv {
 

@@ -1,4 +1,4 @@
-#include "src/status.h"
+#include "tierkv/status.h"
 
 #include <cstdio>
 

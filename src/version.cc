@@ -1,4 +1,4 @@
-#include "src/version.h"
+#include "tierkv/version.h"
 
 #include <string_view>
 

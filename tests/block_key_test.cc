@@ -1,7 +1,7 @@
 // Block keys: identical across processes and restarts, different wherever
 // the KV would differ (namespace, tenant, LoRA, multimodal input, salt),
 // and chunk keys never mean what prefix keys mean.
-#include "src/block_key.h"
+#include "tierkv/block_key.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

@@ -10,7 +10,7 @@
 #include <span>
 #include <vector>
 
-#include "src/block_key.h"
+#include "tierkv/block_key.h"
 
 namespace tierkv {
 

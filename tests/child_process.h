@@ -23,7 +23,7 @@
 #include <thread>
 #include <vector>
 
-#include "src/status.h"
+#include "tierkv/status.h"
 
 namespace tierkv {
 

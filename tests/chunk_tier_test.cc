@@ -1,12 +1,10 @@
-// A device chunk pool backed by the tiers below it (ClientChunkTier over an
+// A device chunk pool backed by the tiers below it (ClientChunkSource over an
 // embedded client: tierkvd's coordinator in-process, real shared host
 // memory, a real RocksDB disk tier). A chunk evicted from the pool comes
 // back from host DRAM or disk byte for byte, its partial last block
 // included; a chunk nobody computed is a miss, not an error. Against a real
 // tierkvd that dies, the pool goes on computing and counts the failures.
 // rag_demo_test runs the same path across worker processes.
-#include "ipc/chunk_tier.h"
-
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -16,12 +14,14 @@
 #include <thread>
 #include <vector>
 
-#include "ipc/client.h"
 #include "src/reference_model.h"
 #include "tests/child_process.h"
 #include "tests/scratch.h"
 #include "tests/status_matchers.h"
-#include "tiers/device_tier.h"
+#include "tierkv/client.h"
+#include "tierkv/client_chunk_source.h"
+#include "tierkv/device_tier.h"
+#include "tierkv/embedded.h"
 
 namespace tierkv {
 namespace {
@@ -57,13 +57,15 @@ class ChunkTierTest : public ::testing::Test {
     options.layout = layout;
     options.num_device_blocks = pool_blocks;
     options.device = device_.get();
-    options.embedded_host_bytes =
+    EmbeddedOptions embedded;
+    embedded.host_bytes =
         static_cast<size_t>(host_slots + 1) * layout.BlockBytes();
-    if (disk) options.embedded_disk_path = dir_.path() + "/disk";
-    auto client = Client::Open(options);
+    if (disk) embedded.disk_path = dir_.path() + "/disk";
+    auto client = socket.empty() ? OpenEmbedded(options, embedded)
+                                 : Client::Open(options);
     ASSERT_THAT(client, IsOk());
     client_ = std::move(*client);
-    tier_ = std::make_unique<ClientChunkTier>(client_.get());
+    tier_ = std::make_unique<ClientChunkSource>(client_.get());
     store_->SetTier(tier_.get());
   }
 
@@ -118,7 +120,7 @@ class ChunkTierTest : public ::testing::Test {
   std::unique_ptr<ChunkKvStore> store_;
   std::unique_ptr<EmulatedDeviceTier> device_;
   std::unique_ptr<Client> client_;
-  std::unique_ptr<ClientChunkTier> tier_;
+  std::unique_ptr<ClientChunkSource> tier_;
 };
 
 TEST_F(ChunkTierTest, ChunkEvictedFromThePoolComesBackFromHost) {

@@ -12,13 +12,14 @@
 #include <thread>
 #include <vector>
 
-#include "ipc/client.h"
-#include "src/kv_cache_manager.h"
+#include "src/kv_cache_manager_internal.h"
 #include "tests/block_pattern.h"
 #include "tests/status_matchers.h"
 #include "tests/test_layout.h"
 #include "tests/tierkvd_fixture.h"
-#include "tiers/device_tier.h"
+#include "tierkv/client.h"
+#include "tierkv/device_tier.h"
+#include "tierkv/kv_cache_manager.h"
 
 namespace tierkv {
 namespace {
@@ -58,7 +59,7 @@ struct Engine {
     if (client.ok()) e.client = std::move(*client);
     return e;
   }
-  int32_t Ref(BlockId b) const { return manager->pool().block(b).ref_cnt; }
+  int32_t Ref(BlockId b) const { return PoolOf(*manager).block(b).ref_cnt; }
   // Blocks the engine pins beyond its requests' own references.
   int32_t TotalRefs() const {
     int32_t refs = 0;
@@ -124,7 +125,7 @@ TEST_F(PendingLoad, AbortedRequestsBlocksAreNeverWritten) {
   EXPECT_EQ(e.Ref(target), 0);
   EXPECT_EQ(e.client->loads_pending(), 0u);
   // Never keyed: the load did not land.
-  EXPECT_FALSE(e.manager->pool().block(target).has_key);
+  EXPECT_FALSE(PoolOf(*e.manager).block(target).has_key);
 
   // Another request takes every free block, so `target` among them, and
   // computes its own bytes into them.
@@ -173,7 +174,7 @@ TEST_F(PendingLoad, DestroyingTheClientUnpinsEveryBlock) {
   ASSERT_THAT(e.manager->Free(1), IsOk());
   ASSERT_THAT(e.manager->Free(2), IsOk());
   EXPECT_EQ(e.TotalRefs(), 0);
-  EXPECT_THAT(e.manager->pool().CheckInvariants(), IsOk());
+  EXPECT_THAT(PoolOf(*e.manager).CheckInvariants(), IsOk());
 }
 
 // A loaded block becomes a prefix hit on the engine only once its bytes are
@@ -289,7 +290,7 @@ TEST_F(Reconnect, EngineRidesThroughATierkvdRestart) {
           .value();
   EXPECT_EQ(cut.num_computed_tokens, 0);
   EXPECT_EQ(cut.failed_blocks.size(), 1u);
-  EXPECT_EQ(e.manager->pool().num_cached_blocks(), 0u);
+  EXPECT_EQ(PoolOf(*e.manager).num_cached_blocks(), 0u);
   EXPECT_FALSE(e.client->Finish(1).ok());  // Lost with tierkvd.
   ASSERT_THAT(e.manager->Free(1), IsOk());
   EXPECT_EQ(e.TotalRefs(), 0);

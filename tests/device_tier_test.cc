@@ -2,7 +2,7 @@
 // once in submission order, bad jobs are refused before anything is queued,
 // and the destructor runs what is still queued. Synchronisation is always on
 // the completion itself; timeouts only bound a failing test.
-#include "tiers/device_tier.h"
+#include "tierkv/device_tier.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

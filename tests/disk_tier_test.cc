@@ -18,9 +18,9 @@
 #include <thread>
 #include <vector>
 
-#include "src/kv_layout.h"
 #include "tests/scratch.h"
 #include "tests/status_matchers.h"
+#include "tierkv/kv_layout.h"
 
 namespace tierkv {
 namespace {

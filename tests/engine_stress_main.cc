@@ -29,10 +29,10 @@
 #include <thread>
 #include <vector>
 
-#include "ipc/client.h"
 #include "tests/child_process.h"
 #include "tests/scratch.h"
 #include "tests/test_layout.h"
+#include "tierkv/client.h"
 
 namespace tierkv {
 namespace {

@@ -35,11 +35,11 @@
 #include <thread>
 #include <vector>
 
-#include "ipc/client.h"
-#include "src/kv_cache_manager.h"
 #include "tests/block_pattern.h"
 #include "tests/test_layout.h"
-#include "tiers/device_tier.h"
+#include "tierkv/client.h"
+#include "tierkv/device_tier.h"
+#include "tierkv/kv_cache_manager.h"
 
 namespace tierkv {
 namespace {

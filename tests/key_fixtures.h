@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "src/block_key.h"
+#include "tierkv/block_key.h"
 
 namespace tierkv::testing {
 

@@ -1,6 +1,6 @@
 // KVCacheManager beyond the seed timelines: the num_tokens - 1 cap, caching
 // off, all-or-nothing allocation, stale lookups, chunked prefill, stats.
-#include "src/kv_cache_manager.h"
+#include "tierkv/kv_cache_manager.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -9,6 +9,7 @@
 #include <numeric>
 #include <vector>
 
+#include "src/kv_cache_manager_internal.h"
 #include "tests/sequential_tokens.h"
 #include "tests/status_matchers.h"
 
@@ -46,7 +47,7 @@ TEST_F(KVCacheManagerTest, CachingDisabledNeverHitsOrKeys) {
   KVCacheManager m = Make(10, /*caching=*/false);
   Request a(1, SequentialTokens(1, 9), 4, hasher_);
   ASSERT_THAT(m.AllocateSlots(a, 9), IsOk());
-  EXPECT_EQ(m.pool().num_cached_blocks(), 0u);
+  EXPECT_EQ(PoolOf(m).num_cached_blocks(), 0u);
   EXPECT_TRUE(m.GetComputedBlocks(a).blocks.empty());
   EXPECT_EQ(m.stats().queries, 0u);
 }
@@ -60,8 +61,8 @@ TEST_F(KVCacheManagerTest, AllocationIsAllOrNothing) {
   EXPECT_EQ(r.status().code(), StatusCode::kResourceExhausted);
   EXPECT_EQ(m.num_requests(), 1u);
   EXPECT_TRUE(m.blocks(2).empty());
-  EXPECT_EQ(m.pool().num_free_blocks(), 1);
-  EXPECT_THAT(m.pool().CheckInvariants(), IsOk());
+  EXPECT_EQ(PoolOf(m).num_free_blocks(), 1);
+  EXPECT_THAT(PoolOf(m).CheckInvariants(), IsOk());
 }
 
 TEST_F(KVCacheManagerTest, FreeHitsDoNotCountAsAvailableNewBlocks) {
@@ -76,7 +77,7 @@ TEST_F(KVCacheManagerTest, FreeHitsDoNotCountAsAvailableNewBlocks) {
   ASSERT_EQ(c.blocks.size(), 2u);
   auto r = m.AllocateSlots(b, 8, c);
   EXPECT_EQ(r.status().code(), StatusCode::kResourceExhausted);
-  EXPECT_EQ(m.pool().num_free_blocks(), 3);
+  EXPECT_EQ(PoolOf(m).num_free_blocks(), 3);
 }
 
 TEST_F(KVCacheManagerTest, StaleComputedBlocksAreRefused) {
@@ -100,11 +101,11 @@ TEST_F(KVCacheManagerTest, ChunkedPrefillKeysBlocksAsTheyFill) {
   auto first = m.AllocateSlots(a, 6);  // Tokens 0-5: one full block.
   ASSERT_THAT(first, IsOk());
   EXPECT_THAT(*first, ElementsAre(1, 2));
-  EXPECT_EQ(m.pool().num_cached_blocks(), 1u);
+  EXPECT_EQ(PoolOf(m).num_cached_blocks(), 1u);
   auto second = m.AllocateSlots(a, 4);  // Tokens 6-9: block 2 fills.
   ASSERT_THAT(second, IsOk());
   EXPECT_THAT(*second, ElementsAre(3));
-  EXPECT_EQ(m.pool().num_cached_blocks(), 2u);
+  EXPECT_EQ(PoolOf(m).num_cached_blocks(), 2u);
   EXPECT_THAT(m.blocks(1), ElementsAre(1, 2, 3));
 }
 
@@ -146,7 +147,7 @@ TEST_F(KVCacheManagerTest, HitsAtTheQueueHeadAreTouchedBeforePopping) {
   ASSERT_THAT(m.Free(2), IsOk());
   Request y(3, SequentialTokens(200, 12), 4, hasher_);  // Pops 4, 5, 2.
   ASSERT_THAT(m.AllocateSlots(y, 12), IsOk());
-  ASSERT_THAT(m.pool().FreeQueueSnapshot(), ElementsAre(1, 0, 3));
+  ASSERT_THAT(PoolOf(m).FreeQueueSnapshot(), ElementsAre(1, 0, 3));
 
   Request b(4, SequentialTokens(1, 9), 4, hasher_);
   ComputedBlocks c = m.GetComputedBlocks(b);
@@ -155,8 +156,8 @@ TEST_F(KVCacheManagerTest, HitsAtTheQueueHeadAreTouchedBeforePopping) {
   ASSERT_THAT(fresh, IsOk());
   EXPECT_THAT(*fresh, ElementsAre(3));
   EXPECT_THAT(m.blocks(4), ElementsAre(0, 1, 3));
-  EXPECT_TRUE(m.pool().block(1).has_key);
-  EXPECT_THAT(m.pool().CheckInvariants(), IsOk());
+  EXPECT_TRUE(PoolOf(m).block(1).has_key);
+  EXPECT_THAT(PoolOf(m).CheckInvariants(), IsOk());
 }
 
 TEST_F(KVCacheManagerTest, HugeRequestsAreRefusedWithoutOverflow) {
@@ -225,7 +226,7 @@ TEST_F(KVCacheManagerTest, DelayedCachingHidesBlocksWaitingForALoad) {
   ASSERT_THAT(m.AllocateSlots(a, 13, {}, /*num_external_tokens=*/8).value(),
               ElementsAre(1, 2, 3, 4));
   EXPECT_TRUE(m.IsLoading(1));
-  EXPECT_EQ(m.pool().num_cached_blocks(), 0u);
+  EXPECT_EQ(PoolOf(m).num_cached_blocks(), 0u);
   Request b(2, SequentialTokens(1, 13), 4, hasher_);
   EXPECT_TRUE(m.GetComputedBlocks(b).blocks.empty());
   // Nothing more is allocated for a request while its load runs.
@@ -246,7 +247,7 @@ TEST_F(KVCacheManagerTest, DelayedCachingHidesBlocksWaitingForALoad) {
   EXPECT_TRUE(m.AllocateSlots(a, 5).value().empty());
   EXPECT_THAT(m.GetComputedBlocks(b).blocks, ElementsAre(1, 2, 3));
   EXPECT_THAT(m.MayAppend(a), IsOk());
-  EXPECT_THAT(m.pool().CheckInvariants(), IsOk());
+  EXPECT_THAT(PoolOf(m).CheckInvariants(), IsOk());
 }
 
 // A load cut short (a promotion failed, tierkvd died): the blocks it did
@@ -266,7 +267,7 @@ TEST_F(KVCacheManagerTest, DelayedCachingReportsBlocksOfACutLoad) {
   // The engine recomputes tokens 4..16 in the blocks it already holds.
   EXPECT_TRUE(m.AllocateSlots(a, 13).value().empty());
   EXPECT_THAT(m.GetComputedBlocks(b).blocks, ElementsAre(1, 2, 3, 4));
-  EXPECT_THAT(m.pool().CheckInvariants(), IsOk());
+  EXPECT_THAT(PoolOf(m).CheckInvariants(), IsOk());
 }
 
 TEST_F(KVCacheManagerTest, DelayedCachingFailedLoadKeysNothing) {
@@ -276,11 +277,11 @@ TEST_F(KVCacheManagerTest, DelayedCachingFailedLoadKeysNothing) {
   ExternalLoadResult failed = m.CompleteExternalLoad(a, 0).value();
   EXPECT_EQ(failed.num_computed_tokens, 0);
   EXPECT_THAT(failed.failed_blocks, ElementsAre(1, 2));
-  EXPECT_EQ(m.pool().num_cached_blocks(), 0u);
+  EXPECT_EQ(PoolOf(m).num_cached_blocks(), 0u);
   // An aborted request's blocks go back unkeyed: nothing half-filled is
   // ever a hit.
   ASSERT_THAT(m.Free(1), IsOk());
-  EXPECT_EQ(m.pool().num_cached_blocks(), 0u);
+  EXPECT_EQ(PoolOf(m).num_cached_blocks(), 0u);
   Request b(2, SequentialTokens(1, 9), 4, hasher_);
   EXPECT_TRUE(m.GetComputedBlocks(b).blocks.empty());
 }

@@ -7,8 +7,8 @@
 #include <cstdint>
 #include <cstring>
 
-#include "src/kv_layout.h"
 #include "src/rope_remap.h"
+#include "tierkv/kv_layout.h"
 
 namespace tierkv {
 

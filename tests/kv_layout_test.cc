@@ -1,4 +1,4 @@
-#include "src/kv_layout.h"
+#include "tierkv/kv_layout.h"
 
 #include <gtest/gtest.h>
 

@@ -16,12 +16,13 @@
 #include <utility>
 #include <vector>
 
-#include "src/block_key.h"
 #include "src/block_pool.h"
-#include "src/kv_cache_manager.h"
-#include "src/request.h"
-#include "src/status.h"
+#include "src/kv_cache_manager_internal.h"
 #include "tests/status_matchers.h"
+#include "tierkv/block_key.h"
+#include "tierkv/kv_cache_manager.h"
+#include "tierkv/request.h"
+#include "tierkv/status.h"
 
 namespace tierkv {
 namespace {
@@ -354,7 +355,7 @@ class Runner {
     ASSERT_NO_FATAL_FAILURE(CheckState());
     const int32_t usable =
         config_.num_blocks - (config_.reserve_null_block ? 1 : 0);
-    ASSERT_EQ(manager_.pool().num_free_blocks(), usable);
+    ASSERT_EQ(PoolOf(manager_).num_free_blocks(), usable);
     coverage_.hits = manager_.stats().hits;
     coverage_.evictions = manager_.stats().evictions;
     coverage_.takeovers = model_.takeovers();
@@ -462,7 +463,7 @@ class Runner {
     ASSERT_EQ(out->blocks, want.blocks) << "hits of request " << r.id();
     ASSERT_EQ(out->num_tokens, want.num_tokens);
     for (size_t i = 0; i < out->blocks.size(); ++i) {
-      ASSERT_EQ(Copy(manager_.pool().block_tokens(out->blocks[i])),
+      ASSERT_EQ(Copy(PoolOf(manager_).block_tokens(out->blocks[i])),
                 Copy(r.block_tokens(static_cast<int32_t>(i))))
           << "hit block " << out->blocks[i] << " holds other tokens";
     }
@@ -637,7 +638,7 @@ class Runner {
   }
 
   void CheckState() {
-    const BlockPool& pool = manager_.pool();
+    const BlockPool& pool = PoolOf(manager_);
     const int32_t n = pool.num_blocks();
     ASSERT_EQ(n, model_.num_blocks());
     ASSERT_EQ(pool.null_block(), model_.null_block());

@@ -17,11 +17,12 @@
 #include <string>
 #include <vector>
 
-#include "src/kv_cache_manager.h"
-#include "src/request.h"
+#include "src/kv_cache_manager_internal.h"
 #include "src/rope_remap.h"
 #include "tests/kv_element.h"
 #include "tests/status_matchers.h"
+#include "tierkv/kv_cache_manager.h"
+#include "tierkv/request.h"
 
 namespace tierkv {
 namespace {
@@ -692,8 +693,8 @@ TEST(ReferenceModelChunks, MainPoolRemapBlocksAreReleasedUnkeyed) {
       KVCacheManager::Create({.pool = {.num_blocks = 12, .block_size = 16}})
           .value();
   PagedKvCache memory =
-      PagedKvCache::Create(f.store.layout(), main.pool().num_blocks()).value();
-  const int32_t free_before = main.pool().num_free_blocks();
+      PagedKvCache::Create(f.store.layout(), PoolOf(main).num_blocks()).value();
+  const int32_t free_before = PoolOf(main).num_free_blocks();
 
   ChunkedPrefillResult r =
       ChunkedPrefill(f.model, &f.store, prompt, sep, {.num_logits = 7},
@@ -701,18 +702,18 @@ TEST(ReferenceModelChunks, MainPoolRemapBlocksAreReleasedUnkeyed) {
           .value();
   const auto n = static_cast<int32_t>(r.prompt.tokens.size());
   ASSERT_EQ(r.main_blocks.size(), static_cast<size_t>((n + 15) / 16));
-  EXPECT_EQ(main.pool().num_free_blocks(),
+  EXPECT_EQ(PoolOf(main).num_free_blocks(),
             free_before - static_cast<int32_t>(r.main_blocks.size()));
-  EXPECT_EQ(main.pool().num_cached_blocks(), 0u);
+  EXPECT_EQ(PoolOf(main).num_cached_blocks(), 0u);
   // The same logits as into a private cache: where a slot lives changes
   // nothing.
   ChunkedPrefillResult own = f.Run(prompt, 7);
   EXPECT_EQ(Bits(r.output.logits), Bits(own.output.logits));
 
   main.ReleaseRemappedBlocks(r.main_blocks);
-  EXPECT_EQ(main.pool().num_free_blocks(), free_before);
-  EXPECT_EQ(main.pool().num_cached_blocks(), 0u);
-  EXPECT_THAT(main.pool().CheckInvariants(), IsOk());
+  EXPECT_EQ(PoolOf(main).num_free_blocks(), free_before);
+  EXPECT_EQ(PoolOf(main).num_cached_blocks(), 0u);
+  EXPECT_THAT(PoolOf(main).CheckInvariants(), IsOk());
   // Chunk-isolated KV is never a prefix hit.
   const KeyHasher hasher(KeyNamespace{});
   const Request again(1, r.prompt.tokens, 16, hasher);
@@ -728,7 +729,7 @@ TEST(ReferenceModelChunks, MainPoolRemapBlocksAreReleasedUnkeyed) {
                 .status()
                 .code(),
             StatusCode::kResourceExhausted);
-  EXPECT_EQ(tiny.pool().num_free_blocks(), 2);
+  EXPECT_EQ(PoolOf(tiny).num_free_blocks(), 2);
 }
 
 }  // namespace

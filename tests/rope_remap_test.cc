@@ -16,10 +16,10 @@
 #include <immintrin.h>
 #endif
 
-#include "src/kv_layout.h"
 #include "src/rope.h"
 #include "tests/kv_element.h"
 #include "tests/status_matchers.h"
+#include "tierkv/kv_layout.h"
 
 namespace tierkv {
 namespace {

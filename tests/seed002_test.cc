@@ -8,8 +8,9 @@
 #include <string>
 #include <vector>
 
-#include "src/kv_cache_manager.h"
+#include "src/kv_cache_manager_internal.h"
 #include "tests/status_matchers.h"
+#include "tierkv/kv_cache_manager.h"
 
 namespace tierkv {
 namespace {
@@ -32,10 +33,10 @@ class Seed002Timeline : public ::testing::Test {
                      .value()) {}
 
   std::vector<BlockId> FreeQueue() const {
-    return manager_.pool().FreeQueueSnapshot();
+    return PoolOf(manager_).FreeQueueSnapshot();
   }
   const BlockPool::Block& Block(BlockId id) const {
-    return manager_.pool().block(id);
+    return PoolOf(manager_).block(id);
   }
   void ExpectKey(BlockId id, const BlockKey& key) const {
     EXPECT_TRUE(Block(id).has_key) << "block " << id;
@@ -101,7 +102,7 @@ TEST_F(Seed002Timeline, Times1To7) {
   // Time 6: request 1 finishes.
   ASSERT_THAT(manager_.Free(1), IsOk());
   EXPECT_THAT(FreeQueue(), ElementsAre(7, 8, 9, 4, 3, 2, 6, 5, 1, 0));
-  EXPECT_EQ(manager_.pool().num_cached_blocks(), 5u);  // 0, 1, 2, 3, 5.
+  EXPECT_EQ(PoolOf(manager_).num_cached_blocks(), 5u);  // 0, 1, 2, 3, 5.
 
   // Time 7: request 2 (ABCD|EFGH|IJKL|0-3|4-7|8-11|12-15|16), 29 tokens.
   std::vector<TokenId> t2 = Tokens("ABCDEFGHIJKL");
@@ -114,7 +115,7 @@ TEST_F(Seed002Timeline, Times1To7) {
   // The seed's intermediate state: after the three hits are touched, the
   // queue is 7 8 9 4 3 6 5. AllocateSlots touches and pops in one call, so
   // replay the touch on a copy of the same pool.
-  BlockPool touched = manager_.pool();
+  BlockPool touched = PoolOf(manager_);
   touched.Touch(c2.blocks);
   EXPECT_THAT(touched.FreeQueueSnapshot(), ElementsAre(7, 8, 9, 4, 3, 6, 5));
 
@@ -126,7 +127,7 @@ TEST_F(Seed002Timeline, Times1To7) {
   EXPECT_THAT(FreeQueue(), ElementsAre(6, 5));
   // Block 3 held A-P: it is the only evicted key (7, 8, 9 and 4 had none).
   EXPECT_EQ(manager_.stats().evictions - evictions_before, 1u);
-  EXPECT_FALSE(manager_.pool()
+  EXPECT_FALSE(PoolOf(manager_)
                    .GetCachedBlock(r0.block_keys()[3], r0.block_tokens(3))
                    .has_value());
   for (int i = 3; i < 7; ++i) {
@@ -134,7 +135,7 @@ TEST_F(Seed002Timeline, Times1To7) {
   }
   EXPECT_FALSE(Block(3).has_key);    // Now holds token 16 only.
   ExpectKey(5, r1.block_keys()[2]);  // Still cached, still hittable.
-  EXPECT_THAT(manager_.pool().CheckInvariants(), IsOk());
+  EXPECT_THAT(PoolOf(manager_).CheckInvariants(), IsOk());
 }
 
 TEST_F(Seed002Timeline, FreedBlocksStayHittableUntilPopped) {

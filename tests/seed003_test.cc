@@ -7,9 +7,10 @@
 #include <numeric>
 #include <vector>
 
-#include "src/kv_cache_manager.h"
+#include "src/kv_cache_manager_internal.h"
 #include "tests/sequential_tokens.h"
 #include "tests/status_matchers.h"
+#include "tierkv/kv_cache_manager.h"
 
 namespace tierkv {
 namespace {
@@ -55,9 +56,9 @@ TEST_F(Seed003, SharedPrefixBlockHasRefCountTwo) {
   ASSERT_TRUE(
       m.AllocateSlots(seq2, seq2.num_tokens() - hit.num_tokens, hit).ok());
   EXPECT_THAT(m.blocks(2), ElementsAre(0, 2));
-  EXPECT_EQ(m.pool().block(0).ref_cnt, 2);
-  EXPECT_EQ(m.pool().block(1).ref_cnt, 1);
-  EXPECT_EQ(m.pool().block(2).ref_cnt, 1);
+  EXPECT_EQ(PoolOf(m).block(0).ref_cnt, 2);
+  EXPECT_EQ(PoolOf(m).block(1).ref_cnt, 1);
+  EXPECT_EQ(PoolOf(m).block(2).ref_cnt, 1);
 }
 
 TEST_F(Seed003, DeallocateInReverseOnlyFreesUnsharedBlocks) {
@@ -71,16 +72,16 @@ TEST_F(Seed003, DeallocateInReverseOnlyFreesUnsharedBlocks) {
       m.AllocateSlots(seq2, seq2.num_tokens() - hit.num_tokens, hit).ok());
 
   ASSERT_THAT(m.Free(2), IsOk());
-  EXPECT_EQ(m.pool().block(0).ref_cnt, 1);  // Still held by seq1.
-  EXPECT_THAT(m.pool().FreeQueueSnapshot(),
+  EXPECT_EQ(PoolOf(m).block(0).ref_cnt, 1);  // Still held by seq1.
+  EXPECT_THAT(PoolOf(m).FreeQueueSnapshot(),
               ElementsAre(3, 4, 5, 6, 7, 8, 9, 2));
   ASSERT_THAT(m.Free(1), IsOk());
   // Reversed: seq1's tail block 1 goes before its prefix block 0, so the
   // shared greeting is evicted last.
-  EXPECT_THAT(m.pool().FreeQueueSnapshot(),
+  EXPECT_THAT(PoolOf(m).FreeQueueSnapshot(),
               ElementsAre(3, 4, 5, 6, 7, 8, 9, 2, 1, 0));
-  EXPECT_EQ(m.pool().block(0).ref_cnt, 0);
-  EXPECT_TRUE(m.pool().block(0).has_key);  // Freed but still hittable.
+  EXPECT_EQ(PoolOf(m).block(0).ref_cnt, 0);
+  EXPECT_TRUE(PoolOf(m).block(0).has_key);  // Freed but still hittable.
 }
 
 TEST_F(Seed003, MayAppendThreeCases) {
@@ -89,14 +90,14 @@ TEST_F(Seed003, MayAppendThreeCases) {
               hasher_);  // Exactly one full block.
   ASSERT_THAT(m.AllocateSlots(seq, 4), IsOk());
   ASSERT_THAT(m.blocks(1), ElementsAre(0));
-  ASSERT_TRUE(m.pool().block(0).has_key);
+  ASSERT_TRUE(PoolOf(m).block(0).has_key);
 
   // Case 1: len % block_size == 1 -> the last block is full; a new one.
   seq.AppendToken(5);
   EXPECT_TRUE(m.CanAppend(seq));
   ASSERT_THAT(m.MayAppend(seq), IsOk());
   EXPECT_THAT(m.blocks(1), ElementsAre(0, 1));
-  EXPECT_FALSE(m.pool().block(1).has_key);
+  EXPECT_FALSE(PoolOf(m).block(1).has_key);
 
   // Case 3: room left in the last block -> nothing changes.
   seq.AppendToken(6);
@@ -104,16 +105,16 @@ TEST_F(Seed003, MayAppendThreeCases) {
   seq.AppendToken(7);
   ASSERT_THAT(m.MayAppend(seq), IsOk());
   EXPECT_THAT(m.blocks(1), ElementsAre(0, 1));
-  EXPECT_FALSE(m.pool().block(1).has_key);
-  EXPECT_EQ(m.pool().num_free_blocks(), 2);
+  EXPECT_FALSE(PoolOf(m).block(1).has_key);
+  EXPECT_EQ(PoolOf(m).num_free_blocks(), 2);
 
   // Case 2: len % block_size == 0 -> the last block is keyed, chained from
   // the previous block's key, exactly as a fresh request computes it.
   seq.AppendToken(8);
   ASSERT_THAT(m.MayAppend(seq), IsOk());
-  ASSERT_TRUE(m.pool().block(1).has_key);
+  ASSERT_TRUE(PoolOf(m).block(1).has_key);
   Request fresh(2, SequentialTokens(1, 8), 4, hasher_);
-  EXPECT_EQ(m.pool().block(1).key, fresh.block_keys()[1]);
+  EXPECT_EQ(PoolOf(m).block(1).key, fresh.block_keys()[1]);
   EXPECT_THAT(
       m.GetComputedBlocks(Request(3, SequentialTokens(1, 9), 4, hasher_))
           .blocks,
@@ -124,13 +125,13 @@ TEST_F(Seed003, CannotAppendWithoutAFreeBlock) {
   KVCacheManager m = MakeManager(2, 4);
   Request seq(1, SequentialTokens(1, 8), 4, hasher_);
   ASSERT_THAT(m.AllocateSlots(seq, 8), IsOk());
-  ASSERT_EQ(m.pool().num_free_blocks(), 0);
+  ASSERT_EQ(PoolOf(m).num_free_blocks(), 0);
   seq.AppendToken(9);  // Needs a third block.
   EXPECT_FALSE(m.CanAppend(seq));
   Status s = m.MayAppend(seq);
   EXPECT_EQ(s.code(), StatusCode::kResourceExhausted) << s.ToString();
   EXPECT_THAT(m.blocks(1), ElementsAre(0, 1));  // Nothing changed.
-  EXPECT_THAT(m.pool().CheckInvariants(), IsOk());
+  EXPECT_THAT(PoolOf(m).CheckInvariants(), IsOk());
 }
 
 // Seed §5.7.2 compares token ids on a hash hit. A key that collides (forged

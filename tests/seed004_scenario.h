@@ -27,11 +27,12 @@
 #include <cstring>
 #include <vector>
 
-#include "ipc/client.h"
-#include "src/kv_cache_manager.h"
+#include "src/kv_cache_manager_internal.h"
 #include "tests/sequential_tokens.h"
 #include "tests/test_layout.h"
-#include "tiers/device_tier.h"
+#include "tierkv/client.h"
+#include "tierkv/device_tier.h"
+#include "tierkv/kv_cache_manager.h"
 
 namespace tierkv {
 
@@ -71,9 +72,9 @@ struct Seed004Engine {
     return e;
   }
 
-  int32_t Ref(BlockId id) const { return manager.pool().block(id).ref_cnt; }
+  int32_t Ref(BlockId id) const { return PoolOf(manager).block(id).ref_cnt; }
   std::vector<BlockId> FreeQueue() const {
-    return manager.pool().FreeQueueSnapshot();
+    return PoolOf(manager).FreeQueueSnapshot();
   }
   void Fill(BlockId id, uint8_t seed) {
     std::span<std::byte> b = device->block(id);
@@ -146,7 +147,7 @@ inline void RunSeed004(Seed004Engine& w1, Seed004Engine& w2) {
   std::vector<BlockId> w1_queue = Range(2, 99);
   w1_queue.push_back(1);
   EXPECT_THAT(w1.FreeQueue(), ElementsAreArray(w1_queue));
-  EXPECT_TRUE(w1.manager.pool().block(1).has_key);  // Device hash stays.
+  EXPECT_TRUE(PoolOf(w1.manager).block(1).has_key);  // Device hash stays.
   EXPECT_EQ(host().cached_slots, 1);
   EXPECT_EQ(host().pinned_slots, 0);
   EXPECT_EQ(host().free_slots, 49);

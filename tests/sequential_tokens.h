@@ -5,7 +5,7 @@
 #include <numeric>
 #include <vector>
 
-#include "src/block_key.h"
+#include "tierkv/block_key.h"
 
 namespace tierkv {
 

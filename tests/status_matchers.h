@@ -11,7 +11,7 @@
 
 #include <ostream>
 
-#include "src/status.h"
+#include "tierkv/status.h"
 
 namespace tierkv {
 

@@ -1,5 +1,5 @@
 // Status and StatusOr: codes, messages, and the early-return macros.
-#include "src/status.h"
+#include "tierkv/status.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

@@ -3,7 +3,7 @@
 #ifndef TIERKV_TESTS_TEST_LAYOUT_H_
 #define TIERKV_TESTS_TEST_LAYOUT_H_
 
-#include "src/kv_layout.h"
+#include "tierkv/kv_layout.h"
 
 namespace tierkv {
 

@@ -4,6 +4,8 @@
 // the disk's byte bound, a worker dropped mid-promotion, and an operator's
 // evict and clear. The test plays the worker: it writes a store's bytes
 // into the host slots itself and reads a load's bytes from them.
+#include "tiers/tiered_store.h"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
@@ -17,15 +19,15 @@
 #include <thread>
 #include <vector>
 
-#include "ipc/client.h"
 #include "src/coordinator.h"
 #include "tests/block_pattern.h"
 #include "tests/scratch.h"
 #include "tests/status_matchers.h"
 #include "tests/test_layout.h"
+#include "tierkv/client.h"
+#include "tierkv/embedded.h"
 #include "tiers/disk_tier.h"
 #include "tiers/host_tier.h"
-#include "tiers/slot_disk.h"
 
 namespace tierkv {
 namespace {
@@ -72,22 +74,10 @@ struct LoadOutcome {
 
 class TieredStoreTest : public ::testing::Test {
  protected:
-  void TearDown() override {
-    coordinator_.reset();
-    slot_disk_.reset();
-    disk_.reset();  // Waits for I/O into host slots: before the host.
-    host_.reset();
-  }
-
   // `host_slots` usable slots; a disk bounded to `disk_blocks` values.
   void Open(int32_t host_slots, int64_t disk_blocks, double high = 0.8,
             double low = 0.5) {
     const KvLayout layout = TestLayout();
-    HostTierOptions host;
-    host.num_slots = host_slots + 1;
-    host.slot_bytes = layout.BlockBytes();
-    host.layout_fingerprint = layout.Fingerprint();
-    host_ = HostTier::Create(host).value();
     auto storage = OpenRocksDbStorage(
         {.path = dir_ + "/disk", .write_buffer_bytes = 1 << 20});
     ASSERT_THAT(storage, IsOk());
@@ -100,38 +90,31 @@ class TieredStoreTest : public ::testing::Test {
     disk.block_bytes = layout.BlockBytes();
     auto tier = DiskTier::Open(disk, std::move(corrupting));
     ASSERT_THAT(tier, IsOk());
-    disk_ = std::move(*tier);
-    slot_disk_ = std::make_unique<SlotDisk>(disk_.get(), host_.get());
-    auto c = Coordinator::Create({.layout = layout,
-                                  .host_slots = host_slots + 1,
-                                  .lower = slot_disk_.get(),
-                                  .spill_high = high,
-                                  .spill_low = low,
-                                  .lower_tier_wakeup = {}});
-    ASSERT_THAT(c, IsOk());
-    coordinator_.emplace(std::move(*c));
-    worker_ = coordinator_
-                  ->RegisterWorker({.layout = layout,
-                                    .num_device_blocks = 1024,
-                                    .tenant = "",
-                                    .pid = 1,
-                                    .name = "test"})
+    TieredStoreOptions options;
+    options.layout = layout;
+    options.host.num_slots = host_slots + 1;
+    options.host.layout_fingerprint = layout.Fingerprint();
+    options.disk = std::move(*tier);
+    options.spill_high = high;
+    options.spill_low = low;
+    auto store = TieredStore::Open(std::move(options));
+    ASSERT_THAT(store, IsOk());
+    store_ = std::move(*store);
+    worker_ = c()->RegisterWorker({.layout = layout,
+                                   .num_device_blocks = 1024,
+                                   .tenant = "",
+                                   .pid = 1,
+                                   .name = "test"})
                   .value();
   }
 
-  Coordinator& c() { return *coordinator_; }
+  // The coordinator, locked for one call: c()->Lookup(...).
+  TieredStore::Locked c() { return store_->Lock(); }
+  const HostTier& host() const { return store_->host(); }
 
   // Runs every spill and promotion the coordinator started (and those the
   // results start in turn) to the end.
-  void Settle() {
-    for (int round = 0; round < 1000; ++round) {
-      ASSERT_THAT(disk_->Flush(), IsOk());
-      c().PumpLowerTier();
-      const HostTierStats h = c().stats().host;
-      if (h.spills_in_flight == 0 && h.promotions_in_flight == 0) return;
-    }
-    FAIL() << "lower-tier work never settled";
-  }
+  void Settle() { store_->WaitIdle(); }
 
   std::vector<BlockId> DeviceBlocks(size_t n) const {
     std::vector<BlockId> blocks(n);
@@ -143,10 +126,10 @@ class TieredStoreTest : public ::testing::Test {
   void Store(const std::vector<TokenId>& tokens) {
     const RequestId id = next_request_++;
     const size_t blocks = tokens.size() / kBs;
-    ASSERT_THAT(c().Lookup(worker_, id, tokens, 0, {}), IsOk());
-    ASSERT_THAT(c().Allocate(worker_, id, DeviceBlocks(blocks), 0), IsOk());
-    auto commit = c().Commit(worker_, id, static_cast<int32_t>(tokens.size()),
-                             DeviceBlocks(blocks));
+    ASSERT_THAT(c()->Lookup(worker_, id, tokens, 0, {}), IsOk());
+    ASSERT_THAT(c()->Allocate(worker_, id, DeviceBlocks(blocks), 0), IsOk());
+    auto commit = c()->Commit(worker_, id, static_cast<int32_t>(tokens.size()),
+                              DeviceBlocks(blocks));
     ASSERT_THAT(commit, IsOk());
     std::vector<CompletedEvent> done;
     for (const TransferEvent& store : commit->stores) {
@@ -154,12 +137,12 @@ class TieredStoreTest : public ::testing::Test {
         // Device block b holds the request's block b.
         const BlockId b = store.device_blocks[i];
         FillBlock(tokens[b * kBs],
-                  {host_->slot(store.host_blocks[i]), host_->slot_bytes()});
+                  {host().slot(store.host_blocks[i]), host().slot_bytes()});
       }
       done.push_back({store.ref, true});
     }
-    ASSERT_THAT(c().Complete(worker_, done), IsOk());
-    ASSERT_THAT(c().Finish(worker_, id), IsOk());
+    ASSERT_THAT(c()->Complete(worker_, done), IsOk());
+    ASSERT_THAT(c()->Finish(worker_, id), IsOk());
   }
 
   // Looks `tokens` (plus one token) up, loads the whole hit and checks the
@@ -168,18 +151,18 @@ class TieredStoreTest : public ::testing::Test {
     LoadOutcome out;
     const RequestId id = next_request_++;
     tokens.push_back(1);
-    auto hit = c().Lookup(worker_, id, tokens, 0, {});
+    auto hit = c()->Lookup(worker_, id, tokens, 0, {});
     EXPECT_THAT(hit, IsOk());
     out.hit_blocks = hit->hit_tokens / kBs;
     out.disk_hit_blocks = hit->disk_hit_tokens / kBs;
-    auto alloc = c().Allocate(worker_, id, DeviceBlocks(tokens.size() / kBs),
-                              hit->hit_tokens);
+    auto alloc = c()->Allocate(worker_, id, DeviceBlocks(tokens.size() / kBs),
+                               hit->hit_tokens);
     EXPECT_THAT(alloc, IsOk());
     std::optional<TransferEvent> load = alloc->load;
     out.was_pending = alloc->load_pending;
     if (alloc->load_pending) {
       Settle();
-      std::vector<TransferEvent> ready = c().TakeReadyLoads(worker_).value();
+      std::vector<TransferEvent> ready = c()->TakeReadyLoads(worker_).value();
       EXPECT_EQ(ready.size(), 1u);
       if (ready.size() != 1) return out;
       load = ready[0];
@@ -187,24 +170,24 @@ class TieredStoreTest : public ::testing::Test {
     if (load.has_value()) {
       out.loaded_blocks = static_cast<int32_t>(load->host_blocks.size());
       out.failed_blocks = load->failed_blocks;
-      std::vector<std::byte> expected(host_->slot_bytes());
+      std::vector<std::byte> expected(host().slot_bytes());
       for (size_t i = 0; i < load->host_blocks.size(); ++i) {
         FillBlock(tokens[load->device_blocks[i] * kBs], expected);
-        if (std::memcmp(host_->slot(load->host_blocks[i]), expected.data(),
+        if (std::memcmp(host().slot(load->host_blocks[i]), expected.data(),
                         expected.size()) != 0) {
           ++out.wrong_blocks;
         }
       }
       const CompletedEvent done[] = {{load->ref, true}};
-      EXPECT_THAT(c().Complete(worker_, done), IsOk());
+      EXPECT_THAT(c()->Complete(worker_, done), IsOk());
     }
-    EXPECT_THAT(c().Finish(worker_, id), IsOk());
+    EXPECT_THAT(c()->Finish(worker_, id), IsOk());
     return out;
   }
 
   // Values in RocksDB itself (not the disk tier's index), once flushed.
   size_t StoredValues() {
-    EXPECT_THAT(disk_->Flush(), IsOk());
+    EXPECT_THAT(store_->Flush(), IsOk());
     size_t values = 0;
     EXPECT_TRUE(corrupting_
                     ->ForEach([&](std::string_view, std::string_view) {
@@ -217,11 +200,8 @@ class TieredStoreTest : public ::testing::Test {
 
   const TempDir scratch_{"tiered_store_test"};
   const std::string dir_ = scratch_.path();
-  std::unique_ptr<HostTier> host_;
-  CorruptingStorage* corrupting_ = nullptr;
-  std::unique_ptr<DiskTier> disk_;
-  std::unique_ptr<SlotDisk> slot_disk_;
-  std::optional<Coordinator> coordinator_;
+  CorruptingStorage* corrupting_ = nullptr;  // Owned by store_'s disk tier.
+  std::unique_ptr<TieredStore> store_;
   WorkerId worker_ = 0;
   RequestId next_request_ = 1;
 };
@@ -233,7 +213,7 @@ TEST_F(TieredStoreTest, SpillsPastTheHighWatermarkDownToTheLowOne) {
     Settle();
   }
   // 20 blocks stored: past 16 in use, spilling brought the host to 10.
-  const CoordinatorStats s = c().stats();
+  const CoordinatorStats s = c()->stats();
   EXPECT_LE(s.host.used_slots, 16);
   EXPECT_GT(s.host.spills, 0u);
   EXPECT_EQ(s.host.spills + static_cast<uint64_t>(s.host.used_slots), 20u);
@@ -241,7 +221,7 @@ TEST_F(TieredStoreTest, SpillsPastTheHighWatermarkDownToTheLowOne) {
   EXPECT_EQ(s.host.pinned_slots, 0);
   ASSERT_TRUE(s.disk.has_value());
   EXPECT_EQ(s.disk->keys, s.host.spills);
-  EXPECT_THAT(c().host_pool().CheckInvariants(), IsOk());
+  EXPECT_THAT(c()->host_pool().CheckInvariants(), IsOk());
 
   // The oldest request went to disk first; it comes back through a
   // pending load, bit-exact, and is on host again afterwards.
@@ -251,7 +231,7 @@ TEST_F(TieredStoreTest, SpillsPastTheHighWatermarkDownToTheLowOne) {
   EXPECT_TRUE(first.was_pending);
   EXPECT_EQ(first.loaded_blocks, 5);
   EXPECT_EQ(first.wrong_blocks, 0);
-  EXPECT_EQ(c().stats().host.promotions, 5u);
+  EXPECT_EQ(c()->stats().host.promotions, 5u);
   LoadOutcome again = Load(RequestTokens(0, 5));
   EXPECT_EQ(again.disk_hit_blocks, 0);
   EXPECT_FALSE(again.was_pending);
@@ -277,7 +257,7 @@ TEST_F(TieredStoreTest, EvictAndClearRemoveBlocksFromDisk) {
   // Request 0 went to disk first (see the test above).
   const std::vector<BlockKey> keys = PrefixKeys(RequestTokens(0, 5));
   const BlockKey third[] = {keys[2]};
-  EXPECT_EQ(c().Evict(third)[0],
+  EXPECT_EQ(c()->Evict(third)[0],
             (EvictedBlock{.key = keys[2], .disk_dropped = true}));
   LoadOutcome cut = Load(RequestTokens(0, 5));
   EXPECT_EQ(cut.hit_blocks, 2);
@@ -285,18 +265,18 @@ TEST_F(TieredStoreTest, EvictAndClearRemoveBlocksFromDisk) {
   EXPECT_EQ(cut.wrong_blocks, 0);
   // Promoted blocks are on host and still on disk: evict takes both.
   const BlockKey first[] = {keys[0]};
-  EXPECT_EQ(EvictedBlockSummary(c().Evict(first)[0]),
+  EXPECT_EQ(EvictedBlockSummary(c()->Evict(first)[0]),
             "dropped from host and disk");
   EXPECT_EQ(Load(RequestTokens(0, 5)).hit_blocks, 0);
 
-  const uint64_t on_disk = c().stats().disk->keys;
+  const uint64_t on_disk = c()->stats().disk->keys;
   ASSERT_GT(on_disk, 0u);
-  const ClearResult cleared = c().Clear(TierSelection::kDisk).value();
+  const ClearResult cleared = c()->Clear(TierSelection::kDisk).value();
   EXPECT_TRUE(cleared.disk_cleared);
   EXPECT_EQ(cleared.disk_dropped, on_disk);
   EXPECT_EQ(cleared.host_dropped, 0u);  // The host is not touched.
-  EXPECT_EQ(c().stats().disk->keys, 0u);
-  EXPECT_EQ(c().stats().disk->evictions, 0u);
+  EXPECT_EQ(c()->stats().disk->keys, 0u);
+  EXPECT_EQ(c()->stats().disk->evictions, 0u);
   // What only the disk held is gone; what the host holds still hits.
   const LoadOutcome second = Load(RequestTokens(1, 5));
   EXPECT_EQ(second.disk_hit_blocks, 0);
@@ -304,11 +284,11 @@ TEST_F(TieredStoreTest, EvictAndClearRemoveBlocksFromDisk) {
   EXPECT_EQ(last.hit_blocks, 5);
   EXPECT_EQ(last.disk_hit_blocks, 0);
 
-  EXPECT_GT(c().Clear(TierSelection::kAll).value().host_dropped, 0u);
+  EXPECT_GT(c()->Clear(TierSelection::kAll).value().host_dropped, 0u);
   EXPECT_EQ(Load(RequestTokens(3, 5)).hit_blocks, 0);
   // The values are gone from RocksDB too, not just from the index.
   EXPECT_EQ(StoredValues(), 0u);
-  EXPECT_THAT(c().host_pool().CheckInvariants(), IsOk());
+  EXPECT_THAT(c()->host_pool().CheckInvariants(), IsOk());
 }
 
 TEST_F(TieredStoreTest, TenTimesTheHostReadsBackBitExact) {
@@ -318,7 +298,7 @@ TEST_F(TieredStoreTest, TenTimesTheHostReadsBackBitExact) {
     Store(RequestTokens(r, kBlocks));
     Settle();
   }
-  EXPECT_EQ(c().stats().host.evictions, 0u);
+  EXPECT_EQ(c()->stats().host.evictions, 0u);
   int wrong = 0, loaded = 0, from_disk = 0;
   for (int r = 0; r < kRequests; ++r) {
     LoadOutcome o = Load(RequestTokens(r, kBlocks));
@@ -331,13 +311,13 @@ TEST_F(TieredStoreTest, TenTimesTheHostReadsBackBitExact) {
   EXPECT_EQ(wrong, 0);
   EXPECT_EQ(loaded, kRequests * kBlocks);
   EXPECT_GE(from_disk, kRequests * kBlocks - 16);  // All but what host held.
-  const CoordinatorStats s = c().stats();
+  const CoordinatorStats s = c()->stats();
   EXPECT_EQ(s.host.promotion_failures, 0u);
   EXPECT_EQ(s.host.pinned_slots, 0);
   // Promoted blocks had a disk copy: pressure dropped them, not re-spilled.
   EXPECT_GT(s.host.spill_drops, 0u);
   EXPECT_LE(s.disk->puts, uint64_t{kRequests * kBlocks});  // Once each.
-  EXPECT_THAT(c().host_pool().CheckInvariants(), IsOk());
+  EXPECT_THAT(c()->host_pool().CheckInvariants(), IsOk());
 }
 
 // An engine aborts a request whose load waits for promotions: Finish
@@ -354,29 +334,29 @@ TEST_F(TieredStoreTest, PendingLoadIsCancelledByFinish) {
     const RequestId id = next_request_++;
     std::vector<TokenId> tokens = RequestTokens(ready_first ? 1 : 0, 2);
     tokens.push_back(1);
-    auto hit = c().Lookup(worker_, id, tokens, 0, {});
+    auto hit = c()->Lookup(worker_, id, tokens, 0, {});
     ASSERT_THAT(hit, IsOk());
     ASSERT_EQ(hit->disk_hit_tokens, 2 * kBs) << "spilled to disk first";
-    auto alloc = c().Allocate(worker_, id, DeviceBlocks(3), hit->hit_tokens);
+    auto alloc = c()->Allocate(worker_, id, DeviceBlocks(3), hit->hit_tokens);
     ASSERT_THAT(alloc, IsOk());
     ASSERT_TRUE(alloc->load_pending);
-    EXPECT_EQ(c().stats().host.events_in_flight, 1u);
+    EXPECT_EQ(c()->stats().host.events_in_flight, 1u);
     if (ready_first) Settle();  // READY, not taken yet.
-    ASSERT_THAT(c().Finish(worker_, id), IsOk());
+    ASSERT_THAT(c()->Finish(worker_, id), IsOk());
     Settle();
-    EXPECT_TRUE(c().TakeReadyLoads(worker_).value().empty());
-    const CoordinatorStats s = c().stats();
+    EXPECT_TRUE(c()->TakeReadyLoads(worker_).value().empty());
+    const CoordinatorStats s = c()->stats();
     EXPECT_EQ(s.host.events_in_flight, 0u);
     EXPECT_EQ(s.host.pinned_slots, 0);
-    EXPECT_TRUE(c().events().empty());
+    EXPECT_TRUE(c()->events().empty());
     // The promoted blocks are on host now.
     LoadOutcome again = Load(RequestTokens(ready_first ? 1 : 0, 2));
     EXPECT_EQ(again.hit_blocks, 2);
     EXPECT_FALSE(again.was_pending);
     EXPECT_EQ(again.wrong_blocks, 0);
   }
-  EXPECT_EQ(c().stats().host.loads_cancelled, 2u);
-  EXPECT_THAT(c().host_pool().CheckInvariants(), IsOk());
+  EXPECT_EQ(c()->stats().host.loads_cancelled, 2u);
+  EXPECT_THAT(c()->host_pool().CheckInvariants(), IsOk());
 }
 
 TEST_F(TieredStoreTest, CorruptedValueIsDroppedCountedAndRecomputed) {
@@ -397,7 +377,7 @@ TEST_F(TieredStoreTest, CorruptedValueIsDroppedCountedAndRecomputed) {
   EXPECT_EQ(o.loaded_blocks, 2);  // Cut before the bad block...
   EXPECT_EQ(o.failed_blocks, 3);  // ...which the engine recomputes.
   EXPECT_EQ(o.wrong_blocks, 0);
-  CoordinatorStats s = c().stats();
+  CoordinatorStats s = c()->stats();
   EXPECT_EQ(s.disk->checksum_failures, 1u);
   EXPECT_EQ(s.host.promotion_failures, 1u);
   EXPECT_EQ(s.host.pinned_slots, 0);
@@ -406,7 +386,7 @@ TEST_F(TieredStoreTest, CorruptedValueIsDroppedCountedAndRecomputed) {
   LoadOutcome after = Load(victim);
   EXPECT_EQ(after.hit_blocks, 2);
   EXPECT_EQ(after.wrong_blocks, 0);
-  EXPECT_THAT(c().host_pool().CheckInvariants(), IsOk());
+  EXPECT_THAT(c()->host_pool().CheckInvariants(), IsOk());
 }
 
 TEST_F(TieredStoreTest, DiskBoundEvictsLeastRecentlyUsedBlocks) {
@@ -416,7 +396,7 @@ TEST_F(TieredStoreTest, DiskBoundEvictsLeastRecentlyUsedBlocks) {
     Store(RequestTokens(r, 1));
     Settle();
   }
-  const CoordinatorStats s = c().stats();
+  const CoordinatorStats s = c()->stats();
   ASSERT_TRUE(s.disk.has_value());
   EXPECT_LE(s.disk->bytes, s.disk->capacity_bytes);
   EXPECT_GT(s.disk->evictions, 0u);
@@ -444,13 +424,13 @@ class MidSpillTest : public TieredStoreTest {
     Open(/*host_slots=*/10, /*disk_blocks=*/100, /*high=*/0.5, /*low=*/0.1);
     const std::vector<TokenId> tokens = RequestTokens(0, 6);
     Store(tokens);
-    EXPECT_EQ(c().stats().host.spills_in_flight, 5u);
+    EXPECT_EQ(c()->stats().host.spills_in_flight, 5u);
     return tokens;
   }
   void ExpectNothingLeft(const std::vector<TokenId>& tokens) {
     EXPECT_EQ(Load(tokens).hit_blocks, 0);
     Settle();
-    const CoordinatorStats s = c().stats();
+    const CoordinatorStats s = c()->stats();
     EXPECT_EQ(s.host.cached_slots, 0);
     EXPECT_EQ(s.host.pinned_slots, 0);
     EXPECT_EQ(s.host.spills, 0u);
@@ -458,14 +438,14 @@ class MidSpillTest : public TieredStoreTest {
     EXPECT_EQ(Load(tokens).hit_blocks, 0);
     // The values are gone from RocksDB too, not just from the index.
     EXPECT_EQ(StoredValues(), 0u);
-    EXPECT_THAT(c().host_pool().CheckInvariants(), IsOk());
+    EXPECT_THAT(c()->host_pool().CheckInvariants(), IsOk());
   }
 };
 
 TEST_F(MidSpillTest, EvictLeavesNothingBehind) {
   const std::vector<TokenId> tokens = StoreAndStartSpills();
   const std::vector<BlockKey> keys = PrefixKeys(tokens);
-  for (const EvictedBlock& e : c().Evict(keys)) {
+  for (const EvictedBlock& e : c()->Evict(keys)) {
     EXPECT_TRUE(e.host_dropped);
     EXPECT_FALSE(e.host_pinned);
   }
@@ -474,7 +454,7 @@ TEST_F(MidSpillTest, EvictLeavesNothingBehind) {
 
 TEST_F(MidSpillTest, ClearAllLeavesNothingBehind) {
   const std::vector<TokenId> tokens = StoreAndStartSpills();
-  const ClearResult cleared = c().Clear(TierSelection::kAll).value();
+  const ClearResult cleared = c()->Clear(TierSelection::kAll).value();
   EXPECT_EQ(cleared.host_dropped, 6u);
   EXPECT_EQ(cleared.host_kept_pinned, 0u);
   ExpectNothingLeft(tokens);
@@ -489,28 +469,28 @@ TEST_F(TieredStoreTest, WorkerDroppedMidPromotionLeaksNoPin) {
   Settle();
   std::vector<TokenId> lookup = tokens;
   lookup.push_back(1);
-  auto hit = c().Lookup(worker_, 99, lookup, 0, {});
+  auto hit = c()->Lookup(worker_, 99, lookup, 0, {});
   ASSERT_THAT(hit, IsOk());
   ASSERT_GT(hit->disk_hit_tokens, 0);
-  auto alloc = c().Allocate(worker_, 99, DeviceBlocks(5), hit->hit_tokens);
+  auto alloc = c()->Allocate(worker_, 99, DeviceBlocks(5), hit->hit_tokens);
   ASSERT_THAT(alloc, IsOk());
   ASSERT_TRUE(alloc->load_pending);
   // Completing a load that is still promoting is refused.
   const CompletedEvent early[] = {{alloc->load->ref, true}};
-  EXPECT_EQ(c().Complete(worker_, early).code(),
+  EXPECT_EQ(c()->Complete(worker_, early).code(),
             StatusCode::kFailedPrecondition);
-  ASSERT_THAT(c().DropWorker(worker_), IsOk());
+  ASSERT_THAT(c()->DropWorker(worker_), IsOk());
   Settle();
-  const CoordinatorStats s = c().stats();
+  const CoordinatorStats s = c()->stats();
   EXPECT_EQ(s.host.pinned_slots, 0);
   EXPECT_EQ(s.host.events_in_flight, 0u);
-  EXPECT_THAT(c().host_pool().CheckInvariants(), IsOk());
+  EXPECT_THAT(c()->host_pool().CheckInvariants(), IsOk());
   // What was promoted is on host for the next worker.
-  worker_ = c().RegisterWorker({.layout = TestLayout(),
-                                .num_device_blocks = 64,
-                                .tenant = "",
-                                .pid = 2,
-                                .name = "next"})
+  worker_ = c()->RegisterWorker({.layout = TestLayout(),
+                                 .num_device_blocks = 64,
+                                 .tenant = "",
+                                 .pid = 2,
+                                 .name = "next"})
                 .value();
   LoadOutcome o = Load(tokens);
   EXPECT_EQ(o.hit_blocks, 4);
@@ -523,9 +503,10 @@ TEST_F(TieredStoreTest, EmbeddedClientSpillsAndPromotes) {
   ClientOptions options;
   options.layout = TestLayout();
   options.num_device_blocks = 4;
-  options.embedded_host_bytes = 9 * TestLayout().BlockBytes();  // 8 slots.
-  options.embedded_disk_path = dir_ + "/embedded";
-  auto opened = Client::Open(options);
+  EmbeddedOptions embedded;
+  embedded.host_bytes = 9 * TestLayout().BlockBytes();  // 8 slots.
+  embedded.disk_path = dir_ + "/embedded";
+  auto opened = OpenEmbedded(options, embedded);
   ASSERT_THAT(opened, IsOk());
   Client& client = **opened;
   auto* device = dynamic_cast<EmulatedDeviceTier*>(&client.device());

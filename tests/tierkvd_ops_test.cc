@@ -25,11 +25,11 @@
 #include <thread>
 #include <vector>
 
-#include "ipc/client.h"
 #include "tests/child_process.h"
 #include "tests/scratch.h"
 #include "tests/status_matchers.h"
 #include "tests/test_layout.h"
+#include "tierkv/client.h"
 #include "tools/daemon/daemon.h"
 #include "tools/daemon/daemon_log.h"
 #include "tools/daemon/watchdog.h"

@@ -21,15 +21,15 @@
 #include <vector>
 
 #include "ipc/channel.h"
-#include "ipc/client.h"
 #include "ipc/protocol.h"
-#include "src/version.h"
 #include "tests/child_process.h"
 #include "tests/scratch.h"
 #include "tests/seed004_scenario.h"
 #include "tests/status_matchers.h"
 #include "tests/test_layout.h"
 #include "tests/tierkvd_fixture.h"
+#include "tierkv/client.h"
+#include "tierkv/version.h"
 #include "tiers/shm_segment.h"
 
 namespace tierkv {

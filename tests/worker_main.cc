@@ -29,9 +29,9 @@
 #include <string>
 #include <vector>
 
-#include "ipc/client.h"
 #include "tests/block_pattern.h"
 #include "tests/test_layout.h"
+#include "tierkv/client.h"
 
 namespace tierkv {
 namespace {

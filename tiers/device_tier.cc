@@ -11,7 +11,7 @@
 // - The caller keeps each job's host memory alive and untouched until its
 //   completion is returned, or until the tier is destroyed (the destructor
 //   runs every queued job first).
-#include "tiers/device_tier.h"
+#include "tierkv/device_tier.h"
 
 #include <sys/mman.h>
 

@@ -48,9 +48,9 @@
 #include <string>
 #include <string_view>
 
-#include "src/block_key.h"
 #include "src/lower_tier.h"
-#include "src/status.h"
+#include "tierkv/block_key.h"
+#include "tierkv/status.h"
 
 namespace tierkv {
 

@@ -17,7 +17,7 @@
 #include <string>
 
 #include "src/free_block_queue.h"
-#include "src/status.h"
+#include "tierkv/status.h"
 #include "tiers/shm_segment.h"
 
 namespace tierkv {

@@ -13,7 +13,7 @@
 #include <optional>
 #include <string>
 
-#include "src/status.h"
+#include "tierkv/status.h"
 
 namespace tierkv {
 

@@ -2,7 +2,7 @@
 // everything else is in tools/admin/admin.h.
 #include <iostream>
 
-#include "src/version.h"
+#include "tierkv/version.h"
 #include "tools/admin/admin.h"
 
 int main(int argc, char** argv) {

@@ -7,7 +7,7 @@
 #include <iostream>
 #include <string>
 
-#include "src/version.h"
+#include "tierkv/version.h"
 #include "tools/demo/prefix_demo.h"
 #include "tools/demo/rag_demo.h"
 

@@ -3,7 +3,7 @@
 // ipc/server.h.
 #include <iostream>
 
-#include "src/version.h"
+#include "tierkv/version.h"
 #include "tools/daemon/daemon.h"
 #include "tools/daemon/daemon_flags.h"
 

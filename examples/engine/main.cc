@@ -27,8 +27,8 @@
 #include <thread>
 #include <vector>
 
-#include "ipc/client.h"
-#include "src/kv_cache_manager.h"
+#include "tierkv/client.h"
+#include "tierkv/kv_cache_manager.h"
 
 namespace {
 

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "src/coordinator.h"
-#include "src/status.h"
+#include "tierkv/status.h"
 
 namespace tierkv::admin {
 

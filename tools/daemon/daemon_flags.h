@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "ipc/server.h"
-#include "src/status.h"
+#include "tierkv/status.h"
 
 namespace tierkv::daemon {
 

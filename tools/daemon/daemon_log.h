@@ -12,7 +12,7 @@
 #include <mutex>
 #include <string>
 
-#include "src/status.h"
+#include "tierkv/status.h"
 
 namespace tierkv::daemon {
 

@@ -15,7 +15,7 @@
 #include <optional>
 #include <thread>
 
-#include "src/status.h"
+#include "tierkv/status.h"
 
 namespace tierkv::daemon {
 

@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "src/block_key.h"
-#include "src/status.h"
+#include "tierkv/block_key.h"
+#include "tierkv/status.h"
 #include "tools/demo/prefix_demo.h"
 
 namespace tierkv::demo {

@@ -9,7 +9,8 @@
 #include <string>
 #include <utility>
 
-#include "src/kv_cache_manager.h"
+#include "src/kv_cache_manager_internal.h"
+#include "tierkv/kv_cache_manager.h"
 #include "tools/demo/demo_util.h"
 
 namespace tierkv::demo {
@@ -320,7 +321,7 @@ Status Simulator::Run(std::span<const WorkloadRequest> workload,
   if (manager_.num_requests() != 0) {
     return Status::Internal("requests still hold blocks after the run");
   }
-  return manager_.pool().CheckInvariants();
+  return PoolOf(manager_).CheckInvariants();
 }
 
 // A scheduler step admits one request: its chat's previous turn must have

@@ -12,9 +12,9 @@
 #include <string_view>
 #include <vector>
 
-#include "src/block_key.h"
-#include "src/request.h"
-#include "src/status.h"
+#include "tierkv/block_key.h"
+#include "tierkv/request.h"
+#include "tierkv/status.h"
 
 namespace tierkv::demo {
 

@@ -15,10 +15,10 @@
 #include <string>
 #include <vector>
 
-#include "src/block_key.h"
 #include "src/coordinator.h"
 #include "src/reference_model.h"
-#include "src/status.h"
+#include "tierkv/block_key.h"
+#include "tierkv/status.h"
 #include "tools/demo/prefix_demo.h"
 
 namespace tierkv::demo {

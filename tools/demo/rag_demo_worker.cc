@@ -13,10 +13,10 @@
 #include <string>
 #include <vector>
 
-#include "ipc/chunk_tier.h"
-#include "ipc/client.h"
-#include "src/kv_cache_manager.h"
-#include "tiers/device_tier.h"
+#include "tierkv/client.h"
+#include "tierkv/client_chunk_source.h"
+#include "tierkv/device_tier.h"
+#include "tierkv/kv_cache_manager.h"
 #include "tools/demo/rag_demo.h"
 #include "tools/demo/rag_demo_internal.h"
 
@@ -76,7 +76,7 @@ Status RunRagWorker(const RagDemoOptions& o, std::ostream& out) {
   client_options.device = device.get();
   TIERKV_ASSIGN_OR_RETURN(std::unique_ptr<Client> client,
                           Client::Open(client_options));
-  ClientChunkTier tier(client.get());
+  ClientChunkSource tier(client.get());
   store.SetTier(&tier);
 
   // The engine's main pool holds one request at a time; every assembled
@@ -106,7 +106,7 @@ Status RunRagWorker(const RagDemoOptions& o, std::ostream& out) {
   for (const RagRequest& r : w.requests) {
     if (r.id % o.workers != o.worker_index) continue;
     const ChunkStoreStats before = store.stats();
-    const ClientChunkTierStats tier_before = tier.stats();
+    const ClientChunkSourceStats tier_before = tier.stats();
     const auto t0 = std::chrono::steady_clock::now();
     TIERKV_ASSIGN_OR_RETURN(
         ChunkedPrefillResult cached,
@@ -135,7 +135,7 @@ Status RunRagWorker(const RagDemoOptions& o, std::ostream& out) {
       verified = own.output.logits == cached.output.logits ? "1" : "0";
     }
     const ChunkStoreStats after = store.stats();
-    const ClientChunkTierStats tier_after = tier.stats();
+    const ClientChunkSourceStats tier_after = tier.stats();
     out << "result id=" << r.id << " worker=" << o.worker_index
         << " cached_us=" << std::llround(Seconds(t1 - t0) * 1e6)
         << " cold_us=" << std::llround(Seconds(t3 - t2) * 1e6)

@@ -1,4 +1,4 @@
-// ChunkTier: the tiers under a worker's device chunk pool (seed 000's pool
+// ChunkSource: the tiers under a worker's device chunk pool (seed 000's pool
 // of position-independent chunks, separate from the engine's main pool).
 // tierkvd's host DRAM and disk tier index chunk blocks by their chunk keys,
 // so a chunk one worker computed is fetched by every other worker instead
@@ -8,28 +8,28 @@
 // prefix blocks eagerly, so that evicting a chunk from the pool loses
 // nothing the tiers below can still hold.
 // Implementations need not be thread-safe: the pool's owner drives them.
-#ifndef TIERKV_SRC_CHUNK_TIER_H_
-#define TIERKV_SRC_CHUNK_TIER_H_
+#ifndef TIERKV_INCLUDE_TIERKV_CHUNK_SOURCE_H_
+#define TIERKV_INCLUDE_TIERKV_CHUNK_SOURCE_H_
 
 #include <cstdint>
 #include <functional>
 #include <span>
 #include <vector>
 
-#include "src/block_key.h"
-#include "src/free_block_queue.h"
-#include "src/status.h"
+#include "tierkv/block_key.h"
+#include "tierkv/status.h"
+#include "tierkv/types.h"
 
 namespace tierkv {
 
-class ChunkTier {
+class ChunkSource {
  public:
   // Gives `n` pool blocks to copy a fetched chunk into; the caller of Fetch
   // owns them whatever Fetch returns.
   using AllocateBlocks =
       std::function<StatusOr<std::vector<BlockId>>(int32_t n)>;
 
-  virtual ~ChunkTier() = default;
+  virtual ~ChunkSource() = default;
 
   // When the tiers hold every block of `chunk`: calls `allocate` once, for
   // one pool block per chunk block, and copies the chunk into them; true
@@ -49,4 +49,4 @@ class ChunkTier {
 
 }  // namespace tierkv
 
-#endif  // TIERKV_SRC_CHUNK_TIER_H_
+#endif  // TIERKV_INCLUDE_TIERKV_CHUNK_SOURCE_H_

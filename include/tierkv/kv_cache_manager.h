@@ -21,17 +21,18 @@
 // token's KV, and keys a block the moment that token fills it. A token that
 // ends the request (sampled, never computed) must not be passed to
 // MayAppend, or its block would be keyed without its KV.
-#ifndef TIERKV_SRC_KV_CACHE_MANAGER_H_
-#define TIERKV_SRC_KV_CACHE_MANAGER_H_
+#ifndef TIERKV_INCLUDE_TIERKV_KV_CACHE_MANAGER_H_
+#define TIERKV_INCLUDE_TIERKV_KV_CACHE_MANAGER_H_
 
 #include <cstdint>
+#include <memory>
 #include <span>
-#include <unordered_map>
 #include <vector>
 
-#include "src/block_pool.h"
-#include "src/request.h"
-#include "src/status.h"
+#include "tierkv/block_key.h"
+#include "tierkv/block_pool_options.h"
+#include "tierkv/request.h"
+#include "tierkv/status.h"
 
 namespace tierkv {
 
@@ -66,9 +67,14 @@ struct ComputedBlocks {
   int32_t num_tokens = 0;
 };
 
+class BlockPool;
+
 class KVCacheManager {
  public:
   static StatusOr<KVCacheManager> Create(const KVCacheManagerOptions& options);
+  KVCacheManager(KVCacheManager&&) noexcept;
+  KVCacheManager& operator=(KVCacheManager&&) noexcept;
+  ~KVCacheManager();
 
   // Longest run of leading full blocks that are cached, stopping at the first
   // miss and covering at most num_tokens - 1 tokens (the last token is always
@@ -127,14 +133,14 @@ class KVCacheManager {
 
   // Drops the key of a free cached block (an operator's evict); false when
   // the block is in use or holds no key.
-  bool EvictCachedBlock(BlockId id) { return pool_.EvictCachedBlock(id); }
+  bool EvictCachedBlock(BlockId id);
 
   // Transfer pins (seed 004's touch for transfer protection): a block being
   // copied to or from another tier holds one more reference, so it is
   // neither evicted nor reused until UnpinBlocks, whatever the request does.
   // REQUIRES: valid, non-null block ids; each UnpinBlocks matches a pin.
-  void PinBlocks(std::span<const BlockId> ids) { pool_.Touch(ids); }
-  void UnpinBlocks(std::span<const BlockId> ids) { pool_.FreeBlocks(ids); }
+  void PinBlocks(std::span<const BlockId> ids);
+  void UnpinBlocks(std::span<const BlockId> ids);
 
   // Releases the request's blocks in reverse order. NotFound if unknown.
   Status Free(RequestId id);
@@ -151,24 +157,18 @@ class KVCacheManager {
 
   // The request's blocks in order; empty if the request is unknown.
   std::span<const BlockId> blocks(RequestId id) const;
-  size_t num_requests() const { return requests_.size(); }
-
-  const BlockPool& pool() const { return pool_; }
+  size_t num_requests() const;
+  int32_t num_blocks() const;       // The null block included.
+  int32_t num_free_blocks() const;  // In the free queue, cached or not.
   PrefixCacheStats stats() const;
 
  private:
-  struct RequestState {
-    std::vector<BlockId> blocks;
-    int32_t num_tokens = 0;         // Tokens that have slots.
-    int32_t num_cached_blocks = 0;  // Leading blocks already keyed.
-    // An external load outstanding: tokens [load_start, load_end) wait for
-    // their KV and nothing of the request is keyed. load_end == 0: none.
-    int32_t load_start = 0;
-    int32_t load_end = 0;
-  };
+  struct RequestState;
+  struct State;
+  // The pool itself, for tierkv's own checks (src/kv_cache_manager_internal.h).
+  friend const BlockPool& PoolOf(const KVCacheManager& manager);
 
-  KVCacheManager(BlockPool pool, bool enable_caching)
-      : pool_(std::move(pool)), enable_caching_(enable_caching) {}
+  explicit KVCacheManager(std::unique_ptr<State> state);
 
   // Blocks still missing so that `held` blocks cover `num_tokens` tokens.
   int64_t BlocksShort(int64_t num_tokens, size_t held) const;
@@ -178,12 +178,9 @@ class KVCacheManager {
   // Keys the request's blocks that are full of known tokens.
   Status CacheFullBlocks(const Request& request, RequestState* state);
 
-  BlockPool pool_;
-  bool enable_caching_;
-  std::unordered_map<RequestId, RequestState> requests_;
-  PrefixCacheStats stats_;
+  std::unique_ptr<State> s_;
 };
 
 }  // namespace tierkv
 
-#endif  // TIERKV_SRC_KV_CACHE_MANAGER_H_
+#endif  // TIERKV_INCLUDE_TIERKV_KV_CACHE_MANAGER_H_

@@ -1,8 +1,8 @@
 // The tierkv release this build is (CMake's project version), for
 // --version, tierkvd's stats and the tierkv_build_info metric.
 // Thread-safe: a constant.
-#ifndef TIERKV_SRC_VERSION_H_
-#define TIERKV_SRC_VERSION_H_
+#ifndef TIERKV_INCLUDE_TIERKV_VERSION_H_
+#define TIERKV_INCLUDE_TIERKV_VERSION_H_
 
 #include <string_view>
 
@@ -17,4 +17,4 @@ bool WantsVersion(int argc, char** argv);
 
 }  // namespace tierkv
 
-#endif  // TIERKV_SRC_VERSION_H_
+#endif  // TIERKV_INCLUDE_TIERKV_VERSION_H_

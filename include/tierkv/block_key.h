@@ -15,8 +15,8 @@
 // Every field is fixed-size or length-prefixed, so two different inputs never
 // encode to the same bytes. This is the on-disk identity of a block: changing
 // it invalidates every persisted key (KeyFormat.GoldenKeys guards it).
-#ifndef TIERKV_SRC_BLOCK_KEY_H_
-#define TIERKV_SRC_BLOCK_KEY_H_
+#ifndef TIERKV_INCLUDE_TIERKV_BLOCK_KEY_H_
+#define TIERKV_INCLUDE_TIERKV_BLOCK_KEY_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -26,11 +26,10 @@
 #include <string_view>
 #include <vector>
 
-#include "src/status.h"
+#include "tierkv/status.h"
+#include "tierkv/types.h"
 
 namespace tierkv {
-
-using TokenId = uint32_t;
 
 struct BlockKey {
   uint64_t lo = 0;
@@ -119,4 +118,4 @@ class KeyHasher {
 
 }  // namespace tierkv
 
-#endif  // TIERKV_SRC_BLOCK_KEY_H_
+#endif  // TIERKV_INCLUDE_TIERKV_BLOCK_KEY_H_

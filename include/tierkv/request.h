@@ -1,18 +1,17 @@
 // Request: one sequence's token ids and the keys of its full blocks, kept
 // in step as tokens are appended (vLLM computes block hashes once per request
 // the same way). Not thread-safe; owned by the engine's scheduler.
-#ifndef TIERKV_SRC_REQUEST_H_
-#define TIERKV_SRC_REQUEST_H_
+#ifndef TIERKV_INCLUDE_TIERKV_REQUEST_H_
+#define TIERKV_INCLUDE_TIERKV_REQUEST_H_
 
 #include <cstdint>
 #include <span>
 #include <vector>
 
-#include "src/block_key.h"
+#include "tierkv/block_key.h"
+#include "tierkv/types.h"
 
 namespace tierkv {
-
-using RequestId = uint64_t;
 
 class Request {
  public:
@@ -55,4 +54,4 @@ class Request {
 
 }  // namespace tierkv
 
-#endif  // TIERKV_SRC_REQUEST_H_
+#endif  // TIERKV_INCLUDE_TIERKV_REQUEST_H_

@@ -1,8 +1,8 @@
 // Status and StatusOr<T>: how tierkv reports errors across module and process
 // boundaries. Errors are values; a Status that is dropped unread is a compile
 // warning ([[nodiscard]]). Immutable values, safe to share between threads.
-#ifndef TIERKV_SRC_STATUS_H_
-#define TIERKV_SRC_STATUS_H_
+#ifndef TIERKV_INCLUDE_TIERKV_STATUS_H_
+#define TIERKV_INCLUDE_TIERKV_STATUS_H_
 
 #include <cstdint>
 #include <cstdlib>
@@ -156,4 +156,4 @@ void StatusOr<T>::CheckOk() const {
 #define TIERKV_ASSIGN_OR_RETURN(lhs, expr) \
   TIERKV_ASSIGN_OR_RETURN_IMPL_(TIERKV_CONCAT_(tierkv_or_, __LINE__), lhs, expr)
 
-#endif  // TIERKV_SRC_STATUS_H_
+#endif  // TIERKV_INCLUDE_TIERKV_STATUS_H_

@@ -5,8 +5,8 @@
 // completion per job (a job is one load or store event).
 // Thread-safety: Submit, PollCompleted and WaitCompleted may be called from
 // any thread; the copy engine runs on its own thread(s).
-#ifndef TIERKV_TIERS_DEVICE_TIER_H_
-#define TIERKV_TIERS_DEVICE_TIER_H_
+#ifndef TIERKV_INCLUDE_TIERKV_DEVICE_TIER_H_
+#define TIERKV_INCLUDE_TIERKV_DEVICE_TIER_H_
 
 #include <chrono>
 #include <cstddef>
@@ -15,8 +15,8 @@
 #include <span>
 #include <vector>
 
-#include "src/free_block_queue.h"
-#include "src/status.h"
+#include "tierkv/status.h"
+#include "tierkv/types.h"
 
 namespace tierkv {
 
@@ -101,4 +101,4 @@ class EmulatedDeviceTier final : public DeviceTier {
 
 }  // namespace tierkv
 
-#endif  // TIERKV_TIERS_DEVICE_TIER_H_
+#endif  // TIERKV_INCLUDE_TIERKV_DEVICE_TIER_H_

@@ -1,16 +1,16 @@
-#include "ipc/chunk_tier.h"
+#include "tierkv/client_chunk_source.h"
 
 #include <string>
 #include <vector>
 
 namespace tierkv {
 
-ClientChunkTier::ClientChunkTier(Client* client,
-                                 const ClientChunkTierOptions& options)
+ClientChunkSource::ClientChunkSource(Client* client,
+                                     const ClientChunkSourceOptions& options)
     : client_(client), options_(options) {}
 
-StatusOr<bool> ClientChunkTier::Fetch(std::span<const TokenId> chunk,
-                                      const AllocateBlocks& allocate) {
+StatusOr<bool> ClientChunkSource::Fetch(std::span<const TokenId> chunk,
+                                        const AllocateBlocks& allocate) {
   TIERKV_RETURN_IF_ERROR(ReattachIfLost());
   const RequestId request = next_request_++;
   ++stats_.fetches;
@@ -46,8 +46,8 @@ StatusOr<bool> ClientChunkTier::Fetch(std::span<const TokenId> chunk,
   return true;
 }
 
-Status ClientChunkTier::Publish(std::span<const TokenId> chunk,
-                                std::span<const BlockId> blocks) {
+Status ClientChunkSource::Publish(std::span<const TokenId> chunk,
+                                  std::span<const BlockId> blocks) {
   TIERKV_RETURN_IF_ERROR(ReattachIfLost());
   const RequestId request = next_request_++;
   ++stats_.publishes;
@@ -68,7 +68,7 @@ Status ClientChunkTier::Publish(std::span<const TokenId> chunk,
   return finished;
 }
 
-Status ClientChunkTier::ReattachIfLost() {
+Status ClientChunkSource::ReattachIfLost() {
   if (client_->connected()) return Status::Ok();
   // Copies of the lost attachment are over once Reconnect returns; what
   // they hand back is completed (which only unpins) and dropped.
@@ -77,7 +77,7 @@ Status ClientChunkTier::ReattachIfLost() {
   return s;
 }
 
-Status ClientChunkTier::WaitFor(const EventRef& ref) {
+Status ClientChunkSource::WaitFor(const EventRef& ref) {
   const uint64_t session = client_->session();
   const auto deadline =
       std::chrono::steady_clock::now() + options_.copy_timeout;

@@ -9,15 +9,15 @@
 // [block_size tokens][num_kv_heads][head_dim] elements of `dtype`, densely
 // packed. A token's K (or V) for one layer is therefore one contiguous run of
 // TokenStride() bytes.
-#ifndef TIERKV_SRC_KV_LAYOUT_H_
-#define TIERKV_SRC_KV_LAYOUT_H_
+#ifndef TIERKV_INCLUDE_TIERKV_KV_LAYOUT_H_
+#define TIERKV_INCLUDE_TIERKV_KV_LAYOUT_H_
 
 #include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
 
-#include "src/status.h"
+#include "tierkv/status.h"
 
 namespace tierkv {
 
@@ -86,4 +86,4 @@ std::string StoreFingerprint(const KvLayout& layout, std::string_view model);
 
 }  // namespace tierkv
 
-#endif  // TIERKV_SRC_KV_LAYOUT_H_
+#endif  // TIERKV_INCLUDE_TIERKV_KV_LAYOUT_H_

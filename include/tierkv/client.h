@@ -1,8 +1,9 @@
 // Client: the API an engine worker links against, mirroring vLLM's
 // KV-connector flow (DESIGN.md, "Data path"): Lookup, Allocate, Commit,
 // PollEvents, Complete, Finish. Attached to a tierkvd over its socket and a
-// shared-memory control channel, or embedded: the same coordinator core in
-// this process, with no daemon. The client executes the copies the
+// shared-memory control channel (Open; library tierkv::client), or embedded:
+// the same store in this process, with no daemon (OpenEmbedded in
+// tierkv/embedded.h; library tierkv::embedded). The client executes the
 // coordinator's events ask for on its DeviceTier and pins the engine's
 // device blocks while they are in flight.
 // Not thread-safe: one engine thread drives a client.
@@ -24,8 +25,8 @@
 // copies already running (their completions are handed out as usual, and
 // Complete then only unpins) and closes the socket, so a tierkvd that was
 // only slow releases the old worker's pins at once.
-#ifndef TIERKV_IPC_CLIENT_H_
-#define TIERKV_IPC_CLIENT_H_
+#ifndef TIERKV_INCLUDE_TIERKV_CLIENT_H_
+#define TIERKV_INCLUDE_TIERKV_CLIENT_H_
 
 #include <chrono>
 #include <cstddef>
@@ -35,24 +36,25 @@
 #include <string>
 #include <vector>
 
-#include "src/block_key.h"
-#include "src/coordinator.h"
-#include "src/kv_cache_manager.h"
-#include "src/kv_layout.h"
-#include "src/status.h"
-#include "tiers/device_tier.h"
+#include "tierkv/device_tier.h"
+#include "tierkv/kv_cache_manager.h"
+#include "tierkv/kv_layout.h"
+#include "tierkv/stats.h"
+#include "tierkv/status.h"
+#include "tierkv/transfer.h"
+#include "tierkv/types.h"
 
 namespace tierkv {
 
+struct EmbeddedOptions;  // tierkv/embedded.h
+namespace ipc {
+class InProcessStore;
+}
+
 struct ClientOptions {
-  // The tierkvd to attach to. Default (empty): embedded mode.
+  // The tierkvd to attach to (tierkvd --socket). Required by Open;
+  // OpenEmbedded (tierkv/embedded.h) runs a store in this process instead.
   std::string socket_path;
-  // Embedded mode only: host DRAM for KV slots. Default: 256 MiB.
-  size_t embedded_host_bytes = size_t{256} << 20;
-  // Embedded mode only: a disk tier (a RocksDB directory) under the host
-  // slots, bounded by embedded_disk_bytes. Default (empty): none.
-  std::string embedded_disk_path;
-  uint64_t embedded_disk_bytes = uint64_t{4} << 30;  // Default: 4 GiB.
   KvLayout layout;  // Required; must match the store's.
   // The model this worker runs (ValidateModelName); must match the store's
   // (tierkvd --model), so KV of one model is never served to another.
@@ -93,9 +95,10 @@ struct FinishedTransfer {
 
 class Client {
  public:
-  // Unavailable when no tierkvd answers on the socket; PermissionDenied when
-  // this user may not use it; FailedPrecondition naming both layouts, or
-  // both models, when the store serves another.
+  // Attaches to the tierkvd on options.socket_path (InvalidArgument when
+  // it is empty). Unavailable when no tierkvd answers on the socket;
+  // PermissionDenied when this user may not use it; FailedPrecondition naming
+  // both layouts, or both models, when the store serves another.
   // DeadlineExceeded when tierkvd does not answer within call_timeout.
   static StatusOr<std::unique_ptr<Client>> Open(const ClientOptions& options);
   // Waits for copies in flight, then unpins every device block the client
@@ -156,18 +159,22 @@ class Client {
   bool embedded() const;
   const KvLayout& layout() const;
   DeviceTier& device();
-  // Host slot memory (for checks; engines never need it).
-  const std::byte* host_slot(BlockId slot) const;
   size_t transfers_in_flight() const;
   // Loads waiting for promotions from disk.
   size_t loads_pending() const;
 
  private:
+  friend StatusOr<std::unique_ptr<Client>> OpenEmbedded(
+      const ClientOptions& options, const EmbeddedOptions& embedded);
   struct Impl;
   explicit Client(std::unique_ptr<Impl> impl);
+  static StatusOr<std::unique_ptr<Impl>> NewImpl(const ClientOptions& options);
+  // An embedded client over `store`, for OpenEmbedded.
+  static StatusOr<std::unique_ptr<Client>> OpenInProcess(
+      const ClientOptions& options, std::unique_ptr<ipc::InProcessStore> store);
   std::unique_ptr<Impl> impl_;
 };
 
 }  // namespace tierkv
 
-#endif  // TIERKV_IPC_CLIENT_H_
+#endif  // TIERKV_INCLUDE_TIERKV_CLIENT_H_

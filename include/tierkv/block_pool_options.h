@@ -1,0 +1,19 @@
+// The shape of a pool of KV blocks that tierkv keys and recycles: the
+// engine's main pool (KVCacheManager) or a chunk pool.
+#ifndef TIERKV_INCLUDE_TIERKV_BLOCK_POOL_OPTIONS_H_
+#define TIERKV_INCLUDE_TIERKV_BLOCK_POOL_OPTIONS_H_
+
+#include <cstdint>
+
+namespace tierkv {
+
+struct BlockPoolOptions {
+  int32_t num_blocks = 0;          // Including the null block. Required.
+  int32_t block_size = 16;         // Tokens per block. Default: 16.
+  bool reserve_null_block = true;  // Block 0 is a placeholder, as in vLLM v1.
+                                   // Default: true.
+};
+
+}  // namespace tierkv
+
+#endif  // TIERKV_INCLUDE_TIERKV_BLOCK_POOL_OPTIONS_H_

@@ -1,0 +1,173 @@
+// What a store reports about itself: its host tier, its disk tier, its
+// transfer events and its workers (Client::Stats, tierkv-admin, the stats
+// page, metrics).
+//
+// Each stats struct's fields are defined once, in a field table (the
+// TIERKV_*_STATS_FIELDS lists below): the struct members, their wire
+// encoding, tierkv-admin's listing, its JSON and its Prometheus metrics
+// are all generated from the table, in its order. A field added to a table
+// shows up everywhere at once (and changes the wire format: bump
+// the protocol version).
+#ifndef TIERKV_INCLUDE_TIERKV_STATS_H_
+#define TIERKV_INCLUDE_TIERKV_STATS_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <iterator>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tierkv/types.h"
+
+namespace tierkv {
+
+// How a field behaves over time (its Prometheus type).
+enum class StatKind : uint8_t {
+  kGauge,    // A level: may go up and down.
+  kCounter,  // Counts events since the store started: only goes up.
+  kLabel,    // Names something (a worker's id, pid, name): not a metric.
+};
+
+// One field of a field table.
+struct StatField {
+  const char* name;  // The member's name, and its JSON key.
+  StatKind kind;
+  const char* help;  // One line for people.
+};
+
+// X(type, name, kind, help) for each field, in wire order.
+#define TIERKV_HOST_TIER_STATS_FIELDS(X)                                       \
+  X(uint64_t, slot_bytes, kGauge, "Bytes of one KV block (one host slot).")    \
+  X(int64_t, capacity_slots, kGauge,                                           \
+    "Usable host slots (the null slot excluded).")                             \
+  X(int64_t, free_slots, kGauge,                                               \
+    "Host slots in the free queue, cached or not.")                            \
+  X(int64_t, used_slots, kGauge,                                               \
+    "Host slots keyed, or being written by a store or promotion.")             \
+  X(int64_t, cached_slots, kGauge, "Host slots keyed: visible to lookups.")    \
+  X(int64_t, pinned_slots, kGauge,                                             \
+    "Host slots pinned by lookups, transfers, spills or promotions.")          \
+  X(uint64_t, lookups, kCounter, "Lookups.")                                   \
+  X(uint64_t, lookup_blocks, kCounter, "Blocks lookups could have hit.")       \
+  X(uint64_t, hit_blocks, kCounter, "Blocks lookups found on host.")           \
+  X(uint64_t, miss_blocks, kCounter, "Blocks lookups found in no tier.")       \
+  X(uint64_t, evictions, kCounter,                                             \
+    "Host blocks let go for capacity without a spill.")                        \
+  X(uint64_t, stores_completed, kCounter,                                      \
+    "Blocks stored from device to host.")                                      \
+  X(uint64_t, loads_completed, kCounter, "Blocks loaded from host to device.") \
+  X(uint64_t, stores_failed, kCounter,                                         \
+    "Blocks whose store failed or was lost with its worker.")                  \
+  X(uint64_t, store_skipped, kCounter, "Blocks not stored: no free slot.")     \
+  X(uint64_t, events_in_flight, kGauge, "Transfer events in flight.")          \
+  X(uint64_t, disk_hit_blocks, kCounter,                                       \
+    "Blocks lookups found only on the disk tier.")                             \
+  X(uint64_t, spills, kCounter, "Blocks copied down to disk, then dropped.")   \
+  X(uint64_t, spill_drops, kCounter,                                           \
+    "Blocks dropped from host because the disk tier had them already.")        \
+  X(uint64_t, spill_failures, kCounter,                                        \
+    "Spills that failed: the block stayed on host.")                           \
+  X(uint64_t, promotions, kCounter, "Blocks copied up from disk for a load.")  \
+  X(uint64_t, promotion_failures, kCounter,                                    \
+    "Promotions that failed: value missing or corrupt, or no free slot.")      \
+  X(uint64_t, loads_cancelled, kCounter,                                       \
+    "Load events cancelled before their copy: the request finished while "     \
+    "its promotions ran.")                                                     \
+  X(uint64_t, spills_in_flight, kGauge, "Spills the disk tier is running.")    \
+  X(uint64_t, promotions_in_flight, kGauge,                                    \
+    "Promotions the disk tier is running.")
+
+#define TIERKV_DISK_TIER_STATS_FIELDS(X)                                     \
+  X(uint64_t, capacity_bytes, kGauge, "The bound on the disk tier's bytes.") \
+  X(uint64_t, bytes, kGauge, "Value bytes held (being written and stored).") \
+  X(uint64_t, keys, kGauge, "Blocks stored.")                                \
+  X(uint64_t, puts, kCounter, "Values written.")                             \
+  X(uint64_t, put_failures, kCounter,                                        \
+    "Writes that failed (superseded ones excluded).")                        \
+  X(uint64_t, gets, kCounter, "Values read.")                                \
+  X(uint64_t, hits, kCounter, "Reads that found their block.")               \
+  X(uint64_t, misses, kCounter,                                              \
+    "Reads of a block not stored, or stored for other tokens.")              \
+  X(uint64_t, evictions, kCounter, "Blocks evicted for capacity.")           \
+  X(uint64_t, checksum_failures, kCounter,                                   \
+    "Values that failed verification on read; each was deleted.")            \
+  X(uint64_t, token_mismatches, kCounter,                                    \
+    "Reads whose token ids differ from the stored block's (a key "           \
+    "collision): a miss, the stored block is kept.")                         \
+  X(uint64_t, dropped_on_open, kGauge,                                       \
+    "Values the last open dropped: malformed, failed checksum, or of "       \
+    "another layout or model.")                                              \
+  X(uint64_t, layout_mismatches, kGauge,                                     \
+    "Of dropped_on_open, values of another layout or model.")                \
+  X(uint64_t, payload_bytes_written, kCounter,                               \
+    "Payload bytes of the values written.")                                  \
+  X(uint64_t, stored_bytes_written, kCounter,                                \
+    "Bytes stored for them (after compression).")                            \
+  X(uint64_t, file_bytes, kGauge, "Bytes of the files that hold live data.")
+
+#define TIERKV_WORKER_STATS_FIELDS(X)                                      \
+  X(WorkerId, id, kLabel, "The worker's id in this store.")                \
+  X(int32_t, pid, kLabel, "The worker's process id.")                      \
+  X(std::string, name, kLabel, "The worker's name (ClientOptions::name).") \
+  X(uint32_t, requests, kGauge, "Requests the worker has open.")           \
+  X(uint32_t, loads_in_flight, kGauge, "The worker's loads in flight.")    \
+  X(uint32_t, stores_in_flight, kGauge, "The worker's stores in flight.")
+
+// A struct's members and ForEachField, from its field table:
+// ForEachField(stats, f) calls f(const StatField&, member) for each field in
+// table order (member is const when stats is).
+#define TIERKV_STATS_MEMBER_(type, name, kind, help) type name = {};
+#define TIERKV_STATS_VISIT_(type, name, kind, help) \
+  f(StatField{#name, StatKind::kind, help}, self.name);
+#define TIERKV_STATS_STRUCT_(Struct, FIELDS)                        \
+  struct Struct {                                                   \
+    FIELDS(TIERKV_STATS_MEMBER_)                                    \
+    template <typename Self, typename F>                            \
+    static void ForEachField(Self& self, F&& f) {                   \
+      FIELDS(TIERKV_STATS_VISIT_)                                   \
+    }                                                               \
+    friend bool operator==(const Struct&, const Struct&) = default; \
+  }
+
+TIERKV_STATS_STRUCT_(HostTierStats, TIERKV_HOST_TIER_STATS_FIELDS);
+TIERKV_STATS_STRUCT_(DiskTierStats, TIERKV_DISK_TIER_STATS_FIELDS);
+TIERKV_STATS_STRUCT_(WorkerStats, TIERKV_WORKER_STATS_FIELDS);
+
+#undef TIERKV_STATS_STRUCT_
+#undef TIERKV_STATS_VISIT_
+#undef TIERKV_STATS_MEMBER_
+
+// Latencies of completed transfer events, from Allocate or Commit to
+// Complete (failed copies included), as a histogram.
+struct EventLatency {
+  // Upper bounds of the buckets (100 us .. 10 s); a last bucket takes the
+  // rest.
+  static constexpr uint64_t kBucketMicros[] = {
+      100, 1'000, 5'000, 10'000, 50'000, 100'000, 1'000'000, 10'000'000};
+  static constexpr size_t kBuckets = std::size(kBucketMicros) + 1;
+  // Events per bucket (not cumulative); the last: above every bound.
+  uint64_t buckets[kBuckets] = {};
+  uint64_t count = 0;
+  uint64_t sum_us = 0;
+
+  void Record(uint64_t latency_us);
+  friend bool operator==(const EventLatency&, const EventLatency&) = default;
+};
+
+// A whole store's statistics.
+struct CoordinatorStats {
+  HostTierStats host;
+  EventLatency load_latency;
+  EventLatency store_latency;
+  // Age of the oldest transfer event in flight; 0 when none is.
+  uint64_t oldest_event_age_us = 0;
+  std::optional<DiskTierStats> disk;  // With a disk tier only.
+  std::string model = {};             // The model the store serves.
+  std::string version = {};           // tierkv's release (Version()).
+  std::vector<WorkerStats> workers;
+};
+
+}  // namespace tierkv
+
+#endif  // TIERKV_INCLUDE_TIERKV_STATS_H_

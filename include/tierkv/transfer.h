@@ -1,0 +1,70 @@
+// Transfer events and the results of a worker's calls (tierkv/client.h).
+// tierkv decides what moves between the engine's device blocks and the
+// store's host slots; the worker copies it and reports completion, as vLLM's
+// SimpleCPUOffloadConnector does with its load and store events.
+#ifndef TIERKV_INCLUDE_TIERKV_TRANSFER_H_
+#define TIERKV_INCLUDE_TIERKV_TRANSFER_H_
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "tierkv/status.h"
+#include "tierkv/types.h"
+
+namespace tierkv {
+
+enum class EventKind : uint8_t { kLoad = 1, kStore = 2 };
+const char* EventKindName(EventKind kind);  // "load", "store"
+
+// Loads and stores are numbered separately per worker from 0.
+struct EventRef {
+  EventKind kind = EventKind::kStore;
+  uint64_t id = 0;
+  friend bool operator==(const EventRef&, const EventRef&) = default;
+};
+
+// A copy the worker must run: device_blocks[i] <-> host_blocks[i].
+struct TransferEvent {
+  EventRef ref;
+  RequestId request = 0;
+  std::vector<BlockId> device_blocks;  // Store: sources. Load: destinations.
+  std::vector<BlockId> host_blocks;    // Store: destinations. Load: sources.
+  // Load: blocks after these that are not loaded (their promotion from the
+  // disk tier failed); the engine recomputes them.
+  int32_t failed_blocks = 0;
+};
+
+struct LookupResult {
+  // Tokens after num_computed_tokens found on host or the disk tier.
+  int32_t hit_tokens = 0;
+  // Of hit_tokens, those in blocks only the disk tier holds: loading them
+  // waits for a promotion.
+  int32_t disk_hit_tokens = 0;
+};
+
+struct AllocateResult {
+  std::optional<TransferEvent> load;
+  // The load waits for promotions from the disk tier: do not copy it yet.
+  // It is handed out (possibly cut short) when they are done.
+  bool load_pending = false;
+  // OK, or ResourceExhausted when every host slot is pinned: the request
+  // runs, but nothing it computes can be stored now.
+  Status store_status;
+};
+
+struct CommitResult {
+  std::vector<TransferEvent> stores;  // Zero or one event.
+  // Full blocks not stored: no slot was free, or an operator dropped the
+  // key while its spill runs (Evict, Clear).
+  int32_t skipped_blocks = 0;
+};
+
+struct CompletedEvent {
+  EventRef ref;
+  bool ok = true;  // False: the copy failed; a store's slots stay unkeyed.
+};
+
+}  // namespace tierkv
+
+#endif  // TIERKV_INCLUDE_TIERKV_TRANSFER_H_

@@ -1,0 +1,64 @@
+// OpenEmbedded (tierkv/embedded.h): a worker client over a TieredStore in
+// the engine's own process.
+#include "ipc/in_process_store.h"
+#include "ipc/service.h"
+#include "tierkv/embedded.h"
+#include "tiers/tiered_store.h"
+
+namespace tierkv {
+namespace {
+
+class EmbeddedStore final : public ipc::InProcessStore {
+ public:
+  explicit EmbeddedStore(std::unique_ptr<TieredStore> store)
+      : store_(std::move(store)) {}
+
+  StatusOr<WorkerId> RegisterWorker(
+      const WorkerRegistration& registration) override {
+    return store_->WithCoordinator(
+        [&](Coordinator& c) { return c.RegisterWorker(registration); });
+  }
+  ipc::Message Call(WorkerId worker, const ipc::Message& request) override {
+    return store_->WithCoordinator(
+        [&](Coordinator& c) { return ipc::Dispatch(c, worker, request); });
+  }
+  const HostTier& host() const override { return store_->host(); }
+
+ private:
+  std::unique_ptr<TieredStore> store_;
+};
+
+}  // namespace
+
+StatusOr<std::unique_ptr<Client>> OpenEmbedded(
+    const ClientOptions& options, const EmbeddedOptions& embedded) {
+  if (!options.socket_path.empty()) {
+    return Status::InvalidArgument(
+        "an embedded client attaches to no tierkvd: socket_path must be "
+        "empty, not " +
+        options.socket_path);
+  }
+  TIERKV_RETURN_IF_ERROR(options.layout.Validate());
+  TIERKV_RETURN_IF_ERROR(ValidateModelName(options.model));
+  const size_t slot_bytes = options.layout.BlockBytes();
+  TieredStoreOptions store;
+  store.layout = options.layout;
+  store.model = options.model;
+  store.host.num_slots = HostTier::SlotsFor(embedded.host_bytes, slot_bytes);
+  if (!embedded.disk_path.empty()) {
+    TIERKV_ASSIGN_OR_RETURN(
+        store.disk, DiskTier::Open({.storage = {.path = embedded.disk_path},
+                                    .capacity_bytes = embedded.disk_bytes,
+                                    .layout_fingerprint = StoreFingerprint(
+                                        options.layout, options.model),
+                                    .block_bytes = slot_bytes,
+                                    .element_bytes = static_cast<int32_t>(
+                                        options.layout.ElementSize())}));
+  }
+  TIERKV_ASSIGN_OR_RETURN(std::unique_ptr<TieredStore> tiered,
+                          TieredStore::Open(std::move(store)));
+  return Client::OpenInProcess(
+      options, std::make_unique<EmbeddedStore>(std::move(tiered)));
+}
+
+}  // namespace tierkv

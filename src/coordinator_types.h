@@ -1,0 +1,77 @@
+// The types of the coordinator's calls that engines never see: a worker's
+// registration and an operator's orders (clear, evict, the list of events
+// in flight). The worker client and tierkv-admin speak them over the wire
+// (ipc/protocol.h); the coordinator (src/coordinator.h) serves them.
+#ifndef TIERKV_SRC_COORDINATOR_TYPES_H_
+#define TIERKV_SRC_COORDINATOR_TYPES_H_
+
+#include <cstdint>
+#include <string>
+
+#include "tierkv/block_key.h"
+#include "tierkv/kv_layout.h"
+#include "tierkv/transfer.h"
+#include "tierkv/types.h"
+
+namespace tierkv {
+
+struct WorkerRegistration {
+  KvLayout layout;
+  std::string model = {};         // The model it runs. Default: "" (unnamed).
+  int32_t num_device_blocks = 0;  // Block ids the worker may name: [0, n).
+  std::string tenant;             // Tenants never share keys.
+  int32_t pid = 0;
+  std::string name;  // For people: shown by tierkv-admin.
+};
+
+// The tiers an operator's Clear empties.
+enum class TierSelection : uint8_t { kHost = 1, kDisk = 2, kAll = 3 };
+const char* TierSelectionName(TierSelection tiers);  // "host", "disk", "all"
+
+struct ClearResult {
+  uint64_t host_dropped = 0;
+  // Host blocks kept because something pins them: keyed slots held by
+  // lookups or loads, and slots a store or promotion is writing. A block
+  // only its spill pins is dropped (host_dropped): see Coordinator::Clear.
+  uint64_t host_kept_pinned = 0;
+  uint64_t disk_dropped = 0;
+  bool disk_cleared = false;  // There was a lower tier to clear.
+};
+
+// What Evict did with one key.
+struct EvictedBlock {
+  BlockKey key;
+  // Dropped from host, including a block whose spill was in flight: lookups
+  // miss it at once, and nothing of it stays once the spill finishes.
+  bool host_dropped = false;
+  // On host (or being stored) but pinned by a worker: kept.
+  bool host_pinned = false;
+  bool disk_dropped = false;
+  friend bool operator==(const EvictedBlock&, const EvictedBlock&) = default;
+};
+// For people: "dropped from host and disk", "dropped from host", "dropped
+// from disk", "pinned, kept" (then "; dropped from disk" if it was), or
+// "not cached".
+std::string EvictedBlockSummary(const EvictedBlock& block);
+
+// Where a transfer event in flight stands (see the state list above).
+enum class EventState : uint8_t { kPromoting = 1, kReady = 2, kCopying = 3 };
+
+const char* EventStateName(EventState state);  // "promoting", ...
+
+// One transfer event in flight, for people (tierkv-admin events).
+struct EventInfo {
+  WorkerId worker = 0;
+  std::string worker_name;
+  EventRef ref;
+  RequestId request = 0;
+  // Blocks it copies; a load cut short by failed promotions copies those
+  // before the cut.
+  uint32_t blocks = 0;
+  EventState state = EventState::kCopying;
+  uint64_t age_us = 0;  // Since Allocate or Commit created it.
+};
+
+}  // namespace tierkv
+
+#endif  // TIERKV_SRC_COORDINATOR_TYPES_H_

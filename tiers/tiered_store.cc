@@ -1,0 +1,170 @@
+#include "tiers/tiered_store.h"
+
+#include <utility>
+
+namespace tierkv {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+}  // namespace
+
+StatusOr<std::unique_ptr<TieredStore>> TieredStore::Open(
+    TieredStoreOptions options) {
+  TIERKV_RETURN_IF_ERROR(options.layout.Validate());
+  TIERKV_RETURN_IF_ERROR(ValidateModelName(options.model));
+  HostTierOptions& host = options.host;
+  if (host.slot_bytes == 0) host.slot_bytes = options.layout.BlockBytes();
+  if (host.layout_fingerprint.empty()) {
+    host.layout_fingerprint = StoreFingerprint(options.layout, options.model);
+  }
+  if (host.slot_bytes != options.layout.BlockBytes()) {
+    return Status::InvalidArgument(
+        "host slots of " + std::to_string(host.slot_bytes) +
+        " bytes do not hold blocks of layout " + options.layout.ToString());
+  }
+  if (host.num_slots < 2) {
+    return Status::InvalidArgument(
+        "a store needs at least 2 host slots (the null slot and one block), "
+        "not " +
+        std::to_string(host.num_slots));
+  }
+  TIERKV_ASSIGN_OR_RETURN(std::unique_ptr<HostTier> host_tier,
+                          HostTier::Create(host));
+  std::unique_ptr<TieredStore> store(
+      new TieredStore(options, std::move(host_tier), std::move(options.disk)));
+  TieredStore* raw = store.get();
+  StatusOr<Coordinator> coordinator = Coordinator::Create(
+      {.layout = options.layout,
+       .model = options.model,
+       .host_slots = host.num_slots,
+       .lower = raw->slot_disk_.get(),
+       .spill_high = options.spill_high,
+       .spill_low = options.spill_low,
+       .lower_tier_wakeup = [raw] { raw->WakeTierThread(); },
+       .clock = options.clock});
+  // Without a coordinator no disk callback can wake anything: the
+  // destructor closes the tiers in order.
+  TIERKV_RETURN_IF_ERROR(coordinator.status());
+  {
+    MutexLock lock(&raw->mu_);
+    raw->coordinator_.emplace(std::move(*coordinator));
+  }
+  if (raw->disk_ != nullptr) {
+    raw->tier_thread_ = std::thread([raw] { raw->RunTierThread(); });
+  }
+  return store;
+}
+
+TieredStore::TieredStore(const TieredStoreOptions& options,
+                         std::unique_ptr<HostTier> host,
+                         std::unique_ptr<DiskTier> disk)
+    : layout_(options.layout), host_(std::move(host)), disk_(std::move(disk)) {
+  if (disk_ != nullptr) {
+    slot_disk_ = std::make_unique<SlotDisk>(disk_.get(), host_.get());
+  }
+  tier_beat_.store(Clock::now().time_since_epoch().count());
+}
+
+TieredStore::~TieredStore() {
+  {
+    MutexLock lock(&wake_mu_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  if (tier_thread_.joinable()) tier_thread_.join();
+  // Spills already started finish and are synced; their results are
+  // applied, so the coordinator lets go of every slot they pinned. (tierkvd
+  // flushes before this and logs a failure.)
+  (void)Flush();
+  // The disk tier waits for its I/O into host slots: before the slots go.
+  // Its last callbacks reach the coordinator's inbox, which outlives it.
+  disk_.reset();
+  slot_disk_.reset();
+  {
+    MutexLock lock(&mu_);
+    coordinator_.reset();
+  }
+  host_.reset();
+}
+
+void TieredStore::WakeTierThread() {
+  {
+    MutexLock lock(&wake_mu_);
+    wanted_ = true;
+  }
+  wake_.notify_one();
+}
+
+void TieredStore::RunTierThread() {
+  for (;;) {
+    tier_beat_.store(Clock::now().time_since_epoch().count(),
+                     std::memory_order_relaxed);
+    {
+      MutexLock lock(&wake_mu_);
+      // wait_for takes the lock through Mutex's lock()/unlock(), which the
+      // analysis does not follow; wake_mu_ is held again when it returns.
+      wake_.wait_for(wake_mu_, std::chrono::milliseconds(100),
+                     [this]() TIERKV_NO_THREAD_SAFETY_ANALYSIS {
+                       return wanted_ || stopping_;
+                     });
+      if (stopping_) return;
+      wanted_ = false;
+    }
+    {
+      MutexLock lock(&mu_);
+      coordinator_->PumpLowerTier();
+    }
+    applied_.notify_all();
+  }
+}
+
+void TieredStore::WaitIdle() {
+  MutexLock lock(&mu_);
+  // Starts the spills the host's watermark calls for now.
+  coordinator_->PumpLowerTier();
+  while (!coordinator_->lower_tier_idle()) {
+    // Each result wakes the tier thread, which applies it under mu_ (free
+    // while this waits) and then signals.
+    applied_.wait(mu_);
+  }
+}
+
+Status TieredStore::Flush() {
+  if (disk_ == nullptr) return Status::Ok();
+  Status flushed = disk_->Flush();
+  MutexLock lock(&mu_);
+  coordinator_->PumpLowerTier();
+  return flushed;
+}
+
+CoordinatorStats TieredStore::stats() const {
+  MutexLock lock(&mu_);
+  return coordinator_->stats();
+}
+
+Status TieredStore::CheckProgress(
+    std::chrono::milliseconds timeout,
+    std::chrono::milliseconds stalled_after) const {
+  if (disk_ != nullptr) {  // Only then is there a tier thread.
+    const auto age =
+        Clock::now() - Clock::time_point(Clock::duration(
+                           tier_beat_.load(std::memory_order_relaxed)));
+    if (age >= stalled_after) {
+      return Status::Unavailable(
+          "the tier thread has been stuck for " +
+          std::to_string(
+              std::chrono::duration_cast<std::chrono::milliseconds>(age)
+                  .count()) +
+          " ms");
+    }
+  }
+  if (!mu_.TryLockFor(timeout)) {
+    return Status::Unavailable("the coordinator's mutex was not free within " +
+                               std::to_string(timeout.count()) + " ms");
+  }
+  mu_.Unlock();
+  return Status::Ok();
+}
+
+}  // namespace tierkv

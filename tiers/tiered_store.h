@@ -1,0 +1,150 @@
+// TieredStore: one store's tiers and the coordinator that drives them, owned
+// together: the host tier (shared-memory or private slots), the disk tier
+// under it (optional), the coordinator (index, ref counts, LRU, transfer
+// events) and the tier thread that applies the disk tier's finished spills
+// and promotions. tierkvd serves one (ipc/server.h); an embedded client
+// (tierkv/embedded.h) runs one in the engine's process; tests open their
+// own. Teardown happens in one place, in one order (see ~TieredStore).
+// Thread-safety: every method may be called from any thread. The
+// coordinator is reached only through WithCoordinator, under the store's
+// mutex.
+#ifndef TIERKV_TIERS_TIERED_STORE_H_
+#define TIERKV_TIERS_TIERED_STORE_H_
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "src/coordinator.h"
+#include "src/mutex.h"
+#include "tierkv/kv_layout.h"
+#include "tierkv/stats.h"
+#include "tierkv/status.h"
+#include "tiers/disk_tier.h"
+#include "tiers/host_tier.h"
+#include "tiers/slot_disk.h"
+
+namespace tierkv {
+
+struct TieredStoreOptions {
+  KvLayout layout;  // Required: the one layout the store serves.
+  // The one model it serves (ValidateModelName). Default: "" (unnamed).
+  std::string model = {};
+  // The host slots. num_slots is required (>= 2, the null slot included);
+  // slot_bytes and layout_fingerprint are the layout's and the store's and
+  // are filled in when left empty. segment_name empty: private memory.
+  HostTierOptions host;
+  // The disk tier under the host slots, opened by the caller (its rebuild
+  // can take long and report progress). Default: none, a block evicted from
+  // host is gone.
+  std::unique_ptr<DiskTier> disk = nullptr;
+  // Spill watermarks (CoordinatorOptions). Defaults: 0.9 and 0.7.
+  double spill_high = 0.9;
+  double spill_low = 0.7;
+  // The coordinator's clock (CoordinatorOptions::clock). Default: steady.
+  std::function<std::chrono::steady_clock::time_point()> clock = {};
+};
+
+class TieredStore {
+ public:
+  // InvalidArgument for bad options; the failing tier's Status otherwise.
+  static StatusOr<std::unique_ptr<TieredStore>> Open(
+      TieredStoreOptions options);
+  // Stops the tier thread, lets the disk tier finish and sync its writes
+  // and applies their results, then closes the disk tier (which waits for
+  // its I/O into host slots), the coordinator and the host tier, in that
+  // order.
+  ~TieredStore();
+  TieredStore(const TieredStore&) = delete;
+  TieredStore& operator=(const TieredStore&) = delete;
+
+  // Runs fn(Coordinator&) with the store's mutex held and returns what it
+  // returns. fn must not call back into the store.
+  template <typename F>
+  decltype(auto) WithCoordinator(F&& fn) TIERKV_EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
+    return std::forward<F>(fn)(*coordinator_);
+  }
+
+  // The coordinator with the store's mutex held for as long as the
+  // returned object lives, e.g. for one call: store.Lock()->Lookup(...).
+  // Never hold two at once on one thread (the mutex is not recursive).
+  class Locked {
+   public:
+    Locked(const Locked&) = delete;
+    Locked& operator=(const Locked&) = delete;
+    ~Locked() TIERKV_NO_THREAD_SAFETY_ANALYSIS { store_->mu_.Unlock(); }
+    Coordinator* operator->() const TIERKV_NO_THREAD_SAFETY_ANALYSIS {
+      return &*store_->coordinator_;
+    }
+    Coordinator& operator*() const { return *operator->(); }
+
+   private:
+    friend class TieredStore;
+    explicit Locked(TieredStore* store) TIERKV_NO_THREAD_SAFETY_ANALYSIS
+        : store_(store) {
+      store_->mu_.Lock();
+    }
+    TieredStore* store_;
+  };
+  Locked Lock() { return Locked(this); }
+
+  // Returns once the disk tier has nothing in flight: every spill and
+  // promotion started (including the spills the host's watermark calls for
+  // now) has finished and its result is applied. Lookups and stats then
+  // see a settled store. Returns at once without a disk tier.
+  void WaitIdle() TIERKV_EXCLUDES(mu_);
+
+  // Finished disk I/O made durable (DiskTier::Flush) and applied. OK
+  // without a disk tier.
+  Status Flush() TIERKV_EXCLUDES(mu_);
+
+  CoordinatorStats stats() const TIERKV_EXCLUDES(mu_);
+
+  // OK while the store makes progress: the tier thread has gone round its
+  // loop within `stalled_after` and the mutex can be taken within
+  // `timeout`; Unavailable naming what is stuck otherwise (for a watchdog).
+  Status CheckProgress(std::chrono::milliseconds timeout,
+                       std::chrono::milliseconds stalled_after) const
+      TIERKV_EXCLUDES(mu_);
+
+  const KvLayout& layout() const { return layout_; }
+  const HostTier& host() const { return *host_; }
+  // Null without a disk tier.
+  DiskTier* disk() const { return disk_.get(); }
+
+ private:
+  TieredStore(const TieredStoreOptions& options, std::unique_ptr<HostTier> host,
+              std::unique_ptr<DiskTier> disk);
+  void RunTierThread();
+  void WakeTierThread();
+
+  const KvLayout layout_;
+  std::unique_ptr<HostTier> host_;
+  std::unique_ptr<DiskTier> disk_;
+  std::unique_ptr<SlotDisk> slot_disk_;
+  // Timed: CheckProgress tries it with a deadline.
+  mutable Mutex mu_;
+  std::optional<Coordinator> coordinator_ TIERKV_GUARDED_BY(mu_);
+  // Signalled after each round of the tier thread (WaitIdle waits on it).
+  std::condition_variable_any applied_;
+
+  // The tier thread: woken by the disk tier's results (and every 100 ms, so
+  // that a spill that rested after a failure tries again).
+  Mutex wake_mu_;
+  std::condition_variable_any wake_;
+  bool wanted_ TIERKV_GUARDED_BY(wake_mu_) = false;
+  bool stopping_ TIERKV_GUARDED_BY(wake_mu_) = false;
+  std::atomic<std::chrono::steady_clock::rep> tier_beat_{0};
+  std::thread tier_thread_;
+};
+
+}  // namespace tierkv
+
+#endif  // TIERKV_TIERS_TIERED_STORE_H_
