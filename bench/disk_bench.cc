@@ -2,7 +2,7 @@
 // blocks against raw sequential file I/O of the same bytes, in the same
 // binary and directory; and the payload codecs on real KV data.
 //
-// Data: K and V that the reference model (src/reference_model.h) computes
+// Data: K and V that the reference model (testing/reference_model.h) computes
 // for a 128-token prompt in a Llama-3-8B-shaped cache (32 layers, 8 KV heads,
 // head dim 128, 16-token blocks, bf16): 8 distinct 2 MiB blocks, reused
 // round-robin. The model's weights are seeded random, not trained.
@@ -36,7 +36,7 @@
 #include <string>
 #include <vector>
 
-#include "src/reference_model.h"
+#include "testing/reference_model.h"
 #include "tests/scratch.h"
 #include "tierkv/kv_layout.h"
 #include "tiers/disk_tier.h"

@@ -21,7 +21,8 @@
 #include <string>
 #include <vector>
 
-#include "src/reference_model.h"
+#include "testing/cached_prefill.h"
+#include "testing/reference_model.h"
 #include "tierkv/kv_cache_manager.h"
 #include "tierkv/request.h"
 
@@ -202,7 +203,7 @@ BENCHMARK(BM_RagPrefillPrefixOnly)->Unit(benchmark::kMillisecond);
 // chunks, cached by a request that had the documents in another order.
 void RunChunked(benchmark::State& state, std::optional<BlendOptions> blend) {
   const Workload& w = SharedWorkload();
-  StatusOr<ChunkKvStore> store = ChunkKvStore::Create(
+  StatusOr<ChunkKvStore> store = CreateChunkKvStore(
       w.model, {.num_blocks = kTokens / kBlockSize + 2 * kDocs + 2,
                 .block_size = kBlockSize,
                 .virtual_start = 0});

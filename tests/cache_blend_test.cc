@@ -17,7 +17,8 @@
 #include <random>
 #include <vector>
 
-#include "src/reference_model.h"
+#include "testing/cached_prefill.h"
+#include "testing/reference_model.h"
 #include "tests/status_matchers.h"
 
 namespace tierkv {
@@ -228,7 +229,7 @@ class BlendWorkload {
 
   ReferenceModel model_ = BlendModel();
   ChunkKvStore store_ =
-      ChunkKvStore::Create(model_, {.num_blocks = 128, .virtual_start = 0})
+      CreateChunkKvStore(model_, {.num_blocks = 128, .virtual_start = 0})
           .value();
   bool cached_ok_ = true;
 };

@@ -14,7 +14,8 @@
 #include <thread>
 #include <vector>
 
-#include "src/reference_model.h"
+#include "testing/cached_prefill.h"
+#include "testing/reference_model.h"
 #include "tests/child_process.h"
 #include "tests/scratch.h"
 #include "tests/status_matchers.h"
@@ -43,9 +44,9 @@ class ChunkTierTest : public ::testing::Test {
   void Open(int32_t pool_blocks, int32_t host_slots, bool disk,
             const std::string& socket = "") {
     store_ = std::make_unique<ChunkKvStore>(
-        ChunkKvStore::Create(model_, {.num_blocks = pool_blocks,
-                                      .block_size = kBs,
-                                      .virtual_start = 100})
+        CreateChunkKvStore(model_, {.num_blocks = pool_blocks,
+                                    .block_size = kBs,
+                                    .virtual_start = 100})
             .value());
     const KvLayout& layout = store_->layout();
     const size_t bytes = static_cast<size_t>(pool_blocks) * layout.BlockBytes();
@@ -91,12 +92,13 @@ class ChunkTierTest : public ::testing::Test {
                               .num_logits = 0},
                              &own)
                     .ok());
+    const PagedKvCache pool = ChunkPoolView(store_.get()).value();
     const size_t stride = own.layout().TokenStride();
     for (int64_t t = 0; t < n; ++t) {
       const int64_t slot = int64_t{blocks[t / kBs]} * kBs + t % kBs;
       for (int32_t l = 0; l < model_.config().num_layers; ++l) {
         for (KvPlane plane : {KvPlane::kKey, KvPlane::kValue}) {
-          ASSERT_EQ(std::memcmp(store_->cache().token(slot, l, plane),
+          ASSERT_EQ(std::memcmp(pool.token(slot, l, plane),
                                 own.token(t, l, plane), stride),
                     0)
               << "token " << t << " layer " << l;
@@ -147,7 +149,7 @@ TEST_F(ChunkTierTest, ChunkEvictedFromThePoolComesBackFromHost) {
   EXPECT_TRUE(store_->Acquire(Tokens(4, 20)).empty());
   EXPECT_EQ(store_->stats().tier_errors, 0u);
   // Nothing stays pinned, in the pool or on host.
-  EXPECT_EQ(store_->pool().num_free_blocks(), 4);
+  EXPECT_EQ(store_->num_free_blocks(), 4);
   EXPECT_EQ(client_->Stats().value().host.pinned_slots, 0);
 }
 

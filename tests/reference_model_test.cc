@@ -3,7 +3,7 @@
 // at its real position within the stated bounds; prefix hits reproduce a full
 // prefill bit for bit; reused chunks reproduce a chunk-isolated prefill; a
 // partly hit request stores every chunk it computed.
-#include "src/reference_model.h"
+#include "testing/reference_model.h"
 
 #include <gtest/gtest.h>
 
@@ -17,8 +17,10 @@
 #include <string>
 #include <vector>
 
+#include "src/chunk_kv_store_internal.h"
 #include "src/kv_cache_manager_internal.h"
 #include "src/rope_remap.h"
+#include "testing/cached_prefill.h"
 #include "tests/kv_element.h"
 #include "tests/status_matchers.h"
 #include "tierkv/kv_cache_manager.h"
@@ -484,9 +486,9 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, ReferenceModelPrefix,
 struct ChunkFixture {
   ChunkFixture(int64_t virtual_start = 1000)
       : model(SmallModel()),
-        store(ChunkKvStore::Create(model, {.num_blocks = 64,
-                                           .block_size = 16,
-                                           .virtual_start = virtual_start})
+        store(CreateChunkKvStore(model, {.num_blocks = 64,
+                                         .block_size = 16,
+                                         .virtual_start = virtual_start})
                   .value()) {}
 
   ChunkedPrefillResult Run(const std::vector<TokenId>& prompt,
@@ -567,7 +569,7 @@ TEST(ReferenceModelChunks, ReuseMatchesChunkIsolatedPrefill) {
     ASSERT_TRUE(f.store
                     .Place(blocks, static_cast<int32_t>(r.size()),
                            std::span(slots).subspan(r.begin, r.size()),
-                           f.store.virtual_start(), &dst)
+                           f.store.virtual_start(), dst.memory())
                     .ok());
     f.store.Release(blocks);
   }
@@ -621,15 +623,16 @@ TEST(ReferenceModelChunks, PartialHitStoresEveryChunk) {
   for (const auto* chunk : {&sys, &a, &b, &d, &e}) {
     EXPECT_TRUE(f.store.Contains(*chunk));
   }
-  EXPECT_THAT(f.store.pool().CheckInvariants(), IsOk());
+  EXPECT_THAT(PoolOf(f.store).CheckInvariants(), IsOk());
   // Nothing stays pinned after a request.
-  EXPECT_EQ(f.store.pool().num_free_blocks(), f.store.pool().num_blocks() - 1);
+  EXPECT_EQ(f.store.num_free_blocks(), f.store.num_blocks() - 1);
 
   // What was stored for d is d's KV computed in isolation at the virtual
   // positions, byte for byte.
   const std::vector<BlockId> blocks = f.store.Acquire(d);
   ASSERT_EQ(blocks.size(), 3u);
   PagedKvCache own = Cache(f.model, 35);
+  const PagedKvCache pool = ChunkPoolView(&f.store).value();
   const std::vector<int64_t> slots = Iota(35);
   ASSERT_TRUE(f.model
                   .Prefill({.tokens = d,
@@ -642,9 +645,9 @@ TEST(ReferenceModelChunks, PartialHitStoresEveryChunk) {
     for (int32_t l = 0; l < 3; ++l) {
       for (KvPlane plane : {KvPlane::kKey, KvPlane::kValue}) {
         ASSERT_EQ(
-            std::memcmp(f.store.cache().token(
-                            int64_t{blocks[t / 16]} * 16 + t % 16, l, plane),
-                        own.token(t, l, plane), own.layout().TokenStride()),
+            std::memcmp(
+                pool.token(int64_t{blocks[t / 16]} * 16 + t % 16, l, plane),
+                own.token(t, l, plane), own.layout().TokenStride()),
             0);
       }
     }
@@ -661,7 +664,7 @@ TEST(ReferenceModelChunks, PartialHitStoresEveryChunk) {
 TEST(ReferenceModelChunks, StoreEvictsAndReportsExhaustion) {
   const ReferenceModel m = SmallModel();
   ChunkKvStore store =
-      ChunkKvStore::Create(m, {.num_blocks = 5, .block_size = 16}).value();
+      CreateChunkKvStore(m, {.num_blocks = 5, .block_size = 16}).value();
   std::mt19937 rng(8);
   const auto a = RandomTokens(rng, 32), b = RandomTokens(rng, 20),
              c = RandomTokens(rng, 20), big = RandomTokens(rng, 80);
@@ -676,7 +679,7 @@ TEST(ReferenceModelChunks, StoreEvictsAndReportsExhaustion) {
   EXPECT_TRUE(store.Contains(c));
   EXPECT_EQ(store.ComputeAndInsert(big).status().code(),
             StatusCode::kResourceExhausted);
-  EXPECT_THAT(store.pool().CheckInvariants(), IsOk());
+  EXPECT_THAT(PoolOf(store).CheckInvariants(), IsOk());
 }
 
 // ---------------------------------------------------------------------------

@@ -16,7 +16,8 @@
 #include <vector>
 
 #include "src/coordinator.h"
-#include "src/reference_model.h"
+#include "testing/cached_prefill.h"
+#include "testing/reference_model.h"
 #include "tierkv/block_key.h"
 #include "tierkv/status.h"
 #include "tools/demo/prefix_demo.h"

@@ -58,9 +58,9 @@ Status RunRagWorker(const RagDemoOptions& o, std::ostream& out) {
                           ReferenceModel::Create(RagModelConfig()));
   TIERKV_ASSIGN_OR_RETURN(
       ChunkKvStore store,
-      ChunkKvStore::Create(model, {.num_blocks = o.chunk_pool_blocks,
-                                   .block_size = kBlockSize,
-                                   .dtype = DType::kF32}));
+      CreateChunkKvStore(model, {.num_blocks = o.chunk_pool_blocks,
+                                 .block_size = kBlockSize,
+                                 .dtype = DType::kF32}));
   const KvLayout layout = store.layout();
   TIERKV_ASSIGN_OR_RETURN(
       std::unique_ptr<EmulatedDeviceTier> device,
@@ -96,9 +96,9 @@ Status RunRagWorker(const RagDemoOptions& o, std::ostream& out) {
   if (o.verify) {
     TIERKV_ASSIGN_OR_RETURN(
         private_store,
-        ChunkKvStore::Create(model, {.num_blocks = o.chunk_pool_blocks,
-                                     .block_size = kBlockSize,
-                                     .dtype = DType::kF32}));
+        CreateChunkKvStore(model, {.num_blocks = o.chunk_pool_blocks,
+                                   .block_size = kBlockSize,
+                                   .dtype = DType::kF32}));
   }
   ChunkedPrefillOptions chunked;
   if (o.blend_ratio > 0) chunked.blend = BlendOptions{o.blend_ratio, 1};

@@ -1,0 +1,152 @@
+// ChunkKvStore: a worker's pool of position-independent chunks (seed 000's
+// chunk pool, separate from the engine's main pool). A chunked prompt
+// (`sys <sep> doc1 <sep> doc2 <sep> question`) has its chunks' KV computed
+// once, each in isolation at virtual positions [virtual_start, +n), and
+// cached by content (KeyHasher::ChunkKeys); a reused chunk is copied into
+// any destination slots with K re-rotated to its real positions (CacheBlend,
+// seed 001, then recomputes the few tokens that deviate most). The store
+// owns the pool's KV memory and keys its blocks in a block pool (LRU
+// eviction, token check on every hit); the engine's model computes a missing
+// chunk through ChunkKvStoreOptions::compute. With a ChunkSource below
+// (SetTier), a pool miss is fetched from the tier before it is computed, and
+// every computed chunk is published to it.
+// Not thread-safe; owned by the engine's scheduler thread.
+#ifndef TIERKV_INCLUDE_TIERKV_CHUNK_KV_STORE_H_
+#define TIERKV_INCLUDE_TIERKV_CHUNK_KV_STORE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "tierkv/block_key.h"
+#include "tierkv/chunk_source.h"
+#include "tierkv/kv_layout.h"
+#include "tierkv/rope_config.h"
+#include "tierkv/status.h"
+#include "tierkv/types.h"
+
+namespace tierkv {
+
+// One chunk for the engine's model to compute (ChunkKvStoreOptions::compute).
+struct ChunkComputeArgs {
+  std::span<const TokenId> chunk;  // Not empty.
+  // RoPE position of chunk[0]; token i is at virtual_start + i.
+  int64_t virtual_start = 0;
+  // The pool blocks to fill, ceil(n / block_size) of them, in order: block j
+  // holds tokens [j * block_size, (j + 1) * block_size), the last one
+  // possibly in part.
+  std::span<const BlockId> blocks;
+  // The same as a slot mapping: token i goes to slot
+  // slots[i] = blocks[i / block_size] * block_size + i % block_size.
+  std::span<const int64_t> slots;
+  // The pool's memory (ChunkKvStore::memory()): num_blocks blocks laid out
+  // per `layout`, block b at memory.data() + b * layout.BlockBytes().
+  KvLayout layout;
+  std::span<std::byte> memory;
+};
+
+// Computes `args.chunk` in isolation (each token attends only to the
+// chunk's tokens up to itself, causally) with token i at RoPE position
+// args.virtual_start + i, and writes every layer's K (after RoPE) and V into
+// its slot of args.memory, in the layout's dtype. Writes nothing outside the
+// chunk's slots. The store keys the blocks only when this returns OK; on an
+// error it returns them to the pool unkeyed and ComputeAndInsert fails with
+// that error.
+using ChunkComputeFn = std::function<Status(const ChunkComputeArgs& args)>;
+
+struct ChunkKvStoreOptions {
+  // The model's KV layout; block_size and dtype are the pool's. Required.
+  KvLayout layout;
+  // How the model turns K; head_dim as the layout's. Required.
+  RopeConfig rope;
+  int32_t num_blocks = 0;     // Pool size, null block included. Required.
+  int64_t virtual_start = 0;  // Where every chunk is computed. Default: 0.
+  KeyNamespace key_namespace = {};  // Default: model "", tenant "".
+  // Computes a chunk into pool blocks (the engine's model). Required.
+  ChunkComputeFn compute;
+};
+
+// What a ChunkKvStore served, and how.
+struct ChunkStoreStats {
+  uint64_t pool_hits = 0;    // Chunks found in the pool.
+  uint64_t tier_hits = 0;    // Chunks fetched from the tier below.
+  uint64_t computed = 0;     // Chunks computed (ComputeAndInsert).
+  uint64_t published = 0;    // Computed chunks copied to the tier below.
+  uint64_t tier_errors = 0;  // Fetches or publishes that failed.
+  // Chunks the tier below held but that were not fetched: every pool block
+  // was pinned. Not a tier error; the caller computes nothing into a full
+  // pool either (ComputeAndInsert is ResourceExhausted).
+  uint64_t pool_full = 0;
+  uint64_t evictions = 0;  // Cached pool blocks dropped for reuse.
+};
+
+class BlockPool;
+
+// A tier that fails is counted (stats().tier_errors, last_tier_error()) and
+// worked around: the chunk is computed, never served half-copied.
+class ChunkKvStore {
+ public:
+  // InvalidArgument for an invalid layout, RoPE config, pool size or
+  // virtual_start, or no compute function.
+  static StatusOr<ChunkKvStore> Create(ChunkKvStoreOptions options);
+  ChunkKvStore(ChunkKvStore&&) noexcept;
+  ChunkKvStore& operator=(ChunkKvStore&&) noexcept;
+  ~ChunkKvStore();
+
+  // The tier below the pool, or null for none (the default). Not owned; it
+  // copies into and out of memory().
+  void SetTier(ChunkSource* tier);
+  // The pool's KV memory: num_blocks() blocks of layout().BlockBytes(), at a
+  // fixed address for the store's life (a device tier is built over it).
+  std::byte* memory();
+  const std::byte* memory() const;
+
+  // The chunk's blocks, pinned, when every one of them is in the pool or
+  // the tier below; empty on a miss.
+  std::vector<BlockId> Acquire(std::span<const TokenId> chunk);
+  // Computes `chunk` in isolation at the virtual positions into new blocks
+  // (options.compute), keys them and publishes them to the tier; returns
+  // them pinned. ResourceExhausted when the pool has too few free blocks.
+  StatusOr<std::vector<BlockId>> ComputeAndInsert(
+      std::span<const TokenId> chunk);
+  // Unpins blocks from Acquire or ComputeAndInsert.
+  void Release(std::span<const BlockId> blocks);
+  // Whether every block of `chunk` is cached.
+  bool Contains(std::span<const TokenId> chunk) const;
+  // Copies a chunk's KV (num_tokens tokens in `blocks`) into `dst` at
+  // `dst_slots`, K re-rotated from the virtual positions to real_start + i.
+  // `dst` is KV memory in layout(): block b at dst.data() + b * BlockBytes(),
+  // a slot is block * block_size + offset. InvalidArgument, with nothing
+  // written, for a block not in the pool or a slot outside `dst`.
+  Status Place(std::span<const BlockId> blocks, int32_t num_tokens,
+               std::span<const int64_t> dst_slots, int64_t real_start,
+               std::span<std::byte> dst) const;
+
+  int64_t virtual_start() const;
+  const KvLayout& layout() const;
+  int32_t num_blocks() const;       // The null block included.
+  int32_t num_free_blocks() const;  // In the free queue, cached or not.
+  ChunkStoreStats stats() const;
+  // Why the tier last failed; OK when it never did.
+  const Status& last_tier_error() const;
+
+ private:
+  struct State;
+  // The pool itself, for tierkv's own checks (src/chunk_kv_store_internal.h).
+  friend const BlockPool& PoolOf(const ChunkKvStore& store);
+
+  explicit ChunkKvStore(std::unique_ptr<State> state);
+
+  std::vector<BlockId> FetchFromTier(std::span<const TokenId> chunk,
+                                     std::span<const BlockKey> keys);
+  void CountTierError(Status status);
+
+  std::unique_ptr<State> s_;
+};
+
+}  // namespace tierkv
+
+#endif  // TIERKV_INCLUDE_TIERKV_CHUNK_KV_STORE_H_

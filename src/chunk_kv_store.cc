@@ -1,0 +1,249 @@
+#include "tierkv/chunk_kv_store.h"
+
+#include <algorithm>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "src/block_pool.h"
+#include "src/chunk_kv_store_internal.h"
+#include "src/rope_remap.h"
+
+namespace tierkv {
+
+struct ChunkKvStore::State {
+  State(const ChunkKvStoreOptions& options, BlockPool pool, RopeRemap remap)
+      : hasher(options.key_namespace),
+        virtual_start(options.virtual_start),
+        compute(options.compute),
+        pool(std::move(pool)),
+        remap(std::move(remap)),
+        memory(static_cast<size_t>(options.num_blocks) *
+               options.layout.BlockBytes()) {}
+
+  const KvLayout& layout() const { return remap.layout(); }
+  std::byte* block(BlockId id) {
+    return memory.data() + static_cast<size_t>(id) * layout().BlockBytes();
+  }
+
+  KeyHasher hasher;
+  int64_t virtual_start;
+  ChunkComputeFn compute;
+  BlockPool pool;
+  RopeRemap remap;
+  std::vector<std::byte> memory;  // Zero-filled; never resized.
+  ChunkSource* tier = nullptr;
+  ChunkStoreStats stats;
+  Status last_tier_error;
+};
+
+namespace {
+
+// Tokens of block j of a chunk.
+std::span<const TokenId> ChunkBlockTokens(std::span<const TokenId> chunk,
+                                          int32_t block_size, size_t j) {
+  const size_t begin = j * static_cast<size_t>(block_size);
+  return chunk.subspan(
+      begin, std::min(chunk.size() - begin, static_cast<size_t>(block_size)));
+}
+
+// The pool's memory: at least one block, at most 1 TiB.
+Status CheckMemorySize(const KvLayout& layout, int64_t num_blocks) {
+  TIERKV_RETURN_IF_ERROR(layout.Validate());
+  constexpr int64_t kMaxBytes = int64_t{1} << 40;
+  if (num_blocks < 1 ||
+      num_blocks > kMaxBytes / static_cast<int64_t>(layout.BlockBytes())) {
+    return Status::InvalidArgument("KV cache of " + std::to_string(num_blocks) +
+                                   " blocks: need at least 1, at most 1 TiB");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+StatusOr<ChunkKvStore> ChunkKvStore::Create(ChunkKvStoreOptions options) {
+  if (options.virtual_start < 0 || options.virtual_start >= kMaxRopePosition) {
+    return Status::InvalidArgument("chunk store: virtual_start " +
+                                   std::to_string(options.virtual_start) +
+                                   " is negative or past 2^48");
+  }
+  TIERKV_ASSIGN_OR_RETURN(
+      BlockPool pool,
+      BlockPool::Create({.num_blocks = options.num_blocks,
+                         .block_size = options.layout.block_size}));
+  TIERKV_RETURN_IF_ERROR(CheckMemorySize(options.layout, options.num_blocks));
+  TIERKV_ASSIGN_OR_RETURN(RopeRemap remap,
+                          RopeRemap::Create(options.layout, options.rope));
+  if (!options.compute) {
+    return Status::InvalidArgument("chunk store: no compute function");
+  }
+  return ChunkKvStore(
+      std::make_unique<State>(options, std::move(pool), std::move(remap)));
+}
+
+ChunkKvStore::ChunkKvStore(std::unique_ptr<State> state)
+    : s_(std::move(state)) {}
+ChunkKvStore::ChunkKvStore(ChunkKvStore&&) noexcept = default;
+ChunkKvStore& ChunkKvStore::operator=(ChunkKvStore&&) noexcept = default;
+ChunkKvStore::~ChunkKvStore() = default;
+
+const BlockPool& PoolOf(const ChunkKvStore& store) { return store.s_->pool; }
+
+void ChunkKvStore::SetTier(ChunkSource* tier) { s_->tier = tier; }
+std::byte* ChunkKvStore::memory() { return s_->memory.data(); }
+const std::byte* ChunkKvStore::memory() const { return s_->memory.data(); }
+int64_t ChunkKvStore::virtual_start() const { return s_->virtual_start; }
+const KvLayout& ChunkKvStore::layout() const { return s_->layout(); }
+int32_t ChunkKvStore::num_blocks() const { return s_->pool.num_blocks(); }
+int32_t ChunkKvStore::num_free_blocks() const {
+  return s_->pool.num_free_blocks();
+}
+const Status& ChunkKvStore::last_tier_error() const {
+  return s_->last_tier_error;
+}
+
+bool ChunkKvStore::Contains(std::span<const TokenId> chunk) const {
+  const int32_t bs = s_->pool.block_size();
+  const std::vector<BlockKey> keys = s_->hasher.ChunkKeys(chunk, bs);
+  for (size_t j = 0; j < keys.size(); ++j) {
+    if (!s_->pool.GetCachedBlock(keys[j], ChunkBlockTokens(chunk, bs, j))) {
+      return false;
+    }
+  }
+  return !keys.empty();
+}
+
+std::vector<BlockId> ChunkKvStore::Acquire(std::span<const TokenId> chunk) {
+  const int32_t bs = s_->pool.block_size();
+  const std::vector<BlockKey> keys = s_->hasher.ChunkKeys(chunk, bs);
+  std::vector<BlockId> blocks;
+  for (size_t j = 0; j < keys.size(); ++j) {
+    std::optional<BlockId> hit =
+        s_->pool.GetCachedBlock(keys[j], ChunkBlockTokens(chunk, bs, j));
+    if (!hit.has_value()) return FetchFromTier(chunk, keys);
+    blocks.push_back(*hit);
+  }
+  s_->pool.Touch(blocks);
+  ++s_->stats.pool_hits;
+  return blocks;
+}
+
+std::vector<BlockId> ChunkKvStore::FetchFromTier(
+    std::span<const TokenId> chunk, std::span<const BlockKey> keys) {
+  if (s_->tier == nullptr || keys.empty()) return {};
+  std::vector<BlockId> blocks;
+  bool pool_full = false;
+  const ChunkSource::AllocateBlocks allocate =
+      [&](int32_t n) -> StatusOr<std::vector<BlockId>> {
+    if (n != static_cast<int32_t>(keys.size())) {
+      return Status::Internal("chunk tier asked for " + std::to_string(n) +
+                              " blocks for a chunk of " +
+                              std::to_string(keys.size()));
+    }
+    if (Status got = s_->pool.GetNewBlocks(n, &blocks); !got.ok()) {
+      pool_full = true;
+      return got;
+    }
+    return blocks;
+  };
+  StatusOr<bool> fetched = s_->tier->Fetch(chunk, allocate);
+  const int32_t bs = s_->pool.block_size();
+  Status status = fetched.status();
+  if (status.ok() && *fetched) {
+    // Keyed only now: a lookup never sees a block still being copied.
+    for (size_t j = 0; j < keys.size() && status.ok(); ++j) {
+      status = s_->pool.CacheBlock(blocks[j], keys[j],
+                                   ChunkBlockTokens(chunk, bs, j));
+    }
+  }
+  if (status.ok() && *fetched) {
+    ++s_->stats.tier_hits;
+    return blocks;
+  }
+  // A miss, or blocks whose contents are unknown: back to the pool unkeyed.
+  Release(blocks);
+  if (pool_full) {
+    ++s_->stats.pool_full;  // The tier below did its part.
+  } else if (!status.ok()) {
+    CountTierError(std::move(status));
+  }
+  return {};
+}
+
+void ChunkKvStore::CountTierError(Status status) {
+  ++s_->stats.tier_errors;
+  s_->last_tier_error = std::move(status);
+}
+
+ChunkStoreStats ChunkKvStore::stats() const {
+  ChunkStoreStats out = s_->stats;
+  out.evictions = s_->pool.stats().evictions;
+  return out;
+}
+
+StatusOr<std::vector<BlockId>> ChunkKvStore::ComputeAndInsert(
+    std::span<const TokenId> chunk) {
+  if (chunk.empty()) return Status::InvalidArgument("chunk store: empty chunk");
+  const int32_t bs = s_->pool.block_size();
+  const std::vector<BlockKey> keys = s_->hasher.ChunkKeys(chunk, bs);
+  std::vector<BlockId> blocks;
+  TIERKV_RETURN_IF_ERROR(
+      s_->pool.GetNewBlocks(static_cast<int32_t>(keys.size()), &blocks));
+  const auto n = static_cast<int32_t>(chunk.size());
+  StatusOr<std::vector<int64_t>> slots = SlotMappingForBlocks(blocks, bs, 0, n);
+  Status status = slots.status();
+  if (status.ok()) {
+    status = s_->compute({.chunk = chunk,
+                          .virtual_start = s_->virtual_start,
+                          .blocks = blocks,
+                          .slots = *slots,
+                          .layout = s_->layout(),
+                          .memory = s_->memory});
+  }
+  for (size_t j = 0; j < keys.size() && status.ok(); ++j) {
+    status =
+        s_->pool.CacheBlock(blocks[j], keys[j], ChunkBlockTokens(chunk, bs, j));
+  }
+  if (!status.ok()) {
+    Release(blocks);
+    return status;
+  }
+  ++s_->stats.computed;
+  if (s_->tier != nullptr) {
+    if (Status published = s_->tier->Publish(chunk, blocks); published.ok()) {
+      ++s_->stats.published;
+    } else {
+      CountTierError(std::move(published));
+    }
+  }
+  return blocks;
+}
+
+void ChunkKvStore::Release(std::span<const BlockId> blocks) {
+  std::vector<BlockId> reversed(blocks.rbegin(), blocks.rend());
+  s_->pool.FreeBlocks(reversed);
+}
+
+Status ChunkKvStore::Place(std::span<const BlockId> blocks, int32_t num_tokens,
+                           std::span<const int64_t> dst_slots,
+                           int64_t real_start, std::span<std::byte> dst) const {
+  std::vector<const std::byte*> src;
+  for (BlockId id : blocks) {
+    if (id < 0 || id >= num_blocks()) {
+      return Status::InvalidArgument("chunk store: no block " +
+                                     std::to_string(id));
+    }
+    src.push_back(s_->block(id));
+  }
+  RemapRequest r;
+  r.src_blocks = src;
+  r.num_tokens = num_tokens;
+  r.virtual_start = s_->virtual_start;
+  r.dst_base = dst.data();
+  r.dst_num_blocks = static_cast<int64_t>(dst.size() / layout().BlockBytes());
+  r.dst_slots = dst_slots;
+  r.real_start = real_start;
+  return s_->remap.Remap(r);
+}
+
+}  // namespace tierkv

@@ -1,0 +1,157 @@
+// The chunk pool on its own, with a compute function that is not a model:
+// what the function is asked to fill, that a chunk is keyed only when it was
+// computed, and that placing a chunk at its own virtual positions copies its
+// bytes. The reference model's chunks are in reference_model_test and
+// cache_blend_test, the tiers below in chunk_tier_test.
+#include "tierkv/chunk_kv_store.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <numeric>
+#include <utility>
+#include <vector>
+
+#include "src/chunk_kv_store_internal.h"
+#include "tests/status_matchers.h"
+
+namespace tierkv {
+namespace {
+
+constexpr int32_t kBs = 4;
+
+KvLayout Layout() {
+  return {.num_layers = 2,
+          .num_kv_heads = 1,
+          .head_dim = 4,
+          .block_size = kBs,
+          .dtype = DType::kF32};
+}
+
+RopeConfig Rope() {
+  RopeConfig rope;
+  rope.head_dim = 4;
+  rope.rotary_dim = 4;
+  return rope;
+}
+
+// Token i's bytes, every layer and plane: i + 1 as floats.
+Status FillWithPositions(const ChunkComputeArgs& args) {
+  const KvLayout& l = args.layout;
+  const size_t width = static_cast<size_t>(l.num_kv_heads) * l.head_dim;
+  for (size_t i = 0; i < args.chunk.size(); ++i) {
+    const std::vector<float> values(width, static_cast<float>(i + 1));
+    const int64_t slot = args.slots[i];
+    for (int32_t layer = 0; layer < l.num_layers; ++layer) {
+      for (KvPlane plane : {KvPlane::kKey, KvPlane::kValue}) {
+        std::byte* p = args.memory.data() + (slot / kBs) * l.BlockBytes() +
+                       l.Offset(layer, plane, static_cast<int32_t>(slot % kBs));
+        std::memcpy(p, values.data(), width * sizeof(float));
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+ChunkKvStoreOptions Options(ChunkComputeFn compute) {
+  return {.layout = Layout(),
+          .rope = Rope(),
+          .num_blocks = 8,
+          .virtual_start = 100,
+          .compute = std::move(compute)};
+}
+
+TEST(ChunkKvStore, NeedsAComputeFunction) {
+  EXPECT_THAT(ChunkKvStore::Create(Options(nullptr)),
+              StatusIs(StatusCode::kInvalidArgument));
+  ChunkKvStoreOptions bad_rope = Options(FillWithPositions);
+  bad_rope.rope.head_dim = 8;
+  EXPECT_THAT(ChunkKvStore::Create(bad_rope),
+              StatusIs(StatusCode::kInvalidArgument));
+}
+
+TEST(ChunkKvStore, ComputeFillsTheBlocksItIsGiven) {
+  std::vector<ChunkComputeArgs> calls;
+  std::vector<BlockId> seen_blocks;
+  std::vector<int64_t> seen_slots;
+  ChunkKvStore store =
+      ChunkKvStore::Create(Options([&](const ChunkComputeArgs& args) {
+        calls.push_back(args);
+        seen_blocks.assign(args.blocks.begin(), args.blocks.end());
+        seen_slots.assign(args.slots.begin(), args.slots.end());
+        return FillWithPositions(args);
+      })).value();
+  const std::vector<TokenId> chunk = {5, 6, 7, 8, 9, 10};  // 1.5 blocks.
+  const std::vector<BlockId> blocks = store.ComputeAndInsert(chunk).value();
+  ASSERT_EQ(calls.size(), 1u);
+  EXPECT_EQ(calls[0].chunk.size(), chunk.size());
+  EXPECT_EQ(calls[0].virtual_start, 100);
+  EXPECT_EQ(calls[0].layout, Layout());
+  EXPECT_EQ(calls[0].memory.data(), store.memory());
+  EXPECT_EQ(calls[0].memory.size(), 8 * Layout().BlockBytes());
+  EXPECT_EQ(seen_blocks, blocks);
+  ASSERT_EQ(seen_slots.size(), chunk.size());
+  for (size_t i = 0; i < chunk.size(); ++i) {
+    EXPECT_EQ(seen_slots[i], int64_t{blocks[i / kBs]} * kBs + i % kBs);
+  }
+  store.Release(blocks);
+  EXPECT_TRUE(store.Contains(chunk));
+  EXPECT_EQ(store.Acquire(chunk), blocks);
+  store.Release(blocks);
+  EXPECT_EQ(store.stats().computed, 1u);
+  EXPECT_EQ(store.stats().pool_hits, 1u);
+  EXPECT_THAT(PoolOf(store).CheckInvariants(), IsOk());
+}
+
+TEST(ChunkKvStore, FailedComputeKeysNothing) {
+  ChunkKvStore store =
+      ChunkKvStore::Create(Options([](const ChunkComputeArgs&) {
+        return Status::Internal("model failed");
+      })).value();
+  const int32_t free_before = store.num_free_blocks();
+  const std::vector<TokenId> chunk = {1, 2, 3, 4, 5};
+  EXPECT_THAT(store.ComputeAndInsert(chunk), StatusIs(StatusCode::kInternal));
+  EXPECT_FALSE(store.Contains(chunk));
+  EXPECT_EQ(store.num_free_blocks(), free_before);
+  EXPECT_EQ(store.stats().computed, 0u);
+  EXPECT_THAT(PoolOf(store).CheckInvariants(), IsOk());
+}
+
+// At its own virtual positions a chunk turns by zero: exact, so Place copies
+// the bytes. A block outside the pool or a slot outside `dst` is refused.
+TEST(ChunkKvStore, PlaceAtTheVirtualPositionsCopiesTheBytes) {
+  ChunkKvStore store = ChunkKvStore::Create(Options(FillWithPositions)).value();
+  const std::vector<TokenId> chunk = {5, 6, 7, 8, 9, 10};
+  const std::vector<BlockId> blocks = store.ComputeAndInsert(chunk).value();
+  const KvLayout l = Layout();
+  std::vector<std::byte> dst(3 * l.BlockBytes());
+  std::vector<int64_t> slots(chunk.size());
+  std::iota(slots.begin(), slots.end(), int64_t{3});  // Not block-aligned.
+  ASSERT_THAT(store.Place(blocks, 6, slots, store.virtual_start(), dst),
+              IsOk());
+  for (size_t i = 0; i < chunk.size(); ++i) {
+    const int64_t src_slot = int64_t{blocks[i / kBs]} * kBs + i % kBs;
+    for (int32_t layer = 0; layer < l.num_layers; ++layer) {
+      for (KvPlane plane : {KvPlane::kKey, KvPlane::kValue}) {
+        const std::byte* want =
+            store.memory() + (src_slot / kBs) * l.BlockBytes() +
+            l.Offset(layer, plane, static_cast<int32_t>(src_slot % kBs));
+        const std::byte* got =
+            dst.data() + (slots[i] / kBs) * l.BlockBytes() +
+            l.Offset(layer, plane, static_cast<int32_t>(slots[i] % kBs));
+        EXPECT_EQ(std::memcmp(got, want, l.TokenStride()), 0) << i;
+      }
+    }
+  }
+  const std::vector<BlockId> bad = {blocks[0], 8};
+  EXPECT_THAT(store.Place(bad, 6, slots, 0, dst),
+              StatusIs(StatusCode::kInvalidArgument));
+  std::iota(slots.begin(), slots.end(), int64_t{8});  // Past 3 blocks.
+  EXPECT_THAT(store.Place(blocks, 6, slots, 0, dst),
+              StatusIs(StatusCode::kInvalidArgument));
+  store.Release(blocks);
+}
+
+}  // namespace
+}  // namespace tierkv
