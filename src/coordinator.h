@@ -76,6 +76,7 @@
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
 #include <vector>
 
 #include "src/block_pool.h"
@@ -237,6 +238,11 @@ class Coordinator {
   // Lookup's marker for a hit only the lower tier holds.
   static constexpr BlockId kOnLowerTier = -1;
   struct WorkerState {
+    // A constructor, not an aggregate: Clang 14 cannot emplace an aggregate
+    // from parentheses (C++20's P0960).
+    WorkerState(const WorkerRegistration& r, KeyHasher h)
+        : registration(r), hasher(std::move(h)) {}
+
     WorkerRegistration registration;
     KeyHasher hasher;
     uint64_t next_load_id = 0;

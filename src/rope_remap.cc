@@ -7,6 +7,10 @@
 #include <limits>
 #include <string>
 
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+#include <cpuid.h>
+#endif
+
 namespace tierkv {
 namespace internal {
 
@@ -217,10 +221,28 @@ StatusOr<RopeRemap> RopeRemap::Create(const KvLayout& layout,
   return RopeRemap(layout, rope);
 }
 
+namespace internal {
+
+bool CpuHasF16c() {
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+  // CPUID, not __builtin_cpu_supports("f16c"), which Clang 14 does not
+  // know. F16C's instructions are VEX-encoded: they also need the OS to
+  // save the AVX state, which "avx" checks.
+  __builtin_cpu_init();
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  return __builtin_cpu_supports("avx") &&
+         __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
+#else
+  return false;
+#endif
+}
+
+}  // namespace internal
+
 bool RopeRemap::VectorizedAvailable() {
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
   __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") &&
+  return __builtin_cpu_supports("avx2") && internal::CpuHasF16c() &&
          __builtin_cpu_supports("fma") &&
          internal::Avx2RotateKernel(DType::kF32, RopeStyle::kNeoX) != nullptr;
 #else

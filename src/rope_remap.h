@@ -76,6 +76,9 @@ void RotateHeadTail(DType dtype, RopeStyle style, const RotateArgs& args,
 // RopeRemap::VectorizedAvailable().
 RotateTokenFn Avx2RotateKernel(DType dtype, RopeStyle style);
 
+// Whether this CPU (and OS) runs F16C's instructions. False off x86.
+bool CpuHasF16c();
+
 // Round-to-nearest-even conversions, bit-identical to F16C (fp16) and to the
 // AVX2 kernel (bf16); NaN stays NaN (quieted).
 float HalfToFloat(uint16_t h);
