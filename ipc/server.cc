@@ -202,7 +202,7 @@ StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& in) {
 
 void Server::Stop() {
   Impl& s = *impl_;
-  std::lock_guard<std::mutex> guard(s.stop_mu);
+  MutexLock guard(&s.stop_mu);
   if (s.stopped) return;
   s.stopped = true;
   s.stopping.store(true);

@@ -25,6 +25,7 @@
 #include "ipc/protocol.h"
 #include "ipc/server.h"
 #include "ipc/stats_page.h"
+#include "src/mutex.h"
 #include "tiers/host_tier.h"
 #include "tiers/slot_disk.h"
 
@@ -123,8 +124,8 @@ struct Server::Impl {
   std::mutex stats_wake_mu;   // With stats_wake: ends the wait on Stop.
   std::condition_variable stats_wake;
   std::atomic<bool> stopping{false};
-  std::mutex stop_mu;
-  bool stopped = false;  // GUARDED_BY(stop_mu)
+  Mutex stop_mu;  // Held through Stop: a second call waits, then returns.
+  bool stopped TIERKV_GUARDED_BY(stop_mu) = false;
 
   Impl(ServerOptions opts, StoreLock store, StoreLock socket,
        std::unique_ptr<HostTier> host_tier, std::unique_ptr<DiskTier> disk_tier,

@@ -70,7 +70,6 @@
 #include <iterator>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -82,6 +81,7 @@
 #include "src/block_pool.h"
 #include "src/coordinator_types.h"
 #include "src/lower_tier.h"
+#include "src/mutex.h"
 #include "tierkv/block_key.h"
 #include "tierkv/kv_layout.h"
 #include "tierkv/request.h"
@@ -231,8 +231,8 @@ class Coordinator {
   };
   // Filled on lower-tier threads, drained by PumpLowerTier.
   struct LowerInbox {
-    std::mutex mu;
-    std::vector<LowerResult> results;  // GUARDED_BY(mu)
+    Mutex mu;
+    std::vector<LowerResult> results TIERKV_GUARDED_BY(mu);
     std::function<void()> wakeup;
   };
   // Lookup's marker for a hit only the lower tier holds.

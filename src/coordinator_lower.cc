@@ -4,7 +4,6 @@
 // blocks from host and the lower tier, spills in flight included.
 #include <chrono>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -40,7 +39,7 @@ void Coordinator::StartLowerOp(LowerOp op) {
     std::shared_ptr<LowerInbox> inbox = weak.lock();
     if (inbox == nullptr) return;  // The coordinator is gone.
     {
-      std::lock_guard<std::mutex> lock(inbox->mu);
+      MutexLock lock(&inbox->mu);
       inbox->results.push_back({id, std::move(status)});
     }
     if (inbox->wakeup) inbox->wakeup();
@@ -59,7 +58,7 @@ size_t Coordinator::PumpLowerTier() {
   if (options_.lower == nullptr) return 0;
   std::vector<LowerResult> results;
   {
-    std::lock_guard<std::mutex> lock(inbox_->mu);
+    MutexLock lock(&inbox_->mu);
     results.swap(inbox_->results);
   }
   size_t ready = 0;

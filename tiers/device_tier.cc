@@ -16,15 +16,15 @@
 #include <sys/mman.h>
 
 #include <cassert>
-#include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <limits>
-#include <mutex>
 #include <string>
 #include <system_error>
 #include <thread>
 #include <utility>
+
+#include "src/mutex.h"
 
 namespace tierkv {
 namespace {
@@ -52,10 +52,10 @@ struct EmulatedDeviceTier::Impl {
   ~Impl() {
     if (engine.joinable()) {
       {
-        std::lock_guard<std::mutex> lock(mu);
+        MutexLock lock(&mu);
         stopping = true;
       }
-      work_cv.notify_one();
+      work_cv.NotifyOne();
       engine.join();
     }
     if (owns_arena) munmap(arena, arena_bytes);
@@ -66,10 +66,9 @@ struct EmulatedDeviceTier::Impl {
   }
 
   Status Validate(const CopyJob& job) const;
-  void RunCopyEngine();
+  void RunCopyEngine() TIERKV_EXCLUDES(mu);
   void Execute(const CopyJob& job) const;
-  // REQUIRES: mu held.
-  std::vector<CopyCompletion> TakeCompletedLocked();
+  std::vector<CopyCompletion> TakeCompletedLocked() TIERKV_REQUIRES(mu);
 
   // Immutable after Create; read by any thread without the lock.
   std::byte* const arena;
@@ -78,13 +77,13 @@ struct EmulatedDeviceTier::Impl {
   const size_t block_bytes;
   const bool owns_arena;  // False: the engine's memory (CreateOver).
 
-  mutable std::mutex mu;
-  std::condition_variable work_cv;  // Signals queue non-empty or stopping.
-  std::condition_variable done_cv;  // Signals completed non-empty.
-  std::deque<CopyJob> queue;        // GUARDED_BY(mu)
-  std::vector<CopyCompletion> completed;  // GUARDED_BY(mu)
-  size_t in_flight = 0;                   // GUARDED_BY(mu)
-  bool stopping = false;                  // GUARDED_BY(mu)
+  mutable Mutex mu;
+  CondVar work_cv;  // Signals queue non-empty or stopping.
+  CondVar done_cv;  // Signals completed non-empty.
+  std::deque<CopyJob> queue TIERKV_GUARDED_BY(mu);
+  std::vector<CopyCompletion> completed TIERKV_GUARDED_BY(mu);
+  size_t in_flight TIERKV_GUARDED_BY(mu) = 0;
+  bool stopping TIERKV_GUARDED_BY(mu) = false;
 
   // Started last in Create, joined first in ~Impl.
   std::thread engine;
@@ -121,18 +120,18 @@ void EmulatedDeviceTier::Impl::RunCopyEngine() {
   for (;;) {
     CopyJob job;
     {
-      std::unique_lock<std::mutex> lock(mu);
-      work_cv.wait(lock, [this] { return stopping || !queue.empty(); });
+      MutexLock lock(&mu);
+      while (!stopping && queue.empty()) work_cv.Wait(&mu);
       if (queue.empty()) return;  // Stopping, and every job has run.
       job = std::move(queue.front());
       queue.pop_front();
     }
     Execute(job);  // Without the lock: Submit and Poll stay responsive.
     {
-      std::lock_guard<std::mutex> lock(mu);
+      MutexLock lock(&mu);
       completed.push_back(CopyCompletion{job.tag, Status::Ok()});
     }
-    done_cv.notify_all();
+    done_cv.NotifyAll();
   }
 }
 
@@ -237,39 +236,42 @@ std::span<std::byte> EmulatedDeviceTier::block(BlockId id) {
 Status EmulatedDeviceTier::Submit(CopyJob job) {
   TIERKV_RETURN_IF_ERROR(impl_->Validate(job));
   {
-    std::lock_guard<std::mutex> lock(impl_->mu);
+    MutexLock lock(&impl_->mu);
     impl_->queue.push_back(std::move(job));
     ++impl_->in_flight;
   }
-  impl_->work_cv.notify_one();
+  impl_->work_cv.NotifyOne();
   return Status::Ok();
 }
 
 std::vector<CopyCompletion> EmulatedDeviceTier::PollCompleted() {
-  std::lock_guard<std::mutex> lock(impl_->mu);
+  MutexLock lock(&impl_->mu);
   return impl_->TakeCompletedLocked();
 }
 
 std::vector<CopyCompletion> EmulatedDeviceTier::WaitCompleted(
     std::chrono::milliseconds timeout) {
   using Clock = std::chrono::steady_clock;
-  std::unique_lock<std::mutex> lock(impl_->mu);
-  auto ready = [this] { return !impl_->completed.empty(); };
+  Impl& s = *impl_;
+  MutexLock lock(&s.mu);
   const Clock::time_point now = Clock::now();
   // now + timeout would overflow for "wait forever" timeouts such as
   // milliseconds::max(); those wait without a deadline.
   const auto room = std::chrono::duration_cast<std::chrono::milliseconds>(
       Clock::time_point::max() - now);
   if (timeout >= room) {
-    impl_->done_cv.wait(lock, ready);
+    while (s.completed.empty()) s.done_cv.Wait(&s.mu);
   } else {
-    impl_->done_cv.wait_until(lock, now + timeout, ready);
+    const Clock::time_point deadline = now + timeout;
+    while (s.completed.empty()) {
+      if (!s.done_cv.WaitUntil(&s.mu, deadline)) break;  // Timed out.
+    }
   }
-  return impl_->TakeCompletedLocked();
+  return s.TakeCompletedLocked();
 }
 
 size_t EmulatedDeviceTier::in_flight() const {
-  std::lock_guard<std::mutex> lock(impl_->mu);
+  MutexLock lock(&impl_->mu);
   return impl_->in_flight;
 }
 

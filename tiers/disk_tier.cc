@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
-#include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <functional>
@@ -16,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "src/mutex.h"
 #include "tiers/disk_internal.h"
 
 namespace tierkv {
@@ -46,52 +46,54 @@ class IoThreads {
   // Runs what is queued, then joins.
   ~IoThreads() {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       stopping_ = true;
     }
-    work_cv_.notify_all();
+    work_cv_.NotifyAll();
     for (std::thread& t : threads_) t.join();
   }
 
-  void Submit(std::function<void()> task) {
+  void Submit(std::function<void()> task) TIERKV_EXCLUDES(mu_) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       queue_.push_back(std::move(task));
     }
-    work_cv_.notify_one();
+    work_cv_.NotifyOne();
   }
 
   // Waits until no task is queued or running (tasks queued by running tasks
   // included). REQUIRES: not called from a task.
-  void Drain() {
-    std::unique_lock<std::mutex> lock(mu_);
-    idle_cv_.wait(lock, [&] { return queue_.empty() && running_ == 0; });
+  void Drain() TIERKV_EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
+    while (!queue_.empty() || running_ != 0) idle_cv_.Wait(&mu_);
   }
 
  private:
-  void Run() {
-    std::unique_lock<std::mutex> lock(mu_);
+  // Holds mu_ except while a task runs.
+  void Run() TIERKV_EXCLUDES(mu_) {
+    mu_.Lock();
     while (true) {
-      work_cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-      if (queue_.empty()) return;  // Stopping, and nothing left.
+      while (!stopping_ && queue_.empty()) work_cv_.Wait(&mu_);
+      if (queue_.empty()) break;  // Stopping, and nothing left.
       std::function<void()> task = std::move(queue_.front());
       queue_.pop_front();
       ++running_;
-      lock.unlock();
+      mu_.Unlock();
       task();
       task = nullptr;  // Destroy captures outside the lock.
-      lock.lock();
+      mu_.Lock();
       --running_;
-      if (queue_.empty() && running_ == 0) idle_cv_.notify_all();
+      if (queue_.empty() && running_ == 0) idle_cv_.NotifyAll();
     }
+    mu_.Unlock();
   }
 
-  std::mutex mu_;
-  std::condition_variable work_cv_;
-  std::condition_variable idle_cv_;
-  std::deque<std::function<void()>> queue_;  // GUARDED_BY(mu_)
-  int32_t running_ = 0;                      // GUARDED_BY(mu_)
-  bool stopping_ = false;                    // GUARDED_BY(mu_)
+  Mutex mu_;
+  CondVar work_cv_;  // Signals queue_ non-empty or stopping_.
+  CondVar idle_cv_;  // Signals queue_ empty with nothing running.
+  std::deque<std::function<void()>> queue_ TIERKV_GUARDED_BY(mu_);
+  int32_t running_ TIERKV_GUARDED_BY(mu_) = 0;
+  bool stopping_ TIERKV_GUARDED_BY(mu_) = false;
   std::vector<std::thread> threads_;
 };
 
@@ -119,7 +121,9 @@ struct Counters {
 // delete of an evicted key never lands after a newer Put of the same key,
 // and a superseded write never lands after the newer one. Reads take no
 // stripe: RocksDB returns either value whole, and both verify.
-// Lock order: a stripe, then mu_.
+// Lock order: a stripe, then mu_. The analysis checks mu_ (TIERKV_GUARDED_BY,
+// and TIERKV_EXCLUDES on what does disk I/O); the stripes guard storage
+// keys, not members, so they stay plain std::mutex.
 class DiskTierImpl final : public DiskTier {
  public:
   DiskTierImpl(const DiskTierOptions& options,
@@ -137,7 +141,7 @@ class DiskTierImpl final : public DiskTier {
     io_.reset();  // Joins before the members the tasks use go away.
   }
 
-  Status Rebuild();
+  Status Rebuild() TIERKV_EXCLUDES(mu_);
   void Start() { io_ = std::make_unique<IoThreads>(options_.io_threads); }
 
   void Put(const BlockKey& key, std::span<const TokenId> tokens,
@@ -159,23 +163,23 @@ class DiskTierImpl final : public DiskTier {
                  done = std::move(done)] { done(GetNow(key, owned, out)); });
   }
 
-  bool Contains(const BlockKey& key) const override {
-    std::lock_guard<std::mutex> lock(mu_);
+  bool Contains(const BlockKey& key) const TIERKV_EXCLUDES(mu_) override {
+    MutexLock lock(&mu_);
     return index_.FindStored(key) != nullptr;
   }
 
-  bool Contains(const BlockKey& key,
-                std::span<const TokenId> tokens) const override {
-    std::lock_guard<std::mutex> lock(mu_);
+  bool Contains(const BlockKey& key, std::span<const TokenId> tokens) const
+      TIERKV_EXCLUDES(mu_) override {
+    MutexLock lock(&mu_);
     const DiskIndex::Entry* entry = index_.FindStored(key);
     return entry != nullptr && std::ranges::equal(entry->tokens, tokens);
   }
 
-  bool Remove(const BlockKey& key) override {
+  bool Remove(const BlockKey& key) TIERKV_EXCLUDES(mu_) override {
     bool stored = false;
     bool erased = false;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       stored = index_.FindStored(key) != nullptr;
       erased = index_.Erase(key);
     }
@@ -183,10 +187,10 @@ class DiskTierImpl final : public DiskTier {
     return stored;
   }
 
-  uint64_t RemoveAll() override {
+  uint64_t RemoveAll() TIERKV_EXCLUDES(mu_) override {
     std::vector<BlockKey> keys;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       keys = index_.StoredKeys();
       for (const BlockKey& key : keys) index_.Erase(key);
     }
@@ -205,24 +209,27 @@ class DiskTierImpl final : public DiskTier {
     return storage_->Flush();
   }
 
-  DiskTierStats stats() const override;
+  DiskTierStats stats() const TIERKV_EXCLUDES(mu_) override;
 
  private:
   Status PutNow(const BlockKey& key, uint64_t generation,
                 std::span<const TokenId> tokens,
-                std::span<const std::byte> payload);
+                std::span<const std::byte> payload) TIERKV_EXCLUDES(mu_);
   Status WriteReserved(const BlockKey& key, uint64_t generation,
-                       std::string_view header, std::string_view stored);
+                       std::string_view header, std::string_view stored)
+      TIERKV_EXCLUDES(mu_);
   Status GetNow(const BlockKey& key, std::span<const TokenId> tokens,
-                std::span<std::byte> out);
+                std::span<std::byte> out) TIERKV_EXCLUDES(mu_);
   Status ReadValue(const BlockKey& key, std::span<const TokenId> tokens,
-                   std::span<std::byte> out);
+                   std::span<std::byte> out) TIERKV_EXCLUDES(mu_);
   Status CheckLayout(const ValueFields& fields) const;
   // Deletes `key` from storage unless the index holds it again.
-  void DeleteIfAbsent(const BlockKey& key);
+  void DeleteIfAbsent(const BlockKey& key) TIERKV_EXCLUDES(mu_);
   // Forgets and deletes `key` if its entry is still `generation`.
-  void DropIfCurrent(const BlockKey& key, uint64_t generation);
-  void DeleteVictims(const std::vector<BlockKey>& victims) {
+  void DropIfCurrent(const BlockKey& key, uint64_t generation)
+      TIERKV_EXCLUDES(mu_);
+  void DeleteVictims(const std::vector<BlockKey>& victims)
+      TIERKV_EXCLUDES(mu_) {
     for (const BlockKey& victim : victims) DeleteIfAbsent(victim);
   }
   std::mutex& StripeFor(const BlockKey& key) {
@@ -234,9 +241,9 @@ class DiskTierImpl final : public DiskTier {
   std::array<std::mutex, 16> stripes_;
   std::atomic<uint64_t> next_generation_{1};
   std::atomic<uint64_t> next_sequence_{1};
-  mutable std::mutex mu_;
-  DiskIndex index_;    // GUARDED_BY(mu_)
-  Counters counters_;  // GUARDED_BY(mu_)
+  mutable Mutex mu_;
+  DiskIndex index_ TIERKV_GUARDED_BY(mu_);
+  Counters counters_ TIERKV_GUARDED_BY(mu_);
   std::unique_ptr<IoThreads> io_;
 };
 
@@ -280,7 +287,7 @@ Status DiskTierImpl::PutNow(const BlockKey& key, uint64_t generation,
   std::vector<BlockKey> victims;
   StatusOr<bool> reserved = false;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     reserved = index_.Reserve(key, generation, bytes, tokens, &victims);
     if (!reserved.ok()) ++counters_.put_failures;
   }
@@ -295,7 +302,7 @@ Status DiskTierImpl::WriteReserved(const BlockKey& key, uint64_t generation,
                                    std::string_view stored) {
   std::lock_guard<std::mutex> stripe(StripeFor(key));
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     // Superseded by a newer Put or removed: the newer state wins.
     if (!index_.IsCurrent(key, generation)) return Status::Ok();
   }
@@ -303,7 +310,7 @@ Status DiskTierImpl::WriteReserved(const BlockKey& key, uint64_t generation,
   const std::string_view parts[2] = {header, stored};
   Status s = storage_->Put(storage_key, parts);
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (s.ok()) {
       index_.Commit(key, generation);
       ++counters_.puts;
@@ -331,7 +338,7 @@ Status DiskTierImpl::GetNow(const BlockKey& key,
   }
   uint64_t generation = 0;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     ++counters_.gets;
     const DiskIndex::Entry* entry = index_.FindStored(key);
     if (entry == nullptr) {
@@ -349,7 +356,7 @@ Status DiskTierImpl::GetNow(const BlockKey& key,
   }
   Status s = ReadValue(key, tokens, out);
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (s.ok()) {
       ++counters_.hits;
     } else if (s.code() == StatusCode::kNotFound) {
@@ -398,7 +405,7 @@ Status DiskTierImpl::CheckLayout(const ValueFields& fields) const {
 void DiskTierImpl::DeleteIfAbsent(const BlockKey& key) {
   std::lock_guard<std::mutex> stripe(StripeFor(key));
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (index_.Contains(key)) return;  // Put again: its writer owns it.
   }
   // A failed delete leaves a value the index does not know: it takes disk
@@ -410,7 +417,7 @@ void DiskTierImpl::DeleteIfAbsent(const BlockKey& key) {
 void DiskTierImpl::DropIfCurrent(const BlockKey& key, uint64_t generation) {
   std::lock_guard<std::mutex> stripe(StripeFor(key));
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (!index_.EraseIf(key, generation)) return;
   }
   Status ignored = storage_->Delete(DiskStorageKey(key));
@@ -421,7 +428,7 @@ DiskTierStats DiskTierImpl::stats() const {
   DiskTierStats out;
   out.capacity_bytes = options_.capacity_bytes;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     out.bytes = index_.bytes();
     out.keys = index_.stored_keys();
     out.evictions = index_.evictions();
@@ -522,7 +529,7 @@ Status DiskTierImpl::Rebuild() {
             });
   std::vector<BlockKey> victims;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     for (FoundValue& v : found) {
       index_.InsertStored(v.key, v.bytes, std::move(v.tokens));
     }

@@ -6,13 +6,12 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <condition_variable>
 #include <cstring>
 #include <iostream>
-#include <mutex>
 #include <thread>
 
 #include "ipc/server.h"
+#include "src/mutex.h"
 #include "tools/daemon/daemon_log.h"
 #include "tools/daemon/watchdog.h"
 
@@ -85,12 +84,19 @@ std::unique_ptr<Watchdog> StartWatchdog(const ipc::Server& server) {
 
 void StopWithin(std::chrono::seconds timeout,
                 const std::function<void()>& stop) {
-  std::mutex mu;
-  std::condition_variable stopped;
-  bool done = false;  // GUARDED_BY(mu)
-  std::thread watchdog([&] {
-    std::unique_lock<std::mutex> lock(mu);
-    if (!stopped.wait_for(lock, timeout, [&] { return done; })) {
+  // A struct: the analysis takes TIERKV_GUARDED_BY on members only.
+  struct {
+    Mutex mu;
+    CondVar stopped;  // Signals done.
+    bool done TIERKV_GUARDED_BY(mu) = false;
+  } state;
+  std::thread watchdog([&state, timeout] {
+    MutexLock lock(&state.mu);
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (!state.done) {
+      if (!state.stopped.WaitUntil(&state.mu, deadline)) break;
+    }
+    if (!state.done) {
       spdlog::error("did not stop within {} s; exiting without cleanup",
                     timeout.count());
       spdlog::default_logger()->flush();
@@ -99,10 +105,10 @@ void StopWithin(std::chrono::seconds timeout,
   });
   stop();
   {
-    std::lock_guard<std::mutex> guard(mu);
-    done = true;
+    MutexLock lock(&state.mu);
+    state.done = true;
   }
-  stopped.notify_one();
+  state.stopped.NotifyOne();
   watchdog.join();
 }
 

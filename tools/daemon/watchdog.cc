@@ -31,10 +31,10 @@ Watchdog::Watchdog(std::chrono::microseconds period, Check check, Pet pet)
 
 Watchdog::~Watchdog() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     stop_ = true;
   }
-  wake_.notify_one();
+  wake_.NotifyOne();
   if (thread_.joinable()) thread_.join();
 }
 
@@ -56,8 +56,11 @@ void Watchdog::Run() {
     // After a long check (or a suspended machine), the next one runs at once
     // rather than several in a row to catch up.
     next = std::max(next + period_, std::chrono::steady_clock::now());
-    std::unique_lock<std::mutex> lock(mu_);
-    if (wake_.wait_until(lock, next, [this] { return stop_; })) return;
+    MutexLock lock(&mu_);
+    while (!stop_) {
+      if (!wake_.WaitUntil(&mu_, next)) break;  // Time for the next check.
+    }
+    if (stop_) return;
   }
 }
 

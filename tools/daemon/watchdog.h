@@ -8,13 +8,12 @@
 #define TIERKV_TOOLS_DAEMON_WATCHDOG_H_
 
 #include <chrono>
-#include <condition_variable>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <thread>
 
+#include "src/mutex.h"
 #include "tierkv/status.h"
 
 namespace tierkv::daemon {
@@ -40,14 +39,14 @@ class Watchdog {
 
  private:
   Watchdog(std::chrono::microseconds period, Check check, Pet pet);
-  void Run();
+  void Run() TIERKV_EXCLUDES(mu_);
 
   const std::chrono::microseconds period_;
   const Check check_;
   const Pet pet_;
-  std::mutex mu_;
-  std::condition_variable wake_;
-  bool stop_ = false;  // GUARDED_BY(mu_)
+  Mutex mu_;
+  CondVar wake_;  // Signals stop_.
+  bool stop_ TIERKV_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
 
