@@ -546,7 +546,7 @@ TEST_F(TierkvdTest, DiskTierHoldsTenTimesTheHostBitExact) {
   EXPECT_THAT(metrics->output(),
               HasSubstr("tierkv_tier_capacity_bytes{tier=\"disk\"} 67108864"));
   EXPECT_THAT(metrics->output(),
-              HasSubstr("tierkv_hit_blocks_total{tier=\"disk\"} " +
+              HasSubstr("tierkv_host_disk_hit_blocks_total " +
                         std::to_string(s.host.disk_hit_blocks) + "\n"));
   EXPECT_THAT(
       metrics->output(),

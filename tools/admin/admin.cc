@@ -72,7 +72,8 @@ StatusOr<AdminCommand> ParseAdminFlags(int argc, const char* const* argv) {
       "  stats   per tier (host, and disk when tierkvd has one): capacity,\n"
       "          used, cached, pinned, hits, misses, evictions, transfers\n"
       "          in flight; spills, promotions and checksum failures; then\n"
-      "          the attached workers (--json: machine-readable)\n"
+      "          the attached workers (--json: machine-readable; --all:\n"
+      "          every counter of every tier and worker, with what it means)\n"
       "  workers the attached workers: id, pid, name, requests, transfers\n"
       "  metrics the statistics in Prometheus text format (for a textfile\n"
       "          collector or a scrape proxy)\n"
@@ -101,6 +102,9 @@ StatusOr<AdminCommand> ParseAdminFlags(int argc, const char* const* argv) {
       "tierkvd's socket (overrides --store)")(
       "json", po::bool_switch(&command.json),
       "stats, events, clear, evict: machine-readable output")(
+      "all", po::bool_switch(&command.all),
+      "stats: every field of every tier and worker, one per line, with its "
+      "meaning")(
       "source", po::value(&command.source)->default_value(command.source),
       "stats, workers, metrics, watch: where the numbers come from. page: "
       "tierkvd's stats page (/dev/shm/tierkv.<store>.stats), read without "
@@ -330,6 +334,8 @@ int RunAdmin(const AdminCommand& command, std::ostream& out,
     }
   } else if (command.json) {
     out << FormatStatsJson(read->stats);
+  } else if (command.all) {
+    out << FormatStatsFields(read->stats) << SourceLine(*read);
   } else {
     out << FormatStatsTable(read->stats) << SourceLine(*read);
   }

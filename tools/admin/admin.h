@@ -26,6 +26,7 @@ struct AdminCommand {
   // stats, workers, metrics, watch: "auto", "page" or "socket" (--source).
   std::string source = "auto";
   bool json = false;
+  bool all = false;  // stats: every field of every table, with its help.
   double interval_seconds = 1.0;              // watch: between refreshes.
   int64_t count = 0;                          // watch: refreshes, 0 for no end.
   TierSelection tiers = TierSelection::kAll;  // clear: --tier.
@@ -42,6 +43,8 @@ int RunAdmin(const AdminCommand& command, std::ostream& out, std::ostream& err);
 
 std::string FormatStatsTable(const CoordinatorStats& stats);
 std::string FormatStatsJson(const CoordinatorStats& stats);
+// Every field of the stats tables (tierkv/stats.h): name, value, help.
+std::string FormatStatsFields(const CoordinatorStats& stats);
 std::string FormatWorkers(const CoordinatorStats& stats);
 // Prometheus text exposition format, version 0.0.4.
 std::string FormatMetrics(const CoordinatorStats& stats);

@@ -4,6 +4,8 @@
 #include <cstdio>
 #include <sstream>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "tools/admin/admin.h"
@@ -181,49 +183,55 @@ std::string FormatWorkers(const CoordinatorStats& stats) {
   return out.str();
 }
 
+namespace {
+
+// A stats struct as a JSON object's members, one per field of its table
+// (tierkv/stats.h), in table order.
+template <typename Stats>
+void JsonFields(std::ostringstream& out, const Stats& s) {
+  bool first = true;
+  Stats::ForEachField(s, [&](const StatField& f, const auto& v) {
+    out << (first ? "" : ",") << "\"" << f.name << "\":";
+    first = false;
+    if constexpr (std::is_same_v<std::decay_t<decltype(v)>, std::string>) {
+      out << JsonString(v);
+    } else {
+      out << +v;
+    }
+  });
+}
+
+// "name value  help" lines, one per field of a table.
+template <typename Stats>
+void FieldLines(std::ostringstream& out, const Stats& s) {
+  Stats::ForEachField(s, [&](const StatField& f, const auto& v) {
+    std::ostringstream value;
+    if constexpr (std::is_same_v<std::decay_t<decltype(v)>, std::string>) {
+      value << v;
+    } else {
+      value << +v;
+    }
+    char line[512];
+    std::snprintf(line, sizeof(line), "  %-22s %14s  %s\n", f.name,
+                  value.str().c_str(), f.help);
+    out << line;
+  });
+}
+
+}  // namespace
+
 std::string FormatStatsJson(const CoordinatorStats& stats) {
   const HostTierStats& h = stats.host;
   std::ostringstream out;
   out << "{\"model\":" << JsonString(stats.model)
       << ",\"version\":" << JsonString(stats.version)
-      << ",\"tiers\":{\"host\":{"
-      << "\"slot_bytes\":" << h.slot_bytes
-      << ",\"capacity_slots\":" << h.capacity_slots
-      << ",\"capacity_bytes\":" << h.capacity_slots * h.slot_bytes
-      << ",\"free_slots\":" << h.free_slots
-      << ",\"used_slots\":" << h.used_slots
-      << ",\"cached_slots\":" << h.cached_slots
-      << ",\"pinned_slots\":" << h.pinned_slots << ",\"lookups\":" << h.lookups
-      << ",\"lookup_blocks\":" << h.lookup_blocks
-      << ",\"hits\":" << h.hit_blocks << ",\"misses\":" << h.miss_blocks
-      << ",\"evictions\":" << h.evictions
-      << ",\"stores_completed\":" << h.stores_completed
-      << ",\"loads_completed\":" << h.loads_completed
-      << ",\"stores_failed\":" << h.stores_failed
-      << ",\"store_skipped\":" << h.store_skipped
-      << ",\"events_in_flight\":" << h.events_in_flight
-      << ",\"disk_hits\":" << h.disk_hit_blocks << ",\"spills\":" << h.spills
-      << ",\"spill_drops\":" << h.spill_drops
-      << ",\"spill_failures\":" << h.spill_failures
-      << ",\"promotions\":" << h.promotions
-      << ",\"promotion_failures\":" << h.promotion_failures
-      << ",\"spills_in_flight\":" << h.spills_in_flight
-      << ",\"promotions_in_flight\":" << h.promotions_in_flight
-      << ",\"loads_cancelled\":" << h.loads_cancelled << "}";
+      << ",\"tiers\":{\"host\":{";
+  JsonFields(out, h);
+  out << ",\"capacity_bytes\":" << h.capacity_slots * h.slot_bytes << "}";
   if (stats.disk.has_value()) {
-    const DiskTierStats& d = *stats.disk;
-    out << ",\"disk\":{\"capacity_bytes\":" << d.capacity_bytes
-        << ",\"bytes\":" << d.bytes << ",\"keys\":" << d.keys
-        << ",\"file_bytes\":" << d.file_bytes << ",\"puts\":" << d.puts
-        << ",\"put_failures\":" << d.put_failures << ",\"gets\":" << d.gets
-        << ",\"hits\":" << d.hits << ",\"misses\":" << d.misses
-        << ",\"evictions\":" << d.evictions
-        << ",\"checksum_failures\":" << d.checksum_failures
-        << ",\"token_mismatches\":" << d.token_mismatches
-        << ",\"dropped_on_open\":" << d.dropped_on_open
-        << ",\"layout_mismatches\":" << d.layout_mismatches
-        << ",\"payload_bytes_written\":" << d.payload_bytes_written
-        << ",\"stored_bytes_written\":" << d.stored_bytes_written << "}";
+    out << ",\"disk\":{";
+    JsonFields(out, *stats.disk);
+    out << "}";
   }
   out << "},\"events\":{\"in_flight\":" << h.events_in_flight
       << ",\"oldest_age_us\":" << stats.oldest_event_age_us
@@ -233,13 +241,28 @@ std::string FormatStatsJson(const CoordinatorStats& stats) {
       << ",\"store_us_sum\":" << stats.store_latency.sum_us;
   out << "},\"workers\":[";
   for (size_t i = 0; i < stats.workers.size(); ++i) {
-    const WorkerStats& w = stats.workers[i];
-    out << (i ? "," : "") << "{\"id\":" << w.id << ",\"pid\":" << w.pid
-        << ",\"name\":" << JsonString(w.name) << ",\"requests\":" << w.requests
-        << ",\"loads_in_flight\":" << w.loads_in_flight
-        << ",\"stores_in_flight\":" << w.stores_in_flight << "}";
+    out << (i ? "," : "") << "{";
+    JsonFields(out, stats.workers[i]);
+    out << "}";
   }
   out << "]}\n";
+  return out.str();
+}
+
+std::string FormatStatsFields(const CoordinatorStats& stats) {
+  std::ostringstream out;
+  out << "model " << ModelDisplayName(stats.model);
+  if (!stats.version.empty()) out << ", tierkvd " << stats.version;
+  out << "\nhost tier:\n";
+  FieldLines(out, stats.host);
+  if (stats.disk.has_value()) {
+    out << "disk tier:\n";
+    FieldLines(out, *stats.disk);
+  }
+  for (const WorkerStats& w : stats.workers) {
+    out << "worker " << w.id << " (" << w.name << "):\n";
+    FieldLines(out, w);
+  }
   return out.str();
 }
 
@@ -294,6 +317,48 @@ class MetricWriter {
 
 }  // namespace
 
+namespace {
+
+// One metric family per numeric field of a table: tierkv_<prefix>_<field>,
+// with _total for counters, its HELP from the table; one sample per
+// (labels, stats) pair.
+template <typename Stats>
+void FieldFamilies(
+    MetricWriter& m, const std::string& prefix,
+    const std::vector<std::pair<std::string, const Stats*>>& samples) {
+  if (samples.empty()) return;
+  std::vector<std::string> names;
+  std::vector<StatKind> kinds;
+  std::vector<const char*> helps;
+  Stats::ForEachField(*samples[0].second, [&](const StatField& f, const auto&) {
+    names.push_back(f.name);
+    kinds.push_back(f.kind);
+    helps.push_back(f.help);
+  });
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (kinds[i] == StatKind::kLabel) continue;
+    const bool counter = kinds[i] == StatKind::kCounter;
+    const std::string family =
+        "tierkv_" + prefix + "_" + names[i] + (counter ? "_total" : "");
+    m.Family(family.c_str(), counter ? "counter" : "gauge", helps[i]);
+    for (const auto& sample : samples) {
+      const std::string& labels = sample.first;
+      size_t field = 0;
+      Stats::ForEachField(*sample.second, [&](const StatField&, const auto& v) {
+        if constexpr (std::is_arithmetic_v<std::decay_t<decltype(v)>>) {
+          if (field == i) m.Sample(static_cast<double>(v), labels);
+        }
+        ++field;
+      });
+    }
+  }
+}
+
+}  // namespace
+
+// Every field of every stats table as its own family (FieldFamilies), and
+// the few families derived from several fields (bytes per tier and moved
+// between tiers, latencies, the oldest event, the workers).
 std::string FormatMetrics(const CoordinatorStats& stats) {
   const HostTierStats& h = stats.host;
   const double slot = static_cast<double>(h.slot_bytes);
@@ -311,26 +376,6 @@ std::string FormatMetrics(const CoordinatorStats& stats) {
            "Bytes of KV blocks a tier holds (host: keyed or being written).");
   m.Sample(double(h.used_slots) * slot, "tier=\"host\"");
   if (disk) m.Sample(double(stats.disk->bytes), "tier=\"disk\"");
-  m.Family("tierkv_tier_blocks", "gauge", "KV blocks a tier holds.");
-  m.Sample(double(h.cached_slots), "tier=\"host\"");
-  if (disk) m.Sample(double(stats.disk->keys), "tier=\"disk\"");
-  m.Family("tierkv_host_pinned_slots", "gauge",
-           "Host slots pinned by lookups, transfers, spills or promotions.");
-  m.Sample(double(h.pinned_slots));
-  m.Family("tierkv_lookup_blocks_total", "counter",
-           "Blocks lookups could have hit.");
-  m.Sample(double(h.lookup_blocks));
-  m.Family("tierkv_hit_blocks_total", "counter",
-           "Blocks lookups found, by the tier that held them.");
-  m.Sample(double(h.hit_blocks), "tier=\"host\"");
-  if (disk) m.Sample(double(h.disk_hit_blocks), "tier=\"disk\"");
-  m.Family("tierkv_miss_blocks_total", "counter",
-           "Blocks lookups found in no tier.");
-  m.Sample(double(h.miss_blocks));
-  m.Family("tierkv_evictions_total", "counter",
-           "Blocks a tier let go for capacity (host: not spilled first).");
-  m.Sample(double(h.evictions), "tier=\"host\"");
-  if (disk) m.Sample(double(stats.disk->evictions), "tier=\"disk\"");
   m.Family("tierkv_moved_bytes_total", "counter",
            "Bytes of KV blocks moved between tiers.");
   m.Sample(double(h.stores_completed) * slot, "from=\"device\",to=\"host\"");
@@ -338,26 +383,6 @@ std::string FormatMetrics(const CoordinatorStats& stats) {
   if (disk) {
     m.Sample(double(h.spills) * slot, "from=\"host\",to=\"disk\"");
     m.Sample(double(h.promotions) * slot, "from=\"disk\",to=\"host\"");
-  }
-  m.Family("tierkv_failures_total", "counter",
-           "Transfers that failed or were skipped, by kind; none served "
-           "wrong bytes.");
-  m.Sample(double(h.stores_failed), "kind=\"store\"");
-  m.Sample(double(h.store_skipped), "kind=\"store_skipped\"");
-  if (disk) {
-    m.Sample(double(h.spill_failures), "kind=\"spill\"");
-    m.Sample(double(h.promotion_failures), "kind=\"promotion\"");
-    m.Sample(double(stats.disk->checksum_failures), "kind=\"checksum\"");
-  }
-  m.Family("tierkv_loads_cancelled_total", "counter",
-           "Load events cancelled before their copy started: the request "
-           "finished while its promotions ran.");
-  m.Sample(double(h.loads_cancelled));
-  m.Family("tierkv_in_flight", "gauge", "Transfers in flight, by kind.");
-  m.Sample(double(h.events_in_flight), "kind=\"event\"");
-  if (disk) {
-    m.Sample(double(h.spills_in_flight), "kind=\"spill\"");
-    m.Sample(double(h.promotions_in_flight), "kind=\"promotion\"");
   }
   m.Family("tierkv_event_seconds", "histogram",
            "Transfer events from creation (allocate or commit) to "
@@ -369,6 +394,15 @@ std::string FormatMetrics(const CoordinatorStats& stats) {
   m.Sample(stats.oldest_event_age_us / 1e6);
   m.Family("tierkv_workers", "gauge", "Attached workers.");
   m.Sample(double(stats.workers.size()));
+  FieldFamilies<HostTierStats>(m, "host", {{"", &h}});
+  if (disk) FieldFamilies<DiskTierStats>(m, "disk", {{"", &*stats.disk}});
+  std::vector<std::pair<std::string, const WorkerStats*>> workers;
+  for (const WorkerStats& w : stats.workers) {
+    workers.emplace_back(
+        "worker=\"" + std::to_string(w.id) + "\",name=" + LabelValue(w.name),
+        &w);
+  }
+  FieldFamilies<WorkerStats>(m, "worker", workers);
   return out.str();
 }
 
