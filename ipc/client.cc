@@ -599,6 +599,28 @@ Status Client::Reconnect() {
 }
 
 WorkerId Client::worker_id() const { return impl_->worker; }
+Status Client::WaitIdle(std::chrono::milliseconds timeout) {
+  using Clock = std::chrono::steady_clock;
+  const auto deadline = Clock::now() + timeout;
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - Clock::now());
+    // Each call asks tierkvd to wait well within the call's own deadline.
+    const auto wait = std::clamp(left, std::chrono::milliseconds(0),
+                                 impl_->options.call_timeout / 2);
+    TIERKV_ASSIGN_OR_RETURN(
+        ipc::WaitIdleReply reply,
+        impl_->CallFor<ipc::WaitIdleReply>(
+            ipc::WaitIdleRequest{static_cast<uint32_t>(wait.count())}));
+    if (reply.idle) return Status::Ok();
+    if (left <= wait) {
+      return Status::DeadlineExceeded(
+          "the store's disk tier was still busy after " +
+          std::to_string(timeout.count()) + " ms");
+    }
+  }
+}
+
 bool Client::embedded() const { return impl_->in_process != nullptr; }
 const KvLayout& Client::layout() const { return impl_->options.layout; }
 DeviceTier& Client::device() { return *impl_->device; }

@@ -19,8 +19,7 @@ class EmbeddedStore final : public ipc::InProcessStore {
         [&](Coordinator& c) { return c.RegisterWorker(registration); });
   }
   ipc::Message Call(WorkerId worker, const ipc::Message& request) override {
-    return store_->WithCoordinator(
-        [&](Coordinator& c) { return ipc::Dispatch(c, worker, request); });
+    return ipc::DispatchToStore(*store_, worker, request);
   }
   const HostTier& host() const override { return store_->host(); }
 

@@ -30,18 +30,19 @@ using wire::Reader;
 using wire::Writer;
 
 constexpr MessageType kTypes[] = {
-    MessageType::kError,       MessageType::kOk,
-    MessageType::kRegister,    MessageType::kRegisterReply,
-    MessageType::kLookup,      MessageType::kLookupReply,
-    MessageType::kAllocate,    MessageType::kAllocateReply,
-    MessageType::kCommit,      MessageType::kCommitReply,
-    MessageType::kComplete,    MessageType::kFinish,
-    MessageType::kStats,       MessageType::kStatsReply,
-    MessageType::kReadyLoads,  MessageType::kReadyLoadsReply,
-    MessageType::kLookupChunk, MessageType::kEvents,
-    MessageType::kEventsReply, MessageType::kClear,
-    MessageType::kClearReply,  MessageType::kEvict,
-    MessageType::kEvictReply,
+    MessageType::kError,         MessageType::kOk,
+    MessageType::kRegister,      MessageType::kRegisterReply,
+    MessageType::kLookup,        MessageType::kLookupReply,
+    MessageType::kAllocate,      MessageType::kAllocateReply,
+    MessageType::kCommit,        MessageType::kCommitReply,
+    MessageType::kComplete,      MessageType::kFinish,
+    MessageType::kStats,         MessageType::kStatsReply,
+    MessageType::kReadyLoads,    MessageType::kReadyLoadsReply,
+    MessageType::kLookupChunk,   MessageType::kEvents,
+    MessageType::kEventsReply,   MessageType::kClear,
+    MessageType::kClearReply,    MessageType::kEvict,
+    MessageType::kEvictReply,    MessageType::kWaitIdle,
+    MessageType::kWaitIdleReply,
 };
 static_assert(std::size(kTypes) == std::variant_size_v<Message>);
 
@@ -102,6 +103,10 @@ const char* MessageTypeName(MessageType type) {
       return "Stats";
     case MessageType::kStatsReply:
       return "StatsReply";
+    case MessageType::kWaitIdle:
+      return "WaitIdle";
+    case MessageType::kWaitIdleReply:
+      return "WaitIdleReply";
     case MessageType::kReadyLoads:
       return "ReadyLoads";
     case MessageType::kReadyLoadsReply:

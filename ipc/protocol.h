@@ -25,7 +25,9 @@ namespace tierkv::ipc {
 inline constexpr uint32_t kFrameMagic = 0x4D564B54;  // "TKVM"
 // 4: RegisterRequest and StatsReply carry the model.
 // 5: StatsReply counts loads a Finish cancelled and names tierkv's version.
-inline constexpr uint16_t kProtocolVersion = 5;
+// 6: StatsReply carries each stats struct in its field table's order;
+//    WaitIdle.
+inline constexpr uint16_t kProtocolVersion = 6;
 inline constexpr size_t kFrameHeaderBytes = 16;
 // Upper bounds a decoder enforces before allocating anything.
 inline constexpr uint32_t kMaxTokens = 1 << 20;
@@ -59,6 +61,8 @@ enum class MessageType : uint16_t {
   kClearReply = 21,
   kEvict = 22,
   kEvictReply = 23,
+  kWaitIdle = 24,
+  kWaitIdleReply = 25,
 };
 
 // A failed call: the Status travels back to the caller.
@@ -151,13 +155,23 @@ struct EvictReply {
   std::vector<EvictedBlock> blocks;  // One per key, in order.
 };
 
+// A worker's channel: wait, at most timeout_ms, until the store's disk tier
+// has nothing in flight (TieredStore::WaitIdle).
+struct WaitIdleRequest {
+  uint32_t timeout_ms = 0;
+};
+struct WaitIdleReply {
+  bool idle = false;  // False: still busy when the timeout passed.
+};
+
 using Message =
     std::variant<ErrorReply, OkReply, RegisterRequest, RegisterReply,
                  LookupRequest, LookupReply, AllocateRequest, AllocateReply,
                  CommitRequest, CommitReply, CompleteRequest, FinishRequest,
                  StatsRequest, StatsReply, ReadyLoadsRequest, ReadyLoadsReply,
                  LookupChunkRequest, EventsRequest, EventsReply, ClearRequest,
-                 ClearReply, EvictRequest, EvictReply>;
+                 ClearReply, EvictRequest, EvictReply, WaitIdleRequest,
+                 WaitIdleReply>;
 
 MessageType TypeOf(const Message& message);
 const char* MessageTypeName(MessageType type);

@@ -166,6 +166,15 @@ void GetPayload(Reader& r, CompleteRequest* m) {
 }
 void GetPayload(Reader& r, FinishRequest* m) { m->request = r.Int<uint64_t>(); }
 
+void PutPayload(Writer& w, const WaitIdleRequest& m) {
+  w.Int<uint32_t>(m.timeout_ms);
+}
+void PutPayload(Writer& w, const WaitIdleReply& m) { w.Bool(m.idle); }
+void GetPayload(Reader& r, WaitIdleRequest* m) {
+  m->timeout_ms = r.Int<uint32_t>();
+}
+void GetPayload(Reader& r, WaitIdleReply* m) { m->idle = r.Bool(); }
+
 void PutPayload(Writer&, const ReadyLoadsRequest&) {}
 void PutPayload(Writer& w, const ReadyLoadsReply& m) {
   w.Int<uint32_t>(static_cast<uint32_t>(m.loads.size()));

@@ -128,30 +128,21 @@ StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& in) {
   if (!options.disk_path.empty()) {
     TIERKV_ASSIGN_OR_RETURN(disk, OpenDisk(options));
   }
-  TIERKV_ASSIGN_OR_RETURN(
-      std::unique_ptr<HostTier> host,
-      HostTier::Create({.segment_name = "/tierkv." + options.store + ".host",
-                        .num_slots = slots,
-                        .slot_bytes = slot_bytes,
-                        .layout_fingerprint =
-                            StoreFingerprint(options.layout, options.model),
-                        .mode = options.mode,
-                        .group = options.group}));
-  std::unique_ptr<SlotDisk> slot_disk;
-  if (disk != nullptr) {
-    slot_disk = std::make_unique<SlotDisk>(disk.get(), host.get());
-  }
-  auto signal = std::make_shared<TierSignal>();
-  TIERKV_ASSIGN_OR_RETURN(Coordinator coordinator,
-                          Coordinator::Create({.layout = options.layout,
-                                               .model = options.model,
-                                               .host_slots = slots,
-                                               .lower = slot_disk.get(),
-                                               .spill_high = options.spill_high,
-                                               .spill_low = options.spill_low,
-                                               .lower_tier_wakeup = [signal] {
-                                                 signal->Notify();
-                                               }}));
+  TieredStoreOptions store;
+  store.layout = options.layout;
+  store.model = options.model;
+  store.host = {
+      .segment_name = "/tierkv." + options.store + ".host",
+      .num_slots = slots,
+      .slot_bytes = slot_bytes,
+      .layout_fingerprint = StoreFingerprint(options.layout, options.model),
+      .mode = options.mode,
+      .group = options.group};
+  store.disk = std::move(disk);
+  store.spill_high = options.spill_high;
+  store.spill_low = options.spill_low;
+  TIERKV_ASSIGN_OR_RETURN(std::unique_ptr<TieredStore> tiered,
+                          TieredStore::Open(std::move(store)));
   TIERKV_ASSIGN_OR_RETURN(
       StatsPageWriter stats_page,
       StatsPageWriter::Create({.name = StatsPageName(options.store),
@@ -160,10 +151,9 @@ StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& in) {
                                .mode = options.mode,
                                .group = options.group,
                                .interval = options.stats_interval}));
-  auto impl = std::make_unique<Impl>(
-      options, std::move(store_lock), std::move(socket_lock), std::move(host),
-      std::move(disk), std::move(slot_disk), signal, std::move(coordinator),
-      std::move(stats_page));
+  auto impl = std::make_unique<Impl>(options, std::move(store_lock),
+                                     std::move(socket_lock), std::move(tiered),
+                                     std::move(stats_page));
 
   const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) return Errno("socket");
@@ -187,16 +177,13 @@ StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& in) {
   }
   Impl* raw = impl.get();
   impl->listener = std::thread([raw] { raw->Listen(); });
-  if (raw->disk != nullptr) {
-    impl->tier_thread = std::thread([raw] { raw->RunTiers(); });
-  }
   impl->stats_thread = std::thread([raw] { raw->PublishStats(); });
   spdlog::info(
       "tierkvd serving store '{}' on {}: model {}, layout {}, {} host slots "
       "of {} bytes ({}); version {}",
       options.store, options.socket_path, ModelDisplayName(options.model),
       options.layout.ToString(), slots - 1, slot_bytes,
-      impl->host->segment_name(), Version());
+      impl->store->host().segment_name(), Version());
   return std::unique_ptr<Server>(new Server(std::move(impl)));
 }
 
@@ -212,21 +199,15 @@ void Server::Stop() {
   }
   if (s.listener.joinable()) s.listener.join();
   while (!s.connections.empty()) s.Close(s.connections.begin()->first);
-  s.tier_signal->Notify();
-  if (s.tier_thread.joinable()) s.tier_thread.join();
   {
     std::lock_guard<std::mutex> wake(s.stats_wake_mu);
     s.stats_wake.notify_all();
   }
   if (s.stats_thread.joinable()) s.stats_thread.join();
   s.stats_page.reset();  // Removes the page: no stale stats after a stop.
-  if (s.disk != nullptr) {
-    // Spills already started finish; then what is on disk is durable.
-    if (Status flushed = s.disk->Flush(); !flushed.ok()) {
-      spdlog::error("disk tier: flush on stop failed: {}", flushed.ToString());
-    }
-    std::lock_guard<std::timed_mutex> guard(s.mu);
-    s.coordinator.PumpLowerTier();
+  // Spills already started finish; then what is on disk is durable.
+  if (Status flushed = s.store->Flush(); !flushed.ok()) {
+    spdlog::error("disk tier: flush on stop failed: {}", flushed.ToString());
   }
   if (s.listen_fd >= 0) close(s.listen_fd);
   for (int fd : s.wake_pipe) {
@@ -240,14 +221,11 @@ const std::string& Server::socket_path() const {
   return impl_->options.socket_path;
 }
 const std::string& Server::host_segment() const {
-  return impl_->host->segment_name();
+  return impl_->store->host().segment_name();
 }
-int32_t Server::host_slots() const { return impl_->host->num_slots(); }
+int32_t Server::host_slots() const { return impl_->store->host().num_slots(); }
 
-CoordinatorStats Server::stats() const {
-  std::lock_guard<std::timed_mutex> guard(impl_->mu);
-  return impl_->coordinator.stats();
-}
+CoordinatorStats Server::stats() const { return impl_->store->stats(); }
 
 Status Server::CheckProgress(std::chrono::milliseconds timeout) const {
   const Impl& s = *impl_;
@@ -260,17 +238,7 @@ Status Server::CheckProgress(std::chrono::milliseconds timeout) const {
                                std::to_string(age.count()) + " ms");
   };
   TIERKV_RETURN_IF_ERROR(stalled("the listener thread", s.listener_heartbeat));
-  if (s.disk != nullptr) {  // Only then is there a tier thread.
-    TIERKV_RETURN_IF_ERROR(stalled("the tier thread", s.tier_heartbeat));
-  }
-  {
-    std::unique_lock<std::timed_mutex> lock(s.mu, std::defer_lock);
-    if (!lock.try_lock_for(timeout)) {
-      return Status::Unavailable(
-          "the coordinator's mutex was not free within " +
-          std::to_string(timeout.count()) + " ms");
-    }
-  }
+  TIERKV_RETURN_IF_ERROR(s.store->CheckProgress(timeout, kStalledAfter));
   // After the mutex, which the stats thread waits for: a stuck mutex is the
   // better name for that. It beats once per snapshot and sleeps an interval
   // between them.
@@ -278,31 +246,12 @@ Status Server::CheckProgress(std::chrono::milliseconds timeout) const {
                  s.options.stats_interval);
 }
 
-void Server::Impl::RunTiers() {
-  while (!stopping.load()) {
-    tier_heartbeat.Beat();
-    {
-      std::unique_lock<std::mutex> lock(tier_signal->mu);
-      // The timeout lets a spill that rested after a failure try again.
-      tier_signal->cv.wait_for(lock, std::chrono::milliseconds(100), [this] {
-        return tier_signal->wanted || stopping.load();
-      });
-      tier_signal->wanted = false;
-    }
-    std::lock_guard<std::timed_mutex> guard(mu);
-    coordinator.PumpLowerTier();
-  }
-}
-
 void Server::Impl::PublishStats() {
   bool warned = false;
   while (!stopping.load()) {
     stats_heartbeat.Beat();
     CoordinatorStats snapshot;
-    {
-      std::lock_guard<std::timed_mutex> guard(mu);
-      snapshot = coordinator.stats();
-    }
+    { snapshot = store->stats(); }
     // Encoding and copying happen outside the coordinator's mutex.
     if (Status s =
             stats_page->Publish(snapshot, std::chrono::system_clock::now());

@@ -31,15 +31,11 @@ bool Server::Impl::Handle(int fd, Connection* conn, const Message& message) {
     return Register(fd, conn, *reg);
   }
   if (std::holds_alternative<StatsRequest>(message)) {
-    std::lock_guard<std::timed_mutex> guard(mu);
-    return SendFrame(fd, StatsReply{coordinator.stats()});
+    return SendFrame(fd, StatsReply{store->stats()});
   }
   if (std::holds_alternative<EventsRequest>(message)) {
     std::vector<EventInfo> events;
-    {
-      std::lock_guard<std::timed_mutex> guard(mu);
-      events = coordinator.events();
-    }
+    { events = store->Lock()->events(); }
     return SendFrame(fd, ListEvents(std::move(events)));
   }
   if (const auto* clear = std::get_if<ClearRequest>(&message)) {
@@ -56,10 +52,7 @@ bool Server::Impl::Handle(int fd, Connection* conn, const Message& message) {
 
 Message Server::Impl::Clear(pid_t pid, TierSelection tiers) {
   StatusOr<ClearResult> result = Status::Internal("unreached");
-  {
-    std::lock_guard<std::timed_mutex> guard(mu);
-    result = coordinator.Clear(tiers);
-  }
+  { result = store->Lock()->Clear(tiers); }
   if (!result.ok()) {
     spdlog::warn("pid {}: clear {} refused: {}", pid, TierSelectionName(tiers),
                  result.status().ToString());
@@ -76,10 +69,7 @@ Message Server::Impl::Clear(pid_t pid, TierSelection tiers) {
 
 Message Server::Impl::Evict(pid_t pid, const std::vector<BlockKey>& keys) {
   std::vector<EvictedBlock> blocks;
-  {
-    std::lock_guard<std::timed_mutex> guard(mu);
-    blocks = coordinator.Evict(keys);
-  }
+  { blocks = store->Lock()->Evict(keys); }
   // Every key of a short list; a summary of any list.
   constexpr size_t kKeysLogged = 32;
   size_t host = 0, disk = 0, pinned = 0, absent = 0;

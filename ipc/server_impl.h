@@ -27,7 +27,7 @@
 #include "ipc/stats_page.h"
 #include "src/mutex.h"
 #include "tiers/host_tier.h"
-#include "tiers/slot_disk.h"
+#include "tiers/tiered_store.h"
 
 namespace tierkv::ipc {
 
@@ -76,21 +76,6 @@ struct Session {
   std::thread thread;
 };
 
-// Wakes the tier thread: lower-tier results are waiting.
-struct TierSignal {
-  std::mutex mu;
-  std::condition_variable cv;
-  bool wanted = false;  // GUARDED_BY(mu)
-
-  void Notify() {
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      wanted = true;
-    }
-    cv.notify_one();
-  }
-};
-
 struct Connection {
   ucred peer{};
   std::vector<std::byte> input;
@@ -101,16 +86,8 @@ struct Server::Impl {
   ServerOptions options;
   StoreLock store_lock;   // Guards the segment names.
   StoreLock socket_lock;  // Guards the socket path.
-  std::unique_ptr<HostTier> host;
-  // Declared after `host`: destroyed first, it waits for I/O into slots.
-  std::unique_ptr<DiskTier> disk;
-  std::unique_ptr<SlotDisk> slot_disk;
-  std::shared_ptr<TierSignal> tier_signal;
-  // Timed: CheckProgress tries it with a deadline.
-  mutable std::timed_mutex mu;
-  Coordinator coordinator;  // GUARDED_BY(mu)
-  std::thread tier_thread;
-  Heartbeat tier_heartbeat;  // Each round of the tier thread.
+  // The host tier, disk tier, coordinator and tier thread.
+  std::unique_ptr<TieredStore> store;
   int listen_fd = -1;
   int wake_pipe[2] = {-1, -1};
   std::thread listener;
@@ -127,22 +104,14 @@ struct Server::Impl {
   Mutex stop_mu;  // Held through Stop: a second call waits, then returns.
   bool stopped TIERKV_GUARDED_BY(stop_mu) = false;
 
-  Impl(ServerOptions opts, StoreLock store, StoreLock socket,
-       std::unique_ptr<HostTier> host_tier, std::unique_ptr<DiskTier> disk_tier,
-       std::unique_ptr<SlotDisk> slots_on_disk,
-       std::shared_ptr<TierSignal> signal, Coordinator coord,
-       StatsPageWriter page)
+  Impl(ServerOptions opts, StoreLock store_name, StoreLock socket,
+       std::unique_ptr<TieredStore> tiered, StatsPageWriter page)
       : options(std::move(opts)),
-        store_lock(std::move(store)),
+        store_lock(std::move(store_name)),
         socket_lock(std::move(socket)),
-        host(std::move(host_tier)),
-        disk(std::move(disk_tier)),
-        slot_disk(std::move(slots_on_disk)),
-        tier_signal(std::move(signal)),
-        coordinator(std::move(coord)),
+        store(std::move(tiered)),
         stats_page(std::move(page)) {}
 
-  void RunTiers();
   // Publishes a snapshot every options.stats_interval until Stop.
   void PublishStats();
 

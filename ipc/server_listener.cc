@@ -132,9 +132,9 @@ bool Server::Impl::Register(int fd, Connection* conn,
   StatusOr<WorkerId> worker = Status::ResourceExhausted(
       std::to_string(options.max_workers) + " workers are attached already");
   {
-    std::lock_guard<std::timed_mutex> guard(mu);
-    if (coordinator.num_workers() < options.max_workers) {
-      worker = coordinator.RegisterWorker(reg);
+    TieredStore::Locked coordinator = store->Lock();
+    if (coordinator->num_workers() < options.max_workers) {
+      worker = coordinator->RegisterWorker(reg);
     }
   }
   if (!worker.ok()) {
@@ -150,10 +150,7 @@ bool Server::Impl::Register(int fd, Connection* conn,
                               .group = options.group},
                              options.channel_bytes);
   if (!channel.ok()) {
-    {
-      std::lock_guard<std::timed_mutex> guard(mu);
-      (void)coordinator.DropWorker(*worker);
-    }
+    { (void)store->Lock()->DropWorker(*worker); }
     SendFrame(fd, ErrorReply{channel.status()});
     return false;
   }
@@ -163,13 +160,14 @@ bool Server::Impl::Register(int fd, Connection* conn,
   conn->session = std::move(session);
   spdlog::info("worker {} attached: pid {}, '{}', {} device blocks", *worker,
                reg.pid, reg.name, reg.num_device_blocks);
-  return SendFrame(fd, RegisterReply{.worker_id = *worker,
-                                     .host_segment = host->segment_name(),
-                                     .host_slots = host->num_slots(),
-                                     .slot_bytes = host->slot_bytes(),
-                                     .control_segment = ChannelName(*worker),
-                                     .store_fingerprint = StoreFingerprint(
-                                         options.layout, options.model)});
+  return SendFrame(
+      fd, RegisterReply{.worker_id = *worker,
+                        .host_segment = store->host().segment_name(),
+                        .host_slots = store->host().num_slots(),
+                        .slot_bytes = store->host().slot_bytes(),
+                        .control_segment = ChannelName(*worker),
+                        .store_fingerprint =
+                            StoreFingerprint(options.layout, options.model)});
 }
 
 void Server::Impl::Close(int fd) {
@@ -179,8 +177,7 @@ void Server::Impl::Close(int fd) {
     session->stop.store(true);
     session->channel.WakeReceiver();
     session->thread.join();
-    std::lock_guard<std::timed_mutex> guard(mu);
-    (void)coordinator.DropWorker(session->worker);
+    (void)store->Lock()->DropWorker(session->worker);
     spdlog::info("worker {} (pid {}) detached; its pins are released",
                  session->worker, it->second.peer.pid);
   }
@@ -199,8 +196,7 @@ void Server::Impl::Serve(Session* session) {
                    message.status().ToString());
       reply = ErrorReply{message.status()};
     } else {
-      std::lock_guard<std::timed_mutex> guard(mu);
-      reply = Dispatch(coordinator, session->worker, *message);
+      reply = DispatchToStore(*store, session->worker, *message);
     }
     response.clear();
     Encode(reply, &response);

@@ -1,5 +1,6 @@
 #include "ipc/service.h"
 
+#include <chrono>
 #include <string>
 #include <type_traits>
 
@@ -49,6 +50,15 @@ Message Dispatch(Coordinator& c, WorkerId worker, const Message& request) {
         }
       },
       request);
+}
+
+Message DispatchToStore(TieredStore& store, WorkerId worker,
+                        const Message& request) {
+  if (const auto* wait = std::get_if<WaitIdleRequest>(&request)) {
+    return WaitIdleReply{
+        store.WaitIdle(std::chrono::milliseconds(wait->timeout_ms))};
+  }
+  return Dispatch(*store.Lock(), worker, request);
 }
 
 }  // namespace tierkv::ipc

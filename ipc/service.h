@@ -8,11 +8,18 @@
 
 #include "ipc/protocol.h"
 #include "src/coordinator.h"
+#include "tiers/tiered_store.h"
 
 namespace tierkv::ipc {
 
 Message Dispatch(Coordinator& coordinator, WorkerId worker,
                  const Message& request);
+
+// Dispatch against a whole store: WaitIdle waits on the store itself,
+// without its mutex; every other message is Dispatch under the mutex.
+// Thread-safe.
+Message DispatchToStore(TieredStore& store, WorkerId worker,
+                        const Message& request);
 
 }  // namespace tierkv::ipc
 

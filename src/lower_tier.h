@@ -1,8 +1,8 @@
 // LowerTier: the tier below the host DRAM slots (the disk tier), as the
 // coordinator drives it. The coordinator decides what moves and when; a
 // LowerTier moves one block between a host slot and its own storage, off the
-// caller's thread. tierkvd's implementation is SlotDisk (tiers/slot_disk.h)
-// over DiskTier (tiers/disk_tier.h).
+// caller's thread. TieredStore's implementation (tiers/tiered_store.cc)
+// moves blocks between host slots and DiskTier values (tiers/disk_tier.h).
 // Thread-safety: every method may be called from any thread; `done`
 // callbacks run on the tier's own threads.
 #ifndef TIERKV_SRC_LOWER_TIER_H_

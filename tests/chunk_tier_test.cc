@@ -107,14 +107,9 @@ class ChunkTierTest : public ::testing::Test {
     }
   }
 
-  // Lets the disk finish spilling (each Stats call applies its results), as
-  // a gap between requests would.
+  // Lets the disk finish spilling, as a gap between requests would.
   void SettleSpills() {
-    for (int i = 0; i < 2000; ++i) {
-      if (client_->Stats().value().host.spills_in_flight == 0) return;
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-    FAIL() << "spills did not finish";
+    ASSERT_THAT(client_->WaitIdle(std::chrono::seconds(60)), IsOk());
   }
 
   TempDir dir_{"tierkv-chunk-tier"};

@@ -123,8 +123,12 @@ TEST(RagDemo, TwoWorkersShareChunksThroughHostAndDisk) {
   // both, so a few more than nine may be computed, but far fewer than all.
   EXPECT_GE(r.computed, 9);
   EXPECT_LT(r.computed, 24);
-  EXPECT_GT(r.host_hits, 0);
-  EXPECT_GT(r.disk_hits, 0);
+  // Chunks come back from tierkvd's tiers. Which tier serves one depends on
+  // how the two workers' requests interleave with the spills, so the split
+  // between host and disk is not asserted here: ChunkTierTest's
+  // ChunkEvictedFromThePoolComesBackFromHost and
+  // ChunksSpilledToDiskComeBackBitExact pin each path down on its own.
+  EXPECT_GT(r.host_hits + r.disk_hits, 0);
   EXPECT_GT(r.stats.host.spills, 0u);
   EXPECT_GT(r.stats.host.promotions, 0u);
   // A promotion may still fail for want of a free host slot when both

@@ -114,7 +114,7 @@ class TieredStoreTest : public ::testing::Test {
 
   // Runs every spill and promotion the coordinator started (and those the
   // results start in turn) to the end.
-  void Settle() { store_->WaitIdle(); }
+  void Settle() { ASSERT_TRUE(store_->WaitIdle(std::chrono::seconds(60))); }
 
   std::vector<BlockId> DeviceBlocks(size_t n) const {
     std::vector<BlockId> blocks(n);
@@ -536,13 +536,10 @@ TEST_F(TieredStoreTest, EmbeddedClientSpillsAndPromotes) {
     ASSERT_THAT(commit, IsOk());
     if (!commit->stores.empty()) wait_one();
     ASSERT_THAT(client.Finish(id), IsOk());
-    // Requests this fast outrun the disk: let the spills finish (each
-    // Stats call applies what the disk has done), as a gap between
-    // requests would. Without it, blocks not yet spilled are evicted.
-    for (int i = 0; i < 2000; ++i) {
-      if (client.Stats().value().host.spills_in_flight == 0) break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
+    // Requests this fast outrun the disk: let the spills finish, as a gap
+    // between requests would. Without it, blocks not yet spilled are
+    // evicted.
+    ASSERT_THAT(client.WaitIdle(std::chrono::seconds(60)), IsOk());
   }
   int pending = 0, loaded = 0;
   std::vector<std::byte> expected(device->block_bytes());

@@ -18,6 +18,7 @@
 
 #include "tests/child_process.h"
 #include "tests/scratch.h"
+#include "tests/status_matchers.h"
 #include "tests/test_layout.h"
 #include "tierkv/client.h"
 
@@ -97,19 +98,21 @@ class TierkvdFixture : public ::testing::Test {
     return Spawn({TEST_WORKER_PATH, mode, socket_, std::to_string(seed),
                   std::to_string(blocks)});
   }
-  // tierkvd's stats once it is idle: no spill, promotion or transfer in
-  // flight, and no worker but `observer` (workers that exited are
-  // noticed). Waits on tierkvd's own state, at most 20 s.
+  // tierkvd's stats once it is settled: no worker but `observer` (a worker
+  // that exited is noticed when tierkvd sees its socket close, so this
+  // waits for that), no transfer in flight, and the disk tier idle
+  // (Client::WaitIdle: every spill and promotion finished and applied).
   static CoordinatorStats SettledStats(Client& observer) {
     const auto deadline =
         std::chrono::steady_clock::now() + std::chrono::seconds(20);
     for (;;) {
+      EXPECT_THAT(observer.WaitIdle(std::chrono::seconds(20)), IsOk());
       StatusOr<CoordinatorStats> s = observer.Stats();
-      EXPECT_TRUE(s.ok()) << s.status().ToString();
+      EXPECT_THAT(s, IsOk());
       if (!s.ok()) return {};
-      const HostTierStats& h = s->host;
-      if ((h.spills_in_flight == 0 && h.promotions_in_flight == 0 &&
-           h.events_in_flight == 0 && s->workers.size() == 1) ||
+      if ((s->host.events_in_flight == 0 && s->workers.size() == 1 &&
+           s->host.spills_in_flight == 0 &&
+           s->host.promotions_in_flight == 0) ||
           std::chrono::steady_clock::now() > deadline) {
         return *s;
       }

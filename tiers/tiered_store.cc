@@ -7,6 +7,43 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// The disk tier as the coordinator's LowerTier: blocks move between host
+// slots and disk values, named by slot id. Neither tier is owned; the disk
+// tier (which waits for its I/O when destroyed) goes before the host tier.
+// Thread-safety: as DiskTier; the slot memory is guarded by the
+// coordinator's pins (see LowerTier).
+class DiskBelowHost final : public LowerTier {
+ public:
+  // Neither is owned; both must outlive every callback this one started
+  // (destroy `disk`, which waits for its I/O, before `host`).
+  DiskBelowHost(DiskTier* disk, const HostTier* host)
+      : disk_(disk), host_(host) {}
+
+  bool Contains(const BlockKey& key,
+                std::span<const TokenId> tokens) const override {
+    return disk_->Contains(key, tokens);
+  }
+  void Spill(const BlockKey& key, std::span<const TokenId> tokens, BlockId slot,
+             Done done) override {
+    disk_->Put(key, tokens, Slot(slot), std::move(done));
+  }
+  void Promote(const BlockKey& key, std::span<const TokenId> tokens,
+               BlockId slot, Done done) override {
+    disk_->Get(key, tokens, Slot(slot), std::move(done));
+  }
+  bool Remove(const BlockKey& key) override { return disk_->Remove(key); }
+  uint64_t RemoveAll() override { return disk_->RemoveAll(); }
+  DiskTierStats stats() const override { return disk_->stats(); }
+
+ private:
+  std::span<std::byte> Slot(BlockId slot) const {
+    return {host_->slot(slot), host_->slot_bytes()};
+  }
+
+  DiskTier* disk_;
+  const HostTier* host_;
+};
+
 }  // namespace
 
 StatusOr<std::unique_ptr<TieredStore>> TieredStore::Open(
@@ -38,7 +75,7 @@ StatusOr<std::unique_ptr<TieredStore>> TieredStore::Open(
       {.layout = options.layout,
        .model = options.model,
        .host_slots = host.num_slots,
-       .lower = raw->slot_disk_.get(),
+       .lower = raw->lower_.get(),
        .spill_high = options.spill_high,
        .spill_low = options.spill_low,
        .lower_tier_wakeup = [raw] { raw->WakeTierThread(); },
@@ -61,7 +98,7 @@ TieredStore::TieredStore(const TieredStoreOptions& options,
                          std::unique_ptr<DiskTier> disk)
     : layout_(options.layout), host_(std::move(host)), disk_(std::move(disk)) {
   if (disk_ != nullptr) {
-    slot_disk_ = std::make_unique<SlotDisk>(disk_.get(), host_.get());
+    lower_ = std::make_unique<DiskBelowHost>(disk_.get(), host_.get());
   }
   tier_beat_.store(Clock::now().time_since_epoch().count());
 }
@@ -80,7 +117,7 @@ TieredStore::~TieredStore() {
   // The disk tier waits for its I/O into host slots: before the slots go.
   // Its last callbacks reach the coordinator's inbox, which outlives it.
   disk_.reset();
-  slot_disk_.reset();
+  lower_.reset();
   {
     MutexLock lock(&mu_);
     coordinator_.reset();
@@ -119,15 +156,19 @@ void TieredStore::RunTierThread() {
   }
 }
 
-void TieredStore::WaitIdle() {
+bool TieredStore::WaitIdle(std::chrono::milliseconds timeout) {
+  const auto deadline = Clock::now() + timeout;
   MutexLock lock(&mu_);
   // Starts the spills the host's watermark calls for now.
   coordinator_->PumpLowerTier();
   while (!coordinator_->lower_tier_idle()) {
     // Each result wakes the tier thread, which applies it under mu_ (free
     // while this waits) and then signals.
-    applied_.wait(mu_);
+    if (applied_.wait_until(mu_, deadline) == std::cv_status::timeout) {
+      return coordinator_->lower_tier_idle();
+    }
   }
+  return true;
 }
 
 Status TieredStore::Flush() {

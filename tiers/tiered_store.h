@@ -22,13 +22,13 @@
 #include <thread>
 
 #include "src/coordinator.h"
+#include "src/lower_tier.h"
 #include "src/mutex.h"
 #include "tierkv/kv_layout.h"
 #include "tierkv/stats.h"
 #include "tierkv/status.h"
 #include "tiers/disk_tier.h"
 #include "tiers/host_tier.h"
-#include "tiers/slot_disk.h"
 
 namespace tierkv {
 
@@ -95,11 +95,12 @@ class TieredStore {
   };
   Locked Lock() { return Locked(this); }
 
-  // Returns once the disk tier has nothing in flight: every spill and
+  // Waits until the disk tier has nothing in flight: every spill and
   // promotion started (including the spills the host's watermark calls for
-  // now) has finished and its result is applied. Lookups and stats then
-  // see a settled store. Returns at once without a disk tier.
-  void WaitIdle() TIERKV_EXCLUDES(mu_);
+  // now) has finished and its result is applied; then true. False when
+  // that has not happened within `timeout`. Lookups and stats then see a
+  // settled store. True at once without a disk tier.
+  bool WaitIdle(std::chrono::milliseconds timeout) TIERKV_EXCLUDES(mu_);
 
   // Finished disk I/O made durable (DiskTier::Flush) and applied. OK
   // without a disk tier.
@@ -128,7 +129,9 @@ class TieredStore {
   const KvLayout layout_;
   std::unique_ptr<HostTier> host_;
   std::unique_ptr<DiskTier> disk_;
-  std::unique_ptr<SlotDisk> slot_disk_;
+  // disk_ as the coordinator's LowerTier, moving blocks to and from host
+  // slots. Null without a disk tier.
+  std::unique_ptr<LowerTier> lower_;
   // Timed: CheckProgress tries it with a deadline.
   mutable Mutex mu_;
   std::optional<Coordinator> coordinator_ TIERKV_GUARDED_BY(mu_);

@@ -139,6 +139,12 @@ class Client {
   // usual.
   Status Finish(RequestId request);
   StatusOr<CoordinatorStats> Stats();
+  // Waits until the store's disk tier has nothing in flight: every spill
+  // and promotion started has finished and is applied, so stats and
+  // lookups see a settled store (for tests, benchmarks and orderly drains;
+  // serving never needs it). DeadlineExceeded when the store is still busy
+  // after `timeout`. Other workers may start more work meanwhile.
+  Status WaitIdle(std::chrono::milliseconds timeout);
 
   // After a lost attachment (any call returned Unavailable or
   // DeadlineExceeded): waits for the copies in flight, then registers
