@@ -85,13 +85,12 @@ class ChunkTierTest : public ::testing::Test {
         PagedKvCache::Create(store_->layout(), (n + kBs - 1) / kBs).value();
     std::vector<int64_t> slots(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) slots[i] = i;
-    ASSERT_TRUE(model_
-                    .Prefill({.tokens = chunk,
-                              .slots = slots,
-                              .start_position = store_->virtual_start(),
-                              .num_logits = 0},
-                             &own)
-                    .ok());
+    ASSERT_THAT(model_.Prefill({.tokens = chunk,
+                                .slots = slots,
+                                .start_position = store_->virtual_start(),
+                                .num_logits = 0},
+                               &own),
+                IsOk());
     const PagedKvCache pool = ChunkPoolView(store_.get()).value();
     const size_t stride = own.layout().TokenStride();
     for (int64_t t = 0; t < n; ++t) {

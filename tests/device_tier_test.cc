@@ -69,7 +69,7 @@ std::vector<CopyCompletion> Collect(DeviceTier& tier, size_t count) {
 std::vector<uint64_t> Tags(const std::vector<CopyCompletion>& completions) {
   std::vector<uint64_t> tags;
   for (const CopyCompletion& c : completions) {
-    EXPECT_TRUE(c.status.ok())
+    EXPECT_THAT(c.status, IsOk())
         << "tag " << c.tag << ": " << c.status.ToString();
     tags.push_back(c.tag);
   }
@@ -153,11 +153,11 @@ TEST(DeviceTierCopy, LoadCopiesHostIntoDeviceBlocksOnly) {
   std::vector<std::byte> a = Pattern(kBytes, 1);
   std::vector<std::byte> b = Pattern(kBytes, 2);
 
-  ASSERT_TRUE(tier->Submit(CopyJob{.tag = 1,
+  ASSERT_THAT(tier->Submit(CopyJob{.tag = 1,
                                    .direction = CopyDirection::kHostToDevice,
                                    .device_blocks = {3, 1},
-                                   .host_blocks = {a.data(), b.data()}})
-                  .ok());
+                                   .host_blocks = {a.data(), b.data()}}),
+              IsOk());
   EXPECT_THAT(Tags(Collect(*tier, 1)), ElementsAre(1u));
 
   EXPECT_TRUE(SameBytes(tier->block(3), a));
@@ -178,16 +178,16 @@ TEST(DeviceTierCopy, StoreThenLoadRoundTripsInSubmissionOrder) {
   auto tier = MakeTier(2, kBytes);
   Fill(tier->block(0), 5);
   std::vector<std::byte> slot(kBytes);
-  ASSERT_TRUE(tier->Submit(CopyJob{.tag = 1,
+  ASSERT_THAT(tier->Submit(CopyJob{.tag = 1,
                                    .direction = CopyDirection::kDeviceToHost,
                                    .device_blocks = {0},
-                                   .host_blocks = {slot.data()}})
-                  .ok());
-  ASSERT_TRUE(tier->Submit(CopyJob{.tag = 2,
+                                   .host_blocks = {slot.data()}}),
+              IsOk());
+  ASSERT_THAT(tier->Submit(CopyJob{.tag = 2,
                                    .direction = CopyDirection::kHostToDevice,
                                    .device_blocks = {1},
-                                   .host_blocks = {slot.data()}})
-                  .ok());
+                                   .host_blocks = {slot.data()}}),
+              IsOk());
   EXPECT_THAT(Tags(Collect(*tier, 2)), ElementsAre(1u, 2u));
   EXPECT_TRUE(SameBytes(tier->block(1), Pattern(kBytes, 5)));
 }
@@ -199,14 +199,13 @@ TEST(DeviceTierCompletion, TagsReturnedOnceEachInSubmissionOrder) {
   for (uint64_t i = 0; i < 64; ++i) {
     const uint64_t tag = 1000 + (i * 37) % 64;  // Tags need not be sorted.
     submitted.push_back(tag);
-    ASSERT_TRUE(
-        tier->Submit(CopyJob{.tag = tag,
-                             .direction = i % 2 == 0
-                                              ? CopyDirection::kDeviceToHost
-                                              : CopyDirection::kHostToDevice,
-                             .device_blocks = {static_cast<BlockId>(i % 8)},
-                             .host_blocks = {host[i].data()}})
-            .ok());
+    ASSERT_THAT(tier->Submit(CopyJob{
+                    .tag = tag,
+                    .direction = i % 2 == 0 ? CopyDirection::kDeviceToHost
+                                            : CopyDirection::kHostToDevice,
+                    .device_blocks = {static_cast<BlockId>(i % 8)},
+                    .host_blocks = {host[i].data()}}),
+                IsOk());
   }
   std::vector<CopyCompletion> all = Collect(*tier, 64);
   EXPECT_EQ(Tags(all), submitted);
@@ -220,16 +219,16 @@ TEST(DeviceTierCompletion, InFlightCountsUntilTheCompletionIsReturned) {
   auto tier = MakeTier(2, 512);
   std::vector<std::byte> host(512);
   EXPECT_EQ(tier->in_flight(), 0u);
-  ASSERT_TRUE(tier->Submit(CopyJob{.tag = 1,
-                                   .device_blocks = {0},
-                                   .host_blocks = {host.data()}})
-                  .ok());
+  ASSERT_THAT(
+      tier->Submit(CopyJob{
+          .tag = 1, .device_blocks = {0}, .host_blocks = {host.data()}}),
+      IsOk());
   // Finished or not, the job is in flight until its completion is handed out.
   EXPECT_EQ(tier->in_flight(), 1u);
-  ASSERT_TRUE(tier->Submit(CopyJob{.tag = 2,
-                                   .device_blocks = {1},
-                                   .host_blocks = {host.data()}})
-                  .ok());
+  ASSERT_THAT(
+      tier->Submit(CopyJob{
+          .tag = 2, .device_blocks = {1}, .host_blocks = {host.data()}}),
+      IsOk());
   EXPECT_EQ(tier->in_flight(), 2u);
   size_t seen = 0;
   while (seen < 2) {
@@ -248,10 +247,10 @@ TEST(DeviceTierCompletion, WaitWakesOnTheCompletionFromAnotherThread) {
   // Whether the waiter blocks before or after the submit, it must return
   // with the completion, long before the failure bound.
   std::thread waiter([&] { got = tier->WaitCompleted(kFailAfter); });
-  ASSERT_TRUE(tier->Submit(CopyJob{.tag = 42,
-                                   .device_blocks = {0},
-                                   .host_blocks = {host.data()}})
-                  .ok());
+  ASSERT_THAT(
+      tier->Submit(CopyJob{
+          .tag = 42, .device_blocks = {0}, .host_blocks = {host.data()}}),
+      IsOk());
   waiter.join();
   EXPECT_THAT(Tags(got), ElementsAre(42u));
   EXPECT_EQ(tier->in_flight(), 0u);
@@ -268,10 +267,10 @@ TEST(DeviceTierCompletion, WaitTimesOutEmptyWhenNothingFinishes) {
 TEST(DeviceTierCompletion, WaitForeverTimeoutDoesNotOverflow) {
   auto tier = MakeTier(1, 64);
   std::vector<std::byte> host(64);
-  ASSERT_TRUE(tier->Submit(CopyJob{.tag = 3,
-                                   .device_blocks = {0},
-                                   .host_blocks = {host.data()}})
-                  .ok());
+  ASSERT_THAT(
+      tier->Submit(CopyJob{
+          .tag = 3, .device_blocks = {0}, .host_blocks = {host.data()}}),
+      IsOk());
   EXPECT_THAT(Tags(tier->WaitCompleted(std::chrono::milliseconds::max())),
               ElementsAre(3u));
 }
@@ -279,13 +278,13 @@ TEST(DeviceTierCompletion, WaitForeverTimeoutDoesNotOverflow) {
 TEST(DeviceTierCompletion, EmptyJobCompletesInOrderAsAFence) {
   auto tier = MakeTier(2, 64);
   std::vector<std::byte> host(64);
-  ASSERT_TRUE(tier->Submit(CopyJob{.tag = 1,
-                                   .device_blocks = {0},
-                                   .host_blocks = {host.data()}})
-                  .ok());
-  ASSERT_TRUE(
-      tier->Submit(CopyJob{.tag = 2, .device_blocks = {}, .host_blocks = {}})
-          .ok());
+  ASSERT_THAT(
+      tier->Submit(CopyJob{
+          .tag = 1, .device_blocks = {0}, .host_blocks = {host.data()}}),
+      IsOk());
+  ASSERT_THAT(
+      tier->Submit(CopyJob{.tag = 2, .device_blocks = {}, .host_blocks = {}}),
+      IsOk());
   EXPECT_THAT(Tags(Collect(*tier, 2)), ElementsAre(1u, 2u));
 }
 
@@ -316,9 +315,9 @@ TEST(DeviceTierSubmit, InvalidJobsAreRejectedWithNothingQueued) {
   }
   // Jobs run in order, so once this later job completes any queued bad job
   // would have completed (and copied block 0 into `host`) before it.
-  ASSERT_TRUE(
-      tier->Submit(CopyJob{.tag = 99, .device_blocks = {}, .host_blocks = {}})
-          .ok());
+  ASSERT_THAT(
+      tier->Submit(CopyJob{.tag = 99, .device_blocks = {}, .host_blocks = {}}),
+      IsOk());
   EXPECT_THAT(Tags(Collect(*tier, 1)), ElementsAre(99u));
   EXPECT_THAT(tier->PollCompleted(), IsEmpty());
   EXPECT_EQ(tier->in_flight(), 0u);

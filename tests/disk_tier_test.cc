@@ -234,7 +234,7 @@ class DiskTierRoundTripTest : public DiskTierTest,
 
 TEST_P(DiskTierRoundTripTest, BlocksComeBackBitExact) {
   std::unique_ptr<DiskTier> tier = OpenTier(Options(GetParam()));
-  for (int i = 0; i < 8; ++i) ASSERT_TRUE(Put(*tier, i).ok());
+  for (int i = 0; i < 8; ++i) ASSERT_THAT(Put(*tier, i), IsOk());
   for (int i = 0; i < 8; ++i) {
     EXPECT_TRUE(tier->Contains(KeyOf(i)));
     EXPECT_TRUE(tier->Contains(KeyOf(i), TokensOf(i)));
@@ -364,7 +364,7 @@ TEST_F(DiskTierTest, CapacityReachedEvictsLeastRecentlyUsed) {
       done[i].set_value(s);
     });
   }
-  for (auto& d : done) EXPECT_TRUE(d.get_future().get().ok());
+  for (auto& d : done) EXPECT_THAT(d.get_future().get(), IsOk());
   ASSERT_THAT(tier->Flush(), IsOk());
   EXPECT_EQ(over_bound.load(), 0);
   DiskTierStats stats = tier->stats();
@@ -373,7 +373,7 @@ TEST_F(DiskTierTest, CapacityReachedEvictsLeastRecentlyUsed) {
   EXPECT_EQ(stats.evictions, 36u);
 
   // Sequentially now: four known blocks, then touch the oldest.
-  for (int i = 100; i < 104; ++i) ASSERT_TRUE(Put(*tier, i).ok());
+  for (int i = 100; i < 104; ++i) ASSERT_THAT(Put(*tier, i), IsOk());
   ASSERT_THAT(GetAndCheck(*tier, 100), IsOk());  // 100 becomes most recent.
   ASSERT_THAT(Put(*tier, 104), IsOk());          // Evicts 101, the LRU.
   EXPECT_TRUE(tier->Contains(KeyOf(100)));
@@ -405,7 +405,7 @@ TEST_F(DiskTierTest, ValueLargerThanCapacityIsResourceExhausted) {
 TEST_F(DiskTierTest, ReopenRebuildsIndexWithProgress) {
   {
     std::unique_ptr<DiskTier> tier = OpenTier(Options());
-    for (int i = 0; i < 10; ++i) ASSERT_TRUE(Put(*tier, i).ok());
+    for (int i = 0; i < 10; ++i) ASSERT_THAT(Put(*tier, i), IsOk());
   }  // Closing flushes.
   std::vector<RebuildProgress> calls;
   DiskTierOptions options = Options();
@@ -440,7 +440,7 @@ TEST_F(DiskTierTest, ReopenWithSmallerCapacityEvictsOldestWrites) {
   const uint64_t value_bytes = ValueBytes(DiskCodec::kNone);
   {
     std::unique_ptr<DiskTier> tier = OpenTier(Options(DiskCodec::kNone));
-    for (int i = 0; i < 10; ++i) ASSERT_TRUE(Put(*tier, i).ok());
+    for (int i = 0; i < 10; ++i) ASSERT_THAT(Put(*tier, i), IsOk());
   }
   DiskTierOptions options = Options(DiskCodec::kNone);
   options.capacity_bytes = 3 * value_bytes;
@@ -448,7 +448,7 @@ TEST_F(DiskTierTest, ReopenWithSmallerCapacityEvictsOldestWrites) {
   EXPECT_EQ(tier->stats().keys, 3u);
   EXPECT_EQ(tier->stats().evictions, 7u);
   for (int i = 0; i < 7; ++i) EXPECT_FALSE(tier->Contains(KeyOf(i))) << i;
-  for (int i = 7; i < 10; ++i) EXPECT_TRUE(GetAndCheck(*tier, i).ok()) << i;
+  for (int i = 7; i < 10; ++i) EXPECT_THAT(GetAndCheck(*tier, i), IsOk()) << i;
 }
 
 // --- Corruption -------------------------------------------------------------
@@ -531,7 +531,7 @@ INSTANTIATE_TEST_SUITE_P(Offsets, DiskTierCorruptionTest,
 TEST_F(DiskTierTest, ValuesCorruptedOnDiskAreDroppedOnOpen) {
   {
     std::unique_ptr<DiskTier> tier = OpenTier(Options());
-    for (int i = 0; i < 5; ++i) ASSERT_TRUE(Put(*tier, i).ok());
+    for (int i = 0; i < 5; ++i) ASSERT_THAT(Put(*tier, i), IsOk());
   }
   {
     // Between runs: damage values through the storage seam directly.
@@ -559,7 +559,7 @@ TEST_F(DiskTierTest, ValuesCorruptedOnDiskAreDroppedOnOpen) {
   EXPECT_EQ(stats.keys, 3u);
   EXPECT_FALSE(tier->Contains(KeyOf(2)));
   EXPECT_FALSE(tier->Contains(KeyOf(3)));
-  for (int i : {0, 1, 4}) EXPECT_TRUE(GetAndCheck(*tier, i).ok()) << i;
+  for (int i : {0, 1, 4}) EXPECT_THAT(GetAndCheck(*tier, i), IsOk()) << i;
   tier.reset();
   // Deleted, not skipped: the next open finds only the good ones.
   tier = OpenTier(Options());
@@ -570,7 +570,7 @@ TEST_F(DiskTierTest, ValuesCorruptedOnDiskAreDroppedOnOpen) {
 TEST_F(DiskTierTest, AnotherLayoutFingerprintIsDroppedOnOpen) {
   {
     std::unique_ptr<DiskTier> tier = OpenTier(Options());
-    for (int i = 0; i < 3; ++i) ASSERT_TRUE(Put(*tier, i).ok());
+    for (int i = 0; i < 3; ++i) ASSERT_THAT(Put(*tier, i), IsOk());
   }
   KvLayout other = layout_;
   other.dtype = DType::kF16;  // Same block size, another layout.

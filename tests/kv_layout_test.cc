@@ -28,7 +28,9 @@ TEST(KvLayout, DTypeNamesAndSizes) {
   EXPECT_EQ(DTypeSize(static_cast<DType>(7)), 0u);
 }
 
-TEST(KvLayout, ValidLayoutPasses) { EXPECT_TRUE(Llama3_8B().Validate().ok()); }
+TEST(KvLayout, ValidLayoutPasses) {
+  EXPECT_THAT(Llama3_8B().Validate(), IsOk());
+}
 
 TEST(KvLayout, ValidationNamesTheBadField) {
   struct Case {
@@ -145,8 +147,8 @@ TEST(KvLayout, StoreFingerprintNamesTheModel) {
 
 TEST(KvLayout, ModelNames) {
   EXPECT_THAT(ValidateModelName(""), IsOk());
-  EXPECT_TRUE(
-      ValidateModelName("meta-llama/Llama-3.1-8B-Instruct@5206a32").ok());
+  EXPECT_THAT(ValidateModelName("meta-llama/Llama-3.1-8B-Instruct@5206a32"),
+              IsOk());
   EXPECT_THAT(ValidateModelName(std::string(kMaxModelNameBytes, 'm')), IsOk());
   EXPECT_EQ(ValidateModelName(std::string(kMaxModelNameBytes + 1, 'm')).code(),
             StatusCode::kInvalidArgument);

@@ -115,8 +115,8 @@ TEST(Protocol, EveryMessageRoundTrips) {
   for (const Message& m : Samples()) {
     const std::vector<std::byte> bytes = Encode(m);
     StatusOr<Message> back = Decode(bytes);
-    ASSERT_TRUE(back.ok()) << MessageTypeName(TypeOf(m)) << ": "
-                           << back.status().ToString();
+    ASSERT_THAT(back, IsOk())
+        << MessageTypeName(TypeOf(m)) << ": " << back.status().ToString();
     EXPECT_EQ(TypeOf(*back), TypeOf(m));
     EXPECT_EQ(Encode(*back), bytes) << MessageTypeName(TypeOf(m));
   }

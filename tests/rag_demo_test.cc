@@ -112,8 +112,8 @@ TEST(RagDemo, TwoWorkersShareChunksThroughHostAndDisk) {
   o.worker_path = TIERKV_DEMO_PATH;
   std::ostringstream out, progress;
   StatusOr<RagDemoReport> report = RunRagDemo(o, out, progress);
-  ASSERT_TRUE(report.ok()) << report.status().ToString() << "\n"
-                           << progress.str();
+  ASSERT_THAT(report, IsOk()) << report.status().ToString() << "\n"
+                              << progress.str();
   const RagDemoReport& r = *report;
   ASSERT_EQ(r.requests.size(), 16u);
   // Four chunks per request, each from exactly one place.

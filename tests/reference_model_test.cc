@@ -634,13 +634,12 @@ TEST(ReferenceModelChunks, PartialHitStoresEveryChunk) {
   PagedKvCache own = Cache(f.model, 35);
   const PagedKvCache pool = ChunkPoolView(&f.store).value();
   const std::vector<int64_t> slots = Iota(35);
-  ASSERT_TRUE(f.model
-                  .Prefill({.tokens = d,
-                            .slots = slots,
-                            .start_position = f.store.virtual_start(),
-                            .num_logits = 0},
-                           &own)
-                  .ok());
+  ASSERT_THAT(f.model.Prefill({.tokens = d,
+                               .slots = slots,
+                               .start_position = f.store.virtual_start(),
+                               .num_logits = 0},
+                              &own),
+              IsOk());
   for (int32_t t = 0; t < 35; ++t) {
     for (int32_t l = 0; l < 3; ++l) {
       for (KvPlane plane : {KvPlane::kKey, KvPlane::kValue}) {

@@ -53,8 +53,8 @@ TEST_F(Seed003, SharedPrefixBlockHasRefCountTwo) {
   ComputedBlocks hit = m.GetComputedBlocks(seq2);
   EXPECT_THAT(hit.blocks, ElementsAre(0));
   EXPECT_EQ(hit.num_tokens, 256);  // seq.num_cached_tokens
-  ASSERT_TRUE(
-      m.AllocateSlots(seq2, seq2.num_tokens() - hit.num_tokens, hit).ok());
+  ASSERT_THAT(m.AllocateSlots(seq2, seq2.num_tokens() - hit.num_tokens, hit),
+              IsOk());
   EXPECT_THAT(m.blocks(2), ElementsAre(0, 2));
   EXPECT_EQ(PoolOf(m).block(0).ref_cnt, 2);
   EXPECT_EQ(PoolOf(m).block(1).ref_cnt, 1);
@@ -68,8 +68,8 @@ TEST_F(Seed003, DeallocateInReverseOnlyFreesUnsharedBlocks) {
   Request seq2(2, Concat(greeting, SequentialTokens(6000, 50)), 256, hasher_);
   ASSERT_THAT(m.AllocateSlots(seq1, seq1.num_tokens()), IsOk());
   ComputedBlocks hit = m.GetComputedBlocks(seq2);
-  ASSERT_TRUE(
-      m.AllocateSlots(seq2, seq2.num_tokens() - hit.num_tokens, hit).ok());
+  ASSERT_THAT(m.AllocateSlots(seq2, seq2.num_tokens() - hit.num_tokens, hit),
+              IsOk());
 
   ASSERT_THAT(m.Free(2), IsOk());
   EXPECT_EQ(PoolOf(m).block(0).ref_cnt, 1);  // Still held by seq1.

@@ -29,6 +29,7 @@
 
 #include "src/kv_cache_manager_internal.h"
 #include "tests/sequential_tokens.h"
+#include "tests/status_matchers.h"
 #include "tests/test_layout.h"
 #include "tierkv/client.h"
 #include "tierkv/device_tier.h"
@@ -67,7 +68,7 @@ struct Seed004Engine {
     options.device = e.device.get();
     options.engine = &ref;
     auto client = Client::Open(options);
-    EXPECT_TRUE(client.ok()) << client.status().ToString();
+    EXPECT_THAT(client, IsOk()) << client.status().ToString();
     if (client.ok()) e.client = std::move(*client);
     return e;
   }
@@ -121,7 +122,7 @@ inline void RunSeed004(Seed004Engine& w1, Seed004Engine& w2) {
   // Step 5: nothing to load; registered for eager store.
   AllocateResult a_alloc = w1.client->Allocate(1, {{1}}, 0).value();
   EXPECT_FALSE(a_alloc.load.has_value());
-  EXPECT_TRUE(a_alloc.store_status.ok());
+  EXPECT_THAT(a_alloc.store_status, IsOk());
   // Step 7, then 6: the forward pass fills block 1; the store event 0 copies
   // device 1 -> host 1 and pins device 1 (ref 2) for the transfer.
   w1.Fill(1, 0xA);
@@ -135,14 +136,14 @@ inline void RunSeed004(Seed004Engine& w1, Seed004Engine& w2) {
   EXPECT_EQ(host().cached_slots, 0);
   EXPECT_EQ(host().pinned_slots, 1);
   // A finishes; the transfer pin keeps device block 1 out of the queue.
-  ASSERT_TRUE(w1.client->Finish(1).ok());
-  ASSERT_TRUE(w1.manager.Free(1).ok());
+  ASSERT_THAT(w1.client->Finish(1), IsOk());
+  ASSERT_THAT(w1.manager.Free(1), IsOk());
   EXPECT_EQ(w1.Ref(1), 1);
   // Steps 8-9: the copy finishes; completion keys host 1 and unpins both.
   FinishedTransfer a_done = w1.WaitOne();
   EXPECT_EQ(a_done.event.ref, (EventRef{EventKind::kStore, 0}));
-  ASSERT_TRUE(a_done.status.ok());
-  ASSERT_TRUE(w1.client->Complete({&a_done, 1}).ok());
+  ASSERT_THAT(a_done.status, IsOk());
+  ASSERT_THAT(w1.client->Complete({&a_done, 1}), IsOk());
   EXPECT_EQ(w1.Ref(1), 0);
   std::vector<BlockId> w1_queue = Range(2, 99);
   w1_queue.push_back(1);
@@ -177,7 +178,7 @@ inline void RunSeed004(Seed004Engine& w1, Seed004Engine& w2) {
   // Step 7: the load finishes; device block 1 now holds A's bytes.
   FinishedTransfer b_load = w2.WaitOne();
   EXPECT_EQ(b_load.event.ref, (EventRef{EventKind::kLoad, 0}));
-  ASSERT_TRUE(b_load.status.ok());
+  ASSERT_THAT(b_load.status, IsOk());
   EXPECT_EQ(std::memcmp(w2.device->block(1).data(), w1.device->block(1).data(),
                         Seed004Layout().BlockBytes()),
             0);
@@ -191,15 +192,15 @@ inline void RunSeed004(Seed004Engine& w1, Seed004Engine& w2) {
   EXPECT_THAT(b_commit.stores[0].host_blocks, ElementsAre(2));
   EXPECT_EQ(w2.Ref(2), 2);
   // Step 10: the load's completion unpins host 1 and device 1 ...
-  ASSERT_TRUE(w2.client->Complete({&b_load, 1}).ok());
+  ASSERT_THAT(w2.client->Complete({&b_load, 1}), IsOk());
   EXPECT_EQ(w2.Ref(1), 1);
   FinishedTransfer b_store = w2.WaitOne();
   EXPECT_EQ(b_store.event.ref, (EventRef{EventKind::kStore, 0}));
   // ... and the store's keys host 2 and unpins it and device 2.
-  ASSERT_TRUE(w2.client->Complete({&b_store, 1}).ok());
+  ASSERT_THAT(w2.client->Complete({&b_store, 1}), IsOk());
   EXPECT_EQ(w2.Ref(2), 1);
-  ASSERT_TRUE(w2.client->Finish(2).ok());
-  ASSERT_TRUE(w2.manager.Free(2).ok());
+  ASSERT_THAT(w2.client->Finish(2), IsOk());
+  ASSERT_THAT(w2.manager.Free(2), IsOk());
   std::vector<BlockId> w2_queue = Range(3, 99);
   w2_queue.push_back(2);  // Reverse order: the tail block first.
   w2_queue.push_back(1);

@@ -189,12 +189,11 @@ class TieredStoreTest : public ::testing::Test {
   size_t StoredValues() {
     EXPECT_THAT(store_->Flush(), IsOk());
     size_t values = 0;
-    EXPECT_TRUE(corrupting_
-                    ->ForEach([&](std::string_view, std::string_view) {
-                      ++values;
-                      return Status::Ok();
-                    })
-                    .ok());
+    EXPECT_THAT(corrupting_->ForEach([&](std::string_view, std::string_view) {
+      ++values;
+      return Status::Ok();
+    }),
+                IsOk());
     return values;
   }
 

@@ -42,7 +42,7 @@ class TierkvdFixture : public ::testing::Test {
 
   static std::unique_ptr<ChildProcess> Spawn(std::vector<std::string> argv) {
     auto child = ChildProcess::Spawn(std::move(argv));
-    EXPECT_TRUE(child.ok()) << child.status().ToString();
+    EXPECT_THAT(child, IsOk()) << child.status().ToString();
     return std::move(child).value();
   }
   std::vector<std::string> DaemonArgs(const std::string& capacity) const {
@@ -90,7 +90,7 @@ class TierkvdFixture : public ::testing::Test {
     options.num_device_blocks = 64;
     options.name = name;
     auto client = Client::Open(options);
-    EXPECT_TRUE(client.ok()) << client.status().ToString();
+    EXPECT_THAT(client, IsOk()) << client.status().ToString();
     return client.ok() ? std::move(*client) : nullptr;
   }
   std::unique_ptr<ChildProcess> Worker(const std::string& mode, int seed,
