@@ -47,8 +47,9 @@ std::span<const TokenId> ChunkBlockTokens(std::span<const TokenId> chunk,
       begin, std::min(chunk.size() - begin, static_cast<size_t>(block_size)));
 }
 
-// The pool's memory: at least one block, at most 1 TiB.
-Status CheckMemorySize(const KvLayout& layout, int64_t num_blocks) {
+}  // namespace
+
+Status CheckKvMemorySize(const KvLayout& layout, int64_t num_blocks) {
   TIERKV_RETURN_IF_ERROR(layout.Validate());
   constexpr int64_t kMaxBytes = int64_t{1} << 40;
   if (num_blocks < 1 ||
@@ -58,8 +59,6 @@ Status CheckMemorySize(const KvLayout& layout, int64_t num_blocks) {
   }
   return Status::Ok();
 }
-
-}  // namespace
 
 StatusOr<ChunkKvStore> ChunkKvStore::Create(ChunkKvStoreOptions options) {
   if (options.virtual_start < 0 || options.virtual_start >= kMaxRopePosition) {
@@ -71,7 +70,7 @@ StatusOr<ChunkKvStore> ChunkKvStore::Create(ChunkKvStoreOptions options) {
       BlockPool pool,
       BlockPool::Create({.num_blocks = options.num_blocks,
                          .block_size = options.layout.block_size}));
-  TIERKV_RETURN_IF_ERROR(CheckMemorySize(options.layout, options.num_blocks));
+  TIERKV_RETURN_IF_ERROR(CheckKvMemorySize(options.layout, options.num_blocks));
   TIERKV_ASSIGN_OR_RETURN(RopeRemap remap,
                           RopeRemap::Create(options.layout, options.rope));
   if (!options.compute) {

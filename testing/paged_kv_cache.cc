@@ -5,19 +5,14 @@
 #include <utility>
 #include <vector>
 
+#include "src/chunk_kv_store_internal.h"
 #include "src/rope_remap.h"
 
 namespace tierkv {
 
 StatusOr<PagedKvCache> PagedKvCache::Create(const KvLayout& layout,
                                             int64_t num_blocks) {
-  TIERKV_RETURN_IF_ERROR(layout.Validate());
-  constexpr int64_t kMaxBytes = int64_t{1} << 40;
-  if (num_blocks < 1 ||
-      num_blocks > kMaxBytes / static_cast<int64_t>(layout.BlockBytes())) {
-    return Status::InvalidArgument("KV cache of " + std::to_string(num_blocks) +
-                                   " blocks: need at least 1, at most 1 TiB");
-  }
+  TIERKV_RETURN_IF_ERROR(CheckKvMemorySize(layout, num_blocks));
   std::vector<std::byte> bytes(static_cast<size_t>(num_blocks) *
                                layout.BlockBytes());
   std::byte* base = bytes.data();
