@@ -27,5 +27,9 @@ foreach(lib tierkv tierkv_embedded)
   # left for the engine to supply.
   target_link_options(${lib} PRIVATE -Wl,--no-undefined)
 endforeach()
+# The headers need C++20; CMake consumers get at least that.
+target_compile_features(tierkv INTERFACE cxx_std_20)
+# libtierkv_embedded finds libtierkv next to itself, wherever installed.
+set_target_properties(tierkv_embedded PROPERTIES INSTALL_RPATH "$ORIGIN")
 set_target_properties(tierkv PROPERTIES EXPORT_NAME client)
 set_target_properties(tierkv_embedded PROPERTIES EXPORT_NAME embedded)

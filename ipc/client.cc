@@ -15,7 +15,6 @@
 #include "ipc/channel.h"
 #include "ipc/in_process_store.h"
 #include "ipc/protocol.h"
-#include "ipc/service.h"
 #include "ipc/socket_call.h"
 #include "tiers/host_tier.h"
 

@@ -1,5 +1,6 @@
 #include "ipc/service.h"
 
+#include <algorithm>
 #include <chrono>
 #include <string>
 #include <type_traits>
@@ -55,8 +56,12 @@ Message Dispatch(Coordinator& c, WorkerId worker, const Message& request) {
 Message DispatchToStore(TieredStore& store, WorkerId worker,
                         const Message& request) {
   if (const auto* wait = std::get_if<WaitIdleRequest>(&request)) {
-    return WaitIdleReply{
-        store.WaitIdle(std::chrono::milliseconds(wait->timeout_ms))};
+    // Bounded here whatever the worker asked: its session thread must come
+    // back to notice a closed channel or a stop (Client::WaitIdle asks
+    // again until its own timeout).
+    const auto timeout = std::chrono::milliseconds(
+        std::min<uint32_t>(wait->timeout_ms, kMaxWaitIdleMs));
+    return WaitIdleReply{store.WaitIdle(timeout)};
   }
   return Dispatch(*store.Lock(), worker, request);
 }

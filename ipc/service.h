@@ -15,8 +15,12 @@ namespace tierkv::ipc {
 Message Dispatch(Coordinator& coordinator, WorkerId worker,
                  const Message& request);
 
+// The longest one WaitIdle message waits, whatever it asks.
+inline constexpr uint32_t kMaxWaitIdleMs = 1000;
+
 // Dispatch against a whole store: WaitIdle waits on the store itself,
-// without its mutex; every other message is Dispatch under the mutex.
+// without its mutex, at most kMaxWaitIdleMs; every other message is
+// Dispatch under the mutex.
 // Thread-safe.
 Message DispatchToStore(TieredStore& store, WorkerId worker,
                         const Message& request);

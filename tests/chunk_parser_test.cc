@@ -244,7 +244,8 @@ TEST(ChunkParser, SameDocumentSameKeysAnywhere) {
   const Tokens doc = {10, 11, 12, 13, 14, 15, 16, 17, 18, 19};  // 2.5 blocks.
   auto a = Keys(Join({{1, 2, 3}, doc, {50}, {100}}, {kHash}));
   auto b = Keys(Join({{5, 6}, {60, 61}, {62}, doc, {200, 201}}, {kHash}));
-  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_THAT(a, IsOk());
+  ASSERT_THAT(b, IsOk());
   ASSERT_EQ(a->size(), 3u);
   ASSERT_EQ(b->size(), 4u);
   EXPECT_EQ((*a)[1].size(), 3u);  // The partial last block has a key.
@@ -257,7 +258,8 @@ TEST(ChunkParser, SameDocumentSameKeysAnywhere) {
 TEST(ChunkParser, SystemPromptKeyedLikeAnyChunk) {
   auto a = Keys({1, 2, 3, kHash, 9});
   auto b = Keys({7, kHash, 1, 2, 3, kHash, 9});
-  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_THAT(a, IsOk());
+  ASSERT_THAT(b, IsOk());
   EXPECT_EQ((*a)[0], (*b)[1]);
 }
 

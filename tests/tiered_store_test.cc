@@ -205,6 +205,24 @@ class TieredStoreTest : public ::testing::Test {
   RequestId next_request_ = 1;
 };
 
+// Options the coordinator refuses are an error, after the disk tier was
+// opened: the half-built store closes its tiers cleanly.
+TEST_F(TieredStoreTest, RefusedWatermarksCloseTheOpenedDiskTier) {
+  const KvLayout layout = TestLayout();
+  auto disk = DiskTier::Open({.storage = {.path = dir_ + "/refused"},
+                              .capacity_bytes = 1 << 20,
+                              .layout_fingerprint = layout.Fingerprint(),
+                              .block_bytes = layout.BlockBytes()});
+  ASSERT_THAT(disk, IsOk());
+  TieredStoreOptions options;
+  options.layout = layout;
+  options.host.num_slots = 9;
+  options.disk = std::move(*disk);
+  options.spill_high = 1.5;
+  EXPECT_THAT(TieredStore::Open(std::move(options)),
+              StatusIs(StatusCode::kInvalidArgument));
+}
+
 TEST_F(TieredStoreTest, SpillsPastTheHighWatermarkDownToTheLowOne) {
   Open(/*host_slots=*/20, /*disk_blocks=*/100, /*high=*/0.8, /*low=*/0.5);
   for (int r = 0; r < 4; ++r) {

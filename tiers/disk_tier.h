@@ -205,9 +205,9 @@ struct DiskTierOptions {
   // on disk can exceed it by RocksDB's space amplification until compaction
   // reclaims deleted values (DiskTierStats::file_bytes shows it).
   uint64_t capacity_bytes = 0;
-  // Required. StoreFingerprint(layout, model) of the store (src/kv_layout.h).
-  // Values written under another fingerprint (another layout or model) are
-  // deleted on open and counted in layout_mismatches.
+  // Required. StoreFingerprint(layout, model) of the store
+  // (tierkv/kv_layout.h). Values written under another fingerprint (another
+  // layout or model) are deleted on open and counted in layout_mismatches.
   std::string layout_fingerprint;
   // Required. KvLayout::BlockBytes(): the payload of every Put and Get.
   size_t block_bytes = 0;
@@ -227,7 +227,7 @@ struct DiskTierOptions {
   std::function<void(const RebuildProgress&)> progress = {};
 };
 
-// DiskTierStats is in src/lower_tier.h: the coordinator reports it too.
+// DiskTierStats is in tierkv/stats.h: the coordinator reports it too.
 
 class DiskTier {
  public:

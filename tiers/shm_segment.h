@@ -31,7 +31,7 @@ class ShmSegment {
  public:
   // Creates a new segment, replacing one of the same name. REQUIRES: the
   // caller holds the store lock, which proves any existing segment of that
-  // name was left by a process that is gone (StoreLock, ipc/store_lock.h).
+  // name was left by a process that is gone (StoreLock, tiers/host_tier.h).
   static StatusOr<ShmSegment> Create(const ShmCreateOptions& options);
   // Maps an existing segment. NotFound when it does not exist,
   // PermissionDenied when this user may not open it.

@@ -108,12 +108,21 @@ TieredStore::~TieredStore() {
     MutexLock lock(&wake_mu_);
     stopping_ = true;
   }
-  wake_.notify_all();
+  wake_.NotifyAll();
   if (tier_thread_.joinable()) tier_thread_.join();
-  // Spills already started finish and are synced; their results are
-  // applied, so the coordinator lets go of every slot they pinned. (tierkvd
-  // flushes before this and logs a failure.)
-  (void)Flush();
+  // Spills already started finish and are synced, and their results are
+  // applied, so the coordinator lets go of every slot they pinned; a
+  // result may start a last spill toward the low watermark, which is
+  // drained the same way. (tierkvd flushes before this and logs a failure.)
+  if (disk_ != nullptr) {
+    for (;;) {
+      (void)disk_->Flush();
+      MutexLock lock(&mu_);
+      if (!coordinator_.has_value()) break;  // Open failed before it.
+      coordinator_->PumpLowerTier();
+      if (coordinator_->lower_tier_idle()) break;
+    }
+  }
   // The disk tier waits for its I/O into host slots: before the slots go.
   // Its last callbacks reach the coordinator's inbox, which outlives it.
   disk_.reset();
@@ -130,7 +139,7 @@ void TieredStore::WakeTierThread() {
     MutexLock lock(&wake_mu_);
     wanted_ = true;
   }
-  wake_.notify_one();
+  wake_.NotifyOne();
 }
 
 void TieredStore::RunTierThread() {
@@ -139,12 +148,10 @@ void TieredStore::RunTierThread() {
                      std::memory_order_relaxed);
     {
       MutexLock lock(&wake_mu_);
-      // wait_for takes the lock through Mutex's lock()/unlock(), which the
-      // analysis does not follow; wake_mu_ is held again when it returns.
-      wake_.wait_for(wake_mu_, std::chrono::milliseconds(100),
-                     [this]() TIERKV_NO_THREAD_SAFETY_ANALYSIS {
-                       return wanted_ || stopping_;
-                     });
+      // The timeout lets a spill that rested after a failure try again.
+      const auto until = Clock::now() + std::chrono::milliseconds(100);
+      while (!wanted_ && !stopping_ && wake_.WaitUntil(&wake_mu_, until)) {
+      }
       if (stopping_) return;
       wanted_ = false;
     }
@@ -175,7 +182,7 @@ Status TieredStore::Flush() {
   if (disk_ == nullptr) return Status::Ok();
   Status flushed = disk_->Flush();
   MutexLock lock(&mu_);
-  coordinator_->PumpLowerTier();
+  if (coordinator_.has_value()) coordinator_->PumpLowerTier();
   return flushed;
 }
 

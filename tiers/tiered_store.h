@@ -141,7 +141,7 @@ class TieredStore {
   // The tier thread: woken by the disk tier's results (and every 100 ms, so
   // that a spill that rested after a failure tries again).
   Mutex wake_mu_;
-  std::condition_variable_any wake_;
+  CondVar wake_;
   bool wanted_ TIERKV_GUARDED_BY(wake_mu_) = false;
   bool stopping_ TIERKV_GUARDED_BY(wake_mu_) = false;
   std::atomic<std::chrono::steady_clock::rep> tier_beat_{0};

@@ -1,11 +1,12 @@
-// ChunkKvStore: a worker's pool of position-independent chunks (seed 000's
-// chunk pool, separate from the engine's main pool). A chunked prompt
+// ChunkKvStore: a worker's pool of position-independent chunks (the chunk
+// pool of position-independent KV caching, as README.md's "seed 000"
+// describes it; separate from the engine's main pool). A chunked prompt
 // (`sys <sep> doc1 <sep> doc2 <sep> question`) has its chunks' KV computed
 // once, each in isolation at virtual positions [virtual_start, +n), and
 // cached by content (KeyHasher::ChunkKeys); a reused chunk is copied into
 // any destination slots with K re-rotated to its real positions (CacheBlend,
-// seed 001, then recomputes the few tokens that deviate most). The store
-// owns the pool's KV memory and keys its blocks in a block pool (LRU
+// arXiv 2405.16444, then recomputes the few tokens that deviate most). The
+// store owns the pool's KV memory and keys its blocks in a block pool (LRU
 // eviction, token check on every hit); the engine's model computes a missing
 // chunk through ChunkKvStoreOptions::compute. With a ChunkSource below
 // (SetTier), a pool miss is fetched from the tier before it is computed, and

@@ -1,14 +1,14 @@
-// ChunkSource: the tiers under a worker's device chunk pool (seed 000's pool
-// of position-independent chunks, separate from the engine's main pool).
+// ChunkSource: the tiers under a worker's device chunk pool (its pool of
+// position-independent chunks, separate from the engine's main pool).
 // tierkvd's host DRAM and disk tier index chunk blocks by their chunk keys,
 // so a chunk one worker computed is fetched by every other worker instead
 // of being computed again. ClientChunkSource (tierkv/client_chunk_source.h)
 // reaches them through a worker client; ChunkKvStore
 // (tierkv/chunk_kv_store.h) fetches from its tier on a pool miss and
-// publishes each chunk it computes at once, as seed 004 stores prefix blocks
-// eagerly, so that evicting a chunk from the pool loses nothing the tiers
-// below can still hold.
-// Implementations need not be thread-safe: the pool's owner drives them.
+// publishes each chunk it computes at once, as tierkv stores prefix blocks
+// eagerly (vLLM's SimpleCPUOffloadConnector), so that evicting a chunk from the
+// pool loses nothing the tiers below can still hold. Implementations need not
+// be thread-safe: the pool's owner drives them.
 #ifndef TIERKV_INCLUDE_TIERKV_CHUNK_SOURCE_H_
 #define TIERKV_INCLUDE_TIERKV_CHUNK_SOURCE_H_
 

@@ -67,7 +67,8 @@ struct ClientOptions {
   // EmulatedDeviceTier of num_device_blocks blocks, owned by the client.
   DeviceTier* device = nullptr;
   // The engine's main pool. When set, device blocks in a transfer are
-  // pinned in it until Complete (seed 004's transfer protection); it must
+  // pinned in it until Complete (transfer protection, as vLLM's
+  // SimpleCPUOffloadConnector does it); it must
   // outlive the client.
   KVCacheManager* engine = nullptr;
   // How long one call may wait for tierkvd (registration included) before
@@ -143,7 +144,9 @@ class Client {
   // and promotion started has finished and is applied, so stats and
   // lookups see a settled store (for tests, benchmarks and orderly drains;
   // serving never needs it). DeadlineExceeded when the store is still busy
-  // after `timeout`. Other workers may start more work meanwhile.
+  // after `timeout`; unlike a missed call deadline, that keeps the
+  // attachment (connected() stays true). Other workers may start more work
+  // meanwhile.
   Status WaitIdle(std::chrono::milliseconds timeout);
 
   // After a lost attachment (any call returned Unavailable or

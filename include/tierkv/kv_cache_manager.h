@@ -1,5 +1,7 @@
 // KVCacheManager: automatic prefix caching over an engine's main KV pool
-// (seed 002 §4.2.3, vLLM v1 KVCacheManager; decode path of seed 003).
+// (vLLM v1's KVCacheManager, vllm/v1/core/kv_cache_manager.py; on decode,
+// nano-vllm's BlockManager.can_append / may_append; README.md lists the
+// documents tierkv follows).
 // Maps requests to the blocks they hold, finds the longest cached prefix of
 // a new request, allocates and keys blocks, and frees a request's blocks in
 // reverse so its most specific (tail) blocks are evicted first.
@@ -17,7 +19,7 @@
 // are reported for the engine to recompute (vLLM's
 // get_block_ids_with_load_errors).
 //
-// As in seed 003, MayAppend runs before the step that computes the appended
+// As in nano-vllm, MayAppend runs before the step that computes the appended
 // token's KV, and keys a block the moment that token fills it. A token that
 // ends the request (sampled, never computed) must not be passed to
 // MayAppend, or its block would be keyed without its KV.
@@ -120,9 +122,9 @@ class KVCacheManager {
   // Whether the request waits for an external load.
   bool IsLoading(RequestId id) const;
 
-  // Seed 003's decode path, called after each Request::AppendToken.
+  // nano-vllm's decode path, called after each Request::AppendToken.
   // CanAppend: enough blocks are free for the tokens the request's blocks do
-  // not cover yet (seed 003's len % block_size == 1 case, made exact for
+  // not cover yet (nano-vllm's len % block_size == 1 case, made exact for
   // requests that were given slots ahead).
   // MayAppend: allocates that block, or keys the last block when the new
   // token filled it. FailedPrecondition while an external load is
@@ -135,7 +137,8 @@ class KVCacheManager {
   // the block is in use or holds no key.
   bool EvictCachedBlock(BlockId id);
 
-  // Transfer pins (seed 004's touch for transfer protection): a block being
+  // Transfer pins (the touch of vLLM's SimpleCPUOffloadConnector that
+  // protects a block in transfer): a block being
   // copied to or from another tier holds one more reference, so it is
   // neither evicted nor reused until UnpinBlocks, whatever the request does.
   // REQUIRES: valid, non-null block ids; each UnpinBlocks matches a pin.
@@ -144,14 +147,14 @@ class KVCacheManager {
 
   // Releases the request's blocks in reverse order. NotFound if unknown.
   Status Free(RequestId id);
-  // Seed 000's remap targets: `n` blocks from the head of the free queue,
-  // held by no request and never keyed, so what a remap writes into them
-  // (chunk KV computed under chunk-isolated attention, not a causal prefix)
-  // is never served as a prefix hit. ResourceExhausted, with nothing
-  // changed, when fewer than n are free.
+  // Remap targets for position-independent chunks (ChunkKvStore): `n` blocks
+  // from the head of the free queue, held by no request and never keyed, so
+  // what a remap writes into them (chunk KV computed under chunk-isolated
+  // attention, not a causal prefix) is never served as a prefix hit.
+  // ResourceExhausted, with nothing changed, when fewer than n are free.
   StatusOr<std::vector<BlockId>> AllocateRemapBlocks(int32_t n);
-  // Seed 000's cleanup_remapped_blocks, when the request finishes: the
-  // blocks go back to the free queue, last first, still unkeyed.
+  // cleanup_remapped_blocks of position-independent caching, when the request
+  // finishes: the blocks go back to the free queue, last first, still unkeyed.
   // REQUIRES: blocks from AllocateRemapBlocks, each released once.
   void ReleaseRemappedBlocks(std::span<const BlockId> blocks);
 
