@@ -97,6 +97,9 @@ class TieredStoreTest : public ::testing::Test {
     options.disk = std::move(*tier);
     options.spill_high = high;
     options.spill_low = low;
+    // The test applies the disk tier's results itself (Settle), so spills
+    // and promotions stay in flight until it says.
+    options.tier_thread = false;
     auto store = TieredStore::Open(std::move(options));
     ASSERT_THAT(store, IsOk());
     store_ = std::move(*store);

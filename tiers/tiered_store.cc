@@ -87,7 +87,7 @@ StatusOr<std::unique_ptr<TieredStore>> TieredStore::Open(
     MutexLock lock(&raw->mu_);
     raw->coordinator_.emplace(std::move(*coordinator));
   }
-  if (raw->disk_ != nullptr) {
+  if (raw->disk_ != nullptr && options.tier_thread) {
     raw->tier_thread_ = std::thread([raw] { raw->RunTierThread(); });
   }
   return store;
@@ -165,6 +165,19 @@ void TieredStore::RunTierThread() {
 
 bool TieredStore::WaitIdle(std::chrono::milliseconds timeout) {
   const auto deadline = Clock::now() + timeout;
+  if (disk_ != nullptr && !tier_thread_.joinable()) {
+    // No tier thread: wait for the disk tier's queued I/O, whose results
+    // then wait in the inbox, and apply them here.
+    for (;;) {
+      {
+        MutexLock lock(&mu_);
+        coordinator_->PumpLowerTier();
+        if (coordinator_->lower_tier_idle()) return true;
+      }
+      if (Clock::now() >= deadline) return false;
+      (void)disk_->Flush();
+    }
+  }
   MutexLock lock(&mu_);
   // Starts the spills the host's watermark calls for now.
   coordinator_->PumpLowerTier();
@@ -194,7 +207,7 @@ CoordinatorStats TieredStore::stats() const {
 Status TieredStore::CheckProgress(
     std::chrono::milliseconds timeout,
     std::chrono::milliseconds stalled_after) const {
-  if (disk_ != nullptr) {  // Only then is there a tier thread.
+  if (tier_thread_.joinable()) {
     const auto age =
         Clock::now() - Clock::time_point(Clock::duration(
                            tier_beat_.load(std::memory_order_relaxed)));

@@ -49,6 +49,11 @@ struct TieredStoreOptions {
   double spill_low = 0.7;
   // The coordinator's clock (CoordinatorOptions::clock). Default: steady.
   std::function<std::chrono::steady_clock::time_point()> clock = {};
+  // Run the tier thread that applies the disk tier's results as they come.
+  // False: they wait until the owner applies them (Lock()->PumpLowerTier(),
+  // WaitIdle, Flush), so a test can hold spills and promotions in flight
+  // at a point of its choosing. Default: true.
+  bool tier_thread = true;
 };
 
 class TieredStore {
@@ -99,7 +104,8 @@ class TieredStore {
   // promotion started (including the spills the host's watermark calls for
   // now) has finished and its result is applied; then true. False when
   // that has not happened within `timeout`. Lookups and stats then see a
-  // settled store. True at once without a disk tier.
+  // settled store. True at once without a disk tier. Without a tier thread
+  // it applies the results itself.
   bool WaitIdle(std::chrono::milliseconds timeout) TIERKV_EXCLUDES(mu_);
 
   // Finished disk I/O made durable (DiskTier::Flush) and applied. OK
