@@ -420,12 +420,6 @@ StatusOr<std::unique_ptr<Client>> Client::Open(const ClientOptions& options) {
 
 StatusOr<std::unique_ptr<Client>> Client::OpenInProcess(
     const ClientOptions& options, std::unique_ptr<ipc::InProcessStore> store) {
-  if (!options.socket_path.empty()) {
-    return Status::InvalidArgument(
-        "an embedded client attaches to no tierkvd: socket_path must be "
-        "empty, not " +
-        options.socket_path);
-  }
   TIERKV_ASSIGN_OR_RETURN(std::unique_ptr<Impl> impl, NewImpl(options));
   TIERKV_ASSIGN_OR_RETURN(impl->worker,
                           store->RegisterWorker(RegistrationOf(options)));

@@ -25,6 +25,7 @@
 #include "ipc/protocol.h"
 #include "ipc/server.h"
 #include "ipc/stats_page.h"
+#include "src/heartbeat.h"
 #include "src/mutex.h"
 #include "tiers/host_tier.h"
 #include "tiers/tiered_store.h"
@@ -41,25 +42,6 @@ constexpr int kListenerPollMs = 1000;
 // the listener's slowest honest round (peers that take a second each to
 // read a reply) stays well below it.
 constexpr std::chrono::seconds kStalledAfter{10};
-
-// When a thread last went round its loop; read by CheckProgress.
-class Heartbeat {
- public:
-  using Clock = std::chrono::steady_clock;
-
-  Heartbeat() { Beat(); }
-  void Beat() {
-    last_.store(Clock::now().time_since_epoch().count(),
-                std::memory_order_relaxed);
-  }
-  Clock::duration Age() const {
-    return Clock::now() - Clock::time_point(Clock::duration(
-                              last_.load(std::memory_order_relaxed)));
-  }
-
- private:
-  std::atomic<Clock::rep> last_;
-};
 
 // Sends a whole frame on a non-blocking socket. A peer that does not take
 // it within a second is treated as gone.

@@ -100,7 +100,6 @@ TieredStore::TieredStore(const TieredStoreOptions& options,
   if (disk_ != nullptr) {
     lower_ = std::make_unique<DiskBelowHost>(disk_.get(), host_.get());
   }
-  tier_beat_.store(Clock::now().time_since_epoch().count());
 }
 
 TieredStore::~TieredStore() {
@@ -114,15 +113,7 @@ TieredStore::~TieredStore() {
   // applied, so the coordinator lets go of every slot they pinned; a
   // result may start a last spill toward the low watermark, which is
   // drained the same way. (tierkvd flushes before this and logs a failure.)
-  if (disk_ != nullptr) {
-    for (;;) {
-      (void)disk_->Flush();
-      MutexLock lock(&mu_);
-      if (!coordinator_.has_value()) break;  // Open failed before it.
-      coordinator_->PumpLowerTier();
-      if (coordinator_->lower_tier_idle()) break;
-    }
-  }
+  if (disk_ != nullptr) (void)DrainWithoutThread(Clock::time_point::max());
   // The disk tier waits for its I/O into host slots: before the slots go.
   // Its last callbacks reach the coordinator's inbox, which outlives it.
   disk_.reset();
@@ -144,8 +135,7 @@ void TieredStore::WakeTierThread() {
 
 void TieredStore::RunTierThread() {
   for (;;) {
-    tier_beat_.store(Clock::now().time_since_epoch().count(),
-                     std::memory_order_relaxed);
+    tier_heartbeat_.Beat();
     {
       MutexLock lock(&wake_mu_);
       // The timeout lets a spill that rested after a failure try again.
@@ -166,17 +156,7 @@ void TieredStore::RunTierThread() {
 bool TieredStore::WaitIdle(std::chrono::milliseconds timeout) {
   const auto deadline = Clock::now() + timeout;
   if (disk_ != nullptr && !tier_thread_.joinable()) {
-    // No tier thread: wait for the disk tier's queued I/O, whose results
-    // then wait in the inbox, and apply them here.
-    for (;;) {
-      {
-        MutexLock lock(&mu_);
-        coordinator_->PumpLowerTier();
-        if (coordinator_->lower_tier_idle()) return true;
-      }
-      if (Clock::now() >= deadline) return false;
-      (void)disk_->Flush();
-    }
+    return DrainWithoutThread(deadline);
   }
   MutexLock lock(&mu_);
   // Starts the spills the host's watermark calls for now.
@@ -189,6 +169,20 @@ bool TieredStore::WaitIdle(std::chrono::milliseconds timeout) {
     }
   }
   return true;
+}
+
+bool TieredStore::DrainWithoutThread(Clock::time_point deadline) {
+  for (;;) {
+    {
+      MutexLock lock(&mu_);
+      if (!coordinator_.has_value()) return true;
+      coordinator_->PumpLowerTier();
+      if (coordinator_->lower_tier_idle()) return true;
+    }
+    if (Clock::now() >= deadline) return false;
+    // The disk tier's queued I/O finishes; its results wait in the inbox.
+    (void)disk_->Flush();
+  }
 }
 
 Status TieredStore::Flush() {
@@ -208,9 +202,7 @@ Status TieredStore::CheckProgress(
     std::chrono::milliseconds timeout,
     std::chrono::milliseconds stalled_after) const {
   if (tier_thread_.joinable()) {
-    const auto age =
-        Clock::now() - Clock::time_point(Clock::duration(
-                           tier_beat_.load(std::memory_order_relaxed)));
+    const Clock::duration age = tier_heartbeat_.Age();
     if (age >= stalled_after) {
       return Status::Unavailable(
           "the tier thread has been stuck for " +

@@ -22,6 +22,7 @@
 #include <thread>
 
 #include "src/coordinator.h"
+#include "src/heartbeat.h"
 #include "src/lower_tier.h"
 #include "src/mutex.h"
 #include "tierkv/kv_layout.h"
@@ -130,6 +131,11 @@ class TieredStore {
   TieredStore(const TieredStoreOptions& options, std::unique_ptr<HostTier> host,
               std::unique_ptr<DiskTier> disk);
   void RunTierThread();
+  // Without a tier thread: waits for the disk tier's queued I/O and
+  // applies its results until nothing is in flight (true) or `deadline`
+  // passes (false). True at once when Open failed before the coordinator.
+  bool DrainWithoutThread(std::chrono::steady_clock::time_point deadline)
+      TIERKV_EXCLUDES(mu_);
   void WakeTierThread();
 
   const KvLayout layout_;
@@ -150,7 +156,7 @@ class TieredStore {
   CondVar wake_;
   bool wanted_ TIERKV_GUARDED_BY(wake_mu_) = false;
   bool stopping_ TIERKV_GUARDED_BY(wake_mu_) = false;
-  std::atomic<std::chrono::steady_clock::rep> tier_beat_{0};
+  Heartbeat tier_heartbeat_;  // Each round of the tier thread.
   std::thread tier_thread_;
 };
 

@@ -178,7 +178,8 @@ class Client {
   struct Impl;
   explicit Client(std::unique_ptr<Impl> impl);
   static StatusOr<std::unique_ptr<Impl>> NewImpl(const ClientOptions& options);
-  // An embedded client over `store`, for OpenEmbedded.
+  // An embedded client over `store`, for OpenEmbedded (which has checked
+  // that options.socket_path is empty).
   static StatusOr<std::unique_ptr<Client>> OpenInProcess(
       const ClientOptions& options, std::unique_ptr<ipc::InProcessStore> store);
   std::unique_ptr<Impl> impl_;

@@ -327,29 +327,30 @@ void FieldFamilies(
     MetricWriter& m, const std::string& prefix,
     const std::vector<std::pair<std::string, const Stats*>>& samples) {
   if (samples.empty()) return;
-  std::vector<std::string> names;
-  std::vector<StatKind> kinds;
-  std::vector<const char*> helps;
+  // One pass per sample: values[s][i] is field i of sample s (labels: 0).
+  std::vector<StatField> fields;
   Stats::ForEachField(*samples[0].second, [&](const StatField& f, const auto&) {
-    names.push_back(f.name);
-    kinds.push_back(f.kind);
-    helps.push_back(f.help);
+    fields.push_back(f);
   });
-  for (size_t i = 0; i < names.size(); ++i) {
-    if (kinds[i] == StatKind::kLabel) continue;
-    const bool counter = kinds[i] == StatKind::kCounter;
+  std::vector<std::vector<double>> values;
+  for (const auto& sample : samples) {
+    std::vector<double>& row = values.emplace_back();
+    Stats::ForEachField(*sample.second, [&](const StatField&, const auto& v) {
+      if constexpr (std::is_arithmetic_v<std::decay_t<decltype(v)>>) {
+        row.push_back(static_cast<double>(v));
+      } else {
+        row.push_back(0);
+      }
+    });
+  }
+  for (size_t i = 0; i < fields.size(); ++i) {
+    if (fields[i].kind == StatKind::kLabel) continue;
+    const bool counter = fields[i].kind == StatKind::kCounter;
     const std::string family =
-        "tierkv_" + prefix + "_" + names[i] + (counter ? "_total" : "");
-    m.Family(family.c_str(), counter ? "counter" : "gauge", helps[i]);
-    for (const auto& sample : samples) {
-      const std::string& labels = sample.first;
-      size_t field = 0;
-      Stats::ForEachField(*sample.second, [&](const StatField&, const auto& v) {
-        if constexpr (std::is_arithmetic_v<std::decay_t<decltype(v)>>) {
-          if (field == i) m.Sample(static_cast<double>(v), labels);
-        }
-        ++field;
-      });
+        "tierkv_" + prefix + "_" + fields[i].name + (counter ? "_total" : "");
+    m.Family(family.c_str(), counter ? "counter" : "gauge", fields[i].help);
+    for (size_t s = 0; s < samples.size(); ++s) {
+      m.Sample(values[s][i], samples[s].first);
     }
   }
 }
