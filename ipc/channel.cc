@@ -106,14 +106,15 @@ std::byte* ControlChannel::response_buffer() const {
 }
 uint32_t ControlChannel::capacity() const { return capacity_; }
 
-StatusOr<ControlChannel> ControlChannel::Create(const ShmCreateOptions& options,
-                                                uint32_t capacity) {
+StatusOr<ControlChannel> ControlChannel::Create(uint32_t capacity,
+                                                const std::string& label) {
   if (capacity < 4096) {
     return Status::InvalidArgument("control channel capacity below 4 KiB");
   }
-  ShmCreateOptions opts = options;
-  opts.bytes = kBuffersOffset + 2 * static_cast<size_t>(capacity);
-  TIERKV_ASSIGN_OR_RETURN(ShmSegment segment, ShmSegment::Create(opts));
+  TIERKV_ASSIGN_OR_RETURN(
+      ShmSegment segment,
+      ShmSegment::CreateSealed(
+          kBuffersOffset + 2 * static_cast<size_t>(capacity), label));
   auto* h = new (segment.data()) Header{};
   h->version = kChannelVersion;
   h->capacity = capacity;
@@ -121,11 +122,12 @@ StatusOr<ControlChannel> ControlChannel::Create(const ShmCreateOptions& options,
   return ControlChannel(std::move(segment), capacity);
 }
 
-StatusOr<ControlChannel> ControlChannel::Open(const std::string& name) {
-  TIERKV_ASSIGN_OR_RETURN(ShmSegment segment, ShmSegment::Open(name));
+StatusOr<ControlChannel> ControlChannel::Open(int segment_fd) {
+  TIERKV_ASSIGN_OR_RETURN(ShmSegment segment,
+                          ShmSegment::MapSealed(segment_fd, /*writable=*/true));
   if (segment.size() < kBuffersOffset) {
-    return Status::FailedPrecondition("'" + name +
-                                      "' is not a tierkv control channel");
+    return Status::FailedPrecondition(
+        "the segment passed is not a tierkv control channel");
   }
   const auto* h = reinterpret_cast<const Header*>(segment.data());
   const uint32_t capacity = h->capacity;  // Read once.
@@ -133,7 +135,7 @@ StatusOr<ControlChannel> ControlChannel::Open(const std::string& name) {
       h->version != kChannelVersion ||
       segment.size() < kBuffersOffset + 2 * static_cast<size_t>(capacity)) {
     return Status::FailedPrecondition(
-        "'" + name + "' is not a tierkv control channel of version " +
+        "the segment passed is not a tierkv control channel of version " +
         std::to_string(kChannelVersion));
   }
   return ControlChannel(std::move(segment), capacity);

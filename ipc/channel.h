@@ -1,10 +1,10 @@
 // ControlChannel: one worker's request/response channel to tierkvd in a
-// shared-memory segment of its own: a request buffer the worker writes, a
-// response buffer tierkvd writes, and a sequence word for each. The writer
-// of a buffer bumps its sequence word (release) and wakes the other side
-// with a futex; the reader spins briefly, then sleeps on the futex. One
-// request is outstanding at a time (the client API is synchronous), so the
-// ring has depth one and neither side ever takes a lock.
+// sealed shared-memory segment of its own (passed over the socket): a request
+// buffer the worker writes, a response buffer tierkvd writes, and a sequence
+// word for each. The writer of a buffer bumps its sequence word (release) and
+// wakes the other side with a futex; the reader spins briefly, then sleeps on
+// the futex. One request is outstanding at a time (the client API is
+// synchronous), so the ring has depth one and neither side ever takes a lock.
 // Thread-safety: one client thread and one server thread per channel.
 #ifndef TIERKV_IPC_CHANNEL_H_
 #define TIERKV_IPC_CHANNEL_H_
@@ -28,11 +28,14 @@ inline constexpr uint32_t kDefaultChannelBytes = 1 << 20;
 
 class ControlChannel {
  public:
-  // tierkvd: creates the segment (mode as the host tier's).
-  static StatusOr<ControlChannel> Create(const ShmCreateOptions& options,
-                                         uint32_t capacity);
-  // Worker: maps tierkvd's segment and checks its header.
-  static StatusOr<ControlChannel> Open(const std::string& name);
+  // tierkvd: creates the segment, a sealed memfd (ShmSegment::CreateSealed)
+  // that a worker cannot shrink under tierkvd; `label` names it in
+  // /proc/<pid>/fd.
+  static StatusOr<ControlChannel> Create(uint32_t capacity,
+                                         const std::string& label);
+  // Worker: maps the segment tierkvd passed as `segment_fd` (taken over) and
+  // checks its header.
+  static StatusOr<ControlChannel> Open(int segment_fd);
 
   uint32_t capacity() const;
 
@@ -62,7 +65,9 @@ class ControlChannel {
   // Wakes a server thread blocked in Receive (after setting its stop flag).
   void WakeReceiver();
 
-  const std::string& name() const { return segment_.name(); }
+  // The segment's fd, to pass to the worker (tierkvd's side; -1 on the
+  // worker's, which closes it once mapped).
+  int segment_fd() const { return segment_.fd(); }
 
  private:
   struct Header;

@@ -16,19 +16,18 @@
 #include "ipc/in_process_store.h"
 #include "ipc/protocol.h"
 #include "ipc/socket_call.h"
+#include "ipc/unix_socket.h"
 #include "tiers/host_tier.h"
 
 namespace tierkv {
-namespace {
+namespace ipc {
 
-using ipc::Message;
-
-// Reads exactly one frame from a blocking socket.
-StatusOr<Message> ReadFrame(int fd) {
+StatusOr<Message> ReadFrame(int fd, std::vector<UniqueFd>* fds,
+                            size_t max_fds) {
   std::vector<std::byte> frame(ipc::kFrameHeaderBytes);
-  auto read_all = [fd](std::byte* p, size_t n) -> Status {
+  auto read_all = [fd, fds, max_fds](std::byte* p, size_t n) -> Status {
     while (n > 0) {
-      const ssize_t got = recv(fd, p, n, 0);
+      const ssize_t got = ipc::RecvWithFds(fd, p, n, fds, max_fds);
       if (got < 0 && errno == EINTR) continue;
       if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
         return Status::DeadlineExceeded(
@@ -51,10 +50,9 @@ StatusOr<Message> ReadFrame(int fd) {
   return ipc::Decode(frame);
 }
 
-// A socket connected to tierkvd whose reads and writes give up after
-// `timeout` (a daemon that never answers).
 StatusOr<int> Connect(const std::string& path,
-                      std::chrono::milliseconds timeout) {
+                      std::chrono::milliseconds timeout,
+                      std::optional<uid_t> daemon_uid) {
   sockaddr_un addr{};
   if (path.size() >= sizeof(addr.sun_path)) {
     return Status::InvalidArgument("socket path too long: " + path);
@@ -71,6 +69,13 @@ StatusOr<int> Connect(const std::string& path,
     return err == EACCES ? Status::PermissionDenied(msg)
                          : Status::Unavailable(msg);
   }
+  StatusOr<ipc::PeerIdentity> peer = ipc::PeerOf(fd);
+  Status trusted = peer.ok() ? ipc::CheckDaemonUser(peer->uid, path, daemon_uid)
+                             : peer.status();
+  if (!trusted.ok()) {
+    close(fd);
+    return trusted;
+  }
   const auto us = std::max<int64_t>(
       1,
       std::chrono::duration_cast<std::chrono::microseconds>(timeout).count());
@@ -79,10 +84,6 @@ StatusOr<int> Connect(const std::string& path,
   setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
   return fd;
 }
-
-}  // namespace
-
-namespace ipc {
 
 StatusOr<Message> SocketCall(const std::string& socket_path,
                              const Message& request) {
@@ -98,6 +99,8 @@ StatusOr<Message> SocketCall(const std::string& socket_path,
 }
 
 }  // namespace ipc
+
+using ipc::Message;
 
 struct Client::Impl {
   // A copy running on the device tier.
@@ -163,7 +166,9 @@ struct Client::Impl {
   Status Attach(const WorkerRegistration& registration,
                 const std::string& fingerprint) {
     const std::string& path = options.socket_path;
-    TIERKV_ASSIGN_OR_RETURN(const int fd, Connect(path, options.call_timeout));
+    TIERKV_ASSIGN_OR_RETURN(
+        const int fd,
+        ipc::Connect(path, options.call_timeout, options.daemon_uid));
     if (socket_fd >= 0) close(socket_fd);
     socket_fd = fd;
     const std::vector<std::byte> hello =
@@ -172,7 +177,9 @@ struct Client::Impl {
         static_cast<ssize_t>(hello.size())) {
       return Status::Unavailable("cannot register with tierkvd on " + path);
     }
-    StatusOr<Message> reply = ReadFrame(socket_fd);
+    std::vector<ipc::UniqueFd> segments;
+    StatusOr<Message> reply =
+        ipc::ReadFrame(socket_fd, &segments, ipc::kRegisterReplyFds);
     if (!reply.ok()) {
       return Status(reply.status().code(), "registering with tierkvd on " +
                                                path + ": " +
@@ -185,12 +192,18 @@ struct Client::Impl {
           "tierkvd answered registration with " +
           std::string(ipc::MessageTypeName(ipc::TypeOf(*reply))));
     }
+    if (segments.size() != ipc::kRegisterReplyFds) {
+      return Status::DataLoss("tierkvd on " + path + " passed " +
+                              std::to_string(segments.size()) +
+                              " segments with its registration reply, not " +
+                              std::to_string(ipc::kRegisterReplyFds));
+    }
     TIERKV_ASSIGN_OR_RETURN(
         std::unique_ptr<HostTier> mapped,
-        HostTier::Attach(reg->host_segment, fingerprint,
+        HostTier::Attach(segments[0].Release(), fingerprint,
                          options.layout.BlockBytes(), reg->host_slots));
     TIERKV_ASSIGN_OR_RETURN(ipc::ControlChannel attached_channel,
-                            ipc::ControlChannel::Open(reg->control_segment));
+                            ipc::ControlChannel::Open(segments[1].Release()));
     worker = reg->worker_id;
     attached_host = std::move(mapped);
     host = attached_host.get();

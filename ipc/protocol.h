@@ -27,7 +27,9 @@ inline constexpr uint32_t kFrameMagic = 0x4D564B54;  // "TKVM"
 // 5: StatsReply counts loads a Finish cancelled and names tierkv's version.
 // 6: StatsReply carries each stats struct in its field table's order;
 //    WaitIdle.
-inline constexpr uint16_t kProtocolVersion = 6;
+// 7: RegisterReply passes the host and channel segments as sealed memfds
+//    instead of naming them.
+inline constexpr uint16_t kProtocolVersion = 7;
 inline constexpr size_t kFrameHeaderBytes = 16;
 // Upper bounds a decoder enforces before allocating anything.
 inline constexpr uint32_t kMaxTokens = 1 << 20;
@@ -75,12 +77,13 @@ struct OkReply {};
 struct RegisterRequest {
   WorkerRegistration registration;
 };
+// Sent with two file descriptors (SCM_RIGHTS, on the frame's bytes): the
+// host tier's sealed segment, then this worker's control channel's.
+inline constexpr int kRegisterReplyFds = 2;
 struct RegisterReply {
   WorkerId worker_id = 0;
-  std::string host_segment;  // Empty: no shared host tier (embedded).
-  int32_t host_slots = 0;    // Including the null slot.
+  int32_t host_slots = 0;  // Including the null slot.
   uint64_t slot_bytes = 0;
-  std::string control_segment;  // This worker's request/response channel.
   // StoreFingerprint(layout, model) of the store, as its host segment's
   // header records it.
   std::string store_fingerprint;

@@ -15,10 +15,8 @@ void PutPayload(Writer& w, const RegisterRequest& m) {
 }
 void PutPayload(Writer& w, const RegisterReply& m) {
   w.Int<uint32_t>(m.worker_id);
-  w.String(m.host_segment);
   w.Int<int32_t>(m.host_slots);
   w.Int<uint64_t>(m.slot_bytes);
-  w.String(m.control_segment);
   w.String(m.store_fingerprint);
 }
 void PutPayload(Writer& w, const LookupRequest& m) {
@@ -87,10 +85,8 @@ void GetPayload(Reader& r, RegisterRequest* m) {
 }
 void GetPayload(Reader& r, RegisterReply* m) {
   m->worker_id = r.Int<uint32_t>();
-  m->host_segment = r.String();
   m->host_slots = r.Int<int32_t>();
   m->slot_bytes = r.Int<uint64_t>();
-  m->control_segment = r.String();
   m->store_fingerprint = r.String();
 }
 void GetPayload(Reader& r, LookupRequest* m) {

@@ -68,17 +68,46 @@ StatusOr<std::unique_ptr<DiskTier>> OpenDisk(const ServerOptions& options) {
   return tier;
 }
 
+// The socket's directory must exist; /run/tierkv, the default without
+// XDG_RUNTIME_DIR, is made when missing (as root; the systemd unit makes it
+// with RuntimeDirectory=). Never /tmp: anyone can put a socket there.
+Status CheckSocketDirectory(const std::string& socket_path) {
+  const size_t slash = socket_path.rfind('/');
+  if (slash == std::string::npos || slash == 0) return Status::Ok();
+  const std::string dir = socket_path.substr(0, slash);
+  struct stat st {};
+  if (stat(dir.c_str(), &st) == 0) {
+    if (!S_ISDIR(st.st_mode)) {
+      return Status::InvalidArgument("--socket " + socket_path + ": " + dir +
+                                     " is not a directory");
+    }
+    return Status::Ok();
+  }
+  if (dir == kSystemRuntimeDir && mkdir(dir.c_str(), 0755) == 0) {
+    return Status::Ok();
+  }
+  const std::string why = std::strerror(errno);
+  return Status::FailedPrecondition(
+      "--socket " + socket_path + ": cannot use directory " + dir + " (" + why +
+      "); create it, set XDG_RUNTIME_DIR to a directory of your own, or "
+      "pass --socket");
+}
+
 }  // namespace
 
-std::string StoreLockPath(const std::string& store) {
-  return "/dev/shm/tierkv." + store + ".lock";
+std::string StoreLockPath(const std::string& store,
+                          const std::string& socket_path) {
+  const size_t slash = socket_path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "."
+                          : slash == 0               ? ""
+                                       : socket_path.substr(0, slash);
+  return dir + "/tierkv-" + store + ".lock";
 }
 
 std::string DefaultSocketPath(const std::string& store) {
-  if (const char* dir = std::getenv("XDG_RUNTIME_DIR"); dir && *dir) {
-    return std::string(dir) + "/tierkv-" + store + ".sock";
-  }
-  return "/tmp/tierkv-" + std::to_string(getuid()) + "-" + store + ".sock";
+  const char* dir = std::getenv("XDG_RUNTIME_DIR");
+  return std::string(dir != nullptr && *dir != '\0' ? dir : kSystemRuntimeDir) +
+         "/tierkv-" + store + ".sock";
 }
 
 Server::Server(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -96,6 +125,14 @@ StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& in) {
   if (options.socket_path.size() >= sizeof(addr.sun_path)) {
     return Status::InvalidArgument("socket path too long: " +
                                    options.socket_path);
+  }
+  if (options.group.has_value() && (options.mode & 0060) != 0060) {
+    char mode[8];
+    std::snprintf(mode, sizeof(mode), "%04o", options.mode & 07777);
+    return Status::InvalidArgument(
+        std::string("--group lets a group attach, but --mode ") + mode +
+        " gives it no read and write access to the socket: use a mode such "
+        "as 0660");
   }
   if (options.max_workers < 1 || options.max_workers > kMaxWorkersListed) {
     return Status::InvalidArgument(
@@ -120,8 +157,10 @@ StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& in) {
   }
   // One lock per name tierkvd claims: the store (its segments) and the
   // socket path. Held, they make whatever is left under those names stale.
-  TIERKV_ASSIGN_OR_RETURN(StoreLock store_lock,
-                          StoreLock::Acquire(StoreLockPath(options.store)));
+  TIERKV_RETURN_IF_ERROR(CheckSocketDirectory(options.socket_path));
+  TIERKV_ASSIGN_OR_RETURN(
+      StoreLock store_lock,
+      StoreLock::Acquire(StoreLockPath(options.store, options.socket_path)));
   TIERKV_ASSIGN_OR_RETURN(StoreLock socket_lock,
                           StoreLock::Acquire(options.socket_path + ".lock"));
   std::unique_ptr<DiskTier> disk;
@@ -132,28 +171,31 @@ StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& in) {
   store.layout = options.layout;
   store.model = options.model;
   store.host = {
-      .segment_name = "/tierkv." + options.store + ".host",
+      .shared = true,
       .num_slots = slots,
       .slot_bytes = slot_bytes,
-      .layout_fingerprint = StoreFingerprint(options.layout, options.model),
-      .mode = options.mode,
-      .group = options.group};
+      .layout_fingerprint = StoreFingerprint(options.layout, options.model)};
   store.disk = std::move(disk);
   store.spill_high = options.spill_high;
   store.spill_low = options.spill_low;
   TIERKV_ASSIGN_OR_RETURN(std::unique_ptr<TieredStore> tiered,
                           TieredStore::Open(std::move(store)));
-  TIERKV_ASSIGN_OR_RETURN(
-      StatsPageWriter stats_page,
+  // Without a page (its name taken by another user's file, /dev/shm
+  // full), tierkv-admin reads stats over the socket: not a reason to stop.
+  StatusOr<StatsPageWriter> stats_page =
       StatsPageWriter::Create({.name = StatsPageName(options.store),
                                .socket_path = options.socket_path,
                                .max_workers = options.max_workers,
                                .mode = options.mode,
                                .group = options.group,
-                               .interval = options.stats_interval}));
-  auto impl = std::make_unique<Impl>(options, std::move(store_lock),
-                                     std::move(socket_lock), std::move(tiered),
-                                     std::move(stats_page));
+                               .interval = options.stats_interval});
+  if (!stats_page.ok()) {
+    spdlog::warn("stats page: {}; tierkv-admin reads stats over the socket",
+                 stats_page.status().ToString());
+  }
+  auto impl = std::make_unique<Impl>(
+      options, std::move(store_lock), std::move(socket_lock), std::move(tiered),
+      stats_page.ok() ? std::optional(std::move(*stats_page)) : std::nullopt);
 
   const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) return Errno("socket");
@@ -180,10 +222,9 @@ StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& in) {
   impl->stats_thread = std::thread([raw] { raw->PublishStats(); });
   spdlog::info(
       "tierkvd serving store '{}' on {}: model {}, layout {}, {} host slots "
-      "of {} bytes ({}); version {}",
+      "of {} bytes; version {}",
       options.store, options.socket_path, ModelDisplayName(options.model),
-      options.layout.ToString(), slots - 1, slot_bytes,
-      impl->store->host().segment_name(), Version());
+      options.layout.ToString(), slots - 1, slot_bytes, Version());
   return std::unique_ptr<Server>(new Server(std::move(impl)));
 }
 
@@ -220,9 +261,6 @@ void Server::Stop() {
 const std::string& Server::socket_path() const {
   return impl_->options.socket_path;
 }
-const std::string& Server::host_segment() const {
-  return impl_->store->host().segment_name();
-}
 int32_t Server::host_slots() const { return impl_->store->host().num_slots(); }
 
 CoordinatorStats Server::stats() const { return impl_->store->stats(); }
@@ -253,9 +291,11 @@ void Server::Impl::PublishStats() {
     CoordinatorStats snapshot;
     { snapshot = store->stats(); }
     // Encoding and copying happen outside the coordinator's mutex.
-    if (Status s =
-            stats_page->Publish(snapshot, std::chrono::system_clock::now());
-        !s.ok() && !warned) {
+    if (!stats_page.has_value()) {
+      // No page: the heartbeat still says this thread goes round.
+    } else if (Status s = stats_page->Publish(snapshot,
+                                              std::chrono::system_clock::now());
+               !s.ok() && !warned) {
       spdlog::warn("stats page: {}; tierkv-admin falls back to the socket",
                    s.ToString());
       warned = true;

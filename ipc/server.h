@@ -29,8 +29,8 @@
 namespace tierkv::ipc {
 
 struct ServerOptions {
-  // Names the segments (/tierkv.<store>.host, /tierkv.<store>.w<N>,
-  // /tierkv.<store>.stats).
+  // Names the stats page (/tierkv.<store>.stats) and the lock file; the
+  // host and channel segments have no names (sealed memfds).
   // [A-Za-z0-9_-], 1..64 characters. Default: "default".
   std::string store = "default";
   // Default (empty): DefaultSocketPath(store).
@@ -43,10 +43,16 @@ struct ServerOptions {
   // this model attach, and its keys, host segment and disk values are in
   // StoreFingerprint(layout, model). Default: "" (the unnamed model).
   std::string model = {};
-  // Permission bits of the socket and the segments. Default: 0600.
+  // Permission bits of the socket and the stats page. Default: 0600.
   mode_t mode = 0600;
-  // Workers of this group may attach too (give mode group bits, e.g. 0660).
+  // Workers whose primary or supplementary groups include this one may
+  // attach and read stats too. Requires mode to give the group read and
+  // write (e.g. 0660): Start refuses it otherwise.
   std::optional<gid_t> group;
+  // Peers of this group (primary or supplementary) may also give operator
+  // orders (tierkv-admin clear, evict). Default: none; only tierkvd's user
+  // and root may.
+  std::optional<gid_t> admin_group;
   // The disk tier: a RocksDB directory (created if missing) under the host
   // slots. Default (empty): none; blocks evicted from host are gone.
   std::string disk_path;
@@ -65,13 +71,19 @@ struct ServerOptions {
   std::chrono::milliseconds stats_interval{100};
 };
 
-// "$XDG_RUNTIME_DIR/tierkv-<store>.sock", or "/tmp/tierkv-<uid>-<store>.sock"
-// without XDG_RUNTIME_DIR.
+// Where tierkvd's socket goes without XDG_RUNTIME_DIR (never /tmp, where
+// another user could put a socket of their own in its place).
+inline constexpr char kSystemRuntimeDir[] = "/run/tierkv";
+
+// "$XDG_RUNTIME_DIR/tierkv-<store>.sock", or
+// "/run/tierkv/tierkv-<store>.sock" without XDG_RUNTIME_DIR.
 std::string DefaultSocketPath(const std::string& store);
 
-// The lock file that claims a store name: "/dev/shm/tierkv.<store>.lock",
-// next to the segments it guards.
-std::string StoreLockPath(const std::string& store);
+// The lock file that claims a store name (its stats page) for the tierkvd
+// serving it: "tierkv-<store>.lock" in the socket's directory, which only
+// its user should be able to write.
+std::string StoreLockPath(const std::string& store,
+                          const std::string& socket_path);
 
 class Server {
  public:
@@ -86,7 +98,6 @@ class Server {
   void Stop();
 
   const std::string& socket_path() const;
-  const std::string& host_segment() const;
   int32_t host_slots() const;
   CoordinatorStats stats() const;
 

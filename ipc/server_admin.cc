@@ -38,6 +38,19 @@ bool Server::Impl::Handle(int fd, Connection* conn, const Message& message) {
     { events = store->Lock()->events(); }
     return SendFrame(fd, ListEvents(std::move(events)));
   }
+  if (std::holds_alternative<ClearRequest>(message) ||
+      std::holds_alternative<EvictRequest>(message)) {
+    if (!MayOperate(conn->peer)) {
+      spdlog::warn("pid {} (uid {}): {} refused: not an operator",
+                   conn->peer.pid, conn->peer.uid,
+                   MessageTypeName(TypeOf(message)));
+      return SendFrame(
+          fd, ErrorReply{Status::PermissionDenied(
+                  "uid " + std::to_string(conn->peer.uid) +
+                  " may read this store but not clear or evict it: that "
+                  "takes tierkvd's user, root or its --admin-group")});
+    }
+  }
   if (const auto* clear = std::get_if<ClearRequest>(&message)) {
     return SendFrame(fd, Clear(conn->peer.pid, clear->tiers));
   }

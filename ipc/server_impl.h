@@ -17,6 +17,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -25,6 +26,7 @@
 #include "ipc/protocol.h"
 #include "ipc/server.h"
 #include "ipc/stats_page.h"
+#include "ipc/unix_socket.h"
 #include "src/heartbeat.h"
 #include "src/mutex.h"
 #include "tiers/host_tier.h"
@@ -43,9 +45,10 @@ constexpr int kListenerPollMs = 1000;
 // read a reply) stays well below it.
 constexpr std::chrono::seconds kStalledAfter{10};
 
-// Sends a whole frame on a non-blocking socket. A peer that does not take
-// it within a second is treated as gone.
-bool SendFrame(int fd, const Message& message);
+// Sends a whole frame on a non-blocking socket, with `fds` passed on its
+// first byte (SCM_RIGHTS). A peer that does not take it within a second is
+// treated as gone.
+bool SendFrame(int fd, const Message& message, std::span<const int> fds = {});
 
 // One attached worker: its control channel and the thread serving it.
 struct Session {
@@ -59,7 +62,7 @@ struct Session {
 };
 
 struct Connection {
-  ucred peer{};
+  PeerIdentity peer;
   std::vector<std::byte> input;
   std::unique_ptr<Session> session;  // Set once the peer registered.
 };
@@ -87,7 +90,7 @@ struct Server::Impl {
   bool stopped TIERKV_GUARDED_BY(stop_mu) = false;
 
   Impl(ServerOptions opts, StoreLock store_name, StoreLock socket,
-       std::unique_ptr<TieredStore> tiered, StatsPageWriter page)
+       std::unique_ptr<TieredStore> tiered, std::optional<StatsPageWriter> page)
       : options(std::move(opts)),
         store_lock(std::move(store_name)),
         socket_lock(std::move(socket)),
@@ -99,6 +102,12 @@ struct Server::Impl {
 
   void Listen();
   void Accept();
+  // Whether `peer` may attach or read stats: tierkvd's user, root, or a
+  // member (primary or supplementary) of options.group.
+  bool MayUse(const PeerIdentity& peer) const;
+  // Whether `peer` may give operator orders (clear, evict): tierkvd's user,
+  // root, or a member of options.admin_group.
+  bool MayOperate(const PeerIdentity& peer) const;
   // False when the connection must be closed.
   bool ReadFrom(int fd, Connection* conn);
   bool Handle(int fd, Connection* conn, const Message& message);
@@ -108,9 +117,6 @@ struct Server::Impl {
   Message Evict(pid_t pid, const std::vector<BlockKey>& keys);
   void Close(int fd);
   void Serve(Session* session);
-  std::string ChannelName(WorkerId worker) const {
-    return "/tierkv." + options.store + ".w" + std::to_string(worker);
-  }
 };
 
 }  // namespace tierkv::ipc

@@ -1,6 +1,6 @@
 // tierkvd's Unix socket: the listener thread accepts peers of the store's
-// user or group, reads their frames, registers workers and runs a session
-// thread per worker that serves its control channel.
+// user or group (supplementary groups included), reads their frames, registers
+// workers and runs a session thread per worker that serves its control channel.
 #include <poll.h>
 #include <spdlog/spdlog.h>
 #include <sys/socket.h>
@@ -11,15 +11,19 @@
 
 #include "ipc/server_impl.h"
 #include "ipc/service.h"
+#include "ipc/unix_socket.h"
+#include "src/printable.h"
 
 namespace tierkv::ipc {
 
-bool SendFrame(int fd, const Message& message) {
+bool SendFrame(int fd, const Message& message, std::span<const int> fds) {
   const std::vector<std::byte> bytes = Encode(message);
   size_t sent = 0;
   while (sent < bytes.size()) {
+    // The descriptors go with the first byte.
     const ssize_t n =
-        send(fd, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
+        SendWithFds(fd, std::span<const std::byte>(bytes).subspan(sent),
+                    sent == 0 ? fds : std::span<const int>());
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
       pollfd p{fd, POLLOUT, 0};
@@ -61,15 +65,13 @@ void Server::Impl::Accept() {
         accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (fd < 0) return;  // EAGAIN: none left.
     Connection conn;
-    socklen_t len = sizeof(conn.peer);
-    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &conn.peer, &len) != 0) {
+    StatusOr<PeerIdentity> peer = PeerOf(fd);
+    if (!peer.ok()) {
       close(fd);
       continue;
     }
-    const bool allowed =
-        conn.peer.uid == geteuid() || conn.peer.uid == 0 ||
-        (options.group.has_value() && conn.peer.gid == *options.group);
-    if (!allowed) {
+    conn.peer = std::move(*peer);
+    if (!MayUse(conn.peer)) {
       spdlog::warn("refused pid {} (uid {}): not this store's user or group",
                    conn.peer.pid, conn.peer.uid);
       SendFrame(fd, ErrorReply{Status::PermissionDenied(
@@ -80,6 +82,17 @@ void Server::Impl::Accept() {
     }
     connections.emplace(fd, std::move(conn));
   }
+}
+
+bool Server::Impl::MayUse(const PeerIdentity& peer) const {
+  return peer.uid == geteuid() || peer.uid == 0 ||
+         (options.group.has_value() && peer.InGroup(*options.group));
+}
+
+bool Server::Impl::MayOperate(const PeerIdentity& peer) const {
+  return peer.uid == geteuid() || peer.uid == 0 ||
+         (options.admin_group.has_value() &&
+          peer.InGroup(*options.admin_group));
 }
 
 bool Server::Impl::ReadFrom(int fd, Connection* conn) {
@@ -129,6 +142,8 @@ bool Server::Impl::Register(int fd, Connection* conn,
   }
   WorkerRegistration reg = request.registration;
   reg.pid = conn->peer.pid;  // The kernel's word, not the message's.
+  // Shown in the log and by tierkv-admin: no control characters.
+  reg.name = PrintableName(reg.name);
   StatusOr<WorkerId> worker = Status::ResourceExhausted(
       std::to_string(options.max_workers) + " workers are attached already");
   {
@@ -143,12 +158,8 @@ bool Server::Impl::Register(int fd, Connection* conn,
     SendFrame(fd, ErrorReply{worker.status()});
     return false;
   }
-  StatusOr<ControlChannel> channel =
-      ControlChannel::Create({.name = ChannelName(*worker),
-                              .bytes = 0,
-                              .mode = options.mode,
-                              .group = options.group},
-                             options.channel_bytes);
+  StatusOr<ControlChannel> channel = ControlChannel::Create(
+      options.channel_bytes, options.store + ".w" + std::to_string(*worker));
   if (!channel.ok()) {
     { (void)store->Lock()->DropWorker(*worker); }
     SendFrame(fd, ErrorReply{channel.status()});
@@ -160,14 +171,17 @@ bool Server::Impl::Register(int fd, Connection* conn,
   conn->session = std::move(session);
   spdlog::info("worker {} attached: pid {}, '{}', {} device blocks", *worker,
                reg.pid, reg.name, reg.num_device_blocks);
-  return SendFrame(
-      fd, RegisterReply{.worker_id = *worker,
-                        .host_segment = store->host().segment_name(),
-                        .host_slots = store->host().num_slots(),
-                        .slot_bytes = store->host().slot_bytes(),
-                        .control_segment = ChannelName(*worker),
-                        .store_fingerprint =
-                            StoreFingerprint(options.layout, options.model)});
+  // The worker maps its segments from the descriptors passed with the
+  // reply: neither has a name anyone could open.
+  const int segments[kRegisterReplyFds] = {store->host().segment_fd(),
+                                           conn->session->channel.segment_fd()};
+  return SendFrame(fd,
+                   RegisterReply{.worker_id = *worker,
+                                 .host_slots = store->host().num_slots(),
+                                 .slot_bytes = store->host().slot_bytes(),
+                                 .store_fingerprint = StoreFingerprint(
+                                     options.layout, options.model)},
+                   segments);
 }
 
 void Server::Impl::Close(int fd) {

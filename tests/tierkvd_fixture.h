@@ -8,14 +8,19 @@
 
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "ipc/protocol.h"
+#include "ipc/socket_call.h"
+#include "ipc/unix_socket.h"
 #include "tests/child_process.h"
 #include "tests/scratch.h"
 #include "tests/status_matchers.h"
@@ -119,7 +124,51 @@ class TierkvdFixture : public ::testing::Test {
       std::this_thread::yield();
     }
   }
-  std::string HostSegment() const { return "/tierkv." + store_ + ".host"; }
+  // A worker that registers by hand over the socket and keeps what tierkvd
+  // passed it, its segments' descriptors, as a hostile worker would.
+  struct RawWorker {
+    ipc::UniqueFd socket;  // Closing it detaches the worker.
+    WorkerId id = 0;
+    ipc::UniqueFd host, channel;
+  };
+  std::unique_ptr<RawWorker> RawAttach(const std::string& name = "raw") {
+    auto raw = std::make_unique<RawWorker>();
+    StatusOr<int> fd = ipc::Connect(socket_, std::chrono::seconds(10));
+    EXPECT_THAT(fd, IsOk());
+    if (!fd.ok()) return nullptr;
+    raw->socket.Reset(*fd);
+    WorkerRegistration registration;
+    registration.layout = TestLayout();
+    registration.num_device_blocks = 64;
+    registration.name = name;
+    const std::vector<std::byte> hello =
+        ipc::Encode(ipc::RegisterRequest{std::move(registration)});
+    EXPECT_EQ(send(*fd, hello.data(), hello.size(), MSG_NOSIGNAL),
+              static_cast<ssize_t>(hello.size()));
+    std::vector<ipc::UniqueFd> fds;
+    StatusOr<ipc::Message> reply =
+        ipc::ReadFrame(*fd, &fds, ipc::kRegisterReplyFds);
+    EXPECT_THAT(reply, IsOk());
+    const auto* reg =
+        reply.ok() ? std::get_if<ipc::RegisterReply>(&*reply) : nullptr;
+    EXPECT_NE(reg, nullptr);
+    EXPECT_EQ(fds.size(), 2u);
+    if (reg == nullptr || fds.size() != 2) return nullptr;
+    raw->id = reg->worker_id;
+    raw->host = std::move(fds[0]);
+    raw->channel = std::move(fds[1]);
+    return raw;
+  }
+  // What tierkvd has under /dev/shm: the names starting tierkv.<store>.
+  std::vector<std::string> ShmNames() const {
+    std::vector<std::string> names;
+    const std::string prefix = "tierkv." + store_ + ".";
+    for (const auto& e : std::filesystem::directory_iterator("/dev/shm")) {
+      const std::string name = e.path().filename().string();
+      if (name.starts_with(prefix)) names.push_back(name);
+    }
+    return names;
+  }
 
   const TempDir scratch_{"tierkvd_test"};
   const std::string dir_ = scratch_.path();

@@ -35,7 +35,9 @@
 namespace tierkv {
 namespace {
 
+using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::IsEmpty;
 using Clock = std::chrono::steady_clock;
 
 class TierkvdTest : public TierkvdFixture {};
@@ -102,12 +104,11 @@ TEST_F(TierkvdTest, KilledWorkersPinsAreReleasedWithinOneSecond) {
 TEST_F(TierkvdTest, MalformedMessagesGetErrorsAndOthersAreServed) {
   StartDaemon();
   std::unique_ptr<Client> good = Attach("good");
-  std::unique_ptr<Client> bad = Attach("bad");
+  std::unique_ptr<RawWorker> bad = RawAttach("bad");
   ASSERT_NE(good, nullptr);
   ASSERT_NE(bad, nullptr);
   // The bad worker's own channel, written by hand.
-  auto channel = ipc::ControlChannel::Open("/tierkv." + store_ + ".w" +
-                                           std::to_string(bad->worker_id()));
+  auto channel = ipc::ControlChannel::Open(bad->channel.Release());
   ASSERT_THAT(channel, IsOk());
   auto alive = [] { return true; };
   auto call = [&](std::vector<std::byte> frame) {
@@ -163,12 +164,10 @@ TEST_F(TierkvdTest, MalformedMessagesGetErrorsAndOthersAreServed) {
 TEST_F(TierkvdTest, HostileChannelHeaderCannotHurtTheDaemon) {
   StartDaemon();
   std::unique_ptr<Client> good = Attach("good");
-  std::unique_ptr<Client> bad = Attach("bad");
+  std::unique_ptr<RawWorker> bad = RawAttach("bad");
   ASSERT_NE(good, nullptr);
   ASSERT_NE(bad, nullptr);
-  const std::string name =
-      "/tierkv." + store_ + ".w" + std::to_string(bad->worker_id());
-  auto raw = ShmSegment::Open(name);
+  auto raw = ShmSegment::MapSealed(bad->channel.Release(), /*writable=*/true);
   ASSERT_THAT(raw, IsOk());
   // The channel header as ipc/channel.cc lays it out: capacity at byte 12,
   // request_seq and request_len at 64 and 68, response_seq at 128.
@@ -189,22 +188,21 @@ TEST_F(TierkvdTest, HostileChannelHeaderCannotHurtTheDaemon) {
   // The daemon answered (an error), is alive, and serves everyone.
   EXPECT_EQ(good->Lookup(1, SequentialTokens(1, 40)).status().code(),
             StatusCode::kOk);
-  EXPECT_EQ(bad->Stats().value().workers.size(), 2u);
+  EXPECT_EQ(good->Stats().value().workers.size(), 2u);
 }
 
-TEST_F(TierkvdTest, SocketAndSegmentsAreOwnerOnly) {
+TEST_F(TierkvdTest, SocketIsOwnerOnlyAndSegmentsHaveNoNames) {
   StartDaemon();
   std::unique_ptr<Client> c = Attach();
   ASSERT_NE(c, nullptr);
   struct stat st {};
   ASSERT_EQ(stat(socket_.c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0600u);
-  ASSERT_EQ(stat(("/dev/shm" + HostSegment()).c_str(), &st), 0);
-  EXPECT_EQ(st.st_mode & 0777, 0600u);
-  const std::string channel =
-      "/dev/shm/tierkv." + store_ + ".w" + std::to_string(c->worker_id());
-  ASSERT_EQ(stat(channel.c_str(), &st), 0);
-  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  // The host tier and the channels are sealed memfds: the stats page is
+  // all tierkvd names in /dev/shm, and it is read-only.
+  EXPECT_THAT(ShmNames(), ElementsAre("tierkv." + store_ + ".stats"));
+  ASSERT_EQ(stat(("/dev/shm/tierkv." + store_ + ".stats").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0400u);
 }
 
 TEST_F(TierkvdTest, ALiveDaemonIsNeverClobberedAStaleOneIsReplaced) {
@@ -225,11 +223,11 @@ TEST_F(TierkvdTest, ALiveDaemonIsNeverClobberedAStaleOneIsReplaced) {
   EXPECT_EQ(third->Wait(), 1);
   EXPECT_THAT(third->output(), HasSubstr("served by a live tierkvd"));
 
-  // Killed, the daemon leaves its segment and socket behind ...
+  // Killed, the daemon leaves its socket behind ...
   daemon_->Signal(SIGKILL);
   daemon_->Wait();
   struct stat st {};
-  ASSERT_EQ(stat(("/dev/shm" + HostSegment()).c_str(), &st), 0);
+  ASSERT_EQ(stat(socket_.c_str(), &st), 0);
   // ... the worker notices ...
   EXPECT_EQ(c->Lookup(2, SequentialTokens(1, 20)).status().code(),
             StatusCode::kUnavailable);
@@ -744,7 +742,7 @@ TEST_F(TierkvdTest, SigtermStopsCleanlyAndRemovesItsFiles) {
   EXPECT_EQ(daemon_->Wait(), 0) << daemon_->output();
   struct stat st {};
   EXPECT_NE(stat(socket_.c_str(), &st), 0);
-  EXPECT_NE(stat(("/dev/shm" + HostSegment()).c_str(), &st), 0);
+  EXPECT_THAT(ShmNames(), IsEmpty());
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -61,13 +62,9 @@ StatusOr<std::unique_ptr<HostTier>> HostTier::Create(
     return Status::InvalidArgument("host tier size overflows");
   }
   const size_t bytes = kSlotAlignment + slot_bytes * options.num_slots;
-  StatusOr<ShmSegment> segment =
-      options.segment_name.empty()
-          ? ShmSegment::CreateAnonymous(bytes)
-          : ShmSegment::Create({.name = options.segment_name,
-                                .bytes = bytes,
-                                .mode = options.mode,
-                                .group = options.group});
+  StatusOr<ShmSegment> segment = options.shared
+                                     ? ShmSegment::CreateSealed(bytes, "host")
+                                     : ShmSegment::CreateAnonymous(bytes);
   if (!segment.ok()) return segment.status();
   auto* header = reinterpret_cast<HostTierHeader*>(segment->data());
   std::memset(header, 0, sizeof(*header));
@@ -85,18 +82,19 @@ StatusOr<std::unique_ptr<HostTier>> HostTier::Create(
 }
 
 StatusOr<std::unique_ptr<HostTier>> HostTier::Attach(
-    const std::string& segment_name, const std::string& layout_fingerprint,
-    size_t slot_bytes, int32_t num_slots) {
-  TIERKV_ASSIGN_OR_RETURN(ShmSegment segment, ShmSegment::Open(segment_name));
+    int segment_fd, const std::string& layout_fingerprint, size_t slot_bytes,
+    int32_t num_slots) {
+  TIERKV_ASSIGN_OR_RETURN(ShmSegment segment,
+                          ShmSegment::MapSealed(segment_fd, /*writable=*/true));
   if (segment.size() < kSlotAlignment) {
-    return Status::FailedPrecondition("'" + segment_name +
-                                      "' is too small to be a host tier");
+    return Status::FailedPrecondition(
+        "the host segment is too small to be a host tier");
   }
   const auto* header = reinterpret_cast<const HostTierHeader*>(segment.data());
   if (__atomic_load_n(&header->magic, __ATOMIC_ACQUIRE) != kHostTierMagic ||
       header->version != kHostTierVersion) {
     return Status::FailedPrecondition(
-        "'" + segment_name + "' is not a tierkv host tier of format version " +
+        "the host segment is not a tierkv host tier of format version " +
         std::to_string(kHostTierVersion));
   }
   const std::string fingerprint(
@@ -104,16 +102,16 @@ StatusOr<std::unique_ptr<HostTier>> HostTier::Attach(
       strnlen(header->layout_fingerprint, kFingerprintBytes));
   if (fingerprint != layout_fingerprint) {
     return Status::FailedPrecondition(
-        "host tier '" + segment_name + "' holds the store (layout, model) " +
-        fingerprint + ", this worker uses " + layout_fingerprint);
+        "the host tier holds the store (layout, model) " + fingerprint +
+        ", this worker uses " + layout_fingerprint);
   }
   if (header->slot_bytes != slot_bytes || header->num_slots != num_slots ||
       segment.size() < kSlotAlignment + slot_bytes * num_slots) {
     return Status::FailedPrecondition(
-        "host tier '" + segment_name + "' has " +
-        std::to_string(header->num_slots) + " slots of " +
-        std::to_string(header->slot_bytes) + " bytes; expected " +
-        std::to_string(num_slots) + " of " + std::to_string(slot_bytes));
+        "the host tier has " + std::to_string(header->num_slots) +
+        " slots of " + std::to_string(header->slot_bytes) +
+        " bytes; expected " + std::to_string(num_slots) + " of " +
+        std::to_string(slot_bytes));
   }
   std::byte* slots = segment.data() + kSlotAlignment;
   return std::unique_ptr<HostTier>(
@@ -121,13 +119,27 @@ StatusOr<std::unique_ptr<HostTier>> HostTier::Attach(
 }
 
 StatusOr<StoreLock> StoreLock::Acquire(const std::string& path) {
-  const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  // Not through a symbolic link, and not truncated before it is known to be
+  // this user's own regular file: someone else's lock file is refused, not
+  // clobbered.
+  const int fd =
+      open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
   if (fd < 0) {
     const int err = errno;
     const std::string msg =
-        "cannot open lock file " + path + ": " + std::strerror(err);
-    return err == EACCES ? Status::PermissionDenied(msg)
-                         : Status::Unavailable(msg);
+        "cannot open lock file " + path + ": " + std::strerror(err) +
+        (err == ELOOP ? " (it is a symbolic link; remove it)" : "");
+    return err == EACCES || err == ELOOP ? Status::PermissionDenied(msg)
+                                         : Status::Unavailable(msg);
+  }
+  struct stat st {};
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid()) {
+    close(fd);
+    return Status::PermissionDenied(
+        "lock file " + path + " is not a regular file of uid " +
+        std::to_string(geteuid()) +
+        " (another user made it?); remove it, or put the socket in a "
+        "directory only this user can write");
   }
   if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
     char buf[32] = {};

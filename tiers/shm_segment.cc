@@ -1,6 +1,8 @@
 #include "tiers/shm_segment.h"
 
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <boost/interprocess/exceptions.hpp>
@@ -20,11 +22,14 @@ struct ShmSegment::Impl {
   Impl(bip::shared_memory_object& shm, bip::mode_t mode) : region(shm, mode) {}
 
   bip::mapped_region region;
-  void* anonymous = nullptr;  // mmap'd private memory (anonymous segments).
+  // Mapped with mmap directly (anonymous and sealed segments).
+  void* anonymous = nullptr;
   size_t anonymous_bytes = 0;
+  int sealed_fd = -1;  // CreateSealed's memfd; -1 otherwise.
 
   ~Impl() {
     if (anonymous != nullptr) munmap(anonymous, anonymous_bytes);
+    if (sealed_fd >= 0) close(sealed_fd);
   }
 };
 
@@ -168,6 +173,72 @@ StatusOr<ShmSegment> ShmSegment::CreateAnonymous(size_t bytes) {
     return Status::ResourceExhausted("cannot map " + std::to_string(bytes) +
                                      " bytes: " + std::strerror(errno));
   }
+  auto impl = std::make_unique<Impl>();
+  impl->anonymous = p;
+  impl->anonymous_bytes = bytes;
+  return FromImpl(std::move(impl), "", /*owner=*/false);
+}
+
+int ShmSegment::fd() const { return impl_ != nullptr ? impl_->sealed_fd : -1; }
+
+StatusOr<ShmSegment> ShmSegment::CreateSealed(size_t bytes,
+                                              const std::string& label) {
+  if (bytes == 0) {
+    return Status::InvalidArgument("shared memory segment of 0 bytes");
+  }
+  auto fail = [&](const std::string& what, int fd) {
+    const int err = errno;
+    if (fd >= 0) close(fd);
+    const std::string msg = what + " for " + std::to_string(bytes) +
+                            "-byte segment '" + label +
+                            "': " + std::strerror(err);
+    return err == ENOMEM || err == ENOSPC || err == EMFILE || err == ENFILE
+               ? Status::ResourceExhausted(msg)
+               : Status::Unavailable(msg);
+  };
+  const int fd = memfd_create(("tierkv." + label).c_str(),
+                              MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0) return fail("memfd_create", -1);
+  if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+    return fail("ftruncate", fd);
+  }
+  if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+    return fail("sealing", fd);
+  }
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) return fail("mmap", fd);
+  auto impl = std::make_unique<Impl>();
+  impl->anonymous = p;
+  impl->anonymous_bytes = bytes;
+  impl->sealed_fd = fd;
+  return FromImpl(std::move(impl), "", /*owner=*/false);
+}
+
+StatusOr<ShmSegment> ShmSegment::MapSealed(int fd, bool writable) {
+  if (fd < 0) return Status::InvalidArgument("no segment was passed");
+  auto refuse = [fd](Status s) {
+    close(fd);
+    return s;
+  };
+  const int seals = fcntl(fd, F_GET_SEALS);
+  constexpr int kNeeded = F_SEAL_SHRINK | F_SEAL_GROW;
+  if (seals < 0 || (seals & kNeeded) != kNeeded) {
+    return refuse(Status::FailedPrecondition(
+        "the segment passed is not a memfd sealed against resizing"));
+  }
+  struct stat st {};
+  if (fstat(fd, &st) != 0 || st.st_size <= 0) {
+    return refuse(Status::FailedPrecondition("the segment passed is empty"));
+  }
+  const auto bytes = static_cast<size_t>(st.st_size);
+  const int prot = writable ? PROT_READ | PROT_WRITE : PROT_READ;
+  void* p = mmap(nullptr, bytes, prot, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) {
+    return refuse(
+        Status::ResourceExhausted("cannot map " + std::to_string(bytes) +
+                                  "-byte segment: " + std::strerror(errno)));
+  }
+  close(fd);
   auto impl = std::make_unique<Impl>();
   impl->anonymous = p;
   impl->anonymous_bytes = bytes;

@@ -41,6 +41,17 @@ class ShmSegment {
   static StatusOr<ShmSegment> OpenReadOnly(const std::string& name);
   // Private anonymous memory (embedded mode: no name, nothing to clean up).
   static StatusOr<ShmSegment> CreateAnonymous(size_t bytes);
+  // A nameless shared segment (memfd) of exactly `bytes`, sealed so that no
+  // process holding it can shrink or grow it (F_SEAL_SHRINK, F_SEAL_GROW,
+  // F_SEAL_SEAL): a mapping of it never faults with SIGBUS. It has no name
+  // in any directory; others reach it only through fd(), passed over a Unix
+  // socket (SCM_RIGHTS). `label` names it in /proc/<pid>/fd.
+  static StatusOr<ShmSegment> CreateSealed(size_t bytes,
+                                           const std::string& label);
+  // Maps a segment received as `fd` (taking ownership of it; it is closed
+  // once mapped). FailedPrecondition unless it is a memfd sealed against
+  // shrinking and growing, so a sender cannot truncate it under us later.
+  static StatusOr<ShmSegment> MapSealed(int fd, bool writable);
 
   ShmSegment(ShmSegment&& other) noexcept;
   ShmSegment& operator=(ShmSegment&& other) noexcept;
@@ -50,6 +61,9 @@ class ShmSegment {
   size_t size() const { return size_; }
   const std::string& name() const { return name_; }  // Empty if anonymous.
   bool owner() const { return owner_; }
+  // The sealed segment's file descriptor (CreateSealed), to pass to another
+  // process; -1 for every other kind. Owned by the segment.
+  int fd() const;
 
   // Removes a segment by name; true if one existed.
   static bool Remove(const std::string& name);

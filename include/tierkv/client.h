@@ -28,10 +28,13 @@
 #ifndef TIERKV_INCLUDE_TIERKV_CLIENT_H_
 #define TIERKV_INCLUDE_TIERKV_CLIENT_H_
 
+#include <sys/types.h>
+
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -55,6 +58,11 @@ struct ClientOptions {
   // The tierkvd to attach to (tierkvd --socket). Required by Open;
   // OpenEmbedded (tierkv/embedded.h) runs a store in this process instead.
   std::string socket_path;
+  // Who may answer on socket_path. Before it sends anything, the client
+  // checks the listener's user (SO_PEERCRED): this process's user, root,
+  // the owner of the socket's directory when no one else can write there
+  // (tierkvd's /run/tierkv), or this uid. Default: none beyond those.
+  std::optional<uid_t> daemon_uid;
   KvLayout layout;  // Required; must match the store's.
   // The model this worker runs (ValidateModelName); must match the store's
   // (tierkvd --model), so KV of one model is never served to another.

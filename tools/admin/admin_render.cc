@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "src/printable.h"
 #include "tools/admin/admin.h"
 #include "tools/admin/admin_internal.h"
 
@@ -176,8 +177,8 @@ std::string FormatWorkers(const CoordinatorStats& stats) {
   }
   for (const WorkerStats& w : stats.workers) {
     std::snprintf(line, sizeof(line), "  %-6u %-8d %-20s %8u %7u %7u\n", w.id,
-                  w.pid, w.name.substr(0, 20).c_str(), w.requests,
-                  w.loads_in_flight, w.stores_in_flight);
+                  w.pid, PrintableName(w.name).substr(0, 20).c_str(),
+                  w.requests, w.loads_in_flight, w.stores_in_flight);
     out << line;
   }
   return out.str();
@@ -260,7 +261,7 @@ std::string FormatStatsFields(const CoordinatorStats& stats) {
     FieldLines(out, *stats.disk);
   }
   for (const WorkerStats& w : stats.workers) {
-    out << "worker " << w.id << " (" << w.name << "):\n";
+    out << "worker " << w.id << " (" << PrintableName(w.name) << "):\n";
     FieldLines(out, w);
   }
   return out.str();
@@ -420,8 +421,8 @@ std::string FormatEventsTable(const std::vector<EventInfo>& events,
     std::snprintf(
         line, sizeof(line), "%10s  %-6u %-20s %-5s %8llu %10llu %6u  %s\n",
         FormatAge(e.age_us).c_str(), e.worker,
-        e.worker_name.substr(0, 20).c_str(), EventKindName(e.ref.kind),
-        static_cast<unsigned long long>(e.ref.id),
+        PrintableName(e.worker_name).substr(0, 20).c_str(),
+        EventKindName(e.ref.kind), static_cast<unsigned long long>(e.ref.id),
         static_cast<unsigned long long>(e.request), e.blocks,
         EventStateName(e.state));
     out << line;

@@ -15,6 +15,7 @@
 #include <set>
 #include <sstream>
 #include <string_view>
+#include <tuple>
 #include <vector>
 
 #include "ipc/protocol.h"
@@ -61,7 +62,8 @@ namespace {
 
 // The options as text, before they are checked and converted.
 struct RawOptions {
-  std::string capacity = "1G", dtype = "bf16", mode = "0600", group;
+  std::string capacity = "1G", dtype = "bf16", mode = "0600", group,
+              admin_group;
   std::string disk_capacity = "16G", codec = "none";
   int stop_timeout = 10;
   int stats_interval_ms = 100;
@@ -235,10 +237,12 @@ po::options_description SettingOptions(DaemonCommand& command,
       "the --config file)");
   desc.add_options()(
       "store", po::value(&s.store)->default_value(s.store),
-      "store name; names the shared-memory segments /tierkv.<store>.*")(
+      "store name; names the stats page /tierkv.<store>.stats and the lock "
+      "file tierkv-<store>.lock next to the socket")(
       "socket", po::value(&s.socket_path),
       "control socket path (default: $XDG_RUNTIME_DIR/tierkv-<store>.sock,"
-      " or /tmp/tierkv-<uid>-<store>.sock)")(
+      " or /run/tierkv/tierkv-<store>.sock; its directory should be "
+      "writable by tierkvd's user only)")(
       "host-capacity", po::value(&raw.capacity)->default_value(raw.capacity),
       "host DRAM for KV blocks (K, M, G, T suffixes, powers of 1024)")(
       "model", po::value(&s.model)->value_name("NAME"),
@@ -258,9 +262,13 @@ po::options_description SettingOptions(DaemonCommand& command,
       "dtype", po::value(&raw.dtype)->default_value(raw.dtype),
       "KV layout: f32, f16 or bf16")(
       "mode", po::value(&raw.mode)->default_value(raw.mode),
-      "permission bits of the socket and segments (octal)")(
+      "permission bits of the socket and stats page (octal)")(
       "group", po::value(&raw.group),
-      "let this group's workers attach too (use with --mode 0660)")(
+      "let this group's workers attach and read stats too, as primary or "
+      "supplementary group (needs --mode 0660)")(
+      "admin-group", po::value(&raw.admin_group),
+      "let this group give operator orders too (tierkv-admin clear, evict); "
+      "without it only tierkvd's user and root may")(
       "disk-dir", po::value(&s.disk_path),
       "disk tier: a RocksDB directory (created if missing) that blocks "
       "spill to when host memory runs short, and that survives restarts "
@@ -322,13 +330,16 @@ StatusOr<DaemonCommand> Finish(DaemonCommand command, const RawOptions& raw,
                                    where("spill-high") +
                                    " must satisfy 0 < low <= high <= 1");
   }
-  if (!raw.group.empty()) {
-    const struct group* g = getgrnam(raw.group.c_str());
+  for (auto [flag, name, gid] :
+       {std::tuple{"group", &raw.group, &s.group},
+        std::tuple{"admin-group", &raw.admin_group, &s.admin_group}}) {
+    if (name->empty()) continue;
+    const struct group* g = getgrnam(name->c_str());
     if (g == nullptr) {
-      return Status::InvalidArgument(where("group") + " '" + raw.group +
+      return Status::InvalidArgument(where(flag) + " '" + *name +
                                      "': no such group");
     }
-    s.group = g->gr_gid;
+    *gid = g->gr_gid;
   }
   if (Status m = ValidateModelName(s.model); !m.ok()) {
     return Status::InvalidArgument(where("model") + ": " + m.message());

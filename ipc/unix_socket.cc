@@ -1,0 +1,131 @@
+#include "ipc/unix_socket.h"
+
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+namespace tierkv::ipc {
+namespace {
+
+// Room for the descriptors of any one tierkv frame.
+constexpr size_t kMaxFdsPerMessage = 8;
+
+}  // namespace
+
+void UniqueFd::Reset(int fd) {
+  if (fd_ >= 0) close(fd_);
+  fd_ = fd;
+}
+
+bool PeerIdentity::InGroup(gid_t group) const {
+  return gid == group ||
+         std::find(groups.begin(), groups.end(), group) != groups.end();
+}
+
+StatusOr<PeerIdentity> PeerOf(int socket_fd) {
+  ucred cred{};
+  socklen_t len = sizeof(cred);
+  if (getsockopt(socket_fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
+    return Status::Unavailable(std::string("SO_PEERCRED: ") +
+                               std::strerror(errno));
+  }
+  PeerIdentity peer;
+  peer.pid = cred.pid;
+  peer.uid = cred.uid;
+  peer.gid = cred.gid;
+  // SO_PEERGROUPS says ERANGE, with the size it needs, when the buffer is
+  // too small.
+  std::vector<gid_t> groups(16);
+  for (int attempt = 0; attempt < 4; ++attempt) {
+    socklen_t bytes = static_cast<socklen_t>(groups.size() * sizeof(gid_t));
+    if (getsockopt(socket_fd, SOL_SOCKET, SO_PEERGROUPS, groups.data(),
+                   &bytes) == 0) {
+      groups.resize(bytes / sizeof(gid_t));
+      peer.groups = std::move(groups);
+      return peer;
+    }
+    if (errno != ERANGE) break;
+    groups.resize(bytes / sizeof(gid_t) + 1);
+  }
+  return Status::Unavailable(std::string("SO_PEERGROUPS: ") +
+                             std::strerror(errno));
+}
+
+Status CheckDaemonUser(uid_t daemon_uid, const std::string& socket_path,
+                       std::optional<uid_t> expected) {
+  if (daemon_uid == geteuid() || daemon_uid == 0) return Status::Ok();
+  if (expected.has_value() && daemon_uid == *expected) return Status::Ok();
+  const size_t slash = socket_path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "."
+                          : slash == 0               ? "/"
+                                       : socket_path.substr(0, slash);
+  struct stat st {};
+  if (stat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode) &&
+      st.st_uid == daemon_uid && (st.st_mode & (S_IWGRP | S_IWOTH)) == 0) {
+    return Status::Ok();  // Only the daemon's user could bind there.
+  }
+  return Status::PermissionDenied(
+      "the process listening on " + socket_path + " runs as uid " +
+      std::to_string(daemon_uid) +
+      ", not this user, root or the owner of a directory only that owner "
+      "can write; refusing to send it KV (set ClientOptions::daemon_uid to "
+      "trust that user)");
+}
+
+ssize_t SendWithFds(int socket_fd, std::span<const std::byte> bytes,
+                    std::span<const int> fds) {
+  if (fds.size() > kMaxFdsPerMessage) {
+    errno = EINVAL;
+    return -1;
+  }
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFdsPerMessage)];
+  iovec iov{.iov_base = const_cast<std::byte*>(bytes.data()),
+            .iov_len = bytes.size()};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  if (!fds.empty()) {
+    std::memset(control, 0, sizeof(control));
+    msg.msg_control = control;
+    msg.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
+    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+    std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
+  }
+  return sendmsg(socket_fd, &msg, MSG_NOSIGNAL);
+}
+
+ssize_t RecvWithFds(int socket_fd, std::byte* buffer, size_t bytes,
+                    std::vector<UniqueFd>* fds, size_t max_fds) {
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFdsPerMessage)];
+  iovec iov{.iov_base = buffer, .iov_len = bytes};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  const ssize_t n = recvmsg(socket_fd, &msg, MSG_CMSG_CLOEXEC);
+  if (n < 0) return n;
+  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr;
+       c = CMSG_NXTHDR(&msg, c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (size_t i = 0; i < count; ++i) {
+      int fd;
+      std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+      UniqueFd owned(fd);
+      if (fds != nullptr && fds->size() < max_fds) {
+        fds->push_back(std::move(owned));
+      }
+    }
+  }
+  return n;
+}
+
+}  // namespace tierkv::ipc

@@ -1,0 +1,80 @@
+// What tierkv does with its Unix socket beyond bytes: who is on the other
+// end (SO_PEERCRED, SO_PEERGROUPS) and file descriptors passed with a frame
+// (SCM_RIGHTS), which is how tierkvd hands a worker its sealed segments.
+// Thread-safety: free functions over a caller's socket; no shared state.
+#ifndef TIERKV_IPC_UNIX_SOCKET_H_
+#define TIERKV_IPC_UNIX_SOCKET_H_
+
+#include <sys/types.h>
+
+#include <cstddef>
+#include <optional>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tierkv/status.h"
+
+namespace tierkv::ipc {
+
+// An owned file descriptor, closed when destroyed.
+class UniqueFd {
+ public:
+  UniqueFd() = default;
+  explicit UniqueFd(int fd) : fd_(fd) {}
+  UniqueFd(UniqueFd&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
+  UniqueFd& operator=(UniqueFd&& other) noexcept {
+    if (this != &other) Reset(std::exchange(other.fd_, -1));
+    return *this;
+  }
+  ~UniqueFd() { Reset(); }
+
+  int get() const { return fd_; }
+  bool valid() const { return fd_ >= 0; }
+  // Gives up ownership.
+  int Release() { return std::exchange(fd_, -1); }
+  void Reset(int fd = -1);
+
+ private:
+  int fd_ = -1;
+};
+
+// The process on the other end of a connected Unix socket, as the kernel
+// recorded it when the connection was made.
+struct PeerIdentity {
+  pid_t pid = 0;
+  uid_t uid = 0;
+  gid_t gid = 0;              // Primary group.
+  std::vector<gid_t> groups;  // Supplementary groups (SO_PEERGROUPS).
+
+  // The primary group or one of the supplementary groups is `group`.
+  bool InGroup(gid_t group) const;
+};
+
+// Unavailable when the kernel cannot say (the socket is not connected).
+StatusOr<PeerIdentity> PeerOf(int socket_fd);
+
+// Whether a worker may trust `daemon_uid` as the tierkvd behind
+// `socket_path`: it is this process's user, root, `expected` when given,
+// or the owner of the socket's directory when only that owner (and root)
+// can write there, so no one else could have put the socket in place.
+// PermissionDenied naming the uid and how to trust it otherwise.
+Status CheckDaemonUser(uid_t daemon_uid, const std::string& socket_path,
+                       std::optional<uid_t> expected);
+
+// send(2) of `bytes` (MSG_NOSIGNAL) with `fds` attached to the first byte
+// sent (SCM_RIGHTS); at most 8. Returns as send does; errno as sendmsg's
+// (EINVAL for too many descriptors).
+ssize_t SendWithFds(int socket_fd, std::span<const std::byte> bytes,
+                    std::span<const int> fds);
+
+// recv(2) that also takes up to `max_fds` descriptors the peer attached
+// (close-on-exec) into `fds`; descriptors beyond `max_fds` are closed, and
+// so are any when `fds` is null. Returns as recv does; errno as recvmsg's.
+ssize_t RecvWithFds(int socket_fd, std::byte* buffer, size_t bytes,
+                    std::vector<UniqueFd>* fds, size_t max_fds);
+
+}  // namespace tierkv::ipc
+
+#endif  // TIERKV_IPC_UNIX_SOCKET_H_
