@@ -1,0 +1,346 @@
+// Hostile local peers against a real tierkvd: a worker that tries to resize
+// the memory tierkvd maps, a fake daemon of another user, lock files planted
+// by another user, group members (supplementary groups included) and who may
+// give operator orders. Tests that need a second user make one with
+// useradd (they need root, and say so when skipped).
+#include <fcntl.h>
+#include <gmock/gmock.h>
+#include <grp.h>
+#include <gtest/gtest.h>
+#include <pwd.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "ipc/server.h"
+#include "tests/tierkvd_fixture.h"
+#include "tiers/shm_segment.h"
+
+namespace tierkv {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// --- Sealed segments --------------------------------------------------------
+
+class SealedTest : public TierkvdFixture {};
+
+TEST_F(SealedTest, AWorkerCannotResizeTheSegmentsItIsGiven) {
+  StartDaemonWithDisk(16);
+  std::unique_ptr<RawWorker> hostile = RawAttach("hostile");
+  ASSERT_NE(hostile, nullptr);
+  for (const int fd : {hostile->host.get(), hostile->channel.get()}) {
+    struct stat st {};
+    ASSERT_EQ(fstat(fd, &st), 0);
+    errno = 0;
+    EXPECT_NE(ftruncate(fd, 0), 0);
+    EXPECT_EQ(errno, EPERM);
+    EXPECT_NE(ftruncate(fd, st.st_size / 2), 0);
+    EXPECT_NE(ftruncate(fd, st.st_size * 2), 0);
+    EXPECT_NE(fallocate(fd, 0, st.st_size, 4096), 0);
+    // Nor can it add a seal of its own (F_SEAL_SEAL).
+    EXPECT_NE(fcntl(fd, F_ADD_SEALS, F_SEAL_WRITE), 0);
+    ASSERT_EQ(fstat(fd, &st), 0);
+    EXPECT_GT(st.st_size, 0);
+  }
+  // tierkvd keeps serving, spills included: workers store more blocks than
+  // the host tier holds, and read every one back.
+  auto fill = ManyWorker("fill", 3, 40);
+  ASSERT_EQ(fill->Wait(), 0) << fill->output();
+  auto verify = ManyWorker("verify", 3, 40);
+  ASSERT_EQ(verify->Wait(), 0) << verify->output();
+  EXPECT_THAT(verify->output(), HasSubstr("wrong 0"));
+  EXPECT_THAT(verify->output(), HasSubstr("missed 0"));
+}
+
+TEST(SealedSegmentTest, AnUnsealedOrResizableSegmentIsRefused) {
+  const int unsealed = memfd_create("tierkv-test", MFD_CLOEXEC);
+  ASSERT_GE(unsealed, 0);
+  ASSERT_EQ(ftruncate(unsealed, 1 << 16), 0);
+  StatusOr<ShmSegment> refused = ShmSegment::MapSealed(unsealed, true);
+  EXPECT_EQ(refused.status().code(), StatusCode::kFailedPrecondition)
+      << refused.status().ToString();
+
+  // Sealed against growing only: it could still be shrunk under a reader.
+  const int half = memfd_create("tierkv-test", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  ASSERT_GE(half, 0);
+  ASSERT_EQ(ftruncate(half, 1 << 16), 0);
+  ASSERT_EQ(fcntl(half, F_ADD_SEALS, F_SEAL_GROW), 0);
+  EXPECT_EQ(ShmSegment::MapSealed(half, true).status().code(),
+            StatusCode::kFailedPrecondition);
+
+  StatusOr<ShmSegment> made = ShmSegment::CreateSealed(1 << 16, "test");
+  ASSERT_THAT(made, IsOk());
+  StatusOr<ShmSegment> mapped = ShmSegment::MapSealed(dup(made->fd()), true);
+  ASSERT_THAT(mapped, IsOk());
+  EXPECT_EQ(mapped->size(), size_t{1} << 16);
+  made->data()[100] = std::byte{7};
+  EXPECT_EQ(mapped->data()[100], std::byte{7});
+}
+
+// --- Who is on the other end -------------------------------------------------
+
+constexpr uid_t kNobody = 65534;
+
+class PeerCheckTest : public TierkvdFixture {};
+
+TEST_F(PeerCheckTest, TheDefaultSocketIsNeverInTmp) {
+  const char* saved = std::getenv("XDG_RUNTIME_DIR");
+  const std::string restore = saved != nullptr ? saved : "";
+  unsetenv("XDG_RUNTIME_DIR");
+  EXPECT_EQ(ipc::DefaultSocketPath("s"), "/run/tierkv/tierkv-s.sock");
+  setenv("XDG_RUNTIME_DIR", "/run/user/1000", 1);
+  EXPECT_EQ(ipc::DefaultSocketPath("s"), "/run/user/1000/tierkv-s.sock");
+  if (saved != nullptr) {
+    setenv("XDG_RUNTIME_DIR", restore.c_str(), 1);
+  } else {
+    unsetenv("XDG_RUNTIME_DIR");
+  }
+}
+
+// A socket another user listens on, in a directory anyone may write (as
+// /tmp is): the client refuses it before sending a byte.
+TEST_F(PeerCheckTest, AClientSendsNothingToADaemonOfAnotherUser) {
+  if (geteuid() != 0)
+    GTEST_SKIP() << "needs root to run a fake daemon as nobody";
+  ASSERT_EQ(chmod(dir_.c_str(), 0755), 0);
+  const std::string shared = dir_ + "/shared";
+  ASSERT_EQ(mkdir(shared.c_str(), 01777), 0);
+  ASSERT_EQ(chmod(shared.c_str(), 01777), 0);
+  const std::string path = shared + "/tierkv-default.sock";
+  int ready[2], report[2];
+  ASSERT_EQ(pipe(ready), 0);
+  ASSERT_EQ(pipe(report), 0);
+  const pid_t fake = fork();
+  ASSERT_GE(fake, 0);
+  if (fake == 0) {
+    // The fake daemon: listens as nobody, then counts what it is sent.
+    if (setgid(kNobody) != 0 || setuid(kNobody) != 0) _exit(2);
+    const int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+    if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+        listen(fd, 4) != 0) {
+      _exit(3);
+    }
+    chmod(path.c_str(), 0666);
+    if (write(ready[1], "r", 1) != 1) _exit(4);
+    const int conn = accept(fd, nullptr, nullptr);
+    int64_t received = 0;
+    char buf[4096];
+    for (ssize_t n; (n = read(conn, buf, sizeof(buf))) > 0;) received += n;
+    if (write(report[1], &received, sizeof(received)) != sizeof(received)) {
+      _exit(5);
+    }
+    _exit(0);
+  }
+  close(ready[1]);
+  close(report[1]);
+  char c;
+  ASSERT_EQ(read(ready[0], &c, 1), 1);
+
+  ClientOptions options;
+  options.socket_path = path;
+  options.layout = TestLayout();
+  options.num_device_blocks = 4;
+  StatusOr<std::unique_ptr<Client>> client = Client::Open(options);
+  EXPECT_EQ(client.status().code(), StatusCode::kPermissionDenied)
+      << client.status().ToString();
+  EXPECT_THAT(client.status().message(), HasSubstr("runs as uid 65534"));
+  int64_t received = -1;
+  ASSERT_EQ(read(report[0], &received, sizeof(received)),
+            static_cast<ssize_t>(sizeof(received)));
+  EXPECT_EQ(received, 0);
+  int status = 0;
+  ASSERT_EQ(waitpid(fake, &status, 0), fake);
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  close(ready[0]);
+  close(report[0]);
+}
+
+TEST_F(PeerCheckTest, ASymlinkedLockFileIsRefusedAndItsTargetKept) {
+  const std::string victim = dir_ + "/precious";
+  std::ofstream(victim) << "keep me";
+  ASSERT_EQ(
+      symlink(victim.c_str(), ipc::StoreLockPath(store_, socket_).c_str()), 0);
+  auto daemon = Spawn(DaemonArgs("1M"));
+  EXPECT_NE(daemon->Wait(), 0);
+  EXPECT_THAT(daemon->output(), HasSubstr("symbolic link"));
+  EXPECT_EQ(ReadFile(victim), "keep me");
+}
+
+TEST_F(PeerCheckTest, AnotherUsersLockFileIsRefusedUntouched) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to chown a file to nobody";
+  const std::string lock = socket_ + ".lock";
+  std::ofstream(lock) << "12345";
+  ASSERT_EQ(chown(lock.c_str(), kNobody, kNobody), 0);
+  auto daemon = Spawn(DaemonArgs("1M"));
+  EXPECT_NE(daemon->Wait(), 0);
+  EXPECT_THAT(daemon->output(), HasSubstr("not a regular file of uid"));
+  EXPECT_EQ(ReadFile(lock), "12345");
+}
+
+// --- Groups and operator rights ---------------------------------------------
+
+// A group, a user with it as a supplementary group only (its primary group
+// is its own) and a user outside it, made once per machine.
+struct TestUsers {
+  static constexpr char kGroup[] = "tierkv-test-g";
+  static constexpr char kMember[] = "tierkv-test-m";
+  static constexpr char kOutsider[] = "tierkv-test-o";
+
+  // Skips the test (with the reason) when users cannot be made here.
+  static bool Ensure(std::string* why) {
+    if (geteuid() != 0) {
+      *why = "needs root to add users";
+      return false;
+    }
+    if (access("/usr/sbin/useradd", X_OK) != 0 ||
+        access("/usr/bin/setpriv", X_OK) != 0) {
+      *why = "needs useradd and setpriv";
+      return false;
+    }
+    // Test processes run side by side: one adds the users at a time.
+    const int lock = open("/run/lock/tierkv-test-users.lock",
+                          O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (lock < 0 || flock(lock, LOCK_EX) != 0) {
+      *why = "cannot lock /run/lock/tierkv-test-users.lock";
+      return false;
+    }
+    auto run = [](const std::string& command) {
+      return std::system((command + " >/dev/null 2>&1").c_str()) == 0;
+    };
+    bool ok = true;
+    if (getgrnam(kGroup) == nullptr) {
+      ok &= run(std::string("groupadd --system ") + kGroup);
+    }
+    if (getpwnam(kMember) == nullptr) {
+      ok &= run(std::string("useradd --system --no-create-home --user-group "
+                            "--shell /usr/sbin/nologin --groups ") +
+                kGroup + " " + kMember);
+    }
+    if (getpwnam(kOutsider) == nullptr) {
+      ok &= run(std::string("useradd --system --no-create-home --user-group "
+                            "--shell /usr/sbin/nologin ") +
+                kOutsider);
+    }
+    close(lock);
+    if (!ok || getgrnam(kGroup) == nullptr || getpwnam(kMember) == nullptr ||
+        getpwnam(kOutsider) == nullptr) {
+      *why = "groupadd or useradd failed";
+      return false;
+    }
+    return true;
+  }
+
+  // argv that runs `command` as `user`, with its groups from /etc/group.
+  static std::vector<std::string> As(const std::string& user,
+                                     std::vector<std::string> command) {
+    const passwd* pw = getpwnam(user.c_str());
+    std::vector<std::string> argv = {
+        "/usr/bin/setpriv", "--reuid=" + std::to_string(pw->pw_uid),
+        "--regid=" + std::to_string(pw->pw_gid), "--init-groups", "--"};
+    argv.insert(argv.end(), command.begin(), command.end());
+    return argv;
+  }
+};
+
+class SupplementaryGroupTest : public TierkvdFixture {
+ protected:
+  void SetUp() override {
+    TierkvdFixture::SetUp();
+    std::string why;
+    if (!TestUsers::Ensure(&why)) GTEST_SKIP() << why;
+    // The other users reach the socket through the scratch directory.
+    ASSERT_EQ(chmod(dir_.c_str(), 0755), 0);
+  }
+};
+
+TEST_F(SupplementaryGroupTest, AMemberByItsSupplementaryGroupAttaches) {
+  const group* g = getgrnam(TestUsers::kGroup);
+  const passwd* member = getpwnam(TestUsers::kMember);
+  ASSERT_NE(member->pw_gid, g->gr_gid) << "the group must be supplementary";
+  // The kernel lets the member connect (the socket is 0660, group kGroup)
+  // by its supplementary group; tierkvd must admit it by that group too,
+  // not only by its primary one.
+  StartDaemon("1M", {"--group", TestUsers::kGroup, "--mode", "0660"});
+  auto in = Spawn(TestUsers::As(
+      TestUsers::kMember, {TEST_WORKER_PATH, "store", socket_, "5", "3"}));
+  EXPECT_EQ(in->Wait(), 0) << in->output();
+  EXPECT_THAT(in->output(), HasSubstr("checksum"));
+  EXPECT_TRUE(daemon_->WaitForOutput("pid " + std::to_string(in->pid()) +
+                                     ", 'store-5'"))
+      << daemon_->output();
+
+  auto out = Spawn(TestUsers::As(
+      TestUsers::kOutsider, {TEST_WORKER_PATH, "store", socket_, "5", "3"}));
+  EXPECT_NE(out->Wait(), 0);
+  EXPECT_THAT(out->output(), HasSubstr("Permission denied"));
+}
+
+TEST_F(SupplementaryGroupTest, AGroupWithAModeThatGivesItNothingIsRefused) {
+  auto daemon = Spawn([&] {
+    auto args = DaemonArgs("1M");
+    args.insert(args.end(), {"--group", TestUsers::kGroup, "--mode", "0600"});
+    return args;
+  }());
+  EXPECT_NE(daemon->Wait(), 0);
+  EXPECT_THAT(daemon->output(), HasSubstr("--group lets a group attach"));
+  EXPECT_THAT(daemon->output(), HasSubstr("0660"));
+}
+
+class OperatorRightsTest : public SupplementaryGroupTest {
+ protected:
+  std::unique_ptr<ChildProcess> Admin(const std::string& user,
+                                      std::vector<std::string> args) {
+    std::vector<std::string> command = {TIERKV_ADMIN_PATH};
+    command.insert(command.end(), args.begin(), args.end());
+    command.insert(command.end(), {"--socket", socket_});
+    return Spawn(user.empty() ? command : TestUsers::As(user, command));
+  }
+};
+
+TEST_F(OperatorRightsTest, AWorkerGroupMemberReadsStatsButCannotClear) {
+  StartDaemon("1M", {"--group", TestUsers::kGroup, "--mode", "0660"});
+  auto stats = Admin(TestUsers::kMember, {"stats"});
+  EXPECT_EQ(stats->Wait(), 0) << stats->output();
+  auto clear = Admin(TestUsers::kMember, {"clear", "--tier", "host"});
+  EXPECT_NE(clear->Wait(), 0);
+  EXPECT_THAT(clear->output(), HasSubstr("not clear or evict"));
+  auto evict =
+      Admin(TestUsers::kMember, {"evict", "0123456789abcdef0123456789abcdef"});
+  EXPECT_NE(evict->Wait(), 0);
+  EXPECT_THAT(evict->output(), HasSubstr("not clear or evict"));
+  EXPECT_TRUE(daemon_->WaitForOutput("refused: not an operator"));
+  // tierkvd's own user may.
+  auto own = Admin("", {"clear", "--tier", "host"});
+  EXPECT_EQ(own->Wait(), 0) << own->output();
+}
+
+TEST_F(OperatorRightsTest, TheAdminGroupMayClear) {
+  StartDaemon("1M", {"--group", TestUsers::kGroup, "--mode", "0660",
+                     "--admin-group", TestUsers::kGroup});
+  auto clear = Admin(TestUsers::kMember, {"clear", "--tier", "host"});
+  EXPECT_EQ(clear->Wait(), 0) << clear->output();
+}
+
+}  // namespace
+}  // namespace tierkv
