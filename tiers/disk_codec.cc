@@ -232,6 +232,9 @@ StatusOr<EncodedPayload> EncodePayload(DiskCodec codec, int32_t element_bytes,
   if (out.size() < MaxEncodedBytes(codec, element_bytes, payload.size())) {
     return Status::InvalidArgument("output shorter than MaxEncodedBytes");
   }
+  // Nothing to compress (and an empty span's data() may be null, which
+  // neither memcpy nor LZ4 may be given).
+  if (payload.empty()) return EncodedPayload{DiskCodec::kNone, 0};
   switch (codec) {
     case DiskCodec::kNone:
       return EncodedPayload{DiskCodec::kNone, 0};
@@ -260,7 +263,7 @@ Status DecodePayload(DiskCodec codec, int32_t element_bytes,
       if (stored.size() != out.size()) {
         return Status::DataLoss("raw payload of the wrong size");
       }
-      std::memcpy(out.data(), stored.data(), out.size());
+      if (!out.empty()) std::memcpy(out.data(), stored.data(), out.size());
       return Status::Ok();
     case DiskCodec::kLz4: {
       const int n = LZ4_decompress_safe(
