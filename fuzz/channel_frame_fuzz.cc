@@ -59,19 +59,16 @@ struct WorkerView {
 class ChannelHarness {
  public:
   ChannelHarness() {
-    const std::string name =
-        "/tierkv-fuzz." + std::to_string(getpid()) + ".channel";
     StatusOr<ControlChannel> channel =
-        ControlChannel::Create({.name = name, .bytes = 0}, kCapacity);
+        ControlChannel::Create(kCapacity, "fuzz.channel");
     FUZZ_CHECK(channel.ok(), "%s", channel.status().ToString().c_str());
     channel_ = std::make_unique<ControlChannel>(std::move(*channel));
-    StatusOr<ShmSegment> mapping = ShmSegment::Open(name);
+    // The worker's mapping, from the descriptor tierkvd would pass it.
+    StatusOr<ShmSegment> mapping =
+        ShmSegment::MapSealed(dup(channel_->segment_fd()), /*writable=*/true);
     FUZZ_CHECK(mapping.ok(), "%s", mapping.status().ToString().c_str());
     worker_mapping_ = std::make_unique<ShmSegment>(std::move(*mapping));
-    CheckMirror(name);
-    // Both mappings stay; the name is not needed any more (and is not left
-    // behind when the fuzzer stops at a crash).
-    ShmSegment::Remove(name);
+    CheckMirror();
   }
 
   void Run(std::span<const std::byte> input) {
@@ -130,10 +127,11 @@ class ChannelHarness {
 
   // One honest call from a worker's ControlChannel, seen through the
   // mirror: the fields it names are where channel.cc put them.
-  void CheckMirror(const std::string& name) {
+  void CheckMirror() {
     FUZZ_CHECK(view()->capacity == kCapacity && view()->version == 1,
                "WorkerView does not mirror ControlChannel::Header");
-    StatusOr<ControlChannel> worker = ControlChannel::Open(name);
+    StatusOr<ControlChannel> worker =
+        ControlChannel::Open(dup(channel_->segment_fd()));
     FUZZ_CHECK(worker.ok(), "%s", worker.status().ToString().c_str());
     const std::vector<std::byte> sent(20, std::byte{7});
     std::vector<std::byte> answer;
