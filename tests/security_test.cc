@@ -66,6 +66,7 @@ TEST_F(SealedTest, AWorkerCannotResizeTheSegmentsItIsGiven) {
   // evicted before its spill finished is a miss), none of them wrong.
   auto fill = ManyWorker("fill", 3, 40);
   ASSERT_EQ(fill->Wait(), 0) << fill->output();
+  hostile.reset();  // Detached: SettledStats waits for the observer alone.
   std::unique_ptr<Client> observer = Attach("observer");
   ASSERT_NE(observer, nullptr);
   const CoordinatorStats settled = SettledStats(*observer);
