@@ -27,7 +27,9 @@ inline constexpr uint32_t kFrameMagic = 0x4D564B54;  // "TKVM"
 // 5: StatsReply counts loads a Finish cancelled and names tierkv's version.
 // 6: StatsReply carries each stats struct in its field table's order;
 //    WaitIdle.
-inline constexpr uint16_t kProtocolVersion = 6;
+// 7: CommitReply carries a store status; StatsReply the caps' refusals,
+//    corrupt slots dropped and each worker's uid, pins and request state.
+inline constexpr uint16_t kProtocolVersion = 7;
 inline constexpr size_t kFrameHeaderBytes = 16;
 // Upper bounds a decoder enforces before allocating anything.
 inline constexpr uint32_t kMaxTokens = 1 << 20;
