@@ -129,6 +129,7 @@ bool Server::Impl::Register(int fd, Connection* conn,
   }
   WorkerRegistration reg = request.registration;
   reg.pid = conn->peer.pid;  // The kernel's word, not the message's.
+  reg.uid = conn->peer.uid;
   StatusOr<WorkerId> worker = Status::ResourceExhausted(
       std::to_string(options.max_workers) + " workers are attached already");
   {
