@@ -28,7 +28,9 @@ inline constexpr uint32_t kFrameMagic = 0x4D564B54;  // "TKVM"
 // 6: StatsReply carries each stats struct in its field table's order;
 //    WaitIdle.
 // 7: RegisterReply passes the host and channel segments as sealed memfds
-//    instead of naming them.
+//    instead of naming them; CommitReply carries a store status; StatsReply
+//    the caps' refusals, corrupt slots dropped and each worker's uid, pins
+//    and request state.
 inline constexpr uint16_t kProtocolVersion = 7;
 inline constexpr size_t kFrameHeaderBytes = 16;
 // Upper bounds a decoder enforces before allocating anything.

@@ -62,6 +62,7 @@ void PutPayload(Writer& w, const CommitReply& m) {
   w.Int<uint32_t>(static_cast<uint32_t>(m.result.stores.size()));
   for (const TransferEvent& e : m.result.stores) Put(w, e);
   w.Int<int32_t>(m.result.skipped_blocks);
+  Put(w, m.result.store_status);
 }
 void PutPayload(Writer& w, const CompleteRequest& m) {
   w.Int<uint32_t>(static_cast<uint32_t>(m.events.size()));
@@ -149,6 +150,7 @@ void GetPayload(Reader& r, CommitReply* m) {
     m->result.stores.push_back(std::move(e));
   }
   m->result.skipped_blocks = r.Int<int32_t>();
+  m->result.store_status = GetStatus(r);
 }
 void GetPayload(Reader& r, CompleteRequest* m) {
   const uint32_t n = r.Count(kMaxEvents, "event");

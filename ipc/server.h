@@ -64,7 +64,22 @@ struct ServerOptions {
   // 0.9 and 0.7.
   double spill_high = 0.9;
   double spill_low = 0.7;
-  uint32_t max_workers = 64;                      // Default: 64.
+  uint32_t max_workers = 64;  // Default: 64.
+  // Per-worker caps (CoordinatorOptions, src/coordinator.h), so that one
+  // worker, hostile or stopped, cannot take what the others need: its share
+  // of the host slots it may pin, its open requests, their state bytes, its
+  // transfer events in flight, and workers registered per uid. Defaults:
+  // 0.5, 4096, 256 MiB, 4096, 64.
+  double worker_pin_share = 0.5;
+  uint32_t max_requests_per_worker = 4096;
+  size_t max_request_bytes_per_worker = size_t{256} << 20;
+  uint32_t max_events_per_worker = 4096;
+  uint32_t max_workers_per_uid = 64;
+  // Check each host block's checksum (taken when its store completed)
+  // before a load of it is handed to a worker, as well as before it is
+  // spilled (always): a block a worker changed since is a miss, dropped.
+  // Default: false.
+  bool verify_on_load = false;
   uint32_t channel_bytes = kDefaultChannelBytes;  // Per direction.
   // Between snapshots in the stats page (ipc/stats_page.h). 10 ms..60 s.
   // Default: 100 ms.

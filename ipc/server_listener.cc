@@ -142,6 +142,7 @@ bool Server::Impl::Register(int fd, Connection* conn,
   }
   WorkerRegistration reg = request.registration;
   reg.pid = conn->peer.pid;  // The kernel's word, not the message's.
+  reg.uid = conn->peer.uid;
   // Shown in the log and by tierkv-admin: no control characters.
   reg.name = PrintableName(reg.name);
   StatusOr<WorkerId> worker = Status::ResourceExhausted(

@@ -19,7 +19,8 @@ Message Dispatch(Coordinator& coordinator, WorkerId worker,
 inline constexpr uint32_t kMaxWaitIdleMs = 1000;
 
 // Dispatch against a whole store: WaitIdle waits on the store itself,
-// without its mutex, at most kMaxWaitIdleMs; every other message is
+// without its mutex, at most kMaxWaitIdleMs; Complete checksums the stored
+// slots without it (TieredStore::Complete); every other message is
 // Dispatch under the mutex.
 // Thread-safe.
 Message DispatchToStore(TieredStore& store, WorkerId worker,

@@ -47,10 +47,12 @@ static_assert(sizeof(PageHeader) <= kHeaderBytes);
 
 // Upper bound of one encoded StatsReply with `workers` workers: the fixed
 // part (tiers, latency histograms) is well under 4 KiB; each worker is
-// four 32-bit fields, a pid and a name of at most kMaxString bytes.
+// its id, pid, uid, three 32-bit counts, two 64-bit gauges and a name of at
+// most kMaxString bytes (with its 4-byte length).
 size_t PayloadCapacity(uint32_t workers) {
   constexpr size_t kFixed = 4096;
-  constexpr size_t kPerWorker = 5 * sizeof(uint32_t) + 4 + kMaxString;
+  constexpr size_t kPerWorker = sizeof(WorkerId) + 5 * sizeof(uint32_t) +
+                                2 * sizeof(uint64_t) + 4 + kMaxString;
   const size_t bytes = kFixed + size_t{workers} * kPerWorker;
   return (bytes + 7) / 8 * 8;
 }

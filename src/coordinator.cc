@@ -15,6 +15,17 @@ std::string RequestName(RequestId request) {
   return "request " + std::to_string(request);
 }
 
+std::string WorkerName(WorkerId worker) {
+  return "worker " + std::to_string(worker);
+}
+
+// What a request's state keeps: its token ids, one key per block and at
+// most one pinned hit per block.
+size_t RequestStateBytes(size_t tokens, size_t blocks) {
+  return tokens * sizeof(TokenId) +
+         blocks * (sizeof(BlockKey) + sizeof(BlockId));
+}
+
 }  // namespace
 
 StatusOr<Coordinator> Coordinator::Create(const CoordinatorOptions& options) {
@@ -32,6 +43,21 @@ StatusOr<Coordinator> Coordinator::Create(const CoordinatorOptions& options) {
         "host tier needs at least 2 slots (slot 0 is the null block), got " +
         std::to_string(options.host_slots));
   }
+  if (!(options.worker_pin_share > 0 && options.worker_pin_share <= 1)) {
+    return Status::InvalidArgument(
+        "a worker's share of the host slots must be in (0, 1], got " +
+        std::to_string(options.worker_pin_share));
+  }
+  if (options.max_requests_per_worker < 1 ||
+      options.max_request_bytes_per_worker < 1 ||
+      options.max_events_per_worker < 1 || options.max_workers_per_uid < 1) {
+    return Status::InvalidArgument(
+        "per-worker caps (requests, request bytes, events, workers per uid) "
+        "must be at least 1");
+  }
+  if (options.verify_on_load && !options.slot_checksum) {
+    return Status::InvalidArgument("verify_on_load needs slot checksums");
+  }
   TIERKV_ASSIGN_OR_RETURN(
       BlockPool pool,
       BlockPool::Create({.num_blocks = options.host_slots,
@@ -46,6 +72,12 @@ Coordinator::Coordinator(const CoordinatorOptions& options, BlockPool host_pool)
       inbox_(std::make_shared<LowerInbox>()) {
   inbox_->wakeup = options_.lower_tier_wakeup;
   if (!options_.clock) options_.clock = std::chrono::steady_clock::now;
+  const int64_t usable = options_.host_slots - 1;
+  worker_pin_cap_ =
+      std::clamp<int64_t>(static_cast<int64_t>(options_.worker_pin_share *
+                                               static_cast<double>(usable)),
+                          1, usable);
+  slot_checks_.resize(static_cast<size_t>(options_.host_slots));
 }
 
 StatusOr<WorkerId> Coordinator::RegisterWorker(
@@ -71,6 +103,15 @@ StatusOr<WorkerId> Coordinator::RegisterWorker(
   if (registration.num_device_blocks < 1) {
     return Status::InvalidArgument("worker has no device blocks");
   }
+  uint32_t& of_uid = workers_per_uid_[registration.uid];
+  if (of_uid >= options_.max_workers_per_uid) {
+    ++stats_.quota_registration_refusals;
+    return Status::ResourceExhausted(
+        "uid " + std::to_string(registration.uid) + " has " +
+        std::to_string(of_uid) +
+        " workers registered, its cap (max_workers_per_uid)");
+  }
+  ++of_uid;
   const WorkerId id = next_worker_id_++;
   const KeyNamespace ns{
       .model_fingerprint = StoreFingerprint(options_.layout, options_.model),
@@ -82,14 +123,20 @@ StatusOr<WorkerId> Coordinator::RegisterWorker(
 
 Status Coordinator::DropWorker(WorkerId worker) {
   TIERKV_ASSIGN_OR_RETURN(WorkerState * w, FindWorker(worker));
-  for (auto& [id, request] : w->requests) ReleasePendingHits(&request);
-  for (auto& [id, load] : w->loads) ReleaseLoad(&load);
+  for (auto& [id, request] : w->requests) ForgetRequest(w, &request);
+  for (auto& [id, load] : w->loads) ReleaseLoad(w, &load);
   // Promotions still writing into its slots release them when they finish.
   for (auto& [id, op] : lower_ops_) {
     if (!op.spill && op.worker == worker) op.worker = 0;
   }
-  for (auto& [id, store] : w->stores) FinishStore(&store, /*ok=*/false);
+  for (auto& [id, store] : w->stores) {
+    FinishStore(w, &store, /*ok=*/false, {});
+  }
   stats_.events_in_flight -= w->loads.size() + w->stores.size();
+  if (auto it = workers_per_uid_.find(w->registration.uid);
+      it != workers_per_uid_.end() && --it->second == 0) {
+    workers_per_uid_.erase(it);
+  }
   workers_.erase(worker);
   return Status::Ok();
 }
@@ -131,22 +178,77 @@ bool Coordinator::HostHas(const BlockKey& key,
 void Coordinator::ReleaseSlots(std::span<const BlockId> slots) {
   std::vector<BlockId> reversed(slots.rbegin(), slots.rend());
   host_pool_.FreeBlocks(reversed);
+  for (BlockId slot : slots) {
+    SlotCheck& check = slot_checks_[static_cast<size_t>(slot)];
+    if (!check.corrupt || host_pool_.block(slot).ref_cnt > 0) continue;
+    check.corrupt = false;
+    (void)host_pool_.DropCachedBlock(slot);
+  }
 }
 
-void Coordinator::ReleasePendingHits(RequestState* r) {
+void Coordinator::ReleaseWorkerSlots(WorkerState* w,
+                                     std::span<const BlockId> slots) {
+  ReleaseSlots(slots);
+  if (w != nullptr) w->pinned_slots -= static_cast<int64_t>(slots.size());
+}
+
+int64_t Coordinator::PinRoom(const WorkerState& w) const {
+  return std::max<int64_t>(0, worker_pin_cap_ - w.pinned_slots);
+}
+
+Status Coordinator::PinCapStatus(WorkerId worker, const WorkerState& w) const {
+  return Status::ResourceExhausted(
+      WorkerName(worker) + " pins " + std::to_string(w.pinned_slots) +
+      " host slots, its cap (worker_pin_share of " +
+      std::to_string(host_pool_.num_blocks() - 1) +
+      " slots: " + std::to_string(worker_pin_cap_) +
+      "); it stores more once its transfers complete");
+}
+
+void Coordinator::ReleasePendingHits(WorkerState* w, RequestState* r) {
   std::erase(r->pending_hits, kOnLowerTier);
-  ReleaseSlots(r->pending_hits);
+  ReleaseWorkerSlots(w, r->pending_hits);
   r->pending_hits.clear();
 }
 
-void Coordinator::ReleaseLoad(InFlight* load) {
+void Coordinator::ForgetRequest(WorkerState* w, RequestState* r) {
+  ReleasePendingHits(w, r);
+  w->request_bytes -= r->state_bytes;
+  request_bytes_ -= r->state_bytes;
+  r->state_bytes = 0;
+}
+
+void Coordinator::ReleaseLoad(WorkerState* w, InFlight* load) {
   std::vector<BlockId> held;
   for (size_t i = 0; i < load->slots.size(); ++i) {
     if (load->slots[i] != LoadSlot::kHeld) continue;
     held.push_back(load->event.host_blocks[i]);
     load->slots[i] = LoadSlot::kReleased;
   }
-  ReleaseSlots(held);
+  ReleaseWorkerSlots(w, held);
+}
+
+void Coordinator::ResetSlotCheck(BlockId slot) {
+  slot_checks_[static_cast<size_t>(slot)] = SlotCheck{};
+}
+
+bool Coordinator::SlotIntact(BlockId slot) const {
+  const SlotCheck& check = slot_checks_[static_cast<size_t>(slot)];
+  if (check.corrupt) return false;
+  if (!check.has_checksum || !options_.slot_checksum) return true;
+  return options_.slot_checksum(slot) == check.checksum;
+}
+
+void Coordinator::DropCorruptSlot(BlockId slot) {
+  SlotCheck& check = slot_checks_[static_cast<size_t>(slot)];
+  if (check.corrupt) return;  // Counted already.
+  ++stats_.corrupt_slots_dropped;
+  check.has_checksum = false;
+  if (host_pool_.block(slot).ref_cnt == 0) {
+    (void)host_pool_.DropCachedBlock(slot);
+  } else {
+    check.corrupt = true;  // ReleaseSlots drops it.
+  }
 }
 
 StatusOr<LookupResult> Coordinator::Lookup(WorkerId worker, RequestId request,
@@ -177,12 +279,15 @@ StatusOr<LookupResult> Coordinator::Lookup(WorkerId worker, RequestId request,
           std::to_string(tokens.size()) + " tokens");
     }
   }
-  TIERKV_ASSIGN_OR_RETURN(RequestState * r, BeginLookup(w, request));
+  TIERKV_ASSIGN_OR_RETURN(
+      RequestState * r,
+      BeginLookup(worker, w, request,
+                  RequestStateBytes(tokens.size(), tokens.size() / bs)));
   r->tokens.assign(tokens.begin(), tokens.end());
   w->hasher.AppendPrefixKeys(r->tokens, bs, extras, &r->keys);
   const int32_t first = num_computed_tokens / bs;
   return FindHits(
-      r, first,
+      w, r, first,
       static_cast<int32_t>(tokens.size() - 1 - num_computed_tokens) / bs);
 }
 
@@ -195,33 +300,62 @@ StatusOr<LookupResult> Coordinator::LookupChunk(
                                    " tokens; a chunk has 1.." +
                                    std::to_string(options_.max_request_tokens));
   }
-  TIERKV_ASSIGN_OR_RETURN(RequestState * r, BeginLookup(w, request));
+  const size_t bs = static_cast<size_t>(options_.layout.block_size);
+  TIERKV_ASSIGN_OR_RETURN(
+      RequestState * r,
+      BeginLookup(
+          worker, w, request,
+          RequestStateBytes(tokens.size(), (tokens.size() + bs - 1) / bs)));
   r->tokens.assign(tokens.begin(), tokens.end());
   r->keys = w->hasher.ChunkKeys(r->tokens, options_.layout.block_size);
-  return FindHits(r, 0, static_cast<int32_t>(r->keys.size()));
+  return FindHits(w, r, 0, static_cast<int32_t>(r->keys.size()));
 }
 
 StatusOr<Coordinator::RequestState*> Coordinator::BeginLookup(
-    WorkerState* w, RequestId request) {
-  auto [it, inserted] = w->requests.try_emplace(request);
-  RequestState& r = it->second;
-  if (!inserted) {
-    if (r.allocated) {
-      return Status::FailedPrecondition(RequestName(request) +
-                                        " is already allocated");
-    }
-    ReleasePendingHits(&r);  // A stale lookup's pins (seed 004 step 3).
+    WorkerId worker, WorkerState* w, RequestId request, size_t state_bytes) {
+  auto it = w->requests.find(request);
+  if (it != w->requests.end() && it->second.allocated) {
+    return Status::FailedPrecondition(RequestName(request) +
+                                      " is already allocated");
   }
+  const size_t old_bytes = it == w->requests.end() ? 0 : it->second.state_bytes;
+  if (it == w->requests.end() &&
+      w->requests.size() >= options_.max_requests_per_worker) {
+    ++stats_.quota_request_refusals;
+    return Status::ResourceExhausted(
+        WorkerName(worker) + " has " + std::to_string(w->requests.size()) +
+        " requests open, its cap (max_requests_per_worker); finish some "
+        "first");
+  }
+  if (w->request_bytes - old_bytes + state_bytes >
+      options_.max_request_bytes_per_worker) {
+    ++stats_.quota_request_bytes_refusals;
+    return Status::ResourceExhausted(
+        WorkerName(worker) + "'s open requests keep " +
+        std::to_string(w->request_bytes) + " bytes of state; " +
+        RequestName(request) + " needs " + std::to_string(state_bytes) +
+        " more, past its cap of " +
+        std::to_string(options_.max_request_bytes_per_worker) +
+        " (max_request_bytes_per_worker); finish some first");
+  }
+  if (it == w->requests.end()) it = w->requests.try_emplace(request).first;
+  RequestState& r = it->second;
+  // A stale lookup's pins (seed 004 step 3) and state.
+  ForgetRequest(w, &r);
   r.keys.clear();
+  r.state_bytes = state_bytes;
+  w->request_bytes += state_bytes;
+  request_bytes_ += state_bytes;
   return &r;
 }
 
-LookupResult Coordinator::FindHits(RequestState* r, int32_t first,
-                                   int32_t max_blocks) {
+LookupResult Coordinator::FindHits(WorkerState* w, RequestState* r,
+                                   int32_t first, int32_t max_blocks) {
   r->first_hit_block = first;
   std::vector<BlockId> host_hits;
   int32_t disk_hits = 0;
   LookupResult result;
+  const int64_t room = PinRoom(*w);
   for (int32_t b = first; b < first + max_blocks; ++b) {
     // Dropped by an operator, though its spill has not finished.
     if (!discarded_spills_.empty() && discarded_spills_.contains(r->keys[b])) {
@@ -229,7 +363,14 @@ LookupResult Coordinator::FindHits(RequestState* r, int32_t first,
     }
     const std::span<const TokenId> tokens = BlockTokens(*r, b);
     std::optional<BlockId> slot = host_pool_.GetCachedBlock(r->keys[b], tokens);
+    if (slot.has_value() && slot_checks_[static_cast<size_t>(*slot)].corrupt) {
+      break;  // Its bytes changed; it goes when its pins do.
+    }
     if (slot.has_value()) {
+      if (static_cast<int64_t>(host_hits.size()) >= room) {
+        ++stats_.quota_pin_refusals;  // The worker's share is pinned.
+        break;
+      }
       host_hits.push_back(*slot);
       r->pending_hits.push_back(*slot);
     } else if (options_.lower != nullptr &&
@@ -243,6 +384,7 @@ LookupResult Coordinator::FindHits(RequestState* r, int32_t first,
     result.hit_tokens += static_cast<int32_t>(tokens.size());
   }
   host_pool_.Touch(host_hits);
+  w->pinned_slots += static_cast<int64_t>(host_hits.size());
   const auto hits = static_cast<int32_t>(r->pending_hits.size());
   ++stats_.lookups;
   stats_.lookup_blocks += max_blocks;
@@ -292,8 +434,9 @@ StatusOr<AllocateResult> Coordinator::Allocate(
   std::vector<BlockId> unused(r.pending_hits.begin() + used,
                               r.pending_hits.end());
   std::erase(unused, kOnLowerTier);
-  ReleaseSlots(unused);
+  ReleaseWorkerSlots(w, unused);
   r.pending_hits.resize(used);
+  bool pin_capped = false;
 
   AllocateResult result;
   if (used > 0) {
@@ -315,12 +458,18 @@ StatusOr<AllocateResult> Coordinator::Allocate(
     for (int32_t i = 0; i < used; ++i) {
       if (load.host_blocks[i] != kOnLowerTier) continue;
       std::vector<BlockId> slot;
-      if (!host_pool_.GetNewBlocks(1, &slot).ok()) {
+      if (PinRoom(*w) == 0) {
+        pin_capped = true;
+        ++stats_.quota_pin_refusals;
+      }
+      if (pin_capped || !host_pool_.GetNewBlocks(1, &slot).ok()) {
         load.host_blocks[i] = 0;
         in_flight.slots[i] = LoadSlot::kReleased;
         ++stats_.promotion_failures;
         continue;
       }
+      ++w->pinned_slots;
+      ResetSlotCheck(slot[0]);
       load.host_blocks[i] = slot[0];
       in_flight.slots[i] = LoadSlot::kPromoting;
       const std::span<const TokenId> tokens =
@@ -334,7 +483,7 @@ StatusOr<AllocateResult> Coordinator::Allocate(
                                    .index = static_cast<size_t>(i)});
     }
     in_flight.promoting = static_cast<int32_t>(promotions.size());
-    if (in_flight.promoting == 0) FinishPromotions(&in_flight);
+    if (in_flight.promoting == 0) FinishPromotions(w, &in_flight);
     in_flight.pending = in_flight.promoting > 0;
     result.load = in_flight.event;
     result.load_pending = in_flight.pending;
@@ -344,7 +493,9 @@ StatusOr<AllocateResult> Coordinator::Allocate(
     for (LowerOp& op : promotions) StartLowerOp(std::move(op));
   }
   r.allocated = true;
-  if (host_pool_.num_free_blocks() == 0) {
+  if (pin_capped || PinRoom(*w) == 0) {
+    result.store_status = PinCapStatus(worker, *w);
+  } else if (host_pool_.num_free_blocks() == 0) {
     result.store_status = Status::ResourceExhausted(
         "host tier: all " + std::to_string(host_pool_.num_blocks() - 1) +
         " slots are pinned; nothing can be stored now");
@@ -384,6 +535,9 @@ StatusOr<CommitResult> Coordinator::Commit(
   store.started = Now();
   store.event.ref.kind = EventKind::kStore;
   store.event.request = request;
+  const bool event_room =
+      w->loads.size() + w->stores.size() < options_.max_events_per_worker;
+  int64_t pin_room = PinRoom(*w);
   for (int32_t b = r.next_store_block; b < full; ++b) {
     const BlockKey& key = r.keys[b];
     std::span<const TokenId> tokens = BlockTokens(r, b);
@@ -394,11 +548,24 @@ StatusOr<CommitResult> Coordinator::Commit(
       continue;
     }
     if (HostHas(key, tokens) || keys_being_stored_.contains(key)) continue;
+    if (!event_room) {
+      ++result.skipped_blocks;
+      ++stats_.quota_event_refusals;
+      continue;
+    }
+    if (pin_room == 0) {
+      ++result.skipped_blocks;
+      ++stats_.quota_pin_refusals;
+      continue;
+    }
     std::vector<BlockId> slot;
     if (!host_pool_.GetNewBlocks(1, &slot).ok()) {
       ++result.skipped_blocks;
       continue;
     }
+    --pin_room;
+    ++w->pinned_slots;
+    ResetSlotCheck(slot[0]);
     keys_being_stored_.insert(key);
     store.event.device_blocks.push_back(device_blocks[b]);
     store.event.host_blocks.push_back(slot[0]);
@@ -407,6 +574,15 @@ StatusOr<CommitResult> Coordinator::Commit(
   }
   r.next_store_block = std::max(r.next_store_block, full);
   stats_.store_skipped += result.skipped_blocks;
+  if (!event_room) {
+    result.store_status = Status::ResourceExhausted(
+        WorkerName(worker) + " has " +
+        std::to_string(w->loads.size() + w->stores.size()) +
+        " transfer events in flight, its cap (max_events_per_worker); it "
+        "stores more once some complete");
+  } else if (result.skipped_blocks > 0 && pin_room == 0) {
+    result.store_status = PinCapStatus(worker, *w);
+  }
   if (!store.keys.empty()) {
     store.event.ref.id = w->next_store_id++;
     result.stores.push_back(store.event);
@@ -417,7 +593,8 @@ StatusOr<CommitResult> Coordinator::Commit(
   return result;
 }
 
-void Coordinator::FinishStore(InFlight* store, bool ok) {
+void Coordinator::FinishStore(WorkerState* w, InFlight* store, bool ok,
+                              std::span<const SlotChecksum> checksums) {
   const std::vector<BlockId>& slots = store->event.host_blocks;
   for (size_t i = 0; i < slots.size(); ++i) {
     keys_being_stored_.erase(store->keys[i]);
@@ -427,13 +604,38 @@ void Coordinator::FinishStore(InFlight* store, bool ok) {
             .ok()) {
       ++stats_.stores_completed;
     }
+    if (!options_.slot_checksum) continue;
+    SlotCheck& check = slot_checks_[static_cast<size_t>(slots[i])];
+    check.has_checksum = true;
+    const auto given =
+        std::ranges::lower_bound(checksums, slots[i], {}, &SlotChecksum::slot);
+    check.checksum = given != checksums.end() && given->slot == slots[i]
+                         ? given->checksum
+                         : options_.slot_checksum(slots[i]);
   }
   if (!ok) stats_.stores_failed += slots.size();
-  ReleaseSlots(slots);
+  ReleaseWorkerSlots(w, slots);
+}
+
+std::vector<BlockId> Coordinator::CompletedStoreSlots(
+    WorkerId worker, std::span<const CompletedEvent> events) const {
+  std::vector<BlockId> out;
+  if (!options_.slot_checksum) return out;
+  const auto w = workers_.find(worker);
+  if (w == workers_.end()) return out;
+  for (const CompletedEvent& done : events) {
+    if (done.ref.kind != EventKind::kStore || !done.ok) continue;
+    const auto it = w->second.stores.find(done.ref.id);
+    if (it == w->second.stores.end()) continue;
+    const std::vector<BlockId>& slots = it->second.event.host_blocks;
+    out.insert(out.end(), slots.begin(), slots.end());
+  }
+  return out;
 }
 
 Status Coordinator::Complete(WorkerId worker,
-                             std::span<const CompletedEvent> events) {
+                             std::span<const CompletedEvent> events,
+                             std::span<const SlotChecksum> checksums) {
   TIERKV_ASSIGN_OR_RETURN(WorkerState * w, FindWorker(worker));
   for (size_t i = 0; i < events.size(); ++i) {
     const EventRef& ref = events[i].ref;
@@ -454,18 +656,20 @@ Status Coordinator::Complete(WorkerId worker,
       }
     }
   }
+  std::vector<SlotChecksum> sorted(checksums.begin(), checksums.end());
+  std::ranges::sort(sorted, {}, &SlotChecksum::slot);
   for (const CompletedEvent& done : events) {
     if (done.ref.kind == EventKind::kLoad) {
       auto it = w->loads.find(done.ref.id);
       RecordLatency(EventKind::kLoad, it->second.started);
-      ReleaseLoad(&it->second);
+      ReleaseLoad(w, &it->second);
       if (done.ok)
         stats_.loads_completed += it->second.event.host_blocks.size();
       w->loads.erase(it);
     } else {
       auto it = w->stores.find(done.ref.id);
       RecordLatency(EventKind::kStore, it->second.started);
-      FinishStore(&it->second, done.ok);
+      FinishStore(w, &it->second, done.ok, sorted);
       w->stores.erase(it);
     }
     --stats_.events_in_flight;
@@ -480,7 +684,7 @@ Status Coordinator::Finish(WorkerId worker, RequestId request) {
   if (it == w->requests.end()) {
     return Status::NotFound(RequestName(request) + " is not known");
   }
-  ReleasePendingHits(&it->second);
+  ForgetRequest(w, &it->second);
   CancelUntakenLoads(w, request);
   w->requests.erase(it);
   return Status::Ok();
@@ -495,7 +699,7 @@ void Coordinator::CancelUntakenLoads(WorkerState* w, RequestId request) {
     }
     // Slots still being promoted are released by PumpLowerTier when their
     // promotion lands (keyed on host if it succeeded): the load is gone.
-    ReleaseLoad(&load);
+    ReleaseLoad(w, &load);
     std::erase(w->ready_loads, it->first);
     ++stats_.loads_cancelled;
     --stats_.events_in_flight;

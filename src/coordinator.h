@@ -54,6 +54,25 @@
 // Each is timestamped when Allocate or Commit creates it; Complete records
 // its latency per kind (CoordinatorStats::load_latency, store_latency).
 //
+// Worker caps (CoordinatorOptions): one worker, however hostile or
+// stopped, holds at most its share of the host slots (worker_pin_share: a
+// Lookup's hits are cut at the share; a Commit's blocks past it are
+// skipped and a promotion past it fails, and Allocate's or Commit's
+// store_status is ResourceExhausted naming the cap), at most
+// max_requests_per_worker open requests and max_request_bytes_per_worker
+// bytes of their state (a Lookup past either is refused with
+// ResourceExhausted, nothing kept), and at most max_events_per_worker
+// events in flight (a Commit stores nothing more). One uid registers at
+// most max_workers_per_uid workers. Every check is O(1) per call. A pin is
+// never taken away: a slot a live worker may still read or write is not
+// reused.
+//
+// Slot checksums (CoordinatorOptions::slot_checksum): a completed store
+// keys its slots with the checksum of their bytes. A spill passes it to the
+// lower tier, which writes nothing when the bytes no longer match; the
+// coordinator then drops the block (corrupt_slots_dropped). With
+// verify_on_load, a load is checked the same way before it is handed out.
+//
 // Host slot states (the null slot 0 is none of these):
 //   FREE / CACHED-FREE (ref 0, in the LRU free queue)
 //   PINNED by a lookup or a load (ref > 0, keyed)
@@ -112,6 +131,54 @@ struct CoordinatorOptions {
   // The clock events are timestamped with (and spills rest by), called on
   // the owner's thread. Default: std::chrono::steady_clock::now.
   std::function<std::chrono::steady_clock::time_point()> clock = {};
+
+  // Per-worker caps ("Worker caps" above). Each refusal is a clear status
+  // naming the cap and is counted in HostTierStats (quota_*).
+  //
+  // The share of the usable host slots one worker may pin at once (lookup
+  // hits, loads, stores being written, promotions for its loads): at least
+  // one slot, at most all. Half by default, so a worker that stops (or
+  // never completes its stores) leaves the other half to the rest. 0 <
+  // share <= 1. Default: 0.5.
+  double worker_pin_share = 0.5;
+  // Requests a worker may have open (looked up, not finished). A vLLM
+  // worker has its running and waiting requests open; 4096 leaves room for
+  // any scheduler's batch. Default: 4096.
+  uint32_t max_requests_per_worker = 4096;
+  // Bytes of request state a worker's open requests may keep in tierkvd:
+  // each request's token ids, block keys and pinned hits, 4 + 20/block_size
+  // bytes per token. Default: 256 MiB, e.g. 48 requests of the largest size
+  // (max_request_tokens, 1Mi) or 1000 of 50k tokens.
+  size_t max_request_bytes_per_worker = size_t{256} << 20;
+  // Transfer events (loads and stores) a worker may have in flight: a
+  // Commit stores nothing more until some complete. Default: 4096.
+  uint32_t max_events_per_worker = 4096;
+  // Workers one user (the uid the kernel reports for the worker's socket)
+  // may have registered at once. Default: 64.
+  uint32_t max_workers_per_uid = 64;
+
+  // XXH3-64 of a host slot's bytes. With it the coordinator keeps a
+  // checksum of each block a store completes (or a promotion lands) and
+  // checks the block against it before spilling it and, with
+  // verify_on_load, before handing out a load of it: a block whose bytes
+  // changed since (a worker wrote into a slot it did not own) is dropped
+  // from host, never spilled or loaded, and counted
+  // (corrupt_slots_dropped). Called on the owner's thread with its lock
+  // held; Complete takes checksums computed outside it. Default: none (no
+  // checksums, nothing verified).
+  std::function<uint64_t(BlockId)> slot_checksum = {};
+  // Re-check each host block's checksum before a load of it is handed to a
+  // worker (Allocate, TakeReadyLoads); a mismatch cuts the load there
+  // (failed_blocks), as a miss. Costs one checksum of every block loaded,
+  // under the lock. Needs slot_checksum. Default: false.
+  bool verify_on_load = false;
+};
+
+// A store's host slot and the checksum of its bytes when the store
+// completed (CoordinatorOptions::slot_checksum), computed by the caller.
+struct SlotChecksum {
+  BlockId slot = 0;
+  uint64_t checksum = 0;
 };
 
 class Coordinator {
@@ -154,7 +221,17 @@ class Coordinator {
                                 int32_t num_computed_tokens,
                                 std::span<const BlockId> device_blocks);
   // Validates every ref (in flight, this worker's) before applying any.
-  Status Complete(WorkerId worker, std::span<const CompletedEvent> events);
+  // A finished store's slots keep the checksum of their bytes: from
+  // `checksums` when it names the slot (computed outside the owner's lock,
+  // over CompletedStoreSlots), otherwise from options.slot_checksum.
+  Status Complete(WorkerId worker, std::span<const CompletedEvent> events,
+                  std::span<const SlotChecksum> checksums = {});
+  // The host slots of the successful stores among `events` that are in
+  // flight for the worker: what Complete would checksum. Empty without
+  // slot checksums. The slots stay pinned until Complete applies the
+  // events or the worker is dropped.
+  std::vector<BlockId> CompletedStoreSlots(
+      WorkerId worker, std::span<const CompletedEvent> events) const;
   Status Finish(WorkerId worker, RequestId request);
 
   // Applies the lower tier's finished spills and promotions, then spills
@@ -193,6 +270,7 @@ class Coordinator {
 
  private:
   struct RequestState {
+    size_t state_bytes = 0;  // Counted in the worker's request_bytes.
     std::vector<TokenId> tokens;
     // Prefix: one per full block. Chunk: one per block, the last one
     // possibly partial.
@@ -219,7 +297,9 @@ class Coordinator {
     BlockId slot = 0;
     BlockKey key;
     std::vector<TokenId> tokens;  // Promotion: what the slot is keyed with.
-    WorkerId worker = 0;          // Promotion: 0 once the worker is gone.
+    // Promotion: its slot counts in this worker's pins; 0 once the worker
+    // is gone.
+    WorkerId worker = 0;
     uint64_t load = 0;
     size_t index = 0;  // The block's place in the load.
     // Spill: an operator dropped the block meanwhile (DiscardSpill).
@@ -228,6 +308,7 @@ class Coordinator {
   struct LowerResult {
     uint64_t op = 0;
     Status status;
+    uint64_t checksum = 0;  // Promotion: of the slot's bytes.
   };
   // Filled on lower-tier threads, drained by PumpLowerTier.
   struct LowerInbox {
@@ -251,6 +332,17 @@ class Coordinator {
     std::map<uint64_t, InFlight> loads;
     std::map<uint64_t, InFlight> stores;
     std::deque<uint64_t> ready_loads;  // Pending loads now ready.
+    // Host slot pins held for it: lookup hits, loads, stores, promotions.
+    int64_t pinned_slots = 0;
+    size_t request_bytes = 0;  // Sum of its requests' state_bytes.
+  };
+  // What the coordinator knows of a host slot's bytes.
+  struct SlotCheck {
+    bool has_checksum = false;  // Since its store or promotion finished.
+    // Found changed while something pinned it: lookups miss it, and it is
+    // dropped when the last pin goes.
+    bool corrupt = false;
+    uint64_t checksum = 0;
   };
 
   Coordinator(const CoordinatorOptions& options, BlockPool host_pool);
@@ -258,27 +350,49 @@ class Coordinator {
   StatusOr<WorkerState*> FindWorker(WorkerId worker);
   // The request's state for a new lookup: fresh, or a stale lookup's with
   // its pins dropped. FailedPrecondition once allocated.
-  StatusOr<RequestState*> BeginLookup(WorkerState* w, RequestId request);
+  // ResourceExhausted, and nothing changed, past the worker's caps on
+  // open requests or their state bytes (`state_bytes`: the new state's).
+  StatusOr<RequestState*> BeginLookup(WorkerId worker, WorkerState* w,
+                                      RequestId request, size_t state_bytes);
   // Pins and reports the run of hits from block `first`, at most
-  // max_blocks blocks (r->keys must cover them).
-  LookupResult FindHits(RequestState* r, int32_t first, int32_t max_blocks);
+  // max_blocks blocks (r->keys must cover them), cut where the worker's
+  // share of the host slots is pinned.
+  LookupResult FindHits(WorkerState* w, RequestState* r, int32_t first,
+                        int32_t max_blocks);
   Status CheckDeviceBlocks(const WorkerState& w,
                            std::span<const BlockId> blocks) const;
   std::span<const TokenId> BlockTokens(const RequestState& r, int32_t b) const;
-  void ReleasePendingHits(RequestState* r);
+  void ReleasePendingHits(WorkerState* w, RequestState* r);
+  // Unpins slots pinned for `w` (null: its pins are no longer counted).
+  void ReleaseWorkerSlots(WorkerState* w, std::span<const BlockId> slots);
+  // Host slots `w` may still pin under its share.
+  int64_t PinRoom(const WorkerState& w) const;
+  Status PinCapStatus(WorkerId worker, const WorkerState& w) const;
+  void ForgetRequest(WorkerState* w, RequestState* r);
+  // A slot pinned for a store or a promotion: nothing known of its bytes.
+  void ResetSlotCheck(BlockId slot);
+  // Whether keyed `slot`'s bytes still match its checksum (true without
+  // one).
+  bool SlotIntact(BlockId slot) const;
+  // `slot`'s bytes changed since they were checksummed: counts it and drops
+  // it from host now, or, while pinned, when the last pin goes.
+  void DropCorruptSlot(BlockId slot);
   bool HostHas(const BlockKey& key, std::span<const TokenId> tokens) const;
-  void FinishStore(InFlight* store, bool ok);
+  // `checksums`: sorted by slot.
+  void FinishStore(WorkerState* w, InFlight* store, bool ok,
+                   std::span<const SlotChecksum> checksums);
   void ReleaseSlots(std::span<const BlockId> slots);
-  void ReleaseLoad(InFlight* load);
+  void ReleaseLoad(WorkerState* w, InFlight* load);
   // Finish's part for loads: drops the request's pending loads (PROMOTING
   // or READY), which the worker never copies.
   void CancelUntakenLoads(WorkerState* w, RequestId request);
-  // Cuts a load whose promotions are done before its first missing block.
-  void FinishPromotions(InFlight* load);
+  // Cuts a load whose promotions are done before its first missing block
+  // (with verify_on_load, before its first block whose bytes changed).
+  void FinishPromotions(WorkerState* w, InFlight* load);
   void StartLowerOp(LowerOp op);
   // Unpins a finished spill's slot and drops it from host if it is now on
   // the lower tier, or, when discarded, from host and the lower tier both.
-  void FinishSpill(const LowerOp& op, bool ok);
+  void FinishSpill(const LowerOp& op, const Status& status);
   // The spill in flight from keyed `slot` when nothing else pins the slot;
   // null otherwise.
   LowerOp* OnlyPinIsSpill(BlockId slot);
@@ -295,6 +409,10 @@ class Coordinator {
   BlockPool host_pool_;
   std::map<WorkerId, WorkerState> workers_;
   WorkerId next_worker_id_ = 1;
+  std::unordered_map<uint32_t, uint32_t> workers_per_uid_;
+  int64_t worker_pin_cap_ = 1;          // worker_pin_share of the usable slots.
+  size_t request_bytes_ = 0;            // Every worker's request_bytes.
+  std::vector<SlotCheck> slot_checks_;  // One per host slot.
   // Keys some store event is writing: a second store of one is skipped.
   std::unordered_set<BlockKey, BlockKeyHash> keys_being_stored_;
   HostTierStats stats_;

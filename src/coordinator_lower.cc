@@ -12,9 +12,23 @@
 
 namespace tierkv {
 
-void Coordinator::FinishPromotions(InFlight* load) {
+void Coordinator::FinishPromotions(WorkerState* w, InFlight* load) {
   TransferEvent& e = load->event;
   const size_t n = e.host_blocks.size();
+  if (options_.verify_on_load) {
+    // A block whose bytes changed since they were checksummed is a miss
+    // from here on: the load is cut before it.
+    for (size_t i = 0; i < n; ++i) {
+      if (load->slots[i] != LoadSlot::kHeld || SlotIntact(e.host_blocks[i])) {
+        continue;
+      }
+      load->slots[i] = LoadSlot::kReleased;
+      const BlockId slot[] = {e.host_blocks[i]};
+      DropCorruptSlot(slot[0]);
+      ReleaseWorkerSlots(w, slot);
+      break;
+    }
+  }
   size_t cut = 0;
   while (cut < n && load->slots[cut] == LoadSlot::kHeld) ++cut;
   // Blocks after a missing one are useless to the engine (it recomputes
@@ -23,7 +37,7 @@ void Coordinator::FinishPromotions(InFlight* load) {
   for (size_t i = cut; i < n; ++i) {
     if (load->slots[i] == LoadSlot::kHeld) unused.push_back(e.host_blocks[i]);
   }
-  ReleaseSlots(unused);
+  ReleaseWorkerSlots(w, unused);
   e.device_blocks.resize(cut);
   e.host_blocks.resize(cut);
   load->slots.resize(cut);
@@ -35,22 +49,33 @@ void Coordinator::StartLowerOp(LowerOp op) {
   auto [it, inserted] = lower_ops_.emplace(id, std::move(op));
   const LowerOp& o = it->second;
   std::weak_ptr<LowerInbox> weak = inbox_;
-  LowerTier::Done done = [weak, id](Status status) {
+  auto deliver = [weak, id](Status status, uint64_t checksum) {
     std::shared_ptr<LowerInbox> inbox = weak.lock();
     if (inbox == nullptr) return;  // The coordinator is gone.
     {
       MutexLock lock(&inbox->mu);
-      inbox->results.push_back({id, std::move(status)});
+      inbox->results.push_back({id, std::move(status), checksum});
     }
     if (inbox->wakeup) inbox->wakeup();
   };
   if (o.spill) {
     ++spills_in_flight_;
-    options_.lower->Spill(o.key, host_pool_.block_tokens(o.slot), o.slot,
-                          std::move(done));
+    const SlotCheck& check = slot_checks_[static_cast<size_t>(o.slot)];
+    std::optional<uint64_t> checksum;
+    if (check.has_checksum) checksum = check.checksum;
+    options_.lower->Spill(
+        o.key, host_pool_.block_tokens(o.slot), o.slot, checksum,
+        [deliver](Status status) { deliver(std::move(status), 0); });
   } else {
     ++promotions_in_flight_;
-    options_.lower->Promote(o.key, o.tokens, o.slot, std::move(done));
+    options_.lower->Promote(o.key, o.tokens, o.slot,
+                            [deliver](StatusOr<uint64_t> checksum) {
+                              if (checksum.ok()) {
+                                deliver(Status::Ok(), *checksum);
+                              } else {
+                                deliver(checksum.status(), 0);
+                              }
+                            });
   }
 }
 
@@ -69,7 +94,7 @@ size_t Coordinator::PumpLowerTier() {
     lower_ops_.erase(it);
     const bool ok = result.status.ok();
     if (op.spill) {
-      FinishSpill(op, ok);
+      FinishSpill(op, result.status);
       continue;
     }
     --promotions_in_flight_;
@@ -77,23 +102,29 @@ size_t Coordinator::PumpLowerTier() {
       // Cannot fail: the slot is pinned and unkeyed, with 1..block_size tokens.
       (void)host_pool_.CacheBlock(op.slot, op.key, op.tokens);
       ++stats_.promotions;
+      if (options_.slot_checksum) {
+        slot_checks_[static_cast<size_t>(op.slot)] = {
+            .has_checksum = true, .checksum = result.checksum};
+      }
     } else {
       ++stats_.promotion_failures;
     }
     auto w = workers_.find(op.worker);
+    WorkerState* worker = w == workers_.end() ? nullptr : &w->second;
     InFlight* load = nullptr;
-    if (w != workers_.end()) {
-      auto l = w->second.loads.find(op.load);
-      if (l != w->second.loads.end()) load = &l->second;
+    if (worker != nullptr) {
+      auto l = worker->loads.find(op.load);
+      if (l != worker->loads.end()) load = &l->second;
     }
     if (load == nullptr || !ok) {
       const BlockId slot[] = {op.slot};
-      ReleaseSlots(slot);  // Unkeyed when it failed: never served.
+      // Unkeyed when it failed: never served.
+      ReleaseWorkerSlots(worker, slot);
     }
-    if (load == nullptr) continue;  // The worker is gone.
+    if (load == nullptr) continue;  // The worker or the load is gone.
     load->slots[op.index] = ok ? LoadSlot::kHeld : LoadSlot::kReleased;
     if (--load->promoting > 0) continue;
-    FinishPromotions(load);
+    FinishPromotions(worker, load);
     w->second.ready_loads.push_back(op.load);
     ++ready;
   }
@@ -101,12 +132,24 @@ size_t Coordinator::PumpLowerTier() {
   return ready;
 }
 
-void Coordinator::FinishSpill(const LowerOp& op, bool ok) {
+void Coordinator::FinishSpill(const LowerOp& op, const Status& status) {
   --spills_in_flight_;
+  const bool ok = status.ok();
   const BlockId slot[] = {op.slot};
   ReleaseSlots(slot);
   const BlockPool::Block& b = host_pool_.block(op.slot);
   const bool keyed = b.has_key && b.key == op.key;
+  if (!ok && keyed && status.code() == StatusCode::kDataLoss &&
+      !SlotIntact(op.slot)) {
+    // Its bytes changed since its store completed (a worker wrote into a
+    // slot it did not own): the lower tier kept nothing, and host drops it.
+    DropCorruptSlot(op.slot);
+    if (op.discard) {
+      discarded_spills_.erase(op.key);
+      options_.lower->Remove(op.key);
+    }
+    return;
+  }
   if (!ok) {
     ++stats_.spill_failures;
     spill_resume_ = Now() + std::chrono::milliseconds(100);

@@ -34,6 +34,7 @@ CoordinatorStats Coordinator::stats() const {
   out.host.evictions = host_pool_.stats().evictions;
   out.host.spills_in_flight = static_cast<uint64_t>(spills_in_flight_);
   out.host.promotions_in_flight = static_cast<uint64_t>(promotions_in_flight_);
+  out.host.request_state_bytes = request_bytes_;
   if (options_.lower != nullptr) out.disk = options_.lower->stats();
   out.model = options_.model;
   out.version = std::string(Version());
@@ -47,13 +48,16 @@ CoordinatorStats Coordinator::stats() const {
                                            MicrosecondsSince(e.started, now));
       }
     }
-    out.workers.push_back(WorkerStats{
-        .id = id,
-        .pid = w.registration.pid,
-        .name = w.registration.name,
-        .requests = static_cast<uint32_t>(w.requests.size()),
-        .loads_in_flight = static_cast<uint32_t>(w.loads.size()),
-        .stores_in_flight = static_cast<uint32_t>(w.stores.size())});
+    out.workers.push_back(
+        WorkerStats{.id = id,
+                    .pid = w.registration.pid,
+                    .name = w.registration.name,
+                    .requests = static_cast<uint32_t>(w.requests.size()),
+                    .loads_in_flight = static_cast<uint32_t>(w.loads.size()),
+                    .stores_in_flight = static_cast<uint32_t>(w.stores.size()),
+                    .uid = w.registration.uid,
+                    .pinned_slots = w.pinned_slots,
+                    .request_state_bytes = w.request_bytes});
   }
   return out;
 }

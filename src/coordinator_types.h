@@ -21,6 +21,9 @@ struct WorkerRegistration {
   int32_t num_device_blocks = 0;  // Block ids the worker may name: [0, n).
   std::string tenant;             // Tenants never share keys.
   int32_t pid = 0;
+  // The worker's user: tierkvd takes it from the socket's peer
+  // credentials. Caps count workers per uid.
+  uint32_t uid = 0;
   std::string name;  // For people: shown by tierkv-admin.
 };
 

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <span>
 
 #include "tierkv/block_key.h"
@@ -22,6 +23,9 @@ namespace tierkv {
 class LowerTier {
  public:
   using Done = std::function<void(Status)>;
+  // A promotion's result: OK with XXH3-64 of the bytes it wrote into the
+  // slot, or why it failed.
+  using PromoteDone = std::function<void(StatusOr<uint64_t>)>;
 
   virtual ~LowerTier() = default;
 
@@ -32,14 +36,18 @@ class LowerTier {
   // Copies host slot `slot` (the block of `key` and `tokens`) into the
   // tier and returns at once. The caller keeps the slot pinned and
   // unchanged until `done` runs; OK means Contains(key, tokens) is true.
+  // With a `checksum` (XXH3-64 of the slot's bytes when they were stored),
+  // bytes that no longer hash to it are not kept: `done` gets DataLoss
+  // and the tier does not hold the block.
   virtual void Spill(const BlockKey& key, std::span<const TokenId> tokens,
-                     BlockId slot, Done done) = 0;
+                     BlockId slot, std::optional<uint64_t> checksum,
+                     Done done) = 0;
   // Copies the block of `key` and `tokens` into host slot `slot` and
   // returns at once. The caller keeps the slot pinned and unkeyed until
   // `done` runs. Non-OK (the value is gone, or failed verification): the
   // slot holds garbage and must not be served.
   virtual void Promote(const BlockKey& key, std::span<const TokenId> tokens,
-                       BlockId slot, Done done) = 0;
+                       BlockId slot, PromoteDone done) = 0;
   // Forgets the block of `key` (for any token ids) at once: Contains turns
   // false. A promotion already reading it fails (its slot is never served),
   // it is never served torn. Returns whether the tier held it.

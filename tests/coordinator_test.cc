@@ -38,10 +38,12 @@ std::vector<BlockId> Range(BlockId first, BlockId last) {
 
 class CoordinatorTest : public ::testing::Test {
  protected:
-  explicit CoordinatorTest(int32_t host_slots = 50)
+  explicit CoordinatorTest(int32_t host_slots = 50,
+                           double worker_pin_share = 0.5)
       : c_(Coordinator::Create({.layout = Layout(),
                                 .host_slots = host_slots,
-                                .clock = [this] { return now_; }})
+                                .clock = [this] { return now_; },
+                                .worker_pin_share = worker_pin_share})
                .value()) {}
 
   WorkerId Register(const std::string& tenant = "",
@@ -252,9 +254,12 @@ TEST_F(CoordinatorTest, TenantsDoNotShareBlocks) {
   EXPECT_EQ(c_.Lookup(b, 2, t, 0, {}).value().hit_tokens, 0);
 }
 
+// Each worker may pin every slot: the host itself runs out (the caps that
+// keep a worker to its share are WorkerQuotaTest's).
 class SmallHostTest : public CoordinatorTest {
  protected:
-  SmallHostTest() : CoordinatorTest(/*host_slots=*/5) {}
+  SmallHostTest()
+      : CoordinatorTest(/*host_slots=*/5, /*worker_pin_share=*/1.0) {}
 };
 
 TEST_F(SmallHostTest, FullOfPinnedBlocksStoresNothingThenRecovers) {
@@ -550,18 +555,18 @@ class ManualLowerTier : public LowerTier {
     return true;
   }
   void Spill(const BlockKey&, std::span<const TokenId>, BlockId,
-             Done done) override {
+             std::optional<uint64_t>, Done done) override {
     done(Status::Ok());
   }
   void Promote(const BlockKey&, std::span<const TokenId>, BlockId,
-               Done done) override {
+               PromoteDone done) override {
     promotions.push_back(std::move(done));
   }
   bool Remove(const BlockKey&) override { return false; }
   uint64_t RemoveAll() override { return 0; }
   DiskTierStats stats() const override { return {}; }
 
-  std::vector<Done> promotions;
+  std::vector<PromoteDone> promotions;
 };
 
 TEST(CoordinatorEventsTest, ALoadIsPromotingThenReadyThenCopying) {
@@ -589,10 +594,10 @@ TEST(CoordinatorEventsTest, ALoadIsPromotingThenReadyThenCopying) {
     return events.empty() ? EventState::kCopying : events[0].state;
   };
   EXPECT_EQ(state(), EventState::kPromoting);
-  lower.promotions[0](Status::Ok());
+  lower.promotions[0](uint64_t{0});
   c.PumpLowerTier();
   EXPECT_EQ(state(), EventState::kPromoting);  // One block still to come.
-  lower.promotions[1](Status::Ok());
+  lower.promotions[1](uint64_t{0});
   ASSERT_EQ(c.PumpLowerTier(), 1u);
   EXPECT_EQ(state(), EventState::kReady);  // The worker has not taken it.
   ASSERT_EQ(c.TakeReadyLoads(w).value().size(), 1u);
@@ -621,11 +626,11 @@ class SlowSpillTier : public LowerTier {
     return it != stored.end() && std::ranges::equal(it->second, tokens);
   }
   void Spill(const BlockKey& key, std::span<const TokenId> tokens, BlockId,
-             Done done) override {
+             std::optional<uint64_t>, Done done) override {
     writes.push_back({key, {tokens.begin(), tokens.end()}, std::move(done)});
   }
   void Promote(const BlockKey&, std::span<const TokenId>, BlockId,
-               Done done) override {
+               PromoteDone done) override {
     done(Status::NotFound("not stored"));
   }
   bool Remove(const BlockKey& key) override {

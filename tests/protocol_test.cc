@@ -87,7 +87,9 @@ std::vector<Message> Samples() {
                      .store_status = Status::ResourceExhausted("full")}},
       CommitRequest{
           .request = 1, .num_computed_tokens = 32, .device_blocks = {1, 2}},
-      CommitReply{{.stores = {event}, .skipped_blocks = 2}},
+      CommitReply{{.stores = {event},
+                   .skipped_blocks = 2,
+                   .store_status = Status::ResourceExhausted("cap")}},
       CompleteRequest{
           {{{EventKind::kStore, 3}, true}, {{EventKind::kLoad, 4}, false}}},
       FinishRequest{9},

@@ -146,14 +146,13 @@ class DiskTierImpl final : public DiskTier {
 
   void Put(const BlockKey& key, std::span<const TokenId> tokens,
            std::span<const std::byte> payload, Done done) override {
-    // Numbered here, so that of two Puts of a key in flight together the
-    // one queued later wins.
-    const uint64_t generation = next_generation_.fetch_add(1);
-    std::vector<TokenId> owned(tokens.begin(), tokens.end());
-    io_->Submit([this, key, generation, owned = std::move(owned), payload,
-                 done = std::move(done)] {
-      done(PutNow(key, generation, owned, payload));
-    });
+    Submit(key, tokens, payload, std::nullopt, std::move(done));
+  }
+
+  void PutChecked(const BlockKey& key, std::span<const TokenId> tokens,
+                  std::span<const std::byte> payload, uint64_t checksum,
+                  Done done) override {
+    Submit(key, tokens, payload, checksum, std::move(done));
   }
 
   void Get(const BlockKey& key, std::span<const TokenId> tokens,
@@ -212,9 +211,22 @@ class DiskTierImpl final : public DiskTier {
   DiskTierStats stats() const TIERKV_EXCLUDES(mu_) override;
 
  private:
+  void Submit(const BlockKey& key, std::span<const TokenId> tokens,
+              std::span<const std::byte> payload,
+              std::optional<uint64_t> checksum, Done done) {
+    // Numbered here, so that of two Puts of a key in flight together the
+    // one queued later wins.
+    const uint64_t generation = next_generation_.fetch_add(1);
+    std::vector<TokenId> owned(tokens.begin(), tokens.end());
+    io_->Submit([this, key, generation, owned = std::move(owned), payload,
+                 checksum, done = std::move(done)] {
+      done(PutNow(key, generation, owned, payload, checksum));
+    });
+  }
   Status PutNow(const BlockKey& key, uint64_t generation,
                 std::span<const TokenId> tokens,
-                std::span<const std::byte> payload) TIERKV_EXCLUDES(mu_);
+                std::span<const std::byte> payload,
+                std::optional<uint64_t> checksum) TIERKV_EXCLUDES(mu_);
   Status WriteReserved(const BlockKey& key, uint64_t generation,
                        std::string_view header, std::string_view stored)
       TIERKV_EXCLUDES(mu_);
@@ -249,7 +261,8 @@ class DiskTierImpl final : public DiskTier {
 
 Status DiskTierImpl::PutNow(const BlockKey& key, uint64_t generation,
                             std::span<const TokenId> tokens,
-                            std::span<const std::byte> payload) {
+                            std::span<const std::byte> payload,
+                            std::optional<uint64_t> checksum) {
   if (payload.size() != options_.block_bytes) {
     return Status::InvalidArgument(
         "disk tier Put: payload is " + std::to_string(payload.size()) +
@@ -257,6 +270,12 @@ Status DiskTierImpl::PutNow(const BlockKey& key, uint64_t generation,
   }
   if (tokens.empty() || tokens.size() > kMaxTokens) {
     return Status::InvalidArgument("disk tier Put: 1 to 65536 token ids");
+  }
+  const uint64_t payload_checksum = Checksum(AsChars(payload));
+  if (checksum.has_value() && *checksum != payload_checksum) {
+    return Status::DataLoss("block " + key.ToHex() +
+                            ": its bytes changed since they were stored; "
+                            "not written");
   }
   thread_local ScratchBuffer scratch;
   const size_t max_stored =
@@ -268,7 +287,6 @@ Status DiskTierImpl::PutNow(const BlockKey& key, uint64_t generation,
   const std::string_view stored = encoded.codec == DiskCodec::kNone
                                       ? AsChars(payload)
                                       : AsChars(out.first(encoded.bytes));
-  const uint64_t payload_checksum = Checksum(AsChars(payload));
   const std::string header = EncodeHeader(ValueFields{
       .codec = encoded.codec,
       .element_bytes = options_.element_bytes,

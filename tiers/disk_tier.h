@@ -263,6 +263,15 @@ class DiskTier {
   // queued later wins (the other's `done` gets OK without writing).
   virtual void Put(const BlockKey& key, std::span<const TokenId> tokens,
                    std::span<const std::byte> payload, Done done) = 0;
+  // As Put, but the payload must hash (XXH3-64, the checksum every value
+  // carries) to `checksum`: if it does not, nothing is written and `done`
+  // gets DataLoss. For a host slot whose checksum was taken when its store
+  // completed: bytes a worker changed since are never stored as valid. (A
+  // change while the write runs leaves a value that fails verification
+  // when read.) Costs nothing over Put, which hashes the payload anyway.
+  virtual void PutChecked(const BlockKey& key, std::span<const TokenId> tokens,
+                          std::span<const std::byte> payload, uint64_t checksum,
+                          Done done) = 0;
   // Queues a read of one block into `out` (block_bytes) and returns at
   // once; `out` must stay valid until `done` runs. `done` gets OK with the
   // block in `out`; NotFound if the key is not stored or was stored for

@@ -1,11 +1,20 @@
 #include "tiers/tiered_store.h"
 
+#include <xxhash.h>
+
 #include <utility>
+#include <vector>
 
 namespace tierkv {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// XXH3-64 of a host slot's bytes: the checksum the disk tier gives its
+// values too.
+uint64_t SlotChecksumOf(const HostTier& host, BlockId slot) {
+  return XXH3_64bits(host.slot(slot), host.slot_bytes());
+}
 
 // The disk tier as the coordinator's LowerTier: blocks move between host
 // slots and disk values, named by slot id. Neither tier is owned; the disk
@@ -24,12 +33,21 @@ class DiskBelowHost final : public LowerTier {
     return disk_->Contains(key, tokens);
   }
   void Spill(const BlockKey& key, std::span<const TokenId> tokens, BlockId slot,
-             Done done) override {
-    disk_->Put(key, tokens, Slot(slot), std::move(done));
+             std::optional<uint64_t> checksum, Done done) override {
+    if (checksum.has_value()) {
+      disk_->PutChecked(key, tokens, Slot(slot), *checksum, std::move(done));
+    } else {
+      disk_->Put(key, tokens, Slot(slot), std::move(done));
+    }
   }
   void Promote(const BlockKey& key, std::span<const TokenId> tokens,
-               BlockId slot, Done done) override {
-    disk_->Get(key, tokens, Slot(slot), std::move(done));
+               BlockId slot, PromoteDone done) override {
+    // The slot's checksum is taken here, on the disk tier's I/O thread.
+    disk_->Get(key, tokens, Slot(slot),
+               [host = host_, slot, done = std::move(done)](Status s) {
+                 if (!s.ok()) return done(std::move(s));
+                 done(SlotChecksumOf(*host, slot));
+               });
   }
   bool Remove(const BlockKey& key) override { return disk_->Remove(key); }
   uint64_t RemoveAll() override { return disk_->RemoveAll(); }
@@ -71,6 +89,12 @@ StatusOr<std::unique_ptr<TieredStore>> TieredStore::Open(
   std::unique_ptr<TieredStore> store(
       new TieredStore(options, std::move(host_tier), std::move(options.disk)));
   TieredStore* raw = store.get();
+  std::function<uint64_t(BlockId)> slot_checksum;
+  if (options.slot_checksums) {
+    slot_checksum = [host = raw->host_.get()](BlockId slot) {
+      return SlotChecksumOf(*host, slot);
+    };
+  }
   StatusOr<Coordinator> coordinator = Coordinator::Create(
       {.layout = options.layout,
        .model = options.model,
@@ -79,7 +103,14 @@ StatusOr<std::unique_ptr<TieredStore>> TieredStore::Open(
        .spill_high = options.spill_high,
        .spill_low = options.spill_low,
        .lower_tier_wakeup = [raw] { raw->WakeTierThread(); },
-       .clock = options.clock});
+       .clock = options.clock,
+       .worker_pin_share = options.worker_pin_share,
+       .max_requests_per_worker = options.max_requests_per_worker,
+       .max_request_bytes_per_worker = options.max_request_bytes_per_worker,
+       .max_events_per_worker = options.max_events_per_worker,
+       .max_workers_per_uid = options.max_workers_per_uid,
+       .slot_checksum = std::move(slot_checksum),
+       .verify_on_load = options.verify_on_load});
   // Without a coordinator no disk callback can wake anything: the
   // destructor closes the tiers in order.
   TIERKV_RETURN_IF_ERROR(coordinator.status());
@@ -183,6 +214,25 @@ bool TieredStore::DrainWithoutThread(Clock::time_point deadline) {
     // The disk tier's queued I/O finishes; its results wait in the inbox.
     (void)disk_->Flush();
   }
+}
+
+Status TieredStore::Complete(WorkerId worker,
+                             std::span<const CompletedEvent> events) {
+  std::vector<BlockId> slots;
+  {
+    MutexLock lock(&mu_);
+    slots = coordinator_->CompletedStoreSlots(worker, events);
+  }
+  // The events pin these slots until Complete applies them (or the worker
+  // is dropped meanwhile, and Complete then fails): nothing else writes
+  // them legitimately while they are read here.
+  std::vector<SlotChecksum> checksums;
+  checksums.reserve(slots.size());
+  for (BlockId slot : slots) {
+    checksums.push_back({slot, SlotChecksumOf(*host_, slot)});
+  }
+  MutexLock lock(&mu_);
+  return coordinator_->Complete(worker, events, checksums);
 }
 
 Status TieredStore::Flush() {

@@ -50,6 +50,25 @@ struct TieredStoreOptions {
   double spill_low = 0.7;
   // The coordinator's clock (CoordinatorOptions::clock). Default: steady.
   std::function<std::chrono::steady_clock::time_point()> clock = {};
+  // Per-worker caps (CoordinatorOptions: a worker's share of the host
+  // slots, its open requests, their state bytes, its events in flight;
+  // workers per uid). Defaults: 0.5, 4096, 256 MiB, 4096, 64.
+  double worker_pin_share = 0.5;
+  uint32_t max_requests_per_worker = 4096;
+  size_t max_request_bytes_per_worker = size_t{256} << 20;
+  uint32_t max_events_per_worker = 4096;
+  uint32_t max_workers_per_uid = 64;
+  // Keep an XXH3-64 checksum of each host block when its store completes
+  // (taken outside the store's mutex, see Complete) or its promotion
+  // lands, and check it before the block is spilled: a block whose bytes a
+  // worker changed since is dropped, never written to disk
+  // (corrupt_slots_dropped). Default: true.
+  bool slot_checksums = true;
+  // Also check it before a load of the block is handed to a worker
+  // (CoordinatorOptions::verify_on_load): a mismatch is a miss. Costs one
+  // checksum of each block loaded, under the store's mutex. Needs
+  // slot_checksums. Default: false.
+  bool verify_on_load = false;
   // Run the tier thread that applies the disk tier's results as they come.
   // False: they wait until the owner applies them (Lock()->PumpLowerTier(),
   // WaitIdle, Flush), so a test can hold spills and promotions in flight
@@ -108,6 +127,12 @@ class TieredStore {
   // settled store. True at once without a disk tier. Without a tier thread
   // it applies the results itself.
   bool WaitIdle(std::chrono::milliseconds timeout) TIERKV_EXCLUDES(mu_);
+
+  // Coordinator::Complete, with the checksums of finished stores' slots
+  // taken outside the store's mutex (the slots stay pinned for the events
+  // until they are applied), so other workers' calls do not wait for them.
+  Status Complete(WorkerId worker, std::span<const CompletedEvent> events)
+      TIERKV_EXCLUDES(mu_);
 
   // Finished disk I/O made durable (DiskTier::Flush) and applied. OK
   // without a disk tier.

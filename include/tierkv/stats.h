@@ -76,7 +76,24 @@ struct StatField {
     "its promotions ran.")                                                     \
   X(uint64_t, spills_in_flight, kGauge, "Spills the disk tier is running.")    \
   X(uint64_t, promotions_in_flight, kGauge,                                    \
-    "Promotions the disk tier is running.")
+    "Promotions the disk tier is running.")                                    \
+  X(uint64_t, corrupt_slots_dropped, kCounter,                                 \
+    "Host blocks whose bytes changed after their store completed (found "      \
+    "before a spill, or before a load with verify-on-load): dropped, never "   \
+    "spilled or loaded.")                                                      \
+  X(uint64_t, request_state_bytes, kGauge,                                     \
+    "Bytes of state the workers' open requests keep (token ids, keys).")       \
+  X(uint64_t, quota_pin_refusals, kCounter,                                    \
+    "Host slots refused to a worker at its share of pins: lookups cut, "       \
+    "blocks not stored, promotions not started.")                              \
+  X(uint64_t, quota_request_refusals, kCounter,                                \
+    "Lookups refused: the worker had its cap of open requests.")               \
+  X(uint64_t, quota_request_bytes_refusals, kCounter,                          \
+    "Lookups refused: the worker's requests had their cap of state bytes.")    \
+  X(uint64_t, quota_event_refusals, kCounter,                                  \
+    "Blocks not stored: the worker had its cap of events in flight.")          \
+  X(uint64_t, quota_registration_refusals, kCounter,                           \
+    "Workers refused: their uid had its cap of registered workers.")
 
 #define TIERKV_DISK_TIER_STATS_FIELDS(X)                                     \
   X(uint64_t, capacity_bytes, kGauge, "The bound on the disk tier's bytes.") \
@@ -112,7 +129,12 @@ struct StatField {
   X(std::string, name, kLabel, "The worker's name (ClientOptions::name).") \
   X(uint32_t, requests, kGauge, "Requests the worker has open.")           \
   X(uint32_t, loads_in_flight, kGauge, "The worker's loads in flight.")    \
-  X(uint32_t, stores_in_flight, kGauge, "The worker's stores in flight.")
+  X(uint32_t, stores_in_flight, kGauge, "The worker's stores in flight.")  \
+  X(uint32_t, uid, kLabel, "The worker's user id.")                        \
+  X(int64_t, pinned_slots, kGauge,                                         \
+    "Host slot pins held for the worker (at most its share).")             \
+  X(uint64_t, request_state_bytes, kGauge,                                 \
+    "Bytes of state its open requests keep.")
 
 // A struct's members and ForEachField, from its field table:
 // ForEachField(stats, f) calls f(const StatField&, member) for each field in

@@ -48,16 +48,22 @@ struct AllocateResult {
   // The load waits for promotions from the disk tier: do not copy it yet.
   // It is handed out (possibly cut short) when they are done.
   bool load_pending = false;
-  // OK, or ResourceExhausted when every host slot is pinned: the request
-  // runs, but nothing it computes can be stored now.
+  // OK, or ResourceExhausted when every host slot is pinned, or this
+  // worker's share of them (the message names the cap): the request runs,
+  // but nothing it computes can be stored now.
   Status store_status;
 };
 
 struct CommitResult {
   std::vector<TransferEvent> stores;  // Zero or one event.
-  // Full blocks not stored: no slot was free, or an operator dropped the
-  // key while its spill runs (Evict, Clear).
+  // Full blocks not stored: no slot was free, the worker was at one of its
+  // caps (see store_status), or an operator dropped the key while its spill
+  // runs (Evict, Clear).
   int32_t skipped_blocks = 0;
+  // OK, or ResourceExhausted naming the cap that skipped blocks: the
+  // worker's share of the host slots is pinned, or it has its cap of
+  // transfer events in flight. It stores more once its transfers complete.
+  Status store_status;
 };
 
 struct CompletedEvent {

@@ -65,6 +65,7 @@ struct RawOptions {
   std::string capacity = "1G", dtype = "bf16", mode = "0600", group,
               admin_group;
   std::string disk_capacity = "16G", codec = "none";
+  std::string request_bytes = "256M";
   int stop_timeout = 10;
   int stats_interval_ms = 100;
 };
@@ -285,6 +286,36 @@ po::options_description SettingOptions(DaemonCommand& command,
       "spilling stops once at most this fraction is in use")(
       "max-workers", po::value(&s.max_workers)->default_value(s.max_workers),
       "most workers attached at once (1 to 4096)")(
+      "worker-pin-share",
+      po::value(&s.worker_pin_share)->default_value(s.worker_pin_share, "0.5"),
+      "the share of the host slots one worker may pin at once (lookup hits, "
+      "loads, stores being written), so a stopped or hostile worker leaves "
+      "the rest to others; over it a worker is told ResourceExhausted")(
+      "max-requests-per-worker",
+      po::value(&s.max_requests_per_worker)
+          ->default_value(s.max_requests_per_worker),
+      "requests one worker may have open (looked up, not finished); "
+      "lookups past it are refused")(
+      "max-request-bytes-per-worker",
+      po::value(&raw.request_bytes)->default_value(raw.request_bytes),
+      "bytes of state (token ids, block keys) one worker's open requests may "
+      "keep in tierkvd (K, M, G suffixes); lookups past it are refused")(
+      "max-events-per-worker",
+      po::value(&s.max_events_per_worker)
+          ->default_value(s.max_events_per_worker),
+      "transfer events one worker may have in flight; it stores nothing "
+      "more until some complete")(
+      "max-workers-per-uid",
+      po::value(&s.max_workers_per_uid)->default_value(s.max_workers_per_uid),
+      "workers one user (uid) may have attached at once")(
+      "verify-loads",
+      po::value(&s.verify_on_load)
+          ->default_value(s.verify_on_load, "false")
+          ->implicit_value(true, "true"),
+      "check each host block's checksum (taken when its store completed) "
+      "before a worker loads it: a block another worker wrote into is a "
+      "miss, dropped (blocks are always checked before they spill to "
+      "disk); costs a checksum of every block loaded")(
       "stats-interval-ms",
       po::value(&raw.stats_interval_ms)->default_value(raw.stats_interval_ms),
       "milliseconds between snapshots in the stats page "
@@ -325,6 +356,25 @@ StatusOr<DaemonCommand> Finish(DaemonCommand command, const RawOptions& raw,
   s.disk_capacity_bytes = *disk_capacity;
   TIERKV_ASSIGN_OR_RETURN(s.disk_codec,
                           ParseCodec(where("disk-codec"), raw.codec));
+  auto request_bytes = ParseBytes(raw.request_bytes);
+  if (!request_bytes.ok() || *request_bytes == 0) {
+    return Status::InvalidArgument(
+        where("max-request-bytes-per-worker") + ": " +
+        (request_bytes.ok() ? "at least 1 byte"
+                            : request_bytes.status().message()));
+  }
+  s.max_request_bytes_per_worker = *request_bytes;
+  if (!(s.worker_pin_share > 0 && s.worker_pin_share <= 1)) {
+    return Status::InvalidArgument(where("worker-pin-share") +
+                                   " must be in (0, 1]");
+  }
+  if (s.max_requests_per_worker < 1 || s.max_events_per_worker < 1 ||
+      s.max_workers_per_uid < 1) {
+    return Status::InvalidArgument(where("max-requests-per-worker") + ", " +
+                                   where("max-events-per-worker") + " and " +
+                                   where("max-workers-per-uid") +
+                                   " must be at least 1");
+  }
   if (!(s.spill_low > 0 && s.spill_low <= s.spill_high && s.spill_high <= 1)) {
     return Status::InvalidArgument(where("spill-low") + " and " +
                                    where("spill-high") +
