@@ -59,7 +59,9 @@ class ControlChannel {
   // Publishes the response to the request last received. InvalidArgument if
   // it does not fit (the caller then sends a short error instead).
   Status Respond(std::span<const std::byte> response);
-  // Wakes a server thread blocked in Receive (after setting its stop flag).
+  // Ends the server thread's Receive at once, whether it sleeps or is about
+  // to; call it after setting the stop flag. It bumps the request sequence:
+  // the channel is of no use for requests afterwards.
   void WakeReceiver();
 
   const std::string& name() const { return segment_.name(); }
