@@ -1,5 +1,6 @@
 #include "tierkv/client.h"
 
+#include <fcntl.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/time.h>
@@ -11,6 +12,7 @@
 #include <cstring>
 #include <map>
 #include <optional>
+#include <span>
 
 #include "ipc/channel.h"
 #include "ipc/in_process_store.h"
@@ -23,16 +25,41 @@ namespace {
 
 using ipc::Message;
 
-// Reads exactly one frame from a blocking socket.
-StatusOr<Message> ReadFrame(int fd) {
+using Clock = std::chrono::steady_clock;
+
+// Waits until `fd` is ready for `events`: DeadlineExceeded (naming `what`
+// tierkvd did not do) once `deadline` passes first.
+Status WaitReady(int fd, short events, Clock::time_point deadline,
+                 const char* what) {
+  for (;;) {
+    const auto left =
+        std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now());
+    if (left.count() <= 0) {
+      return Status::DeadlineExceeded(
+          std::string("tierkvd did not ") + what +
+          " in time (is it stopped, wedged or overloaded?)");
+    }
+    pollfd p{fd, events, 0};
+    const int n = poll(
+        &p, 1,
+        static_cast<int>(std::min<int64_t>(left.count(), int64_t{60'000})));
+    if (n > 0) return Status::Ok();
+    if (n < 0 && errno != EINTR) {
+      return Status::Unavailable(std::string("poll: ") + std::strerror(errno));
+    }
+  }
+}
+
+// Reads exactly one frame from a non-blocking socket by `deadline`.
+StatusOr<Message> ReadFrame(int fd, Clock::time_point deadline) {
   std::vector<std::byte> frame(ipc::kFrameHeaderBytes);
-  auto read_all = [fd](std::byte* p, size_t n) -> Status {
+  auto read_all = [&](std::byte* p, size_t n) -> Status {
     while (n > 0) {
       const ssize_t got = recv(fd, p, n, 0);
       if (got < 0 && errno == EINTR) continue;
       if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-        return Status::DeadlineExceeded(
-            "tierkvd did not answer in time (is it stopped or wedged?)");
+        TIERKV_RETURN_IF_ERROR(WaitReady(fd, POLLIN, deadline, "answer"));
+        continue;
       }
       if (got <= 0) {
         return Status::Unavailable(got == 0 ? "tierkvd closed the connection"
@@ -51,10 +78,30 @@ StatusOr<Message> ReadFrame(int fd) {
   return ipc::Decode(frame);
 }
 
-// A socket connected to tierkvd whose reads and writes give up after
-// `timeout` (a daemon that never answers).
-StatusOr<int> Connect(const std::string& path,
-                      std::chrono::milliseconds timeout) {
+// Sends all of `bytes` on a non-blocking socket by `deadline`.
+Status SendAll(int fd, std::span<const std::byte> bytes,
+               Clock::time_point deadline) {
+  while (!bytes.empty()) {
+    const ssize_t n = send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      TIERKV_RETURN_IF_ERROR(
+          WaitReady(fd, POLLOUT, deadline, "take the request"));
+      continue;
+    }
+    if (n <= 0) {
+      return Status::Unavailable(std::string("send to tierkvd: ") +
+                                 std::strerror(errno));
+    }
+    bytes = bytes.subspan(static_cast<size_t>(n));
+  }
+  return Status::Ok();
+}
+
+// A non-blocking socket connected to tierkvd by `deadline`: a tierkvd whose
+// listen queue is full (it does not accept) is DeadlineExceeded, one that
+// is not there Unavailable.
+StatusOr<int> Connect(const std::string& path, Clock::time_point deadline) {
   sockaddr_un addr{};
   if (path.size() >= sizeof(addr.sun_path)) {
     return Status::InvalidArgument("socket path too long: " + path);
@@ -63,20 +110,35 @@ StatusOr<int> Connect(const std::string& path,
   if (fd < 0) return Status::Unavailable(std::strerror(errno));
   addr.sun_family = AF_UNIX;
   std::memcpy(addr.sun_path, path.c_str(), path.size());
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    const int err = errno;
+  // A Unix socket's connect waits while the listen queue is full (a
+  // non-blocking one fails at once, with nothing to poll for): the send
+  // timeout bounds that wait. Zero would mean no bound: at least 1 us.
+  const auto timeout = std::max<int64_t>(
+      1, std::chrono::duration_cast<std::chrono::microseconds>(deadline -
+                                                               Clock::now())
+             .count());
+  timeval tv{.tv_sec = timeout / 1'000'000, .tv_usec = timeout % 1'000'000};
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  int rc = connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  const int err = errno;
+  if (rc != 0) {
     close(fd);
+    if (err == EAGAIN || err == EWOULDBLOCK || err == EINTR) {
+      return Status::DeadlineExceeded(
+          "tierkvd on " + path + " did not accept the connection within " +
+          std::to_string(timeout / 1000) +
+          " ms: its listen queue is full (is it overloaded or wedged?)");
+    }
     const std::string msg = "no tierkvd answers on " + path + ": " +
                             std::strerror(err) + " (is tierkvd running?)";
     return err == EACCES ? Status::PermissionDenied(msg)
                          : Status::Unavailable(msg);
   }
-  const auto us = std::max<int64_t>(
-      1,
-      std::chrono::duration_cast<std::chrono::microseconds>(timeout).count());
-  timeval tv{.tv_sec = us / 1'000'000, .tv_usec = us % 1'000'000};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK) != 0) {
+    const std::string msg = std::string("fcntl: ") + std::strerror(errno);
+    close(fd);
+    return Status::Unavailable(msg);
+  }
   return fd;
 }
 
@@ -85,14 +147,12 @@ StatusOr<int> Connect(const std::string& path,
 namespace ipc {
 
 StatusOr<Message> SocketCall(const std::string& socket_path,
-                             const Message& request) {
-  TIERKV_ASSIGN_OR_RETURN(int fd,
-                          Connect(socket_path, std::chrono::seconds(10)));
-  const std::vector<std::byte> bytes = Encode(request);
-  const bool sent = send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL) ==
-                    static_cast<ssize_t>(bytes.size());
-  StatusOr<Message> reply =
-      sent ? ReadFrame(fd) : Status::Unavailable("send to tierkvd failed");
+                             const Message& request,
+                             std::chrono::milliseconds timeout) {
+  const Clock::time_point deadline = Clock::now() + timeout;
+  TIERKV_ASSIGN_OR_RETURN(int fd, Connect(socket_path, deadline));
+  Status sent = SendAll(fd, Encode(request), deadline);
+  StatusOr<Message> reply = sent.ok() ? ReadFrame(fd, deadline) : sent;
   close(fd);
   return reply;
 }
@@ -163,16 +223,13 @@ struct Client::Impl {
   Status Attach(const WorkerRegistration& registration,
                 const std::string& fingerprint) {
     const std::string& path = options.socket_path;
-    TIERKV_ASSIGN_OR_RETURN(const int fd, Connect(path, options.call_timeout));
+    const Clock::time_point deadline = Clock::now() + options.call_timeout;
+    TIERKV_ASSIGN_OR_RETURN(const int fd, Connect(path, deadline));
     if (socket_fd >= 0) close(socket_fd);
     socket_fd = fd;
-    const std::vector<std::byte> hello =
-        ipc::Encode(ipc::RegisterRequest{registration});
-    if (send(socket_fd, hello.data(), hello.size(), MSG_NOSIGNAL) !=
-        static_cast<ssize_t>(hello.size())) {
-      return Status::Unavailable("cannot register with tierkvd on " + path);
-    }
-    StatusOr<Message> reply = ReadFrame(socket_fd);
+    Status sent = SendAll(
+        socket_fd, ipc::Encode(ipc::RegisterRequest{registration}), deadline);
+    StatusOr<Message> reply = sent.ok() ? ReadFrame(socket_fd, deadline) : sent;
     if (!reply.ok()) {
       return Status(reply.status().code(), "registering with tierkvd on " +
                                                path + ": " +

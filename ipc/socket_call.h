@@ -4,6 +4,7 @@
 #ifndef TIERKV_IPC_SOCKET_CALL_H_
 #define TIERKV_IPC_SOCKET_CALL_H_
 
+#include <chrono>
 #include <string>
 
 #include "ipc/protocol.h"
@@ -11,9 +12,11 @@
 namespace tierkv::ipc {
 
 // Unavailable when no tierkvd answers; PermissionDenied when this user may
-// not connect. The reply may itself be an ErrorReply.
-StatusOr<Message> SocketCall(const std::string& socket_path,
-                             const Message& request);
+// not connect; DeadlineExceeded when the call (connecting included) takes
+// longer than `timeout`. The reply may itself be an ErrorReply.
+StatusOr<Message> SocketCall(
+    const std::string& socket_path, const Message& request,
+    std::chrono::milliseconds timeout = std::chrono::seconds(10));
 
 }  // namespace tierkv::ipc
 
