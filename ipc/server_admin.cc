@@ -24,30 +24,29 @@ EventsReply ListEvents(std::vector<EventInfo> events) {
 
 }  // namespace
 
-bool Server::Impl::Handle(int fd, Connection* conn, const Message& message) {
+bool Server::Impl::Handle(Connection* conn, const Message& message) {
   spdlog::debug("pid {}: {} on the socket", conn->peer.pid,
                 MessageTypeName(TypeOf(message)));
   if (const auto* reg = std::get_if<RegisterRequest>(&message)) {
-    return Register(fd, conn, *reg);
+    return Register(conn, *reg);
   }
   if (std::holds_alternative<StatsRequest>(message)) {
-    return SendFrame(fd, StatsReply{store->stats()});
+    return Reply(conn, StatsReply{store->stats()});
   }
   if (std::holds_alternative<EventsRequest>(message)) {
     std::vector<EventInfo> events;
     { events = store->Lock()->events(); }
-    return SendFrame(fd, ListEvents(std::move(events)));
+    return Reply(conn, ListEvents(std::move(events)));
   }
   if (const auto* clear = std::get_if<ClearRequest>(&message)) {
-    return SendFrame(fd, Clear(conn->peer.pid, clear->tiers));
+    return Reply(conn, Clear(conn->peer.pid, clear->tiers));
   }
   if (const auto* evict = std::get_if<EvictRequest>(&message)) {
-    return SendFrame(fd, Evict(conn->peer.pid, evict->keys));
+    return Reply(conn, Evict(conn->peer.pid, evict->keys));
   }
-  SendFrame(fd, ErrorReply{Status::InvalidArgument(
-                    std::string(MessageTypeName(TypeOf(message))) +
-                    " is not accepted on the socket")});
-  return false;
+  return Refuse(conn, Status::InvalidArgument(
+                          std::string(MessageTypeName(TypeOf(message))) +
+                          " is not accepted on the socket"));
 }
 
 Message Server::Impl::Clear(pid_t pid, TierSelection tiers) {
