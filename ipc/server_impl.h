@@ -1,7 +1,8 @@
 // Internal to ipc/: Server::Impl, the state of a running tierkvd, and what
 // its parts share. server.cc starts and stops it (with the tier and stats
 // threads), server_listener.cc runs the Unix socket (accept, registration,
-// worker sessions) and server_admin.cc answers tierkv-admin's orders.
+// worker sessions and their reaper) and server_admin.cc answers
+// tierkv-admin's orders.
 #ifndef TIERKV_IPC_SERVER_IMPL_H_
 #define TIERKV_IPC_SERVER_IMPL_H_
 
@@ -135,7 +136,8 @@ struct Server::Impl {
   void Accept(Clock::time_point now);
   // Makes room for one more unregistered connection.
   void CrowdOut();
-  // Closes the unregistered connections whose deadline has passed.
+  // Closes the unregistered connections whose deadline has passed, and
+  // ends an episode of crowding out once there is room.
   void CloseExpired(Clock::time_point now);
   // Each false when the connection must be closed.
   bool ReadFrom(Connection* conn);

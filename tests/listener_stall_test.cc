@@ -230,8 +230,10 @@ TEST_F(ListenerStallTest, PeersThatNeverReadStallNoOne) {
   const int64_t stats_ms = MsSince(asked);
   ASSERT_THAT(stats, IsOk()) << stats.status().ToString();
   EXPECT_TRUE(std::holds_alternative<ipc::StatsReply>(*stats));
-  EXPECT_LT(register_ms, 1000);
-  EXPECT_LT(stats_ms, 1000);
+  // Served within a round or two of the listener's (a second per peer,
+  // when it waited on each).
+  EXPECT_LT(register_ms, 1500);
+  EXPECT_LT(stats_ms, 1500);
   EXPECT_THAT(server_->CheckProgress(milliseconds(100)), IsOk());
 
   // Past the bound on unread replies, every one of them is disconnected.
@@ -274,7 +276,7 @@ TEST_F(ListenerStallTest, ConnectionsPastTheCapCloseTheLongestIdle) {
 
 TEST_F(ListenerStallTest, IdleConnectionsTimeOutRegisteredWorkersDoNot) {
   ipc::ServerOptions options;
-  options.pending_timeout = milliseconds(200);
+  options.pending_timeout = milliseconds(500);
   StartServer(options);
   auto worker = Open(seconds(2));
   ASSERT_THAT(worker, IsOk()) << worker.status().ToString();
@@ -296,7 +298,7 @@ TEST_F(ListenerStallTest, IdleConnectionsTimeOutRegisteredWorkersDoNot) {
     hung = WaitHungUp(idle, idle.size(), milliseconds(50));
   }
   EXPECT_EQ(hung, idle.size());
-  EXPECT_GE(MsSince(opened), 190);  // Not before their deadline.
+  EXPECT_GE(MsSince(opened), 490);  // Not before their deadline.
   EXPECT_FALSE(HungUp(asking.get()));
   // The worker, idle on its socket all along, is still attached.
   StatusOr<CoordinatorStats> stats = (*worker)->Stats();
