@@ -218,6 +218,13 @@ Status ControlChannel::Respond(std::span<const std::byte> response) {
   return Status::Ok();
 }
 
-void ControlChannel::WakeReceiver() { FutexWake(&header()->request_seq); }
+void ControlChannel::WakeReceiver() {
+  // A wake alone is lost on a receiver between its last check and its
+  // futex sleep; a changed sequence word is not. Receive then sees the stop
+  // flag and serves nothing.
+  Header* h = header();
+  h->request_seq.fetch_add(1, std::memory_order_seq_cst);
+  FutexWake(&h->request_seq);
+}
 
 }  // namespace tierkv::ipc

@@ -62,7 +62,9 @@ class ControlChannel {
   // Publishes the response to the request last received. InvalidArgument if
   // it does not fit (the caller then sends a short error instead).
   Status Respond(std::span<const std::byte> response);
-  // Wakes a server thread blocked in Receive (after setting its stop flag).
+  // Ends the server thread's Receive at once, whether it sleeps or is about
+  // to; call it after setting the stop flag. It bumps the request sequence:
+  // the channel is of no use for requests afterwards.
   void WakeReceiver();
 
   // The segment's fd, to pass to the worker (tierkvd's side; -1 on the

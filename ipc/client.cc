@@ -1,5 +1,6 @@
 #include "tierkv/client.h"
 
+#include <fcntl.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/time.h>
@@ -11,6 +12,7 @@
 #include <cstring>
 #include <map>
 #include <optional>
+#include <span>
 
 #include "ipc/channel.h"
 #include "ipc/in_process_store.h"
@@ -21,17 +23,43 @@
 
 namespace tierkv {
 namespace ipc {
+namespace {
 
-StatusOr<Message> ReadFrame(int fd, std::vector<UniqueFd>* fds,
-                            size_t max_fds) {
-  std::vector<std::byte> frame(ipc::kFrameHeaderBytes);
-  auto read_all = [fd, fds, max_fds](std::byte* p, size_t n) -> Status {
+// Waits until `fd` is ready for `events`: DeadlineExceeded (naming `what`
+// tierkvd did not do) once `deadline` passes first.
+Status WaitReady(int fd, short events, Clock::time_point deadline,
+                 const char* what) {
+  for (;;) {
+    const auto left =
+        std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now());
+    if (left.count() <= 0) {
+      return Status::DeadlineExceeded(
+          std::string("tierkvd did not ") + what +
+          " in time (is it stopped, wedged or overloaded?)");
+    }
+    pollfd p{fd, events, 0};
+    const int n = poll(
+        &p, 1,
+        static_cast<int>(std::min<int64_t>(left.count(), int64_t{60'000})));
+    if (n > 0) return Status::Ok();
+    if (n < 0 && errno != EINTR) {
+      return Status::Unavailable(std::string("poll: ") + std::strerror(errno));
+    }
+  }
+}
+
+}  // namespace
+
+StatusOr<Message> ReadFrame(int fd, Clock::time_point deadline,
+                            std::vector<UniqueFd>* fds, size_t max_fds) {
+  std::vector<std::byte> frame(kFrameHeaderBytes);
+  auto read_all = [&](std::byte* p, size_t n) -> Status {
     while (n > 0) {
-      const ssize_t got = ipc::RecvWithFds(fd, p, n, fds, max_fds);
+      const ssize_t got = RecvWithFds(fd, p, n, fds, max_fds);
       if (got < 0 && errno == EINTR) continue;
       if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-        return Status::DeadlineExceeded(
-            "tierkvd did not answer in time (is it stopped or wedged?)");
+        TIERKV_RETURN_IF_ERROR(WaitReady(fd, POLLIN, deadline, "answer"));
+        continue;
       }
       if (got <= 0) {
         return Status::Unavailable(got == 0 ? "tierkvd closed the connection"
@@ -50,8 +78,26 @@ StatusOr<Message> ReadFrame(int fd, std::vector<UniqueFd>* fds,
   return ipc::Decode(frame);
 }
 
-StatusOr<int> Connect(const std::string& path,
-                      std::chrono::milliseconds timeout,
+Status SendAll(int fd, std::span<const std::byte> bytes,
+               Clock::time_point deadline) {
+  while (!bytes.empty()) {
+    const ssize_t n = send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      TIERKV_RETURN_IF_ERROR(
+          WaitReady(fd, POLLOUT, deadline, "take the request"));
+      continue;
+    }
+    if (n <= 0) {
+      return Status::Unavailable(std::string("send to tierkvd: ") +
+                                 std::strerror(errno));
+    }
+    bytes = bytes.subspan(static_cast<size_t>(n));
+  }
+  return Status::Ok();
+}
+
+StatusOr<int> Connect(const std::string& path, Clock::time_point deadline,
                       std::optional<uid_t> daemon_uid) {
   sockaddr_un addr{};
   if (path.size() >= sizeof(addr.sun_path)) {
@@ -61,45 +107,59 @@ StatusOr<int> Connect(const std::string& path,
   if (fd < 0) return Status::Unavailable(std::strerror(errno));
   addr.sun_family = AF_UNIX;
   std::memcpy(addr.sun_path, path.c_str(), path.size());
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    const int err = errno;
+  // A Unix socket's connect waits while the listen queue is full (a
+  // non-blocking one fails at once, with nothing to poll for): the send
+  // timeout bounds that wait. Zero would mean no bound: at least 1 us.
+  const auto timeout = std::max<int64_t>(
+      1, std::chrono::duration_cast<std::chrono::microseconds>(deadline -
+                                                               Clock::now())
+             .count());
+  timeval tv{.tv_sec = timeout / 1'000'000, .tv_usec = timeout % 1'000'000};
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  int rc = connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  const int err = errno;
+  if (rc != 0) {
     close(fd);
+    if (err == EAGAIN || err == EWOULDBLOCK || err == EINTR) {
+      return Status::DeadlineExceeded(
+          "tierkvd on " + path + " did not accept the connection within " +
+          std::to_string(timeout / 1000) +
+          " ms: its listen queue is full (is it overloaded or wedged?)");
+    }
     const std::string msg = "no tierkvd answers on " + path + ": " +
                             std::strerror(err) + " (is tierkvd running?)";
     return err == EACCES ? Status::PermissionDenied(msg)
                          : Status::Unavailable(msg);
   }
-  StatusOr<ipc::PeerIdentity> peer = ipc::PeerOf(fd);
-  Status trusted = peer.ok() ? ipc::CheckDaemonUser(peer->uid, path, daemon_uid)
-                             : peer.status();
+  StatusOr<PeerIdentity> peer = PeerOf(fd);
+  Status trusted =
+      peer.ok() ? CheckDaemonUser(peer->uid, path, daemon_uid) : peer.status();
   if (!trusted.ok()) {
     close(fd);
     return trusted;
   }
-  const auto us = std::max<int64_t>(
-      1,
-      std::chrono::duration_cast<std::chrono::microseconds>(timeout).count());
-  timeval tv{.tv_sec = us / 1'000'000, .tv_usec = us % 1'000'000};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK) != 0) {
+    const std::string msg = std::string("fcntl: ") + std::strerror(errno);
+    close(fd);
+    return Status::Unavailable(msg);
+  }
   return fd;
 }
 
 StatusOr<Message> SocketCall(const std::string& socket_path,
-                             const Message& request) {
-  TIERKV_ASSIGN_OR_RETURN(int fd,
-                          Connect(socket_path, std::chrono::seconds(10)));
-  const std::vector<std::byte> bytes = Encode(request);
-  const bool sent = send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL) ==
-                    static_cast<ssize_t>(bytes.size());
-  StatusOr<Message> reply =
-      sent ? ReadFrame(fd) : Status::Unavailable("send to tierkvd failed");
+                             const Message& request,
+                             std::chrono::milliseconds timeout) {
+  const Clock::time_point deadline = Clock::now() + timeout;
+  TIERKV_ASSIGN_OR_RETURN(int fd, Connect(socket_path, deadline));
+  Status sent = SendAll(fd, Encode(request), deadline);
+  StatusOr<Message> reply = sent.ok() ? ReadFrame(fd, deadline) : sent;
   close(fd);
   return reply;
 }
 
 }  // namespace ipc
 
+using ipc::Clock;
 using ipc::Message;
 
 struct Client::Impl {
@@ -166,20 +226,18 @@ struct Client::Impl {
   Status Attach(const WorkerRegistration& registration,
                 const std::string& fingerprint) {
     const std::string& path = options.socket_path;
-    TIERKV_ASSIGN_OR_RETURN(
-        const int fd,
-        ipc::Connect(path, options.call_timeout, options.daemon_uid));
+    const Clock::time_point deadline = Clock::now() + options.call_timeout;
+    TIERKV_ASSIGN_OR_RETURN(const int fd,
+                            ipc::Connect(path, deadline, options.daemon_uid));
     if (socket_fd >= 0) close(socket_fd);
     socket_fd = fd;
-    const std::vector<std::byte> hello =
-        ipc::Encode(ipc::RegisterRequest{registration});
-    if (send(socket_fd, hello.data(), hello.size(), MSG_NOSIGNAL) !=
-        static_cast<ssize_t>(hello.size())) {
-      return Status::Unavailable("cannot register with tierkvd on " + path);
-    }
+    Status sent = ipc::SendAll(
+        socket_fd, ipc::Encode(ipc::RegisterRequest{registration}), deadline);
     std::vector<ipc::UniqueFd> segments;
     StatusOr<Message> reply =
-        ipc::ReadFrame(socket_fd, &segments, ipc::kRegisterReplyFds);
+        sent.ok() ? ipc::ReadFrame(socket_fd, deadline, &segments,
+                                   ipc::kRegisterReplyFds)
+                  : sent;
     if (!reply.ok()) {
       return Status(reply.status().code(), "registering with tierkvd on " +
                                                path + ": " +
@@ -200,10 +258,10 @@ struct Client::Impl {
     }
     TIERKV_ASSIGN_OR_RETURN(
         std::unique_ptr<HostTier> mapped,
-        HostTier::Attach(segments[0].Release(), fingerprint,
+        HostTier::Attach(segments[0].release(), fingerprint,
                          options.layout.BlockBytes(), reg->host_slots));
     TIERKV_ASSIGN_OR_RETURN(ipc::ControlChannel attached_channel,
-                            ipc::ControlChannel::Open(segments[1].Release()));
+                            ipc::ControlChannel::Open(segments[1].release()));
     worker = reg->worker_id;
     attached_host = std::move(mapped);
     host = attached_host.get();

@@ -146,6 +146,16 @@ StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& in) {
         "stats interval of " + std::to_string(options.stats_interval.count()) +
         " ms: use 10 ms to 60 s");
   }
+  if (options.pending_timeout < std::chrono::milliseconds(10) ||
+      options.pending_timeout > std::chrono::minutes(10)) {
+    return Status::InvalidArgument(
+        "pending timeout of " +
+        std::to_string(options.pending_timeout.count()) +
+        " ms: use 10 ms to 10 min");
+  }
+  if (options.max_pending_connections == 0) {
+    options.max_pending_connections = 4 * options.max_workers + 16;
+  }
   const size_t slot_bytes = options.layout.BlockBytes();
   const int32_t slots =
       HostTier::SlotsFor(options.host_capacity_bytes, slot_bytes);
@@ -225,6 +235,7 @@ StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& in) {
   }
   Impl* raw = impl.get();
   impl->listener = std::thread([raw] { raw->Listen(); });
+  impl->reaper = std::thread([raw] { raw->Reap(); });
   impl->stats_thread = std::thread([raw] { raw->PublishStats(); });
   spdlog::info(
       "tierkvd serving store '{}' on {}: model {}, layout {}, {} host slots "
@@ -246,6 +257,12 @@ void Server::Stop() {
   }
   if (s.listener.joinable()) s.listener.join();
   while (!s.connections.empty()) s.Close(s.connections.begin()->first);
+  {
+    MutexLock reap(&s.reap_mu);
+    s.reaper_stop = true;
+    s.reap_wake.NotifyAll();
+  }
+  if (s.reaper.joinable()) s.reaper.join();  // Once every session is reaped.
   {
     std::lock_guard<std::mutex> wake(s.stats_wake_mu);
     s.stats_wake.notify_all();

@@ -1,10 +1,12 @@
 // Server: tierkvd's process-level machinery around the Coordinator. It holds
 // the store lock, opens the disk tier (rebuilding its index, with progress in
 // the log), creates the host tier segment, listens on the Unix socket
-// (registration, liveness, tierkv-admin), and runs one session thread per
-// attached worker that serves the worker's shared-memory control channel,
-// a tier thread that applies finished spills and promotions, and a stats
-// thread that publishes a snapshot to the stats page every stats_interval.
+// (registration, liveness, tierkv-admin) with one thread that never waits
+// on a peer, and runs one session thread per attached worker that serves
+// the worker's shared-memory control channel, a reaper thread that retires
+// the sessions of workers that left, a tier thread that applies finished
+// spills and promotions, and a stats thread that publishes a snapshot to
+// the stats page every stats_interval.
 // Thread-safety: Start/Stop/stats/CheckProgress from any thread. Internally
 // the coordinator is guarded by one mutex that only tierkvd's own threads
 // take; a worker never holds anything the server waits for.
@@ -81,6 +83,15 @@ struct ServerOptions {
   // Default: false.
   bool verify_on_load = false;
   uint32_t channel_bytes = kDefaultChannelBytes;  // Per direction.
+  // Socket connections not registered as workers (workers about to
+  // register, tierkv-admin's calls, peers that never will) open at once:
+  // past it, a new connection closes the one idle longest. 0: 4 ×
+  // max_workers + 16. Default: 0.
+  uint32_t max_pending_connections = 0;
+  // An unregistered connection closes once it has gone this long without a
+  // request answered; a registered worker's may idle (it is its liveness).
+  // 10 ms..10 min. Default: 5 s.
+  std::chrono::milliseconds pending_timeout{5000};
   // Between snapshots in the stats page (ipc/stats_page.h). 10 ms..60 s.
   // Default: 100 ms.
   std::chrono::milliseconds stats_interval{100};

@@ -24,19 +24,19 @@ EventsReply ListEvents(std::vector<EventInfo> events) {
 
 }  // namespace
 
-bool Server::Impl::Handle(int fd, Connection* conn, const Message& message) {
+bool Server::Impl::Handle(Connection* conn, const Message& message) {
   spdlog::debug("pid {}: {} on the socket", conn->peer.pid,
                 MessageTypeName(TypeOf(message)));
   if (const auto* reg = std::get_if<RegisterRequest>(&message)) {
-    return Register(fd, conn, *reg);
+    return Register(conn, *reg);
   }
   if (std::holds_alternative<StatsRequest>(message)) {
-    return SendFrame(fd, StatsReply{store->stats()});
+    return Reply(conn, StatsReply{store->stats()});
   }
   if (std::holds_alternative<EventsRequest>(message)) {
     std::vector<EventInfo> events;
     { events = store->Lock()->events(); }
-    return SendFrame(fd, ListEvents(std::move(events)));
+    return Reply(conn, ListEvents(std::move(events)));
   }
   if (std::holds_alternative<ClearRequest>(message) ||
       std::holds_alternative<EvictRequest>(message)) {
@@ -44,23 +44,22 @@ bool Server::Impl::Handle(int fd, Connection* conn, const Message& message) {
       spdlog::warn("pid {} (uid {}): {} refused: not an operator",
                    conn->peer.pid, conn->peer.uid,
                    MessageTypeName(TypeOf(message)));
-      return SendFrame(
-          fd, ErrorReply{Status::PermissionDenied(
-                  "uid " + std::to_string(conn->peer.uid) +
-                  " may read this store but not clear or evict it: that "
-                  "takes tierkvd's user, root or its --admin-group")});
+      return Reply(conn, ErrorReply{Status::PermissionDenied(
+                             "uid " + std::to_string(conn->peer.uid) +
+                             " may read this store but not clear or evict "
+                             "it: that takes tierkvd's user, root or its "
+                             "--admin-group")});
     }
   }
   if (const auto* clear = std::get_if<ClearRequest>(&message)) {
-    return SendFrame(fd, Clear(conn->peer.pid, clear->tiers));
+    return Reply(conn, Clear(conn->peer.pid, clear->tiers));
   }
   if (const auto* evict = std::get_if<EvictRequest>(&message)) {
-    return SendFrame(fd, Evict(conn->peer.pid, evict->keys));
+    return Reply(conn, Evict(conn->peer.pid, evict->keys));
   }
-  SendFrame(fd, ErrorReply{Status::InvalidArgument(
-                    std::string(MessageTypeName(TypeOf(message))) +
-                    " is not accepted on the socket")});
-  return false;
+  return Refuse(conn, Status::InvalidArgument(
+                          std::string(MessageTypeName(TypeOf(message))) +
+                          " is not accepted on the socket"));
 }
 
 Message Server::Impl::Clear(pid_t pid, TierSelection tiers) {

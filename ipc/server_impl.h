@@ -1,7 +1,8 @@
 // Internal to ipc/: Server::Impl, the state of a running tierkvd, and what
 // its parts share. server.cc starts and stops it (with the tier and stats
 // threads), server_listener.cc runs the Unix socket (accept, registration,
-// worker sessions) and server_admin.cc answers tierkv-admin's orders.
+// worker sessions and their reaper) and server_admin.cc answers
+// tierkv-admin's orders.
 #ifndef TIERKV_IPC_SERVER_IMPL_H_
 #define TIERKV_IPC_SERVER_IMPL_H_
 
@@ -17,15 +18,16 @@
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <span>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "ipc/channel.h"
+#include "ipc/output_queue.h"
 #include "ipc/protocol.h"
 #include "ipc/server.h"
 #include "ipc/stats_page.h"
+#include "ipc/unique_fd.h"
 #include "ipc/unix_socket.h"
 #include "src/heartbeat.h"
 #include "src/mutex.h"
@@ -37,18 +39,21 @@ namespace tierkv::ipc {
 // Socket messages (registration, stats) are small; anything larger is
 // hostile or broken.
 constexpr uint32_t kMaxSocketPayload = 64 * 1024;
+// A peer with this many bytes of replies unread that asks for another is
+// disconnected (it would hold the listener's memory hostage otherwise).
+// One reply of any size is always queued.
+constexpr size_t kMaxQueuedReplyBytes = 256 * 1024;
 
 // The listener wakes at least this often, even with nothing to do.
 constexpr int kListenerPollMs = 1000;
+// While accept fails for want of descriptors or memory, the listener stops
+// accepting for this long at a time rather than retrying at once.
+constexpr std::chrono::milliseconds kAcceptBackoff{100};
 // A server thread that has not gone round its loop for this long is stuck:
-// the listener's slowest honest round (peers that take a second each to
-// read a reply) stays well below it.
+// the listener never waits on a peer, so its rounds take milliseconds.
 constexpr std::chrono::seconds kStalledAfter{10};
 
-// Sends a whole frame on a non-blocking socket, with `fds` passed on its
-// first byte (SCM_RIGHTS). A peer that does not take it within a second is
-// treated as gone.
-bool SendFrame(int fd, const Message& message, std::span<const int> fds = {});
+using Clock = std::chrono::steady_clock;
 
 // One attached worker: its control channel and the thread serving it.
 struct Session {
@@ -56,14 +61,22 @@ struct Session {
       : worker(id), channel(std::move(ch)) {}
 
   WorkerId worker = 0;
+  pid_t pid = 0;
   ControlChannel channel;
   std::atomic<bool> stop{false};
   std::thread thread;
 };
 
+// One peer of the socket, non-blocking, served by the listener thread.
 struct Connection {
+  UniqueFd fd;
   PeerIdentity peer;
-  std::vector<std::byte> input;
+  std::vector<std::byte> input;  // Bytes of frames not complete yet.
+  OutputQueue output;            // Replies the peer has not read yet.
+  // Until it registers: closed at this time unless a request of it is
+  // answered first (which moves it options.pending_timeout on).
+  Clock::time_point deadline = Clock::time_point::max();
+  uint64_t serial = 0;               // Accept order, among equal deadlines.
   std::unique_ptr<Session> session;  // Set once the peer registered.
 };
 
@@ -76,8 +89,26 @@ struct Server::Impl {
   int listen_fd = -1;
   int wake_pipe[2] = {-1, -1};
   std::thread listener;
-  Heartbeat listener_heartbeat;           // Each round of the listener.
-  std::map<int, Connection> connections;  // Listener thread only.
+  Heartbeat listener_heartbeat;  // Each round of the listener.
+  // The listener thread's alone (and Stop's once it is joined):
+  std::map<int, Connection> connections;  // By descriptor.
+  size_t pending_connections = 0;         // Of those, not registered.
+  uint64_t accepted = 0;                  // Connections ever accepted.
+  // Accepting paused (out of descriptors) until then; logged once per
+  // episode.
+  Clock::time_point accept_paused_until;
+  bool accept_failing = false;
+  // Connections closed to make room since the pending ones reached
+  // options.max_pending_connections; logged once per episode.
+  size_t crowded_out = 0;
+  // Sessions of workers that left, on their way out: the reaper thread
+  // joins each (its thread may be in the middle of a request) and drops
+  // its worker, so the listener never waits for one.
+  Mutex reap_mu;
+  CondVar reap_wake;
+  std::vector<std::unique_ptr<Session>> retired TIERKV_GUARDED_BY(reap_mu);
+  bool reaper_stop TIERKV_GUARDED_BY(reap_mu) = false;
+  std::thread reaper;
   // The stats page and the thread that publishes to it; the page is the
   // stats thread's alone until Stop joins it.
   std::optional<StatsPageWriter> stats_page;
@@ -101,22 +132,42 @@ struct Server::Impl {
   void PublishStats();
 
   void Listen();
-  void Accept();
+  // How long the listener may sleep in poll: until the nearest deadline.
+  int PollTimeoutMs(Clock::time_point now) const;
+  void Accept(Clock::time_point now);
   // Whether `peer` may attach or read stats: tierkvd's user, root, or a
   // member (primary or supplementary) of options.group.
   bool MayUse(const PeerIdentity& peer) const;
   // Whether `peer` may give operator orders (clear, evict): tierkvd's user,
   // root, or a member of options.admin_group.
   bool MayOperate(const PeerIdentity& peer) const;
-  // False when the connection must be closed.
-  bool ReadFrom(int fd, Connection* conn);
-  bool Handle(int fd, Connection* conn, const Message& message);
-  bool Register(int fd, Connection* conn, const RegisterRequest& request);
+  // Makes room for one more unregistered connection.
+  void CrowdOut();
+  // Closes the unregistered connections whose deadline has passed, and
+  // ends an episode of crowding out once there is room.
+  void CloseExpired(Clock::time_point now);
+  // Each false when the connection must be closed.
+  bool ReadFrom(Connection* conn);
+  bool Flush(Connection* conn, Clock::time_point now);
+  bool Handle(Connection* conn, const Message& message);
+  bool Register(Connection* conn, const RegisterRequest& request);
+  // Queues `reply` for the peer, with `fds` passed on its first byte;
+  // false (logged) when the peer has left kMaxQueuedReplyBytes unread
+  // already.
+  bool Reply(Connection* conn, const Message& reply,
+             std::vector<UniqueFd> fds = {});
+  // Answers `why` as the peer's last reply (as far as its socket takes it
+  // now) before it is closed; always false.
+  bool Refuse(Connection* conn, const Status& why);
   // tierkv-admin's operator orders; each leaves a line in the log.
   Message Clear(pid_t pid, TierSelection tiers);
   Message Evict(pid_t pid, const std::vector<BlockKey>& keys);
+  // Closes the connection; a worker's session goes to the reaper.
   void Close(int fd);
   void Serve(Session* session);
+  // The reaper thread: joins retired sessions and drops their workers
+  // until Stop.
+  void Reap();
 };
 
 }  // namespace tierkv::ipc

@@ -1,13 +1,22 @@
-// tierkvd's Unix socket: the listener thread accepts peers of the store's
-// user or group (supplementary groups included), reads their frames, registers
-// workers and runs a session thread per worker that serves its control channel.
+// tierkvd's Unix socket: one listener thread runs an event loop over
+// non-blocking sockets. It accepts peers of the store's user or group
+// (supplementary groups included), reads
+// their frames and queues each reply in the peer's OutputQueue, written as
+// the peer's socket takes it: the listener never waits on a peer, so one
+// that never reads costs the others nothing. It registers workers and
+// starts a session thread per worker that serves its control channel; when
+// a worker's socket closes, the reaper thread joins its session and drops
+// the worker. Unregistered connections are capped and time out.
+#include <fcntl.h>
 #include <poll.h>
 #include <spdlog/spdlog.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <tuple>
 
 #include "ipc/server_impl.h"
 #include "ipc/service.h"
@@ -15,90 +24,169 @@
 #include "src/printable.h"
 
 namespace tierkv::ipc {
+namespace {
 
-bool SendFrame(int fd, const Message& message, std::span<const int> fds) {
-  const std::vector<std::byte> bytes = Encode(message);
-  size_t sent = 0;
-  while (sent < bytes.size()) {
-    // The descriptors go with the first byte.
-    const ssize_t n =
-        SendWithFds(fd, std::span<const std::byte>(bytes).subspan(sent),
-                    sent == 0 ? fds : std::span<const int>());
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      pollfd p{fd, POLLOUT, 0};
-      if (poll(&p, 1, 1000) <= 0) return false;
-      continue;
-    }
-    if (n <= 0) return false;
-    sent += static_cast<size_t>(n);
-  }
-  return true;
-}
+// Accepts at most this many connections a round, so a flood of them cannot
+// keep the listener from the peers it has.
+constexpr int kAcceptsPerRound = 64;
+
+}  // namespace
 
 void Server::Impl::Listen() {
   std::vector<pollfd> fds;
   while (!stopping.load()) {
     listener_heartbeat.Beat();
+    Clock::time_point now = Clock::now();
+    CloseExpired(now);
     fds.clear();
     fds.push_back({wake_pipe[0], POLLIN, 0});
-    fds.push_back({listen_fd, POLLIN, 0});
-    for (const auto& [fd, conn] : connections) fds.push_back({fd, POLLIN, 0});
-    if (poll(fds.data(), fds.size(), kListenerPollMs) < 0 && errno != EINTR) {
+    // poll skips a negative descriptor: no accepting while paused.
+    fds.push_back({now < accept_paused_until ? -1 : listen_fd, POLLIN, 0});
+    for (const auto& [fd, conn] : connections) {
+      const short events = conn.output.empty() ? POLLIN : POLLIN | POLLOUT;
+      fds.push_back({fd, events, 0});
+    }
+    if (poll(fds.data(), fds.size(), PollTimeoutMs(now)) < 0) {
+      if (errno == EINTR) continue;
       spdlog::error("poll: {}", std::strerror(errno));
       return;
     }
     if (fds[0].revents != 0) return;
-    if (fds[1].revents & POLLIN) Accept();
+    now = Clock::now();
     for (size_t i = 2; i < fds.size(); ++i) {
-      if (fds[i].revents == 0) continue;
+      const short revents = fds[i].revents;
+      if (revents == 0) continue;
       auto it = connections.find(fds[i].fd);
       if (it == connections.end()) continue;
-      if (!ReadFrom(fds[i].fd, &it->second)) Close(fds[i].fd);
+      Connection* conn = &it->second;
+      bool open = true;
+      if (revents & POLLOUT) open = Flush(conn, now);
+      if (open && (revents & (POLLIN | POLLHUP | POLLERR))) {
+        open = ReadFrom(conn) && Flush(conn, now);
+      }
+      if (!open) Close(fds[i].fd);
     }
+    // After the connections: one closed above may lend its descriptor to a
+    // new one, which must not take the old one's events.
+    if (fds[1].revents & POLLIN) Accept(now);
   }
 }
 
-void Server::Impl::Accept() {
-  for (;;) {
-    const int fd =
-        accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-    if (fd < 0) return;  // EAGAIN: none left.
-    Connection conn;
-    StatusOr<PeerIdentity> peer = PeerOf(fd);
-    if (!peer.ok()) {
-      close(fd);
-      continue;
+int Server::Impl::PollTimeoutMs(Clock::time_point now) const {
+  Clock::time_point wake = now + std::chrono::milliseconds(kListenerPollMs);
+  if (accept_paused_until > now) wake = std::min(wake, accept_paused_until);
+  if (pending_connections > 0) {
+    for (const auto& [fd, conn] : connections) {
+      if (conn.session == nullptr) wake = std::min(wake, conn.deadline);
     }
+  }
+  // Rounded up: waking before a deadline would only poll again at once.
+  const auto ms = std::chrono::ceil<std::chrono::milliseconds>(wake - now);
+  return static_cast<int>(
+      std::clamp<int64_t>(ms.count(), 0, int64_t{kListenerPollMs}));
+}
+
+void Server::Impl::Accept(Clock::time_point now) {
+  for (int i = 0; i < kAcceptsPerRound; ++i) {
+    UniqueFd fd(
+        accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
+    if (!fd.valid()) {
+      const int err = errno;
+      if (err == EINTR || err == ECONNABORTED) continue;
+      if (err == EAGAIN || err == EWOULDBLOCK) return;
+      // Out of descriptors (EMFILE, ENFILE) or memory: trying again at once
+      // would spin. Peers wait in the listen queue (or their connect times
+      // out) until a connection closes and accepting resumes.
+      accept_paused_until = now + kAcceptBackoff;
+      if (!accept_failing) {
+        accept_failing = true;
+        spdlog::warn(
+            "accept: {}; not accepting for {} ms at a time until it "
+            "succeeds ({} connections open, {} of them workers)",
+            std::strerror(err), kAcceptBackoff.count(), connections.size(),
+            connections.size() - pending_connections);
+      }
+      return;
+    }
+    if (accept_failing) {
+      accept_failing = false;
+      spdlog::info("accepting connections again ({} open)", connections.size());
+    }
+    Connection conn;
+    conn.fd = std::move(fd);
+    StatusOr<PeerIdentity> peer = PeerOf(conn.fd.get());
+    if (!peer.ok()) continue;
     conn.peer = std::move(*peer);
     if (!MayUse(conn.peer)) {
       spdlog::warn("refused pid {} (uid {}): not this store's user or group",
                    conn.peer.pid, conn.peer.uid);
-      SendFrame(fd, ErrorReply{Status::PermissionDenied(
-                        "uid " + std::to_string(conn.peer.uid) +
-                        " may not use this tierkv store")});
-      close(fd);
+      Refuse(&conn,
+             Status::PermissionDenied("uid " + std::to_string(conn.peer.uid) +
+                                      " may not use this tierkv store"));
       continue;
     }
-    connections.emplace(fd, std::move(conn));
+    if (pending_connections >= options.max_pending_connections) CrowdOut();
+    conn.deadline = now + options.pending_timeout;
+    conn.serial = ++accepted;
+    const int key = conn.fd.get();
+    connections.emplace(key, std::move(conn));
+    ++pending_connections;
   }
 }
 
-bool Server::Impl::MayUse(const PeerIdentity& peer) const {
-  return peer.uid == geteuid() || peer.uid == 0 ||
-         (options.group.has_value() && peer.InGroup(*options.group));
+void Server::Impl::CrowdOut() {
+  // The one whose deadline is nearest: the longest without a reply.
+  auto oldest = connections.end();
+  for (auto it = connections.begin(); it != connections.end(); ++it) {
+    const Connection& c = it->second;
+    if (c.session == nullptr &&
+        (oldest == connections.end() ||
+         std::tie(c.deadline, c.serial) <
+             std::tie(oldest->second.deadline, oldest->second.serial))) {
+      oldest = it;
+    }
+  }
+  if (oldest == connections.end()) return;
+  if (crowded_out++ == 0) {
+    spdlog::warn(
+        "{} connections have not registered (max_pending_connections): each "
+        "new one closes the longest idle, starting with pid {}",
+        pending_connections, oldest->second.peer.pid);
+  }
+  Close(oldest->first);
 }
 
-bool Server::Impl::MayOperate(const PeerIdentity& peer) const {
-  return peer.uid == geteuid() || peer.uid == 0 ||
-         (options.admin_group.has_value() &&
-          peer.InGroup(*options.admin_group));
+void Server::Impl::CloseExpired(Clock::time_point now) {
+  if (pending_connections > 0) {
+    std::vector<int> expired;
+    pid_t pid = 0;
+    for (const auto& [fd, conn] : connections) {
+      if (conn.session == nullptr && conn.deadline <= now) {
+        expired.push_back(fd);
+        pid = conn.peer.pid;
+      }
+    }
+    if (!expired.empty()) {
+      spdlog::warn(
+          "closing {} connections that had no request answered in {} ms "
+          "(pid {}{})",
+          expired.size(), options.pending_timeout.count(), pid,
+          expired.size() > 1 ? " and others" : "");
+      for (int fd : expired) Close(fd);
+    }
+  }
+  if (crowded_out > 0 &&
+      pending_connections < options.max_pending_connections) {
+    spdlog::info("room for new connections again; {} were closed to make it",
+                 crowded_out);
+    crowded_out = 0;
+  }
 }
 
-bool Server::Impl::ReadFrom(int fd, Connection* conn) {
+bool Server::Impl::ReadFrom(Connection* conn) {
   std::byte buf[4096];
   for (;;) {
-    const ssize_t n = recv(fd, buf, sizeof(buf), 0);
+    const ssize_t n = recv(conn->fd.get(), buf, sizeof(buf), 0);
     if (n == 0) return false;  // The peer closed: a worker is gone.
     if (n < 0) {
       if (errno == EINTR) continue;
@@ -115,8 +203,7 @@ bool Server::Impl::ReadFrom(int fd, Connection* conn) {
     if (!len.ok()) {
       spdlog::warn("pid {}: {}; disconnecting", conn->peer.pid,
                    len.status().ToString());
-      SendFrame(fd, ErrorReply{len.status()});
-      return false;
+      return Refuse(conn, len.status());
     }
     const size_t frame = kFrameHeaderBytes + *len;
     if (conn->input.size() < frame) break;
@@ -126,19 +213,60 @@ bool Server::Impl::ReadFrom(int fd, Connection* conn) {
     if (!message.ok()) {
       spdlog::warn("pid {}: {}; disconnecting", conn->peer.pid,
                    message.status().ToString());
-      SendFrame(fd, ErrorReply{message.status()});
-      return false;
+      return Refuse(conn, message.status());
     }
-    if (!Handle(fd, conn, *message)) return false;
+    if (!Handle(conn, *message)) return false;
   }
   return true;
 }
 
-bool Server::Impl::Register(int fd, Connection* conn,
-                            const RegisterRequest& request) {
-  if (conn->session != nullptr) {
-    SendFrame(fd, ErrorReply{Status::AlreadyExists("already registered")});
+bool Server::Impl::Flush(Connection* conn, Clock::time_point now) {
+  if (conn->output.empty()) return true;
+  if (Status s = conn->output.Flush(conn->fd.get()); !s.ok()) {
+    spdlog::debug("pid {}: {}; disconnecting", conn->peer.pid, s.ToString());
     return false;
+  }
+  // Every request answered: an unregistered peer may ask again.
+  if (conn->output.empty() && conn->session == nullptr) {
+    conn->deadline = now + options.pending_timeout;
+  }
+  return true;
+}
+
+bool Server::Impl::MayUse(const PeerIdentity& peer) const {
+  return peer.uid == geteuid() || peer.uid == 0 ||
+         (options.group.has_value() && peer.InGroup(*options.group));
+}
+
+bool Server::Impl::MayOperate(const PeerIdentity& peer) const {
+  return peer.uid == geteuid() || peer.uid == 0 ||
+         (options.admin_group.has_value() &&
+          peer.InGroup(*options.admin_group));
+}
+
+bool Server::Impl::Reply(Connection* conn, const Message& reply,
+                         std::vector<UniqueFd> fds) {
+  if (conn->output.bytes() > kMaxQueuedReplyBytes) {
+    spdlog::warn(
+        "pid {}: {} bytes of replies unread and asking for more; "
+        "disconnecting",
+        conn->peer.pid, conn->output.bytes());
+    return false;
+  }
+  return conn->output.Push({.bytes = Encode(reply), .fds = std::move(fds)})
+      .ok();
+}
+
+bool Server::Impl::Refuse(Connection* conn, const Status& why) {
+  if (conn->output.Push({.bytes = Encode(ErrorReply{why}), .fds = {}}).ok()) {
+    (void)conn->output.Flush(conn->fd.get());
+  }
+  return false;
+}
+
+bool Server::Impl::Register(Connection* conn, const RegisterRequest& request) {
+  if (conn->session != nullptr) {
+    return Refuse(conn, Status::AlreadyExists("already registered"));
   }
   WorkerRegistration reg = request.registration;
   reg.pid = conn->peer.pid;  // The kernel's word, not the message's.
@@ -156,48 +284,79 @@ bool Server::Impl::Register(int fd, Connection* conn,
   if (!worker.ok()) {
     spdlog::warn("refused worker pid {}: {}", reg.pid,
                  worker.status().ToString());
-    SendFrame(fd, ErrorReply{worker.status()});
-    return false;
+    return Refuse(conn, worker.status());
   }
   StatusOr<ControlChannel> channel = ControlChannel::Create(
       options.channel_bytes, options.store + ".w" + std::to_string(*worker));
   if (!channel.ok()) {
     { (void)store->Lock()->DropWorker(*worker); }
-    SendFrame(fd, ErrorReply{channel.status()});
-    return false;
+    return Refuse(conn, channel.status());
   }
   auto session = std::make_unique<Session>(*worker, std::move(*channel));
+  session->pid = reg.pid;
   Session* raw = session.get();
   session->thread = std::thread([this, raw] { Serve(raw); });
   conn->session = std::move(session);
+  conn->deadline = Clock::time_point::max();
+  --pending_connections;
   spdlog::info("worker {} attached: pid {}, '{}', {} device blocks", *worker,
                reg.pid, reg.name, reg.num_device_blocks);
   // The worker maps its segments from the descriptors passed with the
-  // reply: neither has a name anyone could open.
-  const int segments[kRegisterReplyFds] = {store->host().segment_fd(),
-                                           conn->session->channel.segment_fd()};
-  return SendFrame(fd,
-                   RegisterReply{.worker_id = *worker,
-                                 .host_slots = store->host().num_slots(),
-                                 .slot_bytes = store->host().slot_bytes(),
-                                 .store_fingerprint = StoreFingerprint(
-                                     options.layout, options.model)},
-                   segments);
+  // reply (copies: tierkvd keeps its own): neither has a name anyone could
+  // open.
+  std::vector<UniqueFd> segments;
+  for (const int segment :
+       {store->host().segment_fd(), conn->session->channel.segment_fd()}) {
+    segments.emplace_back(fcntl(segment, F_DUPFD_CLOEXEC, 0));
+    if (!segments.back().valid()) {
+      return Refuse(conn, Status::ResourceExhausted(
+                              std::string("cannot pass a segment: ") +
+                              std::strerror(errno)));
+    }
+  }
+  return Reply(conn,
+               RegisterReply{.worker_id = *worker,
+                             .host_slots = store->host().num_slots(),
+                             .slot_bytes = store->host().slot_bytes(),
+                             .store_fingerprint = StoreFingerprint(
+                                 options.layout, options.model)},
+               std::move(segments));
 }
 
 void Server::Impl::Close(int fd) {
   auto it = connections.find(fd);
   if (it == connections.end()) return;
-  if (Session* session = it->second.session.get()) {
+  if (std::unique_ptr<Session>& session = it->second.session) {
+    // Its thread may be in the middle of a request: the reaper waits for
+    // it, not the listener.
     session->stop.store(true);
     session->channel.WakeReceiver();
-    session->thread.join();
-    (void)store->Lock()->DropWorker(session->worker);
-    spdlog::info("worker {} (pid {}) detached; its pins are released",
-                 session->worker, it->second.peer.pid);
+    MutexLock lock(&reap_mu);
+    retired.push_back(std::move(session));
+    reap_wake.NotifyOne();
+  } else {
+    --pending_connections;
   }
-  close(fd);
-  connections.erase(it);  // Removes the channel segment with the session.
+  connections.erase(it);  // Closes the socket.
+}
+
+void Server::Impl::Reap() {
+  for (;;) {
+    std::vector<std::unique_ptr<Session>> batch;
+    {
+      MutexLock lock(&reap_mu);
+      while (retired.empty() && !reaper_stop) reap_wake.Wait(&reap_mu);
+      if (retired.empty()) return;  // Stopped, and every session reaped.
+      batch.swap(retired);
+    }
+    for (std::unique_ptr<Session>& session : batch) {
+      session->thread.join();
+      { (void)store->Lock()->DropWorker(session->worker); }
+      spdlog::info("worker {} (pid {}) detached; its pins are released",
+                   session->worker, session->pid);
+      session.reset();  // Removes the channel segment.
+    }
+  }
 }
 
 void Server::Impl::Serve(Session* session) {

@@ -11,15 +11,10 @@
 namespace tierkv::ipc {
 namespace {
 
-// Room for the descriptors of any one tierkv frame.
-constexpr size_t kMaxFdsPerMessage = 8;
+// Room for the descriptors a tierkv frame carries (RecvWithFds).
+constexpr size_t kMaxReceivedFds = 8;
 
 }  // namespace
-
-void UniqueFd::Reset(int fd) {
-  if (fd_ >= 0) close(fd_);
-  fd_ = fd;
-}
 
 bool PeerIdentity::InGroup(gid_t group) const {
   return gid == group ||
@@ -78,32 +73,33 @@ Status CheckDaemonUser(uid_t daemon_uid, const std::string& socket_path,
 
 ssize_t SendWithFds(int socket_fd, std::span<const std::byte> bytes,
                     std::span<const int> fds) {
-  if (fds.size() > kMaxFdsPerMessage) {
+  if (fds.size() > kMaxPassedFds) {
     errno = EINVAL;
     return -1;
   }
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFdsPerMessage)];
+  std::vector<std::byte> control;
   iovec iov{.iov_base = const_cast<std::byte*>(bytes.data()),
             .iov_len = bytes.size()};
   msghdr msg{};
   msg.msg_iov = &iov;
   msg.msg_iovlen = 1;
   if (!fds.empty()) {
-    std::memset(control, 0, sizeof(control));
-    msg.msg_control = control;
-    msg.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
+    const size_t fd_bytes = fds.size() * sizeof(int);
+    control.assign(CMSG_SPACE(fd_bytes), std::byte{0});
+    msg.msg_control = control.data();
+    msg.msg_controllen = control.size();
     cmsghdr* c = CMSG_FIRSTHDR(&msg);
     c->cmsg_level = SOL_SOCKET;
     c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
-    std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
+    c->cmsg_len = CMSG_LEN(fd_bytes);
+    std::memcpy(CMSG_DATA(c), fds.data(), fd_bytes);
   }
-  return sendmsg(socket_fd, &msg, MSG_NOSIGNAL);
+  return sendmsg(socket_fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
 }
 
 ssize_t RecvWithFds(int socket_fd, std::byte* buffer, size_t bytes,
                     std::vector<UniqueFd>* fds, size_t max_fds) {
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFdsPerMessage)];
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxReceivedFds)];
   iovec iov{.iov_base = buffer, .iov_len = bytes};
   msghdr msg{};
   msg.msg_iov = &iov;

@@ -11,34 +11,15 @@
 #include <optional>
 #include <span>
 #include <string>
-#include <utility>
 #include <vector>
 
+#include "ipc/unique_fd.h"
 #include "tierkv/status.h"
 
 namespace tierkv::ipc {
 
-// An owned file descriptor, closed when destroyed.
-class UniqueFd {
- public:
-  UniqueFd() = default;
-  explicit UniqueFd(int fd) : fd_(fd) {}
-  UniqueFd(UniqueFd&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
-  UniqueFd& operator=(UniqueFd&& other) noexcept {
-    if (this != &other) Reset(std::exchange(other.fd_, -1));
-    return *this;
-  }
-  ~UniqueFd() { Reset(); }
-
-  int get() const { return fd_; }
-  bool valid() const { return fd_ >= 0; }
-  // Gives up ownership.
-  int Release() { return std::exchange(fd_, -1); }
-  void Reset(int fd = -1);
-
- private:
-  int fd_ = -1;
-};
+// The most descriptors one message may pass (the kernel's SCM_MAX_FD).
+inline constexpr size_t kMaxPassedFds = 253;
 
 // The process on the other end of a connected Unix socket, as the kernel
 // recorded it when the connection was made.
@@ -63,9 +44,9 @@ StatusOr<PeerIdentity> PeerOf(int socket_fd);
 Status CheckDaemonUser(uid_t daemon_uid, const std::string& socket_path,
                        std::optional<uid_t> expected);
 
-// send(2) of `bytes` (MSG_NOSIGNAL) with `fds` attached to the first byte
-// sent (SCM_RIGHTS); at most 8. Returns as send does; errno as sendmsg's
-// (EINVAL for too many descriptors).
+// send(2) of `bytes` (MSG_NOSIGNAL | MSG_DONTWAIT) with `fds` attached to
+// the first byte sent (SCM_RIGHTS); at most kMaxPassedFds. Returns as send
+// does; errno as sendmsg's (EINVAL for too many descriptors).
 ssize_t SendWithFds(int socket_fd, std::span<const std::byte> bytes,
                     std::span<const int> fds);
 

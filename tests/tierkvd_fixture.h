@@ -133,21 +133,21 @@ class TierkvdFixture : public ::testing::Test {
   };
   std::unique_ptr<RawWorker> RawAttach(const std::string& name = "raw") {
     auto raw = std::make_unique<RawWorker>();
-    StatusOr<int> fd = ipc::Connect(socket_, std::chrono::seconds(10));
+    const auto deadline = ipc::Clock::now() + std::chrono::seconds(10);
+    StatusOr<int> fd = ipc::Connect(socket_, deadline);
     EXPECT_THAT(fd, IsOk());
     if (!fd.ok()) return nullptr;
-    raw->socket.Reset(*fd);
+    raw->socket.reset(*fd);
     WorkerRegistration registration;
     registration.layout = TestLayout();
     registration.num_device_blocks = 64;
     registration.name = name;
     const std::vector<std::byte> hello =
         ipc::Encode(ipc::RegisterRequest{std::move(registration)});
-    EXPECT_EQ(send(*fd, hello.data(), hello.size(), MSG_NOSIGNAL),
-              static_cast<ssize_t>(hello.size()));
+    EXPECT_THAT(ipc::SendAll(*fd, hello, deadline), IsOk());
     std::vector<ipc::UniqueFd> fds;
     StatusOr<ipc::Message> reply =
-        ipc::ReadFrame(*fd, &fds, ipc::kRegisterReplyFds);
+        ipc::ReadFrame(*fd, deadline, &fds, ipc::kRegisterReplyFds);
     EXPECT_THAT(reply, IsOk());
     const auto* reg =
         reply.ok() ? std::get_if<ipc::RegisterReply>(&*reply) : nullptr;

@@ -108,7 +108,7 @@ TEST_F(TierkvdTest, MalformedMessagesGetErrorsAndOthersAreServed) {
   ASSERT_NE(good, nullptr);
   ASSERT_NE(bad, nullptr);
   // The bad worker's own channel, written by hand.
-  auto channel = ipc::ControlChannel::Open(bad->channel.Release());
+  auto channel = ipc::ControlChannel::Open(bad->channel.release());
   ASSERT_THAT(channel, IsOk());
   auto alive = [] { return true; };
   auto call = [&](std::vector<std::byte> frame) {
@@ -167,7 +167,7 @@ TEST_F(TierkvdTest, HostileChannelHeaderCannotHurtTheDaemon) {
   std::unique_ptr<RawWorker> bad = RawAttach("bad");
   ASSERT_NE(good, nullptr);
   ASSERT_NE(bad, nullptr);
-  auto raw = ShmSegment::MapSealed(bad->channel.Release(), /*writable=*/true);
+  auto raw = ShmSegment::MapSealed(bad->channel.release(), /*writable=*/true);
   ASSERT_THAT(raw, IsOk());
   // The channel header as ipc/channel.cc lays it out: capacity at byte 12,
   // request_seq and request_len at 64 and 68, response_seq at 128.

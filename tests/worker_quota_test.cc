@@ -446,7 +446,7 @@ class TenantIsolationTest : public TierkvdFixture {
     std::unique_ptr<RawWorker> hostile = RawAttach("hostile");
     ASSERT_NE(hostile, nullptr);
     StatusOr<std::unique_ptr<HostTier>> host = HostTier::Attach(
-        hostile->host.Release(), StoreFingerprint(TestLayout(), ""),
+        hostile->host.release(), StoreFingerprint(TestLayout(), ""),
         TestLayout().BlockBytes(),
         static_cast<int32_t>(s.host.capacity_slots + 1));
     ASSERT_THAT(host, IsOk());

@@ -79,8 +79,9 @@ struct ClientOptions {
   // SimpleCPUOffloadConnector does it); it must
   // outlive the client.
   KVCacheManager* engine = nullptr;
-  // How long one call may wait for tierkvd (registration included) before
-  // it fails with DeadlineExceeded. Default: 5 s.
+  // How long one call may wait for tierkvd (registration included, from
+  // the connect on: a tierkvd whose listen queue is full) before it fails
+  // with DeadlineExceeded. Default: 5 s.
   std::chrono::milliseconds call_timeout = std::chrono::seconds(5);
 };
 
@@ -108,7 +109,8 @@ class Client {
   // it is empty). Unavailable when no tierkvd answers on the socket;
   // PermissionDenied when this user may not use it; FailedPrecondition naming
   // both layouts, or both models, when the store serves another.
-  // DeadlineExceeded when tierkvd does not answer within call_timeout.
+  // DeadlineExceeded when tierkvd does not accept the connection or answer
+  // within call_timeout.
   static StatusOr<std::unique_ptr<Client>> Open(const ClientOptions& options);
   // Waits for copies in flight, then unpins every device block the client
   // still pins in the engine, but for transfers PollEvents or WaitEvents
