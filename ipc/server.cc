@@ -134,6 +134,11 @@ StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& in) {
         " gives it no read and write access to the socket: use a mode such "
         "as 0660");
   }
+  if (options.max_tenants < 1 || options.max_tenants > kMaxTenants) {
+    return Status::InvalidArgument("--max-tenants " +
+                                   std::to_string(options.max_tenants) +
+                                   ": use 1 to " + std::to_string(kMaxTenants));
+  }
   if (options.max_workers < 1 || options.max_workers > kMaxWorkersListed) {
     return Status::InvalidArgument(
         "max workers of " + std::to_string(options.max_workers) +
@@ -182,6 +187,7 @@ StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& in) {
   store.model = options.model;
   store.host = {
       .shared = true,
+      .max_segments = options.max_tenants,
       .num_slots = slots,
       .slot_bytes = slot_bytes,
       .layout_fingerprint = StoreFingerprint(options.layout, options.model)};

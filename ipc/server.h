@@ -67,6 +67,13 @@ struct ServerOptions {
   double spill_high = 0.9;
   double spill_low = 0.7;
   uint32_t max_workers = 64;  // Default: 64.
+  // Tenants (ClientOptions::tenant) this store serves in its life. Each
+  // gets a host segment of its own, mapped by its workers alone; a slot's
+  // memory is in one of them at a time, so RAM use stays that of the host
+  // capacity, but a worker can fault in up to the whole capacity in its
+  // own tenant's segment (charged to that worker's memory). 1..
+  // kMaxTenants. Default: 16.
+  uint32_t max_tenants = 16;
   // Per-worker caps (CoordinatorOptions, src/coordinator.h), so that one
   // worker, hostile or stopped, cannot take what the others need: its share
   // of the host slots it may pin, its open requests, their state bytes, its
@@ -110,6 +117,9 @@ std::string DefaultSocketPath(const std::string& store);
 // its user should be able to write.
 std::string StoreLockPath(const std::string& store,
                           const std::string& socket_path);
+
+// The most tenants one store may serve (ServerOptions::max_tenants).
+inline constexpr uint32_t kMaxTenants = 1024;
 
 class Server {
  public:

@@ -281,15 +281,18 @@ bool Server::Impl::Register(Connection* conn, const RegisterRequest& request) {
       worker = coordinator->RegisterWorker(reg);
     }
   }
-  if (!worker.ok()) {
-    spdlog::warn("refused worker pid {}: {}", reg.pid,
-                 worker.status().ToString());
-    return Refuse(conn, worker.status());
-  }
-  StatusOr<ControlChannel> channel = ControlChannel::Create(
-      options.channel_bytes, options.store + ".w" + std::to_string(*worker));
+  // Its tenant's host segment, made for the tenant's first worker.
+  StatusOr<int> host_segment =
+      worker.ok() ? store->HostSegmentFd(*worker) : worker.status();
+  StatusOr<ControlChannel> channel =
+      host_segment.ok() ? ControlChannel::Create(
+                              options.channel_bytes,
+                              options.store + ".w" + std::to_string(*worker))
+                        : host_segment.status();
   if (!channel.ok()) {
-    { (void)store->Lock()->DropWorker(*worker); }
+    if (worker.ok()) (void)store->Lock()->DropWorker(*worker);
+    spdlog::warn("refused worker pid {}: {}", reg.pid,
+                 channel.status().ToString());
     return Refuse(conn, channel.status());
   }
   auto session = std::make_unique<Session>(*worker, std::move(*channel));
@@ -306,7 +309,7 @@ bool Server::Impl::Register(Connection* conn, const RegisterRequest& request) {
   // open.
   std::vector<UniqueFd> segments;
   for (const int segment :
-       {store->host().segment_fd(), conn->session->channel.segment_fd()}) {
+       {*host_segment, conn->session->channel.segment_fd()}) {
     segments.emplace_back(fcntl(segment, F_DUPFD_CLOEXEC, 0));
     if (!segments.back().valid()) {
       return Refuse(conn, Status::ResourceExhausted(

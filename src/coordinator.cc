@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <utility>
 
+#include "src/printable.h"
+
 namespace tierkv {
 namespace {
 
@@ -103,6 +105,22 @@ StatusOr<WorkerId> Coordinator::RegisterWorker(
   if (registration.num_device_blocks < 1) {
     return Status::InvalidArgument("worker has no device blocks");
   }
+  uint32_t segment = 0;
+  if (options_.max_tenants > 0) {
+    const auto known = tenant_segments_.find(registration.tenant);
+    if (known != tenant_segments_.end()) {
+      segment = known->second;
+    } else if (tenant_segments_.size() >= options_.max_tenants) {
+      ++stats_.quota_registration_refusals;
+      return Status::ResourceExhausted(
+          "this store has host segments for " +
+          std::to_string(tenant_segments_.size()) +
+          " tenants, its cap (max_tenants); tenant '" +
+          PrintableName(registration.tenant) + "' would be one more");
+    } else {
+      segment = static_cast<uint32_t>(tenant_segments_.size());
+    }
+  }
   uint32_t& of_uid = workers_per_uid_[registration.uid];
   if (of_uid >= options_.max_workers_per_uid) {
     ++stats_.quota_registration_refusals;
@@ -116,9 +134,25 @@ StatusOr<WorkerId> Coordinator::RegisterWorker(
   const KeyNamespace ns{
       .model_fingerprint = StoreFingerprint(options_.layout, options_.model),
       .tenant = registration.tenant};
-  workers_.emplace(std::piecewise_construct, std::forward_as_tuple(id),
-                   std::forward_as_tuple(registration, KeyHasher(ns)));
+  WorkerState& w =
+      workers_
+          .emplace(std::piecewise_construct, std::forward_as_tuple(id),
+                   std::forward_as_tuple(registration, KeyHasher(ns)))
+          .first->second;
+  w.segment = segment;
+  if (options_.max_tenants > 0) {
+    tenant_segments_.emplace(registration.tenant, segment);
+  }
   return id;
+}
+
+StatusOr<uint32_t> Coordinator::SegmentOf(WorkerId worker) const {
+  const auto it = workers_.find(worker);
+  if (it == workers_.end()) {
+    return Status::NotFound("worker " + std::to_string(worker) +
+                            " is not registered");
+  }
+  return it->second.segment;
 }
 
 Status Coordinator::DropWorker(WorkerId worker) {
@@ -470,6 +504,7 @@ StatusOr<AllocateResult> Coordinator::Allocate(
       }
       ++w->pinned_slots;
       ResetSlotCheck(slot[0]);
+      if (options_.assign_slot) options_.assign_slot(slot[0], w->segment);
       load.host_blocks[i] = slot[0];
       in_flight.slots[i] = LoadSlot::kPromoting;
       const std::span<const TokenId> tokens =
@@ -566,6 +601,7 @@ StatusOr<CommitResult> Coordinator::Commit(
     --pin_room;
     ++w->pinned_slots;
     ResetSlotCheck(slot[0]);
+    if (options_.assign_slot) options_.assign_slot(slot[0], w->segment);
     keys_being_stored_.insert(key);
     store.event.device_blocks.push_back(device_blocks[b]);
     store.event.host_blocks.push_back(slot[0]);

@@ -172,6 +172,21 @@ struct CoordinatorOptions {
   // (failed_blocks), as a miss. Costs one checksum of every block loaded,
   // under the lock. Needs slot_checksum. Default: false.
   bool verify_on_load = false;
+
+  // Tenant isolation. With max_tenants > 0 every tenant (WorkerRegistration
+  // ::tenant) gets a host segment of its own, numbered from 0 in the order
+  // tenants first register (SegmentOf): its workers map that segment only,
+  // so no writable memory is shared across tenants. A slot's bytes are in
+  // the segment of the worker whose store or load filled it: before the
+  // slot is handed out, assign_slot(slot, segment) says which (it moves
+  // the slot there; the owner releases the memory the slot had in another
+  // segment). Tenants never share blocks (keys include the tenant), so a
+  // block stays in one segment for as long as it is cached. A tenant past
+  // max_tenants is refused (ResourceExhausted); tenants keep their segment
+  // number for the coordinator's life. Default: 0, one segment (0) for
+  // every tenant (embedded mode: one process).
+  uint32_t max_tenants = 0;
+  std::function<void(BlockId slot, uint32_t segment)> assign_slot = {};
 };
 
 // A store's host slot and the checksum of its bytes when the store
@@ -191,6 +206,9 @@ class Coordinator {
   StatusOr<WorkerId> RegisterWorker(const WorkerRegistration& registration);
   // The worker is gone: releases all its pins. NotFound if unknown.
   Status DropWorker(WorkerId worker);
+  // The host segment the worker's tenant uses (CoordinatorOptions::
+  // max_tenants): 0 without tenant isolation. NotFound if unknown.
+  StatusOr<uint32_t> SegmentOf(WorkerId worker) const;
 
   // Longest run of consecutive full blocks of `tokens`, starting at block
   // num_computed_tokens / block_size (the engine's own prefix hits), found
@@ -335,6 +353,7 @@ class Coordinator {
     // Host slot pins held for it: lookup hits, loads, stores, promotions.
     int64_t pinned_slots = 0;
     size_t request_bytes = 0;  // Sum of its requests' state_bytes.
+    uint32_t segment = 0;      // Its tenant's host segment.
   };
   // What the coordinator knows of a host slot's bytes.
   struct SlotCheck {
@@ -410,6 +429,8 @@ class Coordinator {
   std::map<WorkerId, WorkerState> workers_;
   WorkerId next_worker_id_ = 1;
   std::unordered_map<uint32_t, uint32_t> workers_per_uid_;
+  // Tenant -> host segment, with max_tenants (CoordinatorOptions).
+  std::map<std::string, uint32_t> tenant_segments_;
   int64_t worker_pin_cap_ = 1;          // worker_pin_share of the usable slots.
   size_t request_bytes_ = 0;            // Every worker's request_bytes.
   std::vector<SlotCheck> slot_checks_;  // One per host slot.

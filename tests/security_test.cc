@@ -18,12 +18,14 @@
 
 #include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <string>
 
 #include "ipc/server.h"
 #include "tests/tierkvd_fixture.h"
+#include "tiers/host_tier.h"
 #include "tiers/shm_segment.h"
 
 namespace tierkv {
@@ -100,6 +102,121 @@ TEST(SealedSegmentTest, AnUnsealedOrResizableSegmentIsRefused) {
   EXPECT_EQ(mapped->size(), size_t{1} << 16);
   made->data()[100] = std::byte{7};
   EXPECT_EQ(mapped->data()[100], std::byte{7});
+}
+
+// --- Tenant isolation -------------------------------------------------------
+
+class TenantIsolationSegmentsTest : public TierkvdFixture {
+ protected:
+  std::unique_ptr<ChildProcess> TenantWorker(const std::string& tenant,
+                                             const std::string& mode, int seed,
+                                             int requests) {
+    return Spawn({TEST_WORKER_PATH, "--model", "", "--tenant", tenant, mode,
+                  socket_, std::to_string(seed), std::to_string(requests)});
+  }
+  static ino_t Inode(int fd) {
+    struct stat st {};
+    EXPECT_EQ(fstat(fd, &st), 0);
+    return st.st_ino;
+  }
+};
+
+TEST_F(TenantIsolationSegmentsTest, EachTenantMapsASegmentOfItsOwn) {
+  StartDaemon();
+  std::unique_ptr<RawWorker> a1 = RawAttach("a1", "tenant-a");
+  std::unique_ptr<RawWorker> a2 = RawAttach("a2", "tenant-a");
+  std::unique_ptr<RawWorker> b = RawAttach("b", "tenant-b");
+  ASSERT_TRUE(a1 && a2 && b);
+  EXPECT_EQ(Inode(a1->host.get()), Inode(a2->host.get()));
+  EXPECT_NE(Inode(a1->host.get()), Inode(b->host.get()));
+  // Each channel is its worker's alone.
+  EXPECT_NE(Inode(a1->channel.get()), Inode(a2->channel.get()));
+}
+
+// A worker of tenant A writes 0xAA over every slot it can map while tenant
+// B's blocks sit in host memory and spill to disk: B reads back every byte
+// it stored, and nothing of B's was found changed.
+TEST_F(TenantIsolationSegmentsTest, AnotherTenantsWorkerCannotTouchItsBlocks) {
+  StartDaemonWithDisk(16);
+  auto fill = TenantWorker("tenant-b", "fill", 11, 12);
+  ASSERT_EQ(fill->Wait(), 0) << fill->output();
+
+  std::unique_ptr<RawWorker> hostile = RawAttach("hostile", "tenant-a");
+  ASSERT_NE(hostile, nullptr);
+  StatusOr<ShmSegment> mapping =
+      ShmSegment::MapSealed(hostile->host.release(), /*writable=*/true);
+  ASSERT_THAT(mapping, IsOk());
+  std::memset(mapping->data(), 0xAA, mapping->size());
+  hostile.reset();
+
+  // More of B's blocks than the host holds: B's first ones spill to disk.
+  auto more = TenantWorker("tenant-b", "fill", 12, 24);
+  ASSERT_EQ(more->Wait(), 0) << more->output();
+  std::unique_ptr<Client> observer = Attach("observer");
+  ASSERT_NE(observer, nullptr);
+  const CoordinatorStats settled = SettledStats(*observer);
+  EXPECT_GT(settled.host.spills, 0u);
+  EXPECT_EQ(settled.host.corrupt_slots_dropped, 0u);
+  for (const auto& [seed, requests] : {std::pair{11, 12}, std::pair{12, 24}}) {
+    auto verify = TenantWorker("tenant-b", "verify", seed, requests);
+    ASSERT_EQ(verify->Wait(), 0) << verify->output();
+    EXPECT_THAT(verify->output(), HasSubstr("wrong 0"));
+    EXPECT_THAT(verify->output(), Not(HasSubstr(" hit 0 ")));
+  }
+  EXPECT_EQ(observer->Stats().value().host.corrupt_slots_dropped, 0u);
+}
+
+TEST_F(TenantIsolationSegmentsTest, TenantsPastTheCapAreRefused) {
+  StartDaemon("1M", {"--max-tenants", "2"});
+  std::unique_ptr<RawWorker> a = RawAttach("a", "tenant-a");
+  std::unique_ptr<RawWorker> b = RawAttach("b", "tenant-b");
+  ASSERT_TRUE(a && b);
+  ClientOptions options;
+  options.socket_path = socket_;
+  options.layout = TestLayout();
+  options.num_device_blocks = 4;
+  options.tenant = "tenant-c";
+  StatusOr<std::unique_ptr<Client>> c = Client::Open(options);
+  EXPECT_EQ(c.status().code(), StatusCode::kResourceExhausted)
+      << c.status().ToString();
+  EXPECT_THAT(c.status().message(), HasSubstr("max_tenants"));
+  // A known tenant still attaches.
+  options.tenant = "tenant-a";
+  EXPECT_THAT(Client::Open(options), IsOk());
+}
+
+// A slot that moves to another tenant's segment gives its memory in the
+// old one back: a worker of the old tenant reads zeroes there, not the
+// block it once held, and tierkvd's memory stays one slot's worth.
+TEST(TenantIsolationHostTierTest, AMovedSlotLeavesNothingBehind) {
+  constexpr size_t kSlotBytes = 4 * 4096;
+  StatusOr<std::unique_ptr<HostTier>> host =
+      HostTier::Create({.shared = true,
+                        .max_segments = 2,
+                        .num_slots = 4,
+                        .slot_bytes = kSlotBytes,
+                        .layout_fingerprint = "test"});
+  ASSERT_THAT(host, IsOk());
+  HostTier& tier = **host;
+  ASSERT_THAT(tier.EnsureSegment(1), IsOk());
+  EXPECT_EQ(tier.EnsureSegment(2).code(), StatusCode::kInvalidArgument);
+  StatusOr<ShmSegment> first =
+      ShmSegment::MapSealed(dup(tier.segment_fd(0)), /*writable=*/false);
+  ASSERT_THAT(first, IsOk());
+  const size_t slot2 = 4096 + 2 * kSlotBytes;  // After the header page.
+
+  std::memset(tier.slot(2), 0x5A, kSlotBytes);
+  std::memset(tier.slot(3), 0x3C, kSlotBytes);
+  EXPECT_EQ(first->data()[slot2], std::byte{0x5A});
+  tier.AssignSlot(2, 1);
+  EXPECT_EQ(tier.slot(2)[0], std::byte{0});  // Fresh memory in segment 1.
+  for (size_t i = 0; i < kSlotBytes; ++i) {
+    ASSERT_EQ(first->data()[slot2 + i], std::byte{0}) << i;
+  }
+  // Its neighbour in segment 0 is untouched.
+  EXPECT_EQ(first->data()[slot2 + kSlotBytes], std::byte{0x3C});
+  std::memset(tier.slot(2), 0x77, kSlotBytes);
+  EXPECT_EQ(first->data()[slot2], std::byte{0});
 }
 
 // --- Who is on the other end -------------------------------------------------

@@ -131,7 +131,8 @@ class TierkvdFixture : public ::testing::Test {
     WorkerId id = 0;
     ipc::UniqueFd host, channel;
   };
-  std::unique_ptr<RawWorker> RawAttach(const std::string& name = "raw") {
+  std::unique_ptr<RawWorker> RawAttach(const std::string& name = "raw",
+                                       const std::string& tenant = "") {
     auto raw = std::make_unique<RawWorker>();
     const auto deadline = ipc::Clock::now() + std::chrono::seconds(10);
     StatusOr<int> fd = ipc::Connect(socket_, deadline);
@@ -142,6 +143,7 @@ class TierkvdFixture : public ::testing::Test {
     registration.layout = TestLayout();
     registration.num_device_blocks = 64;
     registration.name = name;
+    registration.tenant = tenant;
     const std::vector<std::byte> hello =
         ipc::Encode(ipc::RegisterRequest{std::move(registration)});
     EXPECT_THAT(ipc::SendAll(*fd, hello, deadline), IsOk());

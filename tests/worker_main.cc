@@ -1,6 +1,7 @@
 // tierkv_test_worker: a worker process for the tierkvd integration tests.
-// Every mode takes an optional leading `--model NAME` (ClientOptions::model;
-// default: the unnamed model).
+// Every mode takes optional leading `--model NAME` (ClientOptions::model;
+// default: the unnamed model) and `--tenant NAME` (ClientOptions::tenant;
+// default: the shared tenant), in that order.
 //   tierkv_test_worker store|load|hang-store SOCKET SEED BLOCKS
 // store: computes BLOCKS blocks of a prompt derived from SEED, fills them
 //   with bytes derived from SEED, stores them; prints "checksum <hex>".
@@ -64,6 +65,9 @@ struct Attached {
   std::unique_ptr<EmulatedDeviceTier> device;
   std::unique_ptr<Client> client;
 };
+// --tenant's NAME: the same for every client of the process.
+std::string tenant;
+
 StatusOr<Attached> Attach(const std::string& model, const std::string& mode,
                           const std::string& socket, uint32_t seed,
                           int32_t blocks) {
@@ -75,6 +79,7 @@ StatusOr<Attached> Attach(const std::string& model, const std::string& mode,
   options.socket_path = socket;
   options.layout = TestLayout();
   options.model = model;
+  options.tenant = tenant;
   options.num_device_blocks = blocks + 2;
   options.name = mode + "-" + std::to_string(seed);
   options.device = out.device.get();
@@ -272,6 +277,11 @@ int main(int argc, char** argv) {
     argv += 2;  // argv[0] is not used below.
     argc -= 2;
   }
+  if (argc > 2 && std::string(argv[1]) == "--tenant") {
+    tierkv::tenant = argv[2];
+    argv += 2;
+    argc -= 2;
+  }
   const std::string mode = argc > 1 ? argv[1] : "";
   if ((mode == "fill" || mode == "verify" || mode == "churn") &&
       (argc == 5 || argc == 6)) {
@@ -281,9 +291,10 @@ int main(int argc, char** argv) {
   }
   if (argc != 5) {
     std::fprintf(stderr,
-                 "usage: tierkv_test_worker [--model NAME] "
+                 "usage: tierkv_test_worker [--model NAME] [--tenant NAME] "
                  "store|load|hang-store SOCKET SEED BLOCKS\n"
-                 "       tierkv_test_worker [--model NAME] fill|verify|churn "
+                 "       tierkv_test_worker [--model NAME] [--tenant NAME] "
+                 "fill|verify|churn "
                  "SOCKET SEED REQUESTS [BLOCKS]\n");
     return 2;
   }

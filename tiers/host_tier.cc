@@ -30,12 +30,22 @@ static_assert(sizeof(HostTierHeader) <= kSlotAlignment);
 
 }  // namespace
 
-HostTier::HostTier(ShmSegment segment, int32_t num_slots, size_t slot_bytes,
-                   std::byte* slots)
-    : segment_(std::move(segment)),
-      num_slots_(num_slots),
-      slot_bytes_(slot_bytes),
-      slots_(slots) {}
+HostTier::HostTier(const HostTierOptions& options, ShmSegment first)
+    : options_(options),
+      num_slots_(options.num_slots),
+      slot_bytes_(options.slot_bytes),
+      segments_(new std::optional<ShmSegment>[options.max_segments]),
+      bases_(new std::atomic<std::byte*>[options.max_segments]) {
+  for (uint32_t i = 0; i < options.max_segments; ++i) bases_[i] = nullptr;
+  bases_[0] = first.data() + kSlotAlignment;
+  segments_[0].emplace(std::move(first));
+  if (options.max_segments > 1) {
+    owner_.reset(new std::atomic<uint32_t>[options.num_slots]);
+    for (int32_t i = 0; i < options.num_slots; ++i) owner_[i] = 0;
+  }
+}
+
+HostTier::~HostTier() = default;
 
 int32_t HostTier::SlotsFor(size_t capacity_bytes, size_t slot_bytes) {
   if (slot_bytes == 0) return 0;
@@ -56,29 +66,80 @@ StatusOr<std::unique_ptr<HostTier>> HostTier::Create(
   if (options.layout_fingerprint.size() >= kFingerprintBytes) {
     return Status::InvalidArgument("layout fingerprint too long");
   }
-  const size_t slot_bytes = options.slot_bytes;
+  if (options.max_segments < 1 ||
+      (!options.shared && options.max_segments != 1)) {
+    return Status::InvalidArgument(
+        "a host tier has 1 segment, or up to max_segments shared ones");
+  }
   if (static_cast<size_t>(options.num_slots) >
-      (SIZE_MAX - kSlotAlignment) / slot_bytes) {
+      (SIZE_MAX - kSlotAlignment) / options.slot_bytes) {
     return Status::InvalidArgument("host tier size overflows");
   }
-  const size_t bytes = kSlotAlignment + slot_bytes * options.num_slots;
-  StatusOr<ShmSegment> segment = options.shared
-                                     ? ShmSegment::CreateSealed(bytes, "host")
-                                     : ShmSegment::CreateAnonymous(bytes);
-  if (!segment.ok()) return segment.status();
-  auto* header = reinterpret_cast<HostTierHeader*>(segment->data());
+  TIERKV_ASSIGN_OR_RETURN(ShmSegment first, MakeSegment(options, 0));
+  return std::unique_ptr<HostTier>(new HostTier(options, std::move(first)));
+}
+
+StatusOr<ShmSegment> HostTier::MakeSegment(const HostTierOptions& options,
+                                           uint32_t segment) {
+  const size_t bytes = kSlotAlignment + options.slot_bytes * options.num_slots;
+  StatusOr<ShmSegment> made =
+      options.shared
+          ? ShmSegment::CreateSealed(bytes, "host." + std::to_string(segment))
+          : ShmSegment::CreateAnonymous(bytes);
+  if (!made.ok()) return made.status();
+  auto* header = reinterpret_cast<HostTierHeader*>(made->data());
   std::memset(header, 0, sizeof(*header));
   header->version = kHostTierVersion;
   header->num_slots = options.num_slots;
-  header->slot_bytes = slot_bytes;
+  header->slot_bytes = options.slot_bytes;
   header->creator_pid = static_cast<int32_t>(getpid());
   std::memcpy(header->layout_fingerprint, options.layout_fingerprint.data(),
               options.layout_fingerprint.size());
   // Magic last: an attacher that sees it sees a complete header.
   __atomic_store_n(&header->magic, kHostTierMagic, __ATOMIC_RELEASE);
-  std::byte* slots = segment->data() + kSlotAlignment;
-  return std::unique_ptr<HostTier>(
-      new HostTier(std::move(*segment), options.num_slots, slot_bytes, slots));
+  return made;
+}
+
+Status HostTier::EnsureSegment(uint32_t segment) {
+  if (segment >= options_.max_segments) {
+    return Status::InvalidArgument(
+        "host segment " + std::to_string(segment) + " past the " +
+        std::to_string(options_.max_segments) + " this tier may have");
+  }
+  if (segments_[segment].has_value()) return Status::Ok();
+  TIERKV_ASSIGN_OR_RETURN(ShmSegment made, MakeSegment(options_, segment));
+  std::byte* base = made.data() + kSlotAlignment;
+  segments_[segment].emplace(std::move(made));
+  bases_[segment].store(base, std::memory_order_release);
+  return Status::Ok();
+}
+
+int HostTier::segment_fd(uint32_t segment) const {
+  if (segment >= options_.max_segments || !segments_[segment].has_value()) {
+    return -1;
+  }
+  return segments_[segment]->fd();
+}
+
+void HostTier::AssignSlot(BlockId id, uint32_t segment) {
+  if (owner_ == nullptr) return;
+  const uint32_t previous = owner_[id].exchange(segment);
+  if (previous == segment) return;
+  // The previous segment's whole pages of the slot go back to the kernel
+  // (its partial pages at either end stay: a neighbour may use them). A
+  // worker of that tenant that touches them again gets zeroes, charged to
+  // its own memory.
+  const int fd = segment_fd(previous);
+  if (fd < 0) return;
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  const size_t begin = kSlotAlignment + static_cast<size_t>(id) * slot_bytes_;
+  const size_t first = (begin + page - 1) / page * page;
+  const size_t last = (begin + slot_bytes_) / page * page;
+  if (last > first) {
+    (void)fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                    static_cast<off_t>(first),
+                    static_cast<off_t>(last - first));
+  }
 }
 
 StatusOr<std::unique_ptr<HostTier>> HostTier::Attach(
@@ -113,9 +174,12 @@ StatusOr<std::unique_ptr<HostTier>> HostTier::Attach(
         " bytes; expected " + std::to_string(num_slots) + " of " +
         std::to_string(slot_bytes));
   }
-  std::byte* slots = segment.data() + kSlotAlignment;
-  return std::unique_ptr<HostTier>(
-      new HostTier(std::move(segment), num_slots, slot_bytes, slots));
+  HostTierOptions options;
+  options.shared = true;
+  options.num_slots = num_slots;
+  options.slot_bytes = slot_bytes;
+  options.layout_fingerprint = fingerprint;
+  return std::unique_ptr<HostTier>(new HostTier(options, std::move(segment)));
 }
 
 StatusOr<StoreLock> StoreLock::Acquire(const std::string& path) {

@@ -1,8 +1,9 @@
 // HostTier: host DRAM slots for KV blocks, one block per fixed-size slot, in
-// a shared-memory segment that tierkvd creates and every worker maps. The
-// segment is a sealed memfd (ShmSegment::CreateSealed): it has no name a
-// worker or another user could open, truncate or pre-create; workers get it
-// from tierkvd over the Unix socket. The slots' metadata (keys, ref counts,
+// shared-memory segments that tierkvd creates, one per tenant, each mapped
+// by that tenant's workers only. A segment is a sealed memfd
+// (ShmSegment::CreateSealed): it has no name a worker or another user could
+// open, truncate or pre-create; workers get theirs from tierkvd over the
+// Unix socket. The slots' metadata (keys, ref counts,
 // LRU) lives in the coordinator's BlockPool, not here: this class is only
 // the memory and its header.
 // Thread-safety: immutable after Create/Attach; slot bytes are written only
@@ -13,6 +14,7 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -26,9 +28,15 @@
 namespace tierkv {
 
 struct HostTierOptions {
-  // True: a sealed memfd that workers map (tierkvd). False: private memory
+  // True: sealed memfds that workers map (tierkvd). False: private memory
   // (embedded mode). Default: false.
   bool shared = false;
+  // With shared: the most segments EnsureSegment may make, one per tenant
+  // (CoordinatorOptions::max_tenants). Each is num_slots slots of virtual
+  // memory; a slot's bytes live in one segment at a time (AssignSlot), so
+  // tierkvd's own writes keep at most num_slots slots resident in all.
+  // Default: 1.
+  uint32_t max_segments = 1;
   int32_t num_slots = 0;  // Including the null slot 0. Required, >= 2.
   size_t slot_bytes = 0;  // One KV block (KvLayout::BlockBytes()). Required.
   // StoreFingerprint(layout, model): written to the header; checked on
@@ -38,7 +46,7 @@ struct HostTierOptions {
 
 class HostTier {
  public:
-  // Creates the slots.
+  // Creates the slots, in segment 0.
   static StatusOr<std::unique_ptr<HostTier>> Create(
       const HostTierOptions& options);
   // Maps tierkvd's segment, received as `segment_fd` (taken over: closed in
@@ -48,28 +56,52 @@ class HostTier {
   static StatusOr<std::unique_ptr<HostTier>> Attach(
       int segment_fd, const std::string& layout_fingerprint, size_t slot_bytes,
       int32_t num_slots);
+  ~HostTier();
 
   int32_t num_slots() const { return num_slots_; }
   size_t slot_bytes() const { return slot_bytes_; }
   size_t capacity_bytes() const { return slot_bytes_ * num_slots_; }
-  // The shared segment's fd, for passing to a worker; -1 for private memory.
-  int segment_fd() const { return segment_.fd(); }
-  // REQUIRES: 0 <= id < num_slots().
+
+  // tierkvd: makes segment `segment` unless it exists (a shared tier's
+  // tenants after the first). InvalidArgument past max_segments or for a
+  // private tier; ResourceExhausted when memory runs out. Not concurrent
+  // with itself (the coordinator's lock); concurrent with slot().
+  Status EnsureSegment(uint32_t segment);
+  // A made segment's fd, for passing to a worker; -1 for private memory or
+  // a segment not made.
+  int segment_fd(uint32_t segment = 0) const;
+  // Moves slot `id` to `segment` (made): slot(id) points there from now on,
+  // and the memory the slot held in its previous segment is given back
+  // (its whole pages). REQUIRES: nothing reads or writes the slot (it is
+  // being allocated); called under the coordinator's lock, which orders it
+  // before the slot's later users.
+  void AssignSlot(BlockId id, uint32_t segment);
+  // The slot's bytes, in the segment it was last assigned to (segment 0
+  // for a tier with one). REQUIRES: 0 <= id < num_slots().
   std::byte* slot(BlockId id) const {
-    return slots_ + static_cast<size_t>(id) * slot_bytes_;
+    const uint32_t segment =
+        owner_ != nullptr ? owner_[id].load(std::memory_order_relaxed) : 0;
+    return bases_[segment].load(std::memory_order_acquire) +
+           static_cast<size_t>(id) * slot_bytes_;
   }
 
   // Slots that fit in `capacity_bytes` (the null slot included).
   static int32_t SlotsFor(size_t capacity_bytes, size_t slot_bytes);
 
  private:
-  HostTier(ShmSegment segment, int32_t num_slots, size_t slot_bytes,
-           std::byte* slots);
+  HostTier(const HostTierOptions& options, ShmSegment first);
+  // A segment of the tier's size with its header written.
+  static StatusOr<ShmSegment> MakeSegment(const HostTierOptions& options,
+                                          uint32_t segment);
 
-  ShmSegment segment_;
+  HostTierOptions options_;
   int32_t num_slots_;
   size_t slot_bytes_;
-  std::byte* slots_;
+  // options_.max_segments of each; a segment not made yet is empty / null.
+  std::unique_ptr<std::optional<ShmSegment>[]> segments_;
+  std::unique_ptr<std::atomic<std::byte*>[]> bases_;  // Slot 0 of each.
+  // Each slot's segment; null with one segment.
+  std::unique_ptr<std::atomic<uint32_t>[]> owner_;
 };
 
 // StoreLock: an exclusive flock(2) on "<socket>.lock", held by the tierkvd

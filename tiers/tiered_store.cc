@@ -110,7 +110,14 @@ StatusOr<std::unique_ptr<TieredStore>> TieredStore::Open(
        .max_events_per_worker = options.max_events_per_worker,
        .max_workers_per_uid = options.max_workers_per_uid,
        .slot_checksum = std::move(slot_checksum),
-       .verify_on_load = options.verify_on_load});
+       .verify_on_load = options.verify_on_load,
+       .max_tenants = host.shared ? host.max_segments : 0,
+       .assign_slot = host.shared ? std::function<void(BlockId, uint32_t)>(
+                                        [tier = raw->host_.get()](
+                                            BlockId slot, uint32_t segment) {
+                                          tier->AssignSlot(slot, segment);
+                                        })
+                                  : nullptr});
   // Without a coordinator no disk callback can wake anything: the
   // destructor closes the tiers in order.
   TIERKV_RETURN_IF_ERROR(coordinator.status());
@@ -233,6 +240,14 @@ Status TieredStore::Complete(WorkerId worker,
   }
   MutexLock lock(&mu_);
   return coordinator_->Complete(worker, events, checksums);
+}
+
+StatusOr<int> TieredStore::HostSegmentFd(WorkerId worker) {
+  MutexLock lock(&mu_);
+  TIERKV_ASSIGN_OR_RETURN(const uint32_t segment,
+                          coordinator_->SegmentOf(worker));
+  TIERKV_RETURN_IF_ERROR(host_->EnsureSegment(segment));
+  return host_->segment_fd(segment);
 }
 
 Status TieredStore::Flush() {

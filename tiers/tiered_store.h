@@ -39,7 +39,8 @@ struct TieredStoreOptions {
   std::string model = {};
   // The host slots. num_slots is required (>= 2, the null slot included);
   // slot_bytes and layout_fingerprint are the layout's and the store's and
-  // are filled in when left empty. segment_name empty: private memory.
+  // are filled in when left empty. shared: one sealed segment per tenant,
+  // up to max_segments tenants; otherwise private memory for all.
   HostTierOptions host;
   // The disk tier under the host slots, opened by the caller (its rebuild
   // can take long and report progress). Default: none, a block evicted from
@@ -146,6 +147,13 @@ class TieredStore {
   Status CheckProgress(std::chrono::milliseconds timeout,
                        std::chrono::milliseconds stalled_after) const
       TIERKV_EXCLUDES(mu_);
+
+  // The host segment `worker` maps, made if its tenant is new (with a
+  // shared host tier, one segment per tenant: HostTierOptions::
+  // max_segments, CoordinatorOptions::max_tenants). Its fd stays the
+  // store's. NotFound for an unknown worker; ResourceExhausted when the
+  // segment cannot be made.
+  StatusOr<int> HostSegmentFd(WorkerId worker) TIERKV_EXCLUDES(mu_);
 
   const KvLayout& layout() const { return layout_; }
   const HostTier& host() const { return *host_; }

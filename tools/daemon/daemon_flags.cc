@@ -286,6 +286,9 @@ po::options_description SettingOptions(DaemonCommand& command,
       "spilling stops once at most this fraction is in use")(
       "max-workers", po::value(&s.max_workers)->default_value(s.max_workers),
       "most workers attached at once (1 to 4096)")(
+      "max-tenants", po::value(&s.max_tenants)->default_value(s.max_tenants),
+      "most tenants the store serves in its life (1 to 1024); each gets host "
+      "memory of its own that only its workers map")(
       "worker-pin-share",
       po::value(&s.worker_pin_share)->default_value(s.worker_pin_share, "0.5"),
       "the share of the host slots one worker may pin at once (lookup hits, "
@@ -408,6 +411,11 @@ StatusOr<DaemonCommand> Finish(DaemonCommand command, const RawOptions& raw,
     return Status::InvalidArgument(where("max-workers") + " '" +
                                    std::to_string(s.max_workers) + "': 1 to " +
                                    std::to_string(ipc::kMaxWorkersListed));
+  }
+  if (s.max_tenants < 1 || s.max_tenants > ipc::kMaxTenants) {
+    return Status::InvalidArgument(where("max-tenants") + " '" +
+                                   std::to_string(s.max_tenants) + "': 1 to " +
+                                   std::to_string(ipc::kMaxTenants));
   }
   if (raw.stats_interval_ms < 10 || raw.stats_interval_ms > 60000) {
     return Status::InvalidArgument(where("stats-interval-ms") + " '" +
