@@ -98,6 +98,10 @@ struct Server::Impl {
   // episode.
   Clock::time_point accept_paused_until;
   bool accept_failing = false;
+  // Refusals of other users' connections: logged at most once a second,
+  // with how many went unlogged, so a flood of them cannot flood the log.
+  Clock::time_point refusal_logged_at;
+  uint64_t refusals_unlogged = 0;
   // Connections closed to make room since the pending ones reached
   // options.max_pending_connections; logged once per episode.
   size_t crowded_out = 0;

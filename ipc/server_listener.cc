@@ -118,8 +118,19 @@ void Server::Impl::Accept(Clock::time_point now) {
     if (!peer.ok()) continue;
     conn.peer = std::move(*peer);
     if (!MayUse(conn.peer)) {
-      spdlog::warn("refused pid {} (uid {}): not this store's user or group",
-                   conn.peer.pid, conn.peer.uid);
+      if (now - refusal_logged_at >= std::chrono::seconds(1)) {
+        spdlog::warn(
+            "refused pid {} (uid {}): not this store's user or group{}",
+            conn.peer.pid, conn.peer.uid,
+            refusals_unlogged == 0
+                ? std::string()
+                : fmt::format(" ({} more refused since the last such line)",
+                              refusals_unlogged));
+        refusal_logged_at = now;
+        refusals_unlogged = 0;
+      } else {
+        ++refusals_unlogged;
+      }
       Refuse(&conn,
              Status::PermissionDenied("uid " + std::to_string(conn.peer.uid) +
                                       " may not use this tierkv store"));

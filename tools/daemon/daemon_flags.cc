@@ -68,6 +68,7 @@ struct RawOptions {
   std::string request_bytes = "256M";
   int stop_timeout = 10;
   int stats_interval_ms = 100;
+  int pending_timeout_ms = 5000;
 };
 
 std::string Trim(std::string_view text) {
@@ -319,6 +320,16 @@ po::options_description SettingOptions(DaemonCommand& command,
       "before a worker loads it: a block another worker wrote into is a "
       "miss, dropped (blocks are always checked before they spill to "
       "disk); costs a checksum of every block loaded")(
+      "max-pending-connections",
+      po::value(&s.max_pending_connections)
+          ->default_value(s.max_pending_connections),
+      "most socket connections not registered as workers (tierkv-admin, "
+      "workers about to register) open at once; past it the one idle "
+      "longest is closed (0: 4 x max-workers + 16)")(
+      "pending-timeout-ms",
+      po::value(&raw.pending_timeout_ms)->default_value(raw.pending_timeout_ms),
+      "an unregistered connection that goes this long without a request "
+      "is closed (10 to 600000)")(
       "stats-interval-ms",
       po::value(&raw.stats_interval_ms)->default_value(raw.stats_interval_ms),
       "milliseconds between snapshots in the stats page "
@@ -423,6 +434,12 @@ StatusOr<DaemonCommand> Finish(DaemonCommand command, const RawOptions& raw,
                                    "': 10 to 60000 milliseconds");
   }
   s.stats_interval = std::chrono::milliseconds(raw.stats_interval_ms);
+  if (raw.pending_timeout_ms < 10 || raw.pending_timeout_ms > 600000) {
+    return Status::InvalidArgument(where("pending-timeout-ms") + " '" +
+                                   std::to_string(raw.pending_timeout_ms) +
+                                   "': 10 to 600000 milliseconds");
+  }
+  s.pending_timeout = std::chrono::milliseconds(raw.pending_timeout_ms);
   return command;
 }
 
