@@ -104,6 +104,13 @@ struct ServerOptions {
   std::chrono::milliseconds stats_interval{100};
 };
 
+// The tenant a worker of `uid` that asked for `tenant` is put in. A name is
+// only a claim, so another user's worker is confined to tenants of its
+// own: "uid<uid>/<tenant>". Its keys, host segment and disk values can then
+// never be another user's, across restarts too. Workers of tierkvd's own
+// user and root get the tenant they name.
+std::string EffectiveTenant(const std::string& tenant, uid_t uid);
+
 // Where tierkvd's socket goes without XDG_RUNTIME_DIR (never /tmp, where
 // another user could put a socket of their own in its place).
 inline constexpr char kSystemRuntimeDir[] = "/run/tierkv";

@@ -244,6 +244,11 @@ bool Server::Impl::Flush(Connection* conn, Clock::time_point now) {
   return true;
 }
 
+std::string EffectiveTenant(const std::string& tenant, uid_t uid) {
+  if (uid == geteuid() || uid == 0) return tenant;
+  return "uid" + std::to_string(uid) + "/" + tenant;
+}
+
 bool Server::Impl::MayUse(const PeerIdentity& peer) const {
   return peer.uid == geteuid() || peer.uid == 0 ||
          (options.group.has_value() && peer.InGroup(*options.group));
@@ -282,6 +287,7 @@ bool Server::Impl::Register(Connection* conn, const RegisterRequest& request) {
   WorkerRegistration reg = request.registration;
   reg.pid = conn->peer.pid;  // The kernel's word, not the message's.
   reg.uid = conn->peer.uid;
+  reg.tenant = EffectiveTenant(reg.tenant, conn->peer.uid);
   // Shown in the log and by tierkv-admin: no control characters.
   reg.name = PrintableName(reg.name);
   StatusOr<WorkerId> worker = Status::ResourceExhausted(
@@ -313,8 +319,10 @@ bool Server::Impl::Register(Connection* conn, const RegisterRequest& request) {
   conn->session = std::move(session);
   conn->deadline = Clock::time_point::max();
   --pending_connections;
-  spdlog::info("worker {} attached: pid {}, '{}', {} device blocks", *worker,
-               reg.pid, reg.name, reg.num_device_blocks);
+  spdlog::info(
+      "worker {} attached: pid {}, '{}', tenant '{}', {} device blocks",
+      *worker, reg.pid, reg.name, PrintableName(reg.tenant),
+      reg.num_device_blocks);
   // The worker maps its segments from the descriptors passed with the
   // reply (copies: tierkvd keeps its own): neither has a name anyone could
   // open.

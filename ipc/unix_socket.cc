@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <climits>
+#include <cstdlib>
 #include <cstring>
 
 namespace tierkv::ipc {
@@ -50,6 +52,32 @@ StatusOr<PeerIdentity> PeerOf(int socket_fd) {
                              std::strerror(errno));
 }
 
+namespace {
+
+// Whether only `uid` and root can have put what is at `path` (a
+// directory, symbolic links resolved): it and every directory above it
+// belong to root or `uid`, and none of them lets others add or rename
+// entries (group or other write) unless it is sticky (as /tmp is: there
+// others cannot move what they do not own).
+bool OnlyUserCanWrite(const std::string& path, uid_t uid) {
+  char resolved[PATH_MAX];
+  if (realpath(path.c_str(), resolved) == nullptr) return false;
+  std::string dir = resolved;
+  for (bool last = true;; last = false) {
+    struct stat st {};
+    if (stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) return false;
+    if (last && st.st_uid != uid) return false;  // The socket's own.
+    if (st.st_uid != uid && st.st_uid != 0) return false;
+    const bool others_write = (st.st_mode & (S_IWGRP | S_IWOTH)) != 0;
+    if (others_write && (last || (st.st_mode & S_ISVTX) == 0)) return false;
+    if (dir == "/") return true;
+    const size_t slash = dir.rfind('/');
+    dir = slash == 0 ? "/" : dir.substr(0, slash);
+  }
+}
+
+}  // namespace
+
 Status CheckDaemonUser(uid_t daemon_uid, const std::string& socket_path,
                        std::optional<uid_t> expected) {
   if (daemon_uid == geteuid() || daemon_uid == 0) return Status::Ok();
@@ -58,17 +86,14 @@ Status CheckDaemonUser(uid_t daemon_uid, const std::string& socket_path,
   const std::string dir = slash == std::string::npos ? "."
                           : slash == 0               ? "/"
                                        : socket_path.substr(0, slash);
-  struct stat st {};
-  if (stat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode) &&
-      st.st_uid == daemon_uid && (st.st_mode & (S_IWGRP | S_IWOTH)) == 0) {
-    return Status::Ok();  // Only the daemon's user could bind there.
-  }
+  if (OnlyUserCanWrite(dir, daemon_uid)) return Status::Ok();
   return Status::PermissionDenied(
       "the process listening on " + socket_path + " runs as uid " +
       std::to_string(daemon_uid) +
       ", not this user, root or the owner of a directory only that owner "
-      "can write; refusing to send it KV (set ClientOptions::daemon_uid to "
-      "trust that user)");
+      "could have made (it, and every directory above it, writable by that "
+      "user and root alone); refusing to send it KV (set "
+      "ClientOptions::daemon_uid to trust that user)");
 }
 
 ssize_t SendWithFds(int socket_fd, std::span<const std::byte> bytes,

@@ -38,8 +38,11 @@ StatusOr<PeerIdentity> PeerOf(int socket_fd);
 
 // Whether a worker may trust `daemon_uid` as the tierkvd behind
 // `socket_path`: it is this process's user, root, `expected` when given,
-// or the owner of the socket's directory when only that owner (and root)
-// can write there, so no one else could have put the socket in place.
+// or the owner of the socket's directory when only that owner and root
+// could have made the socket's path (the directory, and every directory
+// above it, belong to that user or root and are not writable by others,
+// sticky ones such as /tmp apart), so no one else could have put the
+// socket in place.
 // PermissionDenied naming the uid and how to trust it otherwise.
 Status CheckDaemonUser(uid_t daemon_uid, const std::string& socket_path,
                        std::optional<uid_t> expected);

@@ -239,65 +239,129 @@ TEST_F(PeerCheckTest, TheDefaultSocketIsNeverInTmp) {
   }
 }
 
-// A socket another user listens on, in a directory anyone may write (as
-// /tmp is): the client refuses it before sending a byte.
-TEST_F(PeerCheckTest, AClientSendsNothingToADaemonOfAnotherUser) {
-  if (geteuid() != 0)
-    GTEST_SKIP() << "needs root to run a fake daemon as nobody";
-  ASSERT_EQ(chmod(dir_.c_str(), 0755), 0);
-  const std::string shared = dir_ + "/shared";
-  ASSERT_EQ(mkdir(shared.c_str(), 01777), 0);
-  ASSERT_EQ(chmod(shared.c_str(), 01777), 0);
-  const std::string path = shared + "/tierkv-default.sock";
-  int ready[2], report[2];
-  ASSERT_EQ(pipe(ready), 0);
-  ASSERT_EQ(pipe(report), 0);
-  const pid_t fake = fork();
-  ASSERT_GE(fake, 0);
-  if (fake == 0) {
-    // The fake daemon: listens as nobody, then counts what it is sent.
-    if (setgid(kNobody) != 0 || setuid(kNobody) != 0) _exit(2);
-    const int fd = socket(AF_UNIX, SOCK_STREAM, 0);
-    sockaddr_un addr{};
-    addr.sun_family = AF_UNIX;
-    std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
-    if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-        listen(fd, 4) != 0) {
-      _exit(3);
+// A fake daemon: a child process that listens on `path` as nobody, then
+// reports how many bytes its first connection sent before closing.
+class FakeDaemon {
+ public:
+  explicit FakeDaemon(const std::string& path) {
+    int ready[2], report[2];
+    if (pipe(ready) != 0 || pipe(report) != 0) std::abort();
+    pid_ = fork();
+    if (pid_ == 0) {
+      if (setgid(kNobody) != 0 || setuid(kNobody) != 0) _exit(2);
+      const int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+      sockaddr_un addr{};
+      addr.sun_family = AF_UNIX;
+      std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+      if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+          listen(fd, 4) != 0) {
+        _exit(3);
+      }
+      chmod(path.c_str(), 0666);
+      if (write(ready[1], "r", 1) != 1) _exit(4);
+      const int conn = accept(fd, nullptr, nullptr);
+      int64_t received = 0;
+      char buf[4096];
+      for (ssize_t n; (n = read(conn, buf, sizeof(buf))) > 0;) {
+        received += n;
+        close(conn);  // Enough to know something was sent.
+        break;
+      }
+      if (write(report[1], &received, sizeof(received)) != sizeof(received)) {
+        _exit(5);
+      }
+      _exit(0);
     }
-    chmod(path.c_str(), 0666);
-    if (write(ready[1], "r", 1) != 1) _exit(4);
-    const int conn = accept(fd, nullptr, nullptr);
-    int64_t received = 0;
-    char buf[4096];
-    for (ssize_t n; (n = read(conn, buf, sizeof(buf))) > 0;) received += n;
-    if (write(report[1], &received, sizeof(received)) != sizeof(received)) {
-      _exit(5);
-    }
-    _exit(0);
+    close(ready[1]);
+    close(report[1]);
+    char c;
+    listening_ = read(ready[0], &c, 1) == 1;
+    close(ready[0]);
+    report_ = report[0];
   }
-  close(ready[1]);
-  close(report[1]);
-  char c;
-  ASSERT_EQ(read(ready[0], &c, 1), 1);
+  ~FakeDaemon() {
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+    close(report_);
+  }
+  bool listening() const { return listening_; }
+  // Bytes the client sent it (after the client has given up).
+  int64_t Received() {
+    int64_t received = -1;
+    if (read(report_, &received, sizeof(received)) != sizeof(received)) {
+      return -1;
+    }
+    return received;
+  }
 
-  ClientOptions options;
-  options.socket_path = path;
-  options.layout = TestLayout();
-  options.num_device_blocks = 4;
-  StatusOr<std::unique_ptr<Client>> client = Client::Open(options);
+ private:
+  pid_t pid_ = -1;
+  int report_ = -1;
+  bool listening_ = false;
+};
+
+class PeerCheckFakeDaemonTest : public PeerCheckTest {
+ protected:
+  void SetUp() override {
+    PeerCheckTest::SetUp();
+    if (geteuid() != 0) GTEST_SKIP() << "needs root to listen as nobody";
+    ASSERT_EQ(chmod(dir_.c_str(), 0755), 0);
+  }
+  // A directory `mode`, of `owner`, made under dir_.
+  std::string Dir(const std::string& name, mode_t mode, uid_t owner) {
+    const std::string path = dir_ + "/" + name;
+    EXPECT_EQ(mkdir(path.c_str(), mode), 0);
+    EXPECT_EQ(chmod(path.c_str(), mode), 0);
+    EXPECT_EQ(chown(path.c_str(), owner, owner), 0);
+    return path;
+  }
+  StatusOr<std::unique_ptr<Client>> Open(const std::string& path) {
+    ClientOptions options;
+    options.socket_path = path;
+    options.layout = TestLayout();
+    options.num_device_blocks = 4;
+    options.call_timeout = std::chrono::seconds(5);
+    return Client::Open(options);
+  }
+};
+
+// In a directory anyone may write (as /tmp is), anyone could be listening:
+// the client refuses it before sending a byte.
+TEST_F(PeerCheckFakeDaemonTest,
+       AClientSendsNothingToAnotherUserInASharedDirectory) {
+  const std::string path = Dir("shared", 01777, 0) + "/tierkv-default.sock";
+  FakeDaemon fake(path);
+  ASSERT_TRUE(fake.listening());
+  StatusOr<std::unique_ptr<Client>> client = Open(path);
   EXPECT_EQ(client.status().code(), StatusCode::kPermissionDenied)
       << client.status().ToString();
   EXPECT_THAT(client.status().message(), HasSubstr("runs as uid 65534"));
-  int64_t received = -1;
-  ASSERT_EQ(read(report[0], &received, sizeof(received)),
-            static_cast<ssize_t>(sizeof(received)));
-  EXPECT_EQ(received, 0);
-  int status = 0;
-  ASSERT_EQ(waitpid(fake, &status, 0), fake);
-  EXPECT_EQ(WEXITSTATUS(status), 0);
-  close(ready[0]);
-  close(report[0]);
+  EXPECT_EQ(fake.Received(), 0);
+}
+
+// The user's own directory, but inside one others may write (not sticky):
+// they could have renamed it away and put theirs in its place.
+TEST_F(PeerCheckFakeDaemonTest, AnOwnDirectoryUnderAWritableOneIsNotTrusted) {
+  const std::string open = Dir("open", 0777, 0);
+  ASSERT_EQ(mkdir((open + "/run").c_str(), 0755), 0);
+  ASSERT_EQ(chown((open + "/run").c_str(), kNobody, kNobody), 0);
+  const std::string path = open + "/run/tierkv-default.sock";
+  FakeDaemon fake(path);
+  ASSERT_TRUE(fake.listening());
+  EXPECT_EQ(Open(path).status().code(), StatusCode::kPermissionDenied);
+  EXPECT_EQ(fake.Received(), 0);
+}
+
+// A directory only that user (and root, above it) could have made, as
+// /run/tierkv under the systemd unit: the listener is trusted as tierkvd.
+TEST_F(PeerCheckFakeDaemonTest, TheOwnerOfAPrivateDirectoryIsTrusted) {
+  const std::string path = Dir("run", 0755, kNobody) + "/tierkv-default.sock";
+  FakeDaemon fake(path);
+  ASSERT_TRUE(fake.listening());
+  StatusOr<std::unique_ptr<Client>> client = Open(path);
+  EXPECT_NE(client.status().code(), StatusCode::kPermissionDenied)
+      << client.status().ToString();
+  EXPECT_GT(fake.Received(), 0);  // The registration went out.
 }
 
 TEST_F(PeerCheckTest, ASymlinkedLockFileIsRefusedAndItsTargetKept) {
@@ -418,6 +482,31 @@ TEST_F(SupplementaryGroupTest, AMemberByItsSupplementaryGroupAttaches) {
       TestUsers::kOutsider, {TEST_WORKER_PATH, "store", socket_, "5", "3"}));
   EXPECT_NE(out->Wait(), 0);
   EXPECT_THAT(out->output(), HasSubstr("Permission denied"));
+}
+
+// A tenant is a name a worker claims: another user's worker that claims
+// tierkvd's user's tenant is put in a tenant of its own and sees none of
+// its blocks.
+TEST_F(SupplementaryGroupTest, AnotherUserCannotJoinATenantByItsName) {
+  StartDaemon("1M", {"--group", TestUsers::kGroup, "--mode", "0660"});
+  auto own = Spawn({TEST_WORKER_PATH, "--model", "", "--tenant", "acme", "fill",
+                    socket_, "21", "4"});
+  ASSERT_EQ(own->Wait(), 0) << own->output();
+  auto theirs = Spawn(TestUsers::As(
+      TestUsers::kMember, {TEST_WORKER_PATH, "--model", "", "--tenant", "acme",
+                           "verify", socket_, "21", "4"}));
+  ASSERT_EQ(theirs->Wait(), 0) << theirs->output();
+  EXPECT_THAT(theirs->output(), HasSubstr(" hit 0 "));
+  const uid_t member = getpwnam(TestUsers::kMember)->pw_uid;
+  EXPECT_TRUE(
+      daemon_->WaitForOutput("tenant 'uid" + std::to_string(member) + "/acme'"))
+      << daemon_->output();
+  // tierkvd's own user still finds its blocks.
+  auto again = Spawn({TEST_WORKER_PATH, "--model", "", "--tenant", "acme",
+                      "verify", socket_, "21", "4"});
+  ASSERT_EQ(again->Wait(), 0) << again->output();
+  EXPECT_THAT(again->output(), HasSubstr("wrong 0"));
+  EXPECT_THAT(again->output(), Not(HasSubstr(" hit 0 ")));
 }
 
 TEST_F(SupplementaryGroupTest, AGroupWithAModeThatGivesItNothingIsRefused) {
