@@ -101,7 +101,8 @@ std::string StoreLockPath(const std::string& store,
   const std::string dir = slash == std::string::npos ? "."
                           : slash == 0               ? ""
                                        : socket_path.substr(0, slash);
-  return dir + "/tierkv-" + store + ".lock";
+  // ".store-lock": never the "<socket>.lock" of any socket path.
+  return dir + "/tierkv-" + store + ".store-lock";
 }
 
 std::string DefaultSocketPath(const std::string& store) {

@@ -52,8 +52,9 @@ struct ServerOptions {
   // write (e.g. 0660): Start refuses it otherwise.
   std::optional<gid_t> group;
   // Peers of this group (primary or supplementary) may also give operator
-  // orders (tierkv-admin clear, evict). Default: none; only tierkvd's user
-  // and root may.
+  // orders (tierkv-admin clear, evict), and read stats. The socket's mode
+  // and group must still let them connect (make them members of `group`
+  // too). Default: none; only tierkvd's user and root may.
   std::optional<gid_t> admin_group;
   // The disk tier: a RocksDB directory (created if missing) under the host
   // slots. Default (empty): none; blocks evicted from host are gone.
@@ -119,9 +120,10 @@ inline constexpr char kSystemRuntimeDir[] = "/run/tierkv";
 // "/run/tierkv/tierkv-<store>.sock" without XDG_RUNTIME_DIR.
 std::string DefaultSocketPath(const std::string& store);
 
-// The lock file that claims a store name (its stats page) for the tierkvd
-// serving it: "tierkv-<store>.lock" in the socket's directory, which only
-// its user should be able to write.
+// The lock file that claims a store name for the tierkvd serving it:
+// "tierkv-<store>.store-lock" in the socket's directory, which only its
+// user should be able to write. (The stats page, global, checks for a live
+// publisher itself.)
 std::string StoreLockPath(const std::string& store,
                           const std::string& socket_path);
 

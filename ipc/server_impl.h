@@ -139,8 +139,8 @@ struct Server::Impl {
   // How long the listener may sleep in poll: until the nearest deadline.
   int PollTimeoutMs(Clock::time_point now) const;
   void Accept(Clock::time_point now);
-  // Whether `peer` may attach or read stats: tierkvd's user, root, or a
-  // member (primary or supplementary) of options.group.
+  // Whether `peer` may attach or read stats: an operator (MayOperate), or
+  // a member (primary or supplementary) of options.group.
   bool MayUse(const PeerIdentity& peer) const;
   // Whether `peer` may give operator orders (clear, evict): tierkvd's user,
   // root, or a member of options.admin_group.

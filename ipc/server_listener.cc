@@ -250,7 +250,7 @@ std::string EffectiveTenant(const std::string& tenant, uid_t uid) {
 }
 
 bool Server::Impl::MayUse(const PeerIdentity& peer) const {
-  return peer.uid == geteuid() || peer.uid == 0 ||
+  return MayOperate(peer) ||
          (options.group.has_value() && peer.InGroup(*options.group));
 }
 

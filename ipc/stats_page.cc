@@ -1,6 +1,7 @@
 #include "ipc/stats_page.h"
 
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "ipc/protocol.h"
+#include "ipc/unix_socket.h"
 
 namespace tierkv::ipc {
 
@@ -82,6 +84,19 @@ StatusOr<StatsPageWriter> StatsPageWriter::Create(
     return Status::InvalidArgument("socket path too long for the stats page: " +
                                    options.socket_path);
   }
+  // The store lock guards the socket's directory, not /dev/shm: another
+  // tierkvd of the same store name, elsewhere, may be publishing here.
+  if (StatusOr<StatsPageReader> live = StatsPageReader::Open(options.name);
+      live.ok()) {
+    StatusOr<StatsPageSnapshot> snapshot = live->Read();
+    if (snapshot.ok() &&
+        StatsPageIsFresh(*snapshot, std::chrono::system_clock::now())) {
+      return Status::FailedPrecondition(
+          "'" + options.name + "' is the page of the live tierkvd pid " +
+          std::to_string(snapshot->pid) + " on " + snapshot->socket_path +
+          " (another store of the same name)");
+    }
+  }
   const size_t capacity = PayloadCapacity(options.max_workers);
   TIERKV_ASSIGN_OR_RETURN(
       ShmSegment segment,
@@ -138,10 +153,29 @@ Status StatsPageWriter::Publish(const CoordinatorStats& stats,
   return Status::Ok();
 }
 
-StatusOr<StatsPageReader> StatsPageReader::Open(const std::string& name) {
+StatusOr<StatsPageReader> StatsPageReader::Open(
+    const std::string& name, const std::string& socket_path) {
   TIERKV_ASSIGN_OR_RETURN(ShmSegment segment, ShmSegment::OpenReadOnly(name));
   const std::string not_a_page =
       "shared memory '" + name + "' is not a stats page of this tierkv";
+  if (!socket_path.empty()) {
+    // The name was checked by OpenReadOnly; a sticky /dev/shm keeps anyone
+    // but its owner from replacing what was opened.
+    struct stat page {
+    }, sock{};
+    if (stat(("/dev/shm" + name).c_str(), &page) != 0) {
+      return Status::NotFound(not_a_page + " (gone)");
+    }
+    const bool trusted =
+        page.st_uid == geteuid() || page.st_uid == 0 ||
+        (stat(socket_path.c_str(), &sock) == 0 && sock.st_uid == page.st_uid &&
+         CheckDaemonUser(page.st_uid, socket_path, std::nullopt).ok());
+    if (!trusted) {
+      return Status::FailedPrecondition(
+          "stats page '" + name + "' belongs to uid " +
+          std::to_string(page.st_uid) + ", not the tierkvd on " + socket_path);
+    }
+  }
   if (segment.size() < kHeaderBytes) {
     return Status::FailedPrecondition(not_a_page + " (too small)");
   }

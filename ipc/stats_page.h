@@ -83,8 +83,13 @@ class StatsPageReader {
  public:
   // Maps the page read-only. NotFound when no tierkvd publishes one under
   // this name, PermissionDenied when this user may not read it,
-  // FailedPrecondition when it is not a stats page of this version.
-  static StatusOr<StatsPageReader> Open(const std::string& name);
+  // FailedPrecondition when it is not a stats page of this version. With
+  // `socket_path`, also FailedPrecondition when the page belongs to a user
+  // this process would not trust as the tierkvd on that socket: not this
+  // user, root, or the socket's owner that CheckDaemonUser
+  // (ipc/unix_socket.h) accepts. Names in /dev/shm are anyone's to take.
+  static StatusOr<StatsPageReader> Open(const std::string& name,
+                                        const std::string& socket_path = {});
 
   // The latest snapshot. Unavailable when nothing is published yet or the
   // writer kept the page busy for every retry; DataLoss when the bytes do

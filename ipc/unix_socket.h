@@ -26,8 +26,9 @@ inline constexpr size_t kMaxPassedFds = 253;
 struct PeerIdentity {
   pid_t pid = 0;
   uid_t uid = 0;
-  gid_t gid = 0;              // Primary group.
-  std::vector<gid_t> groups;  // Supplementary groups (SO_PEERGROUPS).
+  gid_t gid = 0;  // Primary group.
+  // Supplementary groups (SO_PEERGROUPS; empty on kernels without it).
+  std::vector<gid_t> groups;
 
   // The primary group or one of the supplementary groups is `group`.
   bool InGroup(gid_t group) const;

@@ -24,6 +24,7 @@
 #include <string>
 
 #include "ipc/server.h"
+#include "ipc/stats_page.h"
 #include "tests/tierkvd_fixture.h"
 #include "tiers/host_tier.h"
 #include "tiers/shm_segment.h"
@@ -362,6 +363,62 @@ TEST_F(PeerCheckFakeDaemonTest, TheOwnerOfAPrivateDirectoryIsTrusted) {
   EXPECT_NE(client.status().code(), StatusCode::kPermissionDenied)
       << client.status().ToString();
   EXPECT_GT(fake.Received(), 0);  // The registration went out.
+}
+
+// Another user takes the stats page's name in /dev/shm and publishes
+// forged stats there: tierkvd starts without a page, and tierkv-admin
+// reads the real stats over the socket, never the forged ones.
+TEST_F(PeerCheckTest, AForgedStatsPageIsNeverRead) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to publish as nobody";
+  int ready[2];
+  ASSERT_EQ(pipe(ready), 0);
+  const pid_t forger = fork();
+  ASSERT_GE(forger, 0);
+  if (forger == 0) {
+    if (setgid(kNobody) != 0 || setuid(kNobody) != 0) _exit(2);
+    StatusOr<ipc::StatsPageWriter> page = ipc::StatsPageWriter::Create(
+        {.name = ipc::StatsPageName(store_),
+         .socket_path = socket_,
+         .max_workers = 4,
+         .mode = 0644,
+         .group = std::nullopt,
+         .interval = std::chrono::milliseconds(100)});
+    if (!page.ok()) _exit(3);
+    CoordinatorStats forged;
+    forged.host.capacity_slots = 4242;
+    if (write(ready[1], "r", 1) != 1) _exit(4);
+    for (;;) {  // Fresh until killed.
+      (void)page->Publish(forged, std::chrono::system_clock::now());
+      usleep(50'000);
+    }
+  }
+  close(ready[1]);
+  char c;
+  ASSERT_EQ(read(ready[0], &c, 1), 1);
+  close(ready[0]);
+
+  StartDaemon();
+  EXPECT_TRUE(daemon_->WaitForOutput("stats page:")) << daemon_->output();
+  auto stats = Spawn(
+      {TIERKV_ADMIN_PATH, "stats", "--store", store_, "--socket", socket_});
+  EXPECT_EQ(stats->Wait(), 0) << stats->output();
+  EXPECT_THAT(stats->output(), Not(HasSubstr("4242")));
+  EXPECT_THAT(stats->output(), HasSubstr("source: tierkvd's socket"));
+  auto page_only = Spawn({TIERKV_ADMIN_PATH, "stats", "--store", store_,
+                          "--socket", socket_, "--source", "page"});
+  EXPECT_NE(page_only->Wait(), 0);
+  EXPECT_THAT(page_only->output(), HasSubstr("belongs to uid 65534"));
+  kill(forger, SIGKILL);
+  waitpid(forger, nullptr, 0);
+  ShmSegment::Remove(ipc::StatsPageName(store_));
+}
+
+// A socket named like the store's lock file: still two locks, not one.
+TEST_F(PeerCheckTest, ASocketNamedLikeTheStoreLockStarts) {
+  socket_ = dir_ + "/tierkv-" + store_;
+  StartDaemon();
+  std::unique_ptr<Client> c = Attach();
+  EXPECT_NE(c, nullptr);
 }
 
 TEST_F(PeerCheckTest, ASymlinkedLockFileIsRefusedAndItsTargetKept) {

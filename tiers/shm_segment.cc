@@ -26,6 +26,10 @@ struct ShmSegment::Impl {
   void* anonymous = nullptr;
   size_t anonymous_bytes = 0;
   int sealed_fd = -1;  // CreateSealed's memfd; -1 otherwise.
+  // Create's segment as the file system knows it: the destructor removes
+  // the name only while it still names this segment.
+  dev_t device = 0;
+  ino_t inode = 0;
 
   ~Impl() {
     if (anonymous != nullptr) munmap(anonymous, anonymous_bytes);
@@ -92,8 +96,18 @@ ShmSegment& ShmSegment::operator=(ShmSegment&& other) noexcept {
 }
 
 ShmSegment::~ShmSegment() {
+  const std::pair<dev_t, ino_t> created =
+      impl_ != nullptr ? std::pair(impl_->device, impl_->inode)
+                       : std::pair<dev_t, ino_t>(0, 0);
   impl_.reset();  // Unmap before the name goes.
-  if (owner_ && !name_.empty()) Remove(name_);
+  if (!owner_ || name_.empty()) return;
+  // Not another's segment that took the name since (this one's was
+  // removed by hand, and another process created it again).
+  struct stat st {};
+  if (stat(("/dev/shm" + name_).c_str(), &st) == 0 &&
+      std::pair(st.st_dev, st.st_ino) == created) {
+    Remove(name_);
+  }
 }
 
 bool ShmSegment::Remove(const std::string& name) {
@@ -118,7 +132,7 @@ StatusOr<ShmSegment> ShmSegment::Create(const ShmCreateOptions& options) {
   if (options.bytes == 0) {
     return Status::InvalidArgument("shared memory segment of 0 bytes");
   }
-  Remove(options.name);  // Stale: the store lock says its creator is gone.
+  Remove(options.name);  // Stale: the caller made sure its creator is gone.
   try {
     bip::permissions perm;
     perm.set_permissions(static_cast<int>(options.mode));
@@ -135,8 +149,13 @@ StatusOr<ShmSegment> ShmSegment::Create(const ShmCreateOptions& options) {
           std::to_string(*options.group) + ": " + std::strerror(err));
     }
     shm.truncate(static_cast<bip::offset_t>(options.bytes));
-    return FromImpl(std::make_unique<Impl>(shm, bip::read_write), options.name,
-                    /*owner=*/true);
+    auto impl = std::make_unique<Impl>(shm, bip::read_write);
+    struct stat st {};
+    if (fstat(shm.get_mapping_handle().handle, &st) == 0) {
+      impl->device = st.st_dev;
+      impl->inode = st.st_ino;
+    }
+    return FromImpl(std::move(impl), options.name, /*owner=*/true);
   } catch (const bip::interprocess_exception& e) {
     bip::shared_memory_object::remove(options.name.c_str() + 1);
     return FromInterprocess(e, "cannot create", options.name);

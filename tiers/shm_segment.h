@@ -30,8 +30,9 @@ struct ShmCreateOptions {
 class ShmSegment {
  public:
   // Creates a new segment, replacing one of the same name. REQUIRES: the
-  // caller holds the store lock, which proves any existing segment of that
-  // name was left by a process that is gone (StoreLock, tiers/host_tier.h).
+  // caller made sure any existing segment of that name was left by a
+  // process that is gone. Destroyed, it removes the name only while the
+  // name is still this segment's.
   static StatusOr<ShmSegment> Create(const ShmCreateOptions& options);
   // Maps an existing segment. NotFound when it does not exist,
   // PermissionDenied when this user may not open it.

@@ -240,7 +240,7 @@ po::options_description SettingOptions(DaemonCommand& command,
   desc.add_options()(
       "store", po::value(&s.store)->default_value(s.store),
       "store name; names the stats page /tierkv.<store>.stats and the lock "
-      "file tierkv-<store>.lock next to the socket")(
+      "file tierkv-<store>.store-lock next to the socket")(
       "socket", po::value(&s.socket_path),
       "control socket path (default: $XDG_RUNTIME_DIR/tierkv-<store>.sock,"
       " or /run/tierkv/tierkv-<store>.sock; its directory should be "
