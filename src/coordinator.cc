@@ -142,6 +142,7 @@ StatusOr<WorkerId> Coordinator::RegisterWorker(
   w.segment = segment;
   if (options_.max_tenants > 0) {
     tenant_segments_.emplace(registration.tenant, segment);
+    ++segment_workers_[segment];
   }
   return id;
 }
@@ -170,6 +171,11 @@ Status Coordinator::DropWorker(WorkerId worker) {
   if (auto it = workers_per_uid_.find(w->registration.uid);
       it != workers_per_uid_.end() && --it->second == 0) {
     workers_per_uid_.erase(it);
+  }
+  if (auto it = segment_workers_.find(w->segment);
+      it != segment_workers_.end() && --it->second == 0) {
+    segment_workers_.erase(it);
+    if (options_.trim_segment) options_.trim_segment(w->segment);
   }
   workers_.erase(worker);
   return Status::Ok();

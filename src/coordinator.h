@@ -187,6 +187,9 @@ struct CoordinatorOptions {
   // every tenant (embedded mode: one process).
   uint32_t max_tenants = 0;
   std::function<void(BlockId slot, uint32_t segment)> assign_slot = {};
+  // Called when a tenant's last worker is dropped: the owner gives back
+  // what its workers wrote into their segment outside their own blocks.
+  std::function<void(uint32_t segment)> trim_segment = {};
 };
 
 // A store's host slot and the checksum of its bytes when the store
@@ -429,8 +432,10 @@ class Coordinator {
   std::map<WorkerId, WorkerState> workers_;
   WorkerId next_worker_id_ = 1;
   std::unordered_map<uint32_t, uint32_t> workers_per_uid_;
-  // Tenant -> host segment, with max_tenants (CoordinatorOptions).
+  // Tenant -> host segment, with max_tenants (CoordinatorOptions), and the
+  // workers registered per segment.
   std::map<std::string, uint32_t> tenant_segments_;
+  std::unordered_map<uint32_t, uint32_t> segment_workers_;
   int64_t worker_pin_cap_ = 1;          // worker_pin_share of the usable slots.
   size_t request_bytes_ = 0;            // Every worker's request_bytes.
   std::vector<SlotCheck> slot_checks_;  // One per host slot.

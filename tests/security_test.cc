@@ -186,10 +186,17 @@ TEST_F(TenantIsolationSegmentsTest, TenantsPastTheCapAreRefused) {
   EXPECT_THAT(Client::Open(options), IsOk());
 }
 
-// A slot that moves to another tenant's segment gives its memory in the
-// old one back: a worker of the old tenant reads zeroes there, not the
-// block it once held, and tierkvd's memory stays one slot's worth.
-TEST(TenantIsolationHostTierTest, AMovedSlotLeavesNothingBehind) {
+// Bytes of memory a segment holds now.
+int64_t Resident(int fd) {
+  struct stat st {};
+  EXPECT_EQ(fstat(fd, &st), 0);
+  return static_cast<int64_t>(st.st_blocks) * 512;
+}
+
+// A slot that moves to another tenant's segment gives its pages in the old
+// one back: a worker of the old tenant reads zeroes there, not the block it
+// once held, and the old segment's memory shrinks by the slot.
+TEST(TenantIsolationHostTierTest, AMovedSlotGivesBackItsPagesInTheOldSegment) {
   constexpr size_t kSlotBytes = 4 * 4096;
   StatusOr<std::unique_ptr<HostTier>> host =
       HostTier::Create({.shared = true,
@@ -209,7 +216,10 @@ TEST(TenantIsolationHostTierTest, AMovedSlotLeavesNothingBehind) {
   std::memset(tier.slot(2), 0x5A, kSlotBytes);
   std::memset(tier.slot(3), 0x3C, kSlotBytes);
   EXPECT_EQ(first->data()[slot2], std::byte{0x5A});
+  const int64_t before = Resident(tier.segment_fd(0));
   tier.AssignSlot(2, 1);
+  EXPECT_EQ(Resident(tier.segment_fd(0)),
+            before - static_cast<int64_t>(kSlotBytes));
   EXPECT_EQ(tier.slot(2)[0], std::byte{0});  // Fresh memory in segment 1.
   for (size_t i = 0; i < kSlotBytes; ++i) {
     ASSERT_EQ(first->data()[slot2 + i], std::byte{0}) << i;
@@ -218,6 +228,40 @@ TEST(TenantIsolationHostTierTest, AMovedSlotLeavesNothingBehind) {
   EXPECT_EQ(first->data()[slot2 + kSlotBytes], std::byte{0x3C});
   std::memset(tier.slot(2), 0x77, kSlotBytes);
   EXPECT_EQ(first->data()[slot2], std::byte{0});
+}
+
+// A tenant's worker writes over its whole segment, slots of other tenants
+// included; once the tenant's last worker is gone, Trim gives back all
+// but the tenant's own slots.
+TEST(TenantIsolationHostTierTest, TrimKeepsOnlyTheTenantsOwnSlots) {
+  constexpr size_t kSlotBytes = 2 * 4096;
+  constexpr int32_t kSlots = 16;
+  StatusOr<std::unique_ptr<HostTier>> host =
+      HostTier::Create({.shared = true,
+                        .max_segments = 2,
+                        .num_slots = kSlots,
+                        .slot_bytes = kSlotBytes,
+                        .layout_fingerprint = "test"});
+  ASSERT_THAT(host, IsOk());
+  HostTier& tier = **host;
+  ASSERT_THAT(tier.EnsureSegment(1), IsOk());
+  tier.AssignSlot(5, 1);
+  tier.AssignSlot(6, 1);
+  StatusOr<ShmSegment> worker =
+      ShmSegment::MapSealed(dup(tier.segment_fd(1)), /*writable=*/true);
+  ASSERT_THAT(worker, IsOk());
+  std::memset(worker->data() + 4096, 0xAA, kSlotBytes * (kSlots - 1));
+  const int64_t everything = Resident(tier.segment_fd(1));
+  EXPECT_GE(everything, static_cast<int64_t>(kSlotBytes * (kSlots - 1)));
+
+  tier.Trim(1);
+  // The header page, slots 5 and 6.
+  EXPECT_EQ(Resident(tier.segment_fd(1)),
+            static_cast<int64_t>(4096 + 2 * kSlotBytes));
+  EXPECT_EQ(tier.slot(5)[0], std::byte{0xAA});
+  EXPECT_EQ(tier.slot(6)[kSlotBytes - 1], std::byte{0xAA});
+  const size_t slot4 = 4096 + 4 * kSlotBytes;
+  EXPECT_EQ(worker->data()[slot4], std::byte{0});
 }
 
 // --- Who is on the other end -------------------------------------------------

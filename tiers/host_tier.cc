@@ -129,12 +129,36 @@ void HostTier::AssignSlot(BlockId id, uint32_t segment) {
   // (its partial pages at either end stay: a neighbour may use them). A
   // worker of that tenant that touches them again gets zeroes, charged to
   // its own memory.
-  const int fd = segment_fd(previous);
+  const size_t begin = kSlotAlignment + static_cast<size_t>(id) * slot_bytes_;
+  Punch(segment_fd(previous), begin, begin + slot_bytes_);
+}
+
+void HostTier::Trim(uint32_t segment) {
+  const int fd = segment_fd(segment);
+  if (owner_ == nullptr || fd < 0) return;
+  // Runs of slots assigned elsewhere, one punch each (the pages between
+  // two such slots go too).
+  for (int32_t id = 0; id < num_slots_;) {
+    if (owner_[id].load(std::memory_order_relaxed) == segment) {
+      ++id;
+      continue;
+    }
+    int32_t end = id + 1;
+    while (end < num_slots_ &&
+           owner_[end].load(std::memory_order_relaxed) != segment) {
+      ++end;
+    }
+    Punch(fd, kSlotAlignment + static_cast<size_t>(id) * slot_bytes_,
+          kSlotAlignment + static_cast<size_t>(end) * slot_bytes_);
+    id = end;
+  }
+}
+
+void HostTier::Punch(int fd, size_t begin, size_t end) {
   if (fd < 0) return;
   const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-  const size_t begin = kSlotAlignment + static_cast<size_t>(id) * slot_bytes_;
   const size_t first = (begin + page - 1) / page * page;
-  const size_t last = (begin + slot_bytes_) / page * page;
+  const size_t last = end / page * page;
   if (last > first) {
     (void)fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
                     static_cast<off_t>(first),

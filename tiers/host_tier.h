@@ -76,6 +76,11 @@ class HostTier {
   // being allocated); called under the coordinator's lock, which orders it
   // before the slot's later users.
   void AssignSlot(BlockId id, uint32_t segment);
+  // Gives back the memory of every slot not assigned to `segment` in that
+  // segment: what its tenant's workers wrote outside their own blocks.
+  // Called when a tenant's last worker detaches, under the coordinator's
+  // lock (which orders it with AssignSlot). O(num_slots).
+  void Trim(uint32_t segment);
   // The slot's bytes, in the segment it was last assigned to (segment 0
   // for a tier with one). REQUIRES: 0 <= id < num_slots().
   std::byte* slot(BlockId id) const {
@@ -93,6 +98,8 @@ class HostTier {
   // A segment of the tier's size with its header written.
   static StatusOr<ShmSegment> MakeSegment(const HostTierOptions& options,
                                           uint32_t segment);
+  // Punches the whole pages of byte range [begin, end) of segment `fd`.
+  static void Punch(int fd, size_t begin, size_t end);
 
   HostTierOptions options_;
   int32_t num_slots_;

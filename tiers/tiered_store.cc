@@ -117,7 +117,13 @@ StatusOr<std::unique_ptr<TieredStore>> TieredStore::Open(
                                             BlockId slot, uint32_t segment) {
                                           tier->AssignSlot(slot, segment);
                                         })
-                                  : nullptr});
+                                  : nullptr,
+       .trim_segment = host.shared
+                           ? std::function<void(uint32_t)>(
+                                 [tier = raw->host_.get()](uint32_t segment) {
+                                   tier->Trim(segment);
+                                 })
+                           : nullptr});
   // Without a coordinator no disk callback can wake anything: the
   // destructor closes the tiers in order.
   TIERKV_RETURN_IF_ERROR(coordinator.status());
