@@ -208,9 +208,9 @@ struct StatsRead {
 
 // The snapshot in the stats page, or why it will not do.
 StatusOr<StatsRead> ReadStatsPage(const AdminCommand& command) {
-  TIERKV_ASSIGN_OR_RETURN(ipc::StatsPageReader reader,
-                          ipc::StatsPageReader::Open(command.stats_page,
-                                                     command.socket_path));
+  TIERKV_ASSIGN_OR_RETURN(
+      ipc::StatsPageReader reader,
+      ipc::StatsPageReader::Open(command.stats_page, command.socket_path));
   TIERKV_ASSIGN_OR_RETURN(ipc::StatsPageSnapshot snapshot, reader.Read());
   const auto now = std::chrono::system_clock::now();
   if (!ipc::StatsPageIsFresh(snapshot, now)) {
