@@ -9,7 +9,7 @@ std::string PrintableName(std::string_view name) {
   out.reserve(name.size());
   for (const char c : name) {
     const auto byte = static_cast<unsigned char>(c);
-    if (byte >= 0x20 && byte < 0x7f && byte != '\\') {
+    if (byte >= 0x20 && byte < 0x7f) {
       out.push_back(c);
     } else {
       char escaped[5];

@@ -14,8 +14,9 @@ namespace tierkv {
 // The longest name kept; longer ones are cut and end in "...".
 inline constexpr size_t kMaxPrintableName = 64;
 
-// `name` with every byte outside printable ASCII (0x20..0x7e) and every
-// backslash written as \xNN, cut to kMaxPrintableName characters.
+// `name` with every byte outside printable ASCII (0x20..0x7e) written as
+// \xNN, cut to kMaxPrintableName characters. Idempotent: a name escaped
+// once (by tierkvd) shows the same when escaped again (by tierkv-admin).
 std::string PrintableName(std::string_view name);
 
 }  // namespace tierkv

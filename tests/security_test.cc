@@ -25,6 +25,7 @@
 
 #include "ipc/server.h"
 #include "ipc/stats_page.h"
+#include "src/printable.h"
 #include "tests/tierkvd_fixture.h"
 #include "tiers/host_tier.h"
 #include "tiers/shm_segment.h"
@@ -103,6 +104,40 @@ TEST(SealedSegmentTest, AnUnsealedOrResizableSegmentIsRefused) {
   EXPECT_EQ(mapped->size(), size_t{1} << 16);
   made->data()[100] = std::byte{7};
   EXPECT_EQ(mapped->data()[100], std::byte{7});
+}
+
+// --- Names ------------------------------------------------------------------
+
+TEST(PrintableNameTest, ControlBytesAreEscapedLongNamesCut) {
+  EXPECT_EQ(PrintableName("engine-0"), "engine-0");
+  EXPECT_EQ(PrintableName("a\nb\x1b[31mc"), "a\\x0ab\\x1b[31mc");
+  EXPECT_EQ(PrintableName(PrintableName("a\nb")), PrintableName("a\nb"));
+  EXPECT_EQ(PrintableName(std::string("\xff\0", 2)), "\\xff\\x00");
+  const std::string cut = PrintableName(std::string(500, 'x'));
+  EXPECT_EQ(cut.size(), kMaxPrintableName);
+  EXPECT_TRUE(cut.ends_with("..."));
+}
+
+class NamesTest : public TierkvdFixture {};
+
+// A worker name with a newline and an escape sequence can neither forge a
+// log line nor reach the operator's terminal.
+TEST_F(NamesTest, AWorkersNameCannotForgeLogLinesOrReachTheTerminal) {
+  StartDaemon();
+  std::unique_ptr<RawWorker> evil =
+      RawAttach("x\n[info] worker 9 attached: pid 1\x1b[2J");
+  ASSERT_NE(evil, nullptr);
+  EXPECT_TRUE(daemon_->WaitForOutput("x\\x0a[info] worker 9"))
+      << daemon_->output();
+  EXPECT_EQ(daemon_->output().find('\x1b'), std::string::npos);
+  EXPECT_EQ(daemon_->output().find("\n[info] worker 9"), std::string::npos);
+  auto workers = Spawn(
+      // Over the socket: the stats page may not show the worker yet.
+      {TIERKV_ADMIN_PATH, "workers", "--socket", socket_, "--store", store_,
+       "--source", "socket"});
+  EXPECT_EQ(workers->Wait(), 0) << workers->output();
+  EXPECT_EQ(workers->output().find('\x1b'), std::string::npos);
+  EXPECT_THAT(workers->output(), HasSubstr("x\\x0a"));
 }
 
 // --- Tenant isolation -------------------------------------------------------
