@@ -45,7 +45,7 @@ StatusOr<std::unique_ptr<Client>> OpenEmbedded(
   store.model = options.model;
   store.host.num_slots = HostTier::SlotsFor(embedded.host_bytes, slot_bytes);
   // The engine is the store's only worker: it may pin every slot.
-  store.worker_pin_share = 1;
+  store.caps.worker_pin_share = 1;
   if (!embedded.disk_path.empty()) {
     TIERKV_ASSIGN_OR_RETURN(
         store.disk, DiskTier::Open({.storage = {.path = embedded.disk_path},

@@ -195,11 +195,7 @@ StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& in) {
   store.disk = std::move(disk);
   store.spill_high = options.spill_high;
   store.spill_low = options.spill_low;
-  store.worker_pin_share = options.worker_pin_share;
-  store.max_requests_per_worker = options.max_requests_per_worker;
-  store.max_request_bytes_per_worker = options.max_request_bytes_per_worker;
-  store.max_events_per_worker = options.max_events_per_worker;
-  store.max_workers_per_uid = options.max_workers_per_uid;
+  store.caps = options.caps;
   store.verify_on_load = options.verify_on_load;
   TIERKV_ASSIGN_OR_RETURN(std::unique_ptr<TieredStore> tiered,
                           TieredStore::Open(std::move(store)));

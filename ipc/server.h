@@ -75,16 +75,10 @@ struct ServerOptions {
   // own tenant's segment (charged to that worker's memory). 1..
   // kMaxTenants. Default: 16.
   uint32_t max_tenants = 16;
-  // Per-worker caps (CoordinatorOptions, src/coordinator.h), so that one
-  // worker, hostile or stopped, cannot take what the others need: its share
-  // of the host slots it may pin, its open requests, their state bytes, its
-  // transfer events in flight, and workers registered per uid. Defaults:
-  // 0.5, 4096, 256 MiB, 4096, 64.
-  double worker_pin_share = 0.5;
-  uint32_t max_requests_per_worker = 4096;
-  size_t max_request_bytes_per_worker = size_t{256} << 20;
-  uint32_t max_events_per_worker = 4096;
-  uint32_t max_workers_per_uid = 64;
+  // Per-worker caps (WorkerCaps, src/coordinator.h). Defaults: a share of
+  // 0.5 of the host slots, 4096 requests, 256 MiB of request state, 4096
+  // events in flight, 64 workers per uid.
+  WorkerCaps caps = {};
   // Check each host block's checksum (taken when its store completed)
   // before a load of it is handed to a worker, as well as before it is
   // spilled (always): a block a worker changed since is a miss, dropped.

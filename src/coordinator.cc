@@ -45,14 +45,16 @@ StatusOr<Coordinator> Coordinator::Create(const CoordinatorOptions& options) {
         "host tier needs at least 2 slots (slot 0 is the null block), got " +
         std::to_string(options.host_slots));
   }
-  if (!(options.worker_pin_share > 0 && options.worker_pin_share <= 1)) {
+  if (!(options.caps.worker_pin_share > 0 &&
+        options.caps.worker_pin_share <= 1)) {
     return Status::InvalidArgument(
         "a worker's share of the host slots must be in (0, 1], got " +
-        std::to_string(options.worker_pin_share));
+        std::to_string(options.caps.worker_pin_share));
   }
-  if (options.max_requests_per_worker < 1 ||
-      options.max_request_bytes_per_worker < 1 ||
-      options.max_events_per_worker < 1 || options.max_workers_per_uid < 1) {
+  if (options.caps.max_requests_per_worker < 1 ||
+      options.caps.max_request_bytes_per_worker < 1 ||
+      options.caps.max_events_per_worker < 1 ||
+      options.caps.max_workers_per_uid < 1) {
     return Status::InvalidArgument(
         "per-worker caps (requests, request bytes, events, workers per uid) "
         "must be at least 1");
@@ -76,7 +78,7 @@ Coordinator::Coordinator(const CoordinatorOptions& options, BlockPool host_pool)
   if (!options_.clock) options_.clock = std::chrono::steady_clock::now;
   const int64_t usable = options_.host_slots - 1;
   worker_pin_cap_ =
-      std::clamp<int64_t>(static_cast<int64_t>(options_.worker_pin_share *
+      std::clamp<int64_t>(static_cast<int64_t>(options_.caps.worker_pin_share *
                                                static_cast<double>(usable)),
                           1, usable);
   slot_checks_.resize(static_cast<size_t>(options_.host_slots));
@@ -122,7 +124,7 @@ StatusOr<WorkerId> Coordinator::RegisterWorker(
     }
   }
   uint32_t& of_uid = workers_per_uid_[registration.uid];
-  if (of_uid >= options_.max_workers_per_uid) {
+  if (of_uid >= options_.caps.max_workers_per_uid) {
     ++stats_.quota_registration_refusals;
     return Status::ResourceExhausted(
         "uid " + std::to_string(registration.uid) + " has " +
@@ -360,7 +362,7 @@ StatusOr<Coordinator::RequestState*> Coordinator::BeginLookup(
   }
   const size_t old_bytes = it == w->requests.end() ? 0 : it->second.state_bytes;
   if (it == w->requests.end() &&
-      w->requests.size() >= options_.max_requests_per_worker) {
+      w->requests.size() >= options_.caps.max_requests_per_worker) {
     ++stats_.quota_request_refusals;
     return Status::ResourceExhausted(
         WorkerName(worker) + " has " + std::to_string(w->requests.size()) +
@@ -368,14 +370,14 @@ StatusOr<Coordinator::RequestState*> Coordinator::BeginLookup(
         "first");
   }
   if (w->request_bytes - old_bytes + state_bytes >
-      options_.max_request_bytes_per_worker) {
+      options_.caps.max_request_bytes_per_worker) {
     ++stats_.quota_request_bytes_refusals;
     return Status::ResourceExhausted(
         WorkerName(worker) + "'s open requests keep " +
         std::to_string(w->request_bytes) + " bytes of state; " +
         RequestName(request) + " needs " + std::to_string(state_bytes) +
         " more, past its cap of " +
-        std::to_string(options_.max_request_bytes_per_worker) +
+        std::to_string(options_.caps.max_request_bytes_per_worker) +
         " (max_request_bytes_per_worker); finish some first");
   }
   if (it == w->requests.end()) it = w->requests.try_emplace(request).first;
@@ -577,7 +579,7 @@ StatusOr<CommitResult> Coordinator::Commit(
   store.event.ref.kind = EventKind::kStore;
   store.event.request = request;
   const bool event_room =
-      w->loads.size() + w->stores.size() < options_.max_events_per_worker;
+      w->loads.size() + w->stores.size() < options_.caps.max_events_per_worker;
   int64_t pin_room = PinRoom(*w);
   for (int32_t b = r.next_store_block; b < full; ++b) {
     const BlockKey& key = r.keys[b];

@@ -110,6 +110,33 @@
 
 namespace tierkv {
 
+// What one worker may hold of a store, so that a worker that stops or
+// misbehaves cannot take what the others need (CoordinatorOptions::caps,
+// and the same in TieredStoreOptions and ServerOptions).
+struct WorkerCaps {
+  // The share of the usable host slots one worker may pin at once (lookup
+  // hits, loads, stores being written, promotions for its loads): at least
+  // one slot, at most all. Half by default, so a worker that stops (or
+  // never completes its stores) leaves the other half to the rest. 0 <
+  // share <= 1. Default: 0.5.
+  double worker_pin_share = 0.5;
+  // Requests a worker may have open (looked up, not finished). A vLLM
+  // worker has its running and waiting requests open; 4096 leaves room for
+  // any scheduler's batch. Default: 4096.
+  uint32_t max_requests_per_worker = 4096;
+  // Bytes of request state a worker's open requests may keep in tierkvd:
+  // each request's token ids, block keys and pinned hits, 4 + 20/block_size
+  // bytes per token. Default: 256 MiB, e.g. 48 requests of the largest size
+  // (max_request_tokens, 1Mi) or 1000 of 50k tokens.
+  size_t max_request_bytes_per_worker = size_t{256} << 20;
+  // Transfer events (loads and stores) a worker may have in flight: a
+  // Commit stores nothing more until some complete. Default: 4096.
+  uint32_t max_events_per_worker = 4096;
+  // Workers one user (the uid the kernel reports for the worker's socket)
+  // may have registered at once. Default: 64.
+  uint32_t max_workers_per_uid = 64;
+};
+
 struct CoordinatorOptions {
   KvLayout layout;  // The one layout this store serves.
   // The one model this store serves (ValidateModelName); its keys are in
@@ -134,28 +161,7 @@ struct CoordinatorOptions {
 
   // Per-worker caps ("Worker caps" above). Each refusal is a clear status
   // naming the cap and is counted in HostTierStats (quota_*).
-  //
-  // The share of the usable host slots one worker may pin at once (lookup
-  // hits, loads, stores being written, promotions for its loads): at least
-  // one slot, at most all. Half by default, so a worker that stops (or
-  // never completes its stores) leaves the other half to the rest. 0 <
-  // share <= 1. Default: 0.5.
-  double worker_pin_share = 0.5;
-  // Requests a worker may have open (looked up, not finished). A vLLM
-  // worker has its running and waiting requests open; 4096 leaves room for
-  // any scheduler's batch. Default: 4096.
-  uint32_t max_requests_per_worker = 4096;
-  // Bytes of request state a worker's open requests may keep in tierkvd:
-  // each request's token ids, block keys and pinned hits, 4 + 20/block_size
-  // bytes per token. Default: 256 MiB, e.g. 48 requests of the largest size
-  // (max_request_tokens, 1Mi) or 1000 of 50k tokens.
-  size_t max_request_bytes_per_worker = size_t{256} << 20;
-  // Transfer events (loads and stores) a worker may have in flight: a
-  // Commit stores nothing more until some complete. Default: 4096.
-  uint32_t max_events_per_worker = 4096;
-  // Workers one user (the uid the kernel reports for the worker's socket)
-  // may have registered at once. Default: 64.
-  uint32_t max_workers_per_uid = 64;
+  WorkerCaps caps = {};
 
   // XXH3-64 of a host slot's bytes. With it the coordinator keeps a
   // checksum of each block a store completes (or a promotion lands) and

@@ -43,7 +43,7 @@ class CoordinatorTest : public ::testing::Test {
       : c_(Coordinator::Create({.layout = Layout(),
                                 .host_slots = host_slots,
                                 .clock = [this] { return now_; },
-                                .worker_pin_share = worker_pin_share})
+                                .caps = {.worker_pin_share = worker_pin_share}})
                .value()) {}
 
   WorkerId Register(const std::string& tenant = "",

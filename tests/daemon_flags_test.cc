@@ -117,8 +117,9 @@ TEST_F(DaemonFlagsTest, WorkerCapsAndVerifyLoads) {
   auto defaults =
       Parse({"--layers", "2", "--kv-heads", "4", "--head-dim", "64"});
   ASSERT_THAT(defaults, IsOk());
-  EXPECT_EQ(defaults->server.worker_pin_share, 0.5);
-  EXPECT_EQ(defaults->server.max_request_bytes_per_worker, size_t{256} << 20);
+  EXPECT_EQ(defaults->server.caps.worker_pin_share, 0.5);
+  EXPECT_EQ(defaults->server.caps.max_request_bytes_per_worker,
+            size_t{256} << 20);
   EXPECT_FALSE(defaults->server.verify_on_load);
   auto command =
       Parse({"--layers", "2", "--kv-heads", "4", "--head-dim", "64",
@@ -127,11 +128,11 @@ TEST_F(DaemonFlagsTest, WorkerCapsAndVerifyLoads) {
              "20", "--max-workers-per-uid", "3", "--verify-loads"});
   ASSERT_THAT(command, IsOk());
   const ipc::ServerOptions& s = command->server;
-  EXPECT_EQ(s.worker_pin_share, 0.25);
-  EXPECT_EQ(s.max_requests_per_worker, 10u);
-  EXPECT_EQ(s.max_request_bytes_per_worker, size_t{64} << 20);
-  EXPECT_EQ(s.max_events_per_worker, 20u);
-  EXPECT_EQ(s.max_workers_per_uid, 3u);
+  EXPECT_EQ(s.caps.worker_pin_share, 0.25);
+  EXPECT_EQ(s.caps.max_requests_per_worker, 10u);
+  EXPECT_EQ(s.caps.max_request_bytes_per_worker, size_t{64} << 20);
+  EXPECT_EQ(s.caps.max_events_per_worker, 20u);
+  EXPECT_EQ(s.caps.max_workers_per_uid, 3u);
   EXPECT_TRUE(s.verify_on_load);
   WriteConfig(std::string(kLayout) + "verify-loads = true\n");
   auto from_file = Parse({"--config", config_});
@@ -358,11 +359,12 @@ TEST_F(DaemonFlagsTest, ExampleConfigShowsEveryOptionWithItsDefault) {
   EXPECT_EQ(a.disk_codec, b.disk_codec);
   EXPECT_EQ(a.spill_high, b.spill_high);
   EXPECT_EQ(a.spill_low, b.spill_low);
-  EXPECT_EQ(a.worker_pin_share, b.worker_pin_share);
-  EXPECT_EQ(a.max_requests_per_worker, b.max_requests_per_worker);
-  EXPECT_EQ(a.max_request_bytes_per_worker, b.max_request_bytes_per_worker);
-  EXPECT_EQ(a.max_events_per_worker, b.max_events_per_worker);
-  EXPECT_EQ(a.max_workers_per_uid, b.max_workers_per_uid);
+  EXPECT_EQ(a.caps.worker_pin_share, b.caps.worker_pin_share);
+  EXPECT_EQ(a.caps.max_requests_per_worker, b.caps.max_requests_per_worker);
+  EXPECT_EQ(a.caps.max_request_bytes_per_worker,
+            b.caps.max_request_bytes_per_worker);
+  EXPECT_EQ(a.caps.max_events_per_worker, b.caps.max_events_per_worker);
+  EXPECT_EQ(a.caps.max_workers_per_uid, b.caps.max_workers_per_uid);
   EXPECT_EQ(a.verify_on_load, b.verify_on_load);
   EXPECT_EQ(from_example->log_level, defaults->log_level);
   EXPECT_EQ(from_example->stop_timeout, defaults->stop_timeout);

@@ -98,7 +98,7 @@ class TieredStoreTest : public ::testing::Test {
     options.spill_high = high;
     options.spill_low = low;
     // One worker, alone on the store: it may pin every slot.
-    options.worker_pin_share = 1;
+    options.caps.worker_pin_share = 1;
     // The test applies the disk tier's results itself (Settle), so spills
     // and promotions stay in flight until it says.
     options.tier_thread = false;

@@ -190,10 +190,10 @@ class WorkerQuotaCapsTest : public WorkerQuotaTest {
   static CoordinatorOptions CapOptions() {
     CoordinatorOptions o = Options();
     o.host_slots = 101;
-    o.max_requests_per_worker = 4;
-    o.max_request_bytes_per_worker = 1 << 20;
-    o.max_events_per_worker = 2;
-    o.max_workers_per_uid = 2;
+    o.caps.max_requests_per_worker = 4;
+    o.caps.max_request_bytes_per_worker = 1 << 20;
+    o.caps.max_events_per_worker = 2;
+    o.caps.max_workers_per_uid = 2;
     return o;
   }
 };
@@ -290,14 +290,14 @@ TEST(WorkerQuotaOptionsTest, BadCapsAreInvalid) {
   for (double share : {0.0, -1.0, 1.5}) {
     EXPECT_EQ(Coordinator::Create({.layout = TestLayout(),
                                    .host_slots = 10,
-                                   .worker_pin_share = share})
+                                   .caps = {.worker_pin_share = share}})
                   .status()
                   .code(),
               StatusCode::kInvalidArgument);
   }
   EXPECT_EQ(Coordinator::Create({.layout = TestLayout(),
                                  .host_slots = 10,
-                                 .max_requests_per_worker = 0})
+                                 .caps = {.max_requests_per_worker = 0}})
                 .status()
                 .code(),
             StatusCode::kInvalidArgument);
@@ -308,10 +308,10 @@ TEST(WorkerQuotaOptionsTest, BadCapsAreInvalid) {
           .code(),
       StatusCode::kInvalidArgument);
   // A share smaller than one slot still lets a worker store one block.
-  EXPECT_THAT(
-      Coordinator::Create(
-          {.layout = TestLayout(), .host_slots = 3, .worker_pin_share = 0.01}),
-      IsOk());
+  EXPECT_THAT(Coordinator::Create({.layout = TestLayout(),
+                                   .host_slots = 3,
+                                   .caps = {.worker_pin_share = 0.01}}),
+              IsOk());
 }
 
 // ---- Through tierkvd and worker processes ----------------------------------

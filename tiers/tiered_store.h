@@ -51,14 +51,10 @@ struct TieredStoreOptions {
   double spill_low = 0.7;
   // The coordinator's clock (CoordinatorOptions::clock). Default: steady.
   std::function<std::chrono::steady_clock::time_point()> clock = {};
-  // Per-worker caps (CoordinatorOptions: a worker's share of the host
-  // slots, its open requests, their state bytes, its events in flight;
-  // workers per uid). Defaults: 0.5, 4096, 256 MiB, 4096, 64.
-  double worker_pin_share = 0.5;
-  uint32_t max_requests_per_worker = 4096;
-  size_t max_request_bytes_per_worker = size_t{256} << 20;
-  uint32_t max_events_per_worker = 4096;
-  uint32_t max_workers_per_uid = 64;
+  // Per-worker caps (WorkerCaps, src/coordinator.h). Defaults: a share of
+  // 0.5 of the host slots, 4096 requests, 256 MiB of request state, 4096
+  // events in flight, 64 workers per uid.
+  WorkerCaps caps = {};
   // Keep an XXH3-64 checksum of each host block when its store completes
   // (taken outside the store's mutex, see Complete) or its promotion
   // lands, and check it before the block is spilled: a block whose bytes a

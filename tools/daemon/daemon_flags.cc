@@ -291,13 +291,14 @@ po::options_description SettingOptions(DaemonCommand& command,
       "most tenants the store serves in its life (1 to 1024); each gets host "
       "memory of its own that only its workers map")(
       "worker-pin-share",
-      po::value(&s.worker_pin_share)->default_value(s.worker_pin_share, "0.5"),
+      po::value(&s.caps.worker_pin_share)
+          ->default_value(s.caps.worker_pin_share, "0.5"),
       "the share of the host slots one worker may pin at once (lookup hits, "
       "loads, stores being written), so a stopped or hostile worker leaves "
       "the rest to others; over it a worker is told ResourceExhausted")(
       "max-requests-per-worker",
-      po::value(&s.max_requests_per_worker)
-          ->default_value(s.max_requests_per_worker),
+      po::value(&s.caps.max_requests_per_worker)
+          ->default_value(s.caps.max_requests_per_worker),
       "requests one worker may have open (looked up, not finished); "
       "lookups past it are refused")(
       "max-request-bytes-per-worker",
@@ -305,12 +306,13 @@ po::options_description SettingOptions(DaemonCommand& command,
       "bytes of state (token ids, block keys) one worker's open requests may "
       "keep in tierkvd (K, M, G suffixes); lookups past it are refused")(
       "max-events-per-worker",
-      po::value(&s.max_events_per_worker)
-          ->default_value(s.max_events_per_worker),
+      po::value(&s.caps.max_events_per_worker)
+          ->default_value(s.caps.max_events_per_worker),
       "transfer events one worker may have in flight; it stores nothing "
       "more until some complete")(
       "max-workers-per-uid",
-      po::value(&s.max_workers_per_uid)->default_value(s.max_workers_per_uid),
+      po::value(&s.caps.max_workers_per_uid)
+          ->default_value(s.caps.max_workers_per_uid),
       "workers one user (uid) may have attached at once")(
       "verify-loads",
       po::value(&s.verify_on_load)
@@ -377,13 +379,13 @@ StatusOr<DaemonCommand> Finish(DaemonCommand command, const RawOptions& raw,
         (request_bytes.ok() ? "at least 1 byte"
                             : request_bytes.status().message()));
   }
-  s.max_request_bytes_per_worker = *request_bytes;
-  if (!(s.worker_pin_share > 0 && s.worker_pin_share <= 1)) {
+  s.caps.max_request_bytes_per_worker = *request_bytes;
+  if (!(s.caps.worker_pin_share > 0 && s.caps.worker_pin_share <= 1)) {
     return Status::InvalidArgument(where("worker-pin-share") +
                                    " must be in (0, 1]");
   }
-  if (s.max_requests_per_worker < 1 || s.max_events_per_worker < 1 ||
-      s.max_workers_per_uid < 1) {
+  if (s.caps.max_requests_per_worker < 1 || s.caps.max_events_per_worker < 1 ||
+      s.caps.max_workers_per_uid < 1) {
     return Status::InvalidArgument(where("max-requests-per-worker") + ", " +
                                    where("max-events-per-worker") + " and " +
                                    where("max-workers-per-uid") +
