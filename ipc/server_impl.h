@@ -44,6 +44,9 @@ constexpr uint32_t kMaxSocketPayload = 64 * 1024;
 // One reply of any size is always queued.
 constexpr size_t kMaxQueuedReplyBytes = 256 * 1024;
 
+// Requests of one peer the listener answers per round before it turns to
+// the others.
+constexpr int kFramesPerRound = 4;
 // The listener wakes at least this often, even with nothing to do.
 constexpr int kListenerPollMs = 1000;
 // While accept fails for want of descriptors or memory, the listener stops
@@ -71,8 +74,11 @@ struct Session {
 struct Connection {
   UniqueFd fd;
   PeerIdentity peer;
-  std::vector<std::byte> input;  // Bytes of frames not complete yet.
-  OutputQueue output;            // Replies the peer has not read yet.
+  std::vector<std::byte> input;  // Bytes of frames not handled yet.
+  // Whole frames wait in `input` beyond this round's share (HandleFrames):
+  // the listener comes back to them without waiting for the socket.
+  bool backlog = false;
+  OutputQueue output;  // Replies the peer has not read yet.
   // Until it registers: closed at this time unless a request of it is
   // answered first (which moves it options.pending_timeout on).
   Clock::time_point deadline = Clock::time_point::max();
@@ -152,6 +158,10 @@ struct Server::Impl {
   void CloseExpired(Clock::time_point now);
   // Each false when the connection must be closed.
   bool ReadFrom(Connection* conn);
+  // Handles at most kFramesPerRound whole frames of conn->input, so a peer
+  // that sends many requests at once delays the others by a few replies at
+  // most; sets conn->backlog when more wait.
+  bool HandleFrames(Connection* conn);
   bool Flush(Connection* conn, Clock::time_point now);
   bool Handle(Connection* conn, const Message& message);
   bool Register(Connection* conn, const RegisterRequest& request);

@@ -55,15 +55,16 @@ void Server::Impl::Listen() {
     now = Clock::now();
     for (size_t i = 2; i < fds.size(); ++i) {
       const short revents = fds[i].revents;
-      if (revents == 0) continue;
       auto it = connections.find(fds[i].fd);
       if (it == connections.end()) continue;
       Connection* conn = &it->second;
+      if (revents == 0 && !conn->backlog) continue;
       bool open = true;
       if (revents & POLLOUT) open = Flush(conn, now);
       if (open && (revents & (POLLIN | POLLHUP | POLLERR))) {
-        open = ReadFrom(conn) && Flush(conn, now);
+        open = ReadFrom(conn);
       }
+      if (open) open = HandleFrames(conn) && Flush(conn, now);
       if (!open) Close(fds[i].fd);
     }
     // After the connections: one closed above may lend its descriptor to a
@@ -73,6 +74,9 @@ void Server::Impl::Listen() {
 }
 
 int Server::Impl::PollTimeoutMs(Clock::time_point now) const {
+  for (const auto& [fd, conn] : connections) {
+    if (conn.backlog) return 0;  // Frames wait: only look for news.
+  }
   Clock::time_point wake = now + std::chrono::milliseconds(kListenerPollMs);
   if (accept_paused_until > now) wake = std::min(wake, accept_paused_until);
   if (pending_connections > 0) {
@@ -196,7 +200,8 @@ void Server::Impl::CloseExpired(Clock::time_point now) {
 
 bool Server::Impl::ReadFrom(Connection* conn) {
   std::byte buf[4096];
-  for (;;) {
+  // Past this much unhandled input, the socket's buffer holds the rest.
+  while (conn->input.size() <= 2 * (kFrameHeaderBytes + kMaxSocketPayload)) {
     const ssize_t n = recv(conn->fd.get(), buf, sizeof(buf), 0);
     if (n == 0) return false;  // The peer closed: a worker is gone.
     if (n < 0) {
@@ -205,11 +210,17 @@ bool Server::Impl::ReadFrom(Connection* conn) {
       return false;
     }
     conn->input.insert(conn->input.end(), buf, buf + n);
-    if (conn->input.size() > 2 * (kFrameHeaderBytes + kMaxSocketPayload)) {
-      break;  // Parse what is here; an oversized frame is refused below.
-    }
   }
-  while (conn->input.size() >= kFrameHeaderBytes) {
+  return true;
+}
+
+bool Server::Impl::HandleFrames(Connection* conn) {
+  conn->backlog = false;
+  for (int handled = 0; conn->input.size() >= kFrameHeaderBytes; ++handled) {
+    if (handled == kFramesPerRound) {
+      conn->backlog = true;  // Whole or not, the rest waits its turn.
+      break;
+    }
     StatusOr<uint32_t> len = PeekPayloadLength(conn->input, kMaxSocketPayload);
     if (!len.ok()) {
       spdlog::warn("pid {}: {}; disconnecting", conn->peer.pid,
