@@ -12,6 +12,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 
 #include "ipc/server_impl.h"
 #include "tierkv/version.h"
@@ -72,9 +73,9 @@ StatusOr<std::unique_ptr<DiskTier>> OpenDisk(const ServerOptions& options) {
 // XDG_RUNTIME_DIR, is made when missing (as root; the systemd unit makes it
 // with RuntimeDirectory=). Never /tmp: anyone can put a socket there.
 Status CheckSocketDirectory(const std::string& socket_path) {
-  const size_t slash = socket_path.rfind('/');
-  if (slash == std::string::npos || slash == 0) return Status::Ok();
-  const std::string dir = socket_path.substr(0, slash);
+  const std::string dir =
+      std::filesystem::path(socket_path).parent_path().string();
+  if (dir.empty() || dir == "/") return Status::Ok();
   struct stat st {};
   if (stat(dir.c_str(), &st) == 0) {
     if (!S_ISDIR(st.st_mode)) {
@@ -97,12 +98,10 @@ Status CheckSocketDirectory(const std::string& socket_path) {
 
 std::string StoreLockPath(const std::string& store,
                           const std::string& socket_path) {
-  const size_t slash = socket_path.rfind('/');
-  const std::string dir = slash == std::string::npos ? "."
-                          : slash == 0               ? ""
-                                       : socket_path.substr(0, slash);
   // ".store-lock": never the "<socket>.lock" of any socket path.
-  return dir + "/tierkv-" + store + ".store-lock";
+  return std::filesystem::path(socket_path)
+      .replace_filename("tierkv-" + store + ".store-lock")
+      .string();
 }
 
 std::string DefaultSocketPath(const std::string& store) {

@@ -6,9 +6,8 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <climits>
-#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 
 namespace tierkv::ipc {
 namespace {
@@ -59,20 +58,20 @@ namespace {
 // belong to root or `uid`, and none of them lets others add or rename
 // entries (group or other write) unless it is sticky (as /tmp is: there
 // others cannot move what they do not own).
-bool OnlyUserCanWrite(const std::string& path, uid_t uid) {
-  char resolved[PATH_MAX];
-  if (realpath(path.c_str(), resolved) == nullptr) return false;
-  std::string dir = resolved;
-  for (bool last = true;; last = false) {
+bool OnlyUserCanWrite(const std::filesystem::path& path, uid_t uid) {
+  std::error_code error;
+  const std::filesystem::path resolved =
+      std::filesystem::canonical(path, error);
+  if (error) return false;
+  for (std::filesystem::path dir = resolved;; dir = dir.parent_path()) {
+    const bool last = dir == resolved;  // The socket's own directory.
     struct stat st {};
     if (stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) return false;
-    if (last && st.st_uid != uid) return false;  // The socket's own.
+    if (last && st.st_uid != uid) return false;
     if (st.st_uid != uid && st.st_uid != 0) return false;
     const bool others_write = (st.st_mode & (S_IWGRP | S_IWOTH)) != 0;
     if (others_write && (last || (st.st_mode & S_ISVTX) == 0)) return false;
-    if (dir == "/") return true;
-    const size_t slash = dir.rfind('/');
-    dir = slash == 0 ? "/" : dir.substr(0, slash);
+    if (dir == dir.root_path()) return true;
   }
 }
 
@@ -82,11 +81,11 @@ Status CheckDaemonUser(uid_t daemon_uid, const std::string& socket_path,
                        std::optional<uid_t> expected) {
   if (daemon_uid == geteuid() || daemon_uid == 0) return Status::Ok();
   if (expected.has_value() && daemon_uid == *expected) return Status::Ok();
-  const size_t slash = socket_path.rfind('/');
-  const std::string dir = slash == std::string::npos ? "."
-                          : slash == 0               ? "/"
-                                       : socket_path.substr(0, slash);
-  if (OnlyUserCanWrite(dir, daemon_uid)) return Status::Ok();
+  const std::filesystem::path dir =
+      std::filesystem::path(socket_path).parent_path();
+  if (OnlyUserCanWrite(dir.empty() ? "." : dir, daemon_uid)) {
+    return Status::Ok();
+  }
   return Status::PermissionDenied(
       "the process listening on " + socket_path + " runs as uid " +
       std::to_string(daemon_uid) +

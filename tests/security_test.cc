@@ -207,10 +207,7 @@ TEST_F(TenantIsolationSegmentsTest, TenantsPastTheCapAreRefused) {
   std::unique_ptr<RawWorker> a = RawAttach("a", "tenant-a");
   std::unique_ptr<RawWorker> b = RawAttach("b", "tenant-b");
   ASSERT_TRUE(a && b);
-  ClientOptions options;
-  options.socket_path = socket_;
-  options.layout = TestLayout();
-  options.num_device_blocks = 4;
+  ClientOptions options = ClientOptionsFor("c");
   options.tenant = "tenant-c";
   StatusOr<std::unique_ptr<Client>> c = Client::Open(options);
   EXPECT_EQ(c.status().code(), StatusCode::kResourceExhausted)
@@ -396,10 +393,8 @@ class PeerCheckFakeDaemonTest : public PeerCheckTest {
     return path;
   }
   StatusOr<std::unique_ptr<Client>> Open(const std::string& path) {
-    ClientOptions options;
+    ClientOptions options = ClientOptionsFor("test");
     options.socket_path = path;
-    options.layout = TestLayout();
-    options.num_device_blocks = 4;
     options.call_timeout = std::chrono::seconds(5);
     return Client::Open(options);
   }

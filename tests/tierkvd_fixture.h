@@ -86,15 +86,20 @@ class TierkvdFixture : public ::testing::Test {
     return Spawn({TEST_WORKER_PATH, "--model", model, mode, socket_,
                   std::to_string(seed), std::to_string(requests)});
   }
-  std::unique_ptr<Client> Attach(const std::string& name = "test",
-                                 const std::string& model = "") {
+  // A client of this tierkvd, named `name`.
+  ClientOptions ClientOptionsFor(const std::string& name,
+                                 const std::string& model = "") const {
     ClientOptions options;
     options.socket_path = socket_;
     options.layout = TestLayout();
     options.model = model;
     options.num_device_blocks = 64;
     options.name = name;
-    auto client = Client::Open(options);
+    return options;
+  }
+  std::unique_ptr<Client> Attach(const std::string& name = "test",
+                                 const std::string& model = "") {
+    auto client = Client::Open(ClientOptionsFor(name, model));
     EXPECT_THAT(client, IsOk()) << client.status().ToString();
     return client.ok() ? std::move(*client) : nullptr;
   }

@@ -416,11 +416,7 @@ TEST_F(WorkerQuotaTierkvdTest, RegistrationsPerUidAreCapped) {
   std::unique_ptr<Client> b = Attach("b");
   ASSERT_NE(a, nullptr);
   ASSERT_NE(b, nullptr);
-  ClientOptions options;
-  options.socket_path = socket_;
-  options.layout = TestLayout();
-  options.num_device_blocks = 4;
-  options.name = "c";
+  const ClientOptions options = ClientOptionsFor("c");
   StatusOr<std::unique_ptr<Client>> c = Client::Open(options);
   EXPECT_EQ(c.status().code(), StatusCode::kResourceExhausted);
   EXPECT_THAT(c.status().message(), HasSubstr("max_workers_per_uid"));

@@ -93,7 +93,8 @@ struct StatField {
   X(uint64_t, quota_event_refusals, kCounter,                                  \
     "Blocks not stored: the worker had its cap of events in flight.")          \
   X(uint64_t, quota_registration_refusals, kCounter,                           \
-    "Workers refused: their uid had its cap of registered workers.")
+    "Workers refused: their uid had its cap of registered workers, or the "    \
+    "store its cap of tenants.")
 
 #define TIERKV_DISK_TIER_STATS_FIELDS(X)                                     \
   X(uint64_t, capacity_bytes, kGauge, "The bound on the disk tier's bytes.") \
