@@ -39,6 +39,30 @@ Status Errno(const std::string& what) {
 
 // Opens the disk tier, logging the index rebuild every 10%.
 StatusOr<std::unique_ptr<DiskTier>> OpenDisk(const ServerOptions& options) {
+  if (options.disk_capacity_bytes < options.layout.BlockBytes()) {
+    return Status::InvalidArgument(
+        "--disk-capacity of " + std::to_string(options.disk_capacity_bytes) +
+        " bytes holds no block of " +
+        std::to_string(options.layout.BlockBytes()) + " bytes");
+  }
+  // RocksDB makes the directory itself but not its parents: a typo in the
+  // parent would otherwise surface as an I/O error.
+  const std::filesystem::path dir =
+      std::filesystem::path(options.disk_path).lexically_normal();
+  const std::filesystem::path parent =
+      dir.has_filename() ? dir.parent_path() : dir.parent_path().parent_path();
+  std::error_code error;
+  if (!parent.empty() && !std::filesystem::is_directory(parent, error)) {
+    const bool unreadable = error &&
+                            error != std::errc::no_such_file_or_directory &&
+                            error != std::errc::not_a_directory;
+    return Status::FailedPrecondition(
+        "--disk-dir " + options.disk_path + ": its parent directory " +
+        parent.string() +
+        (unreadable ? " cannot be read (" + error.message() + ")"
+                    : " does not exist") +
+        "; create it first (tierkvd creates only the last directory)");
+  }
   DiskTierOptions disk{
       .storage = {.path = options.disk_path},
       .capacity_bytes = options.disk_capacity_bytes,
@@ -165,10 +189,10 @@ StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& in) {
   const int32_t slots =
       HostTier::SlotsFor(options.host_capacity_bytes, slot_bytes);
   if (slots < 2) {
-    return Status::InvalidArgument("host capacity of " +
-                                   std::to_string(options.host_capacity_bytes) +
-                                   " bytes holds fewer than 2 blocks of " +
-                                   std::to_string(slot_bytes) + " bytes");
+    return Status::InvalidArgument(
+        "--host-capacity of " + std::to_string(options.host_capacity_bytes) +
+        " bytes holds fewer than 2 blocks of " + std::to_string(slot_bytes) +
+        " bytes (this layout's block; one slot is reserved)");
   }
   // One lock per name tierkvd claims: the store (its segments) and the
   // socket path. Held, they make whatever is left under those names stale.

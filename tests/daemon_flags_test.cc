@@ -265,51 +265,100 @@ TEST_F(DaemonFlagsTest, HelpListsConfigLogFileAndStopTimeout) {
                         "from --config"));
 }
 
-TEST_F(DaemonFlagsTest, RereadLogLevelReadsTheFileAgain) {
+TEST_F(DaemonFlagsTest, RereadConfigReadsTheFileAgain) {
   WriteConfig(std::string(kLayout) + "log-level = info\n");
   auto command = Parse({"--config", config_});
   ASSERT_THAT(command, IsOk());
   EXPECT_EQ(command->config_path, config_);
   EXPECT_FALSE(command->log_level_on_command_line);
   WriteConfig(std::string(kLayout) + "log-level = debug\n");
-  EXPECT_EQ(RereadLogLevel(*command).value(), "debug");
+  EXPECT_EQ(RereadConfig(*command)->log_level, "debug");
   // Without the key: the default again.
   WriteConfig(kLayout);
-  EXPECT_EQ(RereadLogLevel(*command).value(), "info");
+  EXPECT_EQ(RereadConfig(*command)->log_level, "info");
 }
 
-TEST_F(DaemonFlagsTest, RereadLogLevelKeepsTheCommandLinesLevel) {
+TEST_F(DaemonFlagsTest, RereadConfigKeepsTheCommandLinesLevel) {
   WriteConfig(std::string(kLayout) + "log-level = info\n");
   auto command = Parse({"--log-level", "warn", "--config", config_});
   ASSERT_THAT(command, IsOk());
   EXPECT_TRUE(command->log_level_on_command_line);
   WriteConfig(std::string(kLayout) + "log-level = debug\n");
-  EXPECT_EQ(RereadLogLevel(*command).value(), "warn");
+  EXPECT_EQ(RereadConfig(*command)->log_level, "warn");
 }
 
-TEST_F(DaemonFlagsTest, RereadLogLevelNamesTheLineOfABrokenFile) {
+TEST_F(DaemonFlagsTest, RereadConfigNamesTheLineOfABrokenFile) {
   WriteConfig(std::string(kLayout) + "log-level = info\n");
   auto command = Parse({"--config", config_});
   ASSERT_THAT(command, IsOk());
   WriteConfig(std::string(kLayout) + "log-level = loud\n");
-  StatusOr<std::string> level = RereadLogLevel(*command);
+  StatusOr<ConfigReread> level = RereadConfig(*command);
   ASSERT_FALSE(level.ok());
   EXPECT_THAT(level.status().message(),
               HasSubstr(config_ + ":4: log-level 'loud'"));
   WriteConfig(std::string(kLayout) + "log-level debug\n");
-  EXPECT_THAT(RereadLogLevel(*command).status().message(),
+  EXPECT_THAT(RereadConfig(*command).status().message(),
               HasSubstr(config_ + ":4: expected 'key = value'"));
   std::filesystem::remove(config_);
-  EXPECT_THAT(RereadLogLevel(*command).status().message(),
+  EXPECT_THAT(RereadConfig(*command).status().message(),
               HasSubstr("--config " + config_ + ": cannot read"));
 }
 
-TEST_F(DaemonFlagsTest, RereadLogLevelWithoutAConfigIsTheCommandLines) {
+TEST_F(DaemonFlagsTest, RereadConfigWithoutAConfigIsTheCommandLines) {
   auto command = Parse({"--layers", "2", "--kv-heads", "4", "--head-dim", "64",
                         "--log-level", "debug"});
   ASSERT_THAT(command, IsOk());
   EXPECT_EQ(command->config_path, "");
-  EXPECT_EQ(RereadLogLevel(*command).value(), "debug");
+  EXPECT_EQ(RereadConfig(*command)->log_level, "debug");
+}
+
+TEST_F(DaemonFlagsTest, RereadConfigNamesTheSettingsThatWaitForARestart) {
+  WriteConfig(std::string(kLayout) +
+              "log-level = info\nhost-capacity = 64M\nspill-high = 0.8\n");
+  auto command = Parse({"--config", config_, "--disk-capacity", "1G"});
+  ASSERT_THAT(command, IsOk());
+  StatusOr<ConfigReread> same = RereadConfig(*command);
+  ASSERT_THAT(same, IsOk());
+  EXPECT_THAT(same->needs_restart, ::testing::IsEmpty());
+
+  // host-capacity changed, spill-high dropped, max-workers added,
+  // log-level changed (applied), disk-capacity changed in the file but
+  // set on the command line (the command line wins: no change at all).
+  WriteConfig(std::string(kLayout) +
+              "log-level = debug\nhost-capacity = 128M\nmax-workers = 8\n"
+              "disk-capacity = 2G\n");
+  StatusOr<ConfigReread> changed = RereadConfig(*command);
+  ASSERT_THAT(changed, IsOk());
+  EXPECT_EQ(changed->log_level, "debug");
+  EXPECT_THAT(
+      changed->needs_restart,
+      ::testing::ElementsAre("host-capacity", "max-workers", "spill-high"));
+}
+
+TEST_F(DaemonFlagsTest, NamesEveryMissingLayoutFlagAtOnce) {
+  EXPECT_THAT(Error({}), HasSubstr("missing --layers, --kv-heads, --head-dim"));
+  EXPECT_THAT(Error({"--kv-heads", "4"}),
+              HasSubstr("missing --layers, --head-dim: tierkvd needs the KV "
+                        "layout"));
+  WriteConfig("layers = 2\n");
+  EXPECT_THAT(Error({"--config", config_, "--head-dim", "64"}),
+              HasSubstr("missing --kv-heads:"));
+}
+
+TEST_F(DaemonFlagsTest, CapacitiesTooSmallForABlockNameTheirFlags) {
+  // A block of this layout: 2 layers x 2 (K, V) x 4 heads x 64 x 16 tokens
+  // x 2 bytes = 32 KiB.
+  EXPECT_THAT(Error({"--layers", "2", "--kv-heads", "4", "--head-dim", "64",
+                     "--host-capacity", "40K"}),
+              HasSubstr("--host-capacity 40K: holds fewer than 2 blocks of "
+                        "32768 bytes"));
+  EXPECT_THAT(Error({"--layers", "2", "--kv-heads", "4", "--head-dim", "64",
+                     "--disk-dir", dir_ + "/disk", "--disk-capacity", "0"}),
+              HasSubstr("--disk-capacity 0: holds no block of 32768 bytes"));
+  // Without a disk tier, --disk-capacity is not used.
+  EXPECT_THAT(Parse({"--layers", "2", "--kv-heads", "4", "--head-dim", "64",
+                     "--disk-capacity", "0"}),
+              IsOk());
 }
 
 TEST_F(DaemonFlagsTest, ExampleConfigShowsEveryOptionWithItsDefault) {

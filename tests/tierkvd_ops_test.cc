@@ -23,6 +23,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "tests/child_process.h"
@@ -328,6 +329,14 @@ TEST_F(TierkvdOpsTest, SighupRereadsTheLogLevelFromTheConfig) {
   ASSERT_TRUE(WaitForFileText(log, "Stats on the socket")) << ReadFile(log);
   EXPECT_EQ(Count(ReadFile(log), "Stats on the socket"), 1u);
 
+  // A setting SIGHUP cannot apply is named, not silently ignored.
+  std::ofstream(config) << "log-level = debug\nmax-workers = 8\n";
+  daemon_->Signal(SIGHUP);
+  ASSERT_TRUE(WaitForFileText(
+      log, config + " changes max-workers since tierkvd started; only "
+                    "log-level applies on SIGHUP"))
+      << ReadFile(log);
+
   // A file that no longer parses: named with its line, the level stays.
   std::ofstream(config) << "log-level = debug\nlog-level at last\n";
   daemon_->Signal(SIGHUP);
@@ -463,6 +472,49 @@ TEST(TierkvdWatchdogTest, PetsOnlyWhileTheCheckPasses) {
   }
   ASSERT_TRUE(wait_for([&] { return pets > pets_at_first_failure; }));
   watchdog.reset();
+}
+
+// --mode governs what tierkvd creates on disk too, whatever the umask of
+// the shell that started it.
+TEST_F(TierkvdOpsTest, DiskFilesAndLogFileFollowTheMode) {
+  for (const auto& [mode, file_mode, dir_mode] :
+       {std::tuple{"0600", 0600, 0700}, std::tuple{"0640", 0640, 0750}}) {
+    SCOPED_TRACE(mode);
+    const std::string disk = dir_ + "/disk" + mode;
+    const std::string log = dir_ + "/tierkvd" + mode + ".log";
+    StartDaemon(Flags({"--mode", mode, "--disk-dir", disk, "--log-file", log}));
+    daemon_->Signal(SIGTERM);
+    ASSERT_EQ(daemon_->Wait(), 0) << daemon_->output();
+    daemon_.reset();
+    auto stopping = notify_->Receive(std::chrono::seconds(20));
+    ASSERT_TRUE(stopping.has_value());
+    ASSERT_THAT(stopping->text, HasSubstr("STOPPING=1"));
+    namespace fs = std::filesystem;
+    auto bits = [](const fs::path& p) {
+      return static_cast<int>(fs::status(p).permissions() & fs::perms::all);
+    };
+    EXPECT_EQ(bits(log), file_mode);
+    EXPECT_EQ(bits(disk), dir_mode);
+    int files = 0;
+    for (const fs::directory_entry& entry :
+         fs::recursive_directory_iterator(disk)) {
+      EXPECT_EQ(bits(entry.path()), entry.is_directory() ? dir_mode : file_mode)
+          << entry.path();
+      ++files;
+    }
+    EXPECT_GT(files, 0);
+  }
+}
+
+TEST_F(TierkvdOpsTest, ADiskDirWithoutItsParentNamesTheParent) {
+  auto daemon = Spawn(Flags({"--disk-dir", dir_ + "/no/such/disk"}));
+  EXPECT_NE(daemon->Wait(), 0);
+  EXPECT_THAT(daemon->output(), HasSubstr("--disk-dir " + dir_ +
+                                          "/no/such/disk: its parent "
+                                          "directory " +
+                                          dir_ +
+                                          "/no/such does not exist; "
+                                          "create it first"));
 }
 
 TEST(StopWithinTest, ReturnsOnceStopHasReturned) {

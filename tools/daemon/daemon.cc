@@ -2,6 +2,7 @@
 
 #include <signal.h>
 #include <spdlog/spdlog.h>
+#include <sys/stat.h>
 #include <systemd/sd-daemon.h>
 #include <unistd.h>
 
@@ -32,15 +33,29 @@ void ReopenLog(DaemonLog& log) {
   spdlog::info("reopened log file {}", log.path());
 }
 
-// SIGHUP: take log-level from the --config file again. `*level` is the one
-// in force; a file that no longer parses leaves it so.
+// SIGHUP: take log-level from the --config file again, and say which other
+// changes in it wait for a restart. `*level` is the one in force; a file
+// that no longer parses leaves it so.
 void ApplyConfigLogLevel(const DaemonCommand& command, std::string* level) {
   if (command.config_path.empty()) return;
-  StatusOr<std::string> fresh = RereadLogLevel(command);
-  if (!fresh.ok()) {
-    spdlog::error("{}; keeping log level {}", fresh.status().message(), *level);
+  StatusOr<ConfigReread> reread = RereadConfig(command);
+  if (!reread.ok()) {
+    spdlog::error("{}; keeping log level {}", reread.status().message(),
+                  *level);
     return;
   }
+  if (!reread->needs_restart.empty()) {
+    std::string keys;
+    for (const std::string& key : reread->needs_restart) {
+      keys += (keys.empty() ? "" : ", ") + key;
+    }
+    spdlog::warn(
+        "{} changes {} since tierkvd started; only log-level applies on "
+        "SIGHUP, the rest when tierkvd restarts (still using the values it "
+        "started with)",
+        command.config_path, keys);
+  }
+  const std::string* fresh = &reread->log_level;
   if (*fresh == *level) {
     spdlog::info("log level stays {}{}", *level,
                  command.log_level_on_command_line
@@ -82,6 +97,12 @@ std::unique_ptr<Watchdog> StartWatchdog(const ipc::Server& server) {
 
 }  // namespace
 
+mode_t UmaskFor(mode_t mode) {
+  // Directories get search permission wherever the mode lets read.
+  const mode_t allowed = (mode | ((mode & 0444) >> 2)) & 0777;
+  return 0777 & ~allowed;
+}
+
 void StopWithin(std::chrono::seconds timeout,
                 const std::function<void()>& stop) {
   // A struct: the analysis takes TIERKV_GUARDED_BY on members only.
@@ -120,6 +141,7 @@ int RunDaemon(const DaemonCommand& command) {
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  umask(UmaskFor(command.server.mode));
   spdlog::set_level(spdlog::level::from_str(command.log_level));
   auto log = DaemonLog::Open(command.log_file);
   if (!log.ok()) {

@@ -8,6 +8,8 @@
 #ifndef TIERKV_TOOLS_DAEMON_DAEMON_H_
 #define TIERKV_TOOLS_DAEMON_DAEMON_H_
 
+#include <sys/types.h>
+
 #include <chrono>
 #include <functional>
 
@@ -17,6 +19,11 @@ namespace tierkv::daemon {
 
 // The process's exit status: 0 after a clean stop, 1 when it cannot start.
 int RunDaemon(const DaemonCommand& command);
+
+// The umask that keeps what tierkvd creates (the disk tier's directory and
+// files, the log file) within `mode` (--mode): 0600 gives files 0600 and
+// directories 0700; 0660 gives 0660 and 0770.
+mode_t UmaskFor(mode_t mode);
 
 // Runs stop() and returns when it does. If stop() has not returned after
 // `timeout`, logs an error and ends the process with _exit(1): a stop that

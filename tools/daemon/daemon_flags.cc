@@ -60,6 +60,9 @@ StatusOr<size_t> ParseBytes(const std::string& text) {
 
 namespace {
 
+// The layout flags a store cannot start without.
+constexpr const char* kRequiredKeys[] = {"layers", "kv-heads", "head-dim"};
+
 // The options as text, before they are checked and converted.
 struct RawOptions {
   std::string capacity = "1G", dtype = "bf16", mode = "0600", group,
@@ -252,11 +255,11 @@ po::options_description SettingOptions(DaemonCommand& command,
       "meta-llama/Llama-3.1-8B-Instruct; workers of another model are "
       "refused, and the disk tier drops values of another model on open "
       "(default: unnamed; name it whenever models share a KV layout)")(
-      "layers", po::value(&s.layout.num_layers)->required(),
+      "layers", po::value(&s.layout.num_layers),
       "KV layout: number of layers (required)")(
-      "kv-heads", po::value(&s.layout.num_kv_heads)->required(),
+      "kv-heads", po::value(&s.layout.num_kv_heads),
       "KV layout: KV heads per layer (required)")(
-      "head-dim", po::value(&s.layout.head_dim)->required(),
+      "head-dim", po::value(&s.layout.head_dim),
       "KV layout: head dimension (required)")(
       "block-size",
       po::value(&s.layout.block_size)->default_value(s.layout.block_size),
@@ -264,7 +267,8 @@ po::options_description SettingOptions(DaemonCommand& command,
       "dtype", po::value(&raw.dtype)->default_value(raw.dtype),
       "KV layout: f32, f16 or bf16")(
       "mode", po::value(&raw.mode)->default_value(raw.mode),
-      "permission bits of the socket and stats page (octal)")(
+      "permission bits of the socket and stats page (octal); the disk "
+      "tier's files and the log file get no more")(
       "group", po::value(&raw.group),
       "let this group's workers attach and read stats too, as primary or "
       "supplementary group (needs --mode 0660)")(
@@ -413,6 +417,20 @@ StatusOr<DaemonCommand> Finish(DaemonCommand command, const RawOptions& raw,
   if (Status v = s.layout.Validate(); !v.ok()) {
     return Status::InvalidArgument("layout: " + v.message());
   }
+  // Against the layout's block size, so the message can name the flags.
+  const size_t block_bytes = s.layout.BlockBytes();
+  if (s.host_capacity_bytes / block_bytes < 2) {
+    return Status::InvalidArgument(
+        where("host-capacity") + " " + raw.capacity + ": holds fewer than 2 " +
+        "blocks of " + std::to_string(block_bytes) +
+        " bytes (this layout's block; one slot is reserved)");
+  }
+  if (!s.disk_path.empty() && s.disk_capacity_bytes < block_bytes) {
+    return Status::InvalidArgument(where("disk-capacity") + " " +
+                                   raw.disk_capacity + ": holds no block of " +
+                                   std::to_string(block_bytes) +
+                                   " bytes (this layout's block)");
+  }
   TIERKV_RETURN_IF_ERROR(CheckLogLevel(where("log-level"), command.log_level));
   if (raw.stop_timeout < 1) {
     return Status::InvalidArgument(where("stop-timeout") + " '" +
@@ -495,6 +513,26 @@ StatusOr<DaemonCommand> ParseDaemonFlags(int argc, const char* const* argv) {
     command.config_path = vm["config"].as<std::string>();
     TIERKV_ASSIGN_OR_RETURN(file, ReadConfigFile(command.config_path));
     TIERKV_RETURN_IF_ERROR(StoreConfigFile(*file, settings, vm));
+    for (const auto& [key, values] : file->settings) {
+      if (on_command_line.count(key) == 0 && !values.empty()) {
+        command.config_values[key] = values.front().value;
+      }
+    }
+  }
+  // Named together: one run tells what a first-time command line lacks.
+  std::vector<std::string> missing;
+  for (const char* key : kRequiredKeys) {
+    if (vm.count(key) == 0) missing.push_back(std::string("--") + key);
+  }
+  if (!missing.empty()) {
+    std::string list;
+    for (const std::string& flag : missing) {
+      list += (list.empty() ? "" : ", ") + flag;
+    }
+    return Status::InvalidArgument(
+        "missing " + list +
+        ": tierkvd needs the KV layout it serves (--layers, --kv-heads and "
+        "--head-dim), on the command line or in --config");
   }
   try {
     po::notify(vm);
@@ -511,14 +549,28 @@ StatusOr<DaemonCommand> ParseDaemonFlags(int argc, const char* const* argv) {
   return Finish(std::move(command), raw, where);
 }
 
-StatusOr<std::string> RereadLogLevel(const DaemonCommand& command) {
-  if (command.config_path.empty()) return command.log_level;
+StatusOr<ConfigReread> RereadConfig(const DaemonCommand& command) {
+  if (command.config_path.empty()) return ConfigReread{command.log_level, {}};
   std::vector<const char*> argv;
   for (const std::string& arg : command.args) argv.push_back(arg.c_str());
   TIERKV_ASSIGN_OR_RETURN(
       DaemonCommand now,
       ParseDaemonFlags(static_cast<int>(argv.size()), argv.data()));
-  return now.log_level;
+  ConfigReread reread{now.log_level, {}};
+  std::set<std::string> keys;
+  for (const auto& values : {command.config_values, now.config_values}) {
+    for (const auto& [key, value] : values) keys.insert(key);
+  }
+  for (const std::string& key : keys) {
+    if (key == "log-level") continue;
+    auto before = command.config_values.find(key);
+    auto after = now.config_values.find(key);
+    const bool same = before != command.config_values.end() &&
+                      after != now.config_values.end() &&
+                      before->second == after->second;
+    if (!same) reread.needs_restart.push_back(key);
+  }
+  return reread;
 }
 
 }  // namespace tierkv::daemon

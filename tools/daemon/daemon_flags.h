@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,9 @@ struct DaemonCommand {
   std::string config_path;
   // argv as given, for reading --config again.
   std::vector<std::string> args;
+  // The values --config's file gives the keys the command line leaves to
+  // it, as text: what a SIGHUP compares the file with.
+  std::map<std::string, std::string> config_values;
   // Where log lines go; SIGHUP reopens it. Default (empty): stderr.
   std::string log_file;
   // How long Server::Stop may take after SIGTERM before tierkvd gives up and
@@ -38,12 +42,19 @@ struct DaemonCommand {
 // the file, line and key, for anything malformed.
 StatusOr<DaemonCommand> ParseDaemonFlags(int argc, const char* const* argv);
 
-// The log level that `command`'s command line and --config file give now:
-// the file is read again and checked whole, as at start, and the command
-// line still wins over it. Without --config: command.log_level.
-// InvalidArgument naming the file, line and key when the file no longer
-// parses.
-StatusOr<std::string> RereadLogLevel(const DaemonCommand& command);
+// What `command`'s --config file says now (SIGHUP).
+struct ConfigReread {
+  // The log level the command line and the file give now; the command line
+  // still wins over the file. Without --config: command.log_level.
+  std::string log_level;
+  // Keys (log-level aside) the file now sets, changes or drops against
+  // config_values: tierkvd applies them only when it starts again.
+  std::vector<std::string> needs_restart;
+};
+
+// Reads the --config file again and checks it whole, as at start.
+// InvalidArgument naming the file, line and key when it no longer parses.
+StatusOr<ConfigReread> RereadConfig(const DaemonCommand& command);
 
 // "512M", "2G", "1048576", "64KiB": bytes. InvalidArgument otherwise.
 StatusOr<size_t> ParseBytes(const std::string& text);
