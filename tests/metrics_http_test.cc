@@ -381,6 +381,28 @@ TEST_F(MetricsHttpTest, CountsAttachDetachAndRefusals) {
   EXPECT_EQ(e.Value("tierkv_workers_attached_total"), 2);
 }
 
+TEST_F(MetricsHttpTest, BusyPortIsAClearError) {
+  // A port this test holds.
+  ipc::UniqueFd holder(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(
+      bind(holder.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(listen(holder.get(), 1), 0);
+  socklen_t len = sizeof(addr);
+  getsockname(holder.get(), reinterpret_cast<sockaddr*>(&addr), &len);
+  const std::string port = std::to_string(ntohs(addr.sin_port));
+  std::vector<std::string> args = DaemonArgs("1M");
+  args.insert(args.end(), {"--metrics-listen", port});
+  auto daemon = Spawn(args);
+  EXPECT_NE(daemon->Wait(), 0);
+  EXPECT_THAT(daemon->output(),
+              HasSubstr("--metrics-listen 127.0.0.1:" + port +
+                        ": cannot listen: Address already in use (choose "
+                        "another port, or 0 for any free one)"));
+}
+
 TEST(MetricsHttpFlags, PortAloneListensOnLoopback) {
   auto port = daemon::ParseMetricsListen("9464");
   ASSERT_THAT(port, IsOk());

@@ -241,9 +241,16 @@ StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
       bind(impl->listen_fd.get(), reinterpret_cast<sockaddr*>(&addr), len) !=
           0 ||
       listen(impl->listen_fd.get(), 64) != 0) {
-    return Status::Unavailable(where +
-                               ": cannot listen: " + std::strerror(errno) +
-                               " (choose another port, or 0 for any free one)");
+    const int err = errno;
+    // Not a busy port: this process may not use that address at all.
+    const bool not_allowed =
+        err == EAFNOSUPPORT || err == EPERM || err == EADDRNOTAVAIL;
+    return Status::Unavailable(
+        where + ": cannot listen: " + std::strerror(err) +
+        (not_allowed
+             ? " (give an address of this host; under systemd the unit's "
+               "RestrictAddressFamilies= and PrivateNetwork= must allow it)"
+             : " (choose another port, or 0 for any free one)"));
   }
   sockaddr_storage bound{};
   socklen_t bound_len = sizeof(bound);
