@@ -155,6 +155,9 @@ TEST(StatsFields, AllListsEveryFieldWithItsHelp) {
   EachField(*s.disk, [&](const StatField& f, const std::string& v) {
     EXPECT_THAT(all, HasSubstr(" " + v + "  " + f.help));
   });
+  EachField(s.attach, [&](const StatField& f, const std::string& v) {
+    EXPECT_THAT(all, HasSubstr(" " + v + "  " + f.help));
+  });
 }
 
 // The table's hit rates are each tier's own: host over every block looked

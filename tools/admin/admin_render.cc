@@ -310,6 +310,7 @@ std::string FormatStatsJson(const CoordinatorStats& stats) {
 std::string FormatStatsFields(const CoordinatorStats& stats) {
   std::ostringstream out;
   out << "model " << ModelDisplayName(stats.model);
+  if (!stats.store.empty()) out << ", store " << stats.store;
   if (!stats.version.empty()) out << ", tierkvd " << stats.version;
   out << "\nhost tier:\n";
   FieldLines(out, stats.host);
@@ -317,6 +318,8 @@ std::string FormatStatsFields(const CoordinatorStats& stats) {
     out << "disk tier:\n";
     FieldLines(out, *stats.disk);
   }
+  out << "workers attaching:\n";
+  FieldLines(out, stats.attach);
   for (const WorkerStats& w : stats.workers) {
     out << "worker " << w.id << " (" << PrintableName(w.name) << "):\n";
     FieldLines(out, w);
