@@ -50,8 +50,14 @@ void PutPayload(Writer& w, const StatsReply& m) {
   for (const WorkerStats& ws : m.stats.workers) PutFields(w, ws);
   Put(w, m.stats.load_latency);
   Put(w, m.stats.store_latency);
+  Put(w, m.stats.spill_latency);
+  Put(w, m.stats.promotion_latency);
   w.Int<uint64_t>(m.stats.oldest_event_age_us);
+  PutFields(w, m.stats.attach);
   w.String(m.stats.model);
+  w.String(m.stats.store);
+  w.String(m.stats.key_fingerprint);
+  w.Int<uint32_t>(m.stats.block_size);
   w.String(m.stats.version);
 }
 
@@ -65,8 +71,14 @@ void GetPayload(Reader& r, StatsReply* m) {
   }
   Get(r, &m->stats.load_latency);
   Get(r, &m->stats.store_latency);
+  Get(r, &m->stats.spill_latency);
+  Get(r, &m->stats.promotion_latency);
   m->stats.oldest_event_age_us = r.Int<uint64_t>();
+  GetFields(r, &m->stats.attach);
   m->stats.model = r.String();
+  m->stats.store = r.String();
+  m->stats.key_fingerprint = r.String();
+  m->stats.block_size = r.Int<uint32_t>();
   m->stats.version = r.String();
 }
 

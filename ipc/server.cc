@@ -220,6 +220,11 @@ StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& in) {
   store.spill_low = options.spill_low;
   store.caps = options.caps;
   store.verify_on_load = options.verify_on_load;
+  // Keys at debug level, so that an operator can evict a block by name.
+  store.block_trace = [](const char* what, const BlockKey& key, BlockId slot) {
+    if (!spdlog::should_log(spdlog::level::debug)) return;
+    spdlog::debug("block {}: {} (host slot {})", key.ToHex(), what, slot);
+  };
   TIERKV_ASSIGN_OR_RETURN(std::unique_ptr<TieredStore> tiered,
                           TieredStore::Open(std::move(store)));
   // Without a page (its name taken by another user's file, /dev/shm
@@ -312,7 +317,34 @@ const std::string& Server::socket_path() const {
 }
 int32_t Server::host_slots() const { return impl_->store->host().num_slots(); }
 
-CoordinatorStats Server::stats() const { return impl_->store->stats(); }
+CoordinatorStats Server::stats() const { return impl_->Stats(); }
+
+CoordinatorStats Server::Impl::Stats() const {
+  CoordinatorStats out = store->stats();
+  out.store = options.store;
+  AttachStats& a = out.attach;
+  a.attached = attached.load(std::memory_order_relaxed);
+  a.detached = detached.load(std::memory_order_relaxed);
+  a.refused_access = refused_access.load(std::memory_order_relaxed);
+  a.refused_mismatch = refused_mismatch.load(std::memory_order_relaxed);
+  a.refused_limit = refused_limit.load(std::memory_order_relaxed);
+  a.refused_malformed = refused_malformed.load(std::memory_order_relaxed);
+  a.refused = a.refused_access + a.refused_mismatch + a.refused_limit +
+              a.refused_malformed;
+  return out;
+}
+
+void Server::Impl::CountRefusal(StatusCode code) {
+  std::atomic<uint64_t>* counter = &refused_malformed;
+  if (code == StatusCode::kPermissionDenied) {
+    counter = &refused_access;
+  } else if (code == StatusCode::kFailedPrecondition) {
+    counter = &refused_mismatch;
+  } else if (code == StatusCode::kResourceExhausted) {
+    counter = &refused_limit;
+  }
+  counter->fetch_add(1, std::memory_order_relaxed);
+}
 
 Status Server::CheckProgress(std::chrono::milliseconds timeout) const {
   const Impl& s = *impl_;
@@ -338,7 +370,7 @@ void Server::Impl::PublishStats() {
   while (!stopping.load()) {
     stats_heartbeat.Beat();
     CoordinatorStats snapshot;
-    { snapshot = store->stats(); }
+    { snapshot = Stats(); }
     // Encoding and copying happen outside the coordinator's mutex.
     if (!stats_page.has_value()) {
       // No page: the heartbeat still says this thread goes round.

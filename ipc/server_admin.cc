@@ -31,7 +31,7 @@ bool Server::Impl::Handle(Connection* conn, const Message& message) {
     return Register(conn, *reg);
   }
   if (std::holds_alternative<StatsRequest>(message)) {
-    return Reply(conn, StatsReply{store->stats()});
+    return Reply(conn, StatsReply{Stats()});
   }
   if (std::holds_alternative<EventsRequest>(message)) {
     std::vector<EventInfo> events;

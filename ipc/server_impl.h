@@ -126,6 +126,14 @@ struct Server::Impl {
   Heartbeat stats_heartbeat;  // Each snapshot.
   std::mutex stats_wake_mu;   // With stats_wake: ends the wait on Stop.
   std::condition_variable stats_wake;
+  // Workers coming and going, for AttachStats: the listener counts
+  // registrations and refusals, the reaper departures.
+  std::atomic<uint64_t> attached{0};
+  std::atomic<uint64_t> detached{0};
+  std::atomic<uint64_t> refused_access{0};
+  std::atomic<uint64_t> refused_mismatch{0};
+  std::atomic<uint64_t> refused_limit{0};
+  std::atomic<uint64_t> refused_malformed{0};
   std::atomic<bool> stopping{false};
   Mutex stop_mu;  // Held through Stop: a second call waits, then returns.
   bool stopped TIERKV_GUARDED_BY(stop_mu) = false;
@@ -138,6 +146,12 @@ struct Server::Impl {
         store(std::move(tiered)),
         stats_page(std::move(page)) {}
 
+  // The store's statistics, with the store's name and the attach counters.
+  CoordinatorStats Stats() const;
+  // Counts a refused registration or request under its reason, from the
+  // refusal's code (PermissionDenied: access, FailedPrecondition: a layout
+  // or model mismatch, ResourceExhausted: a limit, else malformed).
+  void CountRefusal(StatusCode code);
   // Publishes a snapshot every options.stats_interval until Stop.
   void PublishStats();
 

@@ -135,6 +135,7 @@ void Server::Impl::Accept(Clock::time_point now) {
       } else {
         ++refusals_unlogged;
       }
+      refused_access.fetch_add(1, std::memory_order_relaxed);
       Refuse(&conn,
              Status::PermissionDenied("uid " + std::to_string(conn.peer.uid) +
                                       " may not use this tierkv store"));
@@ -225,6 +226,7 @@ bool Server::Impl::HandleFrames(Connection* conn) {
     if (!len.ok()) {
       spdlog::warn("pid {}: {}; disconnecting", conn->peer.pid,
                    len.status().ToString());
+      refused_malformed.fetch_add(1, std::memory_order_relaxed);
       return Refuse(conn, len.status());
     }
     const size_t frame = kFrameHeaderBytes + *len;
@@ -235,6 +237,7 @@ bool Server::Impl::HandleFrames(Connection* conn) {
     if (!message.ok()) {
       spdlog::warn("pid {}: {}; disconnecting", conn->peer.pid,
                    message.status().ToString());
+      refused_malformed.fetch_add(1, std::memory_order_relaxed);
       return Refuse(conn, message.status());
     }
     if (!Handle(conn, *message)) return false;
@@ -293,6 +296,7 @@ bool Server::Impl::Refuse(Connection* conn, const Status& why) {
 
 bool Server::Impl::Register(Connection* conn, const RegisterRequest& request) {
   if (conn->session != nullptr) {
+    refused_malformed.fetch_add(1, std::memory_order_relaxed);
     return Refuse(conn, Status::AlreadyExists("already registered"));
   }
   WorkerRegistration reg = request.registration;
@@ -321,6 +325,7 @@ bool Server::Impl::Register(Connection* conn, const RegisterRequest& request) {
     if (worker.ok()) (void)store->Lock()->DropWorker(*worker);
     spdlog::warn("refused worker pid {}: {}", reg.pid,
                  channel.status().ToString());
+    CountRefusal(channel.status().code());
     return Refuse(conn, channel.status());
   }
   auto session = std::make_unique<Session>(*worker, std::move(*channel));
@@ -330,6 +335,7 @@ bool Server::Impl::Register(Connection* conn, const RegisterRequest& request) {
   conn->session = std::move(session);
   conn->deadline = Clock::time_point::max();
   --pending_connections;
+  attached.fetch_add(1, std::memory_order_relaxed);
   spdlog::info(
       "worker {} attached: pid {}, '{}', tenant '{}', {} device blocks",
       *worker, reg.pid, reg.name, PrintableName(reg.tenant),
@@ -385,6 +391,7 @@ void Server::Impl::Reap() {
     for (std::unique_ptr<Session>& session : batch) {
       session->thread.join();
       { (void)store->Lock()->DropWorker(session->worker); }
+      detached.fetch_add(1, std::memory_order_relaxed);
       spdlog::info("worker {} (pid {}) detached; its pins are released",
                    session->worker, session->pid);
       session.reset();  // Removes the channel segment.
@@ -402,6 +409,8 @@ void Server::Impl::Serve(Session* session) {
       spdlog::warn("worker {}: {}", session->worker,
                    message.status().ToString());
       reply = ErrorReply{message.status()};
+    } else if (std::holds_alternative<StatsRequest>(*message)) {
+      reply = StatsReply{Stats()};  // With what only the server counts.
     } else {
       reply = DispatchToStore(*store, session->worker, *message);
     }

@@ -504,7 +504,7 @@ StatusOr<AllocateResult> Coordinator::Allocate(
         pin_capped = true;
         ++stats_.quota_pin_refusals;
       }
-      if (pin_capped || !host_pool_.GetNewBlocks(1, &slot).ok()) {
+      if (pin_capped || !TakeFreeSlot(&slot)) {
         load.host_blocks[i] = 0;
         in_flight.slots[i] = LoadSlot::kReleased;
         ++stats_.promotion_failures;
@@ -602,7 +602,7 @@ StatusOr<CommitResult> Coordinator::Commit(
       continue;
     }
     std::vector<BlockId> slot;
-    if (!host_pool_.GetNewBlocks(1, &slot).ok()) {
+    if (!TakeFreeSlot(&slot)) {
       ++result.skipped_blocks;
       continue;
     }
@@ -637,6 +637,19 @@ StatusOr<CommitResult> Coordinator::Commit(
   return result;
 }
 
+bool Coordinator::TakeFreeSlot(std::vector<BlockId>* slot) {
+  std::optional<BlockKey> evicted;
+  if (options_.block_trace) {
+    host_pool_.VisitFreeQueue([&](BlockId id) {
+      if (host_pool_.block(id).has_key) evicted = host_pool_.block(id).key;
+      return false;  // The front is the one taken.
+    });
+  }
+  if (!host_pool_.GetNewBlocks(1, slot).ok()) return false;
+  if (evicted.has_value()) TraceBlock("evicted", *evicted, slot->back());
+  return true;
+}
+
 void Coordinator::FinishStore(WorkerState* w, InFlight* store, bool ok,
                               std::span<const SlotChecksum> checksums) {
   const std::vector<BlockId>& slots = store->event.host_blocks;
@@ -647,6 +660,7 @@ void Coordinator::FinishStore(WorkerState* w, InFlight* store, bool ok,
     if (host_pool_.CacheBlock(slots[i], store->keys[i], store->tokens[i])
             .ok()) {
       ++stats_.stores_completed;
+      TraceBlock("stored", store->keys[i], slots[i]);
     }
     if (!options_.slot_checksum) continue;
     SlotCheck& check = slot_checks_[static_cast<size_t>(slots[i])];

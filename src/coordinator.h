@@ -196,6 +196,16 @@ struct CoordinatorOptions {
   // Called when a tenant's last worker is dropped: the owner gives back
   // what its workers wrote into their segment outside their own blocks.
   std::function<void(uint32_t segment)> trim_segment = {};
+
+  // Called, when set, with each block the host tier gains or loses:
+  // "stored" (a store completed), "promoted", "spilled" (on the lower tier
+  // now, dropped from host), "dropped (on disk already)", "evicted" (its
+  // slot reused for capacity), so that an operator can find the keys
+  // tierkv-admin evict takes. Called on the
+  // owner's thread with its lock held: it must be cheap when it has
+  // nothing to do (tierkvd logs at debug level). Default: none.
+  std::function<void(const char* what, const BlockKey& key, BlockId slot)>
+      block_trace = {};
 };
 
 // A store's host slot and the checksum of its bytes when the store
@@ -331,6 +341,7 @@ class Coordinator {
     size_t index = 0;  // The block's place in the load.
     // Spill: an operator dropped the block meanwhile (DiscardSpill).
     bool discard = false;
+    std::chrono::steady_clock::time_point started = {};  // StartLowerOp.
   };
   struct LowerResult {
     uint64_t op = 0;
@@ -409,6 +420,9 @@ class Coordinator {
   // `checksums`: sorted by slot.
   void FinishStore(WorkerState* w, InFlight* store, bool ok,
                    std::span<const SlotChecksum> checksums);
+  // Appends a free host slot (GetNewBlocks), tracing the block it evicts;
+  // false when none is free.
+  bool TakeFreeSlot(std::vector<BlockId>* slot);
   void ReleaseSlots(std::span<const BlockId> slots);
   void ReleaseLoad(WorkerState* w, InFlight* load);
   // Finish's part for loads: drops the request's pending loads (PROMOTING
@@ -432,6 +446,11 @@ class Coordinator {
   std::chrono::steady_clock::time_point Now() const { return options_.clock(); }
   void RecordLatency(EventKind kind,
                      std::chrono::steady_clock::time_point started);
+  void RecordLatency(EventLatency* latency,
+                     std::chrono::steady_clock::time_point started);
+  void TraceBlock(const char* what, const BlockKey& key, BlockId slot) const {
+    if (options_.block_trace) options_.block_trace(what, key, slot);
+  }
 
   CoordinatorOptions options_;
   BlockPool host_pool_;
@@ -450,6 +469,8 @@ class Coordinator {
   HostTierStats stats_;
   EventLatency load_latency_;
   EventLatency store_latency_;
+  EventLatency spill_latency_;
+  EventLatency promotion_latency_;
   // The lower tier's side (unused without one).
   std::shared_ptr<LowerInbox> inbox_;
   std::unordered_map<uint64_t, LowerOp> lower_ops_;

@@ -46,6 +46,7 @@ void Coordinator::FinishPromotions(WorkerState* w, InFlight* load) {
 
 void Coordinator::StartLowerOp(LowerOp op) {
   const uint64_t id = next_lower_op_++;
+  op.started = Now();
   auto [it, inserted] = lower_ops_.emplace(id, std::move(op));
   const LowerOp& o = it->second;
   std::weak_ptr<LowerInbox> weak = inbox_;
@@ -93,6 +94,7 @@ size_t Coordinator::PumpLowerTier() {
     LowerOp op = std::move(it->second);
     lower_ops_.erase(it);
     const bool ok = result.status.ok();
+    RecordLatency(op.spill ? &spill_latency_ : &promotion_latency_, op.started);
     if (op.spill) {
       FinishSpill(op, result.status);
       continue;
@@ -102,6 +104,7 @@ size_t Coordinator::PumpLowerTier() {
       // Cannot fail: the slot is pinned and unkeyed, with 1..block_size tokens.
       (void)host_pool_.CacheBlock(op.slot, op.key, op.tokens);
       ++stats_.promotions;
+      TraceBlock("promoted", op.key, op.slot);
       if (options_.slot_checksum) {
         slot_checks_[static_cast<size_t>(op.slot)] = {
             .has_checksum = true, .checksum = result.checksum};
@@ -162,6 +165,7 @@ void Coordinator::FinishSpill(const LowerOp& op, const Status& status) {
     options_.lower->Remove(op.key);
   } else if (ok && keyed && host_pool_.DemoteCachedBlock(op.slot)) {
     ++stats_.spills;
+    TraceBlock("spilled", op.key, op.slot);
   }
   // Otherwise a lookup hit it meanwhile: it stays on host for now.
 }
@@ -260,7 +264,11 @@ void Coordinator::MaybeSpill() {
   for (BlockId slot : victims) {
     const BlockPool::Block& b = host_pool_.block(slot);
     if (options_.lower->Contains(b.key, host_pool_.block_tokens(slot))) {
-      if (host_pool_.DemoteCachedBlock(slot)) ++stats_.spill_drops;
+      const BlockKey key = b.key;  // Demoting drops it.
+      if (host_pool_.DemoteCachedBlock(slot)) {
+        ++stats_.spill_drops;
+        TraceBlock("dropped (on disk already)", key, slot);
+      }
       continue;
     }
     const BlockId pin[] = {slot};

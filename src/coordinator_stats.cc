@@ -37,9 +37,13 @@ CoordinatorStats Coordinator::stats() const {
   out.host.request_state_bytes = request_bytes_;
   if (options_.lower != nullptr) out.disk = options_.lower->stats();
   out.model = options_.model;
+  out.key_fingerprint = StoreFingerprint(options_.layout, options_.model);
+  out.block_size = static_cast<uint32_t>(options_.layout.block_size);
   out.version = std::string(Version());
   out.load_latency = load_latency_;
   out.store_latency = store_latency_;
+  out.spill_latency = spill_latency_;
+  out.promotion_latency = promotion_latency_;
   const auto now = Now();
   for (const auto& [id, w] : workers_) {
     for (const auto* in_flight : {&w.loads, &w.stores}) {
@@ -64,9 +68,13 @@ CoordinatorStats Coordinator::stats() const {
 
 void Coordinator::RecordLatency(EventKind kind,
                                 std::chrono::steady_clock::time_point started) {
-  EventLatency& latency =
-      kind == EventKind::kLoad ? load_latency_ : store_latency_;
-  latency.Record(MicrosecondsSince(started, Now()));
+  RecordLatency(kind == EventKind::kLoad ? &load_latency_ : &store_latency_,
+                started);
+}
+
+void Coordinator::RecordLatency(EventLatency* latency,
+                                std::chrono::steady_clock::time_point started) {
+  latency->Record(MicrosecondsSince(started, Now()));
 }
 
 std::vector<EventInfo> Coordinator::events() const {

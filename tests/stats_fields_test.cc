@@ -39,8 +39,14 @@ CoordinatorStats NumberedStats() {
   Number(s.disk.emplace(), next);
   Number(s.workers.emplace_back(), next);
   Number(s.workers.emplace_back(), next);
+  Number(s.attach, next);
   s.model = "m";
+  s.store = "s";
   s.version = "v";
+  s.key_fingerprint = "f";
+  s.block_size = 16;
+  s.spill_latency.Record(3);
+  s.promotion_latency.Record(4);
   return s;
 }
 
@@ -75,6 +81,12 @@ TEST(StatsFields, EveryFieldCrossesTheWire) {
   EXPECT_EQ(reply->stats.host, sent.host);
   EXPECT_EQ(reply->stats.disk, sent.disk);
   EXPECT_EQ(reply->stats.workers, sent.workers);
+  EXPECT_EQ(reply->stats.attach, sent.attach);
+  EXPECT_EQ(reply->stats.spill_latency, sent.spill_latency);
+  EXPECT_EQ(reply->stats.promotion_latency, sent.promotion_latency);
+  EXPECT_EQ(reply->stats.store, sent.store);
+  EXPECT_EQ(reply->stats.key_fingerprint, sent.key_fingerprint);
+  EXPECT_EQ(reply->stats.block_size, sent.block_size);
 }
 
 TEST(StatsFields, EveryFieldIsInTheJson) {
@@ -84,6 +96,9 @@ TEST(StatsFields, EveryFieldIsInTheJson) {
     EXPECT_THAT(json, HasSubstr("\"" + std::string(f.name) + "\":" + v));
   });
   EachField(*s.disk, [&](const StatField& f, const std::string& v) {
+    EXPECT_THAT(json, HasSubstr("\"" + std::string(f.name) + "\":" + v));
+  });
+  EachField(s.attach, [&](const StatField& f, const std::string& v) {
     EXPECT_THAT(json, HasSubstr("\"" + std::string(f.name) + "\":" + v));
   });
   for (const WorkerStats& w : s.workers) {
@@ -109,15 +124,21 @@ TEST(StatsFields, EveryNumericFieldIsAMetricWithItsHelp) {
                                                                  : "gauge")));
     EXPECT_THAT(metrics, HasSubstr(family + labels + " " + v + "\n"));
   };
+  // Every sample names its store and model.
+  const std::string base = "store=\"s\",model=\"m\"";
   EachField(s.host, [&](const StatField& f, const std::string& v) {
-    check("host", f, v, "");
+    check("host", f, v, "{" + base + "}");
   });
   EachField(*s.disk, [&](const StatField& f, const std::string& v) {
-    check("disk", f, v, "");
+    check("disk", f, v, "{" + base + "}");
+  });
+  EachField(s.attach, [&](const StatField& f, const std::string& v) {
+    check("workers", f, v, "{" + base + "}");
   });
   for (const WorkerStats& w : s.workers) {
-    const std::string labels =
-        "{worker=\"" + std::to_string(w.id) + "\",name=\"" + w.name + "\"}";
+    const std::string labels = "{" + base + ",worker=\"" +
+                               std::to_string(w.id) + "\",name=\"" + w.name +
+                               "\"}";
     EachField(w, [&](const StatField& f, const std::string& v) {
       check("worker", f, v, labels);
     });
@@ -134,6 +155,58 @@ TEST(StatsFields, AllListsEveryFieldWithItsHelp) {
   EachField(*s.disk, [&](const StatField& f, const std::string& v) {
     EXPECT_THAT(all, HasSubstr(" " + v + "  " + f.help));
   });
+  EachField(s.attach, [&](const StatField& f, const std::string& v) {
+    EXPECT_THAT(all, HasSubstr(" " + v + "  " + f.help));
+  });
+}
+
+// The table's hit rates are each tier's own: host over every block looked
+// up, disk over the blocks host did not hold; not a rate of all lookups.
+TEST(StatsTable, EachTierHitRateIsOverItsOwnLookups) {
+  CoordinatorStats s;
+  s.host.lookup_blocks = 100;
+  s.host.hit_blocks = 60;
+  s.host.disk_hit_blocks = 30;
+  s.host.miss_blocks = 10;
+  s.host.spills_in_flight = 2;
+  s.host.promotions_in_flight = 1;
+  s.disk.emplace().keys = 500;  // Written, not flushed to files yet.
+  const std::string table = admin::FormatStatsTable(s);
+  EXPECT_THAT(table, ::testing::ContainsRegex(
+                         "host .* 60 +40 +60\\.0% .* transfers 0\n"));
+  EXPECT_THAT(table,
+              ::testing::ContainsRegex(
+                  "disk .* 30 +10 +75\\.0% .* spills 2, promotions 1\n"));
+  EXPECT_THAT(table, HasSubstr("500 blocks in files not flushed yet;"));
+  s.disk->file_bytes = 2048;
+  EXPECT_THAT(admin::FormatStatsTable(s),
+              HasSubstr("500 blocks in 2.0 KiB of files;"));
+}
+
+TEST(StatsTable, WatchShowsRatesPerSecond) {
+  CoordinatorStats before, after;
+  before.host.lookups = 10;
+  after.host.lookups = 30;
+  after.host.stores_completed = 5;
+  before.disk.emplace();
+  after.disk.emplace().evictions = 8;
+  const std::string rates = admin::FormatRates(before, after, 2.0);
+  EXPECT_THAT(rates, HasSubstr("per second: lookups 10.0,"));
+  EXPECT_THAT(rates, HasSubstr("stored 2.5,"));
+  EXPECT_THAT(rates, HasSubstr("disk evictions 4.0\n"));
+}
+
+TEST(AdminKeys, ParsesTokenIdsInCommonShapes) {
+  for (const char* text : {"1 2 3", "1,2,3", "[1, 2, 3]\n", " 1\t2 ,3 "}) {
+    auto tokens = admin::ParseTokenIds(text);
+    ASSERT_THAT(tokens, IsOk()) << text;
+    EXPECT_EQ(*tokens, (std::vector<TokenId>{1, 2, 3})) << text;
+  }
+  for (const char* text : {"1 x 3", "4294967296", "-1", "1.5"}) {
+    auto tokens = admin::ParseTokenIds(text);
+    EXPECT_FALSE(tokens.ok()) << text;
+    EXPECT_THAT(tokens.status().message(), HasSubstr("token id '")) << text;
+  }
 }
 
 }  // namespace

@@ -40,7 +40,11 @@ using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 using Clock = std::chrono::steady_clock;
 
-class TierkvdTest : public TierkvdFixture {};
+class TierkvdTest : public TierkvdFixture {
+ protected:
+  // The labels every metric of this store (of the unnamed model) carries.
+  std::string Base() const { return "store=\"" + store_ + "\",model=\"\""; }
+};
 
 TEST_F(TierkvdTest, Seed004FlowThroughTheDaemon) {
   // 50 host slots including the null one, as in the seed.
@@ -278,9 +282,10 @@ TEST_F(TierkvdTest, AnotherModelIsRefusedWithBothNamed) {
   EXPECT_THAT(table->output(), HasSubstr(", tierkvd " + version + "\n"));
   auto metrics = Spawn({TIERKV_ADMIN_PATH, "metrics", "--socket", socket_});
   ASSERT_EQ(metrics->Wait(), 0) << metrics->output();
-  EXPECT_THAT(metrics->output(),
-              HasSubstr("tierkv_build_info{version=\"" + version +
-                        "\",model=\"org/model-a\"} 1\n"));
+  EXPECT_THAT(
+      metrics->output(),
+      HasSubstr("tierkv_build_info{store=\"" + store_ +
+                "\",model=\"org/model-a\",version=\"" + version + "\"} 1\n"));
   auto printed = Spawn({TIERKVD_PATH, "--version"});
   EXPECT_EQ(printed->Wait(), 0);
   EXPECT_EQ(printed->output(), "tierkvd " + version + "\n");
@@ -330,6 +335,8 @@ TEST_F(TierkvdTest, AdminShowsTiersAndWorkers) {
     ++tables;
   }
   EXPECT_EQ(tables, 3u) << out;
+  // Each refresh after the first says how fast the counters grew.
+  EXPECT_THAT(out, HasSubstr("per second: lookups "));
   // Without a disk tier there is no disk row.
   EXPECT_THAT(out, ::testing::Not(HasSubstr("disk ")));
 }
@@ -365,8 +372,9 @@ TEST_F(TierkvdTest, AdminReadsTheStatsPageWithoutAskingTierkvd) {
   // auto takes the page; metrics then say how old it is.
   auto metrics = admin("metrics", "auto");
   ASSERT_EQ(metrics->Wait(), 0) << metrics->output();
-  EXPECT_THAT(metrics->output(), HasSubstr("tierkv_stats_age_seconds "));
-  EXPECT_THAT(metrics->output(), HasSubstr("tierkv_workers 1\n"));
+  EXPECT_THAT(metrics->output(), HasSubstr("tierkv_stats_age_seconds{"));
+  EXPECT_THAT(metrics->output(),
+              ::testing::ContainsRegex("tierkv_workers\\{[^}]*\\} 1\n"));
   // Without --store the page found is another store's (or none): the
   // socket answers.
   auto other = Spawn({TIERKV_ADMIN_PATH, "stats", "--socket", socket_});
@@ -450,13 +458,13 @@ TEST_F(TierkvdTest, AdminListsEventsInFlightByAge) {
   ASSERT_EQ(metrics->Wait(), 0) << metrics->output();
   EXPECT_THAT(metrics->output(),
               HasSubstr("# TYPE tierkv_event_seconds histogram\n"));
+  EXPECT_THAT(metrics->output(), HasSubstr("tierkv_event_seconds_count{" +
+                                           Base() + ",kind=\"store\"} 1\n"));
   EXPECT_THAT(metrics->output(),
-              HasSubstr("tierkv_event_seconds_count{kind=\"store\"} 1\n"));
-  EXPECT_THAT(
-      metrics->output(),
-      HasSubstr("tierkv_event_seconds_bucket{kind=\"store\",le=\"+Inf\"} 1\n"));
-  EXPECT_THAT(metrics->output(),
-              HasSubstr("tierkv_event_seconds_count{kind=\"load\"} 0\n"));
+              HasSubstr("tierkv_event_seconds_bucket{" + Base() +
+                        ",kind=\"store\",le=\"+Inf\"} 1\n"));
+  EXPECT_THAT(metrics->output(), HasSubstr("tierkv_event_seconds_count{" +
+                                           Base() + ",kind=\"load\"} 0\n"));
   EXPECT_THAT(metrics->output(),
               HasSubstr("# TYPE tierkv_oldest_event_age_seconds gauge\n"));
   // Values print as the shortest text that reads back exactly, never as
@@ -542,13 +550,15 @@ TEST_F(TierkvdTest, DiskTierHoldsTenTimesTheHostBitExact) {
   EXPECT_THAT(metrics->output(),
               HasSubstr("# TYPE tierkv_moved_bytes_total counter"));
   EXPECT_THAT(metrics->output(),
-              HasSubstr("tierkv_tier_capacity_bytes{tier=\"disk\"} 67108864"));
+              HasSubstr("tierkv_tier_capacity_bytes{" + Base() +
+                        ",tier=\"disk\"} 67108864"));
   EXPECT_THAT(metrics->output(),
-              HasSubstr("tierkv_host_disk_hit_blocks_total " +
+              HasSubstr("tierkv_host_disk_hit_blocks_total{" + Base() + "} " +
                         std::to_string(s.host.disk_hit_blocks) + "\n"));
   EXPECT_THAT(
       metrics->output(),
-      HasSubstr("tierkv_moved_bytes_total{from=\"host\",to=\"disk\"} " +
+      HasSubstr("tierkv_moved_bytes_total{" + Base() +
+                ",from=\"host\",to=\"disk\"} " +
                 std::to_string(s.host.spills * s.host.slot_bytes) + "\n"));
 }
 

@@ -119,7 +119,8 @@ StatusOr<std::unique_ptr<TieredStore>> TieredStore::Open(
                                  [tier = raw->host_.get()](uint32_t segment) {
                                    tier->Trim(segment);
                                  })
-                           : nullptr});
+                           : nullptr,
+       .block_trace = options.block_trace});
   // Without a coordinator no disk callback can wake anything: the
   // destructor closes the tiers in order.
   TIERKV_RETURN_IF_ERROR(coordinator.status());

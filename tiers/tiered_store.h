@@ -66,6 +66,10 @@ struct TieredStoreOptions {
   // checksum of each block loaded, under the store's mutex. Needs
   // slot_checksums. Default: false.
   bool verify_on_load = false;
+  // Each block the host tier gains or loses, by key
+  // (CoordinatorOptions::block_trace). Default: none.
+  std::function<void(const char* what, const BlockKey& key, BlockId slot)>
+      block_trace = {};
   // Run the tier thread that applies the disk tier's results as they come.
   // False: they wait until the owner applies them (Lock()->PumpLowerTier(),
   // WaitIdle, Flush), so a test can hold spills and promotions in flight

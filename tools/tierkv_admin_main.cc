@@ -20,5 +20,5 @@ int main(int argc, char** argv) {
     std::cout << command->help_text;
     return 0;
   }
-  return tierkv::admin::RunAdmin(*command, std::cout, std::cerr);
+  return tierkv::admin::RunAdmin(*command, std::cout, std::cerr, std::cin);
 }

@@ -124,6 +124,23 @@ struct StatField {
     "Bytes stored for them (after compression).")                            \
   X(uint64_t, file_bytes, kGauge, "Bytes of the files that hold live data.")
 
+// Workers coming and going (tierkvd's socket; zero in embedded mode). Each
+// refused registration counts in `refused` and in one refused_* reason.
+#define TIERKV_ATTACH_STATS_FIELDS(X)                                       \
+  X(uint64_t, attached, kCounter, "Workers that registered.")               \
+  X(uint64_t, detached, kCounter,                                           \
+    "Workers that left: their socket closed, or tierkvd dropped them.")     \
+  X(uint64_t, refused, kCounter, "Connections and registrations refused.")  \
+  X(uint64_t, refused_access, kCounter,                                     \
+    "Refused: the peer is not this store's user or of its --group.")        \
+  X(uint64_t, refused_mismatch, kCounter,                                   \
+    "Refused: the worker's layout or model differs from the store's.")      \
+  X(uint64_t, refused_limit, kCounter,                                      \
+    "Refused: a cap was reached (--max-workers, workers per uid, tenants) " \
+    "or a segment could not be made.")                                      \
+  X(uint64_t, refused_malformed, kCounter,                                  \
+    "Refused: a malformed request, or one of another protocol version.")
+
 #define TIERKV_WORKER_STATS_FIELDS(X)                                      \
   X(WorkerId, id, kLabel, "The worker's id in this store.")                \
   X(int32_t, pid, kLabel, "The worker's process id.")                      \
@@ -155,14 +172,16 @@ struct StatField {
 
 TIERKV_STATS_STRUCT_(HostTierStats, TIERKV_HOST_TIER_STATS_FIELDS);
 TIERKV_STATS_STRUCT_(DiskTierStats, TIERKV_DISK_TIER_STATS_FIELDS);
+TIERKV_STATS_STRUCT_(AttachStats, TIERKV_ATTACH_STATS_FIELDS);
 TIERKV_STATS_STRUCT_(WorkerStats, TIERKV_WORKER_STATS_FIELDS);
 
 #undef TIERKV_STATS_STRUCT_
 #undef TIERKV_STATS_VISIT_
 #undef TIERKV_STATS_MEMBER_
 
-// Latencies of completed transfer events, from Allocate or Commit to
-// Complete (failed copies included), as a histogram.
+// A latency histogram: of completed transfer events, from Allocate or
+// Commit to Complete (failed copies included); of spills and promotions,
+// from the coordinator starting one to it applying the disk tier's result.
 struct EventLatency {
   // Upper bounds of the buckets (100 us .. 10 s); a last bucket takes the
   // rest.
@@ -183,11 +202,21 @@ struct CoordinatorStats {
   HostTierStats host;
   EventLatency load_latency;
   EventLatency store_latency;
+  EventLatency spill_latency;      // Spills, failed and discarded included.
+  EventLatency promotion_latency;  // Promotions, failed ones included.
   // Age of the oldest transfer event in flight; 0 when none is.
   uint64_t oldest_event_age_us = 0;
   std::optional<DiskTierStats> disk;  // With a disk tier only.
-  std::string model = {};             // The model the store serves.
-  std::string version = {};           // tierkv's release (Version()).
+  AttachStats attach;
+  std::string model = {};  // The model the store serves.
+  // The store's name (tierkvd's --store); empty in embedded mode.
+  std::string store = {};
+  // What the store's block keys are derived from (KeyNamespace's
+  // model_fingerprint, StoreFingerprint(layout, model)) and its tokens per
+  // block: with them tierkv-admin keys prints a prompt's keys.
+  std::string key_fingerprint = {};
+  uint32_t block_size = 0;
+  std::string version = {};  // tierkv's release (Version()).
   std::vector<WorkerStats> workers;
 };
 

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <boost/program_options.hpp>
+#include <cctype>
+#include <charconv>
 #include <chrono>
 #include <iostream>
 #include <optional>
@@ -38,6 +40,13 @@ Status ParseOrderArgs(const std::string& tier,
   } else if (!tier.empty()) {
     return Status::InvalidArgument("--tier is for clear only");
   }
+  if (command->verb == "keys") {
+    std::string joined;
+    for (const std::string& arg : args) joined += arg + " ";
+    TIERKV_ASSIGN_OR_RETURN(command->tokens, ParseTokenIds(joined));
+    command->tokens_from_stdin = args.empty();
+    return Status::Ok();
+  }
   if (command->verb != "evict") {
     if (!args.empty()) {
       return Status::InvalidArgument("unexpected argument '" + args[0] + "'");
@@ -60,6 +69,35 @@ Status ParseOrderArgs(const std::string& tier,
 
 }  // namespace
 
+StatusOr<std::vector<TokenId>> ParseTokenIds(const std::string& text) {
+  std::vector<TokenId> tokens;
+  std::string word;
+  auto take = [&]() -> Status {
+    if (word.empty()) return Status::Ok();
+    TokenId id = 0;
+    const auto [end, error] =
+        std::from_chars(word.data(), word.data() + word.size(), id);
+    if (error != std::errc() || end != word.data() + word.size()) {
+      return Status::InvalidArgument("token id '" + word +
+                                     "': expected a number from 0 to " +
+                                     std::to_string(UINT32_MAX));
+    }
+    tokens.push_back(id);
+    word.clear();
+    return Status::Ok();
+  };
+  for (char c : text) {
+    if (std::isspace(static_cast<unsigned char>(c)) || c == ',' || c == '[' ||
+        c == ']') {
+      TIERKV_RETURN_IF_ERROR(take());
+    } else {
+      word += c;
+    }
+  }
+  TIERKV_RETURN_IF_ERROR(take());
+  return tokens;
+}
+
 StatusOr<AdminCommand> ParseAdminFlags(int argc, const char* const* argv) {
   AdminCommand command;
   std::string store = "default";
@@ -70,14 +108,18 @@ StatusOr<AdminCommand> ParseAdminFlags(int argc, const char* const* argv) {
       "usage: tierkv-admin COMMAND [--store NAME | --socket PATH] [options]\n\n"
       "Commands:\n"
       "  stats   per tier (host, and disk when tierkvd has one): capacity,\n"
-      "          used, cached, pinned, hits, misses, evictions, transfers\n"
-      "          in flight; spills, promotions and checksum failures; then\n"
+      "          used, cached, pinned, hits, misses and hit rate (of the\n"
+      "          tier's own lookups: disk sees the blocks host missed),\n"
+      "          evictions, transfers in flight; spills, promotions and\n"
+      "          checksum failures; workers attached, detached, refused; then\n"
       "          the attached workers (--json: machine-readable; --all:\n"
       "          every counter of every tier and worker, with what it means)\n"
       "  workers the attached workers: id, pid, name, requests, transfers\n"
-      "  metrics the statistics in Prometheus text format (for a textfile\n"
-      "          collector or a scrape proxy)\n"
-      "  watch   the stats table, refreshed every --interval seconds\n"
+      "  metrics the statistics in Prometheus text format, every series\n"
+      "          labelled with the store and model (for a textfile collector;\n"
+      "          tierkvd --metrics-listen serves the same text over HTTP)\n"
+      "  watch   the stats table, refreshed every --interval seconds, with\n"
+      "          the counters' rates per second since the refresh before\n"
       "  events  the transfer events in flight, oldest first: age, worker,\n"
       "          kind (load, store), id, request, blocks, state (promoting:\n"
       "          a load waiting for blocks from disk; ready: waiting for its\n"
@@ -92,7 +134,16 @@ StatusOr<AdminCommand> ParseAdminFlags(int argc, const char* const* argv) {
       "          drop these blocks (32 hex digits each, as tierkvd logs\n"
       "          them) from host, unless pinned, and from disk; says per key\n"
       "          where it was dropped from, \"pinned, kept\" or \"not "
-      "cached\"\n\n"
+      "cached\"\n"
+      "  keys [TOKEN...]\n"
+      "          the block keys tierkvd stores a prompt under, from its token\n"
+      "          ids (arguments, or standard input when none are given:\n"
+      "          numbers separated by spaces or commas), one line per full\n"
+      "          block: the key, as evict takes it, and the block's tokens.\n"
+      "          Keys depend on the store's model and layout (asked of\n"
+      "          tierkvd) and on --tenant, --lora and --cache-salt as the\n"
+      "          engine passed them; with --log-level debug tierkvd logs\n"
+      "          each key it stores, spills and promotes\n\n"
       "Options");
   desc.add_options()("help,h", "show this help and exit")(
       "version", "print tierkv-admin's version and exit")(
@@ -111,6 +162,13 @@ StatusOr<AdminCommand> ParseAdminFlags(int argc, const char* const* argv) {
       "asking tierkvd anything; socket: ask tierkvd; auto: the page when it "
       "is fresh and its tierkvd serves --socket, else the socket")(
       "tier", po::value(&tier), "clear: host, disk or all")(
+      "tenant", po::value(&command.tenant),
+      "keys: the worker's tenant as tierkvd records it (another user's "
+      "worker's tenant T is uid<UID>/T). Default: none")(
+      "lora", po::value<uint64_t>(),
+      "keys: the request's LoRA adapter id. Default: none")(
+      "cache-salt", po::value(&command.extras.cache_salt),
+      "keys: the request's cache salt. Default: none")(
       "interval", po::value(&command.interval_seconds)->default_value(1.0, "1"),
       "watch: seconds between refreshes")(
       "count", po::value(&command.count)->default_value(0),
@@ -133,6 +191,9 @@ StatusOr<AdminCommand> ParseAdminFlags(int argc, const char* const* argv) {
                   .run(),
               vm);
     po::notify(vm);
+    if (vm.count("lora") != 0) {
+      command.extras.lora_id = vm["lora"].as<uint64_t>();
+    }
     if (vm.count("help") != 0 || command.verb.empty()) {
       command.show_help = true;
       return command;
@@ -143,10 +204,11 @@ StatusOr<AdminCommand> ParseAdminFlags(int argc, const char* const* argv) {
   if (command.verb != "stats" && command.verb != "workers" &&
       command.verb != "metrics" && command.verb != "watch" &&
       command.verb != "events" && command.verb != "clear" &&
-      command.verb != "evict") {
+      command.verb != "evict" && command.verb != "keys") {
     return Status::InvalidArgument(
         "unknown command '" + command.verb +
-        "' (try: stats, workers, metrics, watch, events, clear, evict)");
+        "' (try: stats, workers, metrics, watch, events, clear, evict, "
+        "keys)");
   }
   TIERKV_RETURN_IF_ERROR(ParseOrderArgs(tier, args, &command));
   if (!(command.interval_seconds >= 0.05) || command.count < 0) {
@@ -264,27 +326,39 @@ std::string SourceLine(const StatsRead& read) {
          " old\n";
 }
 
+// The stats table every --interval seconds, with the counters' rates since
+// the refresh before.
+int Watch(const AdminCommand& command, std::ostream& out, std::ostream& err) {
+  const bool redraw = &out == &std::cout && isatty(STDOUT_FILENO);
+  std::optional<CoordinatorStats> before;
+  std::chrono::steady_clock::time_point read_at;
+  for (int64_t i = 0; command.count == 0 || i < command.count; ++i) {
+    if (i > 0) {
+      std::this_thread::sleep_for(
+          std::chrono::duration<double>(command.interval_seconds));
+    }
+    int code = 0;
+    std::optional<StatsRead> read = ReadStats(command, err, &code);
+    if (!read.has_value()) return code;
+    const auto now = std::chrono::steady_clock::now();
+    if (redraw) out << "\033[H\033[2J";  // Home, clear: redraw in place.
+    out << FormatStatsTable(read->stats) << SourceLine(*read);
+    if (before.has_value()) {
+      out << FormatRates(*before, read->stats,
+                         std::chrono::duration<double>(now - read_at).count());
+    }
+    out.flush();
+    before = std::move(read->stats);
+    read_at = now;
+  }
+  return 0;
+}
+
 }  // namespace
 
-int RunAdmin(const AdminCommand& command, std::ostream& out,
-             std::ostream& err) {
-  if (command.verb == "watch") {
-    AdminCommand once = command;
-    once.verb = "stats";
-    once.json = false;
-    const bool redraw = &out == &std::cout && isatty(STDOUT_FILENO);
-    for (int64_t i = 0; command.count == 0 || i < command.count; ++i) {
-      if (i > 0) {
-        std::this_thread::sleep_for(
-            std::chrono::duration<double>(command.interval_seconds));
-      }
-      if (redraw) out << "\033[H\033[2J";  // Home, clear: redraw in place.
-      const int code = RunAdmin(once, out, err);
-      if (code != 0) return code;
-      out.flush();
-    }
-    return 0;
-  }
+int RunAdmin(const AdminCommand& command, std::ostream& out, std::ostream& err,
+             std::istream& in) {
+  if (command.verb == "watch") return Watch(command, out, err);
   int code = 0;
   if (command.verb == "clear") {
     std::optional<ipc::Message> reply =
@@ -321,7 +395,21 @@ int RunAdmin(const AdminCommand& command, std::ostream& out,
   }
   std::optional<StatsRead> read = ReadStats(command, err, &code);
   if (!read.has_value()) return code;
-  if (command.verb == "workers") {
+  if (command.verb == "keys") {
+    std::vector<TokenId> tokens = command.tokens;
+    if (command.tokens_from_stdin) {
+      std::ostringstream text;
+      text << in.rdbuf();
+      StatusOr<std::vector<TokenId>> read_tokens = ParseTokenIds(text.str());
+      if (!read_tokens.ok()) {
+        err << "tierkv-admin: standard input: "
+            << read_tokens.status().message() << "\n";
+        return 2;
+      }
+      tokens = std::move(*read_tokens);
+    }
+    out << FormatKeys(read->stats, command.tenant, command.extras, tokens);
+  } else if (command.verb == "workers") {
     out << FormatWorkers(read->stats);
   } else if (command.verb == "metrics") {
     out << FormatMetrics(read->stats);
@@ -329,7 +417,8 @@ int RunAdmin(const AdminCommand& command, std::ostream& out,
       out << "# HELP tierkv_stats_age_seconds How old the stats page's "
              "snapshot was when read.\n"
              "# TYPE tierkv_stats_age_seconds gauge\n"
-             "tierkv_stats_age_seconds "
+             "tierkv_stats_age_seconds{"
+          << MetricBaseLabels(read->stats) << "} "
           << MetricValue(std::chrono::duration<double>(*read->page_age).count())
           << "\n";
     }

@@ -6,6 +6,7 @@
 #define TIERKV_TOOLS_ADMIN_ADMIN_H_
 
 #include <cstdint>
+#include <istream>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -18,7 +19,8 @@ namespace tierkv::admin {
 struct AdminCommand {
   bool show_help = false;
   std::string help_text;
-  // "stats", "workers", "metrics", "watch", "events", "clear" or "evict".
+  // "stats", "workers", "metrics", "watch", "events", "clear", "evict" or
+  // "keys".
   std::string verb;
   std::string socket_path;    // Resolved (default from --store).
   bool socket_given = false;  // --socket named it (not derived from --store).
@@ -31,17 +33,39 @@ struct AdminCommand {
   int64_t count = 0;                          // watch: refreshes, 0 for no end.
   TierSelection tiers = TierSelection::kAll;  // clear: --tier.
   std::vector<BlockKey> keys;                 // evict: the keys named.
+  // keys: the prompt's token ids (none given: read from standard input),
+  // its tenant as tierkvd records it, and its extra keys.
+  std::vector<TokenId> tokens;
+  bool tokens_from_stdin = false;
+  std::string tenant;
+  RequestExtras extras;
 };
 
 StatusOr<AdminCommand> ParseAdminFlags(int argc, const char* const* argv);
 
 // Runs the command; returns the process exit code (0 ok, 1 failed, 3 no
-// tierkvd running). stats, workers, metrics and watch read tierkvd's stats
-// page when it is fresh and belongs to the tierkvd at socket_path (--source
-// auto), so reading them costs tierkvd nothing; else they ask the socket.
-int RunAdmin(const AdminCommand& command, std::ostream& out, std::ostream& err);
+// tierkvd running). keys reads token ids from `in` when none were given. stats,
+// workers, metrics and watch read tierkvd's stats page when it is fresh and
+// belongs to the tierkvd at socket_path (--source auto), so reading them costs
+// tierkvd nothing; else they ask the socket.
+int RunAdmin(const AdminCommand& command, std::ostream& out, std::ostream& err,
+             std::istream& in);
+
+// "1 2 3", "1,2,3", "[1, 2, 3]": token ids. InvalidArgument naming the first
+// word that is not one.
+StatusOr<std::vector<TokenId>> ParseTokenIds(const std::string& text);
+// `keys`: the store's key of each full block of `tokens` (what a worker of
+// `tenant` stores them under, and evict takes), one per line, with the
+// block's token range.
+std::string FormatKeys(const CoordinatorStats& stats, const std::string& tenant,
+                       const RequestExtras& extras,
+                       const std::vector<TokenId>& tokens);
 
 std::string FormatStatsTable(const CoordinatorStats& stats);
+// `watch`: how fast the counters grew between two snapshots `seconds`
+// apart, per second.
+std::string FormatRates(const CoordinatorStats& before,
+                        const CoordinatorStats& after, double seconds);
 std::string FormatStatsJson(const CoordinatorStats& stats);
 // Every field of the stats tables (tierkv/stats.h): name, value, help.
 std::string FormatStatsFields(const CoordinatorStats& stats);

@@ -5,11 +5,16 @@
 
 #include <string>
 
+#include "tierkv/stats.h"
+
 namespace tierkv::admin {
 
 // A Prometheus sample value: the shortest text that reads back as exactly
 // `value` ("0.1", not "0.10000000000000001"; "1048576", not "1.048576e+06").
 std::string MetricValue(double value);
+
+// The labels every sample of FormatMetrics carries: store="...",model="...".
+std::string MetricBaseLabels(const CoordinatorStats& stats);
 
 }  // namespace tierkv::admin
 

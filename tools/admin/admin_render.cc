@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "src/printable.h"
+#include "tierkv/block_key.h"
 #include "tools/admin/admin.h"
 #include "tools/admin/admin_internal.h"
 
@@ -103,26 +104,30 @@ std::string FormatStatsTable(const CoordinatorStats& stats) {
   const int64_t used = h.used_slots;
   std::ostringstream out;
   out << "model " << ModelDisplayName(stats.model);
+  if (!stats.store.empty()) out << ", store " << stats.store;
   if (!stats.version.empty()) out << ", tierkvd " << stats.version;
   out << "\n";
+  // Each tier's hits and misses are over its own lookups (blocks): host
+  // sees every block looked up, disk the blocks host did not hold.
+  const uint64_t host_misses = h.lookup_blocks - h.hit_blocks;
   char line[256];
   std::snprintf(line, sizeof(line),
-                "%-6s %11s %11s %11s %8s %10s %10s %8s %10s %9s\n", "tier",
+                "%-6s %11s %11s %11s %8s %10s %10s %8s %10s  %s\n", "tier",
                 "capacity", "used", "cached", "pinned", "hits", "misses",
                 "hit rate", "evictions", "in flight");
   out << line;
   std::snprintf(line, sizeof(line),
-                "%-6s %11s %11s %11s %8lld %10llu %10llu %8s %10llu %9llu\n",
+                "%-6s %11s %11s %11s %8lld %10llu %10llu %8s %10llu  %s\n",
                 "host",
                 HumanBytes(double(h.capacity_slots) * h.slot_bytes).c_str(),
                 HumanBytes(double(used) * h.slot_bytes).c_str(),
                 HumanBytes(double(h.cached_slots) * h.slot_bytes).c_str(),
                 static_cast<long long>(h.pinned_slots),
                 static_cast<unsigned long long>(h.hit_blocks),
-                static_cast<unsigned long long>(h.miss_blocks),
+                static_cast<unsigned long long>(host_misses),
                 Percent(h.hit_blocks, h.lookup_blocks).c_str(),
                 static_cast<unsigned long long>(h.evictions),
-                static_cast<unsigned long long>(h.events_in_flight));
+                ("transfers " + std::to_string(h.events_in_flight)).c_str());
   out << line;
   out << "  (hits and misses count blocks; " << h.capacity_slots << " slots of "
       << HumanBytes(double(h.slot_bytes)) << "; stored " << h.stores_completed
@@ -131,19 +136,26 @@ std::string FormatStatsTable(const CoordinatorStats& stats) {
       << ")\n";
   if (stats.disk.has_value()) {
     const DiskTierStats& d = *stats.disk;
+    const std::string in_flight =
+        "spills " + std::to_string(h.spills_in_flight) + ", promotions " +
+        std::to_string(h.promotions_in_flight);
     std::snprintf(line, sizeof(line),
-                  "%-6s %11s %11s %11s %8s %10llu %10llu %8s %10llu %9llu\n",
+                  "%-6s %11s %11s %11s %8s %10llu %10llu %8s %10llu  %s\n",
                   "disk", HumanBytes(double(d.capacity_bytes)).c_str(),
                   HumanBytes(double(d.bytes)).c_str(), "-", "-",
                   static_cast<unsigned long long>(h.disk_hit_blocks),
-                  static_cast<unsigned long long>(d.misses),
-                  Percent(h.disk_hit_blocks, h.lookup_blocks).c_str(),
+                  static_cast<unsigned long long>(h.miss_blocks),
+                  Percent(h.disk_hit_blocks, host_misses).c_str(),
                   static_cast<unsigned long long>(d.evictions),
-                  static_cast<unsigned long long>(h.spills_in_flight +
-                                                  h.promotions_in_flight));
+                  in_flight.c_str());
     out << line;
-    out << "  (" << d.keys << " blocks in " << HumanBytes(double(d.file_bytes))
-        << " of files; spilled " << h.spills << ", dropped from host (already "
+    out << "  (" << d.keys << " blocks in ";
+    if (d.file_bytes == 0 && d.keys > 0) {
+      out << "files not flushed yet";
+    } else {
+      out << HumanBytes(double(d.file_bytes)) << " of files";
+    }
+    out << "; spilled " << h.spills << ", dropped from host (already "
         << "on disk) " << h.spill_drops << ", failed spills "
         << h.spill_failures << "; promoted " << h.promotions
         << ", failed promotions " << h.promotion_failures
@@ -161,8 +173,46 @@ std::string FormatStatsTable(const CoordinatorStats& stats) {
   }
   out << "; completed: loads " << stats.load_latency.count
       << MeanAge(stats.load_latency) << ", stores " << stats.store_latency.count
-      << MeanAge(stats.store_latency) << "\n\n";
+      << MeanAge(stats.store_latency) << "\n";
+  const AttachStats& a = stats.attach;
+  out << "workers attached " << a.attached << ", detached " << a.detached
+      << ", refused " << a.refused << "\n\n";
   out << FormatWorkers(stats);
+  return out.str();
+}
+
+std::string FormatRates(const CoordinatorStats& before,
+                        const CoordinatorStats& after, double seconds) {
+  if (!(seconds > 0)) return "";
+  const HostTierStats& a = before.host;
+  const HostTierStats& b = after.host;
+  // Counters only grow; a restarted tierkvd starts them again at 0.
+  auto rate = [seconds](uint64_t from, uint64_t to) {
+    char buf[32];
+    std::snprintf(buf, sizeof(buf), "%.1f",
+                  to >= from ? double(to - from) / seconds : 0.0);
+    return std::string(buf);
+  };
+  std::ostringstream out;
+  out << "per second: lookups " << rate(a.lookups, b.lookups)
+      << ", blocks looked up " << rate(a.lookup_blocks, b.lookup_blocks)
+      << ", host hits " << rate(a.hit_blocks, b.hit_blocks);
+  if (after.disk.has_value()) {
+    out << ", disk hits " << rate(a.disk_hit_blocks, b.disk_hit_blocks);
+  }
+  out << ", misses " << rate(a.miss_blocks, b.miss_blocks) << "\n  stored "
+      << rate(a.stores_completed, b.stores_completed) << ", loaded "
+      << rate(a.loads_completed, b.loads_completed) << ", host evictions "
+      << rate(a.evictions, b.evictions);
+  if (after.disk.has_value()) {
+    out << ", spilled " << rate(a.spills, b.spills) << ", promoted "
+        << rate(a.promotions, b.promotions);
+    if (before.disk.has_value()) {
+      out << ", disk evictions "
+          << rate(before.disk->evictions, after.disk->evictions);
+    }
+  }
+  out << "\n";
   return out.str();
 }
 
@@ -224,7 +274,8 @@ void FieldLines(std::ostringstream& out, const Stats& s) {
 std::string FormatStatsJson(const CoordinatorStats& stats) {
   const HostTierStats& h = stats.host;
   std::ostringstream out;
-  out << "{\"model\":" << JsonString(stats.model)
+  out << "{\"store\":" << JsonString(stats.store)
+      << ",\"model\":" << JsonString(stats.model)
       << ",\"version\":" << JsonString(stats.version)
       << ",\"tiers\":{\"host\":{";
   JsonFields(out, h);
@@ -239,7 +290,13 @@ std::string FormatStatsJson(const CoordinatorStats& stats) {
       << ",\"loads_completed\":" << stats.load_latency.count
       << ",\"load_us_sum\":" << stats.load_latency.sum_us
       << ",\"stores_completed\":" << stats.store_latency.count
-      << ",\"store_us_sum\":" << stats.store_latency.sum_us;
+      << ",\"store_us_sum\":" << stats.store_latency.sum_us
+      << ",\"spills_finished\":" << stats.spill_latency.count
+      << ",\"spill_us_sum\":" << stats.spill_latency.sum_us
+      << ",\"promotions_finished\":" << stats.promotion_latency.count
+      << ",\"promotion_us_sum\":" << stats.promotion_latency.sum_us;
+  out << "},\"attach\":{";
+  JsonFields(out, stats.attach);
   out << "},\"workers\":[";
   for (size_t i = 0; i < stats.workers.size(); ++i) {
     out << (i ? "," : "") << "{";
@@ -253,6 +310,7 @@ std::string FormatStatsJson(const CoordinatorStats& stats) {
 std::string FormatStatsFields(const CoordinatorStats& stats) {
   std::ostringstream out;
   out << "model " << ModelDisplayName(stats.model);
+  if (!stats.store.empty()) out << ", store " << stats.store;
   if (!stats.version.empty()) out << ", tierkvd " << stats.version;
   out << "\nhost tier:\n";
   FieldLines(out, stats.host);
@@ -260,6 +318,8 @@ std::string FormatStatsFields(const CoordinatorStats& stats) {
     out << "disk tier:\n";
     FieldLines(out, *stats.disk);
   }
+  out << "workers attaching:\n";
+  FieldLines(out, stats.attach);
   for (const WorkerStats& w : stats.workers) {
     out << "worker " << w.id << " (" << PrintableName(w.name) << "):\n";
     FieldLines(out, w);
@@ -280,7 +340,10 @@ namespace {
 // One metric family: its HELP and TYPE lines, then one sample per label set.
 class MetricWriter {
  public:
-  explicit MetricWriter(std::ostringstream* out) : out_(out) {}
+  // `base`: the labels every sample carries (store and model), so that
+  // series of several stores on one host keep apart.
+  MetricWriter(std::ostringstream* out, std::string base)
+      : out_(out), base_(std::move(base)) {}
   void Family(const char* name, const char* type, const char* help) {
     name_ = name;
     *out_ << "# HELP " << name << " " << help << "\n# TYPE " << name << " "
@@ -291,8 +354,9 @@ class MetricWriter {
   }
   // A sample of a histogram's _bucket, _sum or _count series.
   void Sample(const char* suffix, double value, const std::string& labels) {
-    *out_ << name_ << suffix << (labels.empty() ? "" : "{" + labels + "}")
-          << " " << MetricValue(value) << "\n";
+    *out_ << name_ << suffix << "{" << base_
+          << (labels.empty() ? "" : "," + labels) << "} " << MetricValue(value)
+          << "\n";
   }
   // One histogram of event latencies, cumulative as Prometheus wants it.
   void Histogram(const EventLatency& latency, const std::string& labels) {
@@ -305,7 +369,8 @@ class MetricWriter {
                       EventLatency::kBucketMicros[b] / 1e6);
       }
       Sample("_bucket", double(cumulative),
-             labels + ",le=\"" + std::string(le) + "\"");
+             labels + (labels.empty() ? "" : ",") + "le=\"" + std::string(le) +
+                 "\"");
     }
     Sample("_sum", latency.sum_us / 1e6, labels);
     Sample("_count", double(latency.count), labels);
@@ -313,6 +378,7 @@ class MetricWriter {
 
  private:
   std::ostringstream* out_;
+  const std::string base_;
   std::string name_;
 };
 
@@ -358,6 +424,11 @@ void FieldFamilies(
 
 }  // namespace
 
+std::string MetricBaseLabels(const CoordinatorStats& stats) {
+  return "store=" + LabelValue(stats.store) +
+         ",model=" + LabelValue(stats.model);
+}
+
 // Every field of every stats table as its own family (FieldFamilies), and
 // the few families derived from several fields (bytes per tier and moved
 // between tiers, latencies, the oldest event, the workers).
@@ -366,11 +437,10 @@ std::string FormatMetrics(const CoordinatorStats& stats) {
   const double slot = static_cast<double>(h.slot_bytes);
   const bool disk = stats.disk.has_value();
   std::ostringstream out;
-  MetricWriter m(&out);
+  MetricWriter m(&out, MetricBaseLabels(stats));
   m.Family("tierkv_build_info", "gauge",
-           "Always 1: the tierkvd release and the model its store serves.");
-  m.Sample(1, "version=" + LabelValue(stats.version) +
-                  ",model=" + LabelValue(stats.model));
+           "Always 1: the tierkvd release serving the store.");
+  m.Sample(1, "version=" + LabelValue(stats.version));
   m.Family("tierkv_tier_capacity_bytes", "gauge", "Bytes a tier can hold.");
   m.Sample(double(h.capacity_slots) * slot, "tier=\"host\"");
   if (disk) m.Sample(double(stats.disk->capacity_bytes), "tier=\"disk\"");
@@ -391,11 +461,20 @@ std::string FormatMetrics(const CoordinatorStats& stats) {
            "completion, by kind.");
   m.Histogram(stats.load_latency, "kind=\"load\"");
   m.Histogram(stats.store_latency, "kind=\"store\"");
+  m.Family("tierkv_spill_seconds", "histogram",
+           "Spills from the coordinator starting one to it applying the disk "
+           "tier's result (failed and discarded ones included).");
+  m.Histogram(stats.spill_latency, "");
+  m.Family("tierkv_promotion_seconds", "histogram",
+           "Promotions from the coordinator starting one to it applying the "
+           "disk tier's result (failed ones included).");
+  m.Histogram(stats.promotion_latency, "");
   m.Family("tierkv_oldest_event_age_seconds", "gauge",
            "Age of the oldest transfer event in flight (0: none).");
   m.Sample(stats.oldest_event_age_us / 1e6);
   m.Family("tierkv_workers", "gauge", "Attached workers.");
   m.Sample(double(stats.workers.size()));
+  FieldFamilies<AttachStats>(m, "workers", {{"", &stats.attach}});
   FieldFamilies<HostTierStats>(m, "host", {{"", &h}});
   if (disk) FieldFamilies<DiskTierStats>(m, "disk", {{"", &*stats.disk}});
   std::vector<std::pair<std::string, const WorkerStats*>> workers;
@@ -405,6 +484,28 @@ std::string FormatMetrics(const CoordinatorStats& stats) {
         &w);
   }
   FieldFamilies<WorkerStats>(m, "worker", workers);
+  return out.str();
+}
+
+std::string FormatKeys(const CoordinatorStats& stats, const std::string& tenant,
+                       const RequestExtras& extras,
+                       const std::vector<TokenId>& tokens) {
+  const KeyHasher hasher(
+      {.model_fingerprint = stats.key_fingerprint, .tenant = tenant});
+  const auto block_size = static_cast<int32_t>(stats.block_size);
+  std::vector<BlockKey> keys;
+  hasher.AppendPrefixKeys(tokens, block_size, extras, &keys);
+  std::ostringstream out;
+  for (size_t b = 0; b < keys.size(); ++b) {
+    out << keys[b].ToHex() << "  block " << b << ": tokens " << b * block_size
+        << ".." << (b + 1) * block_size - 1 << "\n";
+  }
+  const size_t rest = tokens.size() - keys.size() * block_size;
+  if (rest > 0) {
+    out << "(" << rest << (rest == 1 ? " token" : " tokens")
+        << " after the last full block of " << block_size
+        << ": never stored)\n";
+  }
   return out.str();
 }
 

@@ -13,7 +13,9 @@
 
 #include "ipc/server.h"
 #include "src/mutex.h"
+#include "tools/admin/admin.h"
 #include "tools/daemon/daemon_log.h"
+#include "tools/daemon/metrics_http.h"
 #include "tools/daemon/watchdog.h"
 
 namespace tierkv::daemon {
@@ -155,6 +157,22 @@ int RunDaemon(const DaemonCommand& command) {
                server.status().ToString().c_str());
     return 1;
   }
+  std::unique_ptr<MetricsHttpServer> metrics;
+  if (command.metrics_listen.has_value()) {
+    ipc::Server* raw = server->get();
+    auto started = MetricsHttpServer::Start(
+        {.host = command.metrics_listen->host,
+         .port = command.metrics_listen->port,
+         .render = [raw] { return admin::FormatMetrics(raw->stats()); }});
+    if (!started.ok()) {
+      spdlog::error("cannot start: {}", started.status().message());
+      sd_notifyf(0, "STATUS=cannot start: %s",
+                 started.status().ToString().c_str());
+      return 1;
+    }
+    metrics = std::move(*started);
+    spdlog::info("metrics: serving http://{}/metrics", metrics->address());
+  }
   sd_notifyf(0, "READY=1\nSTATUS=serving store '%s' on %s",
              command.server.store.c_str(), (*server)->socket_path().c_str());
   std::unique_ptr<Watchdog> watchdog = StartWatchdog(**server);
@@ -169,6 +187,7 @@ int RunDaemon(const DaemonCommand& command) {
     }
     spdlog::info("received {}, stopping", strsignal(signal_number));
     watchdog.reset();  // A stopping server makes no progress to check.
+    metrics.reset();
     sd_notify(0, "STOPPING=1\nSTATUS=stopping");
     StopWithin(command.stop_timeout, [&] { (*server)->Stop(); });
     return 0;

@@ -1,5 +1,6 @@
 // RunDaemon: tierkvd's life once its flags are parsed. It logs (DaemonLog),
-// runs the Server, tells systemd (sd_notify) when it serves and when it
+// runs the Server and, with --metrics-listen, its HTTP metrics endpoint
+// (MetricsHttpServer), tells systemd (sd_notify) when it serves and when it
 // stops, feeds systemd's watchdog while the server makes progress
 // (Watchdog), and handles signals: SIGTERM and SIGINT stop it within
 // --stop-timeout, SIGHUP reopens the log file and re-reads log-level from

@@ -58,6 +58,31 @@ StatusOr<size_t> ParseBytes(const std::string& text) {
   return value << shift;
 }
 
+StatusOr<MetricsListen> ParseMetricsListen(const std::string& text) {
+  MetricsListen out;
+  std::string port = text;
+  if (const size_t colon = text.rfind(':'); colon != std::string::npos) {
+    out.host = text.substr(0, colon);
+    port = text.substr(colon + 1);
+    if (out.host.size() >= 2 && out.host.front() == '[' &&
+        out.host.back() == ']') {
+      out.host = out.host.substr(1, out.host.size() - 2);
+    }
+  }
+  const bool digits = !port.empty() && port.size() <= 5 &&
+                      std::all_of(port.begin(), port.end(), [](char c) {
+                        return std::isdigit((unsigned char)c);
+                      });
+  if (!digits || std::stoul(port) > 65535 || out.host.empty()) {
+    return Status::InvalidArgument(
+        "--metrics-listen '" + text +
+        "': expected PORT (on 127.0.0.1), ADDR:PORT or [IPV6]:PORT, with "
+        "PORT 0 to 65535 (0: any free port)");
+  }
+  out.port = static_cast<uint16_t>(std::stoul(port));
+  return out;
+}
+
 namespace {
 
 // The layout flags a store cannot start without.
@@ -70,6 +95,7 @@ struct RawOptions {
   std::string disk_capacity = "16G", codec = "none";
   std::string request_bytes = "256M";
   int stop_timeout = 10;
+  std::string metrics_listen;
   int stats_interval_ms = 100;
   int pending_timeout_ms = 5000;
 };
@@ -348,7 +374,13 @@ po::options_description SettingOptions(DaemonCommand& command,
       "stop-timeout",
       po::value(&raw.stop_timeout)->default_value(raw.stop_timeout),
       "seconds a stop may take after SIGTERM before tierkvd exits with "
-      "status 1");
+      "status 1")(
+      "metrics-listen",
+      po::value(&raw.metrics_listen)->value_name("[ADDR:]PORT"),
+      "serve the statistics in Prometheus text format (what tierkv-admin "
+      "metrics prints) over HTTP at http://ADDR:PORT/metrics. A port alone "
+      "listens on 127.0.0.1 only; 0.0.0.0:PORT or [::]:PORT exposes them to "
+      "the network. PORT 0: any free port, logged. Default: off");
   return desc;
 }
 
@@ -438,6 +470,16 @@ StatusOr<DaemonCommand> Finish(DaemonCommand command, const RawOptions& raw,
                                    "': at least 1 second");
   }
   command.stop_timeout = std::chrono::seconds(raw.stop_timeout);
+  if (!raw.metrics_listen.empty()) {
+    StatusOr<MetricsListen> listen = ParseMetricsListen(raw.metrics_listen);
+    if (!listen.ok()) {
+      return Status::InvalidArgument(
+          where("metrics-listen") +
+          listen.status().message().substr(
+              std::string_view("--metrics-listen").size()));
+    }
+    command.metrics_listen = *listen;
+  }
   if (s.max_workers < 1 || s.max_workers > ipc::kMaxWorkersListed) {
     return Status::InvalidArgument(where("max-workers") + " '" +
                                    std::to_string(s.max_workers) + "': 1 to " +

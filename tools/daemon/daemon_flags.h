@@ -7,7 +7,9 @@
 
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -15,6 +17,16 @@
 #include "tierkv/status.h"
 
 namespace tierkv::daemon {
+
+// Where tierkvd serves Prometheus metrics over HTTP (--metrics-listen).
+struct MetricsListen {
+  std::string host = "127.0.0.1";  // An IPv4 or IPv6 literal.
+  uint16_t port = 0;               // 0: any free port, logged.
+};
+
+// "9464" (loopback), "127.0.0.1:9464", "0.0.0.0:9464", "[::1]:9464".
+// InvalidArgument naming the flag otherwise.
+StatusOr<MetricsListen> ParseMetricsListen(const std::string& text);
 
 struct DaemonCommand {
   bool show_help = false;
@@ -34,6 +46,8 @@ struct DaemonCommand {
   // How long Server::Stop may take after SIGTERM before tierkvd gives up and
   // exits with status 1. Default: 10 s.
   std::chrono::seconds stop_timeout{10};
+  // --metrics-listen: serve /metrics over HTTP. Default: none (off).
+  std::optional<MetricsListen> metrics_listen;
 };
 
 // Flags first; `--config FILE` then fills in every option the command line
