@@ -11,10 +11,12 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <optional>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -111,11 +113,12 @@ std::optional<uint64_t> ReadNumber(const std::string& path) {
 // MemAvailable in /proc/meminfo, in bytes.
 std::optional<uint64_t> MemAvailable() {
   std::ifstream in("/proc/meminfo");
-  std::string key;
-  uint64_t kib = 0;
-  std::string unit;
-  while (in >> key >> kib >> unit) {
-    if (key == "MemAvailable:") return kib << 10;
+  std::string line;
+  constexpr std::string_view kKey = "MemAvailable:";
+  while (std::getline(in, line)) {
+    if (!line.starts_with(kKey)) continue;
+    // "MemAvailable:   22737688 kB"
+    return std::strtoull(line.c_str() + kKey.size(), nullptr, 10) << 10;
   }
   return std::nullopt;
 }
