@@ -86,6 +86,11 @@ using TierkvdExitStatusTest = TierkvdLifecycleTest;
 // instead of dying of SIGBUS at its first write, and serves workers, whose
 // segments are memfds outside /dev/shm.
 TEST_F(ShmFullTest, TinyDevShmStartsWithoutStatsPageAndServes) {
+  auto probe =
+      Run({"/usr/bin/unshare", "-m", "--propagation", "private", "/bin/true"});
+  if (probe->Wait() != 0) {
+    GTEST_SKIP() << "no private mount namespace here: " << probe->output();
+  }
   std::vector<std::string> argv = {
       "/usr/bin/unshare",
       "-m",
