@@ -115,6 +115,9 @@ StatusOr<ControlChannel> ControlChannel::Create(uint32_t capacity,
       ShmSegment segment,
       ShmSegment::CreateSealed(
           kBuffersOffset + 2 * static_cast<size_t>(capacity), label));
+  // Taken now, so that a machine out of memory refuses the registration
+  // (ResourceExhausted) instead of SIGBUS in tierkvd or the worker.
+  TIERKV_RETURN_IF_ERROR(segment.Reserve(0, segment.size()));
   auto* h = new (segment.data()) Header{};
   h->version = kChannelVersion;
   h->capacity = capacity;

@@ -30,7 +30,8 @@ class ControlChannel {
  public:
   // tierkvd: creates the segment, a sealed memfd (ShmSegment::CreateSealed)
   // that a worker cannot shrink under tierkvd; `label` names it in
-  // /proc/<pid>/fd.
+  // /proc/<pid>/fd. Its memory is reserved whole: ResourceExhausted when
+  // the machine has not that much left, never SIGBUS on a later touch.
   static StatusOr<ControlChannel> Create(uint32_t capacity,
                                          const std::string& label);
   // Worker: maps the segment tierkvd passed as `segment_fd` (taken over) and

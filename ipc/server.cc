@@ -11,8 +11,14 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <optional>
+#include <string_view>
+#include <utility>
+#include <vector>
 
 #include "ipc/server_impl.h"
 #include "tierkv/version.h"
@@ -56,7 +62,7 @@ StatusOr<std::unique_ptr<DiskTier>> OpenDisk(const ServerOptions& options) {
     const bool unreadable = error &&
                             error != std::errc::no_such_file_or_directory &&
                             error != std::errc::not_a_directory;
-    return Status::FailedPrecondition(
+    return Status::InvalidArgument(
         "--disk-dir " + options.disk_path + ": its parent directory " +
         parent.string() +
         (unreadable ? " cannot be read (" + error.message() + ")"
@@ -69,7 +75,8 @@ StatusOr<std::unique_ptr<DiskTier>> OpenDisk(const ServerOptions& options) {
       .layout_fingerprint = StoreFingerprint(options.layout, options.model),
       .block_bytes = options.layout.BlockBytes(),
       .element_bytes = static_cast<int32_t>(options.layout.ElementSize()),
-      .codec = options.disk_codec};
+      .codec = options.disk_codec,
+      .cancelled = options.cancelled};
   auto last_decile = std::make_shared<int>(-1);
   disk.progress = [last_decile](const RebuildProgress& p) {
     const int decile = p.Percent() / 10;
@@ -112,13 +119,90 @@ Status CheckSocketDirectory(const std::string& socket_path) {
     return Status::Ok();
   }
   const std::string why = std::strerror(errno);
-  return Status::FailedPrecondition(
+  return Status::InvalidArgument(
       "--socket " + socket_path + ": cannot use directory " + dir + " (" + why +
       "); create it, set XDG_RUNTIME_DIR to a directory of your own, or "
       "pass --socket");
 }
 
+// The first number in `path` (a one-line file of /proc or /sys); nullopt
+// when it cannot be read or holds none ("max").
+std::optional<uint64_t> ReadNumber(const std::string& path) {
+  std::ifstream in(path);
+  uint64_t value = 0;
+  if (!(in >> value)) return std::nullopt;
+  return value;
+}
+
+// MemAvailable in /proc/meminfo, in bytes.
+std::optional<uint64_t> MemAvailable() {
+  std::ifstream in("/proc/meminfo");
+  std::string line;
+  constexpr std::string_view kKey = "MemAvailable:";
+  while (std::getline(in, line)) {
+    if (!line.starts_with(kKey)) continue;
+    // "MemAvailable:   22737688 kB"
+    return std::strtoull(line.c_str() + kKey.size(), nullptr, 10) << 10;
+  }
+  return std::nullopt;
+}
+
+// The room left under this process's memory cgroup limit (cgroup v2's
+// memory.max or v1's memory.limit_in_bytes), in bytes; nullopt without a
+// limit. Looked up by the path /proc/self/cgroup gives, then at the root
+// of the mount (inside a cgroup namespace, the process's own).
+std::optional<uint64_t> CgroupRoom() {
+  std::ifstream in("/proc/self/cgroup");
+  std::string line;
+  std::vector<std::pair<std::string, std::string>> tries;  // limit, usage
+  while (std::getline(in, line)) {
+    const size_t a = line.find(':');
+    const size_t b = line.find(':', a + 1);
+    if (a == std::string::npos || b == std::string::npos) continue;
+    const std::string controllers = line.substr(a + 1, b - a - 1);
+    const std::string path = line.substr(b + 1);
+    if (controllers.empty()) {  // v2
+      for (const std::string& dir :
+           {"/sys/fs/cgroup" + path, std::string("/sys/fs/cgroup")}) {
+        tries.emplace_back(dir + "/memory.max", dir + "/memory.current");
+      }
+    } else if (controllers == "memory") {  // v1
+      for (const std::string& dir : {"/sys/fs/cgroup/memory" + path,
+                                     std::string("/sys/fs/cgroup/memory")}) {
+        tries.emplace_back(dir + "/memory.limit_in_bytes",
+                           dir + "/memory.usage_in_bytes");
+      }
+    }
+  }
+  for (const auto& [limit_path, usage_path] : tries) {
+    const std::optional<uint64_t> limit = ReadNumber(limit_path);
+    if (!limit.has_value()) continue;
+    // v1 says "no limit" with a page-rounded LONG_MAX.
+    if (*limit >= (uint64_t{1} << 62)) return std::nullopt;
+    const uint64_t usage = ReadNumber(usage_path).value_or(0);
+    return *limit > usage ? *limit - usage : 0;
+  }
+  return std::nullopt;
+}
+
+std::string Mib(uint64_t bytes) { return std::to_string(bytes >> 20) + " MiB"; }
+
 }  // namespace
+
+Status CheckHostMemory(size_t bytes) {
+  const std::optional<uint64_t> available = MemAvailable();
+  const std::optional<uint64_t> room = CgroupRoom();
+  std::string over;
+  if (available.has_value() && bytes > *available) {
+    over = Mib(*available) + " available (MemAvailable in /proc/meminfo)";
+  } else if (room.has_value() && bytes > *room) {
+    over = Mib(*room) + " left under this process's memory cgroup limit";
+  }
+  if (over.empty()) return Status::Ok();
+  return Status::ResourceExhausted(
+      "--host-capacity of " + Mib(bytes) + " is more than the " + over +
+      "; lower --host-capacity (the host tier is reserved whole at start)");
+}
 
 std::string StoreLockPath(const std::string& store,
                           const std::string& socket_path) {
@@ -134,8 +218,31 @@ std::string DefaultSocketPath(const std::string& store) {
          "/tierkv-" + store + ".sock";
 }
 
+namespace {
+
+// A stop's last duty to the disk tier: the host blocks go down to it, and
+// everything written (spills started before too) is made durable. Both run
+// whatever the other did; the first error wins.
+Status SpillAndFlush(TieredStore& store, std::chrono::milliseconds spill_time) {
+  if (store.disk() == nullptr) return Status::Ok();
+  const int64_t host_blocks = store.stats().host.cached_slots;
+  spdlog::info("disk tier: spilling {} host blocks before stopping",
+               host_blocks);
+  Status spilled = store.SpillAll(spill_time);
+  if (!spilled.ok()) {
+    spdlog::error("disk tier: spill on stop failed: {}", spilled.ToString());
+  }
+  Status flushed = store.Flush();
+  if (!flushed.ok()) {
+    spdlog::error("disk tier: flush on stop failed: {}", flushed.ToString());
+  }
+  return !spilled.ok() ? spilled : flushed;
+}
+
+}  // namespace
+
 Server::Server(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-Server::~Server() { Stop(); }
+Server::~Server() { (void)Stop(); }
 
 StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& in) {
   ServerOptions options = in;
@@ -194,6 +301,10 @@ StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& in) {
         " bytes holds fewer than 2 blocks of " + std::to_string(slot_bytes) +
         " bytes (this layout's block; one slot is reserved)");
   }
+  // Before anything is taken: a host tier larger than the memory left
+  // would otherwise be reserved until the machine runs out.
+  TIERKV_RETURN_IF_ERROR(
+      CheckHostMemory(static_cast<size_t>(slots) * slot_bytes));
   // One lock per name tierkvd claims: the store (its segments) and the
   // socket path. Held, they make whatever is left under those names stale.
   TIERKV_RETURN_IF_ERROR(CheckSocketDirectory(options.socket_path));
@@ -206,6 +317,9 @@ StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& in) {
   if (!options.disk_path.empty()) {
     TIERKV_ASSIGN_OR_RETURN(disk, OpenDisk(options));
   }
+  // Reserving takes about a third of a second per GiB.
+  spdlog::info("host tier: reserving {} MiB for {} slots",
+               (static_cast<size_t>(slots) * slot_bytes) >> 20, slots - 1);
   TieredStoreOptions store;
   store.layout = options.layout;
   store.model = options.model;
@@ -214,7 +328,8 @@ StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& in) {
       .max_segments = options.max_tenants,
       .num_slots = slots,
       .slot_bytes = slot_bytes,
-      .layout_fingerprint = StoreFingerprint(options.layout, options.model)};
+      .layout_fingerprint = StoreFingerprint(options.layout, options.model),
+      .cancelled = options.cancelled};
   store.disk = std::move(disk);
   store.spill_high = options.spill_high;
   store.spill_low = options.spill_low;
@@ -276,10 +391,10 @@ StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& in) {
   return std::unique_ptr<Server>(new Server(std::move(impl)));
 }
 
-void Server::Stop() {
+Status Server::Stop(std::chrono::milliseconds spill_time) {
   Impl& s = *impl_;
   MutexLock guard(&s.stop_mu);
-  if (s.stopped) return;
+  if (s.stopped) return Status::Ok();
   s.stopped = true;
   s.stopping.store(true);
   const char byte = 1;
@@ -300,16 +415,18 @@ void Server::Stop() {
   }
   if (s.stats_thread.joinable()) s.stats_thread.join();
   s.stats_page.reset();  // Removes the page: no stale stats after a stop.
-  // Spills already started finish; then what is on disk is durable.
-  if (Status flushed = s.store->Flush(); !flushed.ok()) {
-    spdlog::error("disk tier: flush on stop failed: {}", flushed.ToString());
-  }
+  const Status result = SpillAndFlush(*s.store, spill_time);
   if (s.listen_fd >= 0) close(s.listen_fd);
   for (int fd : s.wake_pipe) {
     if (fd >= 0) close(fd);
   }
   unlink(s.options.socket_path.c_str());
+  // The names go last, so no other tierkvd takes them while this one still
+  // has its socket.
+  s.socket_lock.Release();
+  s.store_lock.Release();
   spdlog::info("tierkvd stopped serving store '{}'", s.options.store);
+  return result;
 }
 
 const std::string& Server::socket_path() const {
@@ -367,10 +484,21 @@ Status Server::CheckProgress(std::chrono::milliseconds timeout) const {
 
 void Server::Impl::PublishStats() {
   bool warned = false;
+  bool reserve_warned = false;
   while (!stopping.load()) {
     stats_heartbeat.Beat();
     CoordinatorStats snapshot;
     { snapshot = Stats(); }
+    if (snapshot.host.slot_reserve_failures > 0 && !reserve_warned) {
+      // Once: each later one is counted (slot_reserve_failures).
+      spdlog::warn(
+          "host tier: the memory of a slot could not be reserved in a "
+          "tenant's segment ({} so far); those blocks are not stored or "
+          "promoted. The machine or tierkvd's memory cgroup is short of "
+          "memory",
+          snapshot.host.slot_reserve_failures);
+      reserve_warned = true;
+    }
     // Encoding and copying happen outside the coordinator's mutex.
     if (!stats_page.has_value()) {
       // No page: the heartbeat still says this thread goes round.

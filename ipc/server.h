@@ -18,6 +18,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -97,7 +98,21 @@ struct ServerOptions {
   // Between snapshots in the stats page (ipc/stats_page.h). 10 ms..60 s.
   // Default: 100 ms.
   std::chrono::milliseconds stats_interval{100};
+  // Checked by Start's long steps (reserving the host memory, the disk
+  // tier's index rebuild): once it says true, Start undoes what it did and
+  // returns Unavailable. tierkvd sets it on SIGTERM. Default: never.
+  std::function<bool()> cancelled = {};
 };
+
+// The most a Server::Stop spends spilling host blocks by default.
+inline constexpr std::chrono::milliseconds kDefaultStopSpillTime{7500};
+
+// OK when `bytes` of host tier fit in the memory this process may take:
+// MemAvailable in /proc/meminfo, and the room left under its memory
+// cgroup's limit (v2 memory.max, v1 memory.limit_in_bytes) when one is
+// set. ResourceExhausted giving both numbers and naming --host-capacity
+// otherwise.
+Status CheckHostMemory(size_t bytes);
 
 // The tenant a worker of `uid` that asked for `tenant` is put in. A name is
 // only a claim, so another user's worker is confined to tenants of its
@@ -126,15 +141,23 @@ inline constexpr uint32_t kMaxTenants = 1024;
 
 class Server {
  public:
-  // FailedPrecondition when a live tierkvd already serves the store;
-  // InvalidArgument for bad options; the failing step's Status otherwise.
+  // AlreadyExists when a live tierkvd already serves the store;
+  // InvalidArgument for bad options; ResourceExhausted when the host
+  // capacity does not fit in memory (CheckHostMemory) or cannot be
+  // reserved; Unavailable when options.cancelled said to stop; the failing
+  // step's Status otherwise.
   static StatusOr<std::unique_ptr<Server>> Start(const ServerOptions& options);
-  ~Server();  // Stop().
+  ~Server();  // Stop(), its Status dropped.
 
-  // Stops accepting, disconnects workers (dropping their pins), lets the
-  // disk tier finish its writes and syncs it, joins every thread and
-  // removes the socket and segments. Idempotent; thread-safe.
-  void Stop();
+  // Stops accepting and disconnects workers (dropping their pins); spills
+  // every host block the disk tier does not hold yet, for at most
+  // `spill_time` (TieredStore::SpillAll); lets the disk tier finish its
+  // writes and syncs it; joins every thread and removes the socket, its
+  // lock files and the stats page. The stop completes either way; the
+  // Status says whether the host tier's blocks are all on disk and durable:
+  // the spill's or the flush's error otherwise. Idempotent (a second call
+  // returns OK at once); thread-safe.
+  Status Stop(std::chrono::milliseconds spill_time = kDefaultStopSpillTime);
 
   const std::string& socket_path() const;
   int32_t host_slots() const;

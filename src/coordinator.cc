@@ -234,6 +234,20 @@ void Coordinator::ReleaseWorkerSlots(WorkerState* w,
   if (w != nullptr) w->pinned_slots -= static_cast<int64_t>(slots.size());
 }
 
+std::optional<BlockId> Coordinator::NewWorkerSlot(WorkerState* w) {
+  std::vector<BlockId> slot;
+  if (!TakeFreeSlot(&slot)) return std::nullopt;
+  if (options_.assign_slot && !options_.assign_slot(slot[0], w->segment).ok()) {
+    // Unkeyed: back to the free queue, as if it had never been taken.
+    ReleaseSlots(slot);
+    ++stats_.slot_reserve_failures;
+    return std::nullopt;
+  }
+  ++w->pinned_slots;
+  ResetSlotCheck(slot[0]);
+  return slot[0];
+}
+
 int64_t Coordinator::PinRoom(const WorkerState& w) const {
   return std::max<int64_t>(0, worker_pin_cap_ - w.pinned_slots);
 }
@@ -499,26 +513,24 @@ StatusOr<AllocateResult> Coordinator::Allocate(
     std::vector<LowerOp> promotions;
     for (int32_t i = 0; i < used; ++i) {
       if (load.host_blocks[i] != kOnLowerTier) continue;
-      std::vector<BlockId> slot;
       if (PinRoom(*w) == 0) {
         pin_capped = true;
         ++stats_.quota_pin_refusals;
       }
-      if (pin_capped || !TakeFreeSlot(&slot)) {
+      const std::optional<BlockId> slot =
+          pin_capped ? std::nullopt : NewWorkerSlot(w);
+      if (!slot.has_value()) {
         load.host_blocks[i] = 0;
         in_flight.slots[i] = LoadSlot::kReleased;
         ++stats_.promotion_failures;
         continue;
       }
-      ++w->pinned_slots;
-      ResetSlotCheck(slot[0]);
-      if (options_.assign_slot) options_.assign_slot(slot[0], w->segment);
-      load.host_blocks[i] = slot[0];
+      load.host_blocks[i] = *slot;
       in_flight.slots[i] = LoadSlot::kPromoting;
       const std::span<const TokenId> tokens =
           BlockTokens(r, r.first_hit_block + i);
       promotions.push_back(LowerOp{.spill = false,
-                                   .slot = slot[0],
+                                   .slot = *slot,
                                    .key = r.keys[r.first_hit_block + i],
                                    .tokens = {tokens.begin(), tokens.end()},
                                    .worker = worker,
@@ -601,18 +613,15 @@ StatusOr<CommitResult> Coordinator::Commit(
       ++stats_.quota_pin_refusals;
       continue;
     }
-    std::vector<BlockId> slot;
-    if (!TakeFreeSlot(&slot)) {
+    const std::optional<BlockId> slot = NewWorkerSlot(w);
+    if (!slot.has_value()) {
       ++result.skipped_blocks;
       continue;
     }
     --pin_room;
-    ++w->pinned_slots;
-    ResetSlotCheck(slot[0]);
-    if (options_.assign_slot) options_.assign_slot(slot[0], w->segment);
     keys_being_stored_.insert(key);
     store.event.device_blocks.push_back(device_blocks[b]);
-    store.event.host_blocks.push_back(slot[0]);
+    store.event.host_blocks.push_back(*slot);
     store.keys.push_back(key);
     store.tokens.emplace_back(tokens.begin(), tokens.end());
   }

@@ -186,13 +186,16 @@ struct CoordinatorOptions {
   // the segment of the worker whose store or load filled it: before the
   // slot is handed out, assign_slot(slot, segment) says which (it moves
   // the slot there; the owner releases the memory the slot had in another
-  // segment). Tenants never share blocks (keys include the tenant), so a
-  // block stays in one segment for as long as it is cached. A tenant past
-  // max_tenants is refused (ResourceExhausted); tenants keep their segment
-  // number for the coordinator's life. Default: 0, one segment (0) for
+  // segment). When assign_slot fails (the memory cannot be reserved in the
+  // new segment), the slot goes back to the free queue unkeyed and the
+  // block is not stored or promoted, as if no slot were free
+  // (slot_reserve_failures). Tenants never share blocks (keys include the
+  // tenant), so a block stays in one segment for as long as it is cached. A
+  // tenant past max_tenants is refused (ResourceExhausted); tenants keep their
+  // segment number for the coordinator's life. Default: 0, one segment (0) for
   // every tenant (embedded mode: one process).
   uint32_t max_tenants = 0;
-  std::function<void(BlockId slot, uint32_t segment)> assign_slot = {};
+  std::function<Status(BlockId slot, uint32_t segment)> assign_slot = {};
   // Called when a tenant's last worker is dropped: the owner gives back
   // what its workers wrote into their segment outside their own blocks.
   std::function<void(uint32_t segment)> trim_segment = {};
@@ -278,6 +281,16 @@ class Coordinator {
   // The worker's pending loads whose promotions are done, in the order
   // they became ready; from now on each is an ordinary load in flight.
   StatusOr<std::vector<TransferEvent>> TakeReadyLoads(WorkerId worker);
+
+  // A graceful stop: starts a spill of every keyed host block nothing pins
+  // (the free queue's) that the lower tier does not hold yet, whatever the
+  // watermarks and even while spilling rests after a failure; those it
+  // holds already leave host at once. Returns how many spills it started;
+  // PumpLowerTier applies their results as ever. 0 without a lower tier.
+  int64_t SpillAll();
+  // Keyed host blocks the lower tier does not hold (all of them without
+  // one): what stopping now would lose. O(host slots).
+  int64_t HostOnlyBlocks() const;
 
   // An operator's order: drops every block of `tiers` that nothing pins
   // (host: keyed slots in the free queue; disk: every stored block, a
@@ -443,6 +456,14 @@ class Coordinator {
   void DiscardSpill(LowerOp* spill);
   int64_t UsedSlots() const;
   void MaybeSpill();
+  // Spills `victims` (keyed, unpinned), or drops from host those the lower
+  // tier holds already. Returns the spills started.
+  int64_t SpillBlocks(std::span<const BlockId> victims);
+  // A new slot for worker `w`'s store or promotion: from the free queue,
+  // moved to the worker's segment (assign_slot), its check reset and
+  // counted in the worker's pins. Nullopt when none is free or its memory
+  // cannot be reserved (counted).
+  std::optional<BlockId> NewWorkerSlot(WorkerState* w);
   std::chrono::steady_clock::time_point Now() const { return options_.clock(); }
   void RecordLatency(EventKind kind,
                      std::chrono::steady_clock::time_point started);

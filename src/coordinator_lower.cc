@@ -261,6 +261,11 @@ void Coordinator::MaybeSpill() {
     if (host_pool_.block(id).has_key) victims.push_back(id);
     return static_cast<int64_t>(victims.size()) < excess;
   });
+  SpillBlocks(victims);
+}
+
+int64_t Coordinator::SpillBlocks(std::span<const BlockId> victims) {
+  int64_t started = 0;
   for (BlockId slot : victims) {
     const BlockPool::Block& b = host_pool_.block(slot);
     if (options_.lower->Contains(b.key, host_pool_.block_tokens(slot))) {
@@ -278,7 +283,32 @@ void Coordinator::MaybeSpill() {
     op.slot = slot;
     op.key = b.key;
     StartLowerOp(std::move(op));
+    ++started;
   }
+  return started;
+}
+
+int64_t Coordinator::SpillAll() {
+  if (options_.lower == nullptr) return 0;
+  std::vector<BlockId> victims;
+  host_pool_.VisitFreeQueue([&](BlockId id) {
+    if (host_pool_.block(id).has_key) victims.push_back(id);
+    return true;
+  });
+  return SpillBlocks(victims);
+}
+
+int64_t Coordinator::HostOnlyBlocks() const {
+  int64_t n = 0;
+  for (BlockId id = 1; id < host_pool_.num_blocks(); ++id) {
+    const BlockPool::Block& b = host_pool_.block(id);
+    if (b.has_key &&
+        (options_.lower == nullptr ||
+         !options_.lower->Contains(b.key, host_pool_.block_tokens(id)))) {
+      ++n;
+    }
+  }
+  return n;
 }
 
 }  // namespace tierkv

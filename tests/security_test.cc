@@ -249,7 +249,7 @@ TEST(TenantIsolationHostTierTest, AMovedSlotGivesBackItsPagesInTheOldSegment) {
   std::memset(tier.slot(3), 0x3C, kSlotBytes);
   EXPECT_EQ(first->data()[slot2], std::byte{0x5A});
   const int64_t before = Resident(tier.segment_fd(0));
-  tier.AssignSlot(2, 1);
+  ASSERT_THAT(tier.AssignSlot(2, 1), IsOk());
   EXPECT_EQ(Resident(tier.segment_fd(0)),
             before - static_cast<int64_t>(kSlotBytes));
   EXPECT_EQ(tier.slot(2)[0], std::byte{0});  // Fresh memory in segment 1.
@@ -277,8 +277,8 @@ TEST(TenantIsolationHostTierTest, TrimKeepsOnlyTheTenantsOwnSlots) {
   ASSERT_THAT(host, IsOk());
   HostTier& tier = **host;
   ASSERT_THAT(tier.EnsureSegment(1), IsOk());
-  tier.AssignSlot(5, 1);
-  tier.AssignSlot(6, 1);
+  ASSERT_THAT(tier.AssignSlot(5, 1), IsOk());
+  ASSERT_THAT(tier.AssignSlot(6, 1), IsOk());
   StatusOr<ShmSegment> worker =
       ShmSegment::MapSealed(dup(tier.segment_fd(1)), /*writable=*/true);
   ASSERT_THAT(worker, IsOk());

@@ -356,7 +356,7 @@ TEST_F(TierkvdOpsTest, ALogFileThatCannotBeOpenedStopsTheStart) {
   const std::string plain = dir_ + "/plain";
   std::ofstream(plain) << "a file, not a folder\n";
   auto daemon = Spawn(Flags({"--log-file", plain + "/tierkvd.log"}));
-  EXPECT_EQ(daemon->Wait(), 1);
+  EXPECT_EQ(daemon->Wait(), 2);  // A bad flag's value.
   EXPECT_THAT(daemon->output(),
               HasSubstr("cannot open log file " + plain + "/tierkvd.log"));
   // It never served.

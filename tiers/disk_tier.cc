@@ -514,6 +514,10 @@ Status DiskTierImpl::Rebuild() {
   TIERKV_RETURN_IF_ERROR(storage_->ForEach(
       [&](std::string_view key, std::string_view value) -> Status {
         progress.Step(key.size() + value.size());
+        if (options_.cancelled && options_.cancelled()) {
+          return Status::Unavailable(
+              "disk tier: opening cancelled (tierkvd is stopping)");
+        }
         std::optional<BlockKey> block_key = ParseStorageKey(key);
         StatusOr<ValueFields> fields = ParseHeader(value);
         if (fields.ok() && !VerifyStored(*fields).ok()) {

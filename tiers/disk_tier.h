@@ -225,6 +225,10 @@ struct DiskTierOptions {
   // every 1% of the bytes to read and once at the end (done set). Default:
   // none.
   std::function<void(const RebuildProgress&)> progress = {};
+  // Checked for each value the rebuild reads: once it says true, Open
+  // gives up with Unavailable (tierkvd asked to stop while starting).
+  // Default: never.
+  std::function<bool()> cancelled = {};
 };
 
 // DiskTierStats is in tierkv/stats.h: the coordinator reports it too.

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <utility>
@@ -87,6 +88,9 @@ StatusOr<ShmSegment> HostTier::MakeSegment(const HostTierOptions& options,
           ? ShmSegment::CreateSealed(bytes, "host." + std::to_string(segment))
           : ShmSegment::CreateAnonymous(bytes);
   if (!made.ok()) return made.status();
+  TIERKV_RETURN_IF_ERROR(segment == 0
+                             ? ReserveWhole(options, *made)
+                             : Reserve(options, *made, 0, kSlotAlignment));
   auto* header = reinterpret_cast<HostTierHeader*>(made->data());
   std::memset(header, 0, sizeof(*header));
   header->version = kHostTierVersion;
@@ -98,6 +102,35 @@ StatusOr<ShmSegment> HostTier::MakeSegment(const HostTierOptions& options,
   // Magic last: an attacher that sees it sees a complete header.
   __atomic_store_n(&header->magic, kHostTierMagic, __ATOMIC_RELEASE);
   return made;
+}
+
+Status HostTier::Reserve(const HostTierOptions& options,
+                         const ShmSegment& segment, size_t offset,
+                         size_t bytes) {
+  if (!options.shared) return Status::Ok();  // The process's own memory.
+  return options.reserve ? options.reserve(segment, offset, bytes)
+                         : segment.Reserve(offset, bytes);
+}
+
+Status HostTier::ReserveWhole(const HostTierOptions& options,
+                              const ShmSegment& segment) {
+  // Chunks of 64 MiB: a stop asked for during start-up waits for one at
+  // most (tens of milliseconds).
+  constexpr size_t kChunk = size_t{64} << 20;
+  for (size_t offset = 0; offset < segment.size(); offset += kChunk) {
+    if (options.cancelled && options.cancelled()) {
+      return Status::Unavailable(
+          "host tier: reserving memory cancelled (tierkvd is stopping)");
+    }
+    const size_t bytes = std::min(kChunk, segment.size() - offset);
+    if (Status s = Reserve(options, segment, offset, bytes); !s.ok()) {
+      return Status::ResourceExhausted(
+          "host tier: reserved " + std::to_string(offset >> 20) + " of " +
+          std::to_string(segment.size() >> 20) + " MiB, then: " + s.message() +
+          "; lower --host-capacity");
+    }
+  }
+  return Status::Ok();
 }
 
 Status HostTier::EnsureSegment(uint32_t segment) {
@@ -121,16 +154,22 @@ int HostTier::segment_fd(uint32_t segment) const {
   return segments_[segment]->fd();
 }
 
-void HostTier::AssignSlot(BlockId id, uint32_t segment) {
-  if (owner_ == nullptr) return;
-  const uint32_t previous = owner_[id].exchange(segment);
-  if (previous == segment) return;
+Status HostTier::AssignSlot(BlockId id, uint32_t segment) {
+  if (owner_ == nullptr) return Status::Ok();
+  const uint32_t previous = owner_[id].load(std::memory_order_relaxed);
+  if (previous == segment) return Status::Ok();
+  const size_t begin = kSlotAlignment + static_cast<size_t>(id) * slot_bytes_;
+  // Taken in the new segment before it is given back in the old one, so a
+  // failure leaves the slot as it was.
+  TIERKV_RETURN_IF_ERROR(
+      Reserve(options_, *segments_[segment], begin, slot_bytes_));
+  owner_[id].store(segment, std::memory_order_relaxed);
   // The previous segment's whole pages of the slot go back to the kernel
   // (its partial pages at either end stay: a neighbour may use them). A
   // worker of that tenant that touches them again gets zeroes, charged to
   // its own memory.
-  const size_t begin = kSlotAlignment + static_cast<size_t>(id) * slot_bytes_;
   Punch(segment_fd(previous), begin, begin + slot_bytes_);
+  return Status::Ok();
 }
 
 void HostTier::Trim(uint32_t segment) {
@@ -207,58 +246,86 @@ StatusOr<std::unique_ptr<HostTier>> HostTier::Attach(
 }
 
 StatusOr<StoreLock> StoreLock::Acquire(const std::string& path) {
-  // Not through a symbolic link, and not truncated before it is known to be
-  // this user's own regular file: someone else's lock file is refused, not
-  // clobbered.
-  const int fd =
-      open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
-  if (fd < 0) {
-    const int err = errno;
-    const std::string msg =
-        "cannot open lock file " + path + ": " + std::strerror(err) +
-        (err == ELOOP ? " (it is a symbolic link; remove it)" : "");
-    return err == EACCES || err == ELOOP ? Status::PermissionDenied(msg)
-                                         : Status::Unavailable(msg);
+  // A holder removes its file before it unlocks it (Release): a file this
+  // process locked that the path no longer names was released meanwhile,
+  // so it opens the path again. Bounded: each round needs another tierkvd
+  // to have taken and released the name in between.
+  for (int attempt = 0;; ++attempt) {
+    // Not through a symbolic link, and not truncated before it is known to
+    // be this user's own regular file: someone else's lock file is
+    // refused, not clobbered.
+    const int fd =
+        open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (fd < 0) {
+      const int err = errno;
+      const std::string msg =
+          "cannot open lock file " + path + ": " + std::strerror(err) +
+          (err == ELOOP ? " (it is a symbolic link; remove it)" : "");
+      return err == EACCES || err == ELOOP ? Status::PermissionDenied(msg)
+                                           : Status::Unavailable(msg);
+    }
+    struct stat st {};
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid()) {
+      close(fd);
+      return Status::PermissionDenied(
+          "lock file " + path + " is not a regular file of uid " +
+          std::to_string(geteuid()) +
+          " (another user made it?); remove it, or put the socket in a "
+          "directory only this user can write");
+    }
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      char buf[32] = {};
+      const ssize_t n = pread(fd, buf, sizeof(buf) - 1, 0);
+      close(fd);
+      const std::string pid = n > 0 ? std::string(buf, strnlen(buf, n)) : "?";
+      return Status::AlreadyExists("store is served by a live tierkvd (pid " +
+                                   pid + ", lock " + path + ")");
+    }
+    struct stat now {};
+    if (stat(path.c_str(), &now) != 0 || now.st_dev != st.st_dev ||
+        now.st_ino != st.st_ino) {
+      close(fd);
+      if (attempt < 100) continue;
+      return Status::Unavailable("lock file " + path +
+                                 " keeps being replaced; is another tierkvd "
+                                 "starting and stopping in a loop?");
+    }
+    const std::string pid = std::to_string(getpid());
+    if (ftruncate(fd, 0) != 0 || pwrite(fd, pid.data(), pid.size(), 0) !=
+                                     static_cast<ssize_t>(pid.size())) {
+      // The pid is only for the message above; the lock itself is held.
+    }
+    return StoreLock(fd, path);
   }
-  struct stat st {};
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid()) {
-    close(fd);
-    return Status::PermissionDenied(
-        "lock file " + path + " is not a regular file of uid " +
-        std::to_string(geteuid()) +
-        " (another user made it?); remove it, or put the socket in a "
-        "directory only this user can write");
-  }
-  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
-    char buf[32] = {};
-    const ssize_t n = pread(fd, buf, sizeof(buf) - 1, 0);
-    close(fd);
-    const std::string pid = n > 0 ? std::string(buf, strnlen(buf, n)) : "?";
-    return Status::FailedPrecondition(
-        "store is served by a live tierkvd (pid " + pid + ", lock " + path +
-        ")");
-  }
-  const std::string pid = std::to_string(getpid());
-  if (ftruncate(fd, 0) != 0 || pwrite(fd, pid.data(), pid.size(), 0) !=
-                                   static_cast<ssize_t>(pid.size())) {
-    // The pid is only for the message above; the lock itself is held.
-  }
-  return StoreLock(fd);
 }
 
 StoreLock::StoreLock(StoreLock&& other) noexcept
-    : fd_(std::exchange(other.fd_, -1)) {}
+    : fd_(std::exchange(other.fd_, -1)), path_(std::move(other.path_)) {}
 
 StoreLock& StoreLock::operator=(StoreLock&& other) noexcept {
   if (this != &other) {
-    if (fd_ >= 0) close(fd_);
+    Release();
     fd_ = std::exchange(other.fd_, -1);
+    path_ = std::move(other.path_);
   }
   return *this;
 }
 
-StoreLock::~StoreLock() {
-  if (fd_ >= 0) close(fd_);
+StoreLock::~StoreLock() { Release(); }
+
+void StoreLock::Release() {
+  if (fd_ < 0) return;
+  // Removed while locked: whoever opened the file meanwhile finds, once it
+  // holds the lock, that the path no longer names it (Acquire). Not when
+  // the path names another file by now (this one was removed by hand).
+  struct stat mine {
+  }, named{};
+  if (fstat(fd_, &mine) == 0 && stat(path_.c_str(), &named) == 0 &&
+      mine.st_dev == named.st_dev && mine.st_ino == named.st_ino) {
+    unlink(path_.c_str());
+  }
+  close(fd_);
+  fd_ = -1;
 }
 
 }  // namespace tierkv

@@ -17,6 +17,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -42,11 +43,23 @@ struct HostTierOptions {
   // StoreFingerprint(layout, model): written to the header; checked on
   // Attach.
   std::string layout_fingerprint;
+  // With shared: checked between chunks while Create reserves segment 0's
+  // memory (which takes a while for many GiB); once it says true, Create
+  // gives up with Unavailable. Default: never.
+  std::function<bool()> cancelled = {};
+  // With shared: takes the memory of a range of a segment
+  // (ShmSegment::Reserve), so that no one faults with SIGBUS touching it
+  // later. A test seam: tests make it fail. Default: ShmSegment::Reserve.
+  std::function<Status(const ShmSegment& segment, size_t offset, size_t bytes)>
+      reserve = {};
 };
 
 class HostTier {
  public:
-  // Creates the slots, in segment 0.
+  // Creates the slots, in segment 0. A shared tier reserves segment 0's
+  // memory whole (ResourceExhausted when it is not there), so that no slot
+  // ever faults for want of it; later segments take a slot's memory as
+  // AssignSlot moves it there.
   static StatusOr<std::unique_ptr<HostTier>> Create(
       const HostTierOptions& options);
   // Maps tierkvd's segment, received as `segment_fd` (taken over: closed in
@@ -70,12 +83,15 @@ class HostTier {
   // A made segment's fd, for passing to a worker; -1 for private memory or
   // a segment not made.
   int segment_fd(uint32_t segment = 0) const;
-  // Moves slot `id` to `segment` (made): slot(id) points there from now on,
-  // and the memory the slot held in its previous segment is given back
-  // (its whole pages). REQUIRES: nothing reads or writes the slot (it is
-  // being allocated); called under the coordinator's lock, which orders it
+  // Moves slot `id` to `segment` (made): its memory there is reserved,
+  // slot(id) points there from now on, and the memory the slot held in its
+  // previous segment is given back (its whole pages). ResourceExhausted
+  // when the memory cannot be reserved: the slot stays where it was and
+  // must not be handed out (touching it in `segment` could fault with
+  // SIGBUS). REQUIRES: nothing reads or writes the slot (it is being
+  // allocated); called under the coordinator's lock, which orders it
   // before the slot's later users.
-  void AssignSlot(BlockId id, uint32_t segment);
+  Status AssignSlot(BlockId id, uint32_t segment);
   // Gives back the memory of every slot not assigned to `segment` in that
   // segment: what its tenant's workers wrote outside their own blocks.
   // Called when a tenant's last worker detaches, under the coordinator's
@@ -95,9 +111,17 @@ class HostTier {
 
  private:
   HostTier(const HostTierOptions& options, ShmSegment first);
-  // A segment of the tier's size with its header written.
+  // A segment of the tier's size with its header written; segment 0 of a
+  // shared tier has all of its memory reserved, the others their header.
   static StatusOr<ShmSegment> MakeSegment(const HostTierOptions& options,
                                           uint32_t segment);
+  // Reserves [offset, offset + bytes) of `segment` (options.reserve).
+  static Status Reserve(const HostTierOptions& options,
+                        const ShmSegment& segment, size_t offset, size_t bytes);
+  // Reserves all of `segment` in chunks, checking options.cancelled
+  // between them.
+  static Status ReserveWhole(const HostTierOptions& options,
+                             const ShmSegment& segment);
   // Punches the whole pages of byte range [begin, end) of segment `fd`.
   static void Punch(int fd, size_t begin, size_t end);
 
@@ -111,23 +135,31 @@ class HostTier {
   std::unique_ptr<std::atomic<uint32_t>[]> owner_;
 };
 
-// StoreLock: an exclusive flock(2) on "<socket>.lock", held by the tierkvd
-// serving a store for its whole life. The kernel drops it when the process
-// dies, so a segment or socket left behind by a dead daemon is recognisably
-// stale, while a live daemon's is never clobbered.
+// StoreLock: an exclusive flock(2) on a lock file ("<socket>.lock", the
+// store's), held by the tierkvd serving a store for its whole life. The
+// kernel drops it when the process dies, so a segment or socket left behind
+// by a dead daemon is recognisably stale (and its lock file is taken over),
+// while a live daemon's is never clobbered. Released, the file is removed
+// while still locked; Acquire locks only a file that its path still names
+// once locked, so a file removed under a waiting Acquire is never taken.
+// Not thread-safe; owned by the server.
 class StoreLock {
  public:
-  // FailedPrecondition naming the holder's pid when a live process holds it.
+  // AlreadyExists naming the holder's pid when a live process holds it.
   // PermissionDenied when `path` is a symbolic link or another user's file
   // (never followed or truncated).
   static StatusOr<StoreLock> Acquire(const std::string& path);
   StoreLock(StoreLock&& other) noexcept;
   StoreLock& operator=(StoreLock&& other) noexcept;
-  ~StoreLock();
+  ~StoreLock();  // Release().
+
+  // Removes the lock file, then unlocks it. Idempotent.
+  void Release();
 
  private:
-  explicit StoreLock(int fd) : fd_(fd) {}
+  StoreLock(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
   int fd_ = -1;
+  std::string path_;
 };
 
 }  // namespace tierkv

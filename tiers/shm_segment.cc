@@ -55,6 +55,14 @@ Status FromInterprocess(const bip::interprocess_exception& e,
   }
 }
 
+Status ReserveError(int err, size_t bytes, const std::string& what) {
+  const std::string msg = "cannot reserve " + std::to_string(bytes) +
+                          " bytes of " + what + ": " + std::strerror(err);
+  return err == ENOSPC || err == ENOMEM || err == EFBIG
+             ? Status::ResourceExhausted(msg)
+             : Status::Unavailable(msg);
+}
+
 }  // namespace
 
 Status ValidateShmName(const std::string& name) {
@@ -149,6 +157,15 @@ StatusOr<ShmSegment> ShmSegment::Create(const ShmCreateOptions& options) {
           std::to_string(*options.group) + ": " + std::strerror(err));
     }
     shm.truncate(static_cast<bip::offset_t>(options.bytes));
+    // Taken now: a /dev/shm too small for the segment is an error here,
+    // not SIGBUS at the first write past its room.
+    if (const int err = posix_fallocate(shm.get_mapping_handle().handle, 0,
+                                        static_cast<off_t>(options.bytes));
+        err != 0) {
+      bip::shared_memory_object::remove(options.name.c_str() + 1);
+      return ReserveError(err, options.bytes,
+                          "shared memory '" + options.name + "' in /dev/shm");
+    }
     auto impl = std::make_unique<Impl>(shm, bip::read_write);
     struct stat st {};
     if (fstat(shm.get_mapping_handle().handle, &st) == 0) {
@@ -199,6 +216,23 @@ StatusOr<ShmSegment> ShmSegment::CreateAnonymous(size_t bytes) {
 }
 
 int ShmSegment::fd() const { return impl_ != nullptr ? impl_->sealed_fd : -1; }
+
+Status ShmSegment::Reserve(size_t offset, size_t bytes) const {
+  const int fd = this->fd();
+  if (fd < 0 || bytes == 0) return Status::Ok();
+  if (offset > size_ || bytes > size_ - offset) {
+    return Status::OutOfRange("reserving bytes " + std::to_string(offset) +
+                              ".." + std::to_string(offset + bytes) + " of a " +
+                              std::to_string(size_) + "-byte segment");
+  }
+  // tmpfs allocates the pages (charged to this process's memory cgroup) or
+  // fails whole, giving back what it took.
+  if (fallocate(fd, 0, static_cast<off_t>(offset), static_cast<off_t>(bytes)) !=
+      0) {
+    return ReserveError(errno, bytes, "shared memory");
+  }
+  return Status::Ok();
+}
 
 StatusOr<ShmSegment> ShmSegment::CreateSealed(size_t bytes,
                                               const std::string& label) {

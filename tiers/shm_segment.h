@@ -29,7 +29,9 @@ struct ShmCreateOptions {
 
 class ShmSegment {
  public:
-  // Creates a new segment, replacing one of the same name. REQUIRES: the
+  // Creates a new segment, replacing one of the same name, with its memory
+  // reserved (see Reserve): ResourceExhausted when /dev/shm has no room,
+  // never SIGBUS later. REQUIRES: the
   // caller made sure any existing segment of that name was left by a
   // process that is gone. Destroyed, it removes the name only while the
   // name is still this segment's.
@@ -46,7 +48,8 @@ class ShmSegment {
   // process holding it can shrink or grow it (F_SEAL_SHRINK, F_SEAL_GROW,
   // F_SEAL_SEAL): a mapping of it never faults with SIGBUS. It has no name
   // in any directory; others reach it only through fd(), passed over a Unix
-  // socket (SCM_RIGHTS). `label` names it in /proc/<pid>/fd.
+  // socket (SCM_RIGHTS). `label` names it in /proc/<pid>/fd. Its memory is
+  // not reserved: callers Reserve what they will touch.
   static StatusOr<ShmSegment> CreateSealed(size_t bytes,
                                            const std::string& label);
   // Maps a segment received as `fd` (taking ownership of it; it is closed
@@ -65,6 +68,15 @@ class ShmSegment {
   // The sealed segment's file descriptor (CreateSealed), to pass to another
   // process; -1 for every other kind. Owned by the segment.
   int fd() const;
+
+  // Takes the memory of bytes [offset, offset + bytes) of a sealed segment
+  // now (fallocate), so that touching them later cannot fault with SIGBUS
+  // for want of memory: a segment is only sized when made, and its pages
+  // are otherwise taken on first touch. ResourceExhausted with the numbers
+  // when the memory is not there (what was taken by this call is given
+  // back). A no-op for other kinds (anonymous memory is the process's own;
+  // Create reserves a named segment whole).
+  Status Reserve(size_t offset, size_t bytes) const;
 
   // Removes a segment by name; true if one existed.
   static bool Remove(const std::string& name);

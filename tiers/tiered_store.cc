@@ -108,12 +108,13 @@ StatusOr<std::unique_ptr<TieredStore>> TieredStore::Open(
        .slot_checksum = std::move(slot_checksum),
        .verify_on_load = options.verify_on_load,
        .max_tenants = host.shared ? host.max_segments : 0,
-       .assign_slot = host.shared ? std::function<void(BlockId, uint32_t)>(
-                                        [tier = raw->host_.get()](
-                                            BlockId slot, uint32_t segment) {
-                                          tier->AssignSlot(slot, segment);
-                                        })
-                                  : nullptr,
+       .assign_slot =
+           host.shared
+               ? std::function<Status(BlockId, uint32_t)>(
+                     [tier = raw->host_.get()](BlockId slot, uint32_t segment) {
+                       return tier->AssignSlot(slot, segment);
+                     })
+               : nullptr,
        .trim_segment = host.shared
                            ? std::function<void(uint32_t)>(
                                  [tier = raw->host_.get()](uint32_t segment) {
@@ -259,6 +260,30 @@ Status TieredStore::Flush() {
   MutexLock lock(&mu_);
   if (coordinator_.has_value()) coordinator_->PumpLowerTier();
   return flushed;
+}
+
+Status TieredStore::SpillAll(std::chrono::milliseconds timeout) {
+  if (disk_ == nullptr) return Status::Ok();
+  int64_t started = 0;
+  {
+    MutexLock lock(&mu_);
+    started = coordinator_->SpillAll();
+  }
+  if (!WaitIdle(timeout)) {
+    return Status::DeadlineExceeded(
+        "spilling " + std::to_string(started) +
+        " host blocks to the disk tier did not finish within " +
+        std::to_string(timeout.count()) + " ms");
+  }
+  MutexLock lock(&mu_);
+  const int64_t left = coordinator_->HostOnlyBlocks();
+  if (left > 0) {
+    return Status::Unavailable(std::to_string(left) + " of " +
+                               std::to_string(started) +
+                               " host blocks could not be spilled to the "
+                               "disk tier (spill_failures in the stats)");
+  }
+  return Status::Ok();
 }
 
 CoordinatorStats TieredStore::stats() const {

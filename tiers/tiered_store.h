@@ -139,6 +139,15 @@ class TieredStore {
   // without a disk tier.
   Status Flush() TIERKV_EXCLUDES(mu_);
 
+  // For a graceful stop, once no worker pins anything: spills every host
+  // block the disk tier does not hold yet (Coordinator::SpillAll) and waits
+  // for the spills, at most `timeout`. DeadlineExceeded when they have not
+  // finished by then; Unavailable naming how many blocks stayed on host
+  // only when some spills failed (the disk tier's errors are logged and
+  // counted where they happen). OK at once without a disk tier. Follow it
+  // with Flush to make the spills durable.
+  Status SpillAll(std::chrono::milliseconds timeout) TIERKV_EXCLUDES(mu_);
+
   CoordinatorStats stats() const TIERKV_EXCLUDES(mu_);
 
   // OK while the store makes progress: the tier thread has gone round its

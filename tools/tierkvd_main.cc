@@ -6,6 +6,7 @@
 #include "tierkv/version.h"
 #include "tools/daemon/daemon.h"
 #include "tools/daemon/daemon_flags.h"
+#include "tools/daemon/exit_status.h"
 
 int main(int argc, char** argv) {
   if (tierkv::WantsVersion(argc, argv)) {
@@ -16,7 +17,7 @@ int main(int argc, char** argv) {
   if (!command.ok()) {
     std::cerr << "tierkvd: " << command.status().message()
               << "\n(tierkvd --help lists the flags)\n";
-    return 2;
+    return tierkv::daemon::kExitUsage;
   }
   if (command->show_help) {
     std::cout << command->help_text;

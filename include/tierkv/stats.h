@@ -94,7 +94,10 @@ struct StatField {
     "Blocks not stored: the worker had its cap of events in flight.")          \
   X(uint64_t, quota_registration_refusals, kCounter,                           \
     "Workers refused: their uid had its cap of registered workers, or the "    \
-    "store its cap of tenants.")
+    "store its cap of tenants.")                                               \
+  X(uint64_t, slot_reserve_failures, kCounter,                                 \
+    "Blocks not stored or promoted: the memory of their slot could not be "    \
+    "reserved in the tenant's host segment.")
 
 #define TIERKV_DISK_TIER_STATS_FIELDS(X)                                     \
   X(uint64_t, capacity_bytes, kGauge, "The bound on the disk tier's bytes.") \

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <iostream>
 #include <thread>
@@ -135,8 +136,92 @@ void StopWithin(std::chrono::seconds timeout,
   watchdog.join();
 }
 
+namespace {
+
+// The thread that takes SIGTERM, SIGINT and SIGHUP (blocked in every other
+// thread) for tierkvd's whole life, start-up included: SIGHUP reopens the
+// log file and re-reads the log level; SIGTERM or SIGINT ask tierkvd to
+// stop (stop_requested(), which Server::Start's long steps check) and end
+// the thread. A stop asked for during start-up must be honoured within
+// --stop-timeout too: past it, the process exits with kExitInternal.
+class SignalThread {
+ public:
+  SignalThread(const DaemonCommand& command, DaemonLog& log,
+               const sigset_t& signals)
+      : command_(command), log_(log), signals_(signals) {
+    thread_ = std::thread([this] { Run(); });
+  }
+  // Ends the thread (whether or not a stop was asked for).
+  ~SignalThread() {
+    ending_.store(true);
+    pthread_kill(thread_.native_handle(), SIGTERM);
+    thread_.join();
+  }
+
+  bool stop_requested() const { return stop_requested_.load(); }
+  // Start-up is over (Server::Start returned): a stop asked for is the
+  // main thread's to carry out now.
+  void StartupOver() {
+    MutexLock lock(&mu_);
+    startup_over_ = true;
+    changed_.NotifyAll();
+  }
+  // Returns once a stop is asked for.
+  void WaitForStop() {
+    MutexLock lock(&mu_);
+    while (!stop_asked_) changed_.Wait(&mu_);
+  }
+
+ private:
+  void Run() {
+    std::string log_level = command_.log_level;
+    for (;;) {
+      int signal_number = 0;
+      sigwait(&signals_, &signal_number);
+      if (ending_.load()) return;
+      if (signal_number == SIGHUP) {
+        ReopenLog(log_);  // First: what follows goes to the fresh file.
+        ApplyConfigLogLevel(command_, &log_level);
+        continue;
+      }
+      spdlog::info("received {}, stopping", strsignal(signal_number));
+      stop_requested_.store(true);
+      MutexLock lock(&mu_);
+      stop_asked_ = true;
+      changed_.NotifyAll();
+      const auto deadline =
+          std::chrono::steady_clock::now() + command_.stop_timeout;
+      while (!startup_over_ && !ending_.load()) {
+        if (!changed_.WaitUntil(&mu_, deadline)) break;
+      }
+      if (!startup_over_ && !ending_.load()) {
+        spdlog::error(
+            "start-up did not stop within {} s (--stop-timeout); exiting "
+            "without cleanup",
+            command_.stop_timeout.count());
+        spdlog::default_logger()->flush();
+        _exit(kExitInternal);
+      }
+      return;
+    }
+  }
+
+  const DaemonCommand& command_;
+  DaemonLog& log_;
+  const sigset_t signals_;
+  std::atomic<bool> stop_requested_{false};
+  std::atomic<bool> ending_{false};
+  Mutex mu_;
+  CondVar changed_;
+  bool stop_asked_ TIERKV_GUARDED_BY(mu_) = false;
+  bool startup_over_ TIERKV_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
+
+}  // namespace
+
 int RunDaemon(const DaemonCommand& command) {
-  // Blocked before any thread starts, so only sigwait below receives them.
+  // Blocked before any thread starts, so only the signal thread takes them.
   sigset_t signals;
   sigemptyset(&signals);
   sigaddset(&signals, SIGINT);
@@ -147,15 +232,25 @@ int RunDaemon(const DaemonCommand& command) {
   spdlog::set_level(spdlog::level::from_str(command.log_level));
   auto log = DaemonLog::Open(command.log_file);
   if (!log.ok()) {
-    std::cerr << "tierkvd: " << log.status().message() << "\n";
-    return 1;
+    std::cerr << "tierkvd: --log-file: " << log.status().message() << "\n";
+    return kExitUsage;
   }
-  auto server = ipc::Server::Start(command.server);
+  SignalThread signal_thread(command, **log, signals);
+  ipc::ServerOptions options = command.server;
+  options.cancelled = [&signal_thread] {
+    return signal_thread.stop_requested();
+  };
+  auto server = ipc::Server::Start(options);
+  signal_thread.StartupOver();
   if (!server.ok()) {
+    if (signal_thread.stop_requested()) {
+      spdlog::info("stopped while starting: {}", server.status().message());
+      return kExitStopped;
+    }
     spdlog::error("cannot start: {}", server.status().ToString());
     sd_notifyf(0, "STATUS=cannot start: %s",
                server.status().ToString().c_str());
-    return 1;
+    return ExitStatusFor(server.status());
   }
   std::unique_ptr<MetricsHttpServer> metrics;
   if (command.metrics_listen.has_value()) {
@@ -168,30 +263,37 @@ int RunDaemon(const DaemonCommand& command) {
       spdlog::error("cannot start: {}", started.status().message());
       sd_notifyf(0, "STATUS=cannot start: %s",
                  started.status().ToString().c_str());
-      return 1;
+      return ExitStatusFor(started.status());
     }
     metrics = std::move(*started);
     spdlog::info("metrics: serving http://{}/metrics", metrics->address());
   }
-  sd_notifyf(0, "READY=1\nSTATUS=serving store '%s' on %s",
-             command.server.store.c_str(), (*server)->socket_path().c_str());
-  std::unique_ptr<Watchdog> watchdog = StartWatchdog(**server);
-  std::string log_level = command.log_level;
-  for (;;) {
-    int signal_number = 0;
-    sigwait(&signals, &signal_number);
-    if (signal_number == SIGHUP) {
-      ReopenLog(**log);  // First: what follows goes to the fresh file.
-      ApplyConfigLogLevel(command, &log_level);
-      continue;
-    }
-    spdlog::info("received {}, stopping", strsignal(signal_number));
-    watchdog.reset();  // A stopping server makes no progress to check.
-    metrics.reset();
-    sd_notify(0, "STOPPING=1\nSTATUS=stopping");
-    StopWithin(command.stop_timeout, [&] { (*server)->Stop(); });
-    return 0;
+  std::unique_ptr<Watchdog> watchdog;
+  if (!signal_thread.stop_requested()) {
+    sd_notifyf(0, "READY=1\nSTATUS=serving store '%s' on %s",
+               command.server.store.c_str(), (*server)->socket_path().c_str());
+    watchdog = StartWatchdog(**server);
+    signal_thread.WaitForStop();
   }
+  watchdog.reset();  // A stopping server makes no progress to check.
+  metrics.reset();
+  sd_notify(0, "STOPPING=1\nSTATUS=stopping");
+  // Most of the time goes to spilling the host tier; the rest is left for
+  // the flush and the teardown.
+  const auto spill_time = std::chrono::duration_cast<std::chrono::milliseconds>(
+                              command.stop_timeout) *
+                          3 / 4;
+  Status stopped;
+  StopWithin(command.stop_timeout,
+             [&] { stopped = (*server)->Stop(spill_time); });
+  if (!stopped.ok()) {
+    spdlog::error(
+        "stopped, but the host tier is not all on disk and durable: {}; a "
+        "restart may miss those blocks",
+        stopped.ToString());
+    return kExitStopIncomplete;
+  }
+  return kExitStopped;
 }
 
 }  // namespace tierkv::daemon

@@ -15,10 +15,14 @@
 #include <functional>
 
 #include "tools/daemon/daemon_flags.h"
+#include "tools/daemon/exit_status.h"
 
 namespace tierkv::daemon {
 
-// The process's exit status: 0 after a clean stop, 1 when it cannot start.
+// Runs tierkvd until SIGTERM or SIGINT and returns its exit status
+// (ExitStatus). Those signals are honoured from the start: during start-up
+// they make its long steps give up (ServerOptions::cancelled), and then it
+// exits with kExitStopped.
 int RunDaemon(const DaemonCommand& command);
 
 // The umask that keeps what tierkvd creates (the disk tier's directory and

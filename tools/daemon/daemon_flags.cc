@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "ipc/protocol.h"
+#include "tools/daemon/exit_status.h"
 
 namespace tierkv::daemon {
 namespace po = boost::program_options;
@@ -275,7 +276,9 @@ po::options_description SettingOptions(DaemonCommand& command,
       " or /run/tierkv/tierkv-<store>.sock; its directory should be "
       "writable by tierkvd's user only)")(
       "host-capacity", po::value(&raw.capacity)->default_value(raw.capacity),
-      "host DRAM for KV blocks (K, M, G, T suffixes, powers of 1024)")(
+      "host DRAM for KV blocks (K, M, G, T suffixes, powers of 1024); "
+      "reserved whole at start (about 0.35 s per GiB), refused when more "
+      "than the memory available")(
       "model", po::value(&s.model)->value_name("NAME"),
       "the model whose KV this store serves, e.g. "
       "meta-llama/Llama-3.1-8B-Instruct; workers of another model are "
@@ -374,7 +377,8 @@ po::options_description SettingOptions(DaemonCommand& command,
       "stop-timeout",
       po::value(&raw.stop_timeout)->default_value(raw.stop_timeout),
       "seconds a stop may take after SIGTERM before tierkvd exits with "
-      "status 1")(
+      "status 1; three quarters of it may go to spilling the host tier to "
+      "--disk-dir")(
       "metrics-listen",
       po::value(&raw.metrics_listen)->value_name("[ADDR:]PORT"),
       "serve the statistics in Prometheus text format (what tierkv-admin "
@@ -514,7 +518,9 @@ StatusOr<DaemonCommand> ParseDaemonFlags(int argc, const char* const* argv) {
   po::options_description general(
       "tierkvd: the tierkv coordinator. Owns the index, LRU and pins of the\n"
       "host tier (shared memory) for one store and serves engine workers.\n"
-      "Stops cleanly on SIGINT or SIGTERM; SIGHUP reopens --log-file and\n"
+      "Stops cleanly on SIGINT or SIGTERM (at any stage, start-up included),\n"
+      "spilling its host blocks to --disk-dir first; SIGHUP reopens --log-file "
+      "and\n"
       "re-reads log-level from --config. Under systemd with WatchdogSec=, it\n"
       "notifies the watchdog while it makes progress.\n\n"
       "Command line only");
@@ -532,7 +538,9 @@ StatusOr<DaemonCommand> ParseDaemonFlags(int argc, const char* const* argv) {
       << settings
       << "\nExample:\n  tierkvd --model meta-llama/Llama-3.1-8B-Instruct "
          "--layers 32 --kv-heads 8 \\\n      --head-dim 128 --host-capacity 8G "
-         "--disk-dir /var/lib/tierkv/default \\\n      --disk-capacity 200G\n";
+         "--disk-dir /var/lib/tierkv/default \\\n      --disk-capacity 200G\n"
+      << "\n"
+      << kExitStatusHelp;
   command.help_text = help.str();
 
   po::variables_map vm;

@@ -245,7 +245,8 @@ StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
     // Not a busy port: this process may not use that address at all.
     const bool not_allowed =
         err == EAFNOSUPPORT || err == EPERM || err == EADDRNOTAVAIL;
-    return Status::Unavailable(
+    // An option value this host cannot take: a usage error (exit 2).
+    return Status::InvalidArgument(
         where + ": cannot listen: " + std::strerror(err) +
         (not_allowed
              ? " (give an address of this host; under systemd the unit's "
