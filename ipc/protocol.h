@@ -31,7 +31,7 @@ inline constexpr uint32_t kFrameMagic = 0x4D564B54;  // "TKVM"
 //    instead of naming them; CommitReply carries a store status; StatsReply
 //    the caps' refusals, corrupt slots dropped and each worker's uid, pins
 //    and request state.
-inline constexpr uint16_t kProtocolVersion = 7;
+inline constexpr uint16_t kProtocolVersion = 8;
 inline constexpr size_t kFrameHeaderBytes = 16;
 // Upper bounds a decoder enforces before allocating anything.
 inline constexpr uint32_t kMaxTokens = 1 << 20;
