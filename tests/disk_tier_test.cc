@@ -629,12 +629,26 @@ TEST_F(DiskTierTest, ModelMismatchWithResetStartsEmptyAndCounts) {
     std::vector<std::byte> out(layout_.BlockBytes());
     EXPECT_EQ(GetSync(*tier, KeyOf(0), TokensOf(0), out).code(),
               StatusCode::kNotFound);
+    ASSERT_THAT(Put(*tier, 9), IsOk());
   }
   // The store is the other layout's now; reset does nothing to a usable one.
   options.reset = false;
-  EXPECT_THAT(DiskTier::Open(options), IsOk());
+  EXPECT_EQ(OpenTier(options)->stats().keys, 1u);
   EXPECT_EQ(DiskTier::Open(Options()).status().code(),
             StatusCode::kFailedPrecondition);
+}
+
+// An empty store takes the fingerprint of whoever opens it next.
+TEST_F(DiskTierTest, ModelMismatchOfAnEmptyStoreIsNoMismatch) {
+  {
+    std::unique_ptr<DiskTier> tier = OpenTier(Options());
+    ASSERT_THAT(Put(*tier, 0), IsOk());
+    EXPECT_TRUE(tier->Remove(KeyOf(0)));
+  }
+  DiskTierOptions options = Options();
+  options.layout_fingerprint = "another model's fingerprint";
+  EXPECT_THAT(DiskTier::Open(options), IsOk());
+  EXPECT_THAT(DiskTier::Open(Options()), IsOk());
 }
 
 // A store written before the fingerprint record: its values tell whose it is.

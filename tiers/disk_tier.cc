@@ -341,7 +341,7 @@ class DiskTierImpl final : public DiskTier {
     if (options_.on_degraded) options_.on_degraded(why);
   }
   StatusOr<std::optional<std::string>> ReadFingerprint();
-  Status FingerprintMismatch(std::string_view stored) const;
+  Status FingerprintMismatch(std::string_view stored, uint64_t values) const;
   std::mutex& StripeFor(const BlockKey& key) {
     return stripes_[key.lo % stripes_.size()];
   }
@@ -687,13 +687,15 @@ StatusOr<std::optional<std::string>> DiskTierImpl::ReadFingerprint() {
   return recorded;
 }
 
-Status DiskTierImpl::FingerprintMismatch(std::string_view stored) const {
+Status DiskTierImpl::FingerprintMismatch(std::string_view stored,
+                                         uint64_t values) const {
   const std::string where = options_.storage.path.empty()
                                 ? std::string("the disk tier")
                                 : "the disk tier at " + options_.storage.path;
   return Status::FailedPrecondition(
-      where + " holds blocks of \"" + std::string(stored) +
-      "\", not of this store's \"" + options_.layout_fingerprint +
+      where + " holds " + std::to_string(values) + " blocks of \"" +
+      std::string(stored) + "\", not of this store's \"" +
+      options_.layout_fingerprint +
       "\"; they are kept. Start with the --model and layout they were "
       "written for, point --disk-dir at another directory, or start with "
       "--disk-reset to drop them");
@@ -707,12 +709,8 @@ Status DiskTierImpl::Rebuild() {
     MutexLock lock(&mu_);
     stopped_ = writable;
   }
-  // The store's own record decides before anything is read or deleted.
   TIERKV_ASSIGN_OR_RETURN(std::optional<std::string> recorded,
                           ReadFingerprint());
-  if (recorded && *recorded != options_.layout_fingerprint && !options_.reset) {
-    return FingerprintMismatch(*recorded);
-  }
   std::vector<FoundValue> found;
   std::vector<std::string> bad;
   uint64_t layout_mismatches = 0;
@@ -747,9 +745,14 @@ Status DiskTierImpl::Rebuild() {
         found.push_back(std::move(v));
         return Status::Ok();
       }));
-  // A store written before the record: its values say whose it is.
-  if (!recorded && found.empty() && other && !options_.reset) {
-    return FingerprintMismatch(*other);
+  // Decided before anything is deleted. A store recorded as another's (or,
+  // written before the record, holding only another's values) is refused
+  // while it holds any; stray values in a store of this one are dropped.
+  const bool another_store =
+      recorded ? *recorded != options_.layout_fingerprint : found.empty();
+  if (another_store && other && !options_.reset) {
+    return FingerprintMismatch(recorded ? *recorded : *other,
+                               layout_mismatches);
   }
   for (const std::string& key : bad) DeleteNow(key);
   if (recorded != options_.layout_fingerprint && Stopped().ok()) {
