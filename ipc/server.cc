@@ -52,7 +52,7 @@ void LogDegraded(const Status& why) {
   if (why.ok()) {
     spdlog::info("disk tier: spilling again: its filesystem has space");
   } else {
-    spdlog::error("disk tier: {}", why.message());
+    spdlog::error("{}", why.message());
   }
 }
 
@@ -60,22 +60,25 @@ void LogDegraded(const Status& why) {
 StatusOr<std::unique_ptr<DiskTier>> OpenDisk(const ServerOptions& options) {
   DiskTierOptions disk{
       .storage = DiskStorageOptions(options),
+      .capacity_bytes = options.disk_capacity_bytes,
       .layout_fingerprint = StoreFingerprint(options.layout, options.model),
       .reset = options.disk_reset,
       .on_degraded = LogDegraded,
       .block_bytes = options.layout.BlockBytes(),
       .element_bytes = static_cast<int32_t>(options.layout.ElementSize()),
       .codec = options.disk_codec};
-  // --disk-capacity counts what RocksDB writes besides the blocks.
+  // --disk-capacity counts what RocksDB writes besides the blocks, and
+  // leaves the blocks at least 1 MiB.
   const uint64_t reserve = RocksDbReservedBytes(disk.storage);
-  if (options.disk_capacity_bytes < 2 * reserve) {
+  const uint64_t minimum = reserve + (uint64_t{1} << 20);
+  if (options.disk_capacity_bytes < minimum) {
     return Status::InvalidArgument(
         "--disk-capacity " + std::to_string(options.disk_capacity_bytes) +
         " bytes is too small: RocksDB's log and memtables take " +
         std::to_string(reserve) + " bytes of it; give it at least " +
-        std::to_string(2 * reserve) + " bytes");
+        std::to_string(minimum) + " bytes (4M)");
   }
-  disk.capacity_bytes = options.disk_capacity_bytes - reserve;
+  disk.reserved_bytes = reserve;
   auto last_decile = std::make_shared<int>(-1);
   disk.progress = [last_decile](const RebuildProgress& p) {
     const int decile = p.Percent() / 10;

@@ -61,7 +61,7 @@ struct ServerOptions {
   std::string disk_path;
   // Bound on the disk tier's bytes on disk (LRU eviction): its values and
   // what RocksDB writes besides (write-ahead log, memtables, about 1/8 of
-  // it). At least 6 MiB. Default: 16 GiB.
+  // it). At least 4 MiB. Default: 16 GiB.
   uint64_t disk_capacity_bytes = uint64_t{16} << 30;
   // Start with an empty disk tier when the one at disk_path holds another
   // model's or layout's blocks, or RocksDB cannot open it; without it

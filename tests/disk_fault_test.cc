@@ -197,6 +197,42 @@ TEST(DiskFullTest, SpaceFreedWhileRunningEndsTheDegradedState) {
   EXPECT_TRUE(reports[1].ok());
 }
 
+// Another writer fills the filesystem between two looks at its free space:
+// RocksDB's own writes fail. No crash, the tier degrades, and every block a
+// Put reported stored is there after a restart with space again.
+TEST(DiskFullTest, AFilesystemFilledBehindItsBackLosesNoStoredBlock) {
+  TempDir scratch("disk_fault_test");
+  const std::string why = MountTmpfs(scratch.path(), 8 << 20);
+  if (!why.empty()) GTEST_SKIP() << why;
+  DiskTierOptions options = OptionsAt(scratch.path() + "/db");
+  std::unique_ptr<DiskTier> tier = OpenTier(options);
+  ASSERT_NE(tier, nullptr);
+  int i = 0;
+  for (; i < 40; ++i) ASSERT_THAT(PutSync(*tier, i), IsOk());
+  const std::string ballast = scratch.path() + "/ballast";
+  {
+    std::ofstream out(ballast, std::ios::binary);
+    const std::string chunk(4096, 'x');
+    while (out.write(chunk.data(), chunk.size())) {
+    }
+  }
+  std::vector<int> stored;
+  for (int k = 0; k < 400; ++k, ++i) {
+    if (PutSync(*tier, i).ok()) stored.push_back(i);
+  }
+  EXPECT_EQ(tier->stats().degraded, 1u);
+  Status flushed = tier->Flush();
+  tier.reset();
+  fs::remove(ballast);
+  tier = OpenTier(options);
+  ASSERT_NE(tier, nullptr);
+  for (int k = 0; k < 40; ++k) EXPECT_THAT(GetAndCheck(*tier, k), IsOk()) << k;
+  for (int k : stored) {
+    EXPECT_THAT(GetAndCheck(*tier, k), IsOk())
+        << k << " of " << stored.size() << "; flush: " << flushed.ToString();
+  }
+}
+
 // The directory removed under a running tier: writes fail, the tier
 // degrades once and says so, and the final Flush reports the loss.
 TEST(DiskFullTest, DirectoryDeletedWhileRunningDegradesAndFlushFails) {

@@ -209,7 +209,7 @@ TEST_F(TierkvdDiskTest, DiskFullOnASmallFilesystemDegradesAndRestarts) {
   StopDaemon();
 
   StartOn(mnt + "/disk", "64M");
-  EXPECT_EQ(DiskStats().keys, full.keys);
+  EXPECT_EQ(DiskStats().keys, full.keys) << daemon_->output();
   auto verify = ManyWorker("verify", 5, 1200);
   ASSERT_EQ(verify->Wait(), 0) << verify->output();
   const Tally t = ParseTally(verify->output());

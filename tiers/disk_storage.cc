@@ -6,10 +6,12 @@
 #include <rocksdb/table.h>
 #include <rocksdb/utilities/debug.h>
 #include <rocksdb/write_batch.h>
+#include <sys/stat.h>
 #include <sys/statvfs.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdarg>
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -337,6 +339,18 @@ class RocksDbStorage final : public DiskStorage {
   std::vector<std::string> damaged_files_ TIERKV_GUARDED_BY(mu_);
 };
 
+// RocksDB's warnings and errors, on stderr (tierkvd's log under systemd).
+class StderrLogger final : public rocksdb::Logger {
+ public:
+  StderrLogger() : rocksdb::Logger(rocksdb::InfoLogLevel::WARN_LEVEL) {}
+  using rocksdb::Logger::Logv;
+  void Logv(const char* format, va_list ap) override {
+    char line[1024];
+    std::vsnprintf(line, sizeof(line), format, ap);
+    std::fprintf(stderr, "rocksdb: %s\n", line);
+  }
+};
+
 rocksdb::Options RocksOptions(const RocksDbStorageOptions& o) {
   rocksdb::Options options;
   options.create_if_missing = true;
@@ -344,11 +358,12 @@ rocksdb::Options RocksOptions(const RocksDbStorageOptions& o) {
   options.compression = rocksdb::kNoCompression;
   options.write_buffer_size = o.write_buffer_bytes;
   options.max_write_buffer_number = 2;
-  options.keep_log_file_num = 4;
+  // Not a LOG file in the store's directory: on a full filesystem its
+  // writes fail, and RocksDB's next log line after that trips an assertion.
+  options.info_log = std::make_shared<StderrLogger>();
   // The MANIFEST stays small (a few records per flush or compaction): the
   // default 4 MiB preallocation would take a small filesystem's reserve.
   options.manifest_preallocation_size = 64 << 10;
-  options.max_log_file_size = 1 << 20;
   options.enable_blob_files = o.blob_files;
   options.min_blob_size = 4096;  // Every block; never the tiny ones.
   options.blob_compression_type = rocksdb::kNoCompression;
@@ -371,6 +386,10 @@ namespace {
 // A database RocksDB refused to open for damage (DataLoss), destroyed and
 // created anew when the options say so.
 StatusOr<rocksdb::DB*> OpenWritable(const RocksDbStorageOptions& options) {
+  // Made here, as RocksDB would (mode 0755, the parent must exist), so that
+  // RocksDB does not log a missing directory as an error first. A failure
+  // is RocksDB's to report.
+  mkdir(options.path.c_str(), 0755);
   rocksdb::DB* db = nullptr;
   Status s = CallRocks("opening", options.path, [&] {
     return rocksdb::DB::Open(RocksOptions(options), options.path, &db);

@@ -128,11 +128,13 @@ class SpaceGuard {
 
   // OK if `bytes` may be written now; ResourceExhausted while the free space
   // is short; the storage's error (NotFound: its directory is gone) if it
-  // cannot tell.
+  // cannot tell. Once short, it takes a quarter of the reserve more to end
+  // it, so that the state does not flap with every write and refresh.
   Status Admit(uint64_t bytes) TIERKV_EXCLUDES(mu_) {
     MutexLock lock(&mu_);
     const Clock::time_point now = Clock::now();
-    const uint64_t need = reserve_ + 2 * bytes;
+    const uint64_t need =
+        reserve_ + 2 * bytes + (short_ ? reserve_ / 4 : uint64_t{0});
     const Clock::duration age = now - checked_;
     if (!checked_once_ || age >= kMaxAge || (free_ < need && age >= kMinAge)) {
       StatusOr<uint64_t> free = storage_->FreeBytes();
@@ -141,12 +143,14 @@ class SpaceGuard {
       if (!free.ok()) return free.status();
       free_ = *free;
     }
-    if (free_ < need) {
+    short_ = free_ < need;
+    if (short_) {
       return Status::ResourceExhausted(
-          "the disk tier's filesystem has " + std::to_string(free_) +
-          " bytes free, less than the " + std::to_string(reserve_) +
-          " bytes its storage keeps in reserve (write-ahead log, memtables): "
-          "blocks are not spilled until space is freed there");
+          "disk tier: its filesystem has " + std::to_string(free_) +
+          " bytes free, too few to store a block and keep the " +
+          std::to_string(reserve_) +
+          " bytes its storage needs in reserve (write-ahead log, "
+          "memtables): blocks are not spilled until space is freed there");
     }
     free_ -= 2 * bytes;
     return Status::Ok();
@@ -163,6 +167,7 @@ class SpaceGuard {
   bool checked_once_ TIERKV_GUARDED_BY(mu_) = false;
   Clock::time_point checked_ TIERKV_GUARDED_BY(mu_);
   uint64_t free_ TIERKV_GUARDED_BY(mu_) = 0;
+  bool short_ TIERKV_GUARDED_BY(mu_) = false;  // The last Admit refused.
 };
 
 // ---------------------------------------------------------------------------
@@ -187,7 +192,7 @@ class DiskTierImpl final : public DiskTier {
       : options_(options),
         storage_(std::move(storage)),
         space_(storage_.get()),
-        index_(options.capacity_bytes) {}
+        index_(options.capacity_bytes - options.reserved_bytes) {}
 
   ~DiskTierImpl() override {
     if (io_ == nullptr) return;  // Open failed before starting threads.
@@ -789,6 +794,10 @@ Status DiskTierImpl::Rebuild() {
 Status ValidateOptions(const DiskTierOptions& o) {
   if (o.capacity_bytes == 0) {
     return Status::InvalidArgument("disk tier: capacity_bytes is 0");
+  }
+  if (o.reserved_bytes >= o.capacity_bytes) {
+    return Status::InvalidArgument(
+        "disk tier: reserved_bytes must be less than capacity_bytes");
   }
   if (o.layout_fingerprint.empty() || o.layout_fingerprint.size() > 4096) {
     return Status::InvalidArgument(

@@ -261,13 +261,15 @@ struct DiskTierOptions {
   // Open overload that takes a storage.
   RocksDbStorageOptions storage;
   // Required. Bound on the bytes the tier takes on disk: the values held
-  // (header + stored payload) are bounded by capacity_bytes less what the
-  // storage writes beyond them (DiskStorage::ReservedBytes: RocksDB's
-  // write-ahead log and memtables), so at least twice that. Least recently
-  // used keys are evicted to stay under it. Files can still exceed it by
-  // RocksDB's space amplification until compaction reclaims deleted values
-  // (DiskTierStats::file_bytes shows it).
+  // (header + stored payload) are bounded by capacity_bytes less
+  // reserved_bytes. Least recently used keys are evicted to stay under it.
+  // Files can still exceed it by RocksDB's space amplification until
+  // compaction reclaims deleted values (DiskTierStats::file_bytes shows it).
   uint64_t capacity_bytes = 0;
+  // The part of capacity_bytes kept for what the storage writes beyond the
+  // values (RocksDbReservedBytes: its write-ahead log and memtables); less
+  // than capacity_bytes. Default: 0 (capacity_bytes bounds the values).
+  uint64_t reserved_bytes = 0;
   // Required. StoreFingerprint(layout, model) of the store
   // (tierkv/kv_layout.h). The store records the fingerprint it was written
   // for; Open fails (FailedPrecondition, naming both) when it is another,

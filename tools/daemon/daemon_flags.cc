@@ -279,7 +279,7 @@ po::options_description SettingOptions(DaemonCommand& command,
       "disk-capacity",
       po::value(&raw.disk_capacity)->default_value(raw.disk_capacity),
       "disk tier: bound on its bytes on disk, RocksDB's log and memtables "
-      "included (at least 6M); least recently used blocks are evicted")(
+      "included (at least 4M); least recently used blocks are evicted")(
       "disk-reset",
       po::value(&s.disk_reset)
           ->default_value(s.disk_reset, "false")
