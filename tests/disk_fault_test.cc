@@ -167,7 +167,7 @@ TEST(DiskFullTest, SpaceFreedWhileRunningEndsTheDegradedState) {
   const std::string why = MountTmpfs(scratch.path(), 8 << 20);
   if (!why.empty()) GTEST_SKIP() << why;
   const std::string ballast = scratch.path() + "/ballast";
-  std::ofstream(ballast) << std::string(3 << 20, 'x');
+  std::ofstream(ballast) << std::string(4 << 20, 'x');
   DiskTierOptions options = OptionsAt(scratch.path() + "/db");
   std::mutex mu;
   std::vector<Status> reports;
@@ -181,7 +181,8 @@ TEST(DiskFullTest, SpaceFreedWhileRunningEndsTheDegradedState) {
   while (i < 2000 && PutSync(*tier, i).ok()) ++i;
   ASSERT_EQ(tier->stats().degraded, 1u);
   fs::remove(ballast);
-  // Free space is looked at again within 100 ms of a refusal: writes resume.
+  // Free space is looked at again within 100 ms of a refusal: with twice
+  // the reserve free, writes resume.
   const auto deadline =
       std::chrono::steady_clock::now() + std::chrono::seconds(10);
   Status s;

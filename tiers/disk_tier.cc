@@ -128,13 +128,14 @@ class SpaceGuard {
 
   // OK if `bytes` may be written now; ResourceExhausted while the free space
   // is short; the storage's error (NotFound: its directory is gone) if it
-  // cannot tell. Once short, it takes a quarter of the reserve more to end
-  // it, so that the state does not flap with every write and refresh.
+  // cannot tell. Once short, it takes the reserve twice over to end it:
+  // RocksDB preallocates its write-ahead log, so each flush that deletes one
+  // frees about a memtable at once, which would otherwise end the state and
+  // the next log start it again.
   Status Admit(uint64_t bytes) TIERKV_EXCLUDES(mu_) {
     MutexLock lock(&mu_);
     const Clock::time_point now = Clock::now();
-    const uint64_t need =
-        reserve_ + 2 * bytes + (short_ ? reserve_ / 4 : uint64_t{0});
+    const uint64_t need = (short_ ? 2 : 1) * reserve_ + 2 * bytes;
     const Clock::duration age = now - checked_;
     if (!checked_once_ || age >= kMaxAge || (free_ < need && age >= kMinAge)) {
       StatusOr<uint64_t> free = storage_->FreeBytes();

@@ -24,8 +24,8 @@
 // The tier as a whole is either WRITABLE or DEGRADED (stats().degraded):
 //
 //   WRITABLE --free space below the reserve--> DEGRADED (low space)
-//   DEGRADED (low space) --space found again (checked at most every
-//             100 ms, statvfs)--> WRITABLE
+//   DEGRADED (low space) --twice the reserve free again (checked at most
+//             every 100 ms, statvfs)--> WRITABLE
 //   WRITABLE --a storage write fails (ENOSPC, EIO, directory gone), or the
 //             storage opened read-only--> DEGRADED until the next Open
 //
