@@ -181,8 +181,9 @@ class SpaceGuard {
 // delete of an evicted key never lands after a newer Put of the same key,
 // and a superseded write never lands after the newer one. Reads take no
 // stripe: RocksDB returns either value whole, and both verify.
-// Remove and RemoveAll delete under the stripes too, before they return: a
-// queued Put of a removed key finds it gone and never writes.
+// Remove and RemoveAll delete under the stripes too, before they return, so
+// a write of the key has either landed (and is deleted) or finds its entry
+// gone; Remove also cancels the key's Puts still queued (queued_).
 // Lock order: a stripe, then mu_. The analysis checks mu_ (TIERKV_GUARDED_BY,
 // and TIERKV_EXCLUDES on what does disk I/O); the stripes guard storage
 // keys, not members, so they stay plain std::mutex.
