@@ -32,7 +32,9 @@ inline constexpr uint32_t kFrameMagic = 0x4D564B54;  // "TKVM"
 //    the caps' refusals, corrupt slots dropped and each worker's uid, pins
 //    and request state.
 // 8: StatsReply carries spill and promotion latencies, the attach counters,
-//    the store's name, its key fingerprint and block size.
+//    the store's name, its key fingerprint and block size, slot reservation
+//    failures, and the disk tier's degraded state, write errors, space
+//    refusals and damaged files.
 inline constexpr uint16_t kProtocolVersion = 8;
 inline constexpr size_t kFrameHeaderBytes = 16;
 // Upper bounds a decoder enforces before allocating anything.

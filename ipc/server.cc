@@ -10,6 +10,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -43,6 +44,24 @@ Status Errno(const std::string& what) {
   return Status::Unavailable(what + ": " + std::strerror(errno));
 }
 
+// The disk tier's storage for --disk-capacity: memtables of 1/16 of it
+// (1 to 64 MiB), so that RocksDB's reserve (two of them and their log)
+// stays a small share of small tiers too.
+RocksDbStorageOptions DiskStorageOptions(const ServerOptions& options) {
+  RocksDbStorageOptions storage{.path = options.disk_path};
+  storage.write_buffer_bytes = static_cast<size_t>(std::clamp<uint64_t>(
+      options.disk_capacity_bytes / 16, uint64_t{1} << 20, uint64_t{64} << 20));
+  return storage;
+}
+
+void LogDegraded(const Status& why) {
+  if (why.ok()) {
+    spdlog::info("disk tier: spilling again: its filesystem has space");
+  } else {
+    spdlog::error("{}", why.message());
+  }
+}
+
 // Opens the disk tier, logging the index rebuild every 10%.
 StatusOr<std::unique_ptr<DiskTier>> OpenDisk(const ServerOptions& options) {
   if (options.disk_capacity_bytes < options.layout.BlockBytes()) {
@@ -70,13 +89,27 @@ StatusOr<std::unique_ptr<DiskTier>> OpenDisk(const ServerOptions& options) {
         "; create it first (tierkvd creates only the last directory)");
   }
   DiskTierOptions disk{
-      .storage = {.path = options.disk_path},
+      .storage = DiskStorageOptions(options),
       .capacity_bytes = options.disk_capacity_bytes,
       .layout_fingerprint = StoreFingerprint(options.layout, options.model),
+      .reset = options.disk_reset,
+      .on_degraded = LogDegraded,
       .block_bytes = options.layout.BlockBytes(),
       .element_bytes = static_cast<int32_t>(options.layout.ElementSize()),
       .codec = options.disk_codec,
       .cancelled = options.cancelled};
+  // --disk-capacity counts what RocksDB writes besides the blocks, and
+  // leaves the blocks at least 1 MiB.
+  const uint64_t reserve = RocksDbReservedBytes(disk.storage);
+  const uint64_t minimum = reserve + (uint64_t{1} << 20);
+  if (options.disk_capacity_bytes < minimum) {
+    return Status::InvalidArgument(
+        "--disk-capacity " + std::to_string(options.disk_capacity_bytes) +
+        " bytes is too small: RocksDB's log and memtables take " +
+        std::to_string(reserve) + " bytes of it; give it at least " +
+        std::to_string(minimum) + " bytes (4M)");
+  }
+  disk.reserved_bytes = reserve;
   auto last_decile = std::make_shared<int>(-1);
   disk.progress = [last_decile](const RebuildProgress& p) {
     const int decile = p.Percent() / 10;
@@ -97,6 +130,20 @@ StatusOr<std::unique_ptr<DiskTier>> OpenDisk(const ServerOptions& options) {
       "another layout or model)",
       stats.keys, stats.bytes, stats.capacity_bytes, stats.dropped_on_open,
       stats.layout_mismatches);
+  if (stats.damaged_files > 0) {
+    std::string files;
+    for (const std::string& file : tier->damaged_files()) {
+      files += (files.empty() ? "" : ", ") + file;
+    }
+    spdlog::warn("disk tier: damaged files found, their blocks dropped: {}",
+                 files);
+  }
+  if (options.disk_reset && stats.layout_mismatches > 0) {
+    spdlog::warn(
+        "disk tier: --disk-reset dropped {} blocks of another model or "
+        "layout",
+        stats.layout_mismatches);
+  }
   return tier;
 }
 

@@ -60,8 +60,15 @@ struct ServerOptions {
   // The disk tier: a RocksDB directory (created if missing) under the host
   // slots. Default (empty): none; blocks evicted from host are gone.
   std::string disk_path;
-  // Bound on the disk tier's value bytes (LRU eviction). Default: 16 GiB.
+  // Bound on the disk tier's bytes on disk (LRU eviction): its values and
+  // what RocksDB writes besides (write-ahead log, memtables, about 1/8 of
+  // it). At least 4 MiB. Default: 16 GiB.
   uint64_t disk_capacity_bytes = uint64_t{16} << 30;
+  // Start with an empty disk tier when the one at disk_path holds another
+  // model's or layout's blocks, or RocksDB cannot open it; without it
+  // tierkvd refuses to start, naming both. A usable store is kept either
+  // way. Default: false.
+  bool disk_reset = false;
   // How blocks are stored on disk. Default: none (see DiskTierOptions).
   DiskCodec disk_codec = DiskCodec::kNone;
   // Host watermarks for spilling to disk (CoordinatorOptions). Defaults:

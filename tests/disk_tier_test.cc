@@ -584,7 +584,9 @@ TEST_F(DiskTierTest, ValuesCorruptedOnDiskAreDroppedOnOpen) {
   EXPECT_EQ(tier->stats().keys, 3u);
 }
 
-TEST_F(DiskTierTest, AnotherLayoutFingerprintIsDroppedOnOpen) {
+// --- Another layout or model ------------------------------------------------
+
+TEST_F(DiskTierTest, ModelMismatchRefusesToOpenAndKeepsTheValues) {
   {
     std::unique_ptr<DiskTier> tier = OpenTier(Options());
     for (int i = 0; i < 3; ++i) ASSERT_THAT(Put(*tier, i), IsOk());
@@ -593,14 +595,123 @@ TEST_F(DiskTierTest, AnotherLayoutFingerprintIsDroppedOnOpen) {
   other.dtype = DType::kF16;  // Same block size, another layout.
   DiskTierOptions options = Options();
   options.layout_fingerprint = other.Fingerprint();
-  std::unique_ptr<DiskTier> tier = OpenTier(options);
+  StatusOr<std::unique_ptr<DiskTier>> refused = DiskTier::Open(options);
+  ASSERT_EQ(refused.status().code(), StatusCode::kFailedPrecondition)
+      << refused.status().ToString();
+  // Both fingerprints, and how to drop the values knowingly.
+  EXPECT_THAT(refused.status().message(), HasSubstr(layout_.Fingerprint()));
+  EXPECT_THAT(refused.status().message(), HasSubstr(other.Fingerprint()));
+  EXPECT_THAT(refused.status().message(), HasSubstr("--disk-reset"));
+
+  // Nothing was deleted: the right layout finds every value.
+  std::unique_ptr<DiskTier> tier = OpenTier(Options());
+  EXPECT_EQ(tier->stats().keys, 3u);
+  EXPECT_EQ(tier->stats().dropped_on_open, 0u);
+  for (int i = 0; i < 3; ++i) EXPECT_THAT(GetAndCheck(*tier, i), IsOk()) << i;
+}
+
+TEST_F(DiskTierTest, ModelMismatchWithResetStartsEmptyAndCounts) {
+  {
+    std::unique_ptr<DiskTier> tier = OpenTier(Options());
+    for (int i = 0; i < 3; ++i) ASSERT_THAT(Put(*tier, i), IsOk());
+  }
+  KvLayout other = layout_;
+  other.dtype = DType::kF16;
+  DiskTierOptions options = Options();
+  options.layout_fingerprint = other.Fingerprint();
+  options.reset = true;
+  {
+    std::unique_ptr<DiskTier> tier = OpenTier(options);
+    DiskTierStats stats = tier->stats();
+    EXPECT_EQ(stats.layout_mismatches, 3u);
+    EXPECT_EQ(stats.dropped_on_open, 3u);
+    EXPECT_EQ(stats.keys, 0u);
+    std::vector<std::byte> out(layout_.BlockBytes());
+    EXPECT_EQ(GetSync(*tier, KeyOf(0), TokensOf(0), out).code(),
+              StatusCode::kNotFound);
+    ASSERT_THAT(Put(*tier, 9), IsOk());
+  }
+  // The store is the other layout's now; reset does nothing to a usable one.
+  options.reset = false;
+  EXPECT_EQ(OpenTier(options)->stats().keys, 1u);
+  EXPECT_EQ(DiskTier::Open(Options()).status().code(),
+            StatusCode::kFailedPrecondition);
+}
+
+// An empty store takes the fingerprint of whoever opens it next.
+TEST_F(DiskTierTest, ModelMismatchOfAnEmptyStoreIsNoMismatch) {
+  {
+    std::unique_ptr<DiskTier> tier = OpenTier(Options());
+    ASSERT_THAT(Put(*tier, 0), IsOk());
+    EXPECT_TRUE(tier->Remove(KeyOf(0)));
+  }
+  DiskTierOptions options = Options();
+  options.layout_fingerprint = "another model's fingerprint";
+  EXPECT_THAT(DiskTier::Open(options), IsOk());
+  EXPECT_THAT(DiskTier::Open(Options()), IsOk());
+}
+
+// A store written before the fingerprint record: its values tell whose it is.
+TEST_F(DiskTierTest, ModelMismatchInAStoreWithoutItsRecordIsRefusedToo) {
+  {
+    std::unique_ptr<DiskTier> tier = OpenTier(Options());
+    for (int i = 0; i < 3; ++i) ASSERT_THAT(Put(*tier, i), IsOk());
+  }
+  {
+    StatusOr<std::unique_ptr<DiskStorage>> storage =
+        OpenRocksDbStorage(Options().storage);
+    ASSERT_THAT(storage, IsOk());
+    ASSERT_THAT((*storage)->Delete(DiskFingerprintKey()), IsOk());
+  }
+  DiskTierOptions options = Options();
+  options.layout_fingerprint = "another model's fingerprint";
+  StatusOr<std::unique_ptr<DiskTier>> refused = DiskTier::Open(options);
+  ASSERT_EQ(refused.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(refused.status().message(), HasSubstr(layout_.Fingerprint()));
+  std::unique_ptr<DiskTier> tier = OpenTier(Options());
+  EXPECT_EQ(tier->stats().keys, 3u);
+}
+
+// One value of another fingerprint in a store of this one is dropped alone.
+TEST_F(DiskTierTest, ModelMismatchOfOneValueDropsThatValue) {
+  std::string foreign;
+  KvLayout other = layout_;
+  other.dtype = DType::kF16;
+  DiskTierOptions other_options = Options();
+  other_options.layout_fingerprint = other.Fingerprint();
+  {
+    TempDir scratch("disk_tier_test");
+    other_options.storage.path = scratch.path();
+    std::unique_ptr<DiskTier> tier = OpenTier(other_options);
+    ASSERT_THAT(Put(*tier, 7), IsOk());
+    tier.reset();
+    StatusOr<std::unique_ptr<DiskStorage>> storage =
+        OpenRocksDbStorage(other_options.storage);
+    ASSERT_THAT(storage, IsOk());
+    ASSERT_THAT((*storage)->Get(DiskStorageKey(KeyOf(7)),
+                                [&](std::string_view v) {
+                                  foreign = v;
+                                  return Status::Ok();
+                                }),
+                IsOk());
+  }
+  {
+    std::unique_ptr<DiskTier> tier = OpenTier(Options());
+    for (int i = 0; i < 2; ++i) ASSERT_THAT(Put(*tier, i), IsOk());
+  }
+  {
+    StatusOr<std::unique_ptr<DiskStorage>> storage =
+        OpenRocksDbStorage(Options().storage);
+    ASSERT_THAT(storage, IsOk());
+    const std::string_view parts[] = {foreign};
+    ASSERT_THAT((*storage)->Put(DiskStorageKey(KeyOf(7)), parts), IsOk());
+  }
+  std::unique_ptr<DiskTier> tier = OpenTier(Options());
   DiskTierStats stats = tier->stats();
-  EXPECT_EQ(stats.layout_mismatches, 3u);
-  EXPECT_EQ(stats.dropped_on_open, 3u);
-  EXPECT_EQ(stats.keys, 0u);
-  std::vector<std::byte> out(layout_.BlockBytes());
-  EXPECT_EQ(GetSync(*tier, KeyOf(0), TokensOf(0), out).code(),
-            StatusCode::kNotFound);
+  EXPECT_EQ(stats.layout_mismatches, 1u);
+  EXPECT_EQ(stats.dropped_on_open, 1u);
+  EXPECT_EQ(stats.keys, 2u);
+  EXPECT_FALSE(tier->Contains(KeyOf(7)));
 }
 
 TEST_F(DiskTierTest, OpenFailsCleanlyWhenTheScanFails) {

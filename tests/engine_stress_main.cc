@@ -98,7 +98,8 @@ class Stress {
   }
 
   bool StartDaemon() {
-    // 24 host slots, a disk tier of about 160 blocks.
+    // 24 host slots, a disk tier of about 160 blocks besides RocksDB's
+    // reserve (two 1 MiB memtables and 1 MiB).
     const size_t block = TestLayout().BlockBytes();
     daemon_ = Start({flags_.tierkvd,
                      "--store",
@@ -118,7 +119,7 @@ class Stress {
                      "--disk-dir",
                      dir_.path() + "/disk",
                      "--disk-capacity",
-                     std::to_string(160 * (block + 256)),
+                     std::to_string((3 << 20) + 160 * (block + 256)),
                      "--spill-high",
                      "0.5",
                      "--spill-low",

@@ -4,8 +4,8 @@
 // the same store, a stale segment, and tierkv-admin (stats, metrics, the
 // events in flight, evict and clear). With a disk tier: a working set ten times
 // the host, spilling and promotion under two busy workers, and tierkvd
-// SIGKILLed mid-spill and restarted. A worker of another model is refused,
-// and a disk tier reopened under another model serves none of its values.
+// SIGKILLed mid-spill and restarted. A worker of another model is refused
+// (a disk tier of another model: tierkvd_disk_test.cc).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -697,53 +697,6 @@ TEST_F(TierkvdTest, KilledMidSpillRestartsWithEverySpilledBlockIntact) {
   const Tally t = ParseTally(verify->output());
   EXPECT_EQ(t.wrong, 0) << verify->output();  // Nothing torn is served.
   EXPECT_GE(static_cast<uint64_t>(t.hit), spilled) << verify->output();
-}
-
-// A disk tier outlives tierkvd, so a restart under another model must not
-// serve what the last model stored: the values carry the store fingerprint
-// (layout and model), and an open under another one deletes them.
-TEST_F(TierkvdTest, DiskValuesOfAnotherModelAreDroppedOnOpen) {
-  auto disk_stats = [this](const std::string& model) {
-    std::unique_ptr<Client> observer = Attach("observer", model);
-    EXPECT_NE(observer, nullptr);
-    return observer == nullptr ? DiskTierStats{}
-                               : *observer->Stats().value().disk;
-  };
-  StartDaemonWithDisk(16, {"--model", "model-a"});
-  auto fill = ManyWorker("fill", 3, 160, "model-a");
-  ASSERT_EQ(fill->Wait(), 0) << fill->output();
-  StopDaemon();
-
-  // Under the same model they survive the restart.
-  StartDaemonWithDisk(16, {"--model", "model-a"});
-  auto verify_a = ManyWorker("verify", 3, 160, "model-a");
-  ASSERT_EQ(verify_a->Wait(), 0) << verify_a->output();
-  EXPECT_GT(ParseTally(verify_a->output()).hit, 0) << verify_a->output();
-  const uint64_t on_disk = disk_stats("model-a").keys;
-  ASSERT_GT(on_disk, 0u);
-  StopDaemon();
-
-  // Model B's tierkvd deletes and counts every one of them; its worker
-  // asking for the same tokens misses.
-  StartDaemonWithDisk(16, {"--model", "model-b"});
-  EXPECT_THAT(daemon_->output(), HasSubstr("(" + std::to_string(on_disk) +
-                                           " of another layout or model)"));
-  const DiskTierStats b = disk_stats("model-b");
-  EXPECT_EQ(b.keys, 0u);
-  EXPECT_EQ(b.layout_mismatches, on_disk);
-  EXPECT_EQ(b.dropped_on_open, on_disk);
-  auto verify_b = ManyWorker("verify", 3, 160, "model-b");
-  ASSERT_EQ(verify_b->Wait(), 0) << verify_b->output();
-  const Tally t = ParseTally(verify_b->output());
-  EXPECT_EQ(t.hit, 0) << verify_b->output();
-  EXPECT_EQ(t.missed, 160);
-  StopDaemon();
-
-  // Deleted, not set aside: model A's next tierkvd finds nothing.
-  StartDaemonWithDisk(16, {"--model", "model-a"});
-  const DiskTierStats a = disk_stats("model-a");
-  EXPECT_EQ(a.keys, 0u);
-  EXPECT_EQ(a.dropped_on_open, 0u);
 }
 
 TEST_F(TierkvdTest, SigtermStopsCleanlyAndRemovesItsFiles) {

@@ -4,14 +4,25 @@
 #include <rocksdb/options.h>
 #include <rocksdb/slice.h>
 #include <rocksdb/table.h>
+#include <rocksdb/utilities/debug.h>
 #include <rocksdb/write_batch.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
 
+#include <algorithm>
+#include <cerrno>
+#include <cstdarg>
+#include <cstdio>
+#include <cstring>
 #include <exception>
+#include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "src/mutex.h"
 #include "tiers/disk_tier.h"
 
 namespace tierkv {
@@ -20,6 +31,27 @@ namespace {
 // ---------------------------------------------------------------------------
 // RocksDB storage.
 
+// Paths of the store's files that a RocksDB message names (SST, blob, log
+// and MANIFEST files), in the order named, without repeats.
+std::vector<std::string> FilesNamedIn(std::string_view msg) {
+  std::vector<std::string> files;
+  size_t pos = 0;
+  while (pos < msg.size()) {
+    const size_t end = msg.find_first_of(" :,;'\"", pos);
+    std::string_view word =
+        msg.substr(pos, end == msg.npos ? msg.npos : end - pos);
+    const bool file = word.ends_with(".sst") || word.ends_with(".blob") ||
+                      word.ends_with(".log") ||
+                      word.find("MANIFEST-") != word.npos;
+    if (file && std::find(files.begin(), files.end(), word) == files.end()) {
+      files.emplace_back(word);
+    }
+    if (end == msg.npos) break;
+    pos = end + 1;
+  }
+  return files;
+}
+
 // RocksDB's Status, as a tierkv Status saying what to do about it.
 Status FromRocks(const rocksdb::Status& s, std::string_view what,
                  const std::string& path) {
@@ -27,10 +59,12 @@ Status FromRocks(const rocksdb::Status& s, std::string_view what,
   std::string msg =
       std::string(what) + " in RocksDB store " + path + ": " + s.ToString();
   if (s.IsNotFound()) return Status::NotFound(std::move(msg));
-  if (s.IsCorruption()) {
-    return Status::DataLoss(msg +
-                            "; the store's files are damaged: remove the "
-                            "directory to start with an empty disk tier");
+  if (s.IsCorruption() || s.IsPathNotFound()) {
+    return Status::DataLoss(
+        msg +
+        "; the store's files are damaged or missing: move the directory "
+        "aside (RocksDB's ldb repair may salvage it), or start with "
+        "--disk-reset to drop its contents");
   }
   if (s.IsNoSpace()) {
     return Status::ResourceExhausted(
@@ -69,19 +103,44 @@ Status CallRocks(std::string_view what, const std::string& path, Fn&& fn) {
 
 rocksdb::Slice ToSlice(std::string_view s) { return {s.data(), s.size()}; }
 
+StatusOr<uint64_t> FreeBytesAt(const std::string& path) {
+  struct statvfs st {};
+  if (statvfs(path.c_str(), &st) != 0) {
+    const int err = errno;
+    std::string msg = "disk tier directory " + path + ": " + std::strerror(err);
+    if (err == ENOENT) return Status::NotFound(msg + " (removed while in use)");
+    return Status::Unavailable(std::move(msg));
+  }
+  return uint64_t{st.f_bavail} * st.f_frsize;
+}
+
 class RocksDbStorage final : public DiskStorage {
  public:
-  RocksDbStorage(std::string path, rocksdb::DB* db, bool wal)
-      : path_(std::move(path)), db_(db) {
+  // `read_only`: why the database was opened read-only; OK if it was not.
+  RocksDbStorage(const RocksDbStorageOptions& options, rocksdb::DB* db,
+                 Status read_only)
+      : path_(options.path),
+        db_(db),
+        blob_files_(options.blob_files),
+        reserved_(RocksDbReservedBytes(options)),
+        read_only_(std::move(read_only)) {
     // See RocksDbStorageOptions::write_ahead_log.
-    write_options_.disableWAL = !wal;
+    write_options_.disableWAL = !options.write_ahead_log;
     // Every value carries its own checksums (verified by the tier), so
     // RocksDB's block and blob checksums would be a second pass over the
-    // same bytes. Large values bypass the block cache.
+    // same bytes. Large values bypass the block cache. Open's scan
+    // (ForEach) verifies them once.
     read_options_.verify_checksums = false;
     read_options_.fill_cache = false;
   }
   ~RocksDbStorage() override {
+    if (!Writable().ok() && read_only_.ok()) {
+      // After a write error, a flush on close is one more write RocksDB
+      // must not try; the write-ahead log still holds what it held.
+      rocksdb::Status ignored =
+          db_->SetDBOptions({{"avoid_flush_during_shutdown", "true"}});
+      (void)ignored;
+    }
     // Close flushes memtables; with nobody to report to, a failure here
     // only loses unflushed blocks, which the next Open does not miss.
     rocksdb::Status ignored = db_->Close();
@@ -90,7 +149,8 @@ class RocksDbStorage final : public DiskStorage {
 
   Status Put(std::string_view key,
              std::span<const std::string_view> value_parts) override {
-    return CallRocks("writing a block", path_, [&] {
+    TIERKV_RETURN_IF_ERROR(Writable());
+    return Checked(CallRocks("writing a block", path_, [&] {
       std::vector<rocksdb::Slice> parts;
       size_t bytes = key.size();
       for (std::string_view part : value_parts) {
@@ -103,68 +163,192 @@ class RocksDbStorage final : public DiskStorage {
           rocksdb::SliceParts(&k, 1),
           rocksdb::SliceParts(parts.data(), static_cast<int>(parts.size())));
       return s.ok() ? db_->Write(write_options_, &batch) : s;
-    });
+    }));
   }
 
   Status Get(std::string_view key, const ValueReader& read) override {
+    return GetWith(read_options_, key, read);
+  }
+
+  Status Delete(std::string_view key) override {
+    TIERKV_RETURN_IF_ERROR(Writable());
+    // Always logged (see write_ahead_log): a removal must survive a kill.
+    return Checked(CallRocks("deleting a block", path_, [&] {
+      return db_->Delete(rocksdb::WriteOptions(), ToSlice(key));
+    }));
+  }
+
+  // Lists the keys first (from the SSTs and memtables, checksums verified,
+  // no values read), then reads each value with its checksums verified: a
+  // damaged blob then fails its own key only, where an iterator would stop
+  // at it and hide every key after it. A damaged value is visited as empty
+  // (the tier drops it) and its file recorded.
+  Status ForEach(const Visitor& visit) override {
+    rocksdb::ReadOptions verified;
+    verified.verify_checksums = true;
+    verified.fill_cache = false;
+    std::string last;
+    bool first = true;
+    // Blob references are small; inline values are whole blocks.
+    const size_t batch = blob_files_ ? 4096 : 16;
+    while (true) {
+      std::vector<rocksdb::KeyVersion> versions;
+      TIERKV_RETURN_IF_ERROR(CallRocks("listing the store's keys", path_, [&] {
+        return rocksdb::GetAllKeyVersions(db_.get(), ToSlice(last),
+                                          rocksdb::Slice(), batch, &versions);
+      }));
+      bool progressed = false;
+      for (const rocksdb::KeyVersion& v : versions) {
+        if (!first && v.user_key <= last) continue;  // Seen (or older).
+        first = false;
+        last = v.user_key;
+        progressed = true;
+        TIERKV_RETURN_IF_ERROR(VisitVerified(verified, v, visit));
+      }
+      if (versions.size() < batch) return Status::Ok();
+      if (!progressed) {
+        // One key with more versions than a batch: skip past it.
+        last.push_back('\0');
+        first = true;
+      }
+    }
+  }
+
+  Status Flush() override {
+    TIERKV_RETURN_IF_ERROR(Writable());
+    return Checked(CallRocks("flushing memtables", path_, [&] {
+      rocksdb::FlushOptions options;
+      options.wait = true;
+      return db_->Flush(options);
+    }));
+  }
+
+  uint64_t FileBytes() override {
+    std::error_code ec;
+    uint64_t total = 0;
+    for (const auto& entry : std::filesystem::directory_iterator(path_, ec)) {
+      std::error_code size_ec;
+      const uint64_t size = entry.file_size(size_ec);
+      if (!size_ec) total += size;
+    }
+    return total;
+  }
+
+  StatusOr<uint64_t> FreeBytes() override { return FreeBytesAt(path_); }
+  uint64_t ReservedBytes() override { return reserved_; }
+
+  Status Writable() override {
+    if (!read_only_.ok()) return read_only_;
+    MutexLock lock(&mu_);
+    return write_error_;
+  }
+
+  std::vector<std::string> DamagedFiles() override {
+    MutexLock lock(&mu_);
+    return damaged_files_;
+  }
+
+ private:
+  Status GetWith(const rocksdb::ReadOptions& options, std::string_view key,
+                 const ValueReader& read) {
     rocksdb::PinnableSlice value;
     Status s = CallRocks("reading a block", path_, [&] {
-      return db_->Get(read_options_, db_->DefaultColumnFamily(), ToSlice(key),
+      return db_->Get(options, db_->DefaultColumnFamily(), ToSlice(key),
                       &value);
     });
     if (!s.ok()) return s;
     return read(std::string_view(value.data(), value.size()));
   }
 
-  Status Delete(std::string_view key) override {
-    return CallRocks("deleting a block", path_,
-                     [&] { return db_->Delete(write_options_, ToSlice(key)); });
-  }
-
-  Status ForEach(const Visitor& visit) override {
-    rocksdb::ReadOptions options = read_options_;
-    options.readahead_size = size_t{4} << 20;
-    std::unique_ptr<rocksdb::Iterator> it;
-    Status status = CallRocks("scanning the store", path_, [&] {
-      it.reset(db_->NewIterator(options));
-      it->SeekToFirst();
-      return it->status();
+  // Reads the value of `newest` (a key's newest version) and visits it.
+  Status VisitVerified(const rocksdb::ReadOptions& verified,
+                       const rocksdb::KeyVersion& newest,
+                       const Visitor& visit) {
+    const std::string& key = newest.user_key;
+    std::optional<Status> visited;
+    Status s = GetWith(verified, key, [&](std::string_view value) {
+      visited = visit(key, value);
+      return Status::Ok();
     });
-    while (status.ok() && it->Valid()) {
-      status = visit(std::string_view(it->key().data(), it->key().size()),
-                     std::string_view(it->value().data(), it->value().size()));
-      if (!status.ok()) return status;
-      status = CallRocks("scanning the store", path_, [&] {
-        it->Next();
-        return it->status();
-      });
+    if (visited.has_value()) return *visited;
+    if (s.code() == StatusCode::kNotFound) return Status::Ok();  // Deleted.
+    if (s.code() != StatusCode::kDataLoss) return s;
+    // RocksDB names a damaged SST, not a damaged blob file: that one is in
+    // the key's blob reference.
+    std::vector<std::string> files = FilesNamedIn(s.message());
+    if (files.empty()) {
+      std::optional<std::string> blob = BlobFileOf(newest);
+      files.push_back(blob ? *blob : s.message());
     }
-    return status;
+    RecordDamage(std::move(files));
+    return visit(key, std::string_view());
   }
 
-  Status Flush() override {
-    return CallRocks("flushing memtables", path_, [&] {
-      rocksdb::FlushOptions options;
-      options.wait = true;
-      return db_->Flush(options);
-    });
+  // The blob file a key's version refers to, decoded from its blob
+  // reference (RocksDB's BlobIndex: a type byte, then the file number as a
+  // varint); nullopt for a value stored in the SST itself.
+  std::optional<std::string> BlobFileOf(const rocksdb::KeyVersion& v) const {
+    constexpr int kTypeBlobIndex = 0x11;  // RocksDB's ValueType.
+    constexpr uint8_t kBlobType = 1;      // BlobIndex::Type::kBlob.
+    if (v.type != kTypeBlobIndex || v.value.empty() ||
+        static_cast<uint8_t>(v.value[0]) != kBlobType) {
+      return std::nullopt;
+    }
+    uint64_t number = 0;
+    for (size_t i = 1, shift = 0; i < v.value.size() && shift < 64;
+         ++i, shift += 7) {
+      const uint8_t byte = static_cast<uint8_t>(v.value[i]);
+      number |= uint64_t{byte & 0x7fu} << shift;
+      if ((byte & 0x80) == 0) {
+        char name[32];
+        std::snprintf(name, sizeof(name), "/%06llu.blob",
+                      static_cast<unsigned long long>(number));
+        return path_ + name;
+      }
+    }
+    return std::nullopt;
   }
 
-  uint64_t FileBytes() override {
-    return IntProperty(rocksdb::DB::Properties::kLiveSstFilesSize) +
-           IntProperty(rocksdb::DB::Properties::kLiveBlobFileSize);
+  void RecordDamage(std::vector<std::string> files) {
+    MutexLock lock(&mu_);
+    for (std::string& file : files) {
+      if (std::find(damaged_files_.begin(), damaged_files_.end(), file) ==
+          damaged_files_.end()) {
+        damaged_files_.push_back(std::move(file));
+      }
+    }
   }
 
- private:
-  uint64_t IntProperty(const std::string& name) {
-    uint64_t value = 0;
-    return db_->GetIntProperty(name, &value) ? value : 0;
+  // Latches the first write error: RocksDB is not written again after it.
+  Status Checked(Status s) {
+    if (s.ok() || s.code() == StatusCode::kInvalidArgument) return s;
+    MutexLock lock(&mu_);
+    if (write_error_.ok()) write_error_ = s;
+    return s;
   }
 
   const std::string path_;
   const std::unique_ptr<rocksdb::DB> db_;
+  const bool blob_files_;
+  const uint64_t reserved_;
+  const Status read_only_;
   rocksdb::WriteOptions write_options_;
   rocksdb::ReadOptions read_options_;
+  Mutex mu_;
+  Status write_error_ TIERKV_GUARDED_BY(mu_);
+  std::vector<std::string> damaged_files_ TIERKV_GUARDED_BY(mu_);
+};
+
+// RocksDB's warnings and errors, on stderr (tierkvd's log under systemd).
+class StderrLogger final : public rocksdb::Logger {
+ public:
+  StderrLogger() : rocksdb::Logger(rocksdb::InfoLogLevel::WARN_LEVEL) {}
+  using rocksdb::Logger::Logv;
+  void Logv(const char* format, va_list ap) override {
+    char line[1024];
+    std::vsnprintf(line, sizeof(line), format, ap);
+    std::fprintf(stderr, "rocksdb: %s\n", line);
+  }
 };
 
 rocksdb::Options RocksOptions(const RocksDbStorageOptions& o) {
@@ -174,7 +358,12 @@ rocksdb::Options RocksOptions(const RocksDbStorageOptions& o) {
   options.compression = rocksdb::kNoCompression;
   options.write_buffer_size = o.write_buffer_bytes;
   options.max_write_buffer_number = 2;
-  options.keep_log_file_num = 4;
+  // Not a LOG file in the store's directory: on a full filesystem its
+  // writes fail, and RocksDB's next log line after that trips an assertion.
+  options.info_log = std::make_shared<StderrLogger>();
+  // The MANIFEST stays small (a few records per flush or compaction): the
+  // default 4 MiB preallocation would take a small filesystem's reserve.
+  options.manifest_preallocation_size = 64 << 10;
   options.enable_blob_files = o.blob_files;
   options.min_blob_size = 4096;  // Every block; never the tiny ones.
   options.blob_compression_type = rocksdb::kNoCompression;
@@ -188,6 +377,40 @@ rocksdb::Options RocksOptions(const RocksDbStorageOptions& o) {
 
 }  // namespace
 
+uint64_t RocksDbReservedBytes(const RocksDbStorageOptions& options) {
+  return 2 * uint64_t{options.write_buffer_bytes} + (uint64_t{1} << 20);
+}
+
+namespace {
+
+// A database RocksDB refused to open for damage (DataLoss), destroyed and
+// created anew when the options say so.
+StatusOr<rocksdb::DB*> OpenWritable(const RocksDbStorageOptions& options) {
+  // Made here, as RocksDB would (mode 0755, the parent must exist), so that
+  // RocksDB does not log a missing directory as an error first. A failure
+  // is RocksDB's to report.
+  mkdir(options.path.c_str(), 0755);
+  rocksdb::DB* db = nullptr;
+  Status s = CallRocks("opening", options.path, [&] {
+    return rocksdb::DB::Open(RocksOptions(options), options.path, &db);
+  });
+  if (s.code() == StatusCode::kDataLoss && options.reset_if_unreadable) {
+    TIERKV_RETURN_IF_ERROR(DestroyRocksDbStorage(options.path));
+    s = CallRocks("opening", options.path, [&] {
+      return rocksdb::DB::Open(RocksOptions(options), options.path, &db);
+    });
+  }
+  if (!s.ok()) return s;
+  return db;
+}
+
+bool HasDatabase(const std::string& path) {
+  std::error_code ec;
+  return std::filesystem::exists(path + "/CURRENT", ec);
+}
+
+}  // namespace
+
 StatusOr<std::unique_ptr<DiskStorage>> OpenRocksDbStorage(
     const RocksDbStorageOptions& options) {
   if (options.path.empty()) {
@@ -197,12 +420,41 @@ StatusOr<std::unique_ptr<DiskStorage>> OpenRocksDbStorage(
     return Status::InvalidArgument(
         "disk tier: write_buffer_bytes must be at least 1 MiB");
   }
-  rocksdb::DB* db = nullptr;
-  TIERKV_RETURN_IF_ERROR(CallRocks("opening", options.path, [&] {
-    return rocksdb::DB::Open(RocksOptions(options), options.path, &db);
+  const uint64_t reserve = RocksDbReservedBytes(options);
+  // Opening writes (a new MANIFEST and log, flushed memtables): on a nearly
+  // full filesystem, open read-only rather than fail or crash in RocksDB.
+  StatusOr<uint64_t> free_bytes = FreeBytesAt(options.path);
+  const bool low =
+      free_bytes.ok() && *free_bytes < reserve && HasDatabase(options.path);
+  StatusOr<rocksdb::DB*> db = Status::ResourceExhausted("");
+  if (!low) db = OpenWritable(options);
+  if (!low &&
+      (db.ok() || db.status().code() != StatusCode::kResourceExhausted)) {
+    if (!db.ok()) return db.status();
+    return std::unique_ptr<DiskStorage>(
+        std::make_unique<RocksDbStorage>(options, *db, Status::Ok()));
+  }
+  const std::string why =
+      low ? std::to_string(*free_bytes) + " bytes free, below the " +
+                std::to_string(reserve) + " bytes RocksDB may need to write"
+          : db.status().message();
+  rocksdb::DB* read_only = nullptr;
+  TIERKV_RETURN_IF_ERROR(CallRocks("opening read-only", options.path, [&] {
+    return rocksdb::DB::OpenForReadOnly(RocksOptions(options), options.path,
+                                        &read_only);
   }));
   return std::unique_ptr<DiskStorage>(std::make_unique<RocksDbStorage>(
-      options.path, db, options.write_ahead_log));
+      options, read_only,
+      Status::ResourceExhausted(
+          "disk tier " + options.path + " opened read-only (" + why +
+          "): it serves what it holds and stores nothing new; free space on "
+          "its filesystem and restart")));
+}
+
+Status DestroyRocksDbStorage(const std::string& path) {
+  return CallRocks("destroying", path, [&] {
+    return rocksdb::DestroyDB(path, rocksdb::Options());
+  });
 }
 
 }  // namespace tierkv

@@ -6,12 +6,14 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <deque>
 #include <functional>
 #include <mutex>
 #include <optional>
 #include <thread>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -109,6 +111,64 @@ struct Counters {
   uint64_t layout_mismatches = 0;
   uint64_t payload_bytes_written = 0;
   uint64_t stored_bytes_written = 0;
+  uint64_t write_errors = 0;
+  uint64_t space_refusals = 0;
+  uint64_t damaged_files = 0;
+};
+
+// Keeps the storage's reserve free on its filesystem without a statvfs per
+// write: the free space is read at least every kMaxAge (and at most every
+// kMinAge while short), and each write admitted since is taken off it twice
+// (the log, then the flushed value), so the estimate errs on the side of
+// refusing.
+class SpaceGuard {
+ public:
+  explicit SpaceGuard(DiskStorage* storage)
+      : storage_(storage), reserve_(storage->ReservedBytes()) {}
+
+  // OK if `bytes` may be written now; ResourceExhausted while the free space
+  // is short; the storage's error (NotFound: its directory is gone) if it
+  // cannot tell. Once short, it takes the reserve twice over to end it:
+  // RocksDB preallocates its write-ahead log, so each flush that deletes one
+  // frees about a memtable at once, which would otherwise end the state and
+  // the next log start it again.
+  Status Admit(uint64_t bytes) TIERKV_EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
+    const Clock::time_point now = Clock::now();
+    const uint64_t need = (short_ ? 2 : 1) * reserve_ + 2 * bytes;
+    const Clock::duration age = now - checked_;
+    if (!checked_once_ || age >= kMaxAge || (free_ < need && age >= kMinAge)) {
+      StatusOr<uint64_t> free = storage_->FreeBytes();
+      checked_once_ = true;
+      checked_ = now;
+      if (!free.ok()) return free.status();
+      free_ = *free;
+    }
+    short_ = free_ < need;
+    if (short_) {
+      return Status::ResourceExhausted(
+          "disk tier: its filesystem has " + std::to_string(free_) +
+          " bytes free, too few to store a block and keep the " +
+          std::to_string(reserve_) +
+          " bytes its storage needs in reserve (write-ahead log, "
+          "memtables): blocks are not spilled until space is freed there");
+    }
+    free_ -= 2 * bytes;
+    return Status::Ok();
+  }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  static constexpr Clock::duration kMaxAge = std::chrono::milliseconds(250);
+  static constexpr Clock::duration kMinAge = std::chrono::milliseconds(100);
+
+  DiskStorage* const storage_;
+  const uint64_t reserve_;
+  Mutex mu_;
+  bool checked_once_ TIERKV_GUARDED_BY(mu_) = false;
+  Clock::time_point checked_ TIERKV_GUARDED_BY(mu_);
+  uint64_t free_ TIERKV_GUARDED_BY(mu_) = 0;
+  bool short_ TIERKV_GUARDED_BY(mu_) = false;  // The last Admit refused.
 };
 
 // ---------------------------------------------------------------------------
@@ -121,6 +181,9 @@ struct Counters {
 // delete of an evicted key never lands after a newer Put of the same key,
 // and a superseded write never lands after the newer one. Reads take no
 // stripe: RocksDB returns either value whole, and both verify.
+// Remove and RemoveAll delete under the stripes too, before they return, so
+// a write of the key has either landed (and is deleted) or finds its entry
+// gone; Remove also cancels the key's Puts still queued (queued_).
 // Lock order: a stripe, then mu_. The analysis checks mu_ (TIERKV_GUARDED_BY,
 // and TIERKV_EXCLUDES on what does disk I/O); the stripes guard storage
 // keys, not members, so they stay plain std::mutex.
@@ -130,7 +193,8 @@ class DiskTierImpl final : public DiskTier {
                std::unique_ptr<DiskStorage> storage)
       : options_(options),
         storage_(std::move(storage)),
-        index_(options.capacity_bytes) {}
+        space_(storage_.get()),
+        index_(options.capacity_bytes - options.reserved_bytes) {}
 
   ~DiskTierImpl() override {
     if (io_ == nullptr) return;  // Open failed before starting threads.
@@ -175,48 +239,69 @@ class DiskTierImpl final : public DiskTier {
   }
 
   bool Remove(const BlockKey& key) TIERKV_EXCLUDES(mu_) override {
+    // Under the stripe: a write of the key either landed (and is deleted
+    // here) or finds its entry gone and never writes.
+    std::lock_guard<std::mutex> stripe(StripeFor(key));
     bool stored = false;
     bool erased = false;
     {
       MutexLock lock(&mu_);
       stored = index_.FindStored(key) != nullptr;
       erased = index_.Erase(key);
+      if (auto it = queued_.find(key); it != queued_.end()) {
+        it->second.cancel_below = next_generation_;
+      }
     }
-    if (erased) io_->Submit([this, key] { DeleteIfAbsent(key); });
+    if (erased) DeleteNow(DiskStorageKey(key));
     return stored;
   }
 
   uint64_t RemoveAll() TIERKV_EXCLUDES(mu_) override {
+    std::array<std::unique_lock<std::mutex>, kStripes> stripes;
+    for (size_t i = 0; i < kStripes; ++i) {
+      stripes[i] = std::unique_lock<std::mutex>(stripes_[i]);
+    }
     std::vector<BlockKey> keys;
     {
       MutexLock lock(&mu_);
       keys = index_.StoredKeys();
       for (const BlockKey& key : keys) index_.Erase(key);
     }
-    const uint64_t removed = keys.size();
-    // One task: a large tier must not flood the I/O queue.
-    if (removed > 0) {
-      io_->Submit([this, keys = std::move(keys)] {
-        for (const BlockKey& key : keys) DeleteIfAbsent(key);
-      });
-    }
-    return removed;
+    for (const BlockKey& key : keys) DeleteNow(DiskStorageKey(key));
+    return keys.size();
   }
 
-  Status Flush() override {
+  Status Flush() TIERKV_EXCLUDES(mu_) override {
     io_->Drain();
-    return storage_->Flush();
+    if (Status stopped = Stopped(); !stopped.ok()) {
+      return Status(stopped.code(),
+                    "disk tier: blocks written since the last flush may be "
+                    "lost: " +
+                        stopped.message());
+    }
+    Status s = storage_->Flush();
+    if (!s.ok()) WriteFailed(s);
+    return s;
   }
 
   DiskTierStats stats() const TIERKV_EXCLUDES(mu_) override;
+  std::vector<std::string> damaged_files() const override {
+    return damaged_files_;
+  }
 
  private:
   void Submit(const BlockKey& key, std::span<const TokenId> tokens,
               std::span<const std::byte> payload,
-              std::optional<uint64_t> checksum, Done done) {
+              std::optional<uint64_t> checksum, Done done)
+      TIERKV_EXCLUDES(mu_) {
     // Numbered here, so that of two Puts of a key in flight together the
     // one queued later wins.
-    const uint64_t generation = next_generation_.fetch_add(1);
+    uint64_t generation = 0;
+    {
+      MutexLock lock(&mu_);
+      generation = next_generation_++;
+      ++queued_[key].puts;
+    }
     std::vector<TokenId> owned(tokens.begin(), tokens.end());
     io_->Submit([this, key, generation, owned = std::move(owned), payload,
                  checksum, done = std::move(done)] {
@@ -227,6 +312,8 @@ class DiskTierImpl final : public DiskTier {
                 std::span<const TokenId> tokens,
                 std::span<const std::byte> payload,
                 std::optional<uint64_t> checksum) TIERKV_EXCLUDES(mu_);
+  // Takes a queued Put of `key` off queued_: true if a Remove cancelled it.
+  bool Dequeue(const BlockKey& key, uint64_t generation) TIERKV_EXCLUDES(mu_);
   Status WriteReserved(const BlockKey& key, uint64_t generation,
                        std::string_view header, std::string_view stored)
       TIERKV_EXCLUDES(mu_);
@@ -244,25 +331,57 @@ class DiskTierImpl final : public DiskTier {
       TIERKV_EXCLUDES(mu_) {
     for (const BlockKey& victim : victims) DeleteIfAbsent(victim);
   }
+  // Deletes a storage key unless the tier is degraded (RocksDB is not
+  // written after a write error); a failure degrades it.
+  void DeleteNow(std::string_view storage_key) TIERKV_EXCLUDES(mu_);
+  // Whether a write of `bytes` may go to the storage; counts and reports a
+  // refusal.
+  Status AdmitWrite(uint64_t bytes) TIERKV_EXCLUDES(mu_);
+  // Why the tier takes no writes until the next Open; OK while it does.
+  Status Stopped() const TIERKV_EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
+    return stopped_;
+  }
+  // A storage write failed: counts it and stops writes (reported once).
+  void WriteFailed(const Status& s) TIERKV_EXCLUDES(mu_);
+  void Report(const Status& why) const {
+    if (options_.on_degraded) options_.on_degraded(why);
+  }
+  StatusOr<std::optional<std::string>> ReadFingerprint();
+  Status FingerprintMismatch(std::string_view stored, uint64_t values) const;
   std::mutex& StripeFor(const BlockKey& key) {
     return stripes_[key.lo % stripes_.size()];
   }
 
+  static constexpr size_t kStripes = 16;
   const DiskTierOptions options_;
   const std::unique_ptr<DiskStorage> storage_;
-  std::array<std::mutex, 16> stripes_;
-  std::atomic<uint64_t> next_generation_{1};
+  SpaceGuard space_;
+  std::array<std::mutex, kStripes> stripes_;
+  // Puts queued and not yet run, per key: a Remove cancels them.
+  struct QueuedPuts {
+    int64_t puts = 0;
+    uint64_t cancel_below = 0;  // Generations below it were removed.
+  };
   std::atomic<uint64_t> next_sequence_{1};
   mutable Mutex mu_;
   DiskIndex index_ TIERKV_GUARDED_BY(mu_);
   Counters counters_ TIERKV_GUARDED_BY(mu_);
+  Status stopped_ TIERKV_GUARDED_BY(mu_);  // See Stopped.
+  uint64_t next_generation_ TIERKV_GUARDED_BY(mu_) = 1;
+  std::unordered_map<BlockKey, QueuedPuts, BlockKeyHash> queued_
+      TIERKV_GUARDED_BY(mu_);
+  // The filesystem was short of free space at the last write tried.
+  bool low_space_ TIERKV_GUARDED_BY(mu_) = false;
   std::unique_ptr<IoThreads> io_;
+  std::vector<std::string> damaged_files_;  // Set by Rebuild, then constant.
 };
 
 Status DiskTierImpl::PutNow(const BlockKey& key, uint64_t generation,
                             std::span<const TokenId> tokens,
                             std::span<const std::byte> payload,
                             std::optional<uint64_t> checksum) {
+  if (Dequeue(key, generation)) return Status::Ok();  // Removed meanwhile.
   if (payload.size() != options_.block_bytes) {
     return Status::InvalidArgument(
         "disk tier Put: payload is " + std::to_string(payload.size()) +
@@ -271,6 +390,10 @@ Status DiskTierImpl::PutNow(const BlockKey& key, uint64_t generation,
   if (tokens.empty() || tokens.size() > kMaxTokens) {
     return Status::InvalidArgument("disk tier Put: 1 to 65536 token ids");
   }
+  // Before any work: a degraded tier fails at once. The header is small
+  // beside a block; its tokens are counted in full.
+  TIERKV_RETURN_IF_ERROR(
+      AdmitWrite(payload.size() + tokens.size_bytes() + 4096));
   const uint64_t payload_checksum = Checksum(AsChars(payload));
   if (checksum.has_value() && *checksum != payload_checksum) {
     return Status::DataLoss("block " + key.ToHex() +
@@ -339,11 +462,66 @@ Status DiskTierImpl::WriteReserved(const BlockKey& key, uint64_t generation,
     index_.EraseIf(key, generation);
     ++counters_.put_failures;
   }
-  // Whatever is left under the key must not outlive its index entry. A
-  // failing disk may fail this too; the next Open verifies every value.
-  Status ignored = storage_->Delete(storage_key);
-  (void)ignored;
+  WriteFailed(s);
+  // Whatever RocksDB kept of the write is verified (and dropped) by the
+  // next Open: no delete is tried after a write error.
   return s;
+}
+
+bool DiskTierImpl::Dequeue(const BlockKey& key, uint64_t generation) {
+  MutexLock lock(&mu_);
+  auto it = queued_.find(key);
+  const bool cancelled = generation < it->second.cancel_below;
+  if (--it->second.puts == 0) queued_.erase(it);
+  return cancelled;
+}
+
+Status DiskTierImpl::AdmitWrite(uint64_t bytes) {
+  if (Status stopped = Stopped(); !stopped.ok()) {
+    MutexLock lock(&mu_);
+    ++counters_.put_failures;
+    return stopped;
+  }
+  Status room = space_.Admit(bytes);
+  if (!room.ok() && room.code() != StatusCode::kResourceExhausted) {
+    // The directory is gone or unreadable: nothing written there is safe.
+    WriteFailed(room);
+    return room;
+  }
+  bool changed = false;
+  {
+    MutexLock lock(&mu_);
+    changed = low_space_ == room.ok();
+    low_space_ = !room.ok();
+    if (!room.ok()) {
+      ++counters_.space_refusals;
+      ++counters_.put_failures;
+    }
+  }
+  if (changed) Report(room);
+  return room;
+}
+
+void DiskTierImpl::WriteFailed(const Status& s) {
+  bool first = false;
+  {
+    MutexLock lock(&mu_);
+    ++counters_.write_errors;
+    first = stopped_.ok();
+    if (first) {
+      stopped_ =
+          Status(s.code(), "disk tier stopped taking writes (" + s.message() +
+                               "); it keeps serving what it holds until "
+                               "restarted");
+    }
+  }
+  if (first) Report(Stopped());
+}
+
+void DiskTierImpl::DeleteNow(std::string_view storage_key) {
+  if (!Stopped().ok()) return;  // Forgotten by the index; Open re-checks.
+  Status s = storage_->Delete(storage_key);
+  if (!s.ok()) WriteFailed(s);
 }
 
 Status DiskTierImpl::GetNow(const BlockKey& key,
@@ -426,10 +604,9 @@ void DiskTierImpl::DeleteIfAbsent(const BlockKey& key) {
     MutexLock lock(&mu_);
     if (index_.Contains(key)) return;  // Put again: its writer owns it.
   }
-  // A failed delete leaves a value the index does not know: it takes disk
-  // space until the next Open verifies and indexes it again.
-  Status ignored = storage_->Delete(DiskStorageKey(key));
-  (void)ignored;
+  // A value left behind (degraded, or the delete failed) takes disk space
+  // until the next Open verifies and indexes it again.
+  DeleteNow(DiskStorageKey(key));
 }
 
 void DiskTierImpl::DropIfCurrent(const BlockKey& key, uint64_t generation) {
@@ -438,8 +615,7 @@ void DiskTierImpl::DropIfCurrent(const BlockKey& key, uint64_t generation) {
     MutexLock lock(&mu_);
     if (!index_.EraseIf(key, generation)) return;
   }
-  Status ignored = storage_->Delete(DiskStorageKey(key));
-  (void)ignored;
+  DeleteNow(DiskStorageKey(key));
 }
 
 DiskTierStats DiskTierImpl::stats() const {
@@ -462,6 +638,10 @@ DiskTierStats DiskTierImpl::stats() const {
     out.layout_mismatches = c.layout_mismatches;
     out.payload_bytes_written = c.payload_bytes_written;
     out.stored_bytes_written = c.stored_bytes_written;
+    out.degraded = !stopped_.ok() || low_space_ ? 1 : 0;
+    out.write_errors = c.write_errors;
+    out.space_refusals = c.space_refusals;
+    out.damaged_files = c.damaged_files;
   }
   out.file_bytes = storage_->FileBytes();
   return out;
@@ -504,15 +684,48 @@ class Progress {
   uint64_t next_ = 0;
 };
 
+StatusOr<std::optional<std::string>> DiskTierImpl::ReadFingerprint() {
+  std::optional<std::string> recorded;
+  Status s = storage_->Get(DiskFingerprintKey(), [&](std::string_view value) {
+    recorded.emplace(value);
+    return Status::Ok();
+  });
+  if (!s.ok() && s.code() != StatusCode::kNotFound) return s;
+  return recorded;
+}
+
+Status DiskTierImpl::FingerprintMismatch(std::string_view stored,
+                                         uint64_t values) const {
+  const std::string where = options_.storage.path.empty()
+                                ? std::string("the disk tier")
+                                : "the disk tier at " + options_.storage.path;
+  return Status::FailedPrecondition(
+      where + " holds " + std::to_string(values) + " blocks of \"" +
+      std::string(stored) + "\", not of this store's \"" +
+      options_.layout_fingerprint +
+      "\"; they are kept. Start with the --model and layout they were "
+      "written for, point --disk-dir at another directory, or start with "
+      "--disk-reset to drop them");
+}
+
 // Runs on the Open thread before the I/O threads start: no lock contention,
 // but the index is still only touched under mu_.
 Status DiskTierImpl::Rebuild() {
+  const Status writable = storage_->Writable();
+  if (!writable.ok()) {
+    MutexLock lock(&mu_);
+    stopped_ = writable;
+  }
+  TIERKV_ASSIGN_OR_RETURN(std::optional<std::string> recorded,
+                          ReadFingerprint());
   std::vector<FoundValue> found;
   std::vector<std::string> bad;
   uint64_t layout_mismatches = 0;
+  std::optional<std::string> other;  // A fingerprint of another store.
   Progress progress(options_.progress, storage_->FileBytes());
   TIERKV_RETURN_IF_ERROR(storage_->ForEach(
       [&](std::string_view key, std::string_view value) -> Status {
+        if (key == DiskFingerprintKey()) return Status::Ok();
         progress.Step(key.size() + value.size());
         if (options_.cancelled && options_.cancelled()) {
           return Status::Unavailable(
@@ -528,6 +741,7 @@ Status DiskTierImpl::Rebuild() {
           return Status::Ok();
         }
         if (!CheckLayout(*fields).ok()) {
+          if (!other) other.emplace(fields->fingerprint);
           bad.emplace_back(key);
           ++layout_mismatches;
           return Status::Ok();
@@ -542,8 +756,20 @@ Status DiskTierImpl::Rebuild() {
         found.push_back(std::move(v));
         return Status::Ok();
       }));
-  for (const std::string& key : bad) {
-    TIERKV_RETURN_IF_ERROR(storage_->Delete(key));
+  // Decided before anything is deleted. A store recorded as another's (or,
+  // written before the record, holding only another's values) is refused
+  // while it holds any; stray values in a store of this one are dropped.
+  const bool another_store =
+      recorded ? *recorded != options_.layout_fingerprint : found.empty();
+  if (another_store && other && !options_.reset) {
+    return FingerprintMismatch(recorded ? *recorded : *other,
+                               layout_mismatches);
+  }
+  for (const std::string& key : bad) DeleteNow(key);
+  if (recorded != options_.layout_fingerprint && Stopped().ok()) {
+    const std::string_view parts[] = {options_.layout_fingerprint};
+    Status s = storage_->Put(DiskFingerprintKey(), parts);
+    if (!s.ok()) WriteFailed(s);
   }
   std::sort(found.begin(), found.end(),
             [](const FoundValue& a, const FoundValue& b) {
@@ -559,17 +785,25 @@ Status DiskTierImpl::Rebuild() {
     counters_.dropped_on_open = bad.size();
     counters_.layout_mismatches = layout_mismatches;
   }
-  for (const BlockKey& victim : victims) {
-    TIERKV_RETURN_IF_ERROR(storage_->Delete(DiskStorageKey(victim)));
+  damaged_files_ = storage_->DamagedFiles();
+  {
+    MutexLock lock(&mu_);
+    counters_.damaged_files = damaged_files_.size();
   }
+  for (const BlockKey& victim : victims) DeleteNow(DiskStorageKey(victim));
   next_sequence_ = found.empty() ? 1 : found.back().sequence + 1;
   progress.Finish();
+  if (!writable.ok()) Report(writable);
   return Status::Ok();
 }
 
 Status ValidateOptions(const DiskTierOptions& o) {
   if (o.capacity_bytes == 0) {
     return Status::InvalidArgument("disk tier: capacity_bytes is 0");
+  }
+  if (o.reserved_bytes >= o.capacity_bytes) {
+    return Status::InvalidArgument(
+        "disk tier: reserved_bytes must be less than capacity_bytes");
   }
   if (o.layout_fingerprint.empty() || o.layout_fingerprint.size() > 4096) {
     return Status::InvalidArgument(
@@ -593,8 +827,18 @@ Status ValidateOptions(const DiskTierOptions& o) {
 StatusOr<std::unique_ptr<DiskTier>> DiskTier::Open(
     const DiskTierOptions& options) {
   TIERKV_RETURN_IF_ERROR(ValidateOptions(options));
+  RocksDbStorageOptions storage_options = options.storage;
+  storage_options.reset_if_unreadable = options.reset;
   TIERKV_ASSIGN_OR_RETURN(std::unique_ptr<DiskStorage> storage,
-                          OpenRocksDbStorage(options.storage));
+                          OpenRocksDbStorage(storage_options));
+  StatusOr<std::unique_ptr<DiskTier>> tier = Open(options, std::move(storage));
+  if (tier.ok() || tier.status().code() != StatusCode::kDataLoss ||
+      !options.reset) {
+    return tier;
+  }
+  // Damage the scan cannot step over (an SST's key blocks): start empty.
+  TIERKV_RETURN_IF_ERROR(DestroyRocksDbStorage(storage_options.path));
+  TIERKV_ASSIGN_OR_RETURN(storage, OpenRocksDbStorage(storage_options));
   return Open(options, std::move(storage));
 }
 

@@ -11,6 +11,7 @@
 //
 //   absent --Put (bytes reserved, LRU victims evicted)--> WRITING
 //   WRITING --value written--> STORED (most recently used)
+//   (queued) --Remove--> cancelled: the Put never writes
 //   WRITING --a newer Put of the key / Remove--> superseded: that write is
 //             skipped, the newer state wins
 //   STORED --Get (verified)--> STORED, moved to most recently used
@@ -19,6 +20,20 @@
 // Contains and Get see STORED keys only: a block being written is invisible.
 // The byte bound counts WRITING and STORED values, so it holds at every
 // moment, not just between operations.
+//
+// The tier as a whole is either WRITABLE or DEGRADED (stats().degraded):
+//
+//   WRITABLE --free space below the reserve--> DEGRADED (low space)
+//   DEGRADED (low space) --twice the reserve free again (checked at most
+//             every 100 ms, statvfs)--> WRITABLE
+//   WRITABLE --a storage write fails (ENOSPC, EIO, directory gone), or the
+//             storage opened read-only--> DEGRADED until the next Open
+//
+// A DEGRADED tier fails Put at once without touching the storage (RocksDB
+// must not be written again after a write error: its assertions abort), and
+// forgets removed keys without deleting them; it keeps serving what reads
+// back verified. Each entry into DEGRADED is reported once
+// (DiskTierOptions::on_degraded) and counted.
 //
 // On-disk value (format version 1, little-endian), written and verified by
 // this tier only:
@@ -47,6 +62,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "src/lower_tier.h"
 #include "tierkv/block_key.h"
@@ -96,8 +112,22 @@ class DiskStorage {
   // Writes everything Put so far to files and syncs them: after OK, it
   // survives a crash.
   virtual Status Flush() = 0;
-  // Bytes of the files that hold live data (RocksDB: SST and blob files).
+  // Bytes of every file the storage keeps (RocksDB: SST and blob files, the
+  // write-ahead log, the MANIFEST and its info logs).
   virtual uint64_t FileBytes() = 0;
+  // Bytes free for the storage on its filesystem (statvfs). NotFound when
+  // its directory is gone.
+  virtual StatusOr<uint64_t> FreeBytes() = 0;
+  // Bytes the storage may write beyond the values it holds, and must find
+  // free on its filesystem (RocksDB: its write-ahead log and memtables not
+  // yet flushed, the MANIFEST and info logs).
+  virtual uint64_t ReservedBytes() = 0;
+  // OK while writes may be tried; otherwise why not (opened read-only, or
+  // an earlier write failed: RocksDB must not be written again after a
+  // write error, and Put, Delete and Flush return this status at once).
+  virtual Status Writable() = 0;
+  // Files found damaged while opening or scanning (paths), for the report.
+  virtual std::vector<std::string> DamagedFiles() = 0;
 };
 
 // Forwards every call to another DiskStorage, which it owns; tests derive
@@ -120,6 +150,12 @@ class DiskStorageWrapper : public DiskStorage {
   }
   Status Flush() override { return target_->Flush(); }
   uint64_t FileBytes() override { return target_->FileBytes(); }
+  StatusOr<uint64_t> FreeBytes() override { return target_->FreeBytes(); }
+  uint64_t ReservedBytes() override { return target_->ReservedBytes(); }
+  Status Writable() override { return target_->Writable(); }
+  std::vector<std::string> DamagedFiles() override {
+    return target_->DamagedFiles();
+  }
 
   DiskStorage* target() const { return target_.get(); }
 
@@ -133,7 +169,9 @@ struct RocksDbStorageOptions {
   // references), so compaction never rewrites the 2 MiB payloads. Measured
   // against plain SSTs in BENCHMARKS.md ("Disk tier"). Default: true.
   bool blob_files = true;
-  // Memtable size. Default: 64 MiB.
+  // Memtable size; at least 1 MiB. Up to two memtables (and the log that
+  // holds them) are written beyond the values: see ReservedBytes. Default:
+  // 64 MiB.
   size_t write_buffer_bytes = size_t{64} << 20;
   // Writes go through RocksDB's write-ahead log (not synced), so a block
   // whose Put completed survives the process being killed; only a machine
@@ -142,16 +180,38 @@ struct RocksDbStorageOptions {
   // are lost when the process dies: a lost hit, never a wrong block, since
   // this is a cache. The log writes every value twice; BENCHMARKS.md
   // ("Disk tier") measures both. Default: true.
+  // Deletes always go through the log, so that a removal survives the
+  // process being killed. Default: true.
   bool write_ahead_log = true;
+  // When RocksDB cannot open the database (a file missing, truncated or
+  // damaged where RocksDB checks it on open), destroy it and start empty
+  // instead of failing. Default: false.
+  bool reset_if_unreadable = false;
 };
 
 // Opens (or creates) the database. FailedPrecondition when another process
-// holds it open; other RocksDB failures become a Status naming the path.
+// holds it open; DataLoss naming the damaged files when RocksDB finds them
+// damaged (unless reset_if_unreadable); other RocksDB failures become a
+// Status naming the path. On a filesystem with less than
+// RocksDbReservedBytes free, or when a normal open fails for lack of space,
+// the database is opened read-only: reads work, Writable() says why writes
+// do not.
 StatusOr<std::unique_ptr<DiskStorage>> OpenRocksDbStorage(
     const RocksDbStorageOptions& options);
 
+// Deletes the database at `path` and its files (RocksDB's DestroyDB); OK
+// when there is none.
+Status DestroyRocksDbStorage(const std::string& path);
+
+// RocksDbStorage's ReservedBytes: two memtables (and the write-ahead log
+// holding them) plus 1 MiB for the MANIFEST and info logs.
+uint64_t RocksDbReservedBytes(const RocksDbStorageOptions& options);
+
 // Storage keys of blocks: 'b' followed by the key, hi then lo, big-endian.
 std::string DiskStorageKey(const BlockKey& key);
+// The storage key of the store's record of its fingerprint: written once,
+// it tells Open which layout and model the store was written for.
+std::string_view DiskFingerprintKey();
 
 // ---------------------------------------------------------------------------
 // Payload codecs, exposed for benchmarks and tests.
@@ -200,15 +260,33 @@ struct DiskTierOptions {
   // Where and how the database is kept, for Open(options). Ignored by the
   // Open overload that takes a storage.
   RocksDbStorageOptions storage;
-  // Required. Bound on the bytes of the values held (header + stored
-  // payload). Least recently used keys are evicted to stay under it. Files
-  // on disk can exceed it by RocksDB's space amplification until compaction
-  // reclaims deleted values (DiskTierStats::file_bytes shows it).
+  // Required. Bound on the bytes the tier takes on disk: the values held
+  // (header + stored payload) are bounded by capacity_bytes less
+  // reserved_bytes. Least recently used keys are evicted to stay under it.
+  // Files can still exceed it by RocksDB's space amplification until
+  // compaction reclaims deleted values (DiskTierStats::file_bytes shows it).
   uint64_t capacity_bytes = 0;
+  // The part of capacity_bytes kept for what the storage writes beyond the
+  // values (RocksDbReservedBytes: its write-ahead log and memtables); less
+  // than capacity_bytes. Default: 0 (capacity_bytes bounds the values).
+  uint64_t reserved_bytes = 0;
   // Required. StoreFingerprint(layout, model) of the store
-  // (tierkv/kv_layout.h). Values written under another fingerprint (another
-  // layout or model) are deleted on open and counted in layout_mismatches.
+  // (tierkv/kv_layout.h). The store records the fingerprint it was written
+  // for; Open fails (FailedPrecondition, naming both) when it is another,
+  // unless `reset`. Single values of another fingerprint in a store of this
+  // one are deleted on open and counted in layout_mismatches.
   std::string layout_fingerprint;
+  // Start empty where the store cannot be used as it is: written for
+  // another layout or model, or (Open(options) only) a database RocksDB
+  // cannot open. Only then: a usable store is kept. Default: false (Open
+  // fails and says so).
+  bool reset = false;
+  // Called once per cause when the tier stops taking writes (a write
+  // failed, the filesystem is nearly full, the storage opened read-only;
+  // `why` says which and what to do), and with OK when it takes writes
+  // again. On the thread that found it; must not call the tier. Default:
+  // none.
+  std::function<void(const Status& why)> on_degraded = {};
   // Required. KvLayout::BlockBytes(): the payload of every Put and Get.
   size_t block_bytes = 0;
   // Element size in bytes, for byte planes. Default: 2 (bf16 / fp16).
@@ -245,8 +323,11 @@ class DiskTier {
   static StatusOr<std::unique_ptr<DiskTier>> Open(
       const DiskTierOptions& options);
   // Rebuilds the in-memory index and LRU from `storage`: every value is
-  // read once, its header and stored checksum verified; bad values and
-  // values of another layout or model are deleted and counted. The LRU order is
+  // read once, its header and stored checksum verified; bad values (and
+  // values RocksDB finds damaged) and single values of another layout or
+  // model are deleted and counted. FailedPrecondition, naming both, when the
+  // store was written for another layout or model (unless options.reset).
+  // The LRU order is
   // the write order (reads of a previous run are not remembered). If the store
   // holds more than capacity_bytes, the oldest values are evicted.
   // InvalidArgument for bad options.
@@ -264,7 +345,8 @@ class DiskTier {
   // cannot fit (larger than the capacity, or the rest is being written),
   // InvalidArgument for bad sizes, or the storage's error. A Put of a key
   // replaces its value; of two Puts of one key in flight together, the one
-  // queued later wins (the other's `done` gets OK without writing).
+  // queued later wins (the other's `done` gets OK without writing). A Put
+  // cancelled by a Remove of its key gets OK without writing too.
   virtual void Put(const BlockKey& key, std::span<const TokenId> tokens,
                    std::span<const std::byte> payload, Done done) = 0;
   // As Put, but the payload must hash (XXH3-64, the checksum every value
@@ -290,21 +372,26 @@ class DiskTier {
   // confirm a disk hit without touching the disk.
   virtual bool Contains(const BlockKey& key,
                         std::span<const TokenId> tokens) const = 0;
-  // Forgets `key` at once (Contains turns false) and deletes its value in
-  // the background. A Put of the key that is still queued (its `done` has
-  // not run) may store it again afterwards: if that matters, wait for the
-  // Put's `done` before removing its key. A Get already reading the value
-  // gets NotFound or the whole value, never part of it. Returns whether
-  // the key was stored (a write in flight that it cancels does not count).
+  // Forgets `key` and deletes its value before returning, through the
+  // write-ahead log: a removal survives the process being killed right
+  // after. A Put of the key in flight is cancelled (it never writes) or,
+  // when its write is running, waited for and deleted with it; so Remove
+  // may wait for one block's write (never for a queue). A Get already
+  // reading the value gets NotFound or the whole value, never part of it.
+  // Returns whether the key was stored (a write in flight that it cancels
+  // does not count).
   virtual bool Remove(const BlockKey& key) = 0;
   // Removes every stored key, as Remove, and returns how many. Keys being
   // written are left alone: their writes complete as usual.
   virtual uint64_t RemoveAll() = 0;
-  // Waits until every queued Put, Get and Remove has run (and its callback
-  // returned), then makes what was written durable. Must not be called
-  // from a Done callback.
+  // Waits until every queued Put and Get has run (and its callback
+  // returned), then makes what was written durable. Fails when the tier is
+  // degraded by a write error or read-only: what was written since the last
+  // Flush may then be lost. Must not be called from a Done callback.
   virtual Status Flush() = 0;
   virtual DiskTierStats stats() const = 0;
+  // The files Open found damaged (paths): their values were dropped.
+  virtual std::vector<std::string> damaged_files() const = 0;
 };
 
 }  // namespace tierkv

@@ -33,6 +33,11 @@ std::string DiskStorageKey(const BlockKey& key) {
   return out;
 }
 
+std::string_view DiskFingerprintKey() {
+  // Not a block key: 'f' differs from kBlockKeyPrefix.
+  return "fingerprint";
+}
+
 namespace disk_internal {
 
 std::optional<BlockKey> ParseStorageKey(std::string_view key) {

@@ -125,7 +125,20 @@ struct StatField {
     "Payload bytes of the values written.")                                  \
   X(uint64_t, stored_bytes_written, kCounter,                                \
     "Bytes stored for them (after compression).")                            \
-  X(uint64_t, file_bytes, kGauge, "Bytes of the files that hold live data.")
+  X(uint64_t, file_bytes, kGauge,                                            \
+    "Bytes of every file in the disk tier's directory (values, write-ahead " \
+    "log, metadata).")                                                       \
+  X(uint64_t, degraded, kGauge,                                              \
+    "1 while the disk tier takes no writes (a write failed, the filesystem " \
+    "is nearly full, or it opened read-only); it still serves reads.")       \
+  X(uint64_t, write_errors, kCounter,                                        \
+    "Storage writes that failed; the first one degrades the tier until "     \
+    "restart.")                                                              \
+  X(uint64_t, space_refusals, kCounter,                                      \
+    "Writes refused because the filesystem's free space was below the "      \
+    "storage's reserve.")                                                    \
+  X(uint64_t, damaged_files, kGauge,                                         \
+    "Files the last open found damaged; their values were dropped.")
 
 // Workers coming and going (tierkvd's socket; zero in embedded mode). Each
 // refused registration counts in `refused` and in one refused_* reason.

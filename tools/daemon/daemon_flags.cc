@@ -282,7 +282,8 @@ po::options_description SettingOptions(DaemonCommand& command,
       "model", po::value(&s.model)->value_name("NAME"),
       "the model whose KV this store serves, e.g. "
       "meta-llama/Llama-3.1-8B-Instruct; workers of another model are "
-      "refused, and the disk tier drops values of another model on open "
+      "refused, and a disk tier written for another model is refused (see "
+      "--disk-reset) "
       "(default: unnamed; name it whenever models share a KV layout)")(
       "layers", po::value(&s.layout.num_layers),
       "KV layout: number of layers (required)")(
@@ -310,9 +311,17 @@ po::options_description SettingOptions(DaemonCommand& command,
       "(default: no disk tier)")(
       "disk-capacity",
       po::value(&raw.disk_capacity)->default_value(raw.disk_capacity),
-      "disk tier: bound on stored bytes; least recently used blocks are "
-      "evicted")("disk-codec", po::value(&raw.codec)->default_value(raw.codec),
-                 "disk tier: none, lz4 or lz4-byte-planes (see BENCHMARKS.md)")(
+      "disk tier: bound on its bytes on disk, RocksDB's log and memtables "
+      "included (at least 4M); least recently used blocks are evicted")(
+      "disk-reset",
+      po::value(&s.disk_reset)
+          ->default_value(s.disk_reset, "false")
+          ->implicit_value(true, "true"),
+      "disk tier: start empty when --disk-dir holds blocks of another "
+      "--model or layout, or files RocksDB cannot open (without it tierkvd "
+      "refuses to start and names them); a usable disk tier is kept")(
+      "disk-codec", po::value(&raw.codec)->default_value(raw.codec),
+      "disk tier: none, lz4 or lz4-byte-planes (see BENCHMARKS.md)")(
       "spill-high",
       po::value(&s.spill_high)->default_value(s.spill_high, "0.9"),
       "spill to disk once this fraction of host slots is in use")(

@@ -1,0 +1,624 @@
+// The disk tier under faults, against a real RocksDB: a full filesystem (a
+// small tmpfs in a private mount namespace), its directory deleted while in
+// use, failing writes (a DiskStorage wrapper), damaged files, and removals
+// racing writes.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sched.h>
+#include <sys/mount.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <condition_variable>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <mutex>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "tests/scratch.h"
+#include "tests/status_matchers.h"
+#include "tiers/disk_tier.h"
+
+namespace tierkv {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+
+constexpr size_t kBlockBytes = 16 << 10;
+
+BlockKey KeyOf(int block) {
+  return BlockKey{.lo = (static_cast<uint64_t>(block) + 1) * 0x9e3779b97f4a7c15,
+                  .hi = 0xfa017};
+}
+
+std::vector<TokenId> TokensOf(int block) {
+  std::vector<TokenId> tokens(16);
+  for (int j = 0; j < 16; ++j) tokens[j] = static_cast<TokenId>(block * 16 + j);
+  return tokens;
+}
+
+std::vector<std::byte> BlockOf(int block) {
+  std::mt19937_64 rng(block);
+  std::vector<std::byte> out(kBlockBytes);
+  for (std::byte& b : out) b = static_cast<std::byte>(rng());
+  return out;
+}
+
+Status PutSync(DiskTier& tier, int i) {
+  std::promise<Status> done;
+  std::future<Status> result = done.get_future();
+  const std::vector<std::byte> block = BlockOf(i);
+  tier.Put(KeyOf(i), TokensOf(i), block, [&](Status s) { done.set_value(s); });
+  return result.get();
+}
+
+// OK only when the block comes back bit for bit.
+Status GetAndCheck(DiskTier& tier, int i) {
+  std::promise<Status> done;
+  std::future<Status> result = done.get_future();
+  std::vector<std::byte> out(kBlockBytes);
+  tier.Get(KeyOf(i), TokensOf(i), out, [&](Status s) { done.set_value(s); });
+  Status s = result.get();
+  if (s.ok() && out != BlockOf(i)) return Status::Internal("bytes differ");
+  return s;
+}
+
+DiskTierOptions OptionsAt(const std::string& path) {
+  DiskTierOptions options;
+  options.storage.path = path;
+  options.storage.write_buffer_bytes = size_t{1} << 20;
+  options.capacity_bytes = uint64_t{1} << 30;
+  options.layout_fingerprint = "disk fault test layout";
+  options.block_bytes = kBlockBytes;
+  return options;
+}
+
+std::unique_ptr<DiskTier> OpenTier(const DiskTierOptions& options) {
+  StatusOr<std::unique_ptr<DiskTier>> tier = DiskTier::Open(options);
+  EXPECT_THAT(tier, IsOk());
+  return tier.ok() ? std::move(tier).value() : nullptr;
+}
+
+// Mounts a tmpfs of `bytes` at `dir` in a mount namespace of this process's
+// own; an empty string when it can (else why not, for GTEST_SKIP). Needs a
+// single-threaded process (ctest runs each test in its own) and root.
+std::string MountTmpfs(const std::string& dir, uint64_t bytes) {
+  if (unshare(CLONE_NEWNS) != 0) {
+    return std::string("unshare(CLONE_NEWNS) refused: ") + strerror(errno);
+  }
+  if (mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) {
+    return std::string("making / private refused: ") + strerror(errno);
+  }
+  const std::string size = "size=" + std::to_string(bytes);
+  if (mount("tmpfs", dir.c_str(), "tmpfs", 0, size.c_str()) != 0) {
+    return std::string("mounting a tmpfs refused: ") + strerror(errno);
+  }
+  return "";
+}
+
+// --- A full filesystem -------------------------------------------------------
+
+TEST(DiskFullTest, AFullFilesystemDegradesTheTierWhichStillServesAndReopens) {
+  TempDir scratch("disk_fault_test");
+  const std::string why = MountTmpfs(scratch.path(), 8 << 20);
+  if (!why.empty()) GTEST_SKIP() << why;
+  const std::string ballast = scratch.path() + "/ballast";
+  std::ofstream(ballast) << std::string(2 << 20, 'x');
+  DiskTierOptions options = OptionsAt(scratch.path() + "/db");
+  options.capacity_bytes = uint64_t{1} << 30;  // Far past the filesystem.
+  std::vector<Status> reports;
+  options.on_degraded = [&](const Status& s) { reports.push_back(s); };
+  std::unique_ptr<DiskTier> tier = OpenTier(options);
+  ASSERT_NE(tier, nullptr);
+
+  int stored = 0;
+  Status refused;
+  for (; stored < 2000; ++stored) {
+    refused = PutSync(*tier, stored);
+    if (!refused.ok()) break;
+  }
+  ASSERT_LT(stored, 2000) << "the filesystem never filled";
+  ASSERT_GT(stored, 10);
+  // Refused before RocksDB ran out: no write error, the tier degraded.
+  EXPECT_EQ(refused.code(), StatusCode::kResourceExhausted)
+      << refused.ToString();
+  EXPECT_THAT(refused.message(), HasSubstr("bytes free"));
+  DiskTierStats stats = tier->stats();
+  EXPECT_EQ(stats.degraded, 1u);
+  EXPECT_EQ(stats.write_errors, 0u);
+  EXPECT_GE(stats.space_refusals, 1u);
+  ASSERT_EQ(reports.size(), 1u);  // Reported once, not per refusal.
+  EXPECT_EQ(PutSync(*tier, stored + 1).code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(reports.size(), 1u);
+  for (int i = 0; i < stored; ++i) EXPECT_THAT(GetAndCheck(*tier, i), IsOk());
+  EXPECT_THAT(tier->Flush(), IsOk());
+  tier.reset();
+
+  // Restarts on the full filesystem, serving everything it kept.
+  tier = OpenTier(options);
+  ASSERT_NE(tier, nullptr);
+  EXPECT_EQ(tier->stats().keys, static_cast<uint64_t>(stored));
+  for (int i = 0; i < stored; i += 7) {
+    EXPECT_THAT(GetAndCheck(*tier, i), IsOk()) << i;
+  }
+  const bool read_only = tier->stats().degraded == 1;
+  tier.reset();
+
+  // Space freed: a tier opened writable takes writes again.
+  fs::remove(ballast);
+  reports.clear();
+  tier = OpenTier(options);
+  ASSERT_NE(tier, nullptr);
+  EXPECT_EQ(tier->stats().degraded, 0u) << "read-only before: " << read_only;
+  EXPECT_THAT(PutSync(*tier, 5000), IsOk());
+  EXPECT_THAT(GetAndCheck(*tier, 5000), IsOk());
+}
+
+TEST(DiskFullTest, SpaceFreedWhileRunningEndsTheDegradedState) {
+  TempDir scratch("disk_fault_test");
+  const std::string why = MountTmpfs(scratch.path(), 8 << 20);
+  if (!why.empty()) GTEST_SKIP() << why;
+  const std::string ballast = scratch.path() + "/ballast";
+  std::ofstream(ballast) << std::string(4 << 20, 'x');
+  DiskTierOptions options = OptionsAt(scratch.path() + "/db");
+  std::mutex mu;
+  std::vector<Status> reports;
+  options.on_degraded = [&](const Status& s) {
+    std::lock_guard<std::mutex> lock(mu);
+    reports.push_back(s);
+  };
+  std::unique_ptr<DiskTier> tier = OpenTier(options);
+  ASSERT_NE(tier, nullptr);
+  int i = 0;
+  while (i < 2000 && PutSync(*tier, i).ok()) ++i;
+  ASSERT_EQ(tier->stats().degraded, 1u);
+  fs::remove(ballast);
+  // Free space is looked at again within 100 ms of a refusal: with twice
+  // the reserve free, writes resume.
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  Status s;
+  while (!(s = PutSync(*tier, i)).ok() &&
+         std::chrono::steady_clock::now() < deadline) {
+    ASSERT_EQ(s.code(), StatusCode::kResourceExhausted) << s.ToString();
+  }
+  ASSERT_THAT(s, IsOk());
+  EXPECT_EQ(tier->stats().degraded, 0u);
+  std::lock_guard<std::mutex> lock(mu);
+  ASSERT_EQ(reports.size(), 2u);
+  EXPECT_FALSE(reports[0].ok());
+  EXPECT_TRUE(reports[1].ok());
+}
+
+// Another writer fills the filesystem between two looks at its free space:
+// RocksDB's own writes fail. No crash, the tier degrades, and every block a
+// Put reported stored is there after a restart with space again.
+TEST(DiskFullTest, AFilesystemFilledBehindItsBackLosesNoStoredBlock) {
+  TempDir scratch("disk_fault_test");
+  const std::string why = MountTmpfs(scratch.path(), 8 << 20);
+  if (!why.empty()) GTEST_SKIP() << why;
+  DiskTierOptions options = OptionsAt(scratch.path() + "/db");
+  std::unique_ptr<DiskTier> tier = OpenTier(options);
+  ASSERT_NE(tier, nullptr);
+  int i = 0;
+  for (; i < 40; ++i) ASSERT_THAT(PutSync(*tier, i), IsOk());
+  const std::string ballast = scratch.path() + "/ballast";
+  {
+    std::ofstream out(ballast, std::ios::binary);
+    const std::string chunk(4096, 'x');
+    while (out.write(chunk.data(), chunk.size())) {
+    }
+  }
+  std::vector<int> stored;
+  for (int k = 0; k < 400; ++k, ++i) {
+    if (PutSync(*tier, i).ok()) stored.push_back(i);
+  }
+  EXPECT_EQ(tier->stats().degraded, 1u);
+  Status flushed = tier->Flush();
+  tier.reset();
+  fs::remove(ballast);
+  tier = OpenTier(options);
+  ASSERT_NE(tier, nullptr);
+  for (int k = 0; k < 40; ++k) EXPECT_THAT(GetAndCheck(*tier, k), IsOk()) << k;
+  for (int k : stored) {
+    EXPECT_THAT(GetAndCheck(*tier, k), IsOk())
+        << k << " of " << stored.size() << "; flush: " << flushed.ToString();
+  }
+}
+
+// The directory removed under a running tier: writes fail, the tier
+// degrades once and says so, and the final Flush reports the loss.
+TEST(DiskFullTest, DirectoryDeletedWhileRunningDegradesAndFlushFails) {
+  TempDir scratch("disk_fault_test");
+  DiskTierOptions options = OptionsAt(scratch.path() + "/db");
+  std::mutex mu;
+  std::vector<Status> reports;
+  options.on_degraded = [&](const Status& s) {
+    std::lock_guard<std::mutex> lock(mu);
+    reports.push_back(s);
+  };
+  std::unique_ptr<DiskTier> tier = OpenTier(options);
+  ASSERT_NE(tier, nullptr);
+  for (int i = 0; i < 5; ++i) ASSERT_THAT(PutSync(*tier, i), IsOk());
+  fs::remove_all(options.storage.path);
+  // Writes already open in RocksDB may land in unlinked files for a moment;
+  // the next look at the directory (every 250 ms at most) stops them.
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  int i = 5;
+  Status s;
+  while ((s = PutSync(*tier, i)).ok() &&
+         std::chrono::steady_clock::now() < deadline) {
+    ++i;
+  }
+  ASSERT_FALSE(s.ok()) << "writes never failed";
+  DiskTierStats stats = tier->stats();
+  EXPECT_EQ(stats.degraded, 1u);
+  EXPECT_GE(stats.write_errors, 1u);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    ASSERT_EQ(reports.size(), 1u);
+    EXPECT_THAT(reports[0].message(), HasSubstr(options.storage.path));
+  }
+  // Later writes fail at once, without reaching RocksDB; reads never
+  // return wrong bytes.
+  EXPECT_FALSE(PutSync(*tier, i + 1).ok());
+  for (int j = 0; j < 5; ++j) {
+    EXPECT_NE(GetAndCheck(*tier, j).code(), StatusCode::kInternal) << j;
+  }
+  Status flushed = tier->Flush();
+  EXPECT_FALSE(flushed.ok());
+  EXPECT_THAT(flushed.message(), HasSubstr("may be lost"));
+  std::lock_guard<std::mutex> lock(mu);
+  EXPECT_EQ(reports.size(), 1u);
+}
+
+// A storage whose writes fail once `fail` is set, counting the writes that
+// reach it.
+class FailingStorage : public DiskStorageWrapper {
+ public:
+  using DiskStorageWrapper::DiskStorageWrapper;
+  std::atomic<bool> fail{false};
+  std::atomic<int> puts{0};
+  std::atomic<int> deletes{0};
+
+  Status Put(std::string_view key,
+             std::span<const std::string_view> parts) override {
+    ++puts;
+    if (fail) return Status::ResourceExhausted("No space left on device");
+    return DiskStorageWrapper::Put(key, parts);
+  }
+  Status Delete(std::string_view key) override {
+    ++deletes;
+    if (fail) return Status::Unavailable("IO error");
+    return DiskStorageWrapper::Delete(key);
+  }
+};
+
+TEST(DiskFullTest, AWriteErrorStopsEveryLaterWriteButNotReads) {
+  TempDir scratch("disk_fault_test");
+  DiskTierOptions options = OptionsAt(scratch.path() + "/db");
+  StatusOr<std::unique_ptr<DiskStorage>> rocks =
+      OpenRocksDbStorage(options.storage);
+  ASSERT_THAT(rocks, IsOk());
+  auto failing = std::make_unique<FailingStorage>(std::move(rocks).value());
+  FailingStorage* storage = failing.get();
+  int reports = 0;
+  options.on_degraded = [&](const Status&) { ++reports; };
+  StatusOr<std::unique_ptr<DiskTier>> opened =
+      DiskTier::Open(options, std::move(failing));
+  ASSERT_THAT(opened, IsOk());
+  DiskTier& tier = **opened;
+  for (int i = 0; i < 4; ++i) ASSERT_THAT(PutSync(tier, i), IsOk());
+
+  storage->fail = true;
+  EXPECT_EQ(PutSync(tier, 4).code(), StatusCode::kResourceExhausted);
+  const int puts = storage->puts, deletes = storage->deletes;
+  EXPECT_FALSE(PutSync(tier, 5).ok());
+  EXPECT_TRUE(tier.Remove(KeyOf(0)));  // Forgotten, not deleted.
+  EXPECT_FALSE(tier.Contains(KeyOf(0)));
+  EXPECT_EQ(storage->puts, puts);  // Nothing more reached the storage.
+  EXPECT_EQ(storage->deletes, deletes);
+  DiskTierStats stats = tier.stats();
+  EXPECT_EQ(stats.degraded, 1u);
+  EXPECT_EQ(stats.write_errors, 1u);
+  EXPECT_EQ(reports, 1);
+  for (int i = 1; i < 4; ++i) EXPECT_THAT(GetAndCheck(tier, i), IsOk()) << i;
+  EXPECT_FALSE(tier.Flush().ok());
+}
+
+// --- Damaged files -----------------------------------------------------------
+
+// A store of 24 blocks in three flushes: three SSTs and three blob files.
+void WriteStore(const DiskTierOptions& options) {
+  std::unique_ptr<DiskTier> tier = OpenTier(options);
+  ASSERT_NE(tier, nullptr);
+  for (int i = 0; i < 24; ++i) {
+    ASSERT_THAT(PutSync(*tier, i), IsOk());
+    if (i % 8 == 7) {
+      ASSERT_THAT(tier->Flush(), IsOk());
+    }
+  }
+}
+
+std::vector<fs::path> DataFiles(const std::string& dir) {
+  std::vector<fs::path> files;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    const std::string ext = entry.path().extension();
+    if (ext == ".sst" || ext == ".blob") files.push_back(entry.path());
+  }
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+// Damages `file` as `seed` says: bytes flipped at a few offsets, the tail
+// (footer) flipped, truncated, or removed. Returns what it did.
+std::string Damage(const fs::path& file, uint32_t seed) {
+  std::mt19937 rng(seed);
+  const uint64_t size = fs::file_size(file);
+  switch (seed % 4) {
+    case 0:
+    case 1: {
+      std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+      std::string what = "flipped";
+      for (int k = 0; k < 3; ++k) {
+        const uint64_t at =
+            seed % 4 == 0 ? rng() % size
+                          : size - 1 - rng() % std::min<uint64_t>(size, 64);
+        f.seekg(static_cast<std::streamoff>(at));
+        char c = 0;
+        f.get(c);
+        f.seekp(static_cast<std::streamoff>(at));
+        f.put(static_cast<char>(c ^ 0x5a));
+        what += " " + std::to_string(at);
+      }
+      return what;
+    }
+    case 2: {
+      const uint64_t to = rng() % size;
+      fs::resize_file(file, to);
+      return "truncated to " + std::to_string(to);
+    }
+    default:
+      fs::remove(file);
+      return "removed";
+  }
+}
+
+TEST(DamagedSstTest, DamagedFilesAreNeverServedNorCrashTheOpen) {
+  TempDir scratch("disk_fault_test");
+  const DiskTierOptions pristine = OptionsAt(scratch.path() + "/pristine");
+  WriteStore(pristine);
+  const size_t files = DataFiles(pristine.storage.path).size();
+  ASSERT_GE(files, 4u);
+  int opened = 0, refused = 0;
+  for (uint32_t seed = 0; seed < 16; ++seed) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    const std::string dir = scratch.path() + "/s" + std::to_string(seed);
+    fs::copy(pristine.storage.path, dir);
+    const fs::path victim = DataFiles(dir)[seed % files];
+    const std::string what = Damage(victim, seed);
+    SCOPED_TRACE(victim.filename().string() + " " + what);
+    DiskTierOptions options = OptionsAt(dir);
+    StatusOr<std::unique_ptr<DiskTier>> tier = DiskTier::Open(options);
+    if (!tier.ok()) {
+      // A clear refusal: what is damaged and what to do.
+      ++refused;
+      EXPECT_EQ(tier.status().code(), StatusCode::kDataLoss)
+          << tier.status().ToString();
+      EXPECT_THAT(tier.status().message(), HasSubstr("--disk-reset"));
+      EXPECT_THAT(tier.status().message(),
+                  HasSubstr(victim.filename().string()));
+      // Reset starts empty (and keeps nothing damaged).
+      options.reset = true;
+      StatusOr<std::unique_ptr<DiskTier>> reset = DiskTier::Open(options);
+      ASSERT_THAT(reset, IsOk());
+      EXPECT_EQ((*reset)->stats().keys, 0u);
+      continue;
+    }
+    ++opened;
+    // Every block it kept reads back bit for bit; the rest are gone.
+    const DiskTierStats stats = (*tier)->stats();
+    uint64_t served = 0;
+    for (int i = 0; i < 24; ++i) {
+      if (!(*tier)->Contains(KeyOf(i))) continue;
+      Status s = GetAndCheck(**tier, i);
+      EXPECT_NE(s.code(), StatusCode::kInternal) << i;  // Never wrong bytes.
+      if (s.ok()) ++served;
+    }
+    EXPECT_EQ(stats.keys + stats.dropped_on_open, 24u);
+    if (stats.dropped_on_open > 0) {
+      EXPECT_EQ(stats.damaged_files, 1u);
+      ASSERT_EQ((*tier)->damaged_files().size(), 1u);
+      EXPECT_THAT((*tier)->damaged_files()[0],
+                  HasSubstr(victim.filename().string()));
+    }
+    EXPECT_EQ(served, stats.keys);
+    tier->reset();
+    // Dropped for good: the next open finds no damage.
+    StatusOr<std::unique_ptr<DiskTier>> again = DiskTier::Open(options);
+    ASSERT_THAT(again, IsOk());
+    EXPECT_EQ((*again)->stats().dropped_on_open, 0u);
+    EXPECT_EQ((*again)->stats().keys, stats.keys);
+  }
+  EXPECT_GT(opened, 0);
+  RecordProperty("opened", opened);
+  RecordProperty("refused", refused);
+}
+
+// --- Removals and writes
+// -------------------------------------------------------
+
+// Holds every Put of `gated` inside the storage until released.
+class GatedStorage : public DiskStorageWrapper {
+ public:
+  using DiskStorageWrapper::DiskStorageWrapper;
+
+  void Gate(const BlockKey& key) {
+    std::lock_guard<std::mutex> lock(mu_);
+    gated_ = DiskStorageKey(key);
+  }
+  void WaitUntilHeld() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return held_; });
+  }
+  void Release() {
+    std::lock_guard<std::mutex> lock(mu_);
+    released_ = true;
+    cv_.notify_all();
+  }
+  int puts_of(const BlockKey& key) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return static_cast<int>(
+        std::count(written_.begin(), written_.end(), DiskStorageKey(key)));
+  }
+
+  Status Put(std::string_view key,
+             std::span<const std::string_view> parts) override {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      written_.emplace_back(key);
+      if (key == gated_) {
+        held_ = true;
+        cv_.notify_all();
+        cv_.wait(lock, [&] { return released_; });
+      }
+    }
+    return DiskStorageWrapper::Put(key, parts);
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::string gated_;
+  bool held_ = false;
+  bool released_ = false;
+  std::vector<std::string> written_;
+};
+
+bool StorageHas(DiskStorage& storage, const BlockKey& key) {
+  return storage
+      .Get(DiskStorageKey(key), [](std::string_view) { return Status::Ok(); })
+      .ok();
+}
+
+struct GatedTier {
+  GatedStorage* storage = nullptr;
+  std::unique_ptr<DiskTier> tier;
+};
+
+GatedTier OpenGated(const std::string& path) {
+  DiskTierOptions options = OptionsAt(path);
+  options.io_threads = 1;  // Queued Puts wait behind the gated one.
+  StatusOr<std::unique_ptr<DiskStorage>> rocks =
+      OpenRocksDbStorage(options.storage);
+  EXPECT_THAT(rocks, IsOk());
+  auto gated = std::make_unique<GatedStorage>(std::move(rocks).value());
+  GatedTier out{.storage = gated.get(), .tier = nullptr};
+  StatusOr<std::unique_ptr<DiskTier>> tier =
+      DiskTier::Open(options, std::move(gated));
+  EXPECT_THAT(tier, IsOk());
+  out.tier = std::move(tier).value();
+  return out;
+}
+
+// A removed key whose Put is still queued never reaches the storage.
+TEST(TombstoneTest, RemoveCancelsAQueuedPut) {
+  TempDir scratch("disk_fault_test");
+  GatedTier g = OpenGated(scratch.path() + "/db");
+  g.storage->Gate(KeyOf(0));
+  std::vector<std::promise<Status>> done(2);
+  const std::vector<std::byte> b0 = BlockOf(0), b1 = BlockOf(1);
+  g.tier->Put(KeyOf(0), TokensOf(0), b0,
+              [&](Status s) { done[0].set_value(s); });
+  g.storage->WaitUntilHeld();  // The one I/O thread is busy with key 0.
+  g.tier->Put(KeyOf(1), TokensOf(1), b1,
+              [&](Status s) { done[1].set_value(s); });
+  EXPECT_FALSE(g.tier->Remove(KeyOf(1)));  // Being written: not stored yet.
+  g.storage->Release();
+  EXPECT_THAT(done[0].get_future().get(), IsOk());
+  EXPECT_THAT(done[1].get_future().get(), IsOk());  // Superseded: no write.
+  EXPECT_THAT(g.tier->Flush(), IsOk());
+  EXPECT_EQ(g.storage->puts_of(KeyOf(1)), 0);
+  EXPECT_FALSE(StorageHas(*g.storage->target(), KeyOf(1)));
+  EXPECT_FALSE(g.tier->Contains(KeyOf(1)));
+  EXPECT_TRUE(g.tier->Contains(KeyOf(0)));
+}
+
+// A Remove racing the write of its key waits for it and deletes it: once
+// Remove returns, the storage holds nothing of the key.
+TEST(TombstoneTest, RemoveDuringTheWriteDeletesItBeforeReturning) {
+  TempDir scratch("disk_fault_test");
+  GatedTier g = OpenGated(scratch.path() + "/db");
+  g.storage->Gate(KeyOf(0));
+  std::promise<Status> done;
+  const std::vector<std::byte> b0 = BlockOf(0);
+  g.tier->Put(KeyOf(0), TokensOf(0), b0, [&](Status s) { done.set_value(s); });
+  g.storage->WaitUntilHeld();  // Inside the storage's Put.
+  std::future<bool> removed =
+      std::async(std::launch::async, [&] { return g.tier->Remove(KeyOf(0)); });
+  g.storage->Release();
+  removed.get();
+  EXPECT_FALSE(StorageHas(*g.storage->target(), KeyOf(0)));
+  EXPECT_FALSE(g.tier->Contains(KeyOf(0)));
+  EXPECT_THAT(done.get_future().get(), IsOk());
+  EXPECT_FALSE(StorageHas(*g.storage->target(), KeyOf(0)));
+  EXPECT_FALSE(g.tier->Contains(KeyOf(0)));
+}
+
+// Remove and RemoveAll delete before they return: a process that dies right
+// after (no flush, no close) does not bring the blocks back.
+// The test runs itself again (a fresh process: RocksDB's threads do not
+// survive fork) with kChildDir set, to write, remove and die.
+constexpr char kChildDir[] = "TIERKV_DISK_FAULT_CHILD_DIR";
+
+TEST(TombstoneTest, RemovalsSurviveTheProcessDyingRightAfter) {
+  if (const char* dir = getenv(kChildDir); dir != nullptr) {
+    StatusOr<std::unique_ptr<DiskTier>> tier = DiskTier::Open(OptionsAt(dir));
+    if (!tier.ok()) _exit(2);
+    for (int i = 0; i < 8; ++i) {
+      if (!PutSync(**tier, i).ok()) _exit(3);
+    }
+    if (!(*tier)->Flush().ok()) _exit(4);  // All eight durable in files.
+    if (!(*tier)->Remove(KeyOf(2))) _exit(5);
+    if (!(*tier)->Remove(KeyOf(5))) _exit(6);
+    _exit(0);  // Dies: no flush, no close.
+  }
+  TempDir scratch("disk_fault_test");
+  const DiskTierOptions options = OptionsAt(scratch.path() + "/db");
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    setenv(kChildDir, options.storage.path.c_str(), 1);
+    execl(
+        "/proc/self/exe", "disk_fault_test",
+        "--gtest_filter=TombstoneTest.RemovalsSurviveTheProcessDyingRightAfter",
+        nullptr);
+    _exit(127);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  ASSERT_EQ(WEXITSTATUS(status), 0);
+  std::unique_ptr<DiskTier> tier = OpenTier(options);
+  ASSERT_NE(tier, nullptr);
+  EXPECT_EQ(tier->stats().keys, 6u);
+  EXPECT_FALSE(tier->Contains(KeyOf(2)));
+  EXPECT_FALSE(tier->Contains(KeyOf(5)));
+  EXPECT_THAT(GetAndCheck(*tier, 0), IsOk());
+  EXPECT_EQ(tier->RemoveAll(), 6u);
+  tier.reset();  // Closing flushes, so this only checks the count.
+  tier = OpenTier(options);
+  EXPECT_EQ(tier->stats().keys, 0u);
+}
+
+}  // namespace
+}  // namespace tierkv

@@ -1,0 +1,241 @@
+// tierkvd's disk tier as an operator meets it, with real tierkvd and worker
+// processes: a disk tier of another model refused until --disk-reset,
+// evictions that survive tierkvd being killed right after, a filesystem that
+// fills up (a tmpfs in a private mount namespace), and its directory removed
+// while tierkvd runs.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/mount.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "tests/status_matchers.h"
+#include "tests/test_layout.h"
+#include "tests/tierkvd_fixture.h"
+#include "tierkv/client.h"
+#include "tierkv/kv_layout.h"
+
+namespace tierkv {
+namespace {
+
+using ::testing::HasSubstr;
+
+struct Tally {
+  long long blocks = -1, hit = -1, missed = -1, wrong = -1;
+};
+Tally ParseTally(const std::string& output) {
+  Tally t;
+  const size_t at = output.find("blocks ");
+  if (at != std::string::npos) {
+    std::sscanf(output.c_str() + at,
+                "blocks %lld hit %lld missed %lld wrong %lld", &t.blocks,
+                &t.hit, &t.missed, &t.wrong);
+  }
+  return t;
+}
+
+// The key of fill/verify's one-block request `r` of `seed` (worker_main.cc
+// derives the tokens the same way), as tierkv-admin evict takes it.
+std::string FillKeyHex(uint32_t seed, uint32_t r) {
+  std::vector<TokenId> tokens(16);
+  for (uint32_t i = 0; i < 16; ++i) {
+    tokens[i] = (seed * 1000003u + r * 4099u) * 16u + i;
+  }
+  const KeyHasher hasher(
+      {.model_fingerprint = TestLayout().Fingerprint(), .tenant = ""});
+  std::vector<BlockKey> keys;
+  hasher.AppendPrefixKeys(tokens, 16, {}, &keys);
+  return keys.at(0).ToHex();
+}
+
+class TierkvdDiskTest : public TierkvdFixture {
+ protected:
+  std::vector<std::string> DiskArgs(const std::string& disk_dir,
+                                    const std::string& capacity,
+                                    std::vector<std::string> more) const {
+    std::vector<std::string> args = DaemonArgs(
+        std::to_string(17 * TestLayout().BlockBytes()));  // 16 slots.
+    for (const std::string& a :
+         {std::string("--disk-dir"), disk_dir, std::string("--disk-capacity"),
+          capacity, std::string("--spill-high"), std::string("0.5"),
+          std::string("--spill-low"), std::string("0.25")}) {
+      args.push_back(a);
+    }
+    args.insert(args.end(), more.begin(), more.end());
+    return args;
+  }
+  void StartOn(const std::string& disk_dir, const std::string& capacity,
+               std::vector<std::string> more = {}) {
+    daemon_ = Spawn(DiskArgs(disk_dir, capacity, std::move(more)));
+    ASSERT_TRUE(daemon_->WaitForOutput("serving store")) << daemon_->output();
+  }
+  DiskTierStats DiskStats(const std::string& model = "") {
+    std::unique_ptr<Client> observer = Attach("observer", model);
+    EXPECT_NE(observer, nullptr);
+    if (observer == nullptr) return {};
+    return SettledStats(*observer).disk.value_or(DiskTierStats{});
+  }
+  void Kill() {
+    daemon_->Signal(SIGKILL);
+    EXPECT_EQ(daemon_->Wait(), 128 + SIGKILL);
+    daemon_.reset();
+  }
+  std::string Admin(std::vector<std::string> args) {
+    args.insert(args.begin(), TIERKV_ADMIN_PATH);
+    args.push_back("--socket");
+    args.push_back(socket_);
+    auto admin = Spawn(args);
+    EXPECT_EQ(admin->Wait(), 0) << admin->output();
+    return admin->output();
+  }
+  const std::string disk_ = dir_ + "/disk";
+};
+
+// A disk tier written for model A is refused by a tierkvd of model B, which
+// names both and --disk-reset and leaves the blocks alone; --disk-reset
+// drops them knowingly.
+TEST_F(TierkvdDiskTest, ModelMismatchRefusesToStartUntilDiskReset) {
+  StartOn(disk_, "64M", {"--model", "model-a"});
+  auto fill = ManyWorker("fill", 3, 160, "model-a");
+  ASSERT_EQ(fill->Wait(), 0) << fill->output();
+  StopDaemon();
+
+  auto refused = Spawn(DiskArgs(disk_, "64M", {"--model", "model-b"}));
+  EXPECT_NE(refused->Wait(), 0);
+  EXPECT_THAT(refused->output(), HasSubstr("model=model-a"));
+  EXPECT_THAT(refused->output(), HasSubstr("model=model-b"));
+  EXPECT_THAT(refused->output(), HasSubstr("--disk-reset"));
+  EXPECT_THAT(refused->output(), ::testing::Not(HasSubstr("serving store")));
+
+  // Untouched: model A's restart is warm.
+  StartOn(disk_, "64M", {"--model", "model-a"});
+  const uint64_t on_disk = DiskStats("model-a").keys;
+  ASSERT_GT(on_disk, 0u);
+  auto verify_a = ManyWorker("verify", 3, 160, "model-a");
+  ASSERT_EQ(verify_a->Wait(), 0) << verify_a->output();
+  EXPECT_GE(ParseTally(verify_a->output()).hit, static_cast<long long>(on_disk))
+      << verify_a->output();
+  StopDaemon();
+
+  StartOn(disk_, "64M", {"--model", "model-b", "--disk-reset"});
+  EXPECT_THAT(daemon_->output(), HasSubstr("--disk-reset dropped"));
+  const DiskTierStats b = DiskStats("model-b");
+  EXPECT_EQ(b.keys, 0u);
+  EXPECT_GE(b.layout_mismatches, on_disk);
+  auto verify_b = ManyWorker("verify", 3, 160, "model-b");
+  ASSERT_EQ(verify_b->Wait(), 0) << verify_b->output();
+  EXPECT_EQ(ParseTally(verify_b->output()).hit, 0) << verify_b->output();
+}
+
+// tierkv-admin evict and clear are on disk once they answer: tierkvd
+// killed right after does not bring the blocks back.
+TEST_F(TierkvdDiskTest, TombstoneEvictionsSurviveTierkvdKilledRightAfter) {
+  StartOn(disk_, "64M");
+  auto fill = ManyWorker("fill", 1, 40);  // Past the host: the oldest spill.
+  ASSERT_EQ(fill->Wait(), 0) << fill->output();
+  const uint64_t before = DiskStats().keys;
+  ASSERT_GT(before, 3u);
+  const std::vector<std::string> evicted = {FillKeyHex(1, 0), FillKeyHex(1, 1),
+                                            FillKeyHex(1, 2)};
+  std::vector<std::string> args = {"evict"};
+  args.insert(args.end(), evicted.begin(), evicted.end());
+  const std::string out = Admin(args);
+  for (const std::string& key : evicted) {
+    ASSERT_THAT(out, HasSubstr(key + "  dropped from disk"));
+  }
+  Kill();
+
+  StartOn(disk_, "64M");
+  EXPECT_EQ(DiskStats().keys, before - evicted.size());
+  const std::string again = Admin(args);
+  for (const std::string& key : evicted) {
+    EXPECT_THAT(again, HasSubstr(key + "  not cached\n"));
+  }
+  EXPECT_THAT(Admin({"clear", "--tier", "disk"}),
+              ::testing::ContainsRegex("disk: dropped [1-9][0-9]* blocks\n"));
+  Kill();
+
+  StartOn(disk_, "64M");
+  EXPECT_EQ(DiskStats().keys, 0u);
+}
+
+// Mounts a tmpfs of `bytes` at `dir` in a mount namespace of this process's
+// own (tierkvd children inherit it); empty when done, else why not.
+std::string MountTmpfs(const std::string& dir, uint64_t bytes) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (unshare(CLONE_NEWNS) != 0) {
+    return std::string("unshare(CLONE_NEWNS) refused: ") + strerror(errno);
+  }
+  if (mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) {
+    return std::string("making / private refused: ") + strerror(errno);
+  }
+  const std::string size = "size=" + std::to_string(bytes);
+  if (mount("tmpfs", dir.c_str(), "tmpfs", 0, size.c_str()) != 0) {
+    return std::string("mounting a tmpfs refused: ") + strerror(errno);
+  }
+  return "";
+}
+
+// A disk tier bounded past its filesystem (64M on a 16 MiB tmpfs): it fills,
+// stops spilling with one log line, keeps serving, stops cleanly, and
+// tierkvd starts again on the full filesystem with every block.
+TEST_F(TierkvdDiskTest, DiskFullOnASmallFilesystemDegradesAndRestarts) {
+  const std::string mnt = dir_ + "/mnt";
+  const std::string why = MountTmpfs(mnt, 16 << 20);
+  if (!why.empty()) GTEST_SKIP() << why;
+  StartOn(mnt + "/disk", "64M");
+  auto fill = ManyWorker("fill", 5, 1200);
+  ASSERT_EQ(fill->Wait(), 0) << fill->output();
+  ASSERT_TRUE(daemon_->WaitForOutput("blocks are not spilled until space"))
+      << daemon_->output();
+  const DiskTierStats full = DiskStats();
+  EXPECT_EQ(full.degraded, 1u);
+  EXPECT_EQ(full.write_errors, 0u);  // Refused before RocksDB ran out.
+  EXPECT_GT(full.space_refusals, 0u);
+  EXPECT_GT(full.keys, 0u);
+  const std::string log = daemon_->output();
+  EXPECT_EQ(log.find("blocks are not spilled until space"),
+            log.rfind("blocks are not spilled until space"))
+      << "logged more than once:\n"
+      << log;
+  StopDaemon();
+
+  StartOn(mnt + "/disk", "64M");
+  EXPECT_EQ(DiskStats().keys, full.keys) << daemon_->output();
+  auto verify = ManyWorker("verify", 5, 1200);
+  ASSERT_EQ(verify->Wait(), 0) << verify->output();
+  const Tally t = ParseTally(verify->output());
+  EXPECT_EQ(t.wrong, 0) << verify->output();
+  EXPECT_GE(t.hit, static_cast<long long>(full.keys)) << verify->output();
+}
+
+// The disk tier's directory removed under a running tierkvd: spills fail,
+// it says so once and keeps serving; the final flush reports the loss.
+TEST_F(TierkvdDiskTest, DiskFullDirectoryRemovedWhileRunningIsReported) {
+  StartOn(disk_, "64M");
+  auto first = ManyWorker("fill", 7, 40);
+  ASSERT_EQ(first->Wait(), 0) << first->output();
+  std::filesystem::remove_all(disk_);
+  auto more = ManyWorker("fill", 8, 400);
+  ASSERT_EQ(more->Wait(), 0) << more->output();
+  ASSERT_TRUE(daemon_->WaitForOutput("disk tier stopped taking writes"))
+      << daemon_->output();
+  const DiskTierStats s = DiskStats();
+  EXPECT_EQ(s.degraded, 1u);
+  EXPECT_GE(s.write_errors, 1u);
+  daemon_->Signal(SIGTERM);
+  daemon_->Wait();
+  EXPECT_THAT(daemon_->output(), HasSubstr("flush on stop failed"));
+  daemon_.reset();
+}
+
+}  // namespace
+}  // namespace tierkv
