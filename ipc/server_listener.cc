@@ -390,8 +390,9 @@ void Server::Impl::Reap() {
     }
     for (std::unique_ptr<Session>& session : batch) {
       session->thread.join();
-      { (void)store->Lock()->DropWorker(session->worker); }
+      // Counted first: whoever sees the worker gone sees it counted.
       detached.fetch_add(1, std::memory_order_relaxed);
+      { (void)store->Lock()->DropWorker(session->worker); }
       spdlog::info("worker {} (pid {}) detached; its pins are released",
                    session->worker, session->pid);
       session.reset();  // Removes the channel segment.

@@ -169,6 +169,15 @@ bool BlockPool::EvictCachedBlock(BlockId id) {
 
 bool BlockPool::DemoteCachedBlock(BlockId id) { return DropCachedBlock(id); }
 
+bool BlockPool::ReturnNewBlock(BlockId id) {
+  if (!IsValid(id) || (null_block_ && id == *null_block_)) return false;
+  Block& b = blocks_[Index(id)];
+  if (b.ref_cnt != 1 || b.has_key) return false;
+  b.ref_cnt = 0;
+  free_queue_.PushFront(id);
+  return true;
+}
+
 bool BlockPool::DropCachedBlock(BlockId id) {
   if (!IsValid(id)) return false;
   const Block& b = blocks_[Index(id)];

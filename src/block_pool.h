@@ -89,6 +89,12 @@ class BlockPool {
   // queue in the order given (callers pass a request's blocks in reverse).
   void FreeBlocks(std::span<const BlockId> ordered_ids);
 
+  // Gives back a block GetNewBlocks just handed out and nobody keyed or
+  // pinned since (ref count 1, no key): to the front of the free queue, so
+  // the next GetNewBlocks takes it again rather than evicting another
+  // cached block. Returns false (and changes nothing) for any other block.
+  bool ReturnNewBlock(BlockId id);
+
   // Records `key` and `tokens` (1..block_size of them) for an in-use block so
   // later lookups can hit it. InvalidArgument for a free, null, out-of-range
   // or already keyed block, or a wrong token count.

@@ -1,6 +1,7 @@
 #include "src/coordinator.h"
 
 #include <algorithm>
+#include <cassert>
 #include <utility>
 
 #include "src/printable.h"
@@ -238,8 +239,11 @@ std::optional<BlockId> Coordinator::NewWorkerSlot(WorkerState* w) {
   std::vector<BlockId> slot;
   if (!TakeFreeSlot(&slot)) return std::nullopt;
   if (options_.assign_slot && !options_.assign_slot(slot[0], w->segment).ok()) {
-    // Unkeyed: back to the free queue, as if it had never been taken.
-    ReleaseSlots(slot);
+    // Unkeyed: back to the front of the free queue, so the next attempt
+    // takes this slot again instead of evicting another cached block.
+    const bool returned = host_pool_.ReturnNewBlock(slot[0]);
+    assert(returned);
+    (void)returned;
     ++stats_.slot_reserve_failures;
     return std::nullopt;
   }

@@ -210,6 +210,14 @@ StatusOr<ClearResult> Coordinator::Clear(TierSelection tiers) {
   }
   if (tiers != TierSelection::kHost && options_.lower != nullptr) {
     result.disk_dropped = options_.lower->RemoveAll();
+    // RemoveAll leaves writes in flight alone. Those of spills discarded
+    // above would land after the answer and be deleted only when they
+    // finish: removing their keys now cancels them (or deletes what they
+    // wrote) before the answer, so a crash in between cannot bring them
+    // back. Spills of blocks kept on host land as usual.
+    for (const auto& [id, op] : lower_ops_) {
+      if (op.spill && op.discard) (void)options_.lower->Remove(op.key);
+    }
     result.disk_cleared = true;
   }
   return result;

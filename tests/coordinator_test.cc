@@ -797,10 +797,15 @@ TEST_F(SpillTest, ClearMidSpillDropsTheBlockFromHostAndDisk) {
     const BlockKey key =
         StoreOneBlock(tiers == TierSelection::kAll ? 10 : 20, t);
 
+    lower_.cancel_writes = true;
     const ClearResult cleared = c_.Clear(tiers).value();
     EXPECT_EQ(cleared.host_dropped, 1u);
     EXPECT_EQ(cleared.host_kept_pinned, 0u);
     EXPECT_EQ(HitTokens(30, t), 0);
+    // Clearing the disk too cancels the discarded spill's write before the
+    // answer: it can never land, not even for a moment before a crash.
+    ASSERT_EQ(lower_.writes.size(), 1u);
+    EXPECT_EQ(lower_.writes[0].cancelled, tiers == TierSelection::kAll);
 
     lower_.Land(0);
     c_.PumpLowerTier();

@@ -210,20 +210,43 @@ TEST(ShmFullHostTierTest, SlotWhoseMemoryCannotBeReservedIsAMiss) {
   EXPECT_EQ(c.Lookup(b, 5, SequentialTokens(1, 33), 0, {})->hit_tokens, 32);
   ASSERT_THAT(c.Finish(b, 5), IsOk());
   EXPECT_EQ(c.stats().host.slot_reserve_failures, 2u);
+
+  // A tenant short of memory costs the others one cached block at most:
+  // the slot it could not use goes back to the front of the free queue
+  // and is tried again, instead of evicting the next block each time.
+  for (int i = 0; i < 4; ++i) {  // Tenant A's blocks fill all 8 slots.
+    EXPECT_EQ(store(a, 10 + i, 1000 + 100 * i), 2u);
+  }
+  short_of_memory = true;
+  EXPECT_EQ(store(b, 20, 5000), 0u);
+  EXPECT_EQ(c.stats().host.slot_reserve_failures, 4u);
+  int32_t hit_tokens = 0;
+  for (int i = 0; i < 4; ++i) {
+    hit_tokens +=
+        c.Lookup(a, 30 + i, SequentialTokens(1000 + 100 * i, 33), 0, {})
+            ->hit_tokens;
+    ASSERT_THAT(c.Finish(a, 30 + i), IsOk());
+  }
+  // The least recently used block (the oldest request's second) went.
+  EXPECT_EQ(hit_tokens, 3 * 32 + 16);
 }
 
 // A stop asked for while tierkvd reserves its host memory ends the start
 // there: it never serves, and exits 0 at once.
 TEST_F(ShmFullTest, SigtermWhileReservingMemoryStopsTheStart) {
-  // 2 GiB takes most of a second to reserve; the signal comes within
-  // milliseconds of the line that says it began.
+  // 2 GiB takes most of a second to reserve. tierkvd is frozen as soon as
+  // it says it began, and the signal is pending when it thaws: its signal
+  // thread takes it at once, while the reservation still has hundreds of
+  // milliseconds to go however slow the machine (both thaw together).
   if (Status room = ipc::CheckHostMemory(size_t{3} << 30); !room.ok()) {
     GTEST_SKIP() << "needs 3 GiB of memory: " << room.ToString();
   }
   auto daemon = Run(DaemonArgs("2G"));
   ASSERT_TRUE(daemon->WaitForOutput("host tier: reserving"))
       << daemon->output();
+  daemon->Freeze();
   daemon->Signal(SIGTERM);
+  daemon->Thaw();
   EXPECT_EQ(daemon->Wait(), 0) << daemon->output();
   EXPECT_THAT(daemon->output(), HasSubstr("stopped while starting"));
   EXPECT_THAT(daemon->output(), Not(HasSubstr("serving store")));

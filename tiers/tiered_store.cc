@@ -286,6 +286,11 @@ Status TieredStore::SpillAll(std::chrono::milliseconds timeout) {
   return Status::Ok();
 }
 
+int64_t TieredStore::HostOnlyBlocks() const {
+  MutexLock lock(&mu_);
+  return coordinator_->HostOnlyBlocks();
+}
+
 CoordinatorStats TieredStore::stats() const {
   MutexLock lock(&mu_);
   return coordinator_->stats();

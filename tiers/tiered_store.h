@@ -147,6 +147,8 @@ class TieredStore {
   // counted where they happen). OK at once without a disk tier. Follow it
   // with Flush to make the spills durable.
   Status SpillAll(std::chrono::milliseconds timeout) TIERKV_EXCLUDES(mu_);
+  // Host blocks the disk tier does not hold (Coordinator::HostOnlyBlocks).
+  int64_t HostOnlyBlocks() const TIERKV_EXCLUDES(mu_);
 
   CoordinatorStats stats() const TIERKV_EXCLUDES(mu_);
 

@@ -243,7 +243,10 @@ int RunDaemon(const DaemonCommand& command) {
   auto server = ipc::Server::Start(options);
   signal_thread.StartupOver();
   if (!server.ok()) {
-    if (signal_thread.stop_requested()) {
+    // A step that saw the stop gives up with Unavailable; any other error
+    // keeps its own exit status even if a signal came meanwhile.
+    if (signal_thread.stop_requested() &&
+        server.status().code() == StatusCode::kUnavailable) {
       spdlog::info("stopped while starting: {}", server.status().message());
       return kExitStopped;
     }

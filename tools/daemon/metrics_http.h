@@ -39,8 +39,9 @@ struct MetricsHttpOptions {
 
 class MetricsHttpServer {
  public:
-  // InvalidArgument for a host that is no address literal; Unavailable,
-  // naming the address and why, when it cannot listen there.
+  // InvalidArgument for a host that is no address literal, and (naming the
+  // address and why) when it cannot listen there: both are option values
+  // this host cannot take (tierkvd exits 2).
   static StatusOr<std::unique_ptr<MetricsHttpServer>> Start(
       MetricsHttpOptions options);
   ~MetricsHttpServer();  // Stops the thread; closes every connection.
