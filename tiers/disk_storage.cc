@@ -178,6 +178,18 @@ class RocksDbStorage final : public DiskStorage {
     }));
   }
 
+  Status DeleteBatch(std::span<const std::string> keys) override {
+    TIERKV_RETURN_IF_ERROR(Writable());
+    return Checked(CallRocks("deleting blocks", path_, [&] {
+      rocksdb::WriteBatch batch;
+      for (const std::string& key : keys) {
+        rocksdb::Status s = batch.Delete(ToSlice(key));
+        if (!s.ok()) return s;
+      }
+      return db_->Write(rocksdb::WriteOptions(), &batch);
+    }));
+  }
+
   // Lists the keys first (from the SSTs and memtables, checksums verified,
   // no values read), then reads each value with its checksums verified: a
   // damaged blob then fails its own key only, where an iterator would stop
