@@ -455,6 +455,47 @@ TEST(DamagedSstTest, DamagedFilesAreNeverServedNorCrashTheOpen) {
   RecordProperty("refused", refused);
 }
 
+// One SST of many data blocks (400 keys and their blob references), one
+// block in its middle damaged: the open either refuses the store naming the
+// file or accounts for every key, never lists the keys before the damage
+// and silently forgets the rest.
+TEST(DamagedSstTest, ADamagedDataBlockMidSstHidesNoKey) {
+  TempDir scratch("disk_fault_test");
+  DiskTierOptions options = OptionsAt(scratch.path() + "/db");
+  options.storage.write_buffer_bytes = size_t{32} << 20;  // One flush.
+  constexpr int kBlocks = 400;
+  {
+    std::unique_ptr<DiskTier> tier = OpenTier(options);
+    ASSERT_NE(tier, nullptr);
+    for (int i = 0; i < kBlocks; ++i) ASSERT_THAT(PutSync(*tier, i), IsOk());
+    ASSERT_THAT(tier->Flush(), IsOk());
+  }
+  std::vector<fs::path> ssts;
+  for (const fs::path& file : DataFiles(options.storage.path)) {
+    if (file.extension() == ".sst") ssts.push_back(file);
+  }
+  ASSERT_EQ(ssts.size(), 1u);
+  const uint64_t size = fs::file_size(ssts[0]);
+  ASSERT_GT(size, 12u << 10) << "one data block only";
+  {
+    // Data blocks come first; index, filter and footer at the end.
+    std::fstream f(ssts[0], std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(size / 3));
+    f.write("\xde\xad\xbe\xef", 4);
+  }
+  StatusOr<std::unique_ptr<DiskTier>> tier = DiskTier::Open(options);
+  if (!tier.ok()) {
+    EXPECT_EQ(tier.status().code(), StatusCode::kDataLoss)
+        << tier.status().ToString();
+    EXPECT_THAT(tier.status().message(),
+                HasSubstr(ssts[0].filename().string()));
+    EXPECT_THAT(tier.status().message(), HasSubstr("--disk-reset"));
+    return;
+  }
+  const DiskTierStats stats = (*tier)->stats();
+  EXPECT_EQ(stats.keys + stats.dropped_on_open, uint64_t{kBlocks});
+}
+
 // --- Removals and writes
 // -------------------------------------------------------
 

@@ -1,6 +1,8 @@
 // The disk tier's production storage: a RocksDB (BlobDB) database, its
 // options, and RocksDB's statuses translated into tierkv's.
+#include <rocksdb/convenience.h>
 #include <rocksdb/db.h>
+#include <rocksdb/metadata.h>
 #include <rocksdb/options.h>
 #include <rocksdb/slice.h>
 #include <rocksdb/table.h>
@@ -190,12 +192,16 @@ class RocksDbStorage final : public DiskStorage {
     }));
   }
 
-  // Lists the keys first (from the SSTs and memtables, checksums verified,
-  // no values read), then reads each value with its checksums verified: a
-  // damaged blob then fails its own key only, where an iterator would stop
-  // at it and hide every key after it. A damaged value is visited as empty
-  // (the tier drops it) and its file recorded.
+  // Verifies every SST file whole first (DataLoss naming a damaged one: its
+  // keys cannot be listed past the damage), then lists the keys (from the
+  // SSTs and memtables, no values read) and reads each value with its
+  // checksums verified: a damaged blob then fails its own key only, where
+  // an iterator would stop at it and hide every key after it. A damaged
+  // value is visited as empty (the tier drops it) and its file recorded.
+  // The listing (RocksDB's GetAllKeyVersions) ends at the first block it
+  // cannot read and reports OK, hence the SST check before it.
   Status ForEach(const Visitor& visit) override {
+    TIERKV_RETURN_IF_ERROR(VerifySsts());
     rocksdb::ReadOptions verified;
     verified.verify_checksums = true;
     verified.fill_cache = false;
@@ -270,6 +276,24 @@ class RocksDbStorage final : public DiskStorage {
     });
     if (!s.ok()) return s;
     return read(std::string_view(value.data(), value.size()));
+  }
+
+  Status VerifySsts() {
+    std::vector<rocksdb::LiveFileMetaData> files;
+    db_->GetLiveFilesMetaData(&files);
+    const rocksdb::Options options = db_->GetOptions();
+    rocksdb::ReadOptions verified;
+    verified.verify_checksums = true;
+    verified.fill_cache = false;
+    for (const rocksdb::LiveFileMetaData& file : files) {
+      const std::string sst = file.directory + "/" + file.relative_filename;
+      TIERKV_RETURN_IF_ERROR(CallRocks("verifying SST file " + sst, path_, [&] {
+        return rocksdb::VerifySstFileChecksum(
+            options, rocksdb::EnvOptions(options), verified, sst,
+            file.largest_seqno);
+      }));
+    }
+    return Status::Ok();
   }
 
   // Reads the value of `newest` (a key's newest version) and visits it.
