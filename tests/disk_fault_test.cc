@@ -163,6 +163,25 @@ TEST(DiskFullTest, AFullFilesystemDegradesTheTierWhichStillServesAndReopens) {
   EXPECT_THAT(GetAndCheck(*tier, 5000), IsOk());
 }
 
+// A new store on a full filesystem: nothing to open read-only, so the lack
+// of space is the error (not a damaged store).
+TEST(DiskFullTest, ANewStoreOnAFullFilesystemIsResourceExhausted) {
+  TempDir scratch("disk_fault_test");
+  const std::string why = MountTmpfs(scratch.path(), 4 << 20);
+  if (!why.empty()) GTEST_SKIP() << why;
+  {
+    std::ofstream ballast(scratch.path() + "/ballast");
+    const std::string chunk(64 << 10, 'x');
+    while (ballast.write(chunk.data(), chunk.size())) {
+    }
+  }
+  const DiskTierOptions options = OptionsAt(scratch.path() + "/db");
+  StatusOr<std::unique_ptr<DiskTier>> tier = DiskTier::Open(options);
+  ASSERT_FALSE(tier.ok());
+  EXPECT_EQ(tier.status().code(), StatusCode::kResourceExhausted)
+      << tier.status().ToString();
+}
+
 TEST(DiskFullTest, SpaceFreedWhileRunningEndsTheDegradedState) {
   TempDir scratch("disk_fault_test");
   const std::string why = MountTmpfs(scratch.path(), 8 << 20);

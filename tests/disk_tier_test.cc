@@ -356,9 +356,10 @@ TEST_F(DiskTierTest, OpenRejectsBadOptionsAndASecondOpener) {
   EXPECT_EQ(DiskTier::Open(options).status().code(),
             StatusCode::kInvalidArgument);
 
+  // A store in use (its LOCK held) is busy, not unusable.
   std::unique_ptr<DiskTier> tier = OpenTier(Options());
   StatusOr<std::unique_ptr<DiskTier>> second = DiskTier::Open(Options());
-  EXPECT_EQ(second.status().code(), StatusCode::kFailedPrecondition)
+  EXPECT_EQ(second.status().code(), StatusCode::kAlreadyExists)
       << second.status().ToString();
   EXPECT_THAT(second.status().message(), HasSubstr(dir_.path()));
 }

@@ -74,7 +74,7 @@ Status FromRocks(const rocksdb::Status& s, std::string_view what,
   }
   if (s.IsIOError()) {
     if (msg.find("lock") != std::string::npos) {
-      return Status::FailedPrecondition(
+      return Status::AlreadyExists(
           msg + "; another process (a running tierkvd?) has this store open");
     }
     if (msg.find("ermission denied") != std::string::npos) {
@@ -464,8 +464,11 @@ StatusOr<std::unique_ptr<DiskStorage>> OpenRocksDbStorage(
       free_bytes.ok() && *free_bytes < reserve && HasDatabase(options.path);
   StatusOr<rocksdb::DB*> db = Status::ResourceExhausted("");
   if (!low) db = OpenWritable(options);
+  // Without a database yet, there is nothing to serve read-only: a full
+  // filesystem is the error.
   if (!low &&
-      (db.ok() || db.status().code() != StatusCode::kResourceExhausted)) {
+      (db.ok() || db.status().code() != StatusCode::kResourceExhausted ||
+       !HasDatabase(options.path))) {
     if (!db.ok()) return db.status();
     return std::unique_ptr<DiskStorage>(
         std::make_unique<RocksDbStorage>(options, *db, Status::Ok()));

@@ -195,13 +195,13 @@ struct RocksDbStorageOptions {
   bool reset_if_unreadable = false;
 };
 
-// Opens (or creates) the database. FailedPrecondition when another process
-// holds it open; DataLoss naming the damaged files when RocksDB finds them
-// damaged (unless reset_if_unreadable); other RocksDB failures become a
-// Status naming the path. On a filesystem with less than
+// Opens (or creates) the database. AlreadyExists when another process
+// holds it open (its LOCK); DataLoss naming the damaged files when RocksDB
+// finds them damaged (unless reset_if_unreadable); other RocksDB failures
+// become a Status naming the path. On a filesystem with less than
 // RocksDbReservedBytes free, or when a normal open fails for lack of space,
-// the database is opened read-only: reads work, Writable() says why writes
-// do not.
+// an existing database is opened read-only: reads work, Writable() says why
+// writes do not; where there is no database yet, ResourceExhausted.
 StatusOr<std::unique_ptr<DiskStorage>> OpenRocksDbStorage(
     const RocksDbStorageOptions& options);
 
