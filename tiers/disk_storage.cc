@@ -136,15 +136,13 @@ class RocksDbStorage final : public DiskStorage {
     read_options_.fill_cache = false;
   }
   ~RocksDbStorage() override {
-    if (!Writable().ok() && read_only_.ok()) {
-      // After a write error, a flush on close is one more write RocksDB
-      // must not try; the write-ahead log still holds what it held.
-      rocksdb::Status ignored =
-          db_->SetDBOptions({{"avoid_flush_during_shutdown", "true"}});
-      (void)ignored;
-    }
-    // Close flushes memtables; with nobody to report to, a failure here
-    // only loses unflushed blocks, which the next Open does not miss.
+    // With the write-ahead log, Close writes nothing (see RocksOptions:
+    // avoid_flush_during_shutdown), so nothing is written after a write
+    // error; the tier's Flush has flushed the memtables of a healthy store
+    // before. Without the log, Close flushes them; after a write error
+    // RocksDB has stopped the database and skips that flush. With nobody to
+    // report to, a failure here only loses unflushed blocks, which the next
+    // Open does not miss.
     rocksdb::Status ignored = db_->Close();
     (void)ignored;
   }
@@ -375,7 +373,9 @@ class RocksDbStorage final : public DiskStorage {
   std::vector<std::string> damaged_files_ TIERKV_GUARDED_BY(mu_);
 };
 
-// RocksDB's warnings and errors, on stderr (tierkvd's log under systemd).
+// RocksDB's warnings and errors, on stderr, prefixed "rocksdb:". Not through
+// tierkvd's spdlog log (the tiers do not depend on spdlog): with --log-file
+// they stay on stderr (the journal under systemd).
 class StderrLogger final : public rocksdb::Logger {
  public:
   StderrLogger() : rocksdb::Logger(rocksdb::InfoLogLevel::WARN_LEVEL) {}
@@ -397,6 +397,10 @@ rocksdb::Options RocksOptions(const RocksDbStorageOptions& o) {
   // Not a LOG file in the store's directory: on a full filesystem its
   // writes fail, and RocksDB's next log line after that trips an assertion.
   options.info_log = std::make_shared<StderrLogger>();
+  // With the write-ahead log, what a memtable holds survives without a
+  // flush on close (the next open replays the log), and a close then
+  // writes nothing: after a write error, RocksDB must not be written again.
+  options.avoid_flush_during_shutdown = o.write_ahead_log;
   // The MANIFEST stays small (a few records per flush or compaction): the
   // default 4 MiB preallocation would take a small filesystem's reserve.
   options.manifest_preallocation_size = 64 << 10;
