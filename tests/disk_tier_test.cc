@@ -366,6 +366,14 @@ TEST_F(DiskTierTest, OpenRejectsBadOptionsAndASecondOpener) {
 
 // --- Capacity and LRU -------------------------------------------------------
 
+// DiskValueBytes is what a value takes in the byte bound (a raw payload).
+TEST_F(DiskTierTest, DiskValueBytesIsAValuesSize) {
+  const DiskTierOptions options = Options(DiskCodec::kNone);
+  EXPECT_EQ(ValueBytes(DiskCodec::kNone),
+            DiskValueBytes(options.block_bytes,
+                           options.layout_fingerprint.size(), 16));
+}
+
 TEST_F(DiskTierTest, CapacityReachedEvictsLeastRecentlyUsed) {
   const uint64_t value_bytes = ValueBytes(DiskCodec::kNone);
   DiskTierOptions options = Options(DiskCodec::kNone);

@@ -152,6 +152,22 @@ TEST_F(TierkvdDiskTest, ADiskDirInUseByAnotherTierkvdIsBusy) {
   RemoveStoreSegments(store_ + "b");
 }
 
+// A --disk-capacity that leaves no room for one block's value beside
+// RocksDB's reserve is refused at start, naming the flag and the minimum
+// (2 MiB blocks: 4M keeps 3 MiB for RocksDB and 1 MiB for values).
+TEST_F(TierkvdDiskTest, DiskCapacityHoldingNoBlockIsRefused) {
+  const std::vector<std::string> args = {
+      TIERKVD_PATH, "--store",         store_, "--socket",
+      socket_,      "--layers",        "32",   "--kv-heads",
+      "8",          "--head-dim",      "128",  "--dtype",
+      "bf16",       "--host-capacity", "8M",   "--disk-dir",
+      disk_,        "--disk-capacity", "4M"};
+  auto refused = Spawn(args);
+  EXPECT_EQ(refused->Wait(), 2) << refused->output();
+  EXPECT_THAT(refused->output(), HasSubstr("give --disk-capacity at least 6M"));
+  EXPECT_THAT(refused->output(), ::testing::Not(HasSubstr("serving store")));
+}
+
 TEST_F(TierkvdDiskTest, TombstoneEvictionsSurviveTierkvdKilledRightAfter) {
   StartOn(disk_, "64M");
   auto fill = ManyWorker("fill", 1, 40);  // Past the host: the oldest spill.

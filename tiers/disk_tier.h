@@ -213,6 +213,12 @@ Status DestroyRocksDbStorage(const std::string& path);
 // holding them) plus 1 MiB for the MANIFEST and info logs.
 uint64_t RocksDbReservedBytes(const RocksDbStorageOptions& options);
 
+// Bytes one block's value takes at most in the tier's byte bound: its
+// header (the fingerprint and `tokens` token ids) and a payload of
+// `block_bytes` stored raw (a codec never stores more).
+uint64_t DiskValueBytes(size_t block_bytes, size_t fingerprint_bytes,
+                        size_t tokens);
+
 // Storage keys of blocks: 'b' followed by the key, hi then lo, big-endian.
 std::string DiskStorageKey(const BlockKey& key);
 // The storage key of the store's record of its fingerprint: written once,
