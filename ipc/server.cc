@@ -99,15 +99,20 @@ StatusOr<std::unique_ptr<DiskTier>> OpenDisk(const ServerOptions& options) {
       .codec = options.disk_codec,
       .cancelled = options.cancelled};
   // --disk-capacity counts what RocksDB writes besides the blocks, and
-  // leaves the blocks at least 1 MiB.
+  // leaves room for at least one block's value (header included).
   const uint64_t reserve = RocksDbReservedBytes(disk.storage);
-  const uint64_t minimum = reserve + (uint64_t{1} << 20);
-  if (options.disk_capacity_bytes < minimum) {
+  const uint64_t value =
+      DiskValueBytes(disk.block_bytes, disk.layout_fingerprint.size(),
+                     static_cast<size_t>(options.layout.block_size));
+  constexpr uint64_t kMiB = uint64_t{1} << 20;
+  if (options.disk_capacity_bytes < reserve + value) {
+    const uint64_t minimum_mib = (reserve + value + kMiB - 1) / kMiB;
     return Status::InvalidArgument(
         "--disk-capacity " + std::to_string(options.disk_capacity_bytes) +
         " bytes is too small: RocksDB's log and memtables take " +
-        std::to_string(reserve) + " bytes of it; give it at least " +
-        std::to_string(minimum) + " bytes (4M)");
+        std::to_string(reserve) + " bytes of it and one block's value " +
+        std::to_string(value) + " bytes; give --disk-capacity at least " +
+        std::to_string(minimum_mib) + "M");
   }
   disk.reserved_bytes = reserve;
   auto last_decile = std::make_shared<int>(-1);

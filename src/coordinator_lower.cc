@@ -153,7 +153,11 @@ void Coordinator::FinishSpill(const LowerOp& op, const Status& status) {
     }
     return;
   }
-  if (!ok) {
+  // Aborted: an eviction removed the key from the lower tier before the
+  // spill wrote it, so nothing was written. Not a failure, and the block
+  // must not be demoted: no tier would hold it.
+  const bool aborted = status.code() == StatusCode::kAborted;
+  if (!ok && !aborted) {
     ++stats_.spill_failures;
     spill_resume_ = Now() + std::chrono::milliseconds(100);
   }
@@ -167,7 +171,8 @@ void Coordinator::FinishSpill(const LowerOp& op, const Status& status) {
     ++stats_.spills;
     TraceBlock("spilled", op.key, op.slot);
   }
-  // Otherwise a lookup hit it meanwhile: it stays on host for now.
+  // Otherwise it failed, was aborted, or a lookup hit it meanwhile: it
+  // stays on host for now.
 }
 
 StatusOr<std::vector<TransferEvent>> Coordinator::TakeReadyLoads(

@@ -20,6 +20,7 @@
 #include <mutex>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tests/scratch.h"
@@ -160,6 +161,25 @@ TEST(DiskFullTest, AFullFilesystemDegradesTheTierWhichStillServesAndReopens) {
   EXPECT_EQ(tier->stats().degraded, 0u) << "read-only before: " << read_only;
   EXPECT_THAT(PutSync(*tier, 5000), IsOk());
   EXPECT_THAT(GetAndCheck(*tier, 5000), IsOk());
+}
+
+// A new store on a full filesystem: nothing to open read-only, so the lack
+// of space is the error (not a damaged store).
+TEST(DiskFullTest, ANewStoreOnAFullFilesystemIsResourceExhausted) {
+  TempDir scratch("disk_fault_test");
+  const std::string why = MountTmpfs(scratch.path(), 4 << 20);
+  if (!why.empty()) GTEST_SKIP() << why;
+  {
+    std::ofstream ballast(scratch.path() + "/ballast");
+    const std::string chunk(64 << 10, 'x');
+    while (ballast.write(chunk.data(), chunk.size())) {
+    }
+  }
+  const DiskTierOptions options = OptionsAt(scratch.path() + "/db");
+  StatusOr<std::unique_ptr<DiskTier>> tier = DiskTier::Open(options);
+  ASSERT_FALSE(tier.ok());
+  EXPECT_EQ(tier.status().code(), StatusCode::kResourceExhausted)
+      << tier.status().ToString();
 }
 
 TEST(DiskFullTest, SpaceFreedWhileRunningEndsTheDegradedState) {
@@ -454,10 +474,54 @@ TEST(DamagedSstTest, DamagedFilesAreNeverServedNorCrashTheOpen) {
   RecordProperty("refused", refused);
 }
 
+// One SST of many data blocks (400 keys and their blob references), one
+// block in its middle damaged: the open either refuses the store naming the
+// file or accounts for every key, never lists the keys before the damage
+// and silently forgets the rest.
+TEST(DamagedSstTest, ADamagedDataBlockMidSstHidesNoKey) {
+  TempDir scratch("disk_fault_test");
+  DiskTierOptions options = OptionsAt(scratch.path() + "/db");
+  options.storage.write_buffer_bytes = size_t{32} << 20;  // One flush.
+  constexpr int kBlocks = 400;
+  {
+    std::unique_ptr<DiskTier> tier = OpenTier(options);
+    ASSERT_NE(tier, nullptr);
+    for (int i = 0; i < kBlocks; ++i) ASSERT_THAT(PutSync(*tier, i), IsOk());
+    ASSERT_THAT(tier->Flush(), IsOk());
+  }
+  std::vector<fs::path> ssts;
+  for (const fs::path& file : DataFiles(options.storage.path)) {
+    if (file.extension() == ".sst") ssts.push_back(file);
+  }
+  ASSERT_EQ(ssts.size(), 1u);
+  const uint64_t size = fs::file_size(ssts[0]);
+  ASSERT_GT(size, 12u << 10) << "one data block only";
+  {
+    // Data blocks come first; index, filter and footer at the end.
+    std::fstream f(ssts[0], std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(size / 3));
+    f.write("\xde\xad\xbe\xef", 4);
+  }
+  StatusOr<std::unique_ptr<DiskTier>> tier = DiskTier::Open(options);
+  if (!tier.ok()) {
+    EXPECT_EQ(tier.status().code(), StatusCode::kDataLoss)
+        << tier.status().ToString();
+    EXPECT_THAT(tier.status().message(),
+                HasSubstr(ssts[0].filename().string()));
+    EXPECT_THAT(tier.status().message(), HasSubstr("--disk-reset"));
+    return;
+  }
+  const DiskTierStats stats = (*tier)->stats();
+  EXPECT_EQ(stats.keys + stats.dropped_on_open, uint64_t{kBlocks});
+}
+
 // --- Removals and writes
 // -------------------------------------------------------
 
-// Holds every Put of `gated` inside the storage until released.
+// Holds every Put of `gated` inside the storage until released (or, with
+// GateFreeBytes, the next FreeBytes: the tier's space check, which a Put
+// runs between taking its work and reserving its key). Counts deletes and
+// records the threads FileBytes runs on.
 class GatedStorage : public DiskStorageWrapper {
  public:
   using DiskStorageWrapper::DiskStorageWrapper;
@@ -465,6 +529,10 @@ class GatedStorage : public DiskStorageWrapper {
   void Gate(const BlockKey& key) {
     std::lock_guard<std::mutex> lock(mu_);
     gated_ = DiskStorageKey(key);
+  }
+  void GateFreeBytes() {
+    std::lock_guard<std::mutex> lock(mu_);
+    gate_free_bytes_ = true;
   }
   void WaitUntilHeld() {
     std::unique_lock<std::mutex> lock(mu_);
@@ -480,29 +548,91 @@ class GatedStorage : public DiskStorageWrapper {
     return static_cast<int>(
         std::count(written_.begin(), written_.end(), DiskStorageKey(key)));
   }
+  int deletes() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return deletes_;
+  }
+  int delete_batches() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return delete_batches_;
+  }
+  std::vector<std::thread::id> file_bytes_threads() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return file_bytes_threads_;
+  }
 
   Status Put(std::string_view key,
              std::span<const std::string_view> parts) override {
     {
       std::unique_lock<std::mutex> lock(mu_);
       written_.emplace_back(key);
-      if (key == gated_) {
-        held_ = true;
-        cv_.notify_all();
-        cv_.wait(lock, [&] { return released_; });
-      }
+      if (key == gated_) Hold(lock);
     }
     return DiskStorageWrapper::Put(key, parts);
   }
+  StatusOr<uint64_t> FreeBytes() override {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (gate_free_bytes_) {
+        gate_free_bytes_ = false;
+        Hold(lock);
+      }
+    }
+    return DiskStorageWrapper::FreeBytes();
+  }
+  Status Delete(std::string_view key) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++deletes_;
+    }
+    return DiskStorageWrapper::Delete(key);
+  }
+  Status DeleteBatch(std::span<const std::string> keys) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++delete_batches_;
+    }
+    return DiskStorageWrapper::DeleteBatch(keys);
+  }
+  uint64_t FileBytes() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      file_bytes_threads_.push_back(std::this_thread::get_id());
+    }
+    return DiskStorageWrapper::FileBytes();
+  }
 
  private:
+  void Hold(std::unique_lock<std::mutex>& lock) {
+    held_ = true;
+    cv_.notify_all();
+    cv_.wait(lock, [&] { return released_; });
+  }
+
   std::mutex mu_;
   std::condition_variable cv_;
   std::string gated_;
+  bool gate_free_bytes_ = false;
   bool held_ = false;
   bool released_ = false;
+  int deletes_ = 0;
+  int delete_batches_ = 0;
   std::vector<std::string> written_;
+  std::vector<std::thread::id> file_bytes_threads_;
 };
+
+// Waits (yielding) until `done` holds; false if it does not within 10 s,
+// which only a broken tier takes.
+template <typename Fn>
+bool WaitFor(Fn done) {
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::yield();
+  }
+  return true;
+}
 
 bool StorageHas(DiskStorage& storage, const BlockKey& key) {
   return storage
@@ -545,7 +675,8 @@ TEST(TombstoneTest, RemoveCancelsAQueuedPut) {
   EXPECT_FALSE(g.tier->Remove(KeyOf(1)));  // Being written: not stored yet.
   g.storage->Release();
   EXPECT_THAT(done[0].get_future().get(), IsOk());
-  EXPECT_THAT(done[1].get_future().get(), IsOk());  // Superseded: no write.
+  // Cancelled: nothing written, and the caller is told so.
+  EXPECT_EQ(done[1].get_future().get().code(), StatusCode::kAborted);
   EXPECT_THAT(g.tier->Flush(), IsOk());
   EXPECT_EQ(g.storage->puts_of(KeyOf(1)), 0);
   EXPECT_FALSE(StorageHas(*g.storage->target(), KeyOf(1)));
@@ -563,15 +694,100 @@ TEST(TombstoneTest, RemoveDuringTheWriteDeletesItBeforeReturning) {
   const std::vector<std::byte> b0 = BlockOf(0);
   g.tier->Put(KeyOf(0), TokensOf(0), b0, [&](Status s) { done.set_value(s); });
   g.storage->WaitUntilHeld();  // Inside the storage's Put.
+  ASSERT_GT(g.tier->stats().bytes, 0u);
   std::future<bool> removed =
       std::async(std::launch::async, [&] { return g.tier->Remove(KeyOf(0)); });
+  // Remove has forgotten the key (its bytes are off the bound) and now
+  // waits for the write, which the gate still holds.
+  ASSERT_TRUE(WaitFor([&] { return g.tier->stats().bytes == 0; }));
+  EXPECT_FALSE(g.tier->Contains(KeyOf(0)));
   g.storage->Release();
-  removed.get();
+  EXPECT_FALSE(removed.get());  // Being written: not stored yet.
+  EXPECT_FALSE(StorageHas(*g.storage->target(), KeyOf(0)));
+  EXPECT_EQ(g.storage->puts_of(KeyOf(0)), 1);  // It did land, then went.
+  EXPECT_EQ(done.get_future().get().code(), StatusCode::kAborted);
   EXPECT_FALSE(StorageHas(*g.storage->target(), KeyOf(0)));
   EXPECT_FALSE(g.tier->Contains(KeyOf(0)));
+}
+
+// A Remove that comes after a Put has left the queue but before it reserved
+// its key (here: inside its space check) cancels it: the write never
+// happens, so a kill after Remove cannot bring the block back.
+TEST(TombstoneTest, RemoveWhileAPutIsPreparedCancelsIt) {
+  TempDir scratch("disk_fault_test");
+  GatedTier g = OpenGated(scratch.path() + "/db");
+  g.storage->GateFreeBytes();  // The first Put's space check.
+  std::promise<Status> done;
+  const std::vector<std::byte> b0 = BlockOf(0);
+  g.tier->Put(KeyOf(0), TokensOf(0), b0, [&](Status s) { done.set_value(s); });
+  g.storage->WaitUntilHeld();
+  EXPECT_FALSE(g.tier->Remove(KeyOf(0)));
+  g.storage->Release();
+  EXPECT_EQ(done.get_future().get().code(), StatusCode::kAborted);
+  EXPECT_THAT(g.tier->Flush(), IsOk());
+  EXPECT_EQ(g.storage->puts_of(KeyOf(0)), 0);
+  EXPECT_FALSE(StorageHas(*g.storage->target(), KeyOf(0)));
+  EXPECT_FALSE(g.tier->Contains(KeyOf(0)));
+  EXPECT_EQ(g.tier->stats().bytes, 0u);
+}
+
+// Remove waits for a write of its own key only: a write of another key
+// held in the storage does not hold it up.
+TEST(TombstoneTest, RemoveWaitsOnlyForAWriteOfItsOwnKey) {
+  TempDir scratch("disk_fault_test");
+  GatedTier g = OpenGated(scratch.path() + "/db");
+  // Keys that shared a lock stripe (key.lo % 16) when removals locked one.
+  int other = 1;
+  while (KeyOf(other).lo % 16 != KeyOf(0).lo % 16) ++other;
+  ASSERT_THAT(PutSync(*g.tier, 0), IsOk());
+  g.storage->Gate(KeyOf(other));
+  std::promise<Status> done;
+  const std::vector<std::byte> block = BlockOf(other);
+  g.tier->Put(KeyOf(other), TokensOf(other), block,
+              [&](Status s) { done.set_value(s); });
+  g.storage->WaitUntilHeld();
+  std::future<bool> removed =
+      std::async(std::launch::async, [&] { return g.tier->Remove(KeyOf(0)); });
+  const bool returned =
+      removed.wait_for(std::chrono::seconds(10)) == std::future_status::ready;
+  g.storage->Release();
+  ASSERT_TRUE(returned) << "Remove waited for another key's write";
+  EXPECT_TRUE(removed.get());
+  EXPECT_FALSE(StorageHas(*g.storage->target(), KeyOf(0)));
   EXPECT_THAT(done.get_future().get(), IsOk());
-  EXPECT_FALSE(StorageHas(*g.storage->target(), KeyOf(0)));
-  EXPECT_FALSE(g.tier->Contains(KeyOf(0)));
+  EXPECT_TRUE(g.tier->Contains(KeyOf(other)));
+}
+
+// RemoveAll deletes every key in one storage write (one log record).
+TEST(TombstoneTest, RemoveAllDeletesInOneStorageWrite) {
+  TempDir scratch("disk_fault_test");
+  GatedTier g = OpenGated(scratch.path() + "/db");
+  for (int i = 0; i < 8; ++i) ASSERT_THAT(PutSync(*g.tier, i), IsOk());
+  const int deletes = g.storage->deletes();
+  EXPECT_EQ(g.tier->RemoveAll(), 8u);
+  EXPECT_EQ(g.storage->delete_batches(), 1);
+  EXPECT_EQ(g.storage->deletes(), deletes);
+  for (int i = 0; i < 8; ++i) {
+    EXPECT_FALSE(StorageHas(*g.storage->target(), KeyOf(i))) << i;
+    EXPECT_FALSE(g.tier->Contains(KeyOf(i))) << i;
+  }
+}
+
+// stats() never reads the storage's files on its caller's thread (a hung
+// disk must not stall the stats thread or a metrics scrape), and Flush
+// brings file_bytes up to date.
+TEST(DiskStatsTest, StatsNeverReadTheDiskOnTheCallersThread) {
+  TempDir scratch("disk_fault_test");
+  GatedTier g = OpenGated(scratch.path() + "/db");
+  for (int i = 0; i < 4; ++i) ASSERT_THAT(PutSync(*g.tier, i), IsOk());
+  const size_t before = g.storage->file_bytes_threads().size();
+  for (int i = 0; i < 3; ++i) (void)g.tier->stats();
+  const std::vector<std::thread::id> threads = g.storage->file_bytes_threads();
+  EXPECT_EQ(std::count(threads.begin() + static_cast<ptrdiff_t>(before),
+                       threads.end(), std::this_thread::get_id()),
+            0);
+  EXPECT_THAT(g.tier->Flush(), IsOk());
+  EXPECT_GT(g.tier->stats().file_bytes, 0u);
 }
 
 // Remove and RemoveAll delete before they return: a process that dies right

@@ -356,14 +356,23 @@ TEST_F(DiskTierTest, OpenRejectsBadOptionsAndASecondOpener) {
   EXPECT_EQ(DiskTier::Open(options).status().code(),
             StatusCode::kInvalidArgument);
 
+  // A store in use (its LOCK held) is busy, not unusable.
   std::unique_ptr<DiskTier> tier = OpenTier(Options());
   StatusOr<std::unique_ptr<DiskTier>> second = DiskTier::Open(Options());
-  EXPECT_EQ(second.status().code(), StatusCode::kFailedPrecondition)
+  EXPECT_EQ(second.status().code(), StatusCode::kAlreadyExists)
       << second.status().ToString();
   EXPECT_THAT(second.status().message(), HasSubstr(dir_.path()));
 }
 
 // --- Capacity and LRU -------------------------------------------------------
+
+// DiskValueBytes is what a value takes in the byte bound (a raw payload).
+TEST_F(DiskTierTest, DiskValueBytesIsAValuesSize) {
+  const DiskTierOptions options = Options(DiskCodec::kNone);
+  EXPECT_EQ(ValueBytes(DiskCodec::kNone),
+            DiskValueBytes(options.block_bytes,
+                           options.layout_fingerprint.size(), 16));
+}
 
 TEST_F(DiskTierTest, CapacityReachedEvictsLeastRecentlyUsed) {
   const uint64_t value_bytes = ValueBytes(DiskCodec::kNone);

@@ -136,6 +136,38 @@ TEST_F(TierkvdDiskTest, ModelMismatchRefusesToStartUntilDiskReset) {
 
 // tierkv-admin evict and clear are on disk once they answer: tierkvd
 // killed right after does not bring the blocks back.
+// A --disk-dir that another tierkvd has open (its RocksDB LOCK) is busy
+// (exit 3), not an unusable store.
+TEST_F(TierkvdDiskTest, ADiskDirInUseByAnotherTierkvdIsBusy) {
+  StartOn(disk_, "64M");
+  std::vector<std::string> args = DiskArgs(disk_, "64M", {});
+  for (size_t i = 0; i + 1 < args.size(); ++i) {
+    if (args[i] == "--store") args[i + 1] = store_ + "b";
+    if (args[i] == "--socket") args[i + 1] = dir_ + "/second.sock";
+  }
+  auto second = Spawn(args);
+  EXPECT_EQ(second->Wait(), 3) << second->output();
+  EXPECT_THAT(second->output(), HasSubstr("another process"));
+  EXPECT_THAT(second->output(), HasSubstr(disk_));
+  RemoveStoreSegments(store_ + "b");
+}
+
+// A --disk-capacity that leaves no room for one block's value beside
+// RocksDB's reserve is refused at start, naming the flag and the minimum
+// (2 MiB blocks: 4M keeps 3 MiB for RocksDB and 1 MiB for values).
+TEST_F(TierkvdDiskTest, DiskCapacityHoldingNoBlockIsRefused) {
+  const std::vector<std::string> args = {
+      TIERKVD_PATH, "--store",         store_, "--socket",
+      socket_,      "--layers",        "32",   "--kv-heads",
+      "8",          "--head-dim",      "128",  "--dtype",
+      "bf16",       "--host-capacity", "8M",   "--disk-dir",
+      disk_,        "--disk-capacity", "4M"};
+  auto refused = Spawn(args);
+  EXPECT_EQ(refused->Wait(), 2) << refused->output();
+  EXPECT_THAT(refused->output(), HasSubstr("give --disk-capacity at least 6M"));
+  EXPECT_THAT(refused->output(), ::testing::Not(HasSubstr("serving store")));
+}
+
 TEST_F(TierkvdDiskTest, TombstoneEvictionsSurviveTierkvdKilledRightAfter) {
   StartOn(disk_, "64M");
   auto fill = ManyWorker("fill", 1, 40);  // Past the host: the oldest spill.

@@ -1,6 +1,8 @@
 // The disk tier's production storage: a RocksDB (BlobDB) database, its
 // options, and RocksDB's statuses translated into tierkv's.
+#include <rocksdb/convenience.h>
 #include <rocksdb/db.h>
+#include <rocksdb/metadata.h>
 #include <rocksdb/options.h>
 #include <rocksdb/slice.h>
 #include <rocksdb/table.h>
@@ -72,7 +74,7 @@ Status FromRocks(const rocksdb::Status& s, std::string_view what,
   }
   if (s.IsIOError()) {
     if (msg.find("lock") != std::string::npos) {
-      return Status::FailedPrecondition(
+      return Status::AlreadyExists(
           msg + "; another process (a running tierkvd?) has this store open");
     }
     if (msg.find("ermission denied") != std::string::npos) {
@@ -134,15 +136,13 @@ class RocksDbStorage final : public DiskStorage {
     read_options_.fill_cache = false;
   }
   ~RocksDbStorage() override {
-    if (!Writable().ok() && read_only_.ok()) {
-      // After a write error, a flush on close is one more write RocksDB
-      // must not try; the write-ahead log still holds what it held.
-      rocksdb::Status ignored =
-          db_->SetDBOptions({{"avoid_flush_during_shutdown", "true"}});
-      (void)ignored;
-    }
-    // Close flushes memtables; with nobody to report to, a failure here
-    // only loses unflushed blocks, which the next Open does not miss.
+    // With the write-ahead log, Close writes nothing (see RocksOptions:
+    // avoid_flush_during_shutdown), so nothing is written after a write
+    // error; the tier's Flush has flushed the memtables of a healthy store
+    // before. Without the log, Close flushes them; after a write error
+    // RocksDB has stopped the database and skips that flush. With nobody to
+    // report to, a failure here only loses unflushed blocks, which the next
+    // Open does not miss.
     rocksdb::Status ignored = db_->Close();
     (void)ignored;
   }
@@ -178,12 +178,28 @@ class RocksDbStorage final : public DiskStorage {
     }));
   }
 
-  // Lists the keys first (from the SSTs and memtables, checksums verified,
-  // no values read), then reads each value with its checksums verified: a
-  // damaged blob then fails its own key only, where an iterator would stop
-  // at it and hide every key after it. A damaged value is visited as empty
-  // (the tier drops it) and its file recorded.
+  Status DeleteBatch(std::span<const std::string> keys) override {
+    TIERKV_RETURN_IF_ERROR(Writable());
+    return Checked(CallRocks("deleting blocks", path_, [&] {
+      rocksdb::WriteBatch batch;
+      for (const std::string& key : keys) {
+        rocksdb::Status s = batch.Delete(ToSlice(key));
+        if (!s.ok()) return s;
+      }
+      return db_->Write(rocksdb::WriteOptions(), &batch);
+    }));
+  }
+
+  // Verifies every SST file whole first (DataLoss naming a damaged one: its
+  // keys cannot be listed past the damage), then lists the keys (from the
+  // SSTs and memtables, no values read) and reads each value with its
+  // checksums verified: a damaged blob then fails its own key only, where
+  // an iterator would stop at it and hide every key after it. A damaged
+  // value is visited as empty (the tier drops it) and its file recorded.
+  // The listing (RocksDB's GetAllKeyVersions) ends at the first block it
+  // cannot read and reports OK, hence the SST check before it.
   Status ForEach(const Visitor& visit) override {
+    TIERKV_RETURN_IF_ERROR(VerifySsts());
     rocksdb::ReadOptions verified;
     verified.verify_checksums = true;
     verified.fill_cache = false;
@@ -258,6 +274,24 @@ class RocksDbStorage final : public DiskStorage {
     });
     if (!s.ok()) return s;
     return read(std::string_view(value.data(), value.size()));
+  }
+
+  Status VerifySsts() {
+    std::vector<rocksdb::LiveFileMetaData> files;
+    db_->GetLiveFilesMetaData(&files);
+    const rocksdb::Options options = db_->GetOptions();
+    rocksdb::ReadOptions verified;
+    verified.verify_checksums = true;
+    verified.fill_cache = false;
+    for (const rocksdb::LiveFileMetaData& file : files) {
+      const std::string sst = file.directory + "/" + file.relative_filename;
+      TIERKV_RETURN_IF_ERROR(CallRocks("verifying SST file " + sst, path_, [&] {
+        return rocksdb::VerifySstFileChecksum(
+            options, rocksdb::EnvOptions(options), verified, sst,
+            file.largest_seqno);
+      }));
+    }
+    return Status::Ok();
   }
 
   // Reads the value of `newest` (a key's newest version) and visits it.
@@ -339,7 +373,9 @@ class RocksDbStorage final : public DiskStorage {
   std::vector<std::string> damaged_files_ TIERKV_GUARDED_BY(mu_);
 };
 
-// RocksDB's warnings and errors, on stderr (tierkvd's log under systemd).
+// RocksDB's warnings and errors, on stderr, prefixed "rocksdb:". Not through
+// tierkvd's spdlog log (the tiers do not depend on spdlog): with --log-file
+// they stay on stderr (the journal under systemd).
 class StderrLogger final : public rocksdb::Logger {
  public:
   StderrLogger() : rocksdb::Logger(rocksdb::InfoLogLevel::WARN_LEVEL) {}
@@ -361,6 +397,10 @@ rocksdb::Options RocksOptions(const RocksDbStorageOptions& o) {
   // Not a LOG file in the store's directory: on a full filesystem its
   // writes fail, and RocksDB's next log line after that trips an assertion.
   options.info_log = std::make_shared<StderrLogger>();
+  // With the write-ahead log, what a memtable holds survives without a
+  // flush on close (the next open replays the log), and a close then
+  // writes nothing: after a write error, RocksDB must not be written again.
+  options.avoid_flush_during_shutdown = o.write_ahead_log;
   // The MANIFEST stays small (a few records per flush or compaction): the
   // default 4 MiB preallocation would take a small filesystem's reserve.
   options.manifest_preallocation_size = 64 << 10;
@@ -428,8 +468,11 @@ StatusOr<std::unique_ptr<DiskStorage>> OpenRocksDbStorage(
       free_bytes.ok() && *free_bytes < reserve && HasDatabase(options.path);
   StatusOr<rocksdb::DB*> db = Status::ResourceExhausted("");
   if (!low) db = OpenWritable(options);
+  // Without a database yet, there is nothing to serve read-only: a full
+  // filesystem is the error.
   if (!low &&
-      (db.ok() || db.status().code() != StatusCode::kResourceExhausted)) {
+      (db.ok() || db.status().code() != StatusCode::kResourceExhausted ||
+       !HasDatabase(options.path))) {
     if (!db.ok()) return db.status();
     return std::unique_ptr<DiskStorage>(
         std::make_unique<RocksDbStorage>(options, *db, Status::Ok()));

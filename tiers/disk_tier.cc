@@ -4,16 +4,15 @@
 #include "tiers/disk_tier.h"
 
 #include <algorithm>
-#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstring>
 #include <deque>
 #include <functional>
-#include <mutex>
 #include <optional>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -175,18 +174,20 @@ class SpaceGuard {
 // The tier.
 //
 // Concurrency: mu_ guards the index and counters and is never held across
-// disk I/O. A storage write or delete of a key happens under the key's
-// stripe lock, after checking under mu_ that the index still wants it
-// (the writer's generation is current; a deleted key is still absent). So a
-// delete of an evicted key never lands after a newer Put of the same key,
-// and a superseded write never lands after the newer one. Reads take no
-// stripe: RocksDB returns either value whole, and both verify.
-// Remove and RemoveAll delete under the stripes too, before they return, so
-// a write of the key has either landed (and is deleted) or finds its entry
-// gone; Remove also cancels the key's Puts still queued (queued_).
-// Lock order: a stripe, then mu_. The analysis checks mu_ (TIERKV_GUARDED_BY,
-// and TIERKV_EXCLUDES on what does disk I/O); the stripes guard storage
-// keys, not members, so they stay plain std::mutex.
+// disk I/O. A storage write or delete of a key runs with the key marked busy
+// (busy_, taken under mu_ in the same section that checks that the index
+// still wants it: the writer's generation is current, a deleted key is still
+// absent), so operations on one key never overlap and land in the index's
+// order: a delete of an evicted key never lands after a newer Put of the same
+// key, and a superseded write never lands after the newer one. An operation
+// waits only for another of the same key (one block's write at most), never
+// for unrelated keys. Reads take no busy mark: RocksDB returns either value
+// whole, and both verify.
+// Remove and RemoveAll delete with their keys busy, before they return, so a
+// write of the key has either landed (and is deleted) or finds its entry
+// gone; Remove also cancels the key's Puts not yet reserved (queued_: a Put
+// leaves it only in the section that reserves its index entry, so no Remove
+// falls between the two).
 class DiskTierImpl final : public DiskTier {
  public:
   DiskTierImpl(const DiskTierOptions& options,
@@ -239,35 +240,53 @@ class DiskTierImpl final : public DiskTier {
   }
 
   bool Remove(const BlockKey& key) TIERKV_EXCLUDES(mu_) override {
-    // Under the stripe: a write of the key either landed (and is deleted
-    // here) or finds its entry gone and never writes.
-    std::lock_guard<std::mutex> stripe(StripeFor(key));
     bool stored = false;
-    bool erased = false;
+    bool erase_value = false;
     {
       MutexLock lock(&mu_);
+      // Forgotten at once (a Put of the key not yet reserved is cancelled),
+      // then deleted with the key busy: a write of it that is running has
+      // landed by then and is deleted here; one not yet started finds its
+      // entry gone and never writes.
       stored = index_.FindStored(key) != nullptr;
-      erased = index_.Erase(key);
+      const bool erased = index_.Erase(key);
       if (auto it = queued_.find(key); it != queued_.end()) {
         it->second.cancel_below = next_generation_;
       }
+      AcquireKey(key);
+      // Unless a Put queued after this Remove wrote the key meanwhile (its
+      // write ran before this one got the key).
+      erase_value = erased && index_.FindStored(key) == nullptr;
     }
-    if (erased) DeleteNow(DiskStorageKey(key));
+    if (erase_value) DeleteNow(DiskStorageKey(key));
+    ReleaseKeys({&key, 1});
     return stored;
   }
 
   uint64_t RemoveAll() TIERKV_EXCLUDES(mu_) override {
-    std::array<std::unique_lock<std::mutex>, kStripes> stripes;
-    for (size_t i = 0; i < kStripes; ++i) {
-      stripes[i] = std::unique_lock<std::mutex>(stripes_[i]);
-    }
     std::vector<BlockKey> keys;
     {
       MutexLock lock(&mu_);
-      keys = index_.StoredKeys();
-      for (const BlockKey& key : keys) index_.Erase(key);
+      // A stored key is busy only for a moment (an operation that finds it
+      // stored again and leaves it alone).
+      while (true) {
+        keys = index_.StoredKeys();
+        bool busy = false;
+        for (const BlockKey& key : keys) busy = busy || busy_.contains(key);
+        if (!busy) break;
+        busy_cv_.Wait(&mu_);
+      }
+      for (const BlockKey& key : keys) {
+        index_.Erase(key);
+        busy_.insert(key);
+      }
     }
-    for (const BlockKey& key : keys) DeleteNow(DiskStorageKey(key));
+    std::vector<std::string> storage_keys;
+    storage_keys.reserve(keys.size());
+    for (const BlockKey& key : keys)
+      storage_keys.push_back(DiskStorageKey(key));
+    DeleteNow(storage_keys);
+    ReleaseKeys(keys);
     return keys.size();
   }
 
@@ -281,6 +300,7 @@ class DiskTierImpl final : public DiskTier {
     }
     Status s = storage_->Flush();
     if (!s.ok()) WriteFailed(s);
+    file_bytes_ = storage_->FileBytes();
     return s;
   }
 
@@ -312,8 +332,37 @@ class DiskTierImpl final : public DiskTier {
                 std::span<const TokenId> tokens,
                 std::span<const std::byte> payload,
                 std::optional<uint64_t> checksum) TIERKV_EXCLUDES(mu_);
+  // PutNow's work; sets *dequeued once it took the Put off queued_.
+  Status EncodeAndWrite(const BlockKey& key, uint64_t generation,
+                        std::span<const TokenId> tokens,
+                        std::span<const std::byte> payload,
+                        std::optional<uint64_t> checksum, bool* dequeued)
+      TIERKV_EXCLUDES(mu_);
   // Takes a queued Put of `key` off queued_: true if a Remove cancelled it.
-  bool Dequeue(const BlockKey& key, uint64_t generation) TIERKV_EXCLUDES(mu_);
+  bool DequeueLocked(const BlockKey& key, uint64_t generation)
+      TIERKV_REQUIRES(mu_);
+  // Whether a Remove cancelled a queued Put of `key` (still queued).
+  bool CancelledLocked(const BlockKey& key, uint64_t generation) const
+      TIERKV_REQUIRES(mu_) {
+    auto it = queued_.find(key);
+    return it != queued_.end() && generation < it->second.cancel_below;
+  }
+  static Status Cancelled(const BlockKey& key) {
+    return Status::Aborted("block " + key.ToHex() +
+                           " was removed before it was written");
+  }
+  // Marks `key` busy, first waiting while an operation of it runs.
+  void AcquireKey(const BlockKey& key) TIERKV_REQUIRES(mu_) {
+    while (busy_.contains(key)) busy_cv_.Wait(&mu_);
+    busy_.insert(key);
+  }
+  void ReleaseKeys(std::span<const BlockKey> keys) TIERKV_EXCLUDES(mu_) {
+    {
+      MutexLock lock(&mu_);
+      for (const BlockKey& key : keys) busy_.erase(key);
+    }
+    busy_cv_.NotifyAll();
+  }
   Status WriteReserved(const BlockKey& key, uint64_t generation,
                        std::string_view header, std::string_view stored)
       TIERKV_EXCLUDES(mu_);
@@ -331,9 +380,16 @@ class DiskTierImpl final : public DiskTier {
       TIERKV_EXCLUDES(mu_) {
     for (const BlockKey& victim : victims) DeleteIfAbsent(victim);
   }
-  // Deletes a storage key unless the tier is degraded (RocksDB is not
-  // written after a write error); a failure degrades it.
-  void DeleteNow(std::string_view storage_key) TIERKV_EXCLUDES(mu_);
+  // Deletes storage keys (in one storage write) unless the tier is degraded
+  // (RocksDB is not written after a write error); a failure degrades it.
+  void DeleteNow(std::span<const std::string> storage_keys)
+      TIERKV_EXCLUDES(mu_);
+  void DeleteNow(const std::string& storage_key) TIERKV_EXCLUDES(mu_) {
+    DeleteNow({&storage_key, 1});
+  }
+  // Refreshes file_bytes_ on an I/O thread once it is older than
+  // kFileBytesAge: stats() never reads the disk on its caller's thread.
+  void MaybeRefreshFileBytes() const;
   // Whether a write of `bytes` may go to the storage; counts and reports a
   // refusal.
   Status AdmitWrite(uint64_t bytes) TIERKV_EXCLUDES(mu_);
@@ -349,15 +405,11 @@ class DiskTierImpl final : public DiskTier {
   }
   StatusOr<std::optional<std::string>> ReadFingerprint();
   Status FingerprintMismatch(std::string_view stored, uint64_t values) const;
-  std::mutex& StripeFor(const BlockKey& key) {
-    return stripes_[key.lo % stripes_.size()];
-  }
-
-  static constexpr size_t kStripes = 16;
+  using Clock = std::chrono::steady_clock;
+  static constexpr Clock::duration kFileBytesAge = std::chrono::seconds(1);
   const DiskTierOptions options_;
   const std::unique_ptr<DiskStorage> storage_;
   SpaceGuard space_;
-  std::array<std::mutex, kStripes> stripes_;
   // Puts queued and not yet run, per key: a Remove cancels them.
   struct QueuedPuts {
     int64_t puts = 0;
@@ -371,6 +423,13 @@ class DiskTierImpl final : public DiskTier {
   uint64_t next_generation_ TIERKV_GUARDED_BY(mu_) = 1;
   std::unordered_map<BlockKey, QueuedPuts, BlockKeyHash> queued_
       TIERKV_GUARDED_BY(mu_);
+  // Keys with a storage write or delete running (see Concurrency).
+  std::unordered_set<BlockKey, BlockKeyHash> busy_ TIERKV_GUARDED_BY(mu_);
+  CondVar busy_cv_;  // Signals a key leaving busy_.
+  // The storage's FileBytes, as last read off the caller's thread.
+  mutable std::atomic<uint64_t> file_bytes_{0};
+  mutable std::atomic<Clock::rep> file_bytes_read_{0};  // When, since epoch.
+  mutable std::atomic<bool> file_bytes_reading_{false};
   // The filesystem was short of free space at the last write tried.
   bool low_space_ TIERKV_GUARDED_BY(mu_) = false;
   std::unique_ptr<IoThreads> io_;
@@ -381,7 +440,25 @@ Status DiskTierImpl::PutNow(const BlockKey& key, uint64_t generation,
                             std::span<const TokenId> tokens,
                             std::span<const std::byte> payload,
                             std::optional<uint64_t> checksum) {
-  if (Dequeue(key, generation)) return Status::Ok();  // Removed meanwhile.
+  bool dequeued = false;
+  Status s =
+      EncodeAndWrite(key, generation, tokens, payload, checksum, &dequeued);
+  if (!dequeued) {
+    MutexLock lock(&mu_);
+    (void)DequeueLocked(key, generation);
+  }
+  return s;
+}
+
+Status DiskTierImpl::EncodeAndWrite(const BlockKey& key, uint64_t generation,
+                                    std::span<const TokenId> tokens,
+                                    std::span<const std::byte> payload,
+                                    std::optional<uint64_t> checksum,
+                                    bool* dequeued) {
+  {
+    MutexLock lock(&mu_);
+    if (CancelledLocked(key, generation)) return Cancelled(key);
+  }
   if (payload.size() != options_.block_bytes) {
     return Status::InvalidArgument(
         "disk tier Put: payload is " + std::to_string(payload.size()) +
@@ -429,6 +506,10 @@ Status DiskTierImpl::PutNow(const BlockKey& key, uint64_t generation,
   StatusOr<bool> reserved = false;
   {
     MutexLock lock(&mu_);
+    // In the section that reserves: a Remove comes either before (and
+    // cancels the Put here) or after (and finds the entry).
+    *dequeued = true;
+    if (DequeueLocked(key, generation)) return Cancelled(key);
     reserved = index_.Reserve(key, generation, bytes, tokens, &victims);
     if (!reserved.ok()) ++counters_.put_failures;
   }
@@ -441,23 +522,32 @@ Status DiskTierImpl::PutNow(const BlockKey& key, uint64_t generation,
 Status DiskTierImpl::WriteReserved(const BlockKey& key, uint64_t generation,
                                    std::string_view header,
                                    std::string_view stored) {
-  std::lock_guard<std::mutex> stripe(StripeFor(key));
   {
     MutexLock lock(&mu_);
-    // Superseded by a newer Put or removed: the newer state wins.
-    if (!index_.IsCurrent(key, generation)) return Status::Ok();
+    AcquireKey(key);
+    if (!index_.IsCurrent(key, generation)) {
+      // Superseded by a newer Put (which wins: OK) or removed.
+      const bool removed = !index_.Contains(key);
+      busy_.erase(key);
+      busy_cv_.NotifyAll();
+      return removed ? Cancelled(key) : Status::Ok();
+    }
   }
   const std::string storage_key = DiskStorageKey(key);
   const std::string_view parts[2] = {header, stored};
   Status s = storage_->Put(storage_key, parts);
   {
     MutexLock lock(&mu_);
+    busy_.erase(key);
+    busy_cv_.NotifyAll();
     if (s.ok()) {
-      index_.Commit(key, generation);
       ++counters_.puts;
       counters_.payload_bytes_written += options_.block_bytes;
       counters_.stored_bytes_written += header.size() + stored.size();
-      return s;
+      if (index_.Commit(key, generation)) return s;
+      // Removed while it was written (Remove deletes it once the key is
+      // free), or superseded by a newer Put, which writes over it.
+      return index_.Contains(key) ? s : Cancelled(key);
     }
     index_.EraseIf(key, generation);
     ++counters_.put_failures;
@@ -468,8 +558,7 @@ Status DiskTierImpl::WriteReserved(const BlockKey& key, uint64_t generation,
   return s;
 }
 
-bool DiskTierImpl::Dequeue(const BlockKey& key, uint64_t generation) {
-  MutexLock lock(&mu_);
+bool DiskTierImpl::DequeueLocked(const BlockKey& key, uint64_t generation) {
   auto it = queued_.find(key);
   const bool cancelled = generation < it->second.cancel_below;
   if (--it->second.puts == 0) queued_.erase(it);
@@ -518,9 +607,11 @@ void DiskTierImpl::WriteFailed(const Status& s) {
   if (first) Report(Stopped());
 }
 
-void DiskTierImpl::DeleteNow(std::string_view storage_key) {
+void DiskTierImpl::DeleteNow(std::span<const std::string> storage_keys) {
+  if (storage_keys.empty()) return;
   if (!Stopped().ok()) return;  // Forgotten by the index; Open re-checks.
-  Status s = storage_->Delete(storage_key);
+  Status s = storage_keys.size() == 1 ? storage_->Delete(storage_keys[0])
+                                      : storage_->DeleteBatch(storage_keys);
   if (!s.ok()) WriteFailed(s);
 }
 
@@ -599,23 +690,27 @@ Status DiskTierImpl::CheckLayout(const ValueFields& fields) const {
 }
 
 void DiskTierImpl::DeleteIfAbsent(const BlockKey& key) {
-  std::lock_guard<std::mutex> stripe(StripeFor(key));
+  bool absent = false;
   {
     MutexLock lock(&mu_);
-    if (index_.Contains(key)) return;  // Put again: its writer owns it.
+    AcquireKey(key);
+    absent = !index_.Contains(key);  // Else Put again: its writer owns it.
   }
   // A value left behind (degraded, or the delete failed) takes disk space
   // until the next Open verifies and indexes it again.
-  DeleteNow(DiskStorageKey(key));
+  if (absent) DeleteNow(DiskStorageKey(key));
+  ReleaseKeys({&key, 1});
 }
 
 void DiskTierImpl::DropIfCurrent(const BlockKey& key, uint64_t generation) {
-  std::lock_guard<std::mutex> stripe(StripeFor(key));
+  bool erased = false;
   {
     MutexLock lock(&mu_);
-    if (!index_.EraseIf(key, generation)) return;
+    AcquireKey(key);
+    erased = index_.EraseIf(key, generation);
   }
-  DeleteNow(DiskStorageKey(key));
+  if (erased) DeleteNow(DiskStorageKey(key));
+  ReleaseKeys({&key, 1});
 }
 
 DiskTierStats DiskTierImpl::stats() const {
@@ -643,8 +738,20 @@ DiskTierStats DiskTierImpl::stats() const {
     out.space_refusals = c.space_refusals;
     out.damaged_files = c.damaged_files;
   }
-  out.file_bytes = storage_->FileBytes();
+  out.file_bytes = file_bytes_;
+  MaybeRefreshFileBytes();
   return out;
+}
+
+void DiskTierImpl::MaybeRefreshFileBytes() const {
+  const Clock::rep now = Clock::now().time_since_epoch().count();
+  if (now - file_bytes_read_ < kFileBytesAge.count()) return;
+  if (file_bytes_reading_.exchange(true)) return;  // Already queued.
+  io_->Submit([this] {
+    file_bytes_ = storage_->FileBytes();
+    file_bytes_read_ = Clock::now().time_since_epoch().count();
+    file_bytes_reading_ = false;
+  });
 }
 
 // One value found by Open's scan.
@@ -765,7 +872,7 @@ Status DiskTierImpl::Rebuild() {
     return FingerprintMismatch(recorded ? *recorded : *other,
                                layout_mismatches);
   }
-  for (const std::string& key : bad) DeleteNow(key);
+  DeleteNow(bad);
   if (recorded != options_.layout_fingerprint && Stopped().ok()) {
     const std::string_view parts[] = {options_.layout_fingerprint};
     Status s = storage_->Put(DiskFingerprintKey(), parts);
@@ -790,7 +897,13 @@ Status DiskTierImpl::Rebuild() {
     MutexLock lock(&mu_);
     counters_.damaged_files = damaged_files_.size();
   }
-  for (const BlockKey& victim : victims) DeleteNow(DiskStorageKey(victim));
+  std::vector<std::string> victim_keys;
+  for (const BlockKey& victim : victims) {
+    victim_keys.push_back(DiskStorageKey(victim));
+  }
+  DeleteNow(victim_keys);
+  file_bytes_ = storage_->FileBytes();
+  file_bytes_read_ = Clock::now().time_since_epoch().count();
   next_sequence_ = found.empty() ? 1 : found.back().sequence + 1;
   progress.Finish();
   if (!writable.ok()) Report(writable);

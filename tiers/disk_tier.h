@@ -107,6 +107,9 @@ class DiskStorage {
   virtual Status Get(std::string_view key, const ValueReader& read) = 0;
   // OK also when the key is absent.
   virtual Status Delete(std::string_view key) = 0;
+  // Deletes every key as Delete, in one write (RocksDB: one WriteBatch, one
+  // write-ahead log record), so that a large clear costs one write.
+  virtual Status DeleteBatch(std::span<const std::string> keys) = 0;
   // Every entry, in key order, on the calling thread.
   virtual Status ForEach(const Visitor& visit) = 0;
   // Writes everything Put so far to files and syncs them: after OK, it
@@ -145,6 +148,9 @@ class DiskStorageWrapper : public DiskStorage {
     return target_->Get(key, read);
   }
   Status Delete(std::string_view key) override { return target_->Delete(key); }
+  Status DeleteBatch(std::span<const std::string> keys) override {
+    return target_->DeleteBatch(keys);
+  }
   Status ForEach(const Visitor& visit) override {
     return target_->ForEach(visit);
   }
@@ -189,13 +195,13 @@ struct RocksDbStorageOptions {
   bool reset_if_unreadable = false;
 };
 
-// Opens (or creates) the database. FailedPrecondition when another process
-// holds it open; DataLoss naming the damaged files when RocksDB finds them
-// damaged (unless reset_if_unreadable); other RocksDB failures become a
-// Status naming the path. On a filesystem with less than
+// Opens (or creates) the database. AlreadyExists when another process
+// holds it open (its LOCK); DataLoss naming the damaged files when RocksDB
+// finds them damaged (unless reset_if_unreadable); other RocksDB failures
+// become a Status naming the path. On a filesystem with less than
 // RocksDbReservedBytes free, or when a normal open fails for lack of space,
-// the database is opened read-only: reads work, Writable() says why writes
-// do not.
+// an existing database is opened read-only: reads work, Writable() says why
+// writes do not; where there is no database yet, ResourceExhausted.
 StatusOr<std::unique_ptr<DiskStorage>> OpenRocksDbStorage(
     const RocksDbStorageOptions& options);
 
@@ -206,6 +212,12 @@ Status DestroyRocksDbStorage(const std::string& path);
 // RocksDbStorage's ReservedBytes: two memtables (and the write-ahead log
 // holding them) plus 1 MiB for the MANIFEST and info logs.
 uint64_t RocksDbReservedBytes(const RocksDbStorageOptions& options);
+
+// Bytes one block's value takes at most in the tier's byte bound: its
+// header (the fingerprint and `tokens` token ids) and a payload of
+// `block_bytes` stored raw (a codec never stores more).
+uint64_t DiskValueBytes(size_t block_bytes, size_t fingerprint_bytes,
+                        size_t tokens);
 
 // Storage keys of blocks: 'b' followed by the key, hi then lo, big-endian.
 std::string DiskStorageKey(const BlockKey& key);
@@ -346,7 +358,9 @@ class DiskTier {
   // InvalidArgument for bad sizes, or the storage's error. A Put of a key
   // replaces its value; of two Puts of one key in flight together, the one
   // queued later wins (the other's `done` gets OK without writing). A Put
-  // cancelled by a Remove of its key gets OK without writing too.
+  // cancelled by a Remove of its key (Remove came first: the block was
+  // evicted) gets Aborted: nothing was written, and the tier does not hold
+  // the block.
   virtual void Put(const BlockKey& key, std::span<const TokenId> tokens,
                    std::span<const std::byte> payload, Done done) = 0;
   // As Put, but the payload must hash (XXH3-64, the checksum every value
@@ -374,21 +388,26 @@ class DiskTier {
                         std::span<const TokenId> tokens) const = 0;
   // Forgets `key` and deletes its value before returning, through the
   // write-ahead log: a removal survives the process being killed right
-  // after. A Put of the key in flight is cancelled (it never writes) or,
-  // when its write is running, waited for and deleted with it; so Remove
-  // may wait for one block's write (never for a queue). A Get already
+  // after. A Put of the key in flight is cancelled (it never writes; its
+  // `done` gets Aborted) or, when its write is running, waited for and
+  // deleted with it; so Remove may wait for one write of this key, never
+  // for other keys' writes or a queue. A Get already
   // reading the value gets NotFound or the whole value, never part of it.
   // Returns whether the key was stored (a write in flight that it cancels
   // does not count).
   virtual bool Remove(const BlockKey& key) = 0;
-  // Removes every stored key, as Remove, and returns how many. Keys being
-  // written are left alone: their writes complete as usual.
+  // Removes every stored key, as Remove, in one storage write, and returns
+  // how many. Keys being written are left alone: their writes complete as
+  // usual.
   virtual uint64_t RemoveAll() = 0;
   // Waits until every queued Put and Get has run (and its callback
   // returned), then makes what was written durable. Fails when the tier is
   // degraded by a write error or read-only: what was written since the last
   // Flush may then be lost. Must not be called from a Done callback.
   virtual Status Flush() = 0;
+  // Never touches the disk on the caller's thread: file_bytes is read on an
+  // I/O thread at most every second (and by Flush), so a hung disk cannot
+  // stall stats.
   virtual DiskTierStats stats() const = 0;
   // The files Open found damaged (paths): their values were dropped.
   virtual std::vector<std::string> damaged_files() const = 0;

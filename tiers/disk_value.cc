@@ -70,6 +70,18 @@ uint64_t Checksum(std::string_view bytes) {
 }
 
 // The header of a value, its checksum included; the stored bytes follow.
+}  // namespace disk_internal
+
+uint64_t DiskValueBytes(size_t block_bytes, size_t fingerprint_bytes,
+                        size_t tokens) {
+  // magic, version, codec, element bytes, five u64s, the fingerprint's
+  // length and bytes, the token count and ids, the header checksum.
+  constexpr uint64_t kFixed = 4 + 2 + 1 + 1 + 5 * 8 + 2 + 4 + 8;
+  return kFixed + fingerprint_bytes + tokens * sizeof(TokenId) + block_bytes;
+}
+
+namespace disk_internal {
+
 std::string EncodeHeader(const ValueFields& f) {
   std::string out;
   out.reserve(64 + f.fingerprint.size() + f.token_bytes.size());

@@ -27,6 +27,8 @@ enum class StatusCode : uint8_t {
   kUnimplemented,       // Not supported by this build or backend.
   kInternal,            // An invariant broke; a bug in tierkv.
   kDeadlineExceeded,    // A peer did not answer in time (wedged or slow).
+  kAborted,  // Cancelled before it took effect (a disk write whose block was
+             // removed first); local to a process, never sent over the wire.
 };
 
 std::string_view StatusCodeName(StatusCode code);
@@ -73,6 +75,9 @@ class [[nodiscard]] Status {
   }
   static Status DeadlineExceeded(std::string msg) {
     return {StatusCode::kDeadlineExceeded, std::move(msg)};
+  }
+  static Status Aborted(std::string msg) {
+    return {StatusCode::kAborted, std::move(msg)};
   }
 
   bool ok() const { return code_ == StatusCode::kOk; }
