@@ -648,11 +648,13 @@ class SlowSpillTier : public LowerTier {
     return {.keys = static_cast<uint64_t>(stored.size())};
   }
 
-  // Finishes the i-th spill: it lands unless cancelled, and reports OK.
+  // Finishes the i-th spill: it lands and reports OK unless cancelled,
+  // which reports Aborted (as DiskTier does).
   void Land(size_t i) {
     Write& w = writes.at(i);
     if (!w.cancelled) stored[w.key] = w.tokens;
-    w.done(Status::Ok());
+    w.done(w.cancelled ? Status::Aborted("removed while queued")
+                       : Status::Ok());
   }
 
   bool cancel_writes = false;
@@ -786,6 +788,30 @@ TEST_F(SpillTest, EvictMidSpillKeepsABlockAWorkerPins) {
   EXPECT_TRUE(lower_.stored.contains(key));
   ASSERT_THAT(c_.Finish(w_, 2), IsOk());
   EXPECT_EQ(HitTokens(3, t), 16);
+}
+
+// An eviction that cancels the spill of a block a worker still pins: the
+// block stays on host, keyed, and the aborted spill is neither a spill nor
+// a failure.
+TEST_F(SpillTest, EvictMidSpillOfAPinnedBlockCancelsItsWriteOnly) {
+  lower_.cancel_writes = true;
+  const std::vector<TokenId> t = SequentialTokens(1, 17);
+  const BlockKey key = StoreOneBlock(1, t);
+  ASSERT_EQ(c_.Lookup(w_, 2, t, 0, {}).value().hit_tokens, 16);
+  const BlockKey keys[] = {key};
+  EXPECT_EQ(c_.Evict(keys)[0], (EvictedBlock{.key = key, .host_pinned = true}));
+  ASSERT_TRUE(lower_.writes.at(0).cancelled);
+  lower_.Land(0);
+  c_.PumpLowerTier();
+  EXPECT_EQ(c_.host_pool().FindKeyedBlock(key), slot_);
+  EXPECT_FALSE(lower_.stored.contains(key));
+  const HostTierStats h = c_.stats().host;
+  EXPECT_EQ(h.spills, 0u);
+  EXPECT_EQ(h.spill_failures, 0u);
+  EXPECT_EQ(h.spills_in_flight, 0u);
+  ASSERT_THAT(c_.Finish(w_, 2), IsOk());
+  EXPECT_EQ(HitTokens(3, t), 16);  // Still a host hit.
+  EXPECT_THAT(c_.host_pool().CheckInvariants(), IsOk());
 }
 
 TEST_F(SpillTest, ClearMidSpillDropsTheBlockFromHostAndDisk) {

@@ -9,6 +9,9 @@
 #include <poll.h>
 #include <sys/socket.h>
 
+// Boost.PropertyTree's JSON parser still includes <boost/bind.hpp>, which
+// asks for this to keep its placeholders global without a warning.
+#define BOOST_BIND_GLOBAL_PLACEHOLDERS
 #include <boost/property_tree/json_parser.hpp>
 #include <boost/property_tree/ptree.hpp>
 #include <fstream>
