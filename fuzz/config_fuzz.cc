@@ -4,7 +4,7 @@
 // required layout flags, so the file's other keys are reached too. A
 // command that parses must hold what ParseDaemonFlags promises (a valid
 // layout, mode, spill fractions, log level, stop timeout and worker
-// bound), and RereadLogLevel, which SIGHUP runs on the same file, must
+// bound), and RereadConfig, which SIGHUP runs on the same file, must
 // agree with it. The input is also given to ParseBytes as a size: what it
 // accepts is digits and a unit, and worth that many bytes.
 #include <fcntl.h>
@@ -73,11 +73,15 @@ void CheckCommand(const std::vector<const char*>& argv) {
              "accepted max-workers %d", static_cast<int>(s.max_workers));
   FUZZ_CHECK(command->stop_timeout.count() >= 1, "accepted stop-timeout %lld",
              static_cast<long long>(command->stop_timeout.count()));
-  StatusOr<std::string> level = RereadLogLevel(*command);
-  FUZZ_CHECK(level.ok() && *level == command->log_level,
-             "log level '%s' at start, re-read as %s",
+  // The file has not changed since: the same level, nothing to restart.
+  StatusOr<ConfigReread> reread = RereadConfig(*command);
+  FUZZ_CHECK(reread.ok() && reread->log_level == command->log_level &&
+                 reread->needs_restart.empty(),
+             "log level '%s' at start, re-read as %s (%zu keys changed)",
              command->log_level.c_str(),
-             level.ok() ? level->c_str() : level.status().ToString().c_str());
+             reread.ok() ? reread->log_level.c_str()
+                         : reread.status().ToString().c_str(),
+             reread.ok() ? reread->needs_restart.size() : size_t{0});
 }
 
 void CheckBytes(const std::string& text) {
