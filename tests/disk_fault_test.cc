@@ -88,23 +88,6 @@ std::unique_ptr<DiskTier> OpenTier(const DiskTierOptions& options) {
   return tier.ok() ? std::move(tier).value() : nullptr;
 }
 
-// Mounts a tmpfs of `bytes` at `dir` in a mount namespace of this process's
-// own; an empty string when it can (else why not, for GTEST_SKIP). Needs a
-// single-threaded process (ctest runs each test in its own) and root.
-std::string MountTmpfs(const std::string& dir, uint64_t bytes) {
-  if (unshare(CLONE_NEWNS) != 0) {
-    return std::string("unshare(CLONE_NEWNS) refused: ") + strerror(errno);
-  }
-  if (mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) {
-    return std::string("making / private refused: ") + strerror(errno);
-  }
-  const std::string size = "size=" + std::to_string(bytes);
-  if (mount("tmpfs", dir.c_str(), "tmpfs", 0, size.c_str()) != 0) {
-    return std::string("mounting a tmpfs refused: ") + strerror(errno);
-  }
-  return "";
-}
-
 // --- A full filesystem -------------------------------------------------------
 
 TEST(DiskFullTest, AFullFilesystemDegradesTheTierWhichStillServesAndReopens) {

@@ -19,6 +19,7 @@
 #include "tests/status_matchers.h"
 #include "tests/test_layout.h"
 #include "tests/tierkvd_fixture.h"
+#include "tests/worker_tally.h"
 #include "tierkv/client.h"
 #include "tierkv/kv_layout.h"
 
@@ -26,20 +27,6 @@ namespace tierkv {
 namespace {
 
 using ::testing::HasSubstr;
-
-struct Tally {
-  long long blocks = -1, hit = -1, missed = -1, wrong = -1;
-};
-Tally ParseTally(const std::string& output) {
-  Tally t;
-  const size_t at = output.find("blocks ");
-  if (at != std::string::npos) {
-    std::sscanf(output.c_str() + at,
-                "blocks %lld hit %lld missed %lld wrong %lld", &t.blocks,
-                &t.hit, &t.missed, &t.wrong);
-  }
-  return t;
-}
 
 // The key of fill/verify's one-block request `r` of `seed` (worker_main.cc
 // derives the tokens the same way), as tierkv-admin evict takes it.
@@ -196,24 +183,6 @@ TEST_F(TierkvdDiskTest, TombstoneEvictionsSurviveTierkvdKilledRightAfter) {
 
   StartOn(disk_, "64M");
   EXPECT_EQ(DiskStats().keys, 0u);
-}
-
-// Mounts a tmpfs of `bytes` at `dir` in a mount namespace of this process's
-// own (tierkvd children inherit it); empty when done, else why not.
-std::string MountTmpfs(const std::string& dir, uint64_t bytes) {
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (unshare(CLONE_NEWNS) != 0) {
-    return std::string("unshare(CLONE_NEWNS) refused: ") + strerror(errno);
-  }
-  if (mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) {
-    return std::string("making / private refused: ") + strerror(errno);
-  }
-  const std::string size = "size=" + std::to_string(bytes);
-  if (mount("tmpfs", dir.c_str(), "tmpfs", 0, size.c_str()) != 0) {
-    return std::string("mounting a tmpfs refused: ") + strerror(errno);
-  }
-  return "";
 }
 
 // A disk tier bounded past its filesystem (64M on a 16 MiB tmpfs): it fills,

@@ -12,7 +12,6 @@
 #include <atomic>
 #include <filesystem>
 #include <memory>
-#include <regex>
 #include <string>
 #include <vector>
 
@@ -20,6 +19,7 @@
 #include "src/coordinator.h"
 #include "tests/sequential_tokens.h"
 #include "tests/tierkvd_fixture.h"
+#include "tests/worker_tally.h"
 #include "tiers/host_tier.h"
 
 namespace tierkv {
@@ -32,23 +32,6 @@ using ::testing::Not;
 // The exit status the shell script below gives when it may not make a
 // private tmpfs (no CAP_SYS_ADMIN, or unshare refused).
 constexpr int kNoPrivateMount = 77;
-
-struct Tally {
-  int64_t blocks = 0, hit = 0, missed = 0, wrong = 0;
-};
-
-// The last line of a verify worker (tests/worker_main.cc).
-Tally ParseTally(const std::string& out) {
-  std::smatch m;
-  Tally t;
-  if (std::regex_search(out, m,
-                        std::regex("blocks (\\d+) hit (\\d+) missed (\\d+) "
-                                   "wrong (\\d+)"))) {
-    t = {std::stoll(m[1]), std::stoll(m[2]), std::stoll(m[3]),
-         std::stoll(m[4])};
-  }
-  return t;
-}
 
 // What is left in `dir`, by name.
 std::vector<std::string> Entries(const std::string& dir) {

@@ -28,6 +28,7 @@
 #include "tests/status_matchers.h"
 #include "tests/test_layout.h"
 #include "tests/tierkvd_fixture.h"
+#include "tests/worker_tally.h"
 #include "tierkv/client.h"
 #include "tierkv/version.h"
 #include "tiers/shm_segment.h"
@@ -489,21 +490,6 @@ TEST_F(TierkvdTest, AdminListsEventsInFlightByAge) {
   auto after = Spawn({TIERKV_ADMIN_PATH, "events", "--socket", socket_});
   ASSERT_EQ(after->Wait(), 0) << after->output();
   EXPECT_EQ(after->output(), "no events in flight\n");
-}
-
-// What a fill/verify/churn worker reports.
-struct Tally {
-  long long blocks = -1, hit = -1, missed = -1, wrong = -1;
-};
-Tally ParseTally(const std::string& output) {
-  Tally t;
-  const size_t at = output.find("blocks ");
-  if (at != std::string::npos) {
-    std::sscanf(output.c_str() + at,
-                "blocks %lld hit %lld missed %lld wrong %lld", &t.blocks,
-                &t.hit, &t.missed, &t.wrong);
-  }
-  return t;
 }
 
 // Blocks the store let go of by policy, each counted: host evictions of
