@@ -5,9 +5,7 @@
 // while tierkvd runs.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <sched.h>
 #include <signal.h>
-#include <sys/mount.h>
 
 #include <cerrno>
 #include <cstdio>
@@ -16,10 +14,10 @@
 #include <string>
 #include <vector>
 
+#include "tests/fill_worker.h"
 #include "tests/status_matchers.h"
 #include "tests/test_layout.h"
 #include "tests/tierkvd_fixture.h"
-#include "tests/worker_tally.h"
 #include "tierkv/client.h"
 #include "tierkv/kv_layout.h"
 
@@ -27,20 +25,6 @@ namespace tierkv {
 namespace {
 
 using ::testing::HasSubstr;
-
-// The key of fill/verify's one-block request `r` of `seed` (worker_main.cc
-// derives the tokens the same way), as tierkv-admin evict takes it.
-std::string FillKeyHex(uint32_t seed, uint32_t r) {
-  std::vector<TokenId> tokens(16);
-  for (uint32_t i = 0; i < 16; ++i) {
-    tokens[i] = (seed * 1000003u + r * 4099u) * 16u + i;
-  }
-  const KeyHasher hasher(
-      {.model_fingerprint = TestLayout().Fingerprint(), .tenant = ""});
-  std::vector<BlockKey> keys;
-  hasher.AppendPrefixKeys(tokens, 16, {}, &keys);
-  return keys.at(0).ToHex();
-}
 
 class TierkvdDiskTest : public TierkvdFixture {
  protected:

@@ -17,9 +17,9 @@
 
 #include "ipc/server.h"
 #include "src/coordinator.h"
+#include "tests/fill_worker.h"
 #include "tests/sequential_tokens.h"
 #include "tests/tierkvd_fixture.h"
-#include "tests/worker_tally.h"
 #include "tiers/host_tier.h"
 
 namespace tierkv {

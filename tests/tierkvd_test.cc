@@ -23,12 +23,12 @@
 #include "ipc/channel.h"
 #include "ipc/protocol.h"
 #include "tests/child_process.h"
+#include "tests/fill_worker.h"
 #include "tests/scratch.h"
 #include "tests/seed004_scenario.h"
 #include "tests/status_matchers.h"
 #include "tests/test_layout.h"
 #include "tests/tierkvd_fixture.h"
-#include "tests/worker_tally.h"
 #include "tierkv/client.h"
 #include "tierkv/version.h"
 #include "tiers/shm_segment.h"
@@ -546,20 +546,6 @@ TEST_F(TierkvdTest, DiskTierHoldsTenTimesTheHostBitExact) {
       HasSubstr("tierkv_moved_bytes_total{" + Base() +
                 ",from=\"host\",to=\"disk\"} " +
                 std::to_string(s.host.spills * s.host.slot_bytes) + "\n"));
-}
-
-// The key of fill/verify's one-block request `r` of `seed` (worker_main.cc
-// derives the tokens the same way), as tierkv-admin evict takes it.
-std::string FillKeyHex(uint32_t seed, uint32_t r) {
-  std::vector<TokenId> tokens(16);
-  for (uint32_t i = 0; i < 16; ++i) {
-    tokens[i] = (seed * 1000003u + r * 4099u) * 16u + i;
-  }
-  const KeyHasher hasher(
-      {.model_fingerprint = TestLayout().Fingerprint(), .tenant = ""});
-  std::vector<BlockKey> keys;
-  hasher.AppendPrefixKeys(tokens, 16, {}, &keys);
-  return keys.at(0).ToHex();
 }
 
 TEST_F(TierkvdTest, AdminEvictAndClearDropStoredBlocks) {
