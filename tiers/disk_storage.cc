@@ -277,21 +277,37 @@ class RocksDbStorage final : public DiskStorage {
   }
 
   Status VerifySsts() {
+    // The files are read by name, and a compaction RocksDB started on open
+    // (after recovering the log, say) may replace and delete them
+    // meanwhile: a file gone for that reason is not damage. Deletions wait
+    // until the check is over. (A read-only database compacts nothing and
+    // cannot pause them: NotSupported.)
+    const rocksdb::Status paused = db_->DisableFileDeletions();
+    if (!paused.ok() && !paused.IsNotSupported()) {
+      return FromRocks(paused, "pausing file deletions", path_);
+    }
     std::vector<rocksdb::LiveFileMetaData> files;
     db_->GetLiveFilesMetaData(&files);
     const rocksdb::Options options = db_->GetOptions();
     rocksdb::ReadOptions verified;
     verified.verify_checksums = true;
     verified.fill_cache = false;
+    Status s;
     for (const rocksdb::LiveFileMetaData& file : files) {
       const std::string sst = file.directory + "/" + file.relative_filename;
-      TIERKV_RETURN_IF_ERROR(CallRocks("verifying SST file " + sst, path_, [&] {
+      s = CallRocks("verifying SST file " + sst, path_, [&] {
         return rocksdb::VerifySstFileChecksum(
             options, rocksdb::EnvOptions(options), verified, sst,
             file.largest_seqno);
-      }));
+      });
+      if (!s.ok()) break;
     }
-    return Status::Ok();
+    if (!paused.ok()) return s;
+    // Not forced: a deletion pause anyone else holds stays.
+    Status resumed = CallRocks("resuming file deletions", path_, [&] {
+      return db_->EnableFileDeletions(/*force=*/false);
+    });
+    return !s.ok() ? s : resumed;
   }
 
   // Reads the value of `newest` (a key's newest version) and visits it.
