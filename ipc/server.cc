@@ -64,12 +64,6 @@ void LogDegraded(const Status& why) {
 
 // Opens the disk tier, logging the index rebuild every 10%.
 StatusOr<std::unique_ptr<DiskTier>> OpenDisk(const ServerOptions& options) {
-  if (options.disk_capacity_bytes < options.layout.BlockBytes()) {
-    return Status::InvalidArgument(
-        "--disk-capacity of " + std::to_string(options.disk_capacity_bytes) +
-        " bytes holds no block of " +
-        std::to_string(options.layout.BlockBytes()) + " bytes");
-  }
   // RocksDB makes the directory itself but not its parents: a typo in the
   // parent would otherwise surface as an I/O error.
   const std::filesystem::path dir =

@@ -439,8 +439,6 @@ uint64_t RocksDbReservedBytes(const RocksDbStorageOptions& options) {
 
 namespace {
 
-// A database RocksDB refused to open for damage (DataLoss), destroyed and
-// created anew when the options say so.
 StatusOr<rocksdb::DB*> OpenWritable(const RocksDbStorageOptions& options) {
   // Made here, as RocksDB would (mode 0755, the parent must exist), so that
   // RocksDB does not log a missing directory as an error first. A failure
@@ -450,12 +448,6 @@ StatusOr<rocksdb::DB*> OpenWritable(const RocksDbStorageOptions& options) {
   Status s = CallRocks("opening", options.path, [&] {
     return rocksdb::DB::Open(RocksOptions(options), options.path, &db);
   });
-  if (s.code() == StatusCode::kDataLoss && options.reset_if_unreadable) {
-    TIERKV_RETURN_IF_ERROR(DestroyRocksDbStorage(options.path));
-    s = CallRocks("opening", options.path, [&] {
-      return rocksdb::DB::Open(RocksOptions(options), options.path, &db);
-    });
-  }
   if (!s.ok()) return s;
   return db;
 }

@@ -112,7 +112,6 @@ struct Counters {
   uint64_t stored_bytes_written = 0;
   uint64_t write_errors = 0;
   uint64_t space_refusals = 0;
-  uint64_t damaged_files = 0;
 };
 
 // Keeps the storage's reserve free on its filesystem without a statvfs per
@@ -356,12 +355,13 @@ class DiskTierImpl final : public DiskTier {
     while (busy_.contains(key)) busy_cv_.Wait(&mu_);
     busy_.insert(key);
   }
-  void ReleaseKeys(std::span<const BlockKey> keys) TIERKV_EXCLUDES(mu_) {
-    {
-      MutexLock lock(&mu_);
-      for (const BlockKey& key : keys) busy_.erase(key);
-    }
+  void ReleaseKeyLocked(const BlockKey& key) TIERKV_REQUIRES(mu_) {
+    busy_.erase(key);
     busy_cv_.NotifyAll();
+  }
+  void ReleaseKeys(std::span<const BlockKey> keys) TIERKV_EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
+    for (const BlockKey& key : keys) ReleaseKeyLocked(key);
   }
   Status WriteReserved(const BlockKey& key, uint64_t generation,
                        std::string_view header, std::string_view stored)
@@ -528,8 +528,7 @@ Status DiskTierImpl::WriteReserved(const BlockKey& key, uint64_t generation,
     if (!index_.IsCurrent(key, generation)) {
       // Superseded by a newer Put (which wins: OK) or removed.
       const bool removed = !index_.Contains(key);
-      busy_.erase(key);
-      busy_cv_.NotifyAll();
+      ReleaseKeyLocked(key);
       return removed ? Cancelled(key) : Status::Ok();
     }
   }
@@ -538,8 +537,7 @@ Status DiskTierImpl::WriteReserved(const BlockKey& key, uint64_t generation,
   Status s = storage_->Put(storage_key, parts);
   {
     MutexLock lock(&mu_);
-    busy_.erase(key);
-    busy_cv_.NotifyAll();
+    ReleaseKeyLocked(key);
     if (s.ok()) {
       ++counters_.puts;
       counters_.payload_bytes_written += options_.block_bytes;
@@ -736,7 +734,7 @@ DiskTierStats DiskTierImpl::stats() const {
     out.degraded = !stopped_.ok() || low_space_ ? 1 : 0;
     out.write_errors = c.write_errors;
     out.space_refusals = c.space_refusals;
-    out.damaged_files = c.damaged_files;
+    out.damaged_files = damaged_files_.size();
   }
   out.file_bytes = file_bytes_;
   MaybeRefreshFileBytes();
@@ -893,10 +891,6 @@ Status DiskTierImpl::Rebuild() {
     counters_.layout_mismatches = layout_mismatches;
   }
   damaged_files_ = storage_->DamagedFiles();
-  {
-    MutexLock lock(&mu_);
-    counters_.damaged_files = damaged_files_.size();
-  }
   std::vector<std::string> victim_keys;
   for (const BlockKey& victim : victims) {
     victim_keys.push_back(DiskStorageKey(victim));
@@ -940,19 +934,20 @@ Status ValidateOptions(const DiskTierOptions& o) {
 StatusOr<std::unique_ptr<DiskTier>> DiskTier::Open(
     const DiskTierOptions& options) {
   TIERKV_RETURN_IF_ERROR(ValidateOptions(options));
-  RocksDbStorageOptions storage_options = options.storage;
-  storage_options.reset_if_unreadable = options.reset;
-  TIERKV_ASSIGN_OR_RETURN(std::unique_ptr<DiskStorage> storage,
-                          OpenRocksDbStorage(storage_options));
-  StatusOr<std::unique_ptr<DiskTier>> tier = Open(options, std::move(storage));
+  auto open = [&options]() -> StatusOr<std::unique_ptr<DiskTier>> {
+    TIERKV_ASSIGN_OR_RETURN(std::unique_ptr<DiskStorage> storage,
+                            OpenRocksDbStorage(options.storage));
+    return Open(options, std::move(storage));
+  };
+  StatusOr<std::unique_ptr<DiskTier>> tier = open();
   if (tier.ok() || tier.status().code() != StatusCode::kDataLoss ||
       !options.reset) {
     return tier;
   }
-  // Damage the scan cannot step over (an SST's key blocks): start empty.
-  TIERKV_RETURN_IF_ERROR(DestroyRocksDbStorage(storage_options.path));
-  TIERKV_ASSIGN_OR_RETURN(storage, OpenRocksDbStorage(storage_options));
-  return Open(options, std::move(storage));
+  // Damage RocksDB cannot open, or the scan cannot step over (an SST's key
+  // blocks): start empty. The failed attempt has closed the database.
+  TIERKV_RETURN_IF_ERROR(DestroyRocksDbStorage(options.storage.path));
+  return open();
 }
 
 StatusOr<std::unique_ptr<DiskTier>> DiskTier::Open(

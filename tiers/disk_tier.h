@@ -189,15 +189,11 @@ struct RocksDbStorageOptions {
   // Deletes always go through the log, so that a removal survives the
   // process being killed. Default: true.
   bool write_ahead_log = true;
-  // When RocksDB cannot open the database (a file missing, truncated or
-  // damaged where RocksDB checks it on open), destroy it and start empty
-  // instead of failing. Default: false.
-  bool reset_if_unreadable = false;
 };
 
 // Opens (or creates) the database. AlreadyExists when another process
 // holds it open (its LOCK); DataLoss naming the damaged files when RocksDB
-// finds them damaged (unless reset_if_unreadable); other RocksDB failures
+// finds them damaged; other RocksDB failures
 // become a Status naming the path. On a filesystem with less than
 // RocksDbReservedBytes free, or when a normal open fails for lack of space,
 // an existing database is opened read-only: reads work, Writable() says why

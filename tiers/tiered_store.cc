@@ -275,8 +275,7 @@ Status TieredStore::SpillAll(std::chrono::milliseconds timeout) {
         " host blocks to the disk tier did not finish within " +
         std::to_string(timeout.count()) + " ms");
   }
-  MutexLock lock(&mu_);
-  const int64_t left = coordinator_->HostOnlyBlocks();
+  const int64_t left = HostOnlyBlocks();
   if (left > 0) {
     return Status::Unavailable(std::to_string(left) + " of " +
                                std::to_string(started) +
