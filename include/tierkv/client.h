@@ -54,6 +54,27 @@ namespace ipc {
 class InProcessStore;
 }
 
+// Who runs the copies of a client's transfer events.
+enum class CopyMode : uint8_t {
+  // The client, on its DeviceTier (ClientOptions::device): Allocate and
+  // Commit start them, PollEvents and WaitEvents hand them back finished.
+  kClient = 0,
+  // The engine, in this process, with its own means (a CUDA engine: its
+  // own streams): Allocate, Commit and TakeReadyLoads hand the events out
+  // uncopied; the engine copies between its device blocks and host_block()
+  // views of the store's slots, then calls Complete with each event's
+  // FinishedTransfer (its status says whether the copy succeeded).
+  kCaller = 1,
+  // Rank clients in other processes (ClientOptions::scheduler): this client
+  // is a scheduler that decides (lookups, allocation, commit, finish) and
+  // owns no device memory. The engine passes each event it hands out to
+  // every rank (vLLM: in the connector metadata); each rank copies its shard
+  // of the KV heads and completes the event for itself. tierkvd completes
+  // the event once every rank has (failed if any rank failed or died).
+  kRanks = 2,
+};
+const char* CopyModeName(CopyMode mode);  // "client", "caller", "ranks"
+
 struct ClientOptions {
   // The tierkvd to attach to (tierkvd --socket). Required by Open;
   // OpenEmbedded (tierkv/embedded.h) runs a store in this process instead.
@@ -79,6 +100,20 @@ struct ClientOptions {
   // SimpleCPUOffloadConnector does it); it must
   // outlive the client.
   KVCacheManager* engine = nullptr;
+  // Who copies this client's events (CopyMode). kCaller and kRanks use no
+  // device tier: device and engine must be null. Default: kClient.
+  CopyMode copies = CopyMode::kClient;
+  // kRanks: the rank clients that copy each event, 1 to kMaxRanks
+  // (vLLM's tensor-parallel size). Otherwise 0.
+  int32_t ranks = 0;
+  // A rank client: the worker_id() of the kRanks scheduler whose events it
+  // copies (same user, tenant, model and layout), and its rank in
+  // [0, ranks). It makes no lookups of its own: Start runs the copy of
+  // each event the engine passes it, on `device` (for tensor parallelism a
+  // RegisteredDeviceTier over this rank's shard of the heads), and
+  // Complete reports its part. Default: 0, not a rank client.
+  WorkerId scheduler = 0;
+  int32_t rank = 0;
   // How long one call may wait for tierkvd (registration included, from
   // the connect on: a tierkvd whose listen queue is full) before it fails
   // with DeadlineExceeded. Default: 5 s.
@@ -102,6 +137,8 @@ struct FinishedTransfer {
     return status.ok() ? static_cast<int32_t>(event.device_blocks.size()) : 0;
   }
 };
+
+inline constexpr int32_t kMaxRanks = 64;
 
 class Client {
  public:
@@ -142,8 +179,27 @@ class Client {
   std::vector<FinishedTransfer> PollEvents();
   // As PollEvents, waiting up to `timeout` for at least one.
   std::vector<FinishedTransfer> WaitEvents(std::chrono::milliseconds timeout);
-  // Reports finished transfers, then unpins their device blocks.
+  // Reports finished transfers, then unpins their device blocks. A rank
+  // client reports its part: tierkvd completes an event once every rank of
+  // its scheduler has. FailedPrecondition for a kRanks scheduler: its ranks
+  // complete its events.
   Status Complete(std::span<const FinishedTransfer> finished);
+  // kCaller and kRanks: the pending loads tierkvd reports ready since the
+  // last call (possibly cut short: failed_blocks), to copy now like a load
+  // Allocate returned. Never blocks. Empty in kClient mode, where
+  // PollEvents and WaitEvents start them.
+  StatusOr<std::vector<TransferEvent>> TakeReadyLoads();
+  // A rank client: pins the event's device blocks (in `engine`, when set)
+  // and starts its copy of this rank's shard; PollEvents and WaitEvents
+  // hand it back finished. The event is one its scheduler handed out.
+  // InvalidArgument for block ids out of range, FailedPrecondition for a
+  // client that is not a rank client.
+  Status Start(const TransferEvent& event);
+  // The bytes of host slot `slot` in the store's shared memory, for the
+  // engine's own copies (kCaller, or a rank client that copies itself);
+  // valid while the attachment lasts. OutOfRange for the null slot 0 and
+  // slots past the store's.
+  StatusOr<std::span<std::byte>> host_block(BlockId slot);
   // Also cancels the request's loads that wait for promotions (an aborted
   // or preempted request): they are never copied, and their device blocks
   // are unpinned at once. Loads being copied finish and are completed as
@@ -175,6 +231,7 @@ class Client {
   uint64_t session() const;
 
   WorkerId worker_id() const;
+  CopyMode copies() const;
   bool embedded() const;
   const KvLayout& layout() const;
   DeviceTier& device();

@@ -15,6 +15,7 @@
 #include <span>
 #include <vector>
 
+#include "tierkv/kv_layout.h"
 #include "tierkv/status.h"
 #include "tierkv/types.h"
 
@@ -96,6 +97,80 @@ class EmulatedDeviceTier final : public DeviceTier {
   // Starts the copy engine thread.
   static StatusOr<std::unique_ptr<EmulatedDeviceTier>> Start(
       std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+
+// The KV memory of one attention layer in an engine's device pool, as the
+// engine allocated it: for device block b, its K plane starts at
+// key + b * block_stride and its V plane at value + b * block_stride; within
+// a block, token t's heads start at t * token_stride, heads and head_dim
+// densely packed (num_heads * head_dim elements). Covers vLLM's paged layout
+// ([2, num_blocks, block_size, heads, head_dim] per layer: key = &t[0],
+// value = &t[1], block_stride = block_size * heads * head_dim elements),
+// FlashInfer's ([num_blocks, 2, ...]), a cross-layer pool
+// ([num_blocks, layers, 2, block_size, heads, head_dim], one block of every
+// layer contiguous) and a host pool with the token dimension outside the
+// layer one (token_stride = layers * heads * head_dim elements).
+struct LayerMemory {
+  std::byte* key = nullptr;
+  std::byte* value = nullptr;
+  size_t block_stride = 0;  // Bytes between consecutive device blocks.
+  // Bytes between consecutive tokens of a block. Default (0): the heads of
+  // one token, densely packed (num_heads * head_dim elements).
+  size_t token_stride = 0;
+};
+
+struct RegisteredDeviceOptions {
+  // The model's whole KV layout, every KV head: the host slots' geometry
+  // (block_bytes() == layout.BlockBytes()). Required.
+  KvLayout layout;
+  int32_t num_blocks = 0;  // Device blocks, [0, num_blocks). Required.
+  // One per layer (layout.num_layers), in layer order. Required.
+  std::vector<LayerMemory> layers;
+  // The KV heads this memory holds: [first_head, first_head + num_heads) of
+  // layout.num_kv_heads, the shard of one tensor-parallel rank. Its copies
+  // read and write only those heads of each host block, so the ranks of a
+  // group together fill one host block, the same bytes a single worker with
+  // every head stores. Default: every head (num_heads 0 means all).
+  int32_t first_head = 0;
+  int32_t num_heads = 0;
+};
+
+// A device tier over memory the engine registered (RegisteredDeviceOptions):
+// its copies scatter and gather the K and V planes of each layer between the
+// engine's blocks and the host slots, one run of this shard's heads per token
+// and plane. On a machine without a GPU the memory is host memory (a numpy
+// array or a torch CPU tensor, for instance) and a copy thread runs the jobs
+// in submission order with memcpy; a CUDA backend implements the same
+// interface over cudaMemcpyAsync on the engine's streams. The memory must
+// outlive the tier; the destructor drains queued jobs.
+class RegisteredDeviceTier final : public DeviceTier {
+ public:
+  // InvalidArgument naming the field for an invalid layout, num_blocks < 1,
+  // a layer count other than layout.num_layers, a null base pointer, a
+  // head range outside the layout, or strides too small to hold what they
+  // step over (blocks that would overlap).
+  static StatusOr<std::unique_ptr<RegisteredDeviceTier>> Create(
+      RegisteredDeviceOptions options);
+  ~RegisteredDeviceTier() override;
+
+  int32_t num_blocks() const override;
+  size_t block_bytes() const override;  // layout.BlockBytes(), the host's.
+  Status Submit(CopyJob job) override;
+  std::vector<CopyCompletion> PollCompleted() override;
+  std::vector<CopyCompletion> WaitCompleted(
+      std::chrono::milliseconds timeout) override;
+  size_t in_flight() const override;
+
+  const RegisteredDeviceOptions& options() const;
+  // Bytes one block moves between this memory and a host slot: the shard's
+  // share of block_bytes().
+  size_t shard_bytes() const;
+
+ private:
+  struct Impl;
+  explicit RegisteredDeviceTier(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
 
