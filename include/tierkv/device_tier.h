@@ -100,7 +100,6 @@ class EmulatedDeviceTier final : public DeviceTier {
   std::unique_ptr<Impl> impl_;
 };
 
-
 // The KV memory of one attention layer in an engine's device pool, as the
 // engine allocated it: for device block b, its K plane starts at
 // key + b * block_stride and its V plane at value + b * block_stride; within
