@@ -128,7 +128,7 @@ def test_rank_clients_copy_their_shards_of_one_block(tierkvd, layout):
     # loads the block whole: the two halves met in one host slot.
     full = paged_caches(layout, num_blocks=4)
     halves = [[c[:, :, :, r:r + 1].clone() for c in full] for r in (0, 1)]
-    with tierkv.Client.open(tierkvd.socket, layout, copies="ranks",
+    with tierkv.Client.open(tierkvd.socket, layout, 4, copies="ranks",
                             ranks=2) as scheduler:
         ranks = []
         for r in (0, 1):
