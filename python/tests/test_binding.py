@@ -207,6 +207,25 @@ def test_caller_mode_copies_through_host_block_views(tierkvd, layout):
         assert client.stats()["host"]["loads_completed"] == 2
 
 
+def test_a_host_block_view_keeps_its_mapping_after_close(tierkvd, layout):
+    client = tierkv.Client.open(tierkvd.socket, layout, 4, copies="caller")
+    client.lookup(1, prompt(11, 1))
+    client.allocate(1, [0], 0)
+    slot = client.commit(1, BLOCK, [0]).stores[0].host_blocks[0]
+    view = client.host_block(slot)
+    client.close()
+    # The view holds the attachment: its memory stays mapped until it goes.
+    view[:4] = b"kv!!"
+    assert bytes(view[:4]) == b"kv!!"
+    with pytest.raises(tierkv.FailedPreconditionError):
+        client.host_block(slot)
+    del view
+    with pytest.raises(tierkv.OutOfRangeError):
+        with tierkv.Client.open(tierkvd.socket, layout, 4,
+                                copies="caller") as other:
+            other.host_block(0)  # The null slot.
+
+
 def test_a_failed_caller_copy_is_not_served(tierkvd, layout):
     with tierkv.Client.open(tierkvd.socket, layout, 4,
                             copies="caller") as client:
