@@ -474,6 +474,16 @@ void RegisterClient(py::module_& m) {
       .def("close", &PyClient::Close,
            "Detaches (waiting for copies in flight). host_block() views "
            "still alive keep the attachment until they are released.")
+      .def("__repr__",
+           [](const PyClient& c) {
+             if (c.closed()) return std::string("Client(closed)");
+             return c.Call([](Client& x) {
+               return "Client(worker_id=" + std::to_string(x.worker_id()) +
+                      ", copies='" + CopyModeName(x.copies()) +
+                      "', embedded=" + (x.embedded() ? "True" : "False") +
+                      ", connected=" + (x.connected() ? "True" : "False") + ")";
+             });
+           })
       .def("__enter__", [](py::object self) { return self; })
       .def("__exit__", [](PyClient& c, const py::args&) {
         c.Close();

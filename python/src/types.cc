@@ -171,11 +171,21 @@ void RegisterEvents(py::module_& m) {
           [](const FinishedTransfer& f) { return ErrorOrNone(f.status); })
       .def_readonly("session", &FinishedTransfer::session)
       .def_property_readonly("loaded_blocks", &FinishedTransfer::loaded_blocks)
-      .def("__repr__", [](const FinishedTransfer& f) {
-        return "FinishedTransfer(" + EventRepr(f.event) + ", " +
-               (f.status.ok() ? std::string("ok") : f.status.ToString()) +
-               ", session=" + std::to_string(f.session) + ")";
-      });
+      .def("__repr__",
+           [](const FinishedTransfer& f) {
+             return "FinishedTransfer(" + EventRepr(f.event) + ", " +
+                    (f.status.ok() ? std::string("ok") : f.status.ToString()) +
+                    ", session=" + std::to_string(f.session) + ")";
+           })
+      .def(py::pickle(
+          [](const FinishedTransfer& f) {
+            return py::make_tuple(f.event, ErrorOrNone(f.status), f.session);
+          },
+          [](const py::tuple& t) {
+            return FinishedTransfer{.event = t[0].cast<TransferEvent>(),
+                                    .status = StatusFromObject(t[1]),
+                                    .session = t[2].cast<uint64_t>()};
+          }));
 }
 
 void RegisterResults(py::module_& m) {

@@ -335,6 +335,11 @@ def test_events_are_plain_picklable_values():
     finished = tierkv.FinishedTransfer(event)
     assert finished.ok and finished.error is None
     assert finished.loaded_blocks == 2
+    failed = pickle.loads(pickle.dumps(tierkv.FinishedTransfer(
+        event, tierkv.DataLossError("bad copy"), session=3)))
+    assert failed.event == event and failed.session == 3
+    assert failed.error == tierkv.DataLossError("bad copy")
+    assert failed.loaded_blocks == 0
     with pytest.raises(tierkv.InvalidArgumentError, match="kind"):
         tierkv.TransferEvent("copy", 0, 0, [], [])
     with pytest.raises(tierkv.InvalidArgumentError, match="host_blocks"):
