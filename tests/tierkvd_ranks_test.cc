@@ -1,7 +1,9 @@
 // Copy roles through a real tierkvd: a scheduler client (copies = kRanks)
 // whose events two rank clients copy, each its half of every block, as
-// tensor-parallel workers do; a rank lost mid-store; and an engine that
-// copies through host slot views itself (copies = kCaller).
+// tensor-parallel workers do (through host slot views, and on
+// RegisteredDeviceTiers over their shard of the heads in vLLM's paged
+// layout); a rank lost mid-store; and an engine that copies through host
+// slot views itself (copies = kCaller).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -131,21 +133,86 @@ TEST_F(TierkvdRanksTest, ARankLostMidStoreFailsTheStore) {
   EXPECT_EQ(observer->Lookup(9, tokens_)->hit_tokens, 0);
 }
 
-TEST_F(TierkvdRanksTest, RankClientsCopyOnTheirDeviceTiers) {
-  // Rank clients that copy on a device tier (Start, then WaitEvents), of
-  // a second scheduler.
+// vLLM's paged layout for one layer, [2][kBlocks][block_size][heads][dim]
+// bf16 elements, of `heads` heads starting at `first_head`: each element
+// names its layer, plane, block, token, head and dim.
+struct PagedLayer {
+  static constexpr int32_t kBlocks = 64;
+  PagedLayer(int32_t layer, int32_t first_head, int32_t heads, bool fill)
+      : heads(heads), data(Index(2, 0, 0, 0, 0), 0) {
+    if (!fill) return;
+    for (int32_t p = 0; p < 2; ++p) {
+      for (int32_t b = 0; b < kBlocks; ++b) {
+        for (int32_t t = 0; t < TestLayout().block_size; ++t) {
+          for (int32_t h = 0; h < heads; ++h) {
+            for (int32_t d = 0; d < TestLayout().head_dim; ++d) {
+              data[Index(p, b, t, h, d)] =
+                  Element(layer, p, b, t, first_head + h, d);
+            }
+          }
+        }
+      }
+    }
+  }
+  static uint16_t Element(int32_t layer, int32_t p, int32_t b, int32_t t,
+                          int32_t head, int32_t d) {
+    return static_cast<uint16_t>(layer * 40009 + p * 20011 + b * 1009 +
+                                 t * 101 + head * 67 + d);
+  }
+  size_t Index(int32_t p, int32_t b, int32_t t, int32_t h, int32_t d) const {
+    const KvLayout l = TestLayout();
+    return (((static_cast<size_t>(p) * kBlocks + b) * l.block_size + t) *
+                heads +
+            h) *
+               l.head_dim +
+           d;
+  }
+  LayerMemory Memory() {
+    const size_t plane = Index(1, 0, 0, 0, 0) * sizeof(uint16_t);
+    auto* base = reinterpret_cast<std::byte*>(data.data());
+    return {.key = base,
+            .value = base + plane,
+            .block_stride = Index(0, 1, 0, 0, 0) * sizeof(uint16_t)};
+  }
+  int32_t heads;
+  std::vector<uint16_t> data;
+};
+
+// A device tier over `layers`' memory: heads [first_head, +heads).
+std::unique_ptr<RegisteredDeviceTier> DeviceOver(
+    std::vector<PagedLayer>& layers, int32_t first_head, int32_t heads) {
+  RegisteredDeviceOptions o{.layout = TestLayout(),
+                            .num_blocks = PagedLayer::kBlocks,
+                            .first_head = first_head,
+                            .num_heads = heads};
+  for (PagedLayer& l : layers) o.layers.push_back(l.Memory());
+  return RegisteredDeviceTier::Create(std::move(o)).value();
+}
+
+TEST_F(TierkvdRanksTest, TwoRankShardsStoreWhatOneWorkerLoadsWhole) {
+  // A second scheduler, whose ranks copy their shard of the heads on
+  // their own device tiers (Start, then WaitEvents).
   ClientOptions s = ClientOptionsFor("scheduler2");
   s.copies = CopyMode::kRanks;
   s.ranks = 2;
   scheduler_ = std::move(Client::Open(s).value());
+  const KvLayout layout = TestLayout();
+  ASSERT_EQ(layout.num_kv_heads, 2);
+  std::vector<std::vector<PagedLayer>> shards(2);
+  std::vector<std::unique_ptr<RegisteredDeviceTier>> devices;
   std::vector<std::unique_ptr<Client>> ranks;
   for (int32_t r = 0; r < 2; ++r) {
-    ranks.push_back(OpenRank(r, CopyMode::kClient));
-    ASSERT_NE(ranks.back(), nullptr);
-    auto& dev = static_cast<EmulatedDeviceTier&>(ranks.back()->device());
-    for (BlockId b : {1, 2}) {
-      std::memset(dev.block(b).data(), 0x40 + b, dev.block(b).size());
+    for (int32_t l = 0; l < layout.num_layers; ++l) {
+      shards[r].emplace_back(l, r, 1, /*fill=*/true);
     }
+    devices.push_back(DeviceOver(shards[r], r, 1));
+    ClientOptions o = ClientOptionsFor("rank" + std::to_string(r));
+    o.scheduler = scheduler_->worker_id();
+    o.rank = r;
+    o.device = devices.back().get();
+    StatusOr<std::unique_ptr<Client>> opened = Client::Open(o);
+    ASSERT_THAT(opened, IsOk());
+    ranks.push_back(std::move(*opened));
   }
   const TransferEvent store = Commit(1);
   for (auto& rank : ranks) {
@@ -155,8 +222,39 @@ TEST_F(TierkvdRanksTest, RankClientsCopyOnTheirDeviceTiers) {
     ASSERT_THAT(done[0].status, IsOk());
     ASSERT_THAT(rank->Complete(done), IsOk());
   }
-  std::unique_ptr<Client> reader = Attach("reader");
-  EXPECT_EQ(reader->Lookup(2, tokens_)->hit_tokens, 32);
+  // A worker with every head loads both blocks into its blocks 5 and 6.
+  std::vector<PagedLayer> whole;
+  for (int32_t l = 0; l < layout.num_layers; ++l) {
+    whole.emplace_back(l, 0, 2, /*fill=*/false);
+  }
+  std::unique_ptr<RegisteredDeviceTier> device = DeviceOver(whole, 0, 2);
+  ClientOptions o = ClientOptionsFor("reader");
+  o.device = device.get();
+  std::unique_ptr<Client> reader = std::move(Client::Open(o).value());
+  ASSERT_EQ(reader->Lookup(2, tokens_)->hit_tokens, 32);
+  const std::vector<BlockId> into{5, 6, 7};
+  ASSERT_THAT(reader->Allocate(2, into, 32), IsOk());
+  std::vector<FinishedTransfer> done;
+  while (done.empty()) done = reader->WaitEvents(std::chrono::seconds(5));
+  ASSERT_THAT(done[0].status, IsOk());
+  ASSERT_THAT(reader->Complete(done), IsOk());
+  for (int32_t l = 0; l < layout.num_layers; ++l) {
+    for (int32_t i = 0; i < 2; ++i) {
+      for (int32_t p = 0; p < 2; ++p) {
+        for (int32_t t = 0; t < layout.block_size; ++t) {
+          for (int32_t h = 0; h < 2; ++h) {
+            for (int32_t d = 0; d < layout.head_dim; ++d) {
+              // Device block 1 + i of the ranks, 5 + i of the reader.
+              ASSERT_EQ(whole[l].data[whole[l].Index(p, 5 + i, t, h, d)],
+                        PagedLayer::Element(l, p, 1 + i, t, h, d))
+                  << "layer " << l << " block " << i << " plane " << p
+                  << " token " << t << " head " << h << " dim " << d;
+            }
+          }
+        }
+      }
+    }
+  }
   // The scheduler's own Start is refused; so are blocks out of range.
   EXPECT_THAT(scheduler_->Start(store),
               StatusIs(StatusCode::kFailedPrecondition));
@@ -166,6 +264,15 @@ TEST_F(TierkvdRanksTest, RankClientsCopyOnTheirDeviceTiers) {
 }
 
 TEST_F(TierkvdRanksTest, RolesAreCheckedAtAttach) {
+  // tierkv-admin shows who copies for whom.
+  StatusOr<CoordinatorStats> stats = scheduler_->Stats();
+  ASSERT_THAT(stats, IsOk());
+  std::vector<std::string> roles;
+  for (const WorkerStats& w : stats->workers) roles.push_back(w.role);
+  const std::string of =
+      " of worker " + std::to_string(scheduler_->worker_id());
+  EXPECT_THAT(roles, ::testing::UnorderedElementsAre(
+                         "scheduler of 2 ranks", "rank 0" + of, "rank 1" + of));
   // Rank 1 is attached already.
   ClientOptions o = ClientOptionsFor("again");
   o.copies = CopyMode::kCaller;
