@@ -1,0 +1,486 @@
+// tierkv.Client: the C++ Client behind a Python object. Each call converts
+// its arguments with the GIL held, then runs without it (tierkvd round
+// trips, waits and copies never hold up other Python threads) under the
+// handle's mutex, then converts the result back with the GIL.
+#include <pybind11/numpy.h>
+#include <pybind11/stl.h>
+
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "python/src/native.h"
+#include "tierkv/embedded.h"
+#include "tierkv/stats.h"
+
+namespace tierkv::python {
+
+ClientHandle::~ClientHandle() {
+  py::gil_scoped_release release;
+  client.reset();
+}
+
+namespace {
+
+class PyClient {
+ public:
+  explicit PyClient(std::shared_ptr<ClientHandle> handle)
+      : handle_(std::move(handle)) {}
+  PyClient(PyClient&&) = default;
+  PyClient& operator=(PyClient&&) = default;
+  ~PyClient() { Close(); }
+
+  std::shared_ptr<ClientHandle> Handle() const {
+    if (handle_ == nullptr) {
+      Raise(Status::FailedPrecondition(
+          "this tierkv.Client is closed; open a new one"));
+    }
+    return handle_;
+  }
+
+  // Runs f(Client&) without the GIL, alone on this client.
+  template <typename F>
+  auto Call(F&& f) const {
+    std::shared_ptr<ClientHandle> h = Handle();
+    py::gil_scoped_release release;
+    std::lock_guard<std::mutex> lock(h->mu);
+    return f(*h->client);
+  }
+
+  bool closed() const { return handle_ == nullptr; }
+
+  // Calls in flight in other threads and host slot views keep the handle
+  // (and the attachment) until they finish or are released.
+  void Close() { std::shared_ptr<ClientHandle> last = std::move(handle_); }
+
+ private:
+  std::shared_ptr<ClientHandle> handle_;
+};
+
+// A host slot's bytes, exported through the buffer protocol; the
+// memoryview over it keeps it, and so the client's handle, alive.
+struct HostSlot {
+  std::shared_ptr<ClientHandle> handle;
+  std::span<std::byte> bytes;
+};
+
+CopyMode ParseCopyMode(const std::string& name) {
+  for (CopyMode m : {CopyMode::kClient, CopyMode::kCaller, CopyMode::kRanks}) {
+    if (name == CopyModeName(m)) return m;
+  }
+  Raise(Status::InvalidArgument(
+      "copies='" + name + "' is not \"client\", \"caller\" or \"ranks\""));
+}
+
+std::chrono::milliseconds Millis(double seconds, const char* what) {
+  if (!(seconds >= 0) || seconds > 1e9) {
+    Raise(Status::InvalidArgument(std::string(what) +
+                                  " must be seconds >= 0, not " +
+                                  std::to_string(seconds)));
+  }
+  return std::chrono::milliseconds(
+      static_cast<int64_t>(std::ceil(seconds * 1000.0)));
+}
+
+std::vector<TokenId> Tokens(const py::handle& tokens) {
+  auto array =
+      py::array_t<int64_t, py::array::c_style | py::array::forcecast>::ensure(
+          tokens);
+  if (!array || array.ndim() != 1) {
+    Raise(Status::InvalidArgument(
+        "tokens must be a sequence of ints or a 1-D integer array"));
+  }
+  std::vector<TokenId> out(static_cast<size_t>(array.size()));
+  const int64_t* data = array.data();
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (data[i] < 0 || data[i] > std::numeric_limits<TokenId>::max()) {
+      Raise(Status::InvalidArgument("token " + std::to_string(data[i]) +
+                                    " at index " + std::to_string(i) +
+                                    " is not a uint32 token id"));
+    }
+    out[i] = static_cast<TokenId>(data[i]);
+  }
+  return out;
+}
+
+// The options shared by open and open_embedded.
+struct OpenArgs {
+  KvLayout layout;
+  std::optional<int32_t> num_device_blocks;
+  std::string model, tenant, name;
+  std::shared_ptr<RegisteredDevice> device;
+  std::string copies = "client";
+  int32_t ranks = 0;
+  WorkerId scheduler = 0;
+  int32_t rank = 0;
+  double call_timeout = 5.0;
+  std::optional<uid_t> daemon_uid;
+};
+
+ClientOptions OptionsFor(const OpenArgs& a) {
+  ClientOptions o;
+  o.layout = a.layout;
+  o.model = a.model;
+  o.tenant = a.tenant;
+  o.name = a.name;
+  o.copies = ParseCopyMode(a.copies);
+  o.ranks = a.ranks;
+  o.scheduler = a.scheduler;
+  o.rank = a.rank;
+  o.call_timeout = Millis(a.call_timeout, "call_timeout");
+  o.daemon_uid = a.daemon_uid;
+  if (a.device != nullptr) {
+    if (a.scheduler != 0 && a.device->rank != a.rank) {
+      Raise(Status::InvalidArgument(
+          "rank=" + std::to_string(a.rank) + " but the device holds rank " +
+          std::to_string(a.device->rank) + "'s shard of the heads"));
+    }
+    o.device = a.device->tier.get();
+    o.num_device_blocks =
+        a.num_device_blocks.value_or(a.device->tier->num_blocks());
+  } else if (a.num_device_blocks.has_value()) {
+    o.num_device_blocks = *a.num_device_blocks;
+  } else if (o.copies == CopyMode::kClient && a.scheduler == 0) {
+    Raise(Status::InvalidArgument(
+        "num_device_blocks is required without a device (it sizes the "
+        "emulated device)"));
+  }
+  return o;
+}
+
+py::object Wrap(StatusOr<std::unique_ptr<Client>> client,
+                std::shared_ptr<RegisteredDevice> device) {
+  auto handle = std::make_shared<ClientHandle>();
+  handle->device = std::move(device);
+  handle->client = ValueOrRaise(std::move(client));
+  return py::cast(PyClient(std::move(handle)));
+}
+
+py::object Open(const std::string& socket_path, const OpenArgs& args) {
+  if (socket_path.empty()) {
+    Raise(Status::InvalidArgument(
+        "socket_path is empty; use Client.open_embedded for a store in this "
+        "process"));
+  }
+  ClientOptions options = OptionsFor(args);
+  options.socket_path = socket_path;
+  StatusOr<std::unique_ptr<Client>> client = [&] {
+    py::gil_scoped_release release;
+    return Client::Open(options);
+  }();
+  return Wrap(std::move(client), args.device);
+}
+
+py::object OpenInProcess(const OpenArgs& args,
+                         const EmbeddedOptions& embedded) {
+  ClientOptions options = OptionsFor(args);
+  StatusOr<std::unique_ptr<Client>> client = [&] {
+    py::gil_scoped_release release;
+    return OpenEmbedded(options, embedded);
+  }();
+  return Wrap(std::move(client), args.device);
+}
+
+// A stats struct with a field table as a dict, in table order.
+template <typename S>
+py::dict FieldsDict(const S& stats) {
+  py::dict d;
+  S::ForEachField(stats, [&](const StatField& field, const auto& value) {
+    d[field.name] = py::cast(value);
+  });
+  return d;
+}
+
+py::dict LatencyDict(const EventLatency& l) {
+  py::dict d;
+  d["buckets"] = py::cast(
+      std::vector<uint64_t>(std::begin(l.buckets), std::end(l.buckets)));
+  d["bucket_bounds_us"] =
+      py::cast(std::vector<uint64_t>(std::begin(EventLatency::kBucketMicros),
+                                     std::end(EventLatency::kBucketMicros)));
+  d["count"] = l.count;
+  d["sum_us"] = l.sum_us;
+  return d;
+}
+
+py::dict StatsDict(const CoordinatorStats& s) {
+  py::dict d;
+  d["host"] = FieldsDict(s.host);
+  d["load_latency"] = LatencyDict(s.load_latency);
+  d["store_latency"] = LatencyDict(s.store_latency);
+  d["spill_latency"] = LatencyDict(s.spill_latency);
+  d["promotion_latency"] = LatencyDict(s.promotion_latency);
+  d["oldest_event_age_us"] = s.oldest_event_age_us;
+  d["disk"] = s.disk.has_value() ? py::object(FieldsDict(*s.disk)) : py::none();
+  d["attach"] = FieldsDict(s.attach);
+  d["model"] = s.model;
+  d["store"] = s.store;
+  d["key_fingerprint"] = s.key_fingerprint;
+  d["block_size"] = s.block_size;
+  d["version"] = s.version;
+  py::list workers;
+  for (const WorkerStats& w : s.workers) workers.append(FieldsDict(w));
+  d["workers"] = workers;
+  return d;
+}
+
+template <typename F>
+py::object Property(const PyClient& c, F&& f) {
+  return py::cast(c.Call(std::forward<F>(f)));
+}
+
+void RegisterMethods(py::class_<PyClient>& cls) {
+  cls.def(
+         "lookup",
+         [](const PyClient& c, RequestId request, const py::handle& tokens,
+            int32_t num_computed_tokens) {
+           std::vector<TokenId> t = Tokens(tokens);
+           return ValueOrRaise(c.Call([&](Client& client) {
+             return client.Lookup(request, t, num_computed_tokens);
+           }));
+         },
+         py::arg("request_id"), py::arg("tokens"),
+         py::arg("num_computed_tokens") = 0)
+      .def(
+          "lookup_chunk",
+          [](const PyClient& c, RequestId request, const py::handle& tokens) {
+            std::vector<TokenId> t = Tokens(tokens);
+            return ValueOrRaise(c.Call([&](Client& client) {
+              return client.LookupChunk(request, t);
+            }));
+          },
+          py::arg("request_id"), py::arg("tokens"))
+      .def(
+          "allocate",
+          [](const PyClient& c, RequestId request,
+             const std::vector<BlockId>& device_blocks,
+             int32_t num_external_tokens) {
+            return ValueOrRaise(c.Call([&](Client& client) {
+              return client.Allocate(request, device_blocks,
+                                     num_external_tokens);
+            }));
+          },
+          py::arg("request_id"), py::arg("device_blocks"),
+          py::arg("num_external_tokens"))
+      .def(
+          "commit",
+          [](const PyClient& c, RequestId request, int32_t num_computed_tokens,
+             const std::vector<BlockId>& device_blocks) {
+            return ValueOrRaise(c.Call([&](Client& client) {
+              return client.Commit(request, num_computed_tokens, device_blocks);
+            }));
+          },
+          py::arg("request_id"), py::arg("num_computed_tokens"),
+          py::arg("device_blocks"))
+      .def("take_ready_loads",
+           [](const PyClient& c) {
+             return ValueOrRaise(c.Call(
+                 [](Client& client) { return client.TakeReadyLoads(); }));
+           })
+      .def(
+          "start",
+          [](const PyClient& c, const TransferEvent& event) {
+            ThrowIfError(
+                c.Call([&](Client& client) { return client.Start(event); }));
+          },
+          py::arg("event"))
+      .def("poll_events",
+           [](const PyClient& c) {
+             return c.Call([](Client& client) { return client.PollEvents(); });
+           })
+      .def(
+          "wait_events",
+          [](const PyClient& c, double timeout) {
+            const std::chrono::milliseconds ms = Millis(timeout, "timeout");
+            return c.Call(
+                [&](Client& client) { return client.WaitEvents(ms); });
+          },
+          py::arg("timeout"))
+      .def(
+          "complete",
+          [](const PyClient& c, std::vector<FinishedTransfer> finished) {
+            ThrowIfError(c.Call([&](Client& client) {
+              // Session 0 (the engine built it without one): this attachment.
+              for (FinishedTransfer& f : finished) {
+                if (f.session == 0) f.session = client.session();
+              }
+              return client.Complete(finished);
+            }));
+          },
+          py::arg("finished"))
+      .def(
+          "finish",
+          [](const PyClient& c, RequestId request) {
+            ThrowIfError(
+                c.Call([&](Client& client) { return client.Finish(request); }));
+          },
+          py::arg("request_id"))
+      .def("stats",
+           [](const PyClient& c) {
+             return StatsDict(ValueOrRaise(
+                 c.Call([](Client& client) { return client.Stats(); })));
+           })
+      .def(
+          "wait_idle",
+          [](const PyClient& c, double timeout) {
+            const std::chrono::milliseconds ms = Millis(timeout, "timeout");
+            ThrowIfError(
+                c.Call([&](Client& client) { return client.WaitIdle(ms); }));
+          },
+          py::arg("timeout"))
+      .def("reconnect",
+           [](const PyClient& c) {
+             ThrowIfError(
+                 c.Call([](Client& client) { return client.Reconnect(); }));
+           })
+      .def(
+          "host_block",
+          [](const PyClient& c, BlockId slot) {
+            std::shared_ptr<ClientHandle> h = c.Handle();
+            std::span<std::byte> bytes = ValueOrRaise(c.Call(
+                [&](Client& client) { return client.host_block(slot); }));
+            py::object owner = py::cast(HostSlot{std::move(h), bytes});
+            return py::reinterpret_steal<py::memoryview>(
+                PyMemoryView_FromObject(owner.ptr()));
+          },
+          py::arg("slot"));
+}
+
+void RegisterProperties(py::class_<PyClient>& cls) {
+  cls.def_property_readonly("worker_id",
+                            [](const PyClient& c) {
+                              return Property(
+                                  c, [](Client& x) { return x.worker_id(); });
+                            })
+      .def_property_readonly("session",
+                             [](const PyClient& c) {
+                               return Property(
+                                   c, [](Client& x) { return x.session(); });
+                             })
+      .def_property_readonly("connected",
+                             [](const PyClient& c) {
+                               return Property(
+                                   c, [](Client& x) { return x.connected(); });
+                             })
+      .def_property_readonly("connection_error",
+                             [](const PyClient& c) {
+                               return ErrorOrNone(c.Call([](Client& x) {
+                                 return x.connection_status();
+                               }));
+                             })
+      .def_property_readonly("embedded",
+                             [](const PyClient& c) {
+                               return Property(
+                                   c, [](Client& x) { return x.embedded(); });
+                             })
+      .def_property_readonly("copies",
+                             [](const PyClient& c) {
+                               return Property(c, [](Client& x) {
+                                 return std::string(CopyModeName(x.copies()));
+                               });
+                             })
+      .def_property_readonly("layout",
+                             [](const PyClient& c) {
+                               return Property(
+                                   c, [](Client& x) { return x.layout(); });
+                             })
+      .def_property_readonly("transfers_in_flight",
+                             [](const PyClient& c) {
+                               return Property(c, [](Client& x) {
+                                 return x.transfers_in_flight();
+                               });
+                             })
+      .def_property_readonly(
+          "loads_pending",
+          [](const PyClient& c) {
+            return Property(c, [](Client& x) { return x.loads_pending(); });
+          })
+      .def_property_readonly(
+          "device",
+          [](const PyClient& c) { return py::cast(c.Handle()->device); })
+      .def_property_readonly("closed", &PyClient::closed);
+}
+
+}  // namespace
+
+std::shared_ptr<ClientHandle> HandleOf(const py::handle& client) {
+  return client.cast<const PyClient&>().Handle();
+}
+
+void RegisterClient(py::module_& m) {
+  py::class_<HostSlot>(m, "_HostSlot", py::buffer_protocol())
+      .def_buffer([](HostSlot& s) {
+        return py::buffer_info(s.bytes.data(), 1,
+                               py::format_descriptor<uint8_t>::format(), 1,
+                               {static_cast<py::ssize_t>(s.bytes.size())}, {1},
+                               /*readonly=*/false);
+      });
+
+  py::class_<PyClient> cls(
+      m, "Client",
+      "A worker's client of a tierkv store: attached to a tierkvd "
+      "(Client.open) or embedded (Client.open_embedded). Calls from several "
+      "threads are serialized; every blocking call releases the GIL.");
+  cls.def_static(
+         "open",
+         [](const std::string& socket_path, const KvLayout& layout,
+            std::optional<int32_t> num_device_blocks, std::string model,
+            std::string tenant, std::string name,
+            std::shared_ptr<RegisteredDevice> device, std::string copies,
+            int32_t ranks, WorkerId scheduler, int32_t rank,
+            double call_timeout, std::optional<uid_t> daemon_uid) {
+           return Open(socket_path,
+                       OpenArgs{layout, num_device_blocks, std::move(model),
+                                std::move(tenant), std::move(name),
+                                std::move(device), std::move(copies), ranks,
+                                scheduler, rank, call_timeout, daemon_uid});
+         },
+         py::arg("socket_path"), py::arg("layout"),
+         py::arg("num_device_blocks") = py::none(), py::kw_only(),
+         py::arg("model") = "", py::arg("tenant") = "", py::arg("name") = "",
+         py::arg("device") = py::none(), py::arg("copies") = "client",
+         py::arg("ranks") = 0, py::arg("scheduler") = 0, py::arg("rank") = 0,
+         py::arg("call_timeout") = 5.0, py::arg("daemon_uid") = py::none(),
+         "Attaches to the tierkvd serving socket_path.")
+      .def_static(
+          "open_embedded",
+          [](const KvLayout& layout, std::optional<int32_t> num_device_blocks,
+             size_t host_bytes, std::optional<std::string> disk_path,
+             uint64_t disk_bytes, std::string model, std::string tenant,
+             std::string name, std::shared_ptr<RegisteredDevice> device,
+             std::string copies, int32_t ranks, WorkerId scheduler,
+             int32_t rank, double call_timeout) {
+            return OpenInProcess(
+                OpenArgs{layout, num_device_blocks, std::move(model),
+                         std::move(tenant), std::move(name), std::move(device),
+                         std::move(copies), ranks, scheduler, rank,
+                         call_timeout, std::nullopt},
+                EmbeddedOptions{.host_bytes = host_bytes,
+                                .disk_path = disk_path.value_or(""),
+                                .disk_bytes = disk_bytes});
+          },
+          py::arg("layout"), py::arg("num_device_blocks") = py::none(),
+          py::kw_only(), py::arg("host_bytes") = size_t{256} << 20,
+          py::arg("disk_path") = py::none(),
+          py::arg("disk_bytes") = uint64_t{4} << 30, py::arg("model") = "",
+          py::arg("tenant") = "", py::arg("name") = "",
+          py::arg("device") = py::none(), py::arg("copies") = "client",
+          py::arg("ranks") = 0, py::arg("scheduler") = 0, py::arg("rank") = 0,
+          py::arg("call_timeout") = 5.0,
+          "A client of a new store in this process (no tierkvd).")
+      .def("close", &PyClient::Close,
+           "Detaches (waiting for copies in flight). host_block() views "
+           "still alive keep the attachment until they are released.")
+      .def("__enter__", [](py::object self) { return self; })
+      .def("__exit__", [](PyClient& c, const py::args&) {
+        c.Close();
+        return false;
+      });
+  RegisterMethods(cls);
+  RegisterProperties(cls);
+}
+
+}  // namespace tierkv::python

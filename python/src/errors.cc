@@ -1,0 +1,80 @@
+// Status <-> tierkv.Error: the exception classes live in Python
+// (tierkv/_errors.py) so that they can derive from the built-in exceptions
+// that mean the same (ValueError, ConnectionError, TimeoutError, ...).
+#include <array>
+#include <string_view>
+#include <utility>
+
+#include "python/src/native.h"
+
+namespace tierkv::python {
+namespace {
+
+constexpr std::array<std::pair<StatusCode, std::string_view>, 13> kCodeNames{{
+    {StatusCode::kInvalidArgument, "INVALID_ARGUMENT"},
+    {StatusCode::kNotFound, "NOT_FOUND"},
+    {StatusCode::kAlreadyExists, "ALREADY_EXISTS"},
+    {StatusCode::kResourceExhausted, "RESOURCE_EXHAUSTED"},
+    {StatusCode::kFailedPrecondition, "FAILED_PRECONDITION"},
+    {StatusCode::kOutOfRange, "OUT_OF_RANGE"},
+    {StatusCode::kPermissionDenied, "PERMISSION_DENIED"},
+    {StatusCode::kUnavailable, "UNAVAILABLE"},
+    {StatusCode::kDataLoss, "DATA_LOSS"},
+    {StatusCode::kUnimplemented, "UNIMPLEMENTED"},
+    {StatusCode::kInternal, "INTERNAL"},
+    {StatusCode::kDeadlineExceeded, "DEADLINE_EXCEEDED"},
+    {StatusCode::kAborted, "ABORTED"},
+}};
+
+std::string_view CodeName(StatusCode code) {
+  for (const auto& [c, name] : kCodeNames) {
+    if (c == code) return name;
+  }
+  return "INTERNAL";
+}
+
+StatusCode CodeFromName(std::string_view name) {
+  for (const auto& [c, n] : kCodeNames) {
+    if (n == name) return c;
+  }
+  return StatusCode::kInternal;
+}
+
+}  // namespace
+
+py::object ErrorObject(const Status& status) {
+  // tierkv/__init__.py imports tierkv._errors before this module.
+  static py::handle error_for =
+      py::object(py::module_::import("tierkv._errors").attr("error_for"))
+          .release();
+  return error_for(CodeName(status.code()), status.message());
+}
+
+py::object ErrorOrNone(const Status& status) {
+  if (status.ok()) return py::none();
+  return ErrorObject(status);
+}
+
+void Raise(const Status& status) {
+  py::object error = ErrorObject(status);
+  PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(error.ptr())),
+                  error.ptr());
+  throw py::error_already_set();
+}
+
+Status StatusFromObject(const py::handle& error) {
+  if (error.is_none()) return Status::Ok();
+  static py::handle error_class =
+      py::object(py::module_::import("tierkv._errors").attr("Error")).release();
+  if (py::isinstance(error, error_class)) {
+    return Status(CodeFromName(py::str(error.attr("code")).cast<std::string>()),
+                  py::str(error.attr("message")).cast<std::string>());
+  }
+  if (py::isinstance<py::str>(error)) {
+    // A bare message: the engine's copy failed for that reason.
+    return Status::Internal(error.cast<std::string>());
+  }
+  return Status::Internal(py::repr(error).cast<std::string>());
+}
+
+}  // namespace tierkv::python

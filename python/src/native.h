@@ -1,0 +1,78 @@
+// Declarations shared by the sources of tierkv._native, the pybind11
+// extension behind the `tierkv` Python package (python/tierkv/). Each
+// Register* function adds its classes to the module; errors cross into
+// Python as the exception classes of tierkv._errors.
+// Every function here needs the GIL unless it says otherwise.
+#ifndef TIERKV_PYTHON_SRC_NATIVE_H_
+#define TIERKV_PYTHON_SRC_NATIVE_H_
+
+#include <pybind11/pybind11.h>
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "tierkv/client.h"
+#include "tierkv/device_tier.h"
+#include "tierkv/status.h"
+
+namespace tierkv::python {
+
+namespace py = pybind11;
+
+// The tierkv.Error subclass instance for a non-OK `status`.
+py::object ErrorObject(const Status& status);
+// None for OK, else ErrorObject(status).
+py::object ErrorOrNone(const Status& status);
+// Raises ErrorObject(status) as a Python exception (py::error_already_set).
+[[noreturn]] void Raise(const Status& status);
+inline void ThrowIfError(const Status& status) {
+  if (!status.ok()) Raise(status);
+}
+template <typename T>
+T ValueOrRaise(StatusOr<T> s) {
+  if (!s.ok()) Raise(s.status());
+  return std::move(s).value();
+}
+// The Status a Python object stands for: None is OK; a tierkv.Error keeps
+// its code and message; any other exception is Internal with its text.
+Status StatusFromObject(const py::handle& error);
+
+// Engine-owned memory registered as a device tier (tierkv.RegisteredDevice):
+// the tier and the arrays or tensors it points into, which it keeps alive.
+// Shared by every client that uses it, so the memory outlives them all.
+struct RegisteredDevice {
+  // Declared before `tier`, so destroyed after it: the tier's destructor
+  // drains its queued copies, which still touch the tensors.
+  std::vector<py::object> owners;  // The tensors the tier points into.
+  std::unique_ptr<RegisteredDeviceTier> tier;
+  int32_t rank = 0;
+  int32_t num_ranks = 1;
+};
+
+// One client and what it must outlive. Shared by tierkv.Client and the
+// host_block() views it handed out, so a view never points into a detached
+// store's memory: the last of them to go closes the client.
+struct ClientHandle {
+  // Serializes the calls of Python threads (Client is not thread-safe).
+  std::mutex mu;
+  std::shared_ptr<RegisteredDevice> device;  // Null: the client owns one.
+  std::unique_ptr<Client> client;
+  // Waits for the copies in flight without the GIL; then `device` (and the
+  // tensors it holds) goes with the GIL held. REQUIRES: the GIL.
+  ~ClientHandle();
+};
+
+// The ClientHandle of an open tierkv.Client; FailedPreconditionError for a
+// closed one. REQUIRES: the GIL.
+std::shared_ptr<ClientHandle> HandleOf(const py::handle& client);
+
+void RegisterTypes(py::module_& m);   // KvLayout, TransferEvent, results.
+void RegisterDevice(py::module_& m);  // RegisteredDevice.
+void RegisterClient(py::module_& m);  // Client.
+void RegisterBench(py::module_& m);   // _bench_store_load.
+
+}  // namespace tierkv::python
+
+#endif  // TIERKV_PYTHON_SRC_NATIVE_H_
