@@ -1,0 +1,161 @@
+"""tierkv.sglang's HiCache backend against a real tierkvd: pages set from
+one host KV pool come back, byte for byte, into another, in each of SGLang's
+MHA host pool layouts; tensor-parallel ranks never see each other's pages;
+failures raise."""
+
+from __future__ import annotations
+
+import re
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import tierkv
+import tierkv.sglang
+from tierkv.sglang import TierkvStorage
+from tierkvd_process import Tierkvd
+
+LAYERS, HEADS, HEAD_DIM, PAGE = 2, 2, 32, 8
+
+
+class HostPool:
+    """SGLang's MHATokenToKVPoolHost, as the backend reads it."""
+
+    def __init__(self, layout: str, pages: int = 16, heads: int = HEADS,
+                 page_size: int = PAGE) -> None:
+        self.layout, self.page_size, self.page_num = layout, page_size, pages
+        self.layer_num, self.head_num, self.head_dim = LAYERS, heads, HEAD_DIM
+        self.size = pages * page_size
+        self.dtype = torch.bfloat16
+        dims = {
+            "layer_first": (2, LAYERS, self.size, heads, HEAD_DIM),
+            "page_first": (2, self.size, LAYERS, heads, HEAD_DIM),
+            "page_first_direct": (2, pages, LAYERS, page_size, heads,
+                                  HEAD_DIM),
+        }[layout]
+        self.kv_buffer = torch.zeros(dims, dtype=self.dtype)
+
+    def _token(self, plane: int, layer: int, token: int) -> torch.Tensor:
+        b = self.kv_buffer
+        if self.layout == "layer_first":
+            return b[plane, layer, token]
+        if self.layout == "page_first":
+            return b[plane, token, layer]
+        return b[plane, token // self.page_size, layer, token % self.page_size]
+
+    def page(self, p: int) -> torch.Tensor:
+        """Page p's K and V of every layer: [2, layers, page, heads, dim]."""
+        return torch.stack([torch.stack([torch.stack(
+            [self._token(plane, l, p * self.page_size + t)
+             for t in range(self.page_size)]) for l in range(LAYERS)])
+            for plane in (0, 1)])
+
+    def fill(self, p: int, seed: int) -> None:
+        for plane in (0, 1):
+            for l in range(LAYERS):
+                for t in range(self.page_size):
+                    v = torch.arange(self.head_num * HEAD_DIM).view(
+                        self.head_num, HEAD_DIM)
+                    v = (v * 3 + seed * 11 + plane * 5 + l * 7 + t) % 201
+                    self._token(plane, l, p * self.page_size + t).copy_(
+                        (v - 100).to(self.dtype))
+
+
+def _indices(pages: list[int]) -> torch.Tensor:
+    return torch.cat([torch.arange(p * PAGE, (p + 1) * PAGE)
+                      for p in pages]).to(torch.int64)
+
+
+def _storage(socket: str, rank: int = 0, size: int = 1) -> TierkvStorage:
+    config = SimpleNamespace(
+        tp_rank=rank, tp_size=size, pp_rank=0, pp_size=1,
+        is_mla_model=False, is_page_first_layout=False, model_name=None,
+        extra_config={"backend_name": "tierkv",
+                      "module_path": "tierkv.sglang",
+                      "class_name": "TierkvStorage", "interface_v1": 1,
+                      "socket": socket})
+    return TierkvStorage(config, {})
+
+
+@pytest.fixture
+def daemon(tmp_path, request):
+    store = "py-" + re.sub(r"[^A-Za-z0-9]", "", request.node.name)[:40]
+    d = Tierkvd(str(tmp_path), store, layers=LAYERS, kv_heads=HEADS,
+                head_dim=HEAD_DIM, block_size=PAGE).start()
+    yield d
+    d.kill()
+
+
+@pytest.mark.parametrize("layout",
+                         ["layer_first", "page_first", "page_first_direct"])
+def test_pages_set_from_one_pool_come_back_into_another(daemon, layout):
+    src_pool, dst_pool = HostPool(layout), HostPool(layout)
+    for p in range(5):
+        src_pool.fill(p, seed=p + 1)
+    keys = [f"page-hash-{i}" for i in range(5)]
+    writer = _storage(daemon.socket)
+    writer.register_mem_pool_host(src_pool)
+    assert writer.batch_set_v1(keys, _indices([0, 1, 2, 3, 4])) == [True] * 5
+
+    assert writer.batch_exists(keys) == 5
+    # The leading run of hits only.
+    assert writer.batch_exists(keys[:2] + ["never-set"] + keys[2:]) == 2
+    assert writer.batch_exists(["never-set"] + keys) == 0
+    assert writer.exists(keys[4]) and not writer.exists("never-set")
+
+    reader = _storage(daemon.socket)
+    reader.register_mem_pool_host(dst_pool)
+    got = reader.batch_get_v1([keys[3], "never-set", keys[1]],
+                              _indices([7, 2, 5]))
+    assert got == [True, False, True]
+    assert torch.equal(dst_pool.page(7), src_pool.page(3))
+    assert torch.equal(dst_pool.page(5), src_pool.page(1))
+    assert torch.count_nonzero(dst_pool.page(2)) == 0  # Left alone.
+    # Setting pages tierkvd holds already succeeds without a copy.
+    assert reader.batch_set_v1(keys[:2], _indices([9, 10])) == [True, True]
+    stats = reader.client.stats()
+    assert stats["host"]["stores_completed"] == 5
+    assert stats["host"]["pinned_slots"] == 0
+    writer.close()
+    reader.close()
+
+
+def test_tensor_parallel_ranks_keep_their_own_pages(daemon):
+    # tierkvd's layout is one rank's: HEADS heads of each rank's shard.
+    pools = [HostPool("layer_first"), HostPool("layer_first")]
+    ranks = [_storage(daemon.socket, r, 2) for r in range(2)]
+    for r, (pool, backend) in enumerate(zip(pools, ranks)):
+        pool.fill(0, seed=10 + r)
+        backend.register_mem_pool_host(pool)
+    assert ranks[0].batch_set_v1(["shared-key"], _indices([0])) == [True]
+    assert ranks[1].batch_exists(["shared-key"]) == 0
+    assert ranks[1].batch_set_v1(["shared-key"], _indices([0])) == [True]
+    for r, (pool, backend) in enumerate(zip(pools, ranks)):
+        assert backend.batch_get_v1(["shared-key"], _indices([3])) == [True]
+        assert torch.equal(pool.page(3), pool.page(0)), r
+    assert not torch.equal(pools[0].page(3), pools[1].page(3))
+
+
+def test_failures_raise_and_never_return_none(daemon):
+    backend = _storage(daemon.socket)
+    with pytest.raises(tierkv.FailedPreconditionError,
+                       match="register_mem_pool_host"):
+        backend.batch_get_v1(["k"], _indices([0]))
+    with pytest.raises(ValueError, match="page-size"):
+        backend.register_mem_pool_host(HostPool("layer_first", page_size=2))
+    with pytest.raises(NotImplementedError, match="interface_v1"):
+        backend.get("k")
+
+    pool = HostPool("page_first")
+    pool.fill(0, seed=3)
+    backend.register_mem_pool_host(pool)
+    assert backend.batch_set_v1(["k"], _indices([0])) == [True]
+    daemon.kill()
+    with pytest.raises(tierkv.UnavailableError):
+        backend.batch_exists(["k"])
+    with pytest.raises(tierkv.UnavailableError):
+        backend.batch_get_v1(["k"], _indices([1]))
+    with pytest.raises(ValueError, match="MLA"):
+        TierkvStorage(SimpleNamespace(is_mla_model=True, extra_config={}),
+                      {})

@@ -1,0 +1,212 @@
+"""tierkv.vllm's connector driven in vLLM's call order: a scheduler (this
+process) and two tensor-parallel worker processes against a real tierkvd,
+KV verified byte for byte on each rank."""
+
+from __future__ import annotations
+
+import re
+import time
+from types import SimpleNamespace
+
+import pytest
+
+import tierkv
+import tierkv.vllm
+from tierkvd_process import Tierkvd
+from vllm_engine import Engine, vllm_config
+
+LAYERS, KV_HEADS, HEAD_DIM, BLOCK = 2, 4, 64, 16
+PREFIX = list(range(1000, 1000 + 4 * BLOCK))  # Four full blocks.
+
+
+def _layout() -> tierkv.KvLayout:
+    return tierkv.KvLayout(LAYERS, KV_HEADS, HEAD_DIM, block_size=BLOCK,
+                           dtype="bf16")
+
+
+@pytest.fixture
+def daemon(tmp_path, request):
+    store = "py-" + re.sub(r"[^A-Za-z0-9]", "", request.node.name)[:40]
+    d = Tierkvd(str(tmp_path), store, layers=LAYERS, kv_heads=KV_HEADS,
+                head_dim=HEAD_DIM, block_size=BLOCK).start()
+    yield d
+    d.kill()
+
+
+@pytest.fixture
+def engine(daemon):
+    e = Engine({"socket": daemon.socket, "model": "", "num_layers": LAYERS,
+                "num_kv_heads": KV_HEADS, "head_dim": HEAD_DIM,
+                "block_size": BLOCK, "dtype": "bf16", "tp_size": 2,
+                "call_timeout": 5.0})
+    yield e
+    e.close()
+
+
+def _observer(daemon) -> tierkv.Client:
+    return tierkv.Client.open(daemon.socket, _layout(), 1, name="observer")
+
+
+def _settled(observer: tierkv.Client, workers: int) -> dict:
+    """tierkvd's stats once `workers` workers are attached and no transfer
+    is in flight (tierkvd notices a killed worker when its socket closes)."""
+    deadline = time.monotonic() + 20
+    while True:
+        observer.wait_idle(20.0)
+        s = observer.stats()
+        if (s["host"]["events_in_flight"] == 0 and
+                len(s["workers"]) == workers) or time.monotonic() > deadline:
+            return s
+
+
+def _store_prefix(engine: Engine, rid: str, tokens: list[int]) -> None:
+    """A request computes `tokens` and finishes; its stores are copied."""
+    assert engine.add(rid, tokens) == (0, False)
+    engine.step()
+    assert engine.finish(rid) is True  # Freed once the workers report.
+    engine.run_until(lambda: rid in engine.sent)
+
+
+def test_config_from_vllm_without_vllm_installed():
+    assert not tierkv.vllm.HAVE_VLLM
+    model = SimpleNamespace(
+        model="org/model", dtype="torch.bfloat16",
+        get_num_layers=lambda parallel: 32,
+        get_total_num_kv_heads=lambda: 8, get_head_size=lambda: 128)
+    config = SimpleNamespace(
+        kv_transfer_config=SimpleNamespace(
+            kv_connector_extra_config={"socket": "/tmp/x.sock"}),
+        model_config=model,
+        cache_config=SimpleNamespace(block_size=16, cache_dtype="auto"),
+        parallel_config=SimpleNamespace(tensor_parallel_size=2,
+                                        pipeline_parallel_size=1))
+    c = tierkv.vllm.TierkvConfig.from_vllm_config(config)
+    assert c.layout == tierkv.KvLayout(32, 8, 128, block_size=16,
+                                       dtype="bf16")
+    assert (c.socket, c.model, c.tp_size) == ("/tmp/x.sock", "org/model", 2)
+    config.cache_config.cache_dtype = "fp8"
+    with pytest.raises(ValueError, match="fp8"):
+        tierkv.vllm.TierkvConfig.from_vllm_config(config)
+    config.kv_transfer_config.kv_connector_extra_config["dtype"] = "f16"
+    assert tierkv.vllm.TierkvConfig.from_vllm_config(
+        config).layout.dtype == "f16"
+
+
+def test_scheduler_refuses_a_layout_tierkvd_does_not_serve(daemon):
+    with pytest.raises(tierkv.FailedPreconditionError):
+        tierkv.vllm.TierkvConnector(
+            vllm_config({"socket": daemon.socket, "model": "",
+                         "num_layers": LAYERS + 1, "num_kv_heads": KV_HEADS,
+                         "head_dim": HEAD_DIM, "block_size": BLOCK,
+                         "dtype": "bf16", "tp_size": 2}),
+            tierkv.vllm.KVConnectorRole.SCHEDULER)
+
+
+def test_stored_prefix_loads_on_both_ranks(engine, daemon):
+    _store_prefix(engine, "r1", PREFIX + [5, 6, 7])
+    observer = _observer(daemon)
+    assert observer.stats()["host"]["cached_slots"] == 4
+
+    tokens = PREFIX + [9] * 6
+    assert engine.add("r2", tokens) == (64, True)
+    engine.run_until(lambda: "r2" in engine.received)
+    assert engine.load_errors == set()
+    # The blocks held the sentinel until the load: both shards came back.
+    assert engine.verify("r2", 64) == {0: [], 1: []}
+    engine.step()  # Computes the six tokens after the hit.
+    assert engine.verify("r2", len(tokens)) == {0: [], 1: []}
+    assert engine.finish("r2") is False  # Nothing new to store.
+
+    stats = _settled(observer, workers=4)
+    assert stats["host"]["pinned_slots"] == 0
+    assert stats["host"]["loads_completed"] == 4
+
+
+def test_request_aborted_before_its_load_never_corrupts_reused_blocks(
+        engine, daemon):
+    _store_prefix(engine, "r1", PREFIX + [1])
+    assert engine.add("r2", PREFIX + [2]) == (64, True)
+    load_blocks = list(engine.requests["r2"].blocks)
+    # Aborted before the step that hands its load to the workers: vLLM keeps
+    # the blocks until the workers report the request received.
+    assert engine.finish("r2") is False
+    engine.run_until(lambda: "r2" in engine.received)
+    assert "r2" not in engine.requests
+
+    other = list(range(5000, 5000 + 3 * BLOCK))  # Misses: computed.
+    assert engine.add("r3", other) == (0, False)
+    assert set(engine.requests["r3"].blocks) & set(load_blocks)
+    engine.step()
+    assert engine.verify("r3", len(other)) == {0: [], 1: []}
+    assert engine.finish("r3") is True
+    engine.run_until(lambda: "r3" in engine.sent)
+    assert _settled(_observer(daemon), 4)["host"]["pinned_slots"] == 0
+
+
+def test_request_aborted_during_its_stores_frees_after_the_copies(
+        engine, daemon):
+    tokens = PREFIX + [3, 4]
+    assert engine.add("r1", tokens) == (0, False)
+    meta, compute, finished = engine.build()  # Holds r1's store events.
+    assert engine.finish("r1") is True  # Aborted before the forward ran.
+    assert engine.requests["r1"].state == "delayed"
+    for w in engine.workers:
+        w.send("step", meta, compute, finished)
+    engine.collect([w.receive() for w in engine.workers])
+    engine.run_until(lambda: "r1" in engine.sent)
+    assert "r1" not in engine.requests
+
+    assert engine.add("r2", PREFIX + [8]) == (64, True)
+    engine.run_until(lambda: "r2" in engine.received)
+    assert engine.verify("r2", 64) == {0: [], 1: []}
+
+
+def test_lost_tierkvd_reports_load_errors_and_attaches_again(
+        engine, daemon, tmp_path):
+    _store_prefix(engine, "r1", PREFIX + [1])
+    assert engine.add("r2", PREFIX + [2]) == (64, True)
+    meta, compute, finished = engine.build()  # r2's load, not yet copied.
+    daemon.kill()
+    for w in engine.workers:
+        w.send("step", meta, compute, finished)
+    engine.collect([w.receive() for w in engine.workers])
+    engine.run_until(lambda: "r2" in engine.received)
+    # No rank serves a block it did not load, unless vLLM is told.
+    req = engine.requests["r2"]
+    for rank, bad in engine.verify("r2", 64).items():
+        assert all(req.blocks[i] in engine.load_errors for i in bad), rank
+
+    daemon.start()  # A new tierkvd on the same socket.
+    engine.step()  # The scheduler attaches again; workers follow.
+    assert engine.scheduler.tierkv_client.connected
+    other = list(range(7000, 7000 + 2 * BLOCK))
+    _store_prefix(engine, "r3", other + [1])
+    assert engine.add("r4", other + [2]) == (32, True)
+    engine.run_until(lambda: "r4" in engine.received)
+    assert engine.verify("r4", 32) == {0: [], 1: []}
+
+
+def test_worker_killed_mid_load_releases_slots_and_a_new_rank_serves(
+        engine, daemon):
+    _store_prefix(engine, "r1", PREFIX + [1])
+    observer = _observer(daemon)
+    assert engine.add("r2", PREFIX + [2]) == (64, True)
+    meta, compute, finished = engine.build()
+    engine.workers[1].call("start_only", meta)  # Its copy started...
+    engine.workers[1].kill()  # ...and it dies before completing it.
+    engine.workers[0].send("step", meta, compute, finished)
+    engine.collect([engine.workers[0].receive(), (set(), set(), set())])
+    engine.replace_worker(1)
+    # Rank 1's KV of r2 is gone with it: the engine aborts the request.
+    assert engine.finish("r2") is False
+    engine.run_until(lambda: "r2" in engine.received)
+
+    stats = _settled(observer, workers=4)
+    assert stats["host"]["pinned_slots"] == 0
+    assert stats["host"]["cached_slots"] == 4
+
+    tokens = PREFIX + [6]
+    assert engine.add("r3", tokens) == (64, True)
+    engine.run_until(lambda: "r3" in engine.received)
+    assert engine.load_errors == set()
+    assert engine.verify("r3", 64) == {0: [], 1: []}
