@@ -1,11 +1,8 @@
 // EmulatedDeviceTier: an anonymous private mapping stands in for device
-// memory, and one copy-engine thread plays the DMA engine. Jobs run strictly
-// in submission order, so a load submitted after a store of the same host
-// slot sees the stored bytes, as on one CUDA stream.
+// memory, and the CopyEngine's thread plays the DMA engine (jobs strictly in
+// submission order, an empty job a fence: tiers/copy_engine.h).
 //
 // Decisions the header leaves open:
-// - A job with no blocks is valid: it completes in order like any other job
-//   (a fence: its completion means every earlier job has finished).
 // - Arena pages are faulted in on first touch, not at Create: a worker may
 //   size its pool generously and pay only for what it uses.
 // - The caller keeps each job's host memory alive and untouched until its
@@ -16,15 +13,14 @@
 #include <sys/mman.h>
 
 #include <cassert>
+#include <cerrno>
 #include <cstring>
-#include <deque>
 #include <limits>
 #include <string>
 #include <system_error>
-#include <thread>
 #include <utility>
 
-#include "src/mutex.h"
+#include "tiers/copy_engine.h"
 
 namespace tierkv {
 namespace {
@@ -48,16 +44,9 @@ struct EmulatedDeviceTier::Impl {
         block_bytes(block_bytes),
         owns_arena(owns_arena) {}
 
-  // Stops the copy engine once the queue is empty, then frees the arena.
+  // Drains and stops the copy engine before the arena goes.
   ~Impl() {
-    if (engine.joinable()) {
-      {
-        MutexLock lock(&mu);
-        stopping = true;
-      }
-      work_cv.NotifyOne();
-      engine.join();
-    }
+    engine.reset();
     if (owns_arena) munmap(arena, arena_bytes);
   }
 
@@ -65,75 +54,18 @@ struct EmulatedDeviceTier::Impl {
     return arena + static_cast<size_t>(id) * block_bytes;
   }
 
-  Status Validate(const CopyJob& job) const;
-  void RunCopyEngine() TIERKV_EXCLUDES(mu);
   void Execute(const CopyJob& job) const;
-  std::vector<CopyCompletion> TakeCompletedLocked() TIERKV_REQUIRES(mu);
 
-  // Immutable after Create; read by any thread without the lock.
+  // Immutable after Create; read by any thread.
   std::byte* const arena;
   const size_t arena_bytes;
   const int32_t num_blocks;
   const size_t block_bytes;
   const bool owns_arena;  // False: the engine's memory (CreateOver).
 
-  mutable Mutex mu;
-  CondVar work_cv;  // Signals queue non-empty or stopping.
-  CondVar done_cv;  // Signals completed non-empty.
-  std::deque<CopyJob> queue TIERKV_GUARDED_BY(mu);
-  std::vector<CopyCompletion> completed TIERKV_GUARDED_BY(mu);
-  size_t in_flight TIERKV_GUARDED_BY(mu) = 0;
-  bool stopping TIERKV_GUARDED_BY(mu) = false;
-
-  // Started last in Create, joined first in ~Impl.
-  std::thread engine;
+  // Set last in Start, reset first in ~Impl.
+  std::unique_ptr<CopyEngine> engine;
 };
-
-Status EmulatedDeviceTier::Impl::Validate(const CopyJob& job) const {
-  // Built only on the error path: Submit is on the hot path.
-  auto where = [&job] {
-    return "copy job (tag " + std::to_string(job.tag) + ")";
-  };
-  if (job.device_blocks.size() != job.host_blocks.size()) {
-    return Status::InvalidArgument(
-        where() + " has " + std::to_string(job.device_blocks.size()) +
-        " device blocks but " + std::to_string(job.host_blocks.size()) +
-        " host blocks");
-  }
-  for (size_t i = 0; i < job.device_blocks.size(); ++i) {
-    const BlockId id = job.device_blocks[i];
-    if (id < 0 || id >= num_blocks) {
-      return Status::InvalidArgument(where() + ": device block " +
-                                     std::to_string(id) + " at index " +
-                                     std::to_string(i) + " is outside [0, " +
-                                     std::to_string(num_blocks) + ")");
-    }
-    if (job.host_blocks[i] == nullptr) {
-      return Status::InvalidArgument(where() + ": host block at index " +
-                                     std::to_string(i) + " is null");
-    }
-  }
-  return Status::Ok();
-}
-
-void EmulatedDeviceTier::Impl::RunCopyEngine() {
-  for (;;) {
-    CopyJob job;
-    {
-      MutexLock lock(&mu);
-      while (!stopping && queue.empty()) work_cv.Wait(&mu);
-      if (queue.empty()) return;  // Stopping, and every job has run.
-      job = std::move(queue.front());
-      queue.pop_front();
-    }
-    Execute(job);  // Without the lock: Submit and Poll stay responsive.
-    {
-      MutexLock lock(&mu);
-      completed.push_back(CopyCompletion{job.tag, Status::Ok()});
-    }
-    done_cv.NotifyAll();
-  }
-}
 
 void EmulatedDeviceTier::Impl::Execute(const CopyJob& job) const {
   const bool store = job.direction == CopyDirection::kDeviceToHost;
@@ -146,13 +78,6 @@ void EmulatedDeviceTier::Impl::Execute(const CopyJob& job) const {
       std::memcpy(device, host, block_bytes);
     }
   }
-}
-
-std::vector<CopyCompletion> EmulatedDeviceTier::Impl::TakeCompletedLocked() {
-  std::vector<CopyCompletion> out;
-  out.swap(completed);
-  in_flight -= out.size();
-  return out;
 }
 
 StatusOr<std::unique_ptr<EmulatedDeviceTier>> EmulatedDeviceTier::Create(
@@ -209,12 +134,8 @@ StatusOr<std::unique_ptr<EmulatedDeviceTier>> EmulatedDeviceTier::CreateOver(
 
 StatusOr<std::unique_ptr<EmulatedDeviceTier>> EmulatedDeviceTier::Start(
     std::unique_ptr<Impl> impl) {
-  try {
-    impl->engine = std::thread([raw = impl.get()] { raw->RunCopyEngine(); });
-  } catch (const std::system_error& e) {
-    return Status::ResourceExhausted(
-        std::string("cannot start the device copy engine thread: ") + e.what());
-  }
+  auto execute = [raw = impl.get()](const CopyJob& job) { raw->Execute(job); };
+  TIERKV_ASSIGN_OR_RETURN(impl->engine, CopyEngine::Start(std::move(execute)));
   return std::unique_ptr<EmulatedDeviceTier>(
       new EmulatedDeviceTier(std::move(impl)));
 }
@@ -234,45 +155,22 @@ std::span<std::byte> EmulatedDeviceTier::block(BlockId id) {
 }
 
 Status EmulatedDeviceTier::Submit(CopyJob job) {
-  TIERKV_RETURN_IF_ERROR(impl_->Validate(job));
-  {
-    MutexLock lock(&impl_->mu);
-    impl_->queue.push_back(std::move(job));
-    ++impl_->in_flight;
-  }
-  impl_->work_cv.NotifyOne();
+  TIERKV_RETURN_IF_ERROR(ValidateCopyJob(job, impl_->num_blocks));
+  impl_->engine->Submit(std::move(job));
   return Status::Ok();
 }
 
 std::vector<CopyCompletion> EmulatedDeviceTier::PollCompleted() {
-  MutexLock lock(&impl_->mu);
-  return impl_->TakeCompletedLocked();
+  return impl_->engine->Poll();
 }
 
 std::vector<CopyCompletion> EmulatedDeviceTier::WaitCompleted(
     std::chrono::milliseconds timeout) {
-  using Clock = std::chrono::steady_clock;
-  Impl& s = *impl_;
-  MutexLock lock(&s.mu);
-  const Clock::time_point now = Clock::now();
-  // now + timeout would overflow for "wait forever" timeouts such as
-  // milliseconds::max(); those wait without a deadline.
-  const auto room = std::chrono::duration_cast<std::chrono::milliseconds>(
-      Clock::time_point::max() - now);
-  if (timeout >= room) {
-    while (s.completed.empty()) s.done_cv.Wait(&s.mu);
-  } else {
-    const Clock::time_point deadline = now + timeout;
-    while (s.completed.empty()) {
-      if (!s.done_cv.WaitUntil(&s.mu, deadline)) break;  // Timed out.
-    }
-  }
-  return s.TakeCompletedLocked();
+  return impl_->engine->Wait(timeout);
 }
 
 size_t EmulatedDeviceTier::in_flight() const {
-  MutexLock lock(&impl_->mu);
-  return impl_->in_flight;
+  return impl_->engine->in_flight();
 }
 
 }  // namespace tierkv

@@ -100,7 +100,6 @@ class EmulatedDeviceTier final : public DeviceTier {
   std::unique_ptr<Impl> impl_;
 };
 
-
 // The KV memory of one attention layer in an engine's device pool, as the
 // engine allocated it: for device block b, its K plane starts at
 // key + b * block_stride and its V plane at value + b * block_stride; within
@@ -127,12 +126,13 @@ struct RegisteredDeviceOptions {
   KvLayout layout;
   int32_t num_blocks = 0;  // Device blocks, [0, num_blocks). Required.
   // One per layer (layout.num_layers), in layer order. Required.
-  std::vector<LayerMemory> layers;
+  std::vector<LayerMemory> layers = {};
   // The KV heads this memory holds: [first_head, first_head + num_heads) of
   // layout.num_kv_heads, the shard of one tensor-parallel rank. Its copies
   // read and write only those heads of each host block, so the ranks of a
   // group together fill one host block, the same bytes a single worker with
-  // every head stores. Default: every head (num_heads 0 means all).
+  // every head stores. Default: every head (num_heads 0 means every head
+  // from first_head on).
   int32_t first_head = 0;
   int32_t num_heads = 0;
 };
@@ -163,6 +163,8 @@ class RegisteredDeviceTier final : public DeviceTier {
       std::chrono::milliseconds timeout) override;
   size_t in_flight() const override;
 
+  // The options as given, with num_heads and each layer's token_stride
+  // resolved (never 0).
   const RegisteredDeviceOptions& options() const;
   // Bytes one block moves between this memory and a host slot: the shard's
   // share of block_bytes().

@@ -1,0 +1,341 @@
+"""The tierkv package against a real tierkvd: attach, store, load, errors."""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+import torch
+
+import tierkv
+
+BLOCK = 16  # Tokens per block in the test layout.
+
+
+def prompt(seed: int, blocks: int, extra: int = 0) -> list[int]:
+    """`blocks` full blocks (plus `extra` tokens) no other seed shares."""
+    start = seed * 100_000
+    return list(range(start, start + blocks * BLOCK + extra))
+
+
+def wait_all(client: tierkv.Client, count: int) -> list[tierkv.FinishedTransfer]:
+    """Waits for `count` finished transfers, checks them and completes them."""
+    finished: list[tierkv.FinishedTransfer] = []
+    while len(finished) < count:
+        done = client.wait_events(10.0)
+        assert done, "no transfer finished in 10 s"
+        for f in done:
+            assert f.ok, f.error
+        client.complete(done)
+        finished += done
+    return finished
+
+
+def store(client: tierkv.Client, request: int, tokens: list[int],
+          device_blocks: list[int]) -> tierkv.TransferEvent:
+    assert client.lookup(request, tokens).hit_tokens == 0
+    client.allocate(request, device_blocks, 0)
+    commit = client.commit(request, len(tokens), device_blocks)
+    assert commit.store_status is None
+    assert len(commit.stores) == 1
+    wait_all(client, 1)
+    client.finish(request)
+    return commit.stores[0]
+
+
+def load(client: tierkv.Client, request: int, tokens: list[int],
+         device_blocks: list[int]) -> tierkv.TransferEvent:
+    hit = client.lookup(request, tokens + [7])
+    assert hit.hit_tokens == len(tokens)
+    alloc = client.allocate(request, device_blocks, hit.hit_tokens)
+    assert alloc.load is not None and not alloc.load_pending
+    wait_all(client, 1)
+    client.finish(request)
+    return alloc.load
+
+
+def paged_caches(layout: tierkv.KvLayout, num_blocks: int,
+                 heads: int | None = None) -> list[torch.Tensor]:
+    """vLLM's paged KV caches: per layer [2, blocks, block, heads, dim]."""
+    generator = torch.Generator().manual_seed(15)
+    shape = (2, num_blocks, layout.block_size, heads or layout.num_kv_heads,
+             layout.head_dim)
+    return [torch.randn(shape, generator=generator).to(torch.bfloat16)
+            for _ in range(layout.num_layers)]
+
+
+def test_attach_store_load_on_the_emulated_device(tierkvd, layout):
+    with tierkv.Client.open(tierkvd.socket, layout, 8, name="py") as client:
+        assert client.connected and not client.embedded
+        assert client.copies == "client"
+        assert client.layout == layout
+        tokens = prompt(1, 2)
+        stored = store(client, 1, tokens, [0, 1])
+        assert stored.kind == "store" and stored.device_blocks == [0, 1]
+        loaded = load(client, 2, tokens, [4, 5])
+        assert loaded.kind == "load" and loaded.device_blocks == [4, 5]
+        assert sorted(loaded.host_blocks) == sorted(stored.host_blocks)
+        host = client.stats()["host"]
+        assert host["stores_completed"] == 2
+        assert host["loads_completed"] == 2
+        assert client.transfers_in_flight == 0
+
+
+def test_registered_torch_tensors_in_vllm_paged_layout(tierkvd, layout):
+    caches = paged_caches(layout, num_blocks=8)
+    before = [c.clone() for c in caches]
+    device = tierkv.RegisteredDevice.paged(layout, caches)
+    assert device.num_blocks == 8
+    assert device.shard_bytes == layout.block_bytes
+    with tierkv.Client.open(tierkvd.socket, layout, device=device) as client:
+        tokens = prompt(2, 2)
+        store(client, 1, tokens, [1, 2])
+        load(client, 2, tokens, [5, 6])
+    for cache, old in zip(caches, before):
+        # Blocks 5 and 6 now hold 1 and 2, K and V; the rest is untouched.
+        assert torch.equal(cache[:, 5:7], old[:, 1:3])
+        assert torch.equal(cache[:, :5], old[:, :5])
+        assert torch.equal(cache[:, 7:], old[:, 7:])
+
+
+def test_registered_dict_of_caches_keeps_layer_order(tierkvd, layout):
+    caches = paged_caches(layout, num_blocks=4)
+    named = {f"model.layers.{i}.attn": c for i, c in enumerate(caches)}
+    device = tierkv.RegisteredDevice.paged(layout, named)
+    with tierkv.Client.open(tierkvd.socket, layout, device=device) as client:
+        store(client, 1, prompt(3, 1), [0])
+        load(client, 2, prompt(3, 1), [3])
+    for cache in caches:
+        assert torch.equal(cache[:, 3], cache[:, 0])
+
+
+def test_cross_layer_numpy_bf16_view(tierkvd, layout):
+    rng = np.random.default_rng(15)
+    shape = (6, layout.num_layers, 2, layout.block_size, layout.num_kv_heads,
+             layout.head_dim)
+    pool = rng.integers(0, 1 << 16, size=shape, dtype=np.uint16)
+    device = tierkv.RegisteredDevice.cross_layer(layout, pool)
+    with tierkv.Client.open(tierkvd.socket, layout, device=device) as client:
+        store(client, 1, prompt(4, 2), [0, 1])
+        load(client, 2, prompt(4, 2), [4, 5])
+    np.testing.assert_array_equal(pool[4:6], pool[0:2])
+
+
+def test_rank_clients_copy_their_shards_of_one_block(tierkvd, layout):
+    # A scheduler decides; two rank clients, each over its half of the KV
+    # heads, copy every event it hands out. A worker with every head then
+    # loads the block whole: the two halves met in one host slot.
+    full = paged_caches(layout, num_blocks=4)
+    halves = [[c[:, :, :, r:r + 1].clone() for c in full] for r in (0, 1)]
+    with tierkv.Client.open(tierkvd.socket, layout, copies="ranks",
+                            ranks=2) as scheduler:
+        ranks = []
+        for r in (0, 1):
+            shard = tierkv.RegisteredDevice.paged(layout, halves[r], rank=r,
+                                                  num_ranks=2)
+            assert shard.shard_bytes == layout.block_bytes // 2
+            ranks.append(tierkv.Client.open(
+                tierkvd.socket, layout, device=shard,
+                scheduler=scheduler.worker_id, rank=r))
+        tokens = prompt(5, 1)
+        scheduler.lookup(1, tokens)
+        scheduler.allocate(1, [2], 0)
+        event = scheduler.commit(1, len(tokens), [2]).stores[0]
+        # What the scheduler sends its workers travels pickled.
+        event = pickle.loads(pickle.dumps(event))
+        for rank in ranks:
+            rank.start(event)
+        for rank in ranks:
+            wait_all(rank, 1)
+        scheduler.wait_idle(10.0)
+        scheduler.finish(1)
+        for rank in ranks:
+            rank.close()
+    whole = paged_caches(layout, num_blocks=4)
+    device = tierkv.RegisteredDevice.paged(layout, whole)
+    with tierkv.Client.open(tierkvd.socket, layout, device=device) as client:
+        load(client, 2, tokens, [0])
+    for layer, cache in enumerate(whole):
+        assert torch.equal(cache[:, 0], full[layer][:, 2])
+
+
+def test_embedded_with_a_disk_tier(tmp_path, layout):
+    caches = paged_caches(layout, num_blocks=4)
+    device = tierkv.RegisteredDevice.paged(layout, caches)
+    with tierkv.Client.open_embedded(layout, device=device,
+                                     host_bytes=1 << 20,
+                                     disk_path=str(tmp_path / "disk"),
+                                     disk_bytes=64 << 20) as client:
+        assert client.embedded
+        store(client, 1, prompt(6, 1), [0])
+        load(client, 2, prompt(6, 1), [1])
+        client.wait_idle(10.0)
+        stats = client.stats()
+        assert stats["disk"] is not None
+        assert stats["disk"]["capacity_bytes"] == 64 << 20
+    for cache in caches:
+        assert torch.equal(cache[:, 1], cache[:, 0])
+
+
+def test_caller_mode_copies_through_host_block_views(tierkvd, layout):
+    with tierkv.Client.open(tierkvd.socket, layout, 4,
+                            copies="caller") as client:
+        assert client.copies == "caller"
+        tokens = prompt(7, 2)
+        client.lookup(1, tokens)
+        event = client.commit(1, len(tokens), [0, 1]).stores[0]
+        assert client.transfers_in_flight == 1 or client.poll_events() == []
+        written = []
+        for i, slot in enumerate(event.host_blocks):
+            view = client.host_block(slot)
+            assert len(view) == layout.block_bytes and not view.readonly
+            payload = bytes([i + 1]) * layout.block_bytes
+            view[:] = payload
+            written.append(payload)
+        client.complete([tierkv.FinishedTransfer(event, None,
+                                                 client.session)])
+        client.finish(1)
+        client.lookup(2, tokens + [7])
+        loaded = client.allocate(2, [2, 3], len(tokens)).load
+        assert loaded is not None
+        got = [bytes(client.host_block(s)) for s in loaded.host_blocks]
+        assert got == written
+        client.complete([tierkv.FinishedTransfer(loaded, None,
+                                                 client.session)])
+        assert client.stats()["host"]["loads_completed"] == 2
+
+
+def test_a_failed_caller_copy_is_not_served(tierkvd, layout):
+    with tierkv.Client.open(tierkvd.socket, layout, 4,
+                            copies="caller") as client:
+        tokens = prompt(8, 1)
+        client.lookup(1, tokens)
+        event = client.commit(1, len(tokens), [0]).stores[0]
+        failed = tierkv.FinishedTransfer(event,
+                                         tierkv.DataLossError("copy failed"))
+        assert not failed.ok and failed.error.code == "DATA_LOSS"
+        client.complete([failed])
+        client.finish(1)
+        assert client.lookup(2, tokens + [7]).hit_tokens == 0
+
+
+def test_wrong_layout_names_both_layouts(tierkvd, layout):
+    other = tierkv.KvLayout(layout.num_layers, layout.num_kv_heads, 128)
+    with pytest.raises(tierkv.FailedPreconditionError) as raised:
+        tierkv.Client.open(tierkvd.socket, other, 4)
+    assert raised.value.code == "FAILED_PRECONDITION"
+    assert str(layout) in raised.value.message
+    assert str(other) in raised.value.message
+
+
+def test_no_tierkvd_on_the_socket(tmp_path, layout):
+    with pytest.raises(tierkv.UnavailableError) as raised:
+        tierkv.Client.open(str(tmp_path / "none.sock"), layout, 4)
+    assert isinstance(raised.value, ConnectionError)
+    assert "none.sock" in raised.value.message
+
+
+def test_bad_tensors_are_refused_naming_the_mismatch(layout):
+    caches = paged_caches(layout, num_blocks=4)
+    with pytest.raises(tierkv.InvalidArgumentError, match=r"kv_caches\[1\]"):
+        bad = list(caches)
+        bad[1] = torch.zeros(2, 4, layout.block_size, 3, layout.head_dim,
+                             dtype=torch.bfloat16)
+        tierkv.RegisteredDevice.paged(layout, bad)
+    with pytest.raises(tierkv.InvalidArgumentError, match="torch.bfloat16"):
+        tierkv.RegisteredDevice.paged(layout, [c.float() for c in caches])
+    with pytest.raises(tierkv.InvalidArgumentError, match="2 layers"):
+        tierkv.RegisteredDevice.paged(layout, caches[:1])
+    with pytest.raises(ValueError, match="densely packed"):
+        transposed = [c.transpose(3, 4).contiguous().transpose(3, 4)
+                      for c in caches]
+        tierkv.RegisteredDevice.paged(layout, transposed)
+    with pytest.raises(tierkv.InvalidArgumentError, match="not divisible"):
+        tierkv.RegisteredDevice.paged(tierkv.KvLayout(2, 3, 64), caches,
+                                      num_ranks=2)
+    with pytest.raises(tierkv.InvalidArgumentError, match="numpy array"):
+        tierkv.RegisteredDevice.paged(layout, [[0] * 4] * 2)
+
+
+def test_a_device_keeps_its_tensors_alive(tierkvd, layout):
+    device = tierkv.RegisteredDevice.paged(layout,
+                                           paged_caches(layout, num_blocks=4))
+    # No other reference to the tensors remains: the device's keeps them.
+    with tierkv.Client.open(tierkvd.socket, layout, device=device) as client:
+        del device
+        store(client, 1, prompt(9, 1), [0])
+        load(client, 2, prompt(9, 1), [1])
+
+
+def test_stats_is_a_dict_of_the_store(tierkvd, layout):
+    with tierkv.Client.open(tierkvd.socket, layout, 4, name="stats") as client:
+        stats = client.stats()
+        assert stats["block_size"] == layout.block_size
+        assert stats["host"]["slot_bytes"] == layout.block_bytes
+        assert stats["host"]["capacity_slots"] > 0
+        assert stats["disk"] is None
+        assert stats["attach"]["attached"] >= 1
+        names = [w["name"] for w in stats["workers"]]
+        assert "stats" in names
+        assert stats["store"] == tierkvd.store
+        latency = stats["store_latency"]
+        assert len(latency["buckets"]) == len(latency["bucket_bounds_us"]) + 1
+
+
+def test_a_closed_client_refuses_calls(tierkvd, layout):
+    client = tierkv.Client.open(tierkvd.socket, layout, 4)
+    client.close()
+    assert client.closed
+    with pytest.raises(tierkv.FailedPreconditionError):
+        client.lookup(1, [1, 2, 3])
+    with pytest.raises(tierkv.FailedPreconditionError):
+        client.worker_id
+
+
+def test_a_lost_tierkvd_is_unavailable_until_reconnect(start_tierkvd, layout):
+    daemon = start_tierkvd()
+    with tierkv.Client.open(daemon.socket, layout, 4) as client:
+        daemon.kill()
+        with pytest.raises(tierkv.UnavailableError):
+            client.lookup(1, prompt(10, 1))
+        assert not client.connected
+        assert isinstance(client.connection_error, tierkv.UnavailableError)
+        with pytest.raises(tierkv.UnavailableError):
+            client.reconnect()
+
+
+def test_events_are_plain_picklable_values():
+    event = tierkv.TransferEvent("load", 3, 42, [1, 2], [7, 8],
+                                 failed_blocks=1)
+    assert pickle.loads(pickle.dumps(event)) == event
+    assert event.kind == "load" and event.request == 42
+    assert event != tierkv.TransferEvent("store", 3, 42, [1, 2], [7, 8])
+    finished = tierkv.FinishedTransfer(event)
+    assert finished.ok and finished.error is None
+    assert finished.loaded_blocks == 2
+    with pytest.raises(tierkv.InvalidArgumentError, match="kind"):
+        tierkv.TransferEvent("copy", 0, 0, [], [])
+    with pytest.raises(tierkv.InvalidArgumentError, match="host_blocks"):
+        tierkv.TransferEvent("load", 0, 0, [1], [])
+
+
+def test_layouts_compare_print_and_validate():
+    layout = tierkv.KvLayout(32, 8, 128)
+    assert layout.block_bytes == 2 << 20
+    assert str(layout) == "layers=32 kv_heads=8 head_dim=128 block=16 dtype=bf16"
+    assert layout == tierkv.KvLayout(32, 8, 128, 16, "bf16")
+    assert pickle.loads(pickle.dumps(layout)) == layout
+    with pytest.raises(tierkv.InvalidArgumentError, match="dtype"):
+        tierkv.KvLayout(2, 2, 64, dtype="f8")
+
+
+def test_errors_carry_code_and_message():
+    error = tierkv.error_for("DEADLINE_EXCEEDED", "tierkvd is slow")
+    assert isinstance(error, tierkv.DeadlineExceededError)
+    assert isinstance(error, TimeoutError)
+    assert error.code == "DEADLINE_EXCEEDED"
+    assert error.message == "tierkvd is slow"
+    assert isinstance(tierkv.error_for("OUT_OF_RANGE", ""), IndexError)
+    assert isinstance(tierkv.error_for("PERMISSION_DENIED", ""),
+                      PermissionError)
