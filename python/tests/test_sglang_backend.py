@@ -5,7 +5,6 @@ failures raise."""
 
 from __future__ import annotations
 
-import re
 from types import SimpleNamespace
 
 import pytest
@@ -14,7 +13,6 @@ import torch
 import tierkv
 import tierkv.sglang
 from tierkv.sglang import TierkvStorage
-from tierkvd_process import Tierkvd
 
 LAYERS, HEADS, HEAD_DIM, PAGE = 2, 2, 32, 8
 
@@ -79,12 +77,10 @@ def _storage(socket: str, rank: int = 0, size: int = 1) -> TierkvStorage:
 
 
 @pytest.fixture
-def daemon(tmp_path, request):
-    store = "py-" + re.sub(r"[^A-Za-z0-9]", "", request.node.name)[:40]
-    d = Tierkvd(str(tmp_path), store, layers=LAYERS, kv_heads=HEADS,
-                head_dim=HEAD_DIM, block_size=PAGE).start()
-    yield d
-    d.kill()
+def daemon(start_tierkvd):
+    # One rank's layout: a TP rank's host pool holds HEADS heads.
+    return start_tierkvd(layout=tierkv.KvLayout(
+        LAYERS, HEADS, HEAD_DIM, block_size=PAGE, dtype="bf16"))
 
 
 @pytest.mark.parametrize("layout",

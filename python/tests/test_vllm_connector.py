@@ -4,7 +4,7 @@ KV verified byte for byte on each rank."""
 
 from __future__ import annotations
 
-import re
+import os
 import time
 from types import SimpleNamespace
 
@@ -12,7 +12,6 @@ import pytest
 
 import tierkv
 import tierkv.vllm
-from tierkvd_process import Tierkvd
 from vllm_engine import Engine, vllm_config
 
 LAYERS, KV_HEADS, HEAD_DIM, BLOCK = 2, 4, 64, 16
@@ -25,17 +24,22 @@ def _layout() -> tierkv.KvLayout:
 
 
 @pytest.fixture
-def daemon(tmp_path, request):
-    store = "py-" + re.sub(r"[^A-Za-z0-9]", "", request.node.name)[:40]
-    d = Tierkvd(str(tmp_path), store, layers=LAYERS, kv_heads=KV_HEADS,
-                head_dim=HEAD_DIM, block_size=BLOCK).start()
-    yield d
-    d.kill()
+def daemon(start_tierkvd):
+    return start_tierkvd(layout=_layout())
 
 
 @pytest.fixture
-def engine(daemon):
-    e = Engine({"socket": daemon.socket, "model": "", "num_layers": LAYERS,
+def socket_link(tmp_path, daemon):
+    """The connectors' socket path: a link to the tierkvd serving now, so a
+    tierkvd started later (on a socket of its own) takes its place."""
+    link = os.path.join(str(tmp_path), "tierkvd.sock")
+    os.symlink(daemon.socket, link)
+    return link
+
+
+@pytest.fixture
+def engine(socket_link):
+    e = Engine({"socket": socket_link, "model": "", "num_layers": LAYERS,
                 "num_kv_heads": KV_HEADS, "head_dim": HEAD_DIM,
                 "block_size": BLOCK, "dtype": "bf16", "tp_size": 2,
                 "call_timeout": 5.0})
@@ -162,7 +166,7 @@ def test_request_aborted_during_its_stores_frees_after_the_copies(
 
 
 def test_lost_tierkvd_reports_load_errors_and_attaches_again(
-        engine, daemon, tmp_path):
+        engine, daemon, socket_link, start_tierkvd):
     _store_prefix(engine, "r1", PREFIX + [1])
     assert engine.add("r2", PREFIX + [2]) == (64, True)
     meta, compute, finished = engine.build()  # r2's load, not yet copied.
@@ -176,7 +180,9 @@ def test_lost_tierkvd_reports_load_errors_and_attaches_again(
     for rank, bad in engine.verify("r2", 64).items():
         assert all(req.blocks[i] in engine.load_errors for i in bad), rank
 
-    daemon.start()  # A new tierkvd on the same socket.
+    restarted = start_tierkvd(layout=_layout())
+    os.unlink(socket_link)
+    os.symlink(restarted.socket, socket_link)
     engine.step()  # The scheduler attaches again; workers follow.
     assert engine.scheduler.tierkv_client.connected
     other = list(range(7000, 7000 + 2 * BLOCK))

@@ -399,6 +399,7 @@ class _SchedulerSide:
             # Preempted and resumed: its old blocks are gone; start over.
             if req.tid is not None and self._connected:
                 self._call("finish", self._client.finish, req.tid)
+            self._forget(rid)
             req = None
         if req is None:
             req = self._requests[rid] = _Request()
