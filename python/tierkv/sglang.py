@@ -76,8 +76,8 @@ def key_tokens(key: str, salt: str, block_size: int) -> np.ndarray:
     words = []
     data = (salt + "\0" + key).encode()
     for counter in itertools.count():
-        digest = hashlib.blake2b(data, digest_size=64,
-                                 person=counter.to_bytes(16, "little"))
+        person = counter.to_bytes(16, "little")
+        digest = hashlib.blake2b(data, digest_size=64, person=person).digest()
         words.append(np.frombuffer(digest, dtype="<u4"))
         if 16 * (counter + 1) >= block_size:
             break
@@ -207,7 +207,7 @@ class TierkvStorage(HiCacheStorage):
         self._next_request += 1
         return rid
 
-    # -- HiCacheStorage ----------------------------------------------------------
+    # -- HiCacheStorage --------------------------------------------------------
 
     def batch_exists(self, keys: List[str], extra_info: Any = None) -> int:
         """How many keys, from the first, tierkvd holds (host or disk)."""
@@ -240,8 +240,8 @@ class TierkvStorage(HiCacheStorage):
             try:
                 for i, key in enumerate(keys):
                     rid = self._request()
-                    rids.append(rid)
                     found = client.lookup_chunk(rid, self._tokens(key))
+                    rids.append(rid)
                     if found.hit_tokens < self._page_size:
                         continue
                     alloc = client.allocate(rid, [self._page(host_indices,
@@ -269,8 +269,8 @@ class TierkvStorage(HiCacheStorage):
             try:
                 for i, key in enumerate(keys):
                     rid = self._request()
-                    rids.append(rid)
                     found = client.lookup_chunk(rid, self._tokens(key))
+                    rids.append(rid)
                     if found.hit_tokens >= self._page_size:
                         results[i] = True
                         continue

@@ -59,7 +59,7 @@ from tierkv._engines import config_value, layout_dtype
 logger = logging.getLogger(__name__)
 
 try:  # vLLM's interface when vLLM is installed.
-    from vllm.distributed.kv_transfer.kv_connector.v1.base import (  # type: ignore
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import (
         KVConnectorBase_V1, KVConnectorMetadata, KVConnectorRole)
     HAVE_VLLM = True
 except ImportError:  # The same surface, for use without vLLM.
@@ -75,7 +75,7 @@ except ImportError:  # The same surface, for use without vLLM.
         """What the scheduler's connector sends its workers each step."""
 
     class KVConnectorBase_V1:  # type: ignore[no-redef]
-        """The part of vLLM's KVConnectorBase_V1 that tierkv's connector uses."""
+        """The part of vLLM's KVConnectorBase_V1 tierkv's connector uses."""
 
         def __init__(self, vllm_config: Any, role: KVConnectorRole,
                      kv_cache_config: Any = None) -> None:
