@@ -150,7 +150,7 @@ class TierkvStorage(HiCacheStorage):
         self._page_size = 0
         self._next_request = 1
 
-    # -- set-up ----------------------------------------------------------------
+    # -- set-up ---------------------------------------------------------------
 
     def register_mem_pool_host(self, mem_pool_host: Any) -> None:
         """Registers the host pool as this backend's device memory and
@@ -207,7 +207,7 @@ class TierkvStorage(HiCacheStorage):
         self._next_request += 1
         return rid
 
-    # -- HiCacheStorage --------------------------------------------------------
+    # -- HiCacheStorage -------------------------------------------------------
 
     def batch_exists(self, keys: List[str], extra_info: Any = None) -> int:
         """How many keys, from the first, tierkvd holds (host or disk)."""
