@@ -5,6 +5,7 @@ KV verified byte for byte on each rank."""
 from __future__ import annotations
 
 import os
+import subprocess
 import time
 from types import SimpleNamespace
 
@@ -216,3 +217,48 @@ def test_worker_killed_mid_load_releases_slots_and_a_new_rank_serves(
     engine.run_until(lambda: "r3" in engine.received)
     assert engine.load_errors == set()
     assert engine.verify("r3", 64) == {0: [], 1: []}
+
+
+def _admin(daemon, *args: str) -> str:
+    admin = os.path.join(os.path.dirname(os.environ.get(
+        "TIERKV_TIERKVD", daemon.process.args[0])), "tierkv-admin")
+    return subprocess.run([admin, *args, "--socket", daemon.socket],
+                          check=True, capture_output=True,
+                          text=True).stdout
+
+
+def test_load_cut_short_by_a_failed_promotion_names_its_blocks(
+        start_tierkvd, tmp_path):
+    # Eight host slots, spilling to disk past half of them.
+    daemon = start_tierkvd(
+        layout=_layout(), host_bytes=9 * _layout().block_bytes,
+        disk_dir=str(tmp_path / "disk"),
+        extra_args=("--disk-capacity", "64M", "--spill-high", "0.5",
+                    "--spill-low", "0.25"))
+    engine = Engine({"socket": daemon.socket, "model": "",
+                     "num_layers": LAYERS, "num_kv_heads": KV_HEADS,
+                     "head_dim": HEAD_DIM, "block_size": BLOCK,
+                     "dtype": "bf16", "tp_size": 2})
+    try:
+        observer = _observer(daemon)
+        _store_prefix(engine, "r1", PREFIX + [1])
+        _store_prefix(engine, "r2", list(range(3000, 3000 + 64)) + [1])
+        observer.wait_idle(20.0)  # r1's blocks, the oldest, spilled.
+        probe = observer.lookup(1, PREFIX + [2])
+        observer.finish(1)
+        assert (probe.hit_tokens, probe.disk_hit_tokens) == (64, 64)
+        # The third block leaves the disk between lookup and allocation.
+        keys = [line.split()[0] for line in
+                _admin(daemon, "keys", *map(str, PREFIX)).splitlines()
+                if line.strip()]
+        assert engine.lookup("r3", PREFIX + [2]) == (64, True)
+        _admin(daemon, "evict", keys[2])
+        engine.allocate("r3")  # Its load waits for the promotions.
+        blocks = engine.requests["r3"].blocks
+        engine.run_until(lambda: "r3" in engine.received)
+        assert engine.load_errors == set(blocks[2:4])
+        assert engine.verify("r3", 2 * BLOCK) == {0: [], 1: []}
+        engine.step()  # Recomputes from the first failed block.
+        assert engine.verify("r3", len(PREFIX) + 1) == {0: [], 1: []}
+    finally:
+        engine.close()

@@ -175,6 +175,7 @@ class Request:
     # aborted_recving / delayed: finished, blocks held for the connector.
     state: str = "prefill"
     scheduled: bool = False
+    external: int = 0  # Tokens the connector's lookup offered.
     failed_at: Optional[int] = None  # First block a load failed.
 
     # What the connector reads of vLLM's Request.
@@ -274,16 +275,26 @@ class Engine:
 
     def add(self, rid: str, tokens: list[int]) -> tuple[int, bool]:
         """A new request: the connector's lookup, then its blocks."""
+        result = self.lookup(rid, tokens)
+        self.allocate(rid)
+        return result
+
+    def lookup(self, rid: str, tokens: list[int]) -> tuple[int, bool]:
         req = self.requests[rid] = Request(rid, list(tokens))
         ext, load_async = self.scheduler.get_num_new_matched_tokens(req, 0)
-        ext = ext or 0
+        req.external = ext or 0
+        return ext, load_async
+
+    def allocate(self, rid: str) -> None:
+        """The request's blocks: the hit's (loaded) or all (computed)."""
+        req = self.requests[rid]
+        tokens, ext = req.tokens, req.external
         if ext:
             req.blocks = self._alloc(-(-ext // self.bs))
             req.state = "waiting_kv"
         else:
             req.blocks = self._alloc(-(-len(tokens) // self.bs))
         self.scheduler.update_state_after_alloc(req, _Blocks(req.blocks), ext)
-        return ext, load_async
 
     def finish(self, rid: str) -> bool:
         """The request finished or was aborted: vLLM's _free_request. Returns
