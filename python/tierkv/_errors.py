@@ -137,6 +137,10 @@ _BY_CODE: dict[str, type[Error]] = {
 }
 
 
+for _cls in (Error, *_BY_CODE.values()):
+    _cls.__module__ = "tierkv"  # Where users name them: tierkv.UnavailableError.
+
+
 def error_for(code: str, message: str) -> Error:
     """The exception for status `code` ("INVALID_ARGUMENT", ...)."""
     cls = _BY_CODE.get(code)
