@@ -200,7 +200,7 @@ struct Client::Impl {
 
   ~Impl() {
     // Every copy ends in `finished`, whose blocks are unpinned below.
-    if (device != nullptr) WaitForCopies();
+    WaitForCopies();
     for (const auto& [id, load] : pending_loads) Unpin(load.device_blocks);
     for (const FinishedTransfer& f : finished) Unpin(f.event.device_blocks);
     if (socket_fd >= 0) close(socket_fd);
@@ -296,6 +296,7 @@ struct Client::Impl {
 
   // Waits for every copy in flight; their completions wait in `finished`.
   void WaitForCopies() {
+    if (device == nullptr) return;  // The engine copies (kCaller, kRanks).
     while (device->in_flight() > 0) {
       Collect(device->WaitCompleted(std::chrono::milliseconds(100)), &finished);
     }
@@ -442,10 +443,59 @@ WorkerRegistration RegistrationOf(const ClientOptions& options) {
           .num_device_blocks = options.num_device_blocks,
           .tenant = options.tenant,
           .pid = static_cast<int32_t>(getpid()),
-          .name = options.name};
+          .name = options.name,
+          .ranks = options.ranks,
+          .scheduler = options.scheduler,
+          .rank = options.rank};
+}
+
+Status CheckCopyRoles(const ClientOptions& options) {
+  if (options.copies != CopyMode::kClient &&
+      options.copies != CopyMode::kCaller &&
+      options.copies != CopyMode::kRanks) {
+    return Status::InvalidArgument("unknown copy mode");
+  }
+  if (options.copies != CopyMode::kClient &&
+      (options.device != nullptr || options.engine != nullptr)) {
+    return Status::InvalidArgument(
+        std::string("copies = ") + CopyModeName(options.copies) +
+        ": the engine copies, so the client takes no device tier and pins "
+        "no engine blocks (leave device and engine null)");
+  }
+  if ((options.copies == CopyMode::kRanks) !=
+      (options.ranks >= 1 && options.ranks <= kMaxRanks)) {
+    return Status::InvalidArgument(
+        "ranks is 1 to " + std::to_string(kMaxRanks) +
+        " for a scheduler (copies = ranks) and 0 otherwise, not " +
+        std::to_string(options.ranks));
+  }
+  if (options.scheduler != 0 && options.copies == CopyMode::kRanks) {
+    return Status::InvalidArgument(
+        "a rank client (scheduler set) copies events itself: copies is "
+        "client or caller, not ranks");
+  }
+  if (options.scheduler != 0 &&
+      (options.rank < 0 || options.rank >= kMaxRanks)) {
+    return Status::InvalidArgument("rank " + std::to_string(options.rank) +
+                                   " is outside [0, " +
+                                   std::to_string(kMaxRanks) + ")");
+  }
+  return Status::Ok();
 }
 
 }  // namespace
+
+const char* CopyModeName(CopyMode mode) {
+  switch (mode) {
+    case CopyMode::kClient:
+      return "client";
+    case CopyMode::kCaller:
+      return "caller";
+    case CopyMode::kRanks:
+      return "ranks";
+  }
+  return "unknown";
+}
 
 // Checks the options and sets up the device side; the store side is
 // Open's (attached) or OpenInProcess's (embedded).
@@ -459,8 +509,10 @@ StatusOr<std::unique_ptr<Client::Impl>> Client::NewImpl(
   if (options.call_timeout <= std::chrono::milliseconds(0)) {
     return Status::InvalidArgument("call_timeout must be positive");
   }
+  TIERKV_RETURN_IF_ERROR(CheckCopyRoles(options));
   auto impl = std::make_unique<Impl>();
   impl->options = options;
+  if (options.copies != CopyMode::kClient) return impl;
   impl->device = options.device;
   if (impl->device == nullptr) {
     TIERKV_ASSIGN_OR_RETURN(
@@ -470,7 +522,16 @@ StatusOr<std::unique_ptr<Client::Impl>> Client::NewImpl(
     impl->device = impl->owned_device.get();
   }
   if (impl->device->block_bytes() != options.layout.BlockBytes()) {
-    return Status::InvalidArgument("device tier blocks are not layout-sized");
+    return Status::InvalidArgument("device tier blocks hold " +
+                                   std::to_string(impl->device->block_bytes()) +
+                                   " bytes; the layout's blocks " +
+                                   std::to_string(options.layout.BlockBytes()));
+  }
+  if (impl->device->num_blocks() < options.num_device_blocks) {
+    return Status::InvalidArgument(
+        "the device tier has " + std::to_string(impl->device->num_blocks()) +
+        " blocks, fewer than num_device_blocks (" +
+        std::to_string(options.num_device_blocks) + ")");
   }
   return impl;
 }
@@ -491,6 +552,11 @@ StatusOr<std::unique_ptr<Client>> Client::Open(const ClientOptions& options) {
 
 StatusOr<std::unique_ptr<Client>> Client::OpenInProcess(
     const ClientOptions& options, std::unique_ptr<ipc::InProcessStore> store) {
+  if (options.copies == CopyMode::kRanks || options.scheduler != 0) {
+    return Status::InvalidArgument(
+        "an embedded store has no other processes: rank clients and "
+        "schedulers with ranks attach to a tierkvd");
+  }
   TIERKV_ASSIGN_OR_RETURN(std::unique_ptr<Impl> impl, NewImpl(options));
   TIERKV_ASSIGN_OR_RETURN(impl->worker,
                           store->RegisterWorker(RegistrationOf(options)));
@@ -533,7 +599,10 @@ StatusOr<AllocateResult> Client::Allocate(
           .num_external_tokens = num_external_tokens,
           .device_blocks = std::vector<BlockId>(device_blocks.begin(),
                                                 device_blocks.end())}));
-  if (!reply.result.load.has_value()) return reply.result;
+  if (!reply.result.load.has_value() ||
+      impl_->options.copies != CopyMode::kClient) {
+    return reply.result;
+  }
   const TransferEvent& load = *reply.result.load;
   if (reply.result.load_pending) {
     // Pinned from now on, so the blocks cannot pass to another request
@@ -556,6 +625,7 @@ StatusOr<CommitResult> Client::Commit(RequestId request,
                              .num_computed_tokens = num_computed_tokens,
                              .device_blocks = std::vector<BlockId>(
                                  device_blocks.begin(), device_blocks.end())}));
+  if (impl_->options.copies != CopyMode::kClient) return reply.result;
   for (const TransferEvent& store : reply.result.stores) {
     TIERKV_RETURN_IF_ERROR(impl_->PinAndSubmit(store));
   }
@@ -565,7 +635,9 @@ StatusOr<CommitResult> Client::Commit(RequestId request,
 std::vector<FinishedTransfer> Client::PollEvents() {
   impl_->StartReadyLoads();
   std::vector<FinishedTransfer> out = impl_->TakeFinished();
-  impl_->Collect(impl_->device->PollCompleted(), &out);
+  if (impl_->device != nullptr) {
+    impl_->Collect(impl_->device->PollCompleted(), &out);
+  }
   return out;
 }
 
@@ -573,6 +645,8 @@ std::vector<FinishedTransfer> Client::WaitEvents(
     std::chrono::milliseconds timeout) {
   // While loads wait for promotions, ask for them every millisecond (a
   // control-channel round trip is tens of microseconds).
+  // Without a device tier nothing is copied here: nothing to wait for.
+  if (impl_->device == nullptr) return impl_->TakeFinished();
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   for (;;) {
     impl_->StartReadyLoads();
@@ -594,6 +668,12 @@ std::vector<FinishedTransfer> Client::WaitEvents(
 }
 
 Status Client::Complete(std::span<const FinishedTransfer> finished) {
+  if (impl_->options.copies == CopyMode::kRanks) {
+    return Status::FailedPrecondition(
+        "a scheduler with ranks (copies = ranks) does not complete events: "
+        "each of its " +
+        std::to_string(impl_->options.ranks) + " rank clients completes them");
+  }
   ipc::CompleteRequest request;
   for (const FinishedTransfer& f : finished) {
     // Events of a lost attachment are not tierkvd's any more.
@@ -662,7 +742,57 @@ Status Client::Reconnect() {
   return Status::Ok();
 }
 
+StatusOr<std::vector<TransferEvent>> Client::TakeReadyLoads() {
+  if (impl_->options.copies == CopyMode::kClient) {
+    return std::vector<TransferEvent>{};
+  }
+  TIERKV_ASSIGN_OR_RETURN(
+      ipc::ReadyLoadsReply reply,
+      impl_->CallFor<ipc::ReadyLoadsReply>(ipc::ReadyLoadsRequest{}));
+  return std::move(reply.loads);
+}
+
+Status Client::Start(const TransferEvent& event) {
+  const ClientOptions& o = impl_->options;
+  if (o.scheduler == 0 || impl_->device == nullptr) {
+    return Status::FailedPrecondition(
+        o.scheduler == 0
+            ? "Start is for rank clients (ClientOptions::scheduler): this "
+              "client's own events start when Allocate or Commit hands them "
+              "out"
+            : "this rank client copies itself (copies = caller): copy "
+              "through host_block and Complete");
+  }
+  if (event.device_blocks.size() != event.host_blocks.size()) {
+    return Status::InvalidArgument(
+        "the event names " + std::to_string(event.device_blocks.size()) +
+        " device blocks and " + std::to_string(event.host_blocks.size()) +
+        " host blocks");
+  }
+  for (BlockId b : event.device_blocks) {
+    if (b < 0 || b >= o.num_device_blocks) {
+      return Status::InvalidArgument(
+          "device block " + std::to_string(b) + " is outside this rank's " +
+          std::to_string(o.num_device_blocks) + " blocks");
+    }
+  }
+  return impl_->PinAndSubmit(event);
+}
+
+StatusOr<std::span<std::byte>> Client::host_block(BlockId slot) {
+  const Impl& impl = *impl_;
+  if (!impl.channel_error.ok()) return impl.channel_error;
+  if (slot <= 0 || slot >= impl.host->num_slots()) {
+    return Status::OutOfRange("host slot " + std::to_string(slot) +
+                              " is outside the store's slots [1, " +
+                              std::to_string(impl.host->num_slots()) + ")");
+  }
+  return std::span<std::byte>(impl.host->slot(slot),
+                              impl.options.layout.BlockBytes());
+}
+
 WorkerId Client::worker_id() const { return impl_->worker; }
+CopyMode Client::copies() const { return impl_->options.copies; }
 Status Client::WaitIdle(std::chrono::milliseconds timeout) {
   using Clock = std::chrono::steady_clock;
   const auto deadline = Clock::now() + timeout;

@@ -35,7 +35,9 @@ inline constexpr uint32_t kFrameMagic = 0x4D564B54;  // "TKVM"
 //    the store's name, its key fingerprint and block size, slot reservation
 //    failures, and the disk tier's degraded state, write errors, space
 //    refusals and damaged files.
-inline constexpr uint16_t kProtocolVersion = 8;
+// 9: RegisterRequest carries the copy roles: a scheduler's rank count, a
+//    rank client's scheduler and rank.
+inline constexpr uint16_t kProtocolVersion = 9;
 inline constexpr size_t kFrameHeaderBytes = 16;
 // Upper bounds a decoder enforces before allocating anything.
 inline constexpr uint32_t kMaxTokens = 1 << 20;

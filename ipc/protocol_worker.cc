@@ -12,6 +12,9 @@ void PutPayload(Writer& w, const RegisterRequest& m) {
   w.String(reg.tenant);
   w.Int<int32_t>(reg.pid);
   w.String(reg.name);
+  w.Int<int32_t>(reg.ranks);
+  w.Int<uint32_t>(reg.scheduler);
+  w.Int<int32_t>(reg.rank);
 }
 void PutPayload(Writer& w, const RegisterReply& m) {
   w.Int<uint32_t>(m.worker_id);
@@ -83,6 +86,9 @@ void GetPayload(Reader& r, RegisterRequest* m) {
   reg.tenant = r.String();
   reg.pid = r.Int<int32_t>();
   reg.name = r.String();
+  reg.ranks = r.Int<int32_t>();
+  reg.scheduler = r.Int<uint32_t>();
+  reg.rank = r.Int<int32_t>();
 }
 void GetPayload(Reader& r, RegisterReply* m) {
   m->worker_id = r.Int<uint32_t>();

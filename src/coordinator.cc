@@ -108,6 +108,7 @@ StatusOr<WorkerId> Coordinator::RegisterWorker(
   if (registration.num_device_blocks < 1) {
     return Status::InvalidArgument("worker has no device blocks");
   }
+  TIERKV_RETURN_IF_ERROR(CheckRoles(registration));
   uint32_t segment = 0;
   if (options_.max_tenants > 0) {
     const auto known = tenant_segments_.find(registration.tenant);
@@ -143,6 +144,11 @@ StatusOr<WorkerId> Coordinator::RegisterWorker(
                    std::forward_as_tuple(registration, KeyHasher(ns)))
           .first->second;
   w.segment = segment;
+  w.rank_workers.assign(static_cast<size_t>(registration.ranks), 0);
+  if (registration.scheduler != 0) {
+    workers_.at(registration.scheduler)
+        .rank_workers[static_cast<size_t>(registration.rank)] = id;
+  }
   if (options_.max_tenants > 0) {
     tenant_segments_.emplace(registration.tenant, segment);
     ++segment_workers_[segment];
@@ -162,15 +168,31 @@ StatusOr<uint32_t> Coordinator::SegmentOf(WorkerId worker) const {
 Status Coordinator::DropWorker(WorkerId worker) {
   TIERKV_ASSIGN_OR_RETURN(WorkerState * w, FindWorker(worker));
   for (auto& [id, request] : w->requests) ForgetRequest(w, &request);
-  for (auto& [id, load] : w->loads) ReleaseLoad(w, &load);
+  w->requests.clear();
+  // Events its ranks may be copying stay until they are done with them.
+  const bool ranks_copy = std::ranges::any_of(
+      w->rank_workers, [](WorkerId rank) { return rank != 0; });
+  for (auto it = w->loads.begin(); it != w->loads.end();) {
+    if (ranks_copy && !it->second.pending) {
+      ++it;
+      continue;
+    }
+    ReleaseLoad(w, &it->second);
+    --stats_.events_in_flight;
+    it = w->loads.erase(it);
+  }
+  w->ready_loads.clear();
   // Promotions still writing into its slots release them when they finish.
   for (auto& [id, op] : lower_ops_) {
     if (!op.spill && op.worker == worker) op.worker = 0;
   }
-  for (auto& [id, store] : w->stores) {
-    FinishStore(w, &store, /*ok=*/false, {});
+  if (!ranks_copy) {
+    for (auto& [id, store] : w->stores) {
+      FinishStore(w, &store, /*ok=*/false, {});
+    }
+    stats_.events_in_flight -= w->stores.size();
+    w->stores.clear();
   }
-  stats_.events_in_flight -= w->loads.size() + w->stores.size();
   if (auto it = workers_per_uid_.find(w->registration.uid);
       it != workers_per_uid_.end() && --it->second == 0) {
     workers_per_uid_.erase(it);
@@ -180,17 +202,54 @@ Status Coordinator::DropWorker(WorkerId worker) {
     segment_workers_.erase(it);
     if (options_.trim_segment) options_.trim_segment(w->segment);
   }
-  workers_.erase(worker);
+  const WorkerId scheduler = w->registration.scheduler;
+  const int32_t rank = w->registration.rank;
+  if (!w->loads.empty() || !w->stores.empty()) {
+    w->dropped = true;
+    // A vacant rank copies nothing, and none can attach any more. (Marking
+    // may forget the scheduler: `w` is not used after.)
+    const std::vector<WorkerId> ranks = w->rank_workers;
+    for (size_t r = 0; r < ranks.size(); ++r) {
+      if (ranks[r] == 0) {
+        MarkRanksDone(worker, static_cast<int32_t>(r), {},
+                      /*dropped_rank=*/true, {});
+      }
+    }
+  } else {
+    workers_.erase(worker);
+  }
+  if (scheduler != 0) {
+    // A rank: it fails its part of every event it had not completed.
+    const auto s = workers_.find(scheduler);
+    if (s != workers_.end()) {
+      s->second.rank_workers[static_cast<size_t>(rank)] = 0;
+      MarkRanksDone(scheduler, rank, {}, /*dropped_rank=*/true, {});
+    }
+  }
+  MaybeSpill();
   return Status::Ok();
 }
 
 StatusOr<Coordinator::WorkerState*> Coordinator::FindWorker(WorkerId worker) {
   auto it = workers_.find(worker);
-  if (it == workers_.end()) {
+  if (it == workers_.end() || it->second.dropped) {
     return Status::NotFound("worker " + std::to_string(worker) +
                             " is not registered");
   }
   return &it->second;
+}
+
+StatusOr<Coordinator::WorkerState*> Coordinator::FindRequestWorker(
+    WorkerId worker) {
+  TIERKV_ASSIGN_OR_RETURN(WorkerState * w, FindWorker(worker));
+  if (w->registration.scheduler != 0) {
+    return Status::FailedPrecondition(
+        WorkerName(worker) + " is rank " +
+        std::to_string(w->registration.rank) + " of scheduler " +
+        WorkerName(w->registration.scheduler) +
+        ": it copies that scheduler's events and makes no requests");
+  }
+  return w;
 }
 
 Status Coordinator::CheckDeviceBlocks(const WorkerState& w,
@@ -315,7 +374,7 @@ StatusOr<LookupResult> Coordinator::Lookup(WorkerId worker, RequestId request,
                                            std::span<const TokenId> tokens,
                                            int32_t num_computed_tokens,
                                            const RequestExtras& extras) {
-  TIERKV_ASSIGN_OR_RETURN(WorkerState * w, FindWorker(worker));
+  TIERKV_ASSIGN_OR_RETURN(WorkerState * w, FindRequestWorker(worker));
   const int32_t bs = options_.layout.block_size;
   if (tokens.empty() || tokens.size() > options_.max_request_tokens) {
     return Status::InvalidArgument("lookup of " +
@@ -353,7 +412,7 @@ StatusOr<LookupResult> Coordinator::Lookup(WorkerId worker, RequestId request,
 
 StatusOr<LookupResult> Coordinator::LookupChunk(
     WorkerId worker, RequestId request, std::span<const TokenId> tokens) {
-  TIERKV_ASSIGN_OR_RETURN(WorkerState * w, FindWorker(worker));
+  TIERKV_ASSIGN_OR_RETURN(WorkerState * w, FindRequestWorker(worker));
   if (tokens.empty() || tokens.size() > options_.max_request_tokens) {
     return Status::InvalidArgument("chunk lookup of " +
                                    std::to_string(tokens.size()) +
@@ -457,7 +516,7 @@ LookupResult Coordinator::FindHits(WorkerState* w, RequestState* r,
 StatusOr<AllocateResult> Coordinator::Allocate(
     WorkerId worker, RequestId request, std::span<const BlockId> device_blocks,
     int32_t num_external_tokens) {
-  TIERKV_ASSIGN_OR_RETURN(WorkerState * w, FindWorker(worker));
+  TIERKV_ASSIGN_OR_RETURN(WorkerState * w, FindRequestWorker(worker));
   auto it = w->requests.find(request);
   if (it == w->requests.end()) {
     return Status::FailedPrecondition(RequestName(request) +
@@ -566,7 +625,7 @@ StatusOr<AllocateResult> Coordinator::Allocate(
 StatusOr<CommitResult> Coordinator::Commit(
     WorkerId worker, RequestId request, int32_t num_computed_tokens,
     std::span<const BlockId> device_blocks) {
-  TIERKV_ASSIGN_OR_RETURN(WorkerState * w, FindWorker(worker));
+  TIERKV_ASSIGN_OR_RETURN(WorkerState * w, FindRequestWorker(worker));
   auto it = w->requests.find(request);
   if (it == w->requests.end() || !it->second.allocated) {
     return Status::FailedPrecondition(RequestName(request) +
@@ -692,12 +751,20 @@ std::vector<BlockId> Coordinator::CompletedStoreSlots(
     WorkerId worker, std::span<const CompletedEvent> events) const {
   std::vector<BlockId> out;
   if (!options_.slot_checksum) return out;
-  const auto w = workers_.find(worker);
+  auto w = workers_.find(worker);
+  if (w == workers_.end()) return out;
+  // A rank's completions complete its scheduler's events.
+  const int32_t rank = w->second.registration.rank;
+  const bool is_rank = w->second.registration.scheduler != 0;
+  if (is_rank) w = workers_.find(w->second.registration.scheduler);
   if (w == workers_.end()) return out;
   for (const CompletedEvent& done : events) {
     if (done.ref.kind != EventKind::kStore || !done.ok) continue;
     const auto it = w->second.stores.find(done.ref.id);
     if (it == w->second.stores.end()) continue;
+    if (is_rank && !RankCompletesOk(w->second, it->second, rank, done.ok)) {
+      continue;
+    }
     const std::vector<BlockId>& slots = it->second.event.host_blocks;
     out.insert(out.end(), slots.begin(), slots.end());
   }
@@ -708,9 +775,48 @@ Status Coordinator::Complete(WorkerId worker,
                              std::span<const CompletedEvent> events,
                              std::span<const SlotChecksum> checksums) {
   TIERKV_ASSIGN_OR_RETURN(WorkerState * w, FindWorker(worker));
+  std::vector<SlotChecksum> sorted(checksums.begin(), checksums.end());
+  std::ranges::sort(sorted, {}, &SlotChecksum::slot);
+  if (const WorkerId scheduler = w->registration.scheduler; scheduler != 0) {
+    const int32_t rank = w->registration.rank;
+    const auto s = workers_.find(scheduler);
+    if (s == workers_.end()) {
+      return Status::NotFound("the scheduler of " + WorkerName(worker) + ", " +
+                              WorkerName(scheduler) + ", is gone");
+    }
+    TIERKV_RETURN_IF_ERROR(CheckCompletions(scheduler, s->second, events));
+    for (const CompletedEvent& done : events) {
+      const auto& in_flight = done.ref.kind == EventKind::kLoad
+                                  ? s->second.loads
+                                  : s->second.stores;
+      if (in_flight.at(done.ref.id).ranks_done & (uint64_t{1} << rank)) {
+        return Status::InvalidArgument("rank " + std::to_string(rank) +
+                                       " completed " + EventName(done.ref) +
+                                       " already");
+      }
+    }
+    MarkRanksDone(scheduler, rank, events, /*dropped_rank=*/false, sorted);
+    MaybeSpill();
+    return Status::Ok();
+  }
+  if (w->registration.ranks > 0) {
+    return Status::FailedPrecondition(WorkerName(worker) +
+                                      " is a scheduler: its " +
+                                      std::to_string(w->registration.ranks) +
+                                      " rank workers complete its events");
+  }
+  TIERKV_RETURN_IF_ERROR(CheckCompletions(worker, *w, events));
+  ApplyCompletions(w, events, sorted);
+  MaybeSpill();
+  return Status::Ok();
+}
+
+Status Coordinator::CheckCompletions(
+    WorkerId worker, const WorkerState& w,
+    std::span<const CompletedEvent> events) const {
   for (size_t i = 0; i < events.size(); ++i) {
     const EventRef& ref = events[i].ref;
-    const auto& in_flight = ref.kind == EventKind::kLoad ? w->loads : w->stores;
+    const auto& in_flight = ref.kind == EventKind::kLoad ? w.loads : w.stores;
     auto found = in_flight.find(ref.id);
     if (found == in_flight.end()) {
       return Status::NotFound(EventName(ref) + " is not in flight for worker " +
@@ -727,8 +833,12 @@ Status Coordinator::Complete(WorkerId worker,
       }
     }
   }
-  std::vector<SlotChecksum> sorted(checksums.begin(), checksums.end());
-  std::ranges::sort(sorted, {}, &SlotChecksum::slot);
+  return Status::Ok();
+}
+
+void Coordinator::ApplyCompletions(WorkerState* w,
+                                   std::span<const CompletedEvent> events,
+                                   std::span<const SlotChecksum> sorted) {
   for (const CompletedEvent& done : events) {
     if (done.ref.kind == EventKind::kLoad) {
       auto it = w->loads.find(done.ref.id);
@@ -745,12 +855,10 @@ Status Coordinator::Complete(WorkerId worker,
     }
     --stats_.events_in_flight;
   }
-  MaybeSpill();
-  return Status::Ok();
 }
 
 Status Coordinator::Finish(WorkerId worker, RequestId request) {
-  TIERKV_ASSIGN_OR_RETURN(WorkerState * w, FindWorker(worker));
+  TIERKV_ASSIGN_OR_RETURN(WorkerState * w, FindRequestWorker(worker));
   auto it = w->requests.find(request);
   if (it == w->requests.end()) {
     return Status::NotFound(RequestName(request) + " is not known");

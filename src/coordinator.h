@@ -24,6 +24,17 @@
 // DropWorker releases every pin a dead worker held; a slot it was writing
 // goes back to the free queue without a key, so it is never served.
 //
+// Split roles (WorkerRegistration::ranks, scheduler, rank): a scheduler
+// makes the calls above but copies nothing; each of its `ranks` rank
+// workers (tensor-parallel workers, one shard of the heads each) copies
+// every event the scheduler hands out and completes it for itself. An event
+// completes once every rank has completed it, failed if any rank failed; a
+// rank that is dropped fails its part of every event it has not completed,
+// so no event waits on a dead rank. A scheduler dropped while ranks may
+// still copy its events keeps those events' slots pinned (its requests and
+// untaken loads go at once) until the ranks complete them or are dropped:
+// no slot a live rank may still read or write is reused.
+//
 // With a lower tier (the disk tier, options.lower):
 //   Lookup   also reports blocks the lower tier holds (disk hits), after
 //            and between host hits, without touching the disk.
@@ -226,7 +237,9 @@ class Coordinator {
   // worker's differs from the store's; InvalidArgument for a malformed
   // registration.
   StatusOr<WorkerId> RegisterWorker(const WorkerRegistration& registration);
-  // The worker is gone: releases all its pins. NotFound if unknown.
+  // The worker is gone: releases all its pins (a scheduler's events that
+  // its ranks may still be copying: once they are done, see "Split roles").
+  // NotFound if unknown.
   Status DropWorker(WorkerId worker);
   // The host segment the worker's tenant uses (CoordinatorOptions::
   // max_tenants): 0 without tenant isolation. NotFound if unknown.
@@ -261,6 +274,9 @@ class Coordinator {
                                 int32_t num_computed_tokens,
                                 std::span<const BlockId> device_blocks);
   // Validates every ref (in flight, this worker's) before applying any.
+  // A rank worker completes its part of its scheduler's events; an event
+  // is applied once every rank has. FailedPrecondition for a scheduler
+  // with ranks (they complete its events).
   // A finished store's slots keep the checksum of their bytes: from
   // `checksums` when it names the slot (computed outside the owner's lock,
   // over CompletedStoreSlots), otherwise from options.slot_checksum.
@@ -339,6 +355,10 @@ class Coordinator {
     std::vector<LoadSlot> slots;               // Load: one per block.
     int32_t promoting = 0;                     // Load: promotions not finished.
     bool pending = false;  // Load: not handed to the worker yet.
+    // A scheduler's event: the ranks that completed (or were dropped
+    // before completing) it, one bit per rank, and whether any failed.
+    uint64_t ranks_done = 0;
+    bool rank_failed = false;
     std::chrono::steady_clock::time_point started;  // Allocate or Commit.
   };
   // A spill or promotion the lower tier is running.
@@ -387,6 +407,11 @@ class Coordinator {
     int64_t pinned_slots = 0;
     size_t request_bytes = 0;  // Sum of its requests' state_bytes.
     uint32_t segment = 0;      // Its tenant's host segment.
+    // A scheduler: its rank workers by rank (0 while a rank is vacant).
+    std::vector<WorkerId> rank_workers;
+    // A scheduler dropped while ranks still copy its events: it stays for
+    // those events only (see "Split roles").
+    bool dropped = false;
   };
   // What the coordinator knows of a host slot's bytes.
   struct SlotCheck {
@@ -400,6 +425,31 @@ class Coordinator {
   Coordinator(const CoordinatorOptions& options, BlockPool host_pool);
 
   StatusOr<WorkerState*> FindWorker(WorkerId worker);
+  // FindWorker for a call that makes or changes requests: a rank worker
+  // makes none (FailedPrecondition naming its scheduler).
+  StatusOr<WorkerState*> FindRequestWorker(WorkerId worker);
+  // Split roles (src/coordinator_ranks.cc).
+  // OK, or why `registration`'s roles cannot be registered.
+  Status CheckRoles(const WorkerRegistration& registration) const;
+  // The scheduler's rank events that every rank has completed now:
+  // `rank`'s completion of `events` (validated) marked done, or, with
+  // `events` empty and `dropped_rank`, everything it had not completed
+  // failed. Applies them; forgets a dropped scheduler with nothing left.
+  void MarkRanksDone(WorkerId scheduler, int32_t rank,
+                     std::span<const CompletedEvent> events, bool dropped_rank,
+                     std::span<const SlotChecksum> checksums);
+  // Validates each completion of a worker's own events: in flight, handed
+  // out, none twice.
+  Status CheckCompletions(WorkerId worker, const WorkerState& w,
+                          std::span<const CompletedEvent> events) const;
+  // Applies completions (checked) of `w`'s events. `checksums`: sorted by
+  // slot.
+  void ApplyCompletions(WorkerState* w, std::span<const CompletedEvent> events,
+                        std::span<const SlotChecksum> checksums);
+  // Whether `store` becomes a successful completion when `rank` completes
+  // it with `ok`.
+  static bool RankCompletesOk(const WorkerState& scheduler,
+                              const InFlight& store, int32_t rank, bool ok);
   // The request's state for a new lookup: fresh, or a stale lookup's with
   // its pins dropped. FailedPrecondition once allocated.
   // ResourceExhausted, and nothing changed, past the worker's caps on

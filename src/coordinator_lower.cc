@@ -177,7 +177,7 @@ void Coordinator::FinishSpill(const LowerOp& op, const Status& status) {
 
 StatusOr<std::vector<TransferEvent>> Coordinator::TakeReadyLoads(
     WorkerId worker) {
-  TIERKV_ASSIGN_OR_RETURN(WorkerState * w, FindWorker(worker));
+  TIERKV_ASSIGN_OR_RETURN(WorkerState * w, FindRequestWorker(worker));
   std::vector<TransferEvent> out;
   for (uint64_t id : w->ready_loads) {
     InFlight& load = w->loads.at(id);

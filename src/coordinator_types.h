@@ -25,6 +25,14 @@ struct WorkerRegistration {
   // credentials. Caps count workers per uid.
   uint32_t uid = 0;
   std::string name;  // For people: shown by tierkv-admin.
+  // A scheduler (ClientOptions::copies = kRanks): its events are copied by
+  // this many rank workers and complete once each of them has completed
+  // them. 0: the worker completes its own events.
+  int32_t ranks = 0;
+  // A rank worker: the scheduler whose events it copies, and its rank in
+  // [0, that scheduler's ranks). 0: not a rank worker.
+  WorkerId scheduler = 0;
+  int32_t rank = 0;
 };
 
 // The tiers an operator's Clear empties.

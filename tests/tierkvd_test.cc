@@ -131,7 +131,7 @@ TEST_F(TierkvdTest, MalformedMessagesGetErrorsAndOthersAreServed) {
   EXPECT_EQ(call(cut).code(), StatusCode::kInvalidArgument);
   // Wrong protocol version.
   std::vector<std::byte> old = lookup;
-  old[4] = std::byte{9};
+  old[4] = static_cast<std::byte>(ipc::kProtocolVersion + 1);
   EXPECT_EQ(call(old).code(), StatusCode::kFailedPrecondition);
   // Garbage.
   EXPECT_EQ(call(std::vector<std::byte>(64, std::byte{0x5A})).code(),

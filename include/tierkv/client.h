@@ -138,8 +138,6 @@ struct FinishedTransfer {
   }
 };
 
-inline constexpr int32_t kMaxRanks = 64;
-
 class Client {
  public:
   // Attaches to the tierkvd on options.socket_path (InvalidArgument when
@@ -234,6 +232,7 @@ class Client {
   CopyMode copies() const;
   bool embedded() const;
   const KvLayout& layout() const;
+  // REQUIRES: copies() == kClient (other modes have no device tier).
   DeviceTier& device();
   size_t transfers_in_flight() const;
   // Loads waiting for promotions from disk.

@@ -14,6 +14,10 @@
 
 namespace tierkv {
 
+// The most rank clients (tensor-parallel workers) that copy the events of
+// one scheduler (ClientOptions::ranks in tierkv/client.h).
+inline constexpr int32_t kMaxRanks = 64;
+
 enum class EventKind : uint8_t { kLoad = 1, kStore = 2 };
 const char* EventKindName(EventKind kind);  // "load", "store"
 
