@@ -85,10 +85,12 @@ def test_config_from_vllm_without_vllm_installed():
         cache_config=SimpleNamespace(block_size=16, cache_dtype="auto"),
         parallel_config=SimpleNamespace(tensor_parallel_size=2,
                                         pipeline_parallel_size=1))
-    c = tierkv.vllm.TierkvConfig.from_vllm_config(config)
+    c = tierkv.vllm.TierkvConfig.from_vllm_config(
+        config, SimpleNamespace(num_blocks=1000))
     assert c.layout == tierkv.KvLayout(32, 8, 128, block_size=16,
                                        dtype="bf16")
-    assert (c.socket, c.model, c.tp_size) == ("/tmp/x.sock", "org/model", 2)
+    assert (c.socket, c.model, c.tp_size, c.num_device_blocks) == (
+        "/tmp/x.sock", "org/model", 2, 1000)
     config.cache_config.cache_dtype = "fp8"
     with pytest.raises(ValueError, match="fp8"):
         tierkv.vllm.TierkvConfig.from_vllm_config(config)
@@ -103,7 +105,8 @@ def test_scheduler_refuses_a_layout_tierkvd_does_not_serve(daemon):
             vllm_config({"socket": daemon.socket, "model": "",
                          "num_layers": LAYERS + 1, "num_kv_heads": KV_HEADS,
                          "head_dim": HEAD_DIM, "block_size": BLOCK,
-                         "dtype": "bf16", "tp_size": 2}),
+                         "dtype": "bf16", "tp_size": 2,
+                         "num_device_blocks": 8}),
             tierkv.vllm.KVConnectorRole.SCHEDULER)
 
 
@@ -193,6 +196,20 @@ def test_lost_tierkvd_reports_load_errors_and_attaches_again(
     assert engine.verify("r4", 32) == {0: [], 1: []}
 
 
+def test_tierkvd_lost_before_allocation_fails_the_whole_load(
+        engine, daemon):
+    _store_prefix(engine, "r1", PREFIX + [1])
+    assert engine.lookup("r2", PREFIX + [2]) == (64, True)
+    daemon.kill()
+    engine.allocate("r2")  # tierkvd is gone: the load never starts.
+    blocks = list(engine.requests["r2"].blocks)
+    engine.run_until(lambda: "r2" in engine.received)
+    assert engine.load_errors == set(blocks)
+    engine.step()  # vLLM recomputes the whole prompt.
+    assert [c[1:] for c in engine.computed] == [(0, len(PREFIX) + 1)]
+    assert engine.verify("r2", len(PREFIX) + 1) == {0: [], 1: []}
+
+
 def test_worker_killed_mid_load_releases_slots_and_a_new_rank_serves(
         engine, daemon):
     _store_prefix(engine, "r1", PREFIX + [1])
@@ -255,10 +272,13 @@ def test_load_cut_short_by_a_failed_promotion_names_its_blocks(
         _admin(daemon, "evict", keys[2])
         engine.allocate("r3")  # Its load waits for the promotions.
         blocks = engine.requests["r3"].blocks
+        observer.wait_idle(20.0)  # They are done (one failed).
         engine.run_until(lambda: "r3" in engine.received)
         assert engine.load_errors == set(blocks[2:4])
         assert engine.verify("r3", 2 * BLOCK) == {0: [], 1: []}
         engine.step()  # Recomputes from the first failed block.
+        assert [c[1:] for c in engine.computed] == [(2 * BLOCK,
+                                                     len(PREFIX) + 1)]
         assert engine.verify("r3", len(PREFIX) + 1) == {0: [], 1: []}
     finally:
         engine.close()

@@ -239,8 +239,9 @@ class Engine:
         self.tp = int(extra["tp_size"])
         self.bs = int(extra["block_size"])
         self.num_blocks = num_blocks
-        self.scheduler = TierkvConnector(vllm_config(extra),
-                                         KVConnectorRole.SCHEDULER)
+        self.scheduler = TierkvConnector(
+            vllm_config(extra), KVConnectorRole.SCHEDULER,
+            SimpleNamespace(num_blocks=num_blocks))  # vLLM's KVCacheConfig.
         self.workers: list[WorkerHandle] = []
         self.workers = [WorkerHandle(r, extra, num_blocks)
                         for r in range(self.tp)]
@@ -252,6 +253,8 @@ class Engine:
         self.received: set[str] = set()  # Every rank reported it.
         self.sent: set[str] = set()
         self.load_errors: set[int] = set()
+        # The last step's forward: (blocks, first token, end) per request.
+        self.computed: list[tuple] = []
 
     def close(self) -> None:
         for w in self.workers:
@@ -351,6 +354,7 @@ class Engine:
             total_num_scheduled_tokens=sum(scheduled.values()),
             finished_req_ids=self.finished_ids, preempted_req_ids=set())
         self.finished_ids = set()
+        self.computed = [(c[0], c[2], c[3]) for c in compute]
         meta = self.scheduler.build_connector_meta(out)
         for req in self.requests.values():
             if req.scheduled and req.state == "prefill":

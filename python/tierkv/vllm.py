@@ -140,9 +140,13 @@ class TierkvConfig:
     save_timeout: float = DEFAULT_SAVE_TIMEOUT
     tp_size: int = 1
     rank: Optional[int] = None
+    # vLLM's device blocks per worker (the scheduler's block ids are below
+    # it): extra config num_device_blocks, else the KV cache config's.
+    num_device_blocks: int = 0
 
     @classmethod
-    def from_vllm_config(cls, vllm_config: Any) -> "TierkvConfig":
+    def from_vllm_config(cls, vllm_config: Any,
+                         kv_cache_config: Any = None) -> "TierkvConfig":
         """Reads the settings; ValueError naming what is missing or wrong."""
         transfer = getattr(vllm_config, "kv_transfer_config", None)
         extra = dict(config_value(transfer, "kv_connector_extra_config", None)
@@ -170,6 +174,10 @@ class TierkvConfig:
         if model is None:
             model = str(config_value(model_config, "model", "") or "")
         rank = extra.get("rank")
+        blocks = extra.get("num_device_blocks",
+                           config_value(kv_cache_config, "num_blocks", None))
+        if blocks is None:
+            blocks = config_value(cache_config, "num_gpu_blocks", 0)
         return cls(socket=str(extra.get("socket", DEFAULT_SOCKET)),
                    layout=layout,
                    model=str(model),
@@ -179,7 +187,8 @@ class TierkvConfig:
                    save_timeout=float(extra.get("save_timeout",
                                                 DEFAULT_SAVE_TIMEOUT)),
                    tp_size=tp_size,
-                   rank=None if rank is None else int(rank))
+                   rank=None if rank is None else int(rank),
+                   num_device_blocks=int(blocks or 0))
 
 
 def _from_model(extra: dict, key: str, model_config: Any,
@@ -358,8 +367,14 @@ class _SchedulerSide:
             return True
         try:
             if self._client is None:
+                if self._config.num_device_blocks < 1:
+                    raise ValueError(
+                        "tierkv: the number of vLLM's device blocks is not "
+                        "known (no KV cache config); name it in "
+                        "kv_connector_extra_config ('num_device_blocks')")
                 self._client = tierkv.Client.open(
                     self._config.socket, self._config.layout,
+                    self._config.num_device_blocks,
                     model=self._config.model, tenant=self._config.tenant,
                     name=self._config.name or "vllm-scheduler",
                     copies="ranks", ranks=self._config.tp_size,
@@ -443,10 +458,10 @@ class _SchedulerSide:
             if req.recving:
                 self._failed_recvs.append(FailedRecv(rid, req.load_blocks))
             return
-        if result.load is not None:
-            self._loads.append(self._load_op(rid, req, result.load))
-        elif result.load_pending:
+        if result.load_pending:  # take_ready_loads hands it out later.
             req.pending = True
+        elif result.load is not None:
+            self._loads.append(self._load_op(rid, req, result.load))
         elif req.recving:
             self._failed_recvs.append(FailedRecv(rid, req.load_blocks))
 
@@ -787,7 +802,8 @@ class TierkvConnector(KVConnectorBase_V1):
     def __init__(self, vllm_config: Any, role: Any,
                  kv_cache_config: Any = None) -> None:
         _base_init(self, vllm_config, role, kv_cache_config)
-        self._config = TierkvConfig.from_vllm_config(vllm_config)
+        self._config = TierkvConfig.from_vllm_config(vllm_config,
+                                                     kv_cache_config)
         self._scheduler: Optional[_SchedulerSide] = None
         self._worker: Optional[_WorkerSide] = None
         if _is_scheduler(role):
