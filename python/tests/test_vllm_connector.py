@@ -130,6 +130,21 @@ def test_stored_prefix_loads_on_both_ranks(engine, daemon):
     assert stats["host"]["loads_completed"] == 4
 
 
+def test_preempted_request_loads_the_blocks_it_stored(engine):
+    tokens = PREFIX + [4, 5, 6]
+    assert engine.add("r1", tokens) == (0, False)
+    engine.step()  # Computes and stores its four full blocks.
+    engine.preempt("r1")
+    engine.step()
+    assert engine.resume("r1") == (64, True)
+    engine.run_until(lambda: "r1" in engine.received)
+    assert engine.verify("r1", 64) == {0: [], 1: []}
+    engine.step()  # Scheduled as resumed: the three tokens after the hit.
+    assert [c[1:] for c in engine.computed] == [(64, len(tokens))]
+    assert engine.verify("r1", len(tokens)) == {0: [], 1: []}
+    assert engine.finish("r1") is False  # Its blocks were stored before.
+
+
 def test_request_aborted_before_its_load_never_corrupts_reused_blocks(
         engine, daemon):
     _store_prefix(engine, "r1", PREFIX + [1])

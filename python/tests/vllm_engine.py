@@ -176,6 +176,7 @@ class Request:
     state: str = "prefill"
     scheduled: bool = False
     external: int = 0  # Tokens the connector's lookup offered.
+    resumed: bool = False  # Preempted: scheduled again as a cached request.
     failed_at: Optional[int] = None  # First block a load failed.
 
     # What the connector reads of vLLM's Request.
@@ -255,6 +256,7 @@ class Engine:
         self.load_errors: set[int] = set()
         # The last step's forward: (blocks, first token, end) per request.
         self.computed: list[tuple] = []
+        self.preempted: set[str] = set()
 
     def close(self) -> None:
         for w in self.workers:
@@ -283,7 +285,9 @@ class Engine:
         return result
 
     def lookup(self, rid: str, tokens: list[int]) -> tuple[int, bool]:
-        req = self.requests[rid] = Request(rid, list(tokens))
+        req = self.requests.get(rid)
+        if req is None or req.state != "preempted":
+            req = self.requests[rid] = Request(rid, list(tokens))
         ext, load_async = self.scheduler.get_num_new_matched_tokens(req, 0)
         req.external = ext or 0
         return ext, load_async
@@ -298,6 +302,22 @@ class Engine:
         else:
             req.blocks = self._alloc(-(-len(tokens) // self.bs))
         self.scheduler.update_state_after_alloc(req, _Blocks(req.blocks), ext)
+
+    def preempt(self, rid: str) -> None:
+        """vLLM's _preempt_request: blocks freed, everything to recompute;
+        `resume` looks it up again."""
+        req = self.requests[rid]
+        self.free.extend(reversed(req.blocks))
+        req.blocks, req.num_computed, req.scheduled = [], 0, False
+        req.state, req.resumed = "preempted", True
+        self.preempted.add(rid)
+
+    def resume(self, rid: str) -> tuple[int, bool]:
+        result = self.lookup(rid, self.requests[rid].tokens)
+        req = self.requests[rid]
+        req.state = "prefill"
+        self.allocate(rid)
+        return result
 
     def finish(self, rid: str) -> bool:
         """The request finished or was aborted: vLLM's _free_request. Returns
@@ -334,26 +354,33 @@ class Engine:
         """schedule(): the SchedulerOutput, the connector's metadata (pickled,
         as sent to workers) and what the forward computes."""
         new, compute, scheduled = [], [], {}
+        cached = SimpleNamespace(req_ids=[], new_block_ids=[],
+                                 num_computed_tokens=[],
+                                 resumed_req_ids=set())
         for req in self.requests.values():
             if req.state != "prefill" or req.scheduled:
                 continue
-            new.append(SimpleNamespace(
-                req_id=req.request_id, block_ids=(list(req.blocks),),
-                num_computed_tokens=req.num_computed,
-                prompt_token_ids=req.tokens))
+            if req.resumed:  # Its whole block list, anew.
+                cached.req_ids.append(req.request_id)
+                cached.new_block_ids.append((list(req.blocks),))
+                cached.num_computed_tokens.append(req.num_computed)
+                cached.resumed_req_ids.add(req.request_id)
+            else:
+                new.append(SimpleNamespace(
+                    req_id=req.request_id, block_ids=(list(req.blocks),),
+                    num_computed_tokens=req.num_computed,
+                    prompt_token_ids=req.tokens))
             scheduled[req.request_id] = len(req.tokens) - req.num_computed
             compute.append((list(req.blocks), req.tokens, req.num_computed,
                             len(req.tokens)))
             req.scheduled = True
         out = SimpleNamespace(
-            scheduled_new_reqs=new,
-            scheduled_cached_reqs=SimpleNamespace(
-                req_ids=[], new_block_ids=[], num_computed_tokens=[],
-                resumed_req_ids=set()),
+            scheduled_new_reqs=new, scheduled_cached_reqs=cached,
             num_scheduled_tokens=scheduled,
             total_num_scheduled_tokens=sum(scheduled.values()),
-            finished_req_ids=self.finished_ids, preempted_req_ids=set())
-        self.finished_ids = set()
+            finished_req_ids=self.finished_ids,
+            preempted_req_ids=self.preempted)
+        self.finished_ids, self.preempted = set(), set()
         self.computed = [(c[0], c[2], c[3]) for c in compute]
         meta = self.scheduler.build_connector_meta(out)
         for req in self.requests.values():
