@@ -117,6 +117,42 @@ def test_pages_set_from_one_pool_come_back_into_another(daemon, layout):
     reader.close()
 
 
+def test_pages_spilled_to_disk_come_back_through_promotions(
+        start_tierkvd, tmp_path):
+    layout = tierkv.KvLayout(LAYERS, HEADS, HEAD_DIM, block_size=PAGE,
+                             dtype="bf16")
+    # Eight host slots, spilling to disk past half of them.
+    daemon = start_tierkvd(
+        layout=layout, host_bytes=9 * layout.block_bytes,
+        disk_dir=str(tmp_path / "disk"),
+        extra_args=("--disk-capacity", "64M", "--spill-high", "0.5",
+                    "--spill-low", "0.25"))
+    src_pool, dst_pool = HostPool("page_first"), HostPool("page_first")
+    for p in range(8):
+        src_pool.fill(p, seed=20 + p)
+    keys = [f"spilled-{i}" for i in range(8)]
+    writer = _storage(daemon.socket)
+    writer.register_mem_pool_host(src_pool)
+    # Four at a time: a worker pins at most its share of the host slots.
+    for first in (0, 4):
+        assert writer.batch_set_v1(keys[first:first + 4], _indices(
+            list(range(first, first + 4)))) == [True] * 4
+        writer.client.wait_idle(20.0)  # Spilled down to two host slots.
+    assert writer.batch_exists(keys) == 8
+
+    reader = _storage(daemon.socket)
+    reader.register_mem_pool_host(dst_pool)
+    pages = list(range(8, 16))
+    for first in (0, 4):
+        assert reader.batch_get_v1(keys[first:first + 4], _indices(
+            pages[first:first + 4])) == [True] * 4
+    for src, dst in zip(range(8), pages):
+        assert torch.equal(dst_pool.page(dst), src_pool.page(src)), src
+    stats = reader.client.stats()
+    assert stats["host"]["promotions"] > 0
+    assert stats["host"]["pinned_slots"] == 0
+
+
 def test_tensor_parallel_ranks_keep_their_own_pages(daemon):
     # tierkvd's layout is one rank's: HEADS heads of each rank's shard.
     pools = [HostPool("layer_first"), HostPool("layer_first")]

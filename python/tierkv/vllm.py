@@ -304,7 +304,6 @@ class _Request:
 
     tid: Optional[int] = None  # tierkv's request id in this session.
     num_computed: int = 0  # vLLM's local hit at the last lookup.
-    hit: int = 0
     allocated: bool = False
     block_ids: list[int] = dataclasses.field(default_factory=list)
     recving: bool = False  # vLLM waits for finished_recving.
@@ -425,8 +424,8 @@ class _SchedulerSide:
         req.num_computed = num_computed_tokens
         result = self._call("lookup", self._client.lookup, req.tid,
                             _request_tokens(request), num_computed_tokens)
-        req.hit = result.hit_tokens if result is not None else 0
-        return req.hit, req.hit > 0
+        hit = result.hit_tokens if result is not None else 0
+        return hit, hit > 0
 
     def update_state_after_alloc(self, request: Any, blocks: Any,
                                  num_external_tokens: int) -> None:
