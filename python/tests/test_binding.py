@@ -128,7 +128,7 @@ def test_rank_clients_copy_their_shards_of_one_block(tierkvd, layout):
     # loads the block whole: the two halves met in one host slot.
     full = paged_caches(layout, num_blocks=4)
     halves = [[c[:, :, :, r:r + 1].clone() for c in full] for r in (0, 1)]
-    with tierkv.Client.open(tierkvd.socket, layout, copies="ranks",
+    with tierkv.Client.open(tierkvd.socket, layout, 4, copies="ranks",
                             ranks=2) as scheduler:
         ranks = []
         for r in (0, 1):
@@ -205,6 +205,25 @@ def test_caller_mode_copies_through_host_block_views(tierkvd, layout):
         client.complete([tierkv.FinishedTransfer(loaded, None,
                                                  client.session)])
         assert client.stats()["host"]["loads_completed"] == 2
+
+
+def test_a_host_block_view_keeps_its_mapping_after_close(tierkvd, layout):
+    client = tierkv.Client.open(tierkvd.socket, layout, 4, copies="caller")
+    client.lookup(1, prompt(11, 1))
+    client.allocate(1, [0], 0)
+    slot = client.commit(1, BLOCK, [0]).stores[0].host_blocks[0]
+    view = client.host_block(slot)
+    client.close()
+    # The view holds the attachment: its memory stays mapped until it goes.
+    view[:4] = b"kv!!"
+    assert bytes(view[:4]) == b"kv!!"
+    with pytest.raises(tierkv.FailedPreconditionError):
+        client.host_block(slot)
+    del view
+    with pytest.raises(tierkv.OutOfRangeError):
+        with tierkv.Client.open(tierkvd.socket, layout, 4,
+                                copies="caller") as other:
+            other.host_block(0)  # The null slot.
 
 
 def test_a_failed_caller_copy_is_not_served(tierkvd, layout):
