@@ -202,7 +202,7 @@ class WorkerHandle:
                                 daemon=True)
         self.proc.start()
         child.close()
-        self.call("start")
+        self.send("start")  # Answered once its connector is registered.
 
     def send(self, *msg: Any) -> None:
         self.conn.send(msg)
@@ -243,9 +243,10 @@ class Engine:
         self.scheduler = TierkvConnector(
             vllm_config(extra), KVConnectorRole.SCHEDULER,
             SimpleNamespace(num_blocks=num_blocks))  # vLLM's KVCacheConfig.
-        self.workers: list[WorkerHandle] = []
-        self.workers = [WorkerHandle(r, extra, num_blocks)
-                        for r in range(self.tp)]
+        self.workers: list[WorkerHandle] = [
+            WorkerHandle(r, extra, num_blocks) for r in range(self.tp)]
+        for w in self.workers:  # They start side by side.
+            w.receive()
         self.free = list(range(num_blocks - 1, -1, -1))
         self.requests: dict[str, Request] = {}
         self.finished_ids: set[str] = set()
@@ -467,6 +468,7 @@ class Engine:
             old.kill()
         old.conn.close()
         self.workers[rank] = WorkerHandle(rank, self.extra, self.num_blocks)
+        self.workers[rank].receive()
         for rid, req in self.requests.items():
             if req.state in ("waiting_kv", "aborted_recving"):
                 self._recv_counts[rid] = self._recv_counts.get(rid, 0) + 1
