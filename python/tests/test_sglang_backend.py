@@ -183,6 +183,13 @@ def test_failures_raise_and_never_return_none(daemon):
     pool.fill(0, seed=3)
     backend.register_mem_pool_host(pool)
     assert backend.batch_set_v1(["k"], _indices([0])) == [True]
+    # A page past the pool fails the batch after the first load started;
+    # nothing stays pinned once the next batch is done.
+    with pytest.raises(tierkv.OutOfRangeError, match="device block 99"):
+        backend.batch_get_v1(["k", "k"], _indices([1, 99]))
+    assert backend.batch_get_v1(["k"], _indices([2])) == [True]
+    assert torch.equal(pool.page(2), pool.page(0))
+    assert backend.client.stats()["host"]["pinned_slots"] == 0
     daemon.kill()
     with pytest.raises(tierkv.UnavailableError):
         backend.batch_exists(["k"])

@@ -233,57 +233,62 @@ class TierkvStorage(HiCacheStorage):
         """Loads each key's page into its host pool page; per key, whether
         the page now holds it (False: not stored, or its load failed)."""
         with self._lock:
-            client = self._ready()
-            results = [False] * len(keys)
-            waiting: dict[int, int] = {}  # request -> key index
-            rids = []
-            try:
-                for i, key in enumerate(keys):
-                    rid = self._request()
-                    found = client.lookup_chunk(rid, self._tokens(key))
-                    rids.append(rid)
-                    if found.hit_tokens < self._page_size:
-                        continue
-                    alloc = client.allocate(rid, [self._page(host_indices,
-                                                             i)],
-                                            self._page_size)
-                    if alloc.load is not None or alloc.load_pending:
-                        waiting[rid] = i
-                for f in self._wait(client, set(waiting)):
-                    results[waiting[f.event.request]] = (
-                        f.ok and f.event.failed_blocks == 0 and
-                        f.loaded_blocks == 1)
-            finally:
-                self._finish(client, rids)
-            return results
+            return self._batch(keys, host_indices, self._start_get)
 
     def batch_set_v1(self, keys: List[str], host_indices: Any,
                      extra_info: Any = None) -> List[bool]:
         """Stores each key's host pool page; per key, whether tierkvd holds
         it now (True also for a key it held already)."""
         with self._lock:
-            client = self._ready()
-            results = [False] * len(keys)
-            waiting: dict[int, int] = {}
-            rids = []
-            try:
-                for i, key in enumerate(keys):
-                    rid = self._request()
-                    found = client.lookup_chunk(rid, self._tokens(key))
-                    rids.append(rid)
-                    if found.hit_tokens >= self._page_size:
-                        results[i] = True
-                        continue
-                    page = [self._page(host_indices, i)]
-                    client.allocate(rid, page, 0)
-                    commit = client.commit(rid, self._page_size, page)
-                    if commit.stores:
-                        waiting[rid] = i
-                for f in self._wait(client, set(waiting)):
-                    results[waiting[f.event.request]] = f.ok
-            finally:
-                self._finish(client, rids)
-            return results
+            return self._batch(keys, host_indices, self._start_set)
+
+    def _start_get(self, client: Any, rid: int, key: str, page: int
+                   ) -> Optional[bool]:
+        """Starts the load of `key` into `page`: None when it copies, else
+        the key's result."""
+        found = client.lookup_chunk(rid, self._tokens(key))
+        if found.hit_tokens < self._page_size:
+            return False
+        alloc = client.allocate(rid, [page], self._page_size)
+        return None if alloc.load is not None or alloc.load_pending else False
+
+    def _start_set(self, client: Any, rid: int, key: str, page: int
+                   ) -> Optional[bool]:
+        """Starts the store of `page` as `key`: None when it copies, else
+        the key's result (True: tierkvd holds the key already)."""
+        found = client.lookup_chunk(rid, self._tokens(key))
+        if found.hit_tokens >= self._page_size:
+            return True
+        client.allocate(rid, [page], 0)
+        commit = client.commit(rid, self._page_size, [page])
+        return None if commit.stores else False
+
+    def _batch(self, keys: List[str], host_indices: Any, start) -> List[bool]:
+        """start() each key's copy, then waits for them all; finishes every
+        request. A copy's result: it succeeded, whole."""
+        client = self._ready()
+        results = [False] * len(keys)
+        copying: dict[int, int] = {}  # request -> key index
+        rids = []
+        try:
+            for i, key in enumerate(keys):
+                rid = self._request()
+                rids.append(rid)
+                result = start(client, rid, key,
+                               self._page(host_indices, i))
+                if result is None:
+                    copying[rid] = i
+                else:
+                    results[i] = result
+            for f in self._wait(client, set(copying)):
+                results[copying[f.event.request]] = (
+                    f.ok and f.event.failed_blocks == 0)
+        except BaseException:
+            self._abandon(client, set(copying))
+            raise
+        finally:
+            self._finish(client, rids)
+        return results
 
     def _wait(self, client: Any, requests: set[int]) -> list:
         """Waits for the transfers of `requests`, completes them and returns
@@ -306,12 +311,25 @@ class TierkvStorage(HiCacheStorage):
                     done.append(f)
         return done
 
+    def _abandon(self, client: Any, requests: set[int]) -> None:
+        """After a failed batch: completes what of `requests` has finished
+        copying, so their slots are not held until the next batch."""
+        if not requests:
+            return
+        try:
+            finished = client.poll_events()
+            if finished:
+                client.complete(finished)
+        except tierkv.Error as e:
+            logger.warning("tierkv: %s", e)
+
     def _finish(self, client: Any, rids: list[int]) -> None:
         for rid in rids:
             try:
                 client.finish(rid)
             except tierkv.Error as e:
-                logger.warning("tierkv: finish: %s", e)
+                if e.code != "NOT_FOUND":  # Its lookup never happened.
+                    logger.warning("tierkv: finish: %s", e)
 
     # The value-based interface: HiCache uses batch_get_v1 / batch_set_v1
     # when the extra config says "interface_v1": 1.
