@@ -5,6 +5,7 @@ failures raise."""
 
 from __future__ import annotations
 
+import os
 from types import SimpleNamespace
 
 import pytest
@@ -198,3 +199,27 @@ def test_failures_raise_and_never_return_none(daemon):
     with pytest.raises(ValueError, match="MLA"):
         TierkvStorage(SimpleNamespace(is_mla_model=True, extra_config={}),
                       {})
+
+
+def test_backend_attaches_to_a_restarted_tierkvd(daemon, start_tierkvd,
+                                                 tmp_path):
+    # The backend's socket path: a link to the tierkvd serving now.
+    link = str(tmp_path / "tierkvd.sock")
+    os.symlink(daemon.socket, link)
+    pool = HostPool("layer_first")
+    pool.fill(0, seed=5)
+    backend = _storage(link)
+    backend.register_mem_pool_host(pool)
+    assert backend.batch_set_v1(["k"], _indices([0])) == [True]
+    daemon.kill()
+    with pytest.raises(tierkv.UnavailableError):
+        backend.batch_set_v1(["k"], _indices([0]))
+
+    restarted = start_tierkvd(layout=tierkv.KvLayout(
+        LAYERS, HEADS, HEAD_DIM, block_size=PAGE, dtype="bf16"))
+    os.unlink(link)
+    os.symlink(restarted.socket, link)
+    assert backend.batch_exists(["k"]) == 0  # A new, empty store.
+    assert backend.batch_set_v1(["k"], _indices([0])) == [True]
+    assert backend.batch_get_v1(["k"], _indices([1])) == [True]
+    assert torch.equal(pool.page(1), pool.page(0))
