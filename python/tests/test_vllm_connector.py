@@ -10,6 +10,7 @@ import time
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 import tierkv
 import tierkv.vllm
@@ -97,6 +98,27 @@ def test_config_from_vllm_without_vllm_installed():
     config.kv_transfer_config.kv_connector_extra_config["dtype"] = "f16"
     assert tierkv.vllm.TierkvConfig.from_vllm_config(
         config).layout.dtype == "f16"
+
+
+@pytest.mark.parametrize("shape", [
+    (2, 8, BLOCK, KV_HEADS // 2, HEAD_DIM),  # vLLM's FlashAttention layout.
+    (8, 2, BLOCK, KV_HEADS // 2, HEAD_DIM),  # FlashInfer's.
+])
+def test_worker_registers_paged_kv_caches_of_its_shard(shape):
+    extra = {"num_layers": LAYERS, "num_kv_heads": KV_HEADS,
+             "head_dim": HEAD_DIM, "block_size": BLOCK, "dtype": "bf16",
+             "tp_size": 2, "rank": 1, "model": ""}
+    worker = tierkv.vllm.TierkvConnector(vllm_config(extra),
+                                         tierkv.vllm.KVConnectorRole.WORKER)
+    caches = {f"layer.{l}": torch.zeros(shape, dtype=torch.bfloat16)
+              for l in range(LAYERS)}
+    worker.register_kv_caches(caches)  # Attaches on the first metadata.
+    assert worker.tierkv_client is None
+    # Every head instead of this rank's half: refused, naming the shape.
+    whole = {name: torch.zeros(shape[:3] + (KV_HEADS, HEAD_DIM),
+                               dtype=torch.bfloat16) for name in caches}
+    with pytest.raises(tierkv.InvalidArgumentError, match="shape"):
+        worker.register_kv_caches(whole)
 
 
 def test_scheduler_refuses_a_layout_tierkvd_does_not_serve(daemon):
