@@ -9,9 +9,16 @@
 // - BM_Store: one device->host job of the 64 blocks submitted to the tier,
 //   timed until its completion has been returned by WaitCompleted.
 // - BM_Load: the same job host->device.
+// - BM_RegisteredDeviceStore/Load: the same 64 blocks through a
+//   RegisteredDeviceTier over vLLM's paged layout (per layer one
+//   [2, 64, 16, heads, 128] bf16 tensor; 32 layers, 8 KV heads: 2 MiB
+//   blocks) into the same shared memory. tp:1 holds every head (one memcpy
+//   per plane); tp:2 is rank 0 of two (heads 0-3: one 1 KiB run per token
+//   and plane, half the bytes). Compare GiB/s with BM_Memcpy /
+//   BM_MemcpyHostToDevice.
 // Store and load include the submit, the hand-off to the copy-engine thread
 // and the wake-up of the waiter, so the figures are wall-clock (UseRealTime).
-// Every page of both buffers is written before timing, so first-touch page
+// Every page of every buffer is written before timing, so first-touch page
 // faults are not measured.
 //
 // The bar (device-tier issue): store and load each reach at least 80% of
@@ -39,6 +46,14 @@ namespace {
 constexpr int32_t kBlocks = 64;
 constexpr size_t kBlockBytes = size_t{2} << 20;
 constexpr size_t kTotalBytes = kBlocks * kBlockBytes;
+
+// The registered tier's model: 32 layers x 2 planes x 16 tokens x 8 heads x
+// 128 dims of bf16, kBlockBytes per block.
+const KvLayout kLayout{.num_layers = 32,
+                       .num_kv_heads = 8,
+                       .head_dim = 128,
+                       .block_size = 16,
+                       .dtype = DType::kBF16};
 
 [[noreturn]] void Die(const char* what) {
   std::fprintf(stderr, "store_load_bench: %s: %s\n", what,
@@ -123,40 +138,125 @@ void BM_MemcpyHostToDevice(benchmark::State& state) {
   state.SetBytesProcessed(state.iterations() * kTotalBytes);
 }
 
-void RunJobs(benchmark::State& state, CopyDirection direction) {
+// vLLM's paged KV for `tp` ranks' rank 0, in one anonymous mapping (huge
+// pages where granted, as the emulated arena gets), and the
+// RegisteredDeviceTier over it.
+struct RegisteredSetup {
+  explicit RegisteredSetup(int32_t tp) {
+    if (kLayout.BlockBytes() != kBlockBytes) {
+      std::fprintf(stderr, "store_load_bench: layout is not kBlockBytes\n");
+      std::exit(1);
+    }
+    const int32_t heads = kLayout.num_kv_heads / tp;
+    const size_t plane =
+        kLayout.block_size * heads * kLayout.head_dim * kLayout.ElementSize();
+    const size_t layer_bytes = 2 * kBlocks * plane;
+    bytes = kLayout.num_layers * layer_bytes;
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) Die("mmap");
+    (void)madvise(p, bytes, MADV_HUGEPAGE);
+    memory = static_cast<std::byte*>(p);
+    Prefault(memory, bytes);
+    RegisteredDeviceOptions options{.layout = kLayout,
+                                    .num_blocks = kBlocks,
+                                    .first_head = 0,
+                                    .num_heads = heads};
+    for (int32_t l = 0; l < kLayout.num_layers; ++l) {
+      std::byte* layer = memory + l * layer_bytes;
+      options.layers.push_back(LayerMemory{.key = layer,
+                                           .value = layer + kBlocks * plane,
+                                           .block_stride = plane});
+    }
+    auto created = RegisteredDeviceTier::Create(std::move(options));
+    if (!created.ok()) {
+      std::fprintf(stderr, "store_load_bench: %s\n",
+                   created.status().ToString().c_str());
+      std::exit(1);
+    }
+    tier = std::move(created).value();
+  }
+  ~RegisteredSetup() {
+    tier.reset();
+    munmap(memory, bytes);
+  }
+
+  std::unique_ptr<RegisteredDeviceTier> tier;
+  std::byte* memory = nullptr;
+  size_t bytes = 0;
+};
+
+RegisteredSetup& Registered(int64_t tp) {
+  if (tp == 1) {
+    static RegisteredSetup whole(1);
+    return whole;
+  }
+  static RegisteredSetup shard(2);
+  return shard;
+}
+
+// One job of the 64 blocks per iteration, timed until its completion is
+// back; `bytes` is what one job moves.
+void RunJobs(benchmark::State& state, DeviceTier& tier, CopyDirection direction,
+             size_t bytes) {
   Setup& s = Shared();
   uint64_t tag = 0;
   for (auto _ : state) {
-    Status submitted = s.tier->Submit(CopyJob{.tag = ++tag,
-                                              .direction = direction,
-                                              .device_blocks = s.device_blocks,
-                                              .host_blocks = s.host_blocks});
+    Status submitted = tier.Submit(CopyJob{.tag = ++tag,
+                                           .direction = direction,
+                                           .device_blocks = s.device_blocks,
+                                           .host_blocks = s.host_blocks});
     if (!submitted.ok()) {
       state.SkipWithError(submitted.ToString().c_str());
       break;
     }
     std::vector<CopyCompletion> done =
-        s.tier->WaitCompleted(std::chrono::seconds(60));
+        tier.WaitCompleted(std::chrono::seconds(60));
     if (done.size() != 1 || done[0].tag != tag || !done[0].status.ok()) {
       state.SkipWithError("copy job did not complete");
       break;
     }
   }
-  state.SetBytesProcessed(state.iterations() * kTotalBytes);
+  state.SetBytesProcessed(state.iterations() * bytes);
 }
 
 void BM_Store(benchmark::State& state) {
-  RunJobs(state, CopyDirection::kDeviceToHost);
+  RunJobs(state, *Shared().tier, CopyDirection::kDeviceToHost, kTotalBytes);
 }
 
 void BM_Load(benchmark::State& state) {
-  RunJobs(state, CopyDirection::kHostToDevice);
+  RunJobs(state, *Shared().tier, CopyDirection::kHostToDevice, kTotalBytes);
+}
+
+void RunRegistered(benchmark::State& state, CopyDirection direction) {
+  RegisteredDeviceTier& tier = *Registered(state.range(0)).tier;
+  RunJobs(state, tier, direction, kBlocks * tier.shard_bytes());
+}
+
+void BM_RegisteredDeviceStore(benchmark::State& state) {
+  RunRegistered(state, CopyDirection::kDeviceToHost);
+}
+
+void BM_RegisteredDeviceLoad(benchmark::State& state) {
+  RunRegistered(state, CopyDirection::kHostToDevice);
 }
 
 BENCHMARK(BM_Memcpy)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Store)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_MemcpyHostToDevice)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Load)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_RegisteredDeviceStore)
+    ->ArgName("tp")
+    ->Arg(1)
+    ->Arg(2)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_RegisteredDeviceLoad)
+    ->ArgName("tp")
+    ->Arg(1)
+    ->Arg(2)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
 
 }  // namespace
 }  // namespace tierkv

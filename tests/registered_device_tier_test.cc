@@ -390,6 +390,20 @@ TEST(RegisteredDeviceLayouts, PageFirstShardRoundTripsItsHeads) {
   ExpectRoundTrip(m);
 }
 
+// Runs of 6 bytes at odd offsets: nothing may assume aligned or
+// 16-byte-multiple runs.
+TEST(RegisteredDeviceLayouts, UnalignedShardRoundTripsItsHeads) {
+  const KvLayout layout{.num_layers = 2,
+                        .num_kv_heads = 5,
+                        .head_dim = 3,
+                        .block_size = 3,
+                        .dtype = DType::kF16};
+  EngineMemory paged = Paged(layout, 4, 1, 2);
+  ExpectRoundTrip(paged);
+  EngineMemory page_first = PageFirst(layout, 4, 3, 2);
+  ExpectRoundTrip(page_first);
+}
+
 TEST(RegisteredDeviceShards, TwoRanksStoreTheBytesOfOneAllHeadsWorker) {
   const KvLayout layout = SmallLayout(DType::kBF16);
   constexpr int32_t kBlocks = 6;

@@ -15,7 +15,9 @@
 //   share address ranges, and the memory is the engine's to lay out.
 // - One plane is one memcpy when the shard is every head and its tokens are
 //   densely packed, as the host's are (vLLM's layout with one rank); a
-//   shard or a strided layout moves one run of its heads per token.
+//   shard or a strided layout moves one run of its heads per token, stored
+//   into the host slot with non-temporal stores (StreamToHost).
+#include <cstdint>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -23,6 +25,10 @@
 
 #include "tierkv/device_tier.h"
 #include "tiers/copy_engine.h"
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 namespace tierkv {
 namespace {
@@ -122,14 +128,47 @@ Status ResolveOptions(RegisteredDeviceOptions& options) {
   return Status::Ok();
 }
 
-// One contiguous piece of a copy in `direction`.
-inline void Move(CopyDirection direction, std::byte* device, std::byte* host,
-                 size_t bytes) {
-  if (direction == CopyDirection::kDeviceToHost) {
-    std::memcpy(host, device, bytes);
-  } else {
-    std::memcpy(device, host, bytes);
+// Copies a shard's run into a host slot with non-temporal stores, which
+// write whole cache lines without reading them first. A plain memcpy of a
+// run this short uses ordinary stores, and a rank writing every other run of
+// a slot then reads as many bytes as it writes: streaming doubles the
+// throughput of a TP=2 store. The caller issues StreamFence before
+// publishing the job. Falls back to memcpy off x86 or for a destination not
+// 16-byte aligned.
+inline void StreamToHost(std::byte* host, const std::byte* device,
+                         size_t bytes) {
+#if defined(__SSE2__)
+  if ((reinterpret_cast<uintptr_t>(host) & 15) == 0) {
+    auto* to = reinterpret_cast<__m128i*>(host);
+    const auto* from = reinterpret_cast<const __m128i*>(device);
+    const size_t vectors = bytes / 16;
+    size_t i = 0;
+    for (; i + 4 <= vectors; i += 4) {
+      const __m128i a = _mm_loadu_si128(from + i);
+      const __m128i b = _mm_loadu_si128(from + i + 1);
+      const __m128i c = _mm_loadu_si128(from + i + 2);
+      const __m128i d = _mm_loadu_si128(from + i + 3);
+      _mm_stream_si128(to + i, a);
+      _mm_stream_si128(to + i + 1, b);
+      _mm_stream_si128(to + i + 2, c);
+      _mm_stream_si128(to + i + 3, d);
+    }
+    for (; i < vectors; ++i)
+      _mm_stream_si128(to + i, _mm_loadu_si128(from + i));
+    const size_t done = vectors * 16;
+    if (done < bytes) std::memcpy(host + done, device + done, bytes - done);
+    return;
   }
+#endif
+  std::memcpy(host, device, bytes);
+}
+
+// Makes StreamToHost's stores visible to other threads and processes before
+// the job's completion is.
+inline void StreamFence() {
+#if defined(__SSE2__)
+  _mm_sfence();
+#endif
 }
 
 }  // namespace
@@ -145,13 +184,14 @@ struct RegisteredDeviceTier::Impl {
         all_heads(options.num_heads == options.layout.num_kv_heads) {}
 
   void Execute(const CopyJob& job) const {
+    const bool store = job.direction == CopyDirection::kDeviceToHost;
     for (size_t i = 0; i < job.device_blocks.size(); ++i) {
-      CopyBlock(job.direction, job.device_blocks[i], job.host_blocks[i]);
+      CopyBlock(store, job.device_blocks[i], job.host_blocks[i]);
     }
+    if (store) StreamFence();
   }
 
-  void CopyBlock(CopyDirection direction, BlockId block,
-                 std::byte* host) const {
+  void CopyBlock(bool store, BlockId block, std::byte* host) const {
     const KvLayout& layout = options.layout;
     const size_t host_token_stride = layout.TokenStride();
     for (int32_t l = 0; l < layout.num_layers; ++l) {
@@ -164,12 +204,23 @@ struct RegisteredDeviceTier::Impl {
             (plane == KvPlane::kKey ? memory.key : memory.value) + block_offset;
         std::byte* slot = host + layout.Offset(l, plane, 0) + head_offset;
         if (dense) {
-          Move(direction, device, slot, layout.PlaneBytes());
+          // One memcpy per plane: as fast as memcpy of whole blocks
+          // (store_load_bench), so no streaming of its own.
+          if (store) {
+            std::memcpy(slot, device, layout.PlaneBytes());
+          } else {
+            std::memcpy(device, slot, layout.PlaneBytes());
+          }
           continue;
         }
         for (int32_t t = 0; t < layout.block_size; ++t) {
-          Move(direction, device + t * memory.token_stride,
-               slot + t * host_token_stride, run_bytes);
+          std::byte* run = device + t * memory.token_stride;
+          std::byte* host_run = slot + t * host_token_stride;
+          if (store) {
+            StreamToHost(host_run, run, run_bytes);
+          } else {
+            std::memcpy(run, host_run, run_bytes);
+          }
         }
       }
     }
