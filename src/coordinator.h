@@ -446,6 +446,8 @@ class Coordinator {
   // slot.
   void ApplyCompletions(WorkerState* w, std::span<const CompletedEvent> events,
                         std::span<const SlotChecksum> checksums);
+  // For people: WorkerStats::role.
+  static std::string RoleOf(const WorkerState& w);
   // Whether `store` becomes a successful completion when `rank` completes
   // it with `ok`.
   static bool RankCompletesOk(const WorkerState& scheduler,

@@ -21,6 +21,17 @@ uint64_t MicrosecondsSince(std::chrono::steady_clock::time_point start,
 
 }  // namespace
 
+std::string Coordinator::RoleOf(const WorkerState& w) {
+  const WorkerRegistration& r = w.registration;
+  if (r.scheduler != 0) {
+    return "rank " + std::to_string(r.rank) + " of worker " +
+           std::to_string(r.scheduler);
+  }
+  if (r.ranks == 0) return "";
+  return "scheduler of " + std::to_string(r.ranks) + " ranks" +
+         (w.dropped ? " (gone; its ranks finish its events)" : "");
+}
+
 CoordinatorStats Coordinator::stats() const {
   CoordinatorStats out;
   out.host = stats_;
@@ -61,7 +72,8 @@ CoordinatorStats Coordinator::stats() const {
                     .stores_in_flight = static_cast<uint32_t>(w.stores.size()),
                     .uid = w.registration.uid,
                     .pinned_slots = w.pinned_slots,
-                    .request_state_bytes = w.request_bytes});
+                    .request_state_bytes = w.request_bytes,
+                    .role = RoleOf(w)});
   }
   return out;
 }

@@ -166,6 +166,15 @@ TEST_F(TierkvdRanksTest, RankClientsCopyOnTheirDeviceTiers) {
 }
 
 TEST_F(TierkvdRanksTest, RolesAreCheckedAtAttach) {
+  // tierkv-admin shows who copies for whom.
+  StatusOr<CoordinatorStats> stats = scheduler_->Stats();
+  ASSERT_THAT(stats, IsOk());
+  std::vector<std::string> roles;
+  for (const WorkerStats& w : stats->workers) roles.push_back(w.role);
+  const std::string of =
+      " of worker " + std::to_string(scheduler_->worker_id());
+  EXPECT_THAT(roles, ::testing::UnorderedElementsAre(
+                         "scheduler of 2 ranks", "rank 0" + of, "rank 1" + of));
   // Rank 1 is attached already.
   ClientOptions o = ClientOptionsFor("again");
   o.copies = CopyMode::kCaller;

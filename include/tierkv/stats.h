@@ -157,18 +157,21 @@ struct StatField {
   X(uint64_t, refused_malformed, kCounter,                                  \
     "Refused: a malformed request, or one of another protocol version.")
 
-#define TIERKV_WORKER_STATS_FIELDS(X)                                      \
-  X(WorkerId, id, kLabel, "The worker's id in this store.")                \
-  X(int32_t, pid, kLabel, "The worker's process id.")                      \
-  X(std::string, name, kLabel, "The worker's name (ClientOptions::name).") \
-  X(uint32_t, requests, kGauge, "Requests the worker has open.")           \
-  X(uint32_t, loads_in_flight, kGauge, "The worker's loads in flight.")    \
-  X(uint32_t, stores_in_flight, kGauge, "The worker's stores in flight.")  \
-  X(uint32_t, uid, kLabel, "The worker's user id.")                        \
-  X(int64_t, pinned_slots, kGauge,                                         \
-    "Host slot pins held for the worker (at most its share).")             \
-  X(uint64_t, request_state_bytes, kGauge,                                 \
-    "Bytes of state its open requests keep.")
+#define TIERKV_WORKER_STATS_FIELDS(X)                                       \
+  X(WorkerId, id, kLabel, "The worker's id in this store.")                 \
+  X(int32_t, pid, kLabel, "The worker's process id.")                       \
+  X(std::string, name, kLabel, "The worker's name (ClientOptions::name).")  \
+  X(uint32_t, requests, kGauge, "Requests the worker has open.")            \
+  X(uint32_t, loads_in_flight, kGauge, "The worker's loads in flight.")     \
+  X(uint32_t, stores_in_flight, kGauge, "The worker's stores in flight.")   \
+  X(uint32_t, uid, kLabel, "The worker's user id.")                         \
+  X(int64_t, pinned_slots, kGauge,                                          \
+    "Host slot pins held for the worker (at most its share).")              \
+  X(uint64_t, request_state_bytes, kGauge,                                  \
+    "Bytes of state its open requests keep.")                               \
+  X(std::string, role, kLabel,                                              \
+    "Who copies its events: empty for the worker itself, \"scheduler of N " \
+    "ranks\", or \"rank R of worker S\" (ClientOptions::copies).")
 
 // A struct's members and ForEachField, from its field table:
 // ForEachField(stats, f) calls f(const StatField&, member) for each field in

@@ -221,14 +221,15 @@ std::string FormatWorkers(const CoordinatorStats& stats) {
   char line[256];
   out << "workers: " << stats.workers.size() << "\n";
   if (!stats.workers.empty()) {
-    std::snprintf(line, sizeof(line), "  %-6s %-8s %-20s %8s %7s %7s\n", "id",
-                  "pid", "name", "requests", "loads", "stores");
+    std::snprintf(line, sizeof(line), "  %-6s %-8s %-20s %8s %7s %7s  %s\n",
+                  "id", "pid", "name", "requests", "loads", "stores", "role");
     out << line;
   }
   for (const WorkerStats& w : stats.workers) {
-    std::snprintf(line, sizeof(line), "  %-6u %-8d %-20s %8u %7u %7u\n", w.id,
-                  w.pid, PrintableName(w.name).substr(0, 20).c_str(),
-                  w.requests, w.loads_in_flight, w.stores_in_flight);
+    std::snprintf(line, sizeof(line), "  %-6u %-8d %-20s %8u %7u %7u  %s\n",
+                  w.id, w.pid, PrintableName(w.name).substr(0, 20).c_str(),
+                  w.requests, w.loads_in_flight, w.stores_in_flight,
+                  w.role.c_str());
     out << line;
   }
   return out.str();
