@@ -1,0 +1,225 @@
+"""tierkv.sglang's HiCache backend against a real tierkvd: pages set from
+one host KV pool come back, byte for byte, into another, in each of SGLang's
+MHA host pool layouts; tensor-parallel ranks never see each other's pages;
+failures raise."""
+
+from __future__ import annotations
+
+import os
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import tierkv
+import tierkv.sglang
+from tierkv.sglang import TierkvStorage
+
+LAYERS, HEADS, HEAD_DIM, PAGE = 2, 2, 32, 8
+
+
+class HostPool:
+    """SGLang's MHATokenToKVPoolHost, as the backend reads it."""
+
+    def __init__(self, layout: str, pages: int = 16, heads: int = HEADS,
+                 page_size: int = PAGE) -> None:
+        self.layout, self.page_size, self.page_num = layout, page_size, pages
+        self.layer_num, self.head_num, self.head_dim = LAYERS, heads, HEAD_DIM
+        self.size = pages * page_size
+        self.dtype = torch.bfloat16
+        dims = {
+            "layer_first": (2, LAYERS, self.size, heads, HEAD_DIM),
+            "page_first": (2, self.size, LAYERS, heads, HEAD_DIM),
+            "page_first_direct": (2, pages, LAYERS, page_size, heads,
+                                  HEAD_DIM),
+        }[layout]
+        self.kv_buffer = torch.zeros(dims, dtype=self.dtype)
+
+    def _token(self, plane: int, layer: int, token: int) -> torch.Tensor:
+        b = self.kv_buffer
+        if self.layout == "layer_first":
+            return b[plane, layer, token]
+        if self.layout == "page_first":
+            return b[plane, token, layer]
+        return b[plane, token // self.page_size, layer, token % self.page_size]
+
+    def page(self, p: int) -> torch.Tensor:
+        """Page p's K and V of every layer: [2, layers, page, heads, dim]."""
+        return torch.stack([torch.stack([torch.stack(
+            [self._token(plane, l, p * self.page_size + t)
+             for t in range(self.page_size)]) for l in range(LAYERS)])
+            for plane in (0, 1)])
+
+    def fill(self, p: int, seed: int) -> None:
+        for plane in (0, 1):
+            for l in range(LAYERS):
+                for t in range(self.page_size):
+                    v = torch.arange(self.head_num * HEAD_DIM).view(
+                        self.head_num, HEAD_DIM)
+                    v = (v * 3 + seed * 11 + plane * 5 + l * 7 + t) % 201
+                    self._token(plane, l, p * self.page_size + t).copy_(
+                        (v - 100).to(self.dtype))
+
+
+def _indices(pages: list[int]) -> torch.Tensor:
+    return torch.cat([torch.arange(p * PAGE, (p + 1) * PAGE)
+                      for p in pages]).to(torch.int64)
+
+
+def _storage(socket: str, rank: int = 0, size: int = 1) -> TierkvStorage:
+    config = SimpleNamespace(
+        tp_rank=rank, tp_size=size, pp_rank=0, pp_size=1,
+        is_mla_model=False, is_page_first_layout=False, model_name=None,
+        extra_config={"backend_name": "tierkv",
+                      "module_path": "tierkv.sglang",
+                      "class_name": "TierkvStorage", "interface_v1": 1,
+                      "socket": socket})
+    return TierkvStorage(config, {})
+
+
+@pytest.fixture
+def daemon(start_tierkvd):
+    # One rank's layout: a TP rank's host pool holds HEADS heads.
+    return start_tierkvd(layout=tierkv.KvLayout(
+        LAYERS, HEADS, HEAD_DIM, block_size=PAGE, dtype="bf16"))
+
+
+@pytest.mark.parametrize("layout",
+                         ["layer_first", "page_first", "page_first_direct"])
+def test_pages_set_from_one_pool_come_back_into_another(daemon, layout):
+    src_pool, dst_pool = HostPool(layout), HostPool(layout)
+    for p in range(5):
+        src_pool.fill(p, seed=p + 1)
+    keys = [f"page-hash-{i}" for i in range(5)]
+    writer = _storage(daemon.socket)
+    writer.register_mem_pool_host(src_pool)
+    assert writer.batch_set_v1(keys, _indices([0, 1, 2, 3, 4])) == [True] * 5
+
+    assert writer.batch_exists(keys) == 5
+    # The leading run of hits only.
+    assert writer.batch_exists(keys[:2] + ["never-set"] + keys[2:]) == 2
+    assert writer.batch_exists(["never-set"] + keys) == 0
+    assert writer.exists(keys[4]) and not writer.exists("never-set")
+
+    reader = _storage(daemon.socket)
+    reader.register_mem_pool_host(dst_pool)
+    got = reader.batch_get_v1([keys[3], "never-set", keys[1]],
+                              _indices([7, 2, 5]))
+    assert got == [True, False, True]
+    assert torch.equal(dst_pool.page(7), src_pool.page(3))
+    assert torch.equal(dst_pool.page(5), src_pool.page(1))
+    assert torch.count_nonzero(dst_pool.page(2)) == 0  # Left alone.
+    # Setting pages tierkvd holds already succeeds without a copy.
+    assert reader.batch_set_v1(keys[:2], _indices([9, 10])) == [True, True]
+    stats = reader.client.stats()
+    assert stats["host"]["stores_completed"] == 5
+    assert stats["host"]["pinned_slots"] == 0
+    writer.close()
+    reader.close()
+
+
+def test_pages_spilled_to_disk_come_back_through_promotions(
+        start_tierkvd, tmp_path):
+    layout = tierkv.KvLayout(LAYERS, HEADS, HEAD_DIM, block_size=PAGE,
+                             dtype="bf16")
+    # Eight host slots, spilling to disk past half of them.
+    daemon = start_tierkvd(
+        layout=layout, host_bytes=9 * layout.block_bytes,
+        disk_dir=str(tmp_path / "disk"),
+        extra_args=("--disk-capacity", "64M", "--spill-high", "0.5",
+                    "--spill-low", "0.25"))
+    src_pool, dst_pool = HostPool("page_first"), HostPool("page_first")
+    for p in range(8):
+        src_pool.fill(p, seed=20 + p)
+    keys = [f"spilled-{i}" for i in range(8)]
+    writer = _storage(daemon.socket)
+    writer.register_mem_pool_host(src_pool)
+    # Four at a time: a worker pins at most its share of the host slots.
+    for first in (0, 4):
+        assert writer.batch_set_v1(keys[first:first + 4], _indices(
+            list(range(first, first + 4)))) == [True] * 4
+        writer.client.wait_idle(20.0)  # Spilled down to two host slots.
+    assert writer.batch_exists(keys) == 8
+
+    reader = _storage(daemon.socket)
+    reader.register_mem_pool_host(dst_pool)
+    pages = list(range(8, 16))
+    for first in (0, 4):
+        assert reader.batch_get_v1(keys[first:first + 4], _indices(
+            pages[first:first + 4])) == [True] * 4
+    for src, dst in zip(range(8), pages):
+        assert torch.equal(dst_pool.page(dst), src_pool.page(src)), src
+    stats = reader.client.stats()
+    assert stats["host"]["promotions"] > 0
+    assert stats["host"]["pinned_slots"] == 0
+
+
+def test_tensor_parallel_ranks_keep_their_own_pages(daemon):
+    # tierkvd's layout is one rank's: HEADS heads of each rank's shard.
+    pools = [HostPool("layer_first"), HostPool("layer_first")]
+    ranks = [_storage(daemon.socket, r, 2) for r in range(2)]
+    for r, (pool, backend) in enumerate(zip(pools, ranks)):
+        pool.fill(0, seed=10 + r)
+        backend.register_mem_pool_host(pool)
+    assert ranks[0].batch_set_v1(["shared-key"], _indices([0])) == [True]
+    assert ranks[1].batch_exists(["shared-key"]) == 0
+    assert ranks[1].batch_set_v1(["shared-key"], _indices([0])) == [True]
+    for r, (pool, backend) in enumerate(zip(pools, ranks)):
+        assert backend.batch_get_v1(["shared-key"], _indices([3])) == [True]
+        assert torch.equal(pool.page(3), pool.page(0)), r
+    assert not torch.equal(pools[0].page(3), pools[1].page(3))
+
+
+def test_failures_raise_and_never_return_none(daemon):
+    backend = _storage(daemon.socket)
+    with pytest.raises(tierkv.FailedPreconditionError,
+                       match="register_mem_pool_host"):
+        backend.batch_get_v1(["k"], _indices([0]))
+    with pytest.raises(ValueError, match="page-size"):
+        backend.register_mem_pool_host(HostPool("layer_first", page_size=2))
+    with pytest.raises(NotImplementedError, match="interface_v1"):
+        backend.get("k")
+
+    pool = HostPool("page_first")
+    pool.fill(0, seed=3)
+    backend.register_mem_pool_host(pool)
+    assert backend.batch_set_v1(["k"], _indices([0])) == [True]
+    # A page past the pool fails the batch after the first load started;
+    # nothing stays pinned once the next batch is done.
+    with pytest.raises(tierkv.OutOfRangeError, match="device block 99"):
+        backend.batch_get_v1(["k", "k"], _indices([1, 99]))
+    assert backend.batch_get_v1(["k"], _indices([2])) == [True]
+    assert torch.equal(pool.page(2), pool.page(0))
+    assert backend.client.stats()["host"]["pinned_slots"] == 0
+    daemon.kill()
+    with pytest.raises(tierkv.UnavailableError):
+        backend.batch_exists(["k"])
+    with pytest.raises(tierkv.UnavailableError):
+        backend.batch_get_v1(["k"], _indices([1]))
+    with pytest.raises(ValueError, match="MLA"):
+        TierkvStorage(SimpleNamespace(is_mla_model=True, extra_config={}),
+                      {})
+
+
+def test_backend_attaches_to_a_restarted_tierkvd(daemon, start_tierkvd,
+                                                 tmp_path):
+    # The backend's socket path: a link to the tierkvd serving now.
+    link = str(tmp_path / "tierkvd.sock")
+    os.symlink(daemon.socket, link)
+    pool = HostPool("layer_first")
+    pool.fill(0, seed=5)
+    backend = _storage(link)
+    backend.register_mem_pool_host(pool)
+    assert backend.batch_set_v1(["k"], _indices([0])) == [True]
+    daemon.kill()
+    with pytest.raises(tierkv.UnavailableError):
+        backend.batch_set_v1(["k"], _indices([0]))
+
+    restarted = start_tierkvd(layout=tierkv.KvLayout(
+        LAYERS, HEADS, HEAD_DIM, block_size=PAGE, dtype="bf16"))
+    os.unlink(link)
+    os.symlink(restarted.socket, link)
+    assert backend.batch_exists(["k"]) == 0  # A new, empty store.
+    assert backend.batch_set_v1(["k"], _indices([0])) == [True]
+    assert backend.batch_get_v1(["k"], _indices([1])) == [True]
+    assert torch.equal(pool.page(1), pool.page(0))

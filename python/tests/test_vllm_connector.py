@@ -1,0 +1,321 @@
+"""tierkv.vllm's connector driven in vLLM's call order: a scheduler (this
+process) and two tensor-parallel worker processes against a real tierkvd,
+KV verified byte for byte on each rank."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import tierkv
+import tierkv.vllm
+from vllm_engine import Engine, vllm_config
+
+LAYERS, KV_HEADS, HEAD_DIM, BLOCK = 2, 4, 64, 16
+PREFIX = list(range(1000, 1000 + 4 * BLOCK))  # Four full blocks.
+
+
+def _layout() -> tierkv.KvLayout:
+    return tierkv.KvLayout(LAYERS, KV_HEADS, HEAD_DIM, block_size=BLOCK,
+                           dtype="bf16")
+
+
+@pytest.fixture
+def daemon(start_tierkvd):
+    return start_tierkvd(layout=_layout())
+
+
+@pytest.fixture
+def socket_link(tmp_path, daemon):
+    """The connectors' socket path: a link to the tierkvd serving now, so a
+    tierkvd started later (on a socket of its own) takes its place."""
+    link = os.path.join(str(tmp_path), "tierkvd.sock")
+    os.symlink(daemon.socket, link)
+    return link
+
+
+@pytest.fixture
+def engine(socket_link):
+    e = Engine({"socket": socket_link, "model": "", "num_layers": LAYERS,
+                "num_kv_heads": KV_HEADS, "head_dim": HEAD_DIM,
+                "block_size": BLOCK, "dtype": "bf16", "tp_size": 2,
+                "call_timeout": 5.0})
+    yield e
+    e.close()
+
+
+def _observer(daemon) -> tierkv.Client:
+    return tierkv.Client.open(daemon.socket, _layout(), 1, name="observer")
+
+
+def _settled(observer: tierkv.Client, workers: int) -> dict:
+    """tierkvd's stats once `workers` workers are attached and no transfer
+    is in flight (tierkvd notices a killed worker when its socket closes)."""
+    deadline = time.monotonic() + 20
+    while True:
+        observer.wait_idle(20.0)
+        s = observer.stats()
+        if (s["host"]["events_in_flight"] == 0 and
+                len(s["workers"]) == workers) or time.monotonic() > deadline:
+            return s
+
+
+def _store_prefix(engine: Engine, rid: str, tokens: list[int]) -> None:
+    """A request computes `tokens` and finishes; its stores are copied."""
+    assert engine.add(rid, tokens) == (0, False)
+    engine.step()
+    assert engine.finish(rid) is True  # Freed once the workers report.
+    engine.run_until(lambda: rid in engine.sent)
+
+
+def test_config_from_vllm_without_vllm_installed():
+    assert not tierkv.vllm.HAVE_VLLM
+    model = SimpleNamespace(
+        model="org/model", dtype="torch.bfloat16",
+        get_num_layers=lambda parallel: 32,
+        get_total_num_kv_heads=lambda: 8, get_head_size=lambda: 128)
+    config = SimpleNamespace(
+        kv_transfer_config=SimpleNamespace(
+            kv_connector_extra_config={"socket": "/tmp/x.sock"}),
+        model_config=model,
+        cache_config=SimpleNamespace(block_size=16, cache_dtype="auto"),
+        parallel_config=SimpleNamespace(tensor_parallel_size=2,
+                                        pipeline_parallel_size=1))
+    c = tierkv.vllm.TierkvConfig.from_vllm_config(
+        config, SimpleNamespace(num_blocks=1000))
+    assert c.layout == tierkv.KvLayout(32, 8, 128, block_size=16,
+                                       dtype="bf16")
+    assert (c.socket, c.model, c.tp_size, c.num_device_blocks) == (
+        "/tmp/x.sock", "org/model", 2, 1000)
+    config.cache_config.cache_dtype = "fp8"
+    with pytest.raises(ValueError, match="fp8"):
+        tierkv.vllm.TierkvConfig.from_vllm_config(config)
+    config.kv_transfer_config.kv_connector_extra_config["dtype"] = "f16"
+    assert tierkv.vllm.TierkvConfig.from_vllm_config(
+        config).layout.dtype == "f16"
+
+
+@pytest.mark.parametrize("shape", [
+    (2, 8, BLOCK, KV_HEADS // 2, HEAD_DIM),  # vLLM's FlashAttention layout.
+    (8, 2, BLOCK, KV_HEADS // 2, HEAD_DIM),  # FlashInfer's.
+])
+def test_worker_registers_paged_kv_caches_of_its_shard(shape):
+    extra = {"num_layers": LAYERS, "num_kv_heads": KV_HEADS,
+             "head_dim": HEAD_DIM, "block_size": BLOCK, "dtype": "bf16",
+             "tp_size": 2, "rank": 1, "model": ""}
+    worker = tierkv.vllm.TierkvConnector(vllm_config(extra),
+                                         tierkv.vllm.KVConnectorRole.WORKER)
+    caches = {f"layer.{l}": torch.zeros(shape, dtype=torch.bfloat16)
+              for l in range(LAYERS)}
+    worker.register_kv_caches(caches)  # Attaches on the first metadata.
+    assert worker.tierkv_client is None
+    # Every head instead of this rank's half: refused, naming the shape.
+    whole = {name: torch.zeros(shape[:3] + (KV_HEADS, HEAD_DIM),
+                               dtype=torch.bfloat16) for name in caches}
+    with pytest.raises(tierkv.InvalidArgumentError, match="shape"):
+        worker.register_kv_caches(whole)
+
+
+def test_scheduler_refuses_a_layout_tierkvd_does_not_serve(daemon):
+    with pytest.raises(tierkv.FailedPreconditionError):
+        tierkv.vllm.TierkvConnector(
+            vllm_config({"socket": daemon.socket, "model": "",
+                         "num_layers": LAYERS + 1, "num_kv_heads": KV_HEADS,
+                         "head_dim": HEAD_DIM, "block_size": BLOCK,
+                         "dtype": "bf16", "tp_size": 2,
+                         "num_device_blocks": 8}),
+            tierkv.vllm.KVConnectorRole.SCHEDULER)
+
+
+def test_stored_prefix_loads_on_both_ranks(engine, daemon):
+    _store_prefix(engine, "r1", PREFIX + [5, 6, 7])
+    observer = _observer(daemon)
+    assert observer.stats()["host"]["cached_slots"] == 4
+
+    tokens = PREFIX + [9] * 6
+    assert engine.add("r2", tokens) == (64, True)
+    engine.run_until(lambda: "r2" in engine.received)
+    assert engine.load_errors == set()
+    # The blocks held the sentinel until the load: both shards came back.
+    assert engine.verify("r2", 64) == {0: [], 1: []}
+    engine.step()  # Computes the six tokens after the hit.
+    assert engine.verify("r2", len(tokens)) == {0: [], 1: []}
+    assert engine.finish("r2") is False  # Nothing new to store.
+
+    stats = _settled(observer, workers=4)
+    assert stats["host"]["pinned_slots"] == 0
+    assert stats["host"]["loads_completed"] == 4
+
+
+def test_preempted_request_loads_the_blocks_it_stored(engine):
+    tokens = PREFIX + [4, 5, 6]
+    assert engine.add("r1", tokens) == (0, False)
+    engine.step()  # Computes and stores its four full blocks.
+    engine.preempt("r1")
+    engine.step()
+    assert engine.resume("r1") == (64, True)
+    engine.run_until(lambda: "r1" in engine.received)
+    assert engine.verify("r1", 64) == {0: [], 1: []}
+    engine.step()  # Scheduled as resumed: the three tokens after the hit.
+    assert [c[1:] for c in engine.computed] == [(64, len(tokens))]
+    assert engine.verify("r1", len(tokens)) == {0: [], 1: []}
+    assert engine.finish("r1") is False  # Its blocks were stored before.
+
+
+def test_request_aborted_before_its_load_never_corrupts_reused_blocks(
+        engine, daemon):
+    _store_prefix(engine, "r1", PREFIX + [1])
+    assert engine.add("r2", PREFIX + [2]) == (64, True)
+    load_blocks = list(engine.requests["r2"].blocks)
+    # Aborted before the step that hands its load to the workers: vLLM keeps
+    # the blocks until the workers report the request received.
+    assert engine.finish("r2") is False
+    engine.run_until(lambda: "r2" in engine.received)
+    assert "r2" not in engine.requests
+
+    other = list(range(5000, 5000 + 3 * BLOCK))  # Misses: computed.
+    assert engine.add("r3", other) == (0, False)
+    assert set(engine.requests["r3"].blocks) & set(load_blocks)
+    engine.step()
+    assert engine.verify("r3", len(other)) == {0: [], 1: []}
+    assert engine.finish("r3") is True
+    engine.run_until(lambda: "r3" in engine.sent)
+    assert _settled(_observer(daemon), 4)["host"]["pinned_slots"] == 0
+
+
+def test_request_aborted_during_its_stores_frees_after_the_copies(
+        engine, daemon):
+    tokens = PREFIX + [3, 4]
+    assert engine.add("r1", tokens) == (0, False)
+    meta, compute, finished = engine.build()  # Holds r1's store events.
+    assert engine.finish("r1") is True  # Aborted before the forward ran.
+    assert engine.requests["r1"].state == "delayed"
+    for w in engine.workers:
+        w.send("step", meta, compute, finished)
+    engine.collect([w.receive() for w in engine.workers])
+    engine.run_until(lambda: "r1" in engine.sent)
+    assert "r1" not in engine.requests
+
+    assert engine.add("r2", PREFIX + [8]) == (64, True)
+    engine.run_until(lambda: "r2" in engine.received)
+    assert engine.verify("r2", 64) == {0: [], 1: []}
+
+
+def test_lost_tierkvd_reports_load_errors_and_attaches_again(
+        engine, daemon, socket_link, start_tierkvd):
+    _store_prefix(engine, "r1", PREFIX + [1])
+    assert engine.add("r2", PREFIX + [2]) == (64, True)
+    meta, compute, finished = engine.build()  # r2's load, not yet copied.
+    daemon.kill()
+    for w in engine.workers:
+        w.send("step", meta, compute, finished)
+    engine.collect([w.receive() for w in engine.workers])
+    engine.run_until(lambda: "r2" in engine.received)
+    # No rank serves a block it did not load, unless vLLM is told.
+    req = engine.requests["r2"]
+    for rank, bad in engine.verify("r2", 64).items():
+        assert all(req.blocks[i] in engine.load_errors for i in bad), rank
+
+    restarted = start_tierkvd(layout=_layout())
+    os.unlink(socket_link)
+    os.symlink(restarted.socket, socket_link)
+    engine.step()  # The scheduler attaches again; workers follow.
+    assert engine.scheduler.tierkv_client.connected
+    other = list(range(7000, 7000 + 2 * BLOCK))
+    _store_prefix(engine, "r3", other + [1])
+    assert engine.add("r4", other + [2]) == (32, True)
+    engine.run_until(lambda: "r4" in engine.received)
+    assert engine.verify("r4", 32) == {0: [], 1: []}
+
+
+def test_tierkvd_lost_before_allocation_fails_the_whole_load(
+        engine, daemon):
+    _store_prefix(engine, "r1", PREFIX + [1])
+    assert engine.lookup("r2", PREFIX + [2]) == (64, True)
+    daemon.kill()
+    engine.allocate("r2")  # tierkvd is gone: the load never starts.
+    blocks = list(engine.requests["r2"].blocks)
+    engine.run_until(lambda: "r2" in engine.received)
+    assert engine.load_errors == set(blocks)
+    engine.step()  # vLLM recomputes the whole prompt.
+    assert [c[1:] for c in engine.computed] == [(0, len(PREFIX) + 1)]
+    assert engine.verify("r2", len(PREFIX) + 1) == {0: [], 1: []}
+
+
+def test_worker_killed_mid_load_releases_slots_and_a_new_rank_serves(
+        engine, daemon):
+    _store_prefix(engine, "r1", PREFIX + [1])
+    observer = _observer(daemon)
+    assert engine.add("r2", PREFIX + [2]) == (64, True)
+    meta, compute, finished = engine.build()
+    engine.workers[1].call("start_only", meta)  # Its copy started...
+    engine.workers[1].kill()  # ...and it dies before completing it.
+    engine.workers[0].send("step", meta, compute, finished)
+    engine.collect([engine.workers[0].receive(), (set(), set(), set())])
+    engine.replace_worker(1)
+    # Rank 1's KV of r2 is gone with it: the engine aborts the request.
+    assert engine.finish("r2") is False
+    engine.run_until(lambda: "r2" in engine.received)
+
+    stats = _settled(observer, workers=4)
+    assert stats["host"]["pinned_slots"] == 0
+    assert stats["host"]["cached_slots"] == 4
+
+    tokens = PREFIX + [6]
+    assert engine.add("r3", tokens) == (64, True)
+    engine.run_until(lambda: "r3" in engine.received)
+    assert engine.load_errors == set()
+    assert engine.verify("r3", 64) == {0: [], 1: []}
+
+
+def _admin(daemon, *args: str) -> str:
+    admin = os.path.join(os.path.dirname(os.environ.get(
+        "TIERKV_TIERKVD", daemon.process.args[0])), "tierkv-admin")
+    return subprocess.run([admin, *args, "--socket", daemon.socket],
+                          check=True, capture_output=True,
+                          text=True).stdout
+
+
+def test_load_cut_short_by_a_failed_promotion_names_its_blocks(
+        start_tierkvd, tmp_path):
+    # Eight host slots, spilling to disk past half of them.
+    daemon = start_tierkvd(
+        layout=_layout(), host_bytes=9 * _layout().block_bytes,
+        disk_dir=str(tmp_path / "disk"),
+        extra_args=("--disk-capacity", "64M", "--spill-high", "0.5",
+                    "--spill-low", "0.25"))
+    engine = Engine({"socket": daemon.socket, "model": "",
+                     "num_layers": LAYERS, "num_kv_heads": KV_HEADS,
+                     "head_dim": HEAD_DIM, "block_size": BLOCK,
+                     "dtype": "bf16", "tp_size": 2})
+    try:
+        observer = _observer(daemon)
+        _store_prefix(engine, "r1", PREFIX + [1])
+        _store_prefix(engine, "r2", list(range(3000, 3000 + 64)) + [1])
+        observer.wait_idle(20.0)  # r1's blocks, the oldest, spilled.
+        probe = observer.lookup(1, PREFIX + [2])
+        observer.finish(1)
+        assert (probe.hit_tokens, probe.disk_hit_tokens) == (64, 64)
+        # The third block leaves the disk between lookup and allocation.
+        keys = [line.split()[0] for line in
+                _admin(daemon, "keys", *map(str, PREFIX)).splitlines()
+                if line.strip()]
+        assert engine.lookup("r3", PREFIX + [2]) == (64, True)
+        _admin(daemon, "evict", keys[2])
+        engine.allocate("r3")  # Its load waits for the promotions.
+        blocks = engine.requests["r3"].blocks
+        observer.wait_idle(20.0)  # They are done (one failed).
+        engine.run_until(lambda: "r3" in engine.received)
+        assert engine.load_errors == set(blocks[2:4])
+        assert engine.verify("r3", 2 * BLOCK) == {0: [], 1: []}
+        engine.step()  # Recomputes from the first failed block.
+        assert [c[1:] for c in engine.computed] == [(2 * BLOCK,
+                                                     len(PREFIX) + 1)]
+        assert engine.verify("r3", len(PREFIX) + 1) == {0: [], 1: []}
+    finally:
+        engine.close()

@@ -1,0 +1,370 @@
+"""tierkv as an SGLang HiCache storage backend (HiCacheStorage's interface).
+
+Load it as a 'dynamic' backend::
+
+    --enable-hierarchical-cache --hicache-storage-backend dynamic
+    --hicache-storage-backend-extra-config '{"backend_name": "tierkv",
+        "module_path": "tierkv.sglang", "class_name": "TierkvStorage",
+        "interface_v1": 1, "socket": "/run/tierkv/tierkvd.sock"}'
+
+("interface_v1": 1 makes HiCache call batch_get_v1 / batch_set_v1, which
+copy between tierkvd and SGLang's host KV pool without a staging buffer.)
+
+SGLang hands the backend page keys (strings, each already a hash of its
+whole prefix) and host pool indices, never tokens. Each page is stored as a
+one-block position-independent chunk (tierkv's chunk lookups): its "tokens"
+are block_size words derived from the key (BLAKE2b), so a key names one
+block and tierkv keys the block by those words alone. The host pool is this
+backend's device memory (RegisteredDevice.from_layers over its K and V
+tensors, one device block per page); tierkvd's host tier and disk tier sit
+behind it.
+
+Tensor parallelism: every SGLang TP rank has its own host pool holding its
+shard of the KV heads, and its own backend. The ranks are kept apart: each
+rank's key words are derived from the key and the rank ("tp<rank>/<size>"),
+and the layout is the rank's own (num_kv_heads = the heads of one rank), so
+start tierkvd with --kv-heads = the model's KV heads / TP size. A rank never
+reads another rank's heads.
+
+Not for MLA models (their host pool has no separate K and V).
+
+HiCache calls the backend from its prefetch and backup threads at once; the
+backend serializes its batches with a lock (one tierkv client is driven by
+one thread at a time).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import logging
+import threading
+import time
+from typing import Any, List, Optional
+
+import numpy as np
+
+import tierkv
+from tierkv._engines import config_value, layout_dtype
+
+logger = logging.getLogger(__name__)
+
+try:  # SGLang's interface when SGLang is installed.
+    from sglang.srt.mem_cache.hicache_storage import (  # type: ignore
+        HiCacheStorage)
+    HAVE_SGLANG = True
+except ImportError:
+    HAVE_SGLANG = False
+
+    class HiCacheStorage:  # type: ignore[no-redef]
+        """The part of SGLang's HiCacheStorage this backend implements."""
+
+        def register_mem_pool_host(self, mem_pool_host: Any) -> None:
+            self.mem_pool_host = mem_pool_host
+
+
+DEFAULT_SOCKET = "/run/tierkv/tierkvd.sock"
+# A page is looked up by page_size 32-bit words derived from its key; fewer
+# than 4 (128 bits) would let distinct keys collide.
+MIN_PAGE_SIZE = 4
+# How long one batch waits for its copies. Default: 60 s.
+DEFAULT_BATCH_TIMEOUT = 60.0
+
+
+def key_tokens(key: str, salt: str, block_size: int) -> np.ndarray:
+    """The block_size uint32 words a page key is looked up by."""
+    words = []
+    data = (salt + "\0" + key).encode()
+    for counter in itertools.count():
+        person = counter.to_bytes(16, "little")
+        digest = hashlib.blake2b(data, digest_size=64, person=person).digest()
+        words.append(np.frombuffer(digest, dtype="<u4"))
+        if 16 * (counter + 1) >= block_size:
+            break
+    return np.concatenate(words)[:block_size].astype(np.uint32)
+
+
+def _host_pool_layers(pool: Any) -> list[tuple[Any, Any]]:
+    """Per layer (K, V) views [pages, page_size, heads, head_dim] of an
+    MHA host pool's kv_buffer, in the pool's layout."""
+    buf = pool.kv_buffer
+    layers, page_size = pool.layer_num, pool.page_size
+    heads, head_dim = buf.shape[-2], buf.shape[-1]
+    layout = getattr(pool, "layout", "layer_first")
+    if layout == "layer_first":  # [2, layers, tokens, heads, head_dim]
+        planes = [[buf[p, l] for l in range(layers)] for p in (0, 1)]
+    elif layout == "page_first":  # [2, tokens, layers, heads, head_dim]
+        planes = [[buf[p, :, l] for l in range(layers)] for p in (0, 1)]
+    elif layout == "page_first_direct":
+        # [2, pages, layers, page_size, heads, head_dim]
+        return [(buf[0, :, l], buf[1, :, l]) for l in range(layers)]
+    else:
+        raise ValueError(
+            f"host pool layout {layout!r} is not one tierkv registers "
+            "(layer_first, page_first, page_first_direct)")
+    pages = planes[0][0].shape[0] // page_size
+    return [(planes[0][l][:pages * page_size].view(pages, page_size, heads,
+                                                   head_dim),
+             planes[1][l][:pages * page_size].view(pages, page_size, heads,
+                                                   head_dim))
+            for l in range(layers)]
+
+
+class TierkvStorage(HiCacheStorage):
+    """HiCache's storage tier in tierkvd (see the module doc).
+
+    Constructed by SGLang's backend factory as TierkvStorage(storage_config,
+    kwargs); SGLang then calls register_mem_pool_host with the host pool.
+    Extra config keys: socket, model (default: SGLang's model name; must
+    match tierkvd --model), tenant, name, call_timeout and batch_timeout
+    (seconds).
+    """
+
+    def __init__(self, storage_config: Any, kwargs: Optional[dict] = None
+                 ) -> None:
+        self._storage_config = storage_config
+        extra = dict(config_value(storage_config, "extra_config", None) or {})
+        if config_value(storage_config, "is_mla_model", False):
+            raise ValueError("tierkv's SGLang backend stores MHA KV (K and V "
+                             "per layer); this model uses MLA")
+        self._socket = str(extra.get("socket", DEFAULT_SOCKET))
+        model = extra.get("model")
+        if model is None:
+            model = config_value(storage_config, "model_name", "") or ""
+        self._model = str(model)
+        self._tenant = str(extra.get("tenant", ""))
+        self._name = str(extra.get("name", ""))
+        self._call_timeout = float(extra.get("call_timeout", 5.0))
+        self._batch_timeout = float(extra.get("batch_timeout",
+                                              DEFAULT_BATCH_TIMEOUT))
+        tp_rank = int(config_value(storage_config, "tp_rank", 0))
+        tp_size = int(config_value(storage_config, "tp_size", 1))
+        self._salt = f"tp{tp_rank}/{tp_size}"
+        pp_size = int(config_value(storage_config, "pp_size", 1) or 1)
+        if pp_size > 1:
+            self._salt += "/pp%d/%d" % (
+                int(config_value(storage_config, "pp_rank", 0)), pp_size)
+        self._lock = threading.Lock()
+        self._client: Any = None
+        self._layout: Any = None
+        self._page_size = 0
+        self._next_request = 1
+
+    # -- set-up ---------------------------------------------------------------
+
+    def register_mem_pool_host(self, mem_pool_host: Any) -> None:
+        """Registers the host pool as this backend's device memory and
+        attaches to tierkvd."""
+        super().register_mem_pool_host(mem_pool_host)
+        buf = mem_pool_host.kv_buffer
+        self._page_size = int(mem_pool_host.page_size)
+        if self._page_size < MIN_PAGE_SIZE:
+            # A page's key words are all that tells two pages apart.
+            raise ValueError(
+                f"tierkv's SGLang backend needs pages of at least "
+                f"{MIN_PAGE_SIZE} tokens ({32 * MIN_PAGE_SIZE} bits of key); "
+                f"this host pool's page_size is {self._page_size}: run SGLang "
+                f"with --page-size {MIN_PAGE_SIZE} or more")
+        self._layout = tierkv.KvLayout(
+            num_layers=int(mem_pool_host.layer_num),
+            num_kv_heads=int(buf.shape[-2]),
+            head_dim=int(buf.shape[-1]),
+            block_size=self._page_size,
+            dtype=layout_dtype(getattr(mem_pool_host, "dtype", buf.dtype)))
+        device = tierkv.RegisteredDevice.from_layers(
+            self._layout, _host_pool_layers(mem_pool_host))
+        with self._lock:
+            if self._client is not None:
+                self._client.close()
+            self._client = tierkv.Client.open(
+                self._socket, self._layout, model=self._model,
+                tenant=self._tenant,
+                name=self._name or f"sglang-{self._salt}",
+                device=device, call_timeout=self._call_timeout)
+
+    @property
+    def client(self) -> Any:
+        return self._client
+
+    def _ready(self) -> Any:
+        """The attached client (attached again after a lost tierkvd)."""
+        if self._client is None:
+            raise tierkv.FailedPreconditionError(
+                "register_mem_pool_host was not called: the backend has no "
+                "host pool to copy into")
+        if not self._client.connected:
+            self._client.reconnect()
+        return self._client
+
+    def _tokens(self, key: str) -> np.ndarray:
+        return key_tokens(key, self._salt, self._page_size)
+
+    def _page(self, host_indices: Any, i: int) -> int:
+        return int(host_indices[i * self._page_size]) // self._page_size
+
+    def _request(self) -> int:
+        rid = self._next_request
+        self._next_request += 1
+        return rid
+
+    # -- HiCacheStorage -------------------------------------------------------
+
+    def batch_exists(self, keys: List[str], extra_info: Any = None) -> int:
+        """How many keys, from the first, tierkvd holds (host or disk)."""
+        with self._lock:
+            client = self._ready()
+            hits = 0
+            for key in keys:
+                rid = self._request()
+                try:
+                    found = client.lookup_chunk(rid, self._tokens(key))
+                finally:
+                    client.finish(rid)
+                if found.hit_tokens < self._page_size:
+                    break
+                hits += 1
+            return hits
+
+    def exists(self, key: str) -> bool:
+        return self.batch_exists([key]) == 1
+
+    def batch_get_v1(self, keys: List[str], host_indices: Any,
+                     extra_info: Any = None) -> List[bool]:
+        """Loads each key's page into its host pool page; per key, whether
+        the page now holds it (False: not stored, or its load failed)."""
+        with self._lock:
+            return self._batch(keys, host_indices, self._start_get)
+
+    def batch_set_v1(self, keys: List[str], host_indices: Any,
+                     extra_info: Any = None) -> List[bool]:
+        """Stores each key's host pool page; per key, whether tierkvd holds
+        it now (True also for a key it held already)."""
+        with self._lock:
+            return self._batch(keys, host_indices, self._start_set)
+
+    def _start_get(self, client: Any, rid: int, key: str, page: int
+                   ) -> Optional[bool]:
+        """Starts the load of `key` into `page`: None when it copies, else
+        the key's result."""
+        found = client.lookup_chunk(rid, self._tokens(key))
+        if found.hit_tokens < self._page_size:
+            return False
+        alloc = client.allocate(rid, [page], self._page_size)
+        return None if alloc.load is not None or alloc.load_pending else False
+
+    def _start_set(self, client: Any, rid: int, key: str, page: int
+                   ) -> Optional[bool]:
+        """Starts the store of `page` as `key`: None when it copies, else
+        the key's result (True: tierkvd holds the key already)."""
+        found = client.lookup_chunk(rid, self._tokens(key))
+        if found.hit_tokens >= self._page_size:
+            return True
+        client.allocate(rid, [page], 0)
+        commit = client.commit(rid, self._page_size, [page])
+        return None if commit.stores else False
+
+    def _batch(self, keys: List[str], host_indices: Any, start) -> List[bool]:
+        """start() each key's copy, then waits for them all; finishes every
+        request. A copy's result: it succeeded, whole."""
+        client = self._ready()
+        results = [False] * len(keys)
+        copying: dict[int, int] = {}  # request -> key index
+        rids = []
+        try:
+            for i, key in enumerate(keys):
+                rid = self._request()
+                rids.append(rid)
+                result = start(client, rid, key,
+                               self._page(host_indices, i))
+                if result is None:
+                    copying[rid] = i
+                else:
+                    results[i] = result
+            for f in self._wait(client, set(copying)):
+                results[copying[f.event.request]] = (
+                    f.ok and f.event.failed_blocks == 0)
+        except BaseException:
+            self._abandon(client, set(copying))
+            raise
+        finally:
+            self._finish(client, rids)
+        return results
+
+    def _wait(self, client: Any, requests: set[int]) -> list:
+        """Waits for the transfers of `requests`, completes them and returns
+        them. DeadlineExceededError when they take over batch_timeout."""
+        done = []
+        deadline = time.monotonic() + self._batch_timeout
+        while requests:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise tierkv.DeadlineExceededError(
+                    f"{len(requests)} page copies still running after "
+                    f"{self._batch_timeout:.0f} s (extra config "
+                    "'batch_timeout')")
+            finished = client.wait_events(left)
+            if finished:
+                client.complete(finished)
+            for f in finished:
+                if f.event.request in requests:
+                    requests.discard(f.event.request)
+                    done.append(f)
+        return done
+
+    def _abandon(self, client: Any, requests: set[int]) -> None:
+        """After a failed batch: completes what of `requests` has finished
+        copying, so their slots are not held until the next batch."""
+        if not requests:
+            return
+        try:
+            finished = client.poll_events()
+            if finished:
+                client.complete(finished)
+        except tierkv.Error as e:
+            logger.warning("tierkv: %s", e)
+
+    def _finish(self, client: Any, rids: list[int]) -> None:
+        for rid in rids:
+            try:
+                client.finish(rid)
+            except tierkv.Error as e:
+                if e.code != "NOT_FOUND":  # Its lookup never happened.
+                    logger.warning("tierkv: finish: %s", e)
+
+    # The value-based interface: HiCache uses batch_get_v1 / batch_set_v1
+    # when the extra config says "interface_v1": 1.
+
+    def _no_values(self) -> None:
+        raise NotImplementedError(
+            "tierkv's SGLang backend copies pages through the host pool: set "
+            "\"interface_v1\": 1 in --hicache-storage-backend-extra-config")
+
+    def get(self, key: str, target_location: Any = None,
+            target_sizes: Any = None) -> Any:
+        self._no_values()
+
+    def batch_get(self, keys: List[str], target_locations: Any = None,
+                  target_sizes: Any = None) -> Any:
+        self._no_values()
+
+    def set(self, key: str, value: Any = None, target_location: Any = None,
+            target_sizes: Any = None) -> bool:
+        self._no_values()
+        return False
+
+    def batch_set(self, keys: List[str], values: Any = None,
+                  target_locations: Any = None,
+                  target_sizes: Any = None) -> bool:
+        self._no_values()
+        return False
+
+    def clear(self) -> None:
+        # The store is shared (other ranks, other engines): an operator
+        # clears it with tierkv-admin.
+        return
+
+    def close(self) -> None:
+        with self._lock:
+            if self._client is not None:
+                self._client.close()
+                self._client = None

@@ -1,0 +1,900 @@
+"""tierkv as a vLLM KV connector (vLLM's V1 KV-connector interface).
+
+Select it with::
+
+    --kv-transfer-config '{"kv_connector": "TierkvConnector",
+        "kv_connector_module_path": "tierkv.vllm", "kv_role": "kv_both",
+        "kv_connector_extra_config": {"socket": "/run/tierkv/tierkvd.sock"}}'
+
+vLLM makes one connector in its scheduler process (role SCHEDULER) and one in
+each worker process, one worker per tensor-parallel rank (role WORKER). The
+scheduler's connector holds a tierkv scheduler client (copies="ranks",
+ranks = the tensor-parallel size): it looks prompts up, allocates loads,
+commits computed blocks and finishes requests, and copies nothing. Each
+worker's connector holds a rank client over the worker's own KV cache
+tensors (its shard of the KV heads) that runs the copies of the events the
+scheduler hands out in the connector metadata; tierkvd completes an event
+once every rank has.
+
+Flow per request (vLLM's calls in brackets):
+  [get_num_new_matched_tokens] Lookup: the hit, loaded asynchronously.
+  [update_state_after_alloc]   Allocate: a load event (or a pending one that
+                               waits for promotions from tierkvd's disk tier).
+  [build_connector_meta]       Commit of the tokens this step computes (store
+                               events), the loads to start, what workers must
+                               report; plain picklable data.
+  worker [start_load_kv]       starts this rank's copies of the loads; their
+                               requests are not in the batch (they wait for
+                               their KV), so [wait_for_layer_load] returns at
+                               once: loads are whole blocks, never per layer.
+  worker [wait_for_save]       after the forward: starts the step's stores
+                               and waits for their copies, so no block is
+                               written again while a store reads it.
+  worker [get_finished]        requests whose loads on this rank are done
+                               (finished_recving), and finished requests whose
+                               stores on this rank are done (finished_sending).
+  worker [get_block_ids_with_load_errors]
+                               device blocks of loads that failed or were cut
+                               short; vLLM recomputes from the first of them.
+  [request_finished]           Finish; frees late (True) while the request's
+                               stores may still be copying.
+
+The classes import without vLLM: they subclass vLLM's KVConnectorBase_V1
+when it can be imported, and a local stand-in with the same methods when it
+cannot (tests, and engines that drive the connector themselves).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import inspect
+import logging
+import time
+from typing import Any, Iterable, Optional
+
+import tierkv
+from tierkv._engines import config_value, layout_dtype
+
+logger = logging.getLogger(__name__)
+
+try:  # vLLM's interface when vLLM is installed.
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+        KVConnectorBase_V1, KVConnectorMetadata, KVConnectorRole)
+    HAVE_VLLM = True
+except ImportError:  # The same surface, for use without vLLM.
+    HAVE_VLLM = False
+
+    class KVConnectorRole(enum.Enum):  # type: ignore[no-redef]
+        """Where a connector runs: vLLM's scheduler or one of its workers."""
+
+        SCHEDULER = 0
+        WORKER = 1
+
+    class KVConnectorMetadata:  # type: ignore[no-redef]
+        """What the scheduler's connector sends its workers each step."""
+
+    class KVConnectorBase_V1:  # type: ignore[no-redef]
+        """The part of vLLM's KVConnectorBase_V1 tierkv's connector uses."""
+
+        def __init__(self, vllm_config: Any, role: KVConnectorRole,
+                     kv_cache_config: Any = None) -> None:
+            self._vllm_config = vllm_config
+            self._kv_transfer_config = getattr(vllm_config,
+                                               "kv_transfer_config", None)
+            if self._kv_transfer_config is None:
+                raise ValueError("kv_transfer_config must be set for a KV "
+                                 "connector")
+            self._kv_cache_config = kv_cache_config
+            self._role = role
+            self._connector_metadata: Optional[KVConnectorMetadata] = None
+
+        @property
+        def role(self) -> KVConnectorRole:
+            return self._role
+
+        def bind_connector_metadata(self,
+                                    metadata: KVConnectorMetadata) -> None:
+            self._connector_metadata = metadata
+
+        def clear_connector_metadata(self) -> None:
+            self._connector_metadata = None
+
+        def _get_connector_metadata(self) -> KVConnectorMetadata:
+            assert self._connector_metadata is not None
+            return self._connector_metadata
+
+        def has_connector_metadata(self) -> bool:
+            return self._connector_metadata is not None
+
+
+DEFAULT_SOCKET = "/run/tierkv/tierkvd.sock"
+# How long wait_for_save waits for the step's store copies. Default: 60 s.
+DEFAULT_SAVE_TIMEOUT = 60.0
+_LOST = (tierkv.UnavailableError, tierkv.DeadlineExceededError)
+
+
+# ---------------------------------------------------------------------------
+# Configuration
+# ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class TierkvConfig:
+    """The connector's settings, from kv_connector_extra_config and vLLM.
+
+    Extra config keys: socket (default /run/tierkv/tierkvd.sock), model
+    (default: the model vLLM serves; must match tierkvd --model), tenant,
+    name, call_timeout and save_timeout (seconds), and, to override what is
+    derived from vLLM's model and cache configs: num_layers, num_kv_heads
+    (all of the model's, every rank's), head_dim, block_size, dtype, tp_size,
+    rank (a worker's tensor-parallel rank, for engines without vLLM).
+    """
+
+    socket: str
+    layout: Any  # tierkv.KvLayout
+    model: str = ""
+    tenant: str = ""
+    name: str = ""
+    call_timeout: float = 5.0
+    save_timeout: float = DEFAULT_SAVE_TIMEOUT
+    tp_size: int = 1
+    rank: Optional[int] = None
+    # vLLM's device blocks per worker (the scheduler's block ids are below
+    # it): extra config num_device_blocks, else the KV cache config's.
+    num_device_blocks: int = 0
+
+    @classmethod
+    def from_vllm_config(cls, vllm_config: Any,
+                         kv_cache_config: Any = None) -> "TierkvConfig":
+        """Reads the settings; ValueError naming what is missing or wrong."""
+        transfer = getattr(vllm_config, "kv_transfer_config", None)
+        extra = dict(config_value(transfer, "kv_connector_extra_config", None)
+                     or {})
+        model_config = getattr(vllm_config, "model_config", None)
+        cache_config = getattr(vllm_config, "cache_config", None)
+        parallel = getattr(vllm_config, "parallel_config", None)
+        if int(config_value(parallel, "pipeline_parallel_size", 1)) > 1:
+            raise ValueError(
+                "tierkv's vLLM connector supports tensor parallelism only; "
+                "run with pipeline_parallel_size 1")
+        tp_size = int(extra.get(
+            "tp_size", config_value(parallel, "tensor_parallel_size", 1)))
+        layout = tierkv.KvLayout(
+            num_layers=int(_from_model(extra, "num_layers", model_config,
+                                       parallel)),
+            num_kv_heads=int(_from_model(extra, "num_kv_heads", model_config,
+                                         parallel)),
+            head_dim=int(_from_model(extra, "head_dim", model_config,
+                                     parallel)),
+            block_size=int(extra.get(
+                "block_size", config_value(cache_config, "block_size", 16))),
+            dtype=_dtype(extra, model_config, cache_config))
+        model = extra.get("model")
+        if model is None:
+            model = str(config_value(model_config, "model", "") or "")
+        rank = extra.get("rank")
+        blocks = extra.get("num_device_blocks",
+                           config_value(kv_cache_config, "num_blocks", None))
+        if blocks is None:
+            blocks = config_value(cache_config, "num_gpu_blocks", 0)
+        return cls(socket=str(extra.get("socket", DEFAULT_SOCKET)),
+                   layout=layout,
+                   model=str(model),
+                   tenant=str(extra.get("tenant", "")),
+                   name=str(extra.get("name", "")),
+                   call_timeout=float(extra.get("call_timeout", 5.0)),
+                   save_timeout=float(extra.get("save_timeout",
+                                                DEFAULT_SAVE_TIMEOUT)),
+                   tp_size=tp_size,
+                   rank=None if rank is None else int(rank),
+                   num_device_blocks=int(blocks or 0))
+
+
+def _from_model(extra: dict, key: str, model_config: Any,
+                parallel: Any) -> int:
+    """A layout dimension: from the extra config, else vLLM's model config."""
+    if key in extra:
+        return extra[key]
+    getter = {
+        "num_layers": lambda: model_config.get_num_layers(parallel),
+        "num_kv_heads": lambda: model_config.get_total_num_kv_heads(),
+        "head_dim": lambda: model_config.get_head_size(),
+    }[key]
+    if model_config is None:
+        raise ValueError(f"no model config to read {key} from; name it in "
+                         "kv_connector_extra_config")
+    return getter()
+
+
+def _dtype(extra: dict, model_config: Any, cache_config: Any) -> str:
+    if "dtype" in extra:
+        return layout_dtype(extra["dtype"])
+    cache_dtype = str(config_value(cache_config, "cache_dtype", "auto"))
+    if cache_dtype != "auto":
+        return layout_dtype(cache_dtype)
+    return layout_dtype(config_value(model_config, "dtype", "bf16"))
+
+
+def _tp_rank(config: TierkvConfig) -> int:
+    """This worker's tensor-parallel rank: the extra config's, else vLLM's."""
+    if config.rank is not None:
+        return config.rank
+    if HAVE_VLLM:
+        from vllm.distributed.parallel_state import (  # type: ignore
+            get_tensor_model_parallel_rank)
+        return int(get_tensor_model_parallel_rank())
+    if config.tp_size == 1:
+        return 0
+    raise ValueError("without vLLM, a worker's tensor-parallel rank must be "
+                     "named in kv_connector_extra_config ('rank')")
+
+
+def _block_ids(blocks: Any) -> list[int]:
+    """The block ids of vLLM's KVCacheBlocks (first group) or of a list."""
+    if hasattr(blocks, "get_block_ids"):
+        groups = blocks.get_block_ids()
+        return list(groups[0]) if groups else []
+    if blocks and isinstance(blocks, tuple) and isinstance(blocks[0], list):
+        return list(blocks[0])
+    return list(blocks or [])
+
+
+def _request_tokens(request: Any) -> list[int]:
+    tokens = getattr(request, "all_token_ids", None)
+    if tokens is None:
+        tokens = request.prompt_token_ids
+    return list(tokens)
+
+
+# ---------------------------------------------------------------------------
+# Metadata: what the scheduler's connector sends its workers each step
+# ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class LoadOp:
+    """A load for every rank to copy; failed_blocks: its device blocks that
+    will not be loaded (a promotion failed), for vLLM to recompute."""
+
+    request_id: str
+    event: Any  # tierkv.TransferEvent
+    failed_blocks: list[int] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+class StoreOp:
+    """A store for every rank to copy after the step's forward."""
+
+    request_id: str
+    event: Any  # tierkv.TransferEvent
+
+
+@dataclasses.dataclass
+class FailedRecv:
+    """A request vLLM waits for whose load will never be copied (cancelled,
+    or tierkvd lost): workers report it received, these blocks failed."""
+
+    request_id: str
+    failed_blocks: list[int] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+class TierkvConnectorMetadata(KVConnectorMetadata):
+    """One step's instructions for the workers; plain data, picklable."""
+
+    scheduler: int = 0  # The scheduler client's worker id in tierkvd.
+    session: int = 0  # Its attachment; a new one means a new worker id.
+    loads: list[LoadOp] = dataclasses.field(default_factory=list)
+    stores: list[StoreOp] = dataclasses.field(default_factory=list)
+    failed_recvs: list[FailedRecv] = dataclasses.field(default_factory=list)
+    # Finished requests whose block freeing waits for their stores: each
+    # worker reports them in finished_sending once its copies are done.
+    delayed: list[str] = dataclasses.field(default_factory=list)
+
+
+# ---------------------------------------------------------------------------
+# Scheduler side
+# ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class _Request:
+    """The scheduler connector's state of one vLLM request."""
+
+    tid: Optional[int] = None  # tierkv's request id in this session.
+    num_computed: int = 0  # vLLM's local hit at the last lookup.
+    allocated: bool = False
+    block_ids: list[int] = dataclasses.field(default_factory=list)
+    recving: bool = False  # vLLM waits for finished_recving.
+    pending: bool = False  # Its load waits for promotions in tierkvd.
+    load_blocks: list[int] = dataclasses.field(default_factory=list)
+    stores_issued: bool = False
+    finished: bool = False
+
+
+class _SchedulerSide:
+    """Decisions for vLLM's scheduler: a tierkv client with copies="ranks"."""
+
+    def __init__(self, config: TierkvConfig) -> None:
+        self._config = config
+        self._client: Any = None
+        self._connected = False
+        self._requests: dict[str, _Request] = {}
+        self._by_tid: dict[int, str] = {}
+        self._next_tid = 1
+        self._loads: list[LoadOp] = []
+        self._failed_recvs: list[FailedRecv] = []
+        self._delayed: list[str] = []
+        self._ensure_connected()
+
+    @property
+    def client(self) -> Any:
+        return self._client
+
+    # -- tierkvd calls ------------------------------------------------------
+
+    def _call(self, what: str, fn, *args) -> Any:
+        """fn(*args); None (logged) when it fails. A lost tierkvd ends the
+        attachment's requests (see _lose)."""
+        try:
+            return fn(*args)
+        except _LOST as e:
+            logger.warning("tierkv: %s: %s; requests go on without tierkv "
+                           "until it answers again", what, e)
+            self._lose()
+        except tierkv.Error as e:
+            logger.warning("tierkv: %s: %s", what, e)
+        return None
+
+    def _lose(self) -> None:
+        """tierkvd forgot this attachment's requests: loads not handed out
+        will never be copied, nothing more is stored for them."""
+        self._connected = False
+        for rid, req in self._requests.items():
+            if req.pending:
+                self._failed_recvs.append(FailedRecv(rid, req.load_blocks))
+                req.pending = False
+            req.tid = None
+        self._by_tid.clear()
+
+    def _ensure_connected(self) -> bool:
+        """Attaches (again) when not attached. A tierkvd that does not answer
+        yet leaves the scheduler running without tierkv; a configuration
+        tierkvd refuses (layout, model, permissions) raises."""
+        if self._connected:
+            return True
+        try:
+            if self._client is None:
+                if self._config.num_device_blocks < 1:
+                    raise ValueError(
+                        "tierkv: the number of vLLM's device blocks is not "
+                        "known (no KV cache config); name it in "
+                        "kv_connector_extra_config ('num_device_blocks')")
+                self._client = tierkv.Client.open(
+                    self._config.socket, self._config.layout,
+                    self._config.num_device_blocks,
+                    model=self._config.model, tenant=self._config.tenant,
+                    name=self._config.name or "vllm-scheduler",
+                    copies="ranks", ranks=self._config.tp_size,
+                    call_timeout=self._config.call_timeout)
+            else:
+                self._client.reconnect()
+        except _LOST as e:
+            logger.warning("tierkv: no tierkvd on %s yet: %s",
+                           self._config.socket, e)
+            return False
+        self._connected = True
+        logger.info("tierkv: scheduler attached as worker %d",
+                    self._client.worker_id)
+        return True
+
+    def _new_tid(self, rid: str, req: _Request) -> int:
+        if req.tid is not None:
+            self._by_tid.pop(req.tid, None)
+        req.tid = self._next_tid
+        self._next_tid += 1
+        self._by_tid[req.tid] = rid
+        return req.tid
+
+    def _forget(self, rid: str) -> None:
+        req = self._requests.pop(rid, None)
+        if req is not None and req.tid is not None:
+            self._by_tid.pop(req.tid, None)
+
+    # -- vLLM's scheduler calls ----------------------------------------------
+
+    def get_num_new_matched_tokens(self, request: Any,
+                                   num_computed_tokens: int
+                                   ) -> tuple[Optional[int], bool]:
+        rid = request.request_id
+        req = self._requests.get(rid)
+        if req is not None and req.allocated:
+            # Preempted and resumed: its old blocks are gone; start over.
+            if req.tid is not None and self._connected:
+                self._call("finish", self._client.finish, req.tid)
+            self._forget(rid)
+            req = None
+        if req is None:
+            req = self._requests[rid] = _Request()
+        if not self._connected:  # build_connector_meta attaches again.
+            return 0, False
+        if req.tid is None:
+            self._new_tid(rid, req)
+        req.num_computed = num_computed_tokens
+        result = self._call("lookup", self._client.lookup, req.tid,
+                            _request_tokens(request), num_computed_tokens)
+        hit = result.hit_tokens if result is not None else 0
+        return hit, hit > 0
+
+    def update_state_after_alloc(self, request: Any, blocks: Any,
+                                 num_external_tokens: int) -> None:
+        rid = request.request_id
+        req = self._requests.get(rid)
+        if req is None:
+            return
+        block_ids = _block_ids(blocks)
+        if req.allocated:  # vLLM's second call, once the load is done.
+            if len(block_ids) > len(req.block_ids):
+                req.block_ids = block_ids
+            return
+        req.allocated = True
+        req.block_ids = block_ids
+        bs = self._config.layout.block_size
+        first = req.num_computed // bs
+        used = -(-num_external_tokens // bs)
+        req.load_blocks = block_ids[first:first + used]
+        if num_external_tokens > 0:
+            req.recving = True
+        if req.tid is None or not self._connected:
+            if req.recving:
+                self._failed_recvs.append(FailedRecv(rid, req.load_blocks))
+            return
+        result = self._call("allocate", self._client.allocate, req.tid,
+                            block_ids, num_external_tokens)
+        if result is None:
+            req.tid = None  # Not allocated in tierkv: nothing to commit.
+            if req.recving:
+                self._failed_recvs.append(FailedRecv(rid, req.load_blocks))
+            return
+        if result.load_pending:  # take_ready_loads hands it out later.
+            req.pending = True
+        elif result.load is not None:
+            self._loads.append(self._load_op(rid, req, result.load))
+        elif req.recving:
+            self._failed_recvs.append(FailedRecv(rid, req.load_blocks))
+
+    def _load_op(self, rid: str, req: _Request, event: Any) -> LoadOp:
+        # A load cut short holds its first blocks only.
+        return LoadOp(rid, event, req.load_blocks[len(event.device_blocks):])
+
+    def build_connector_meta(self, scheduler_output: Any
+                             ) -> TierkvConnectorMetadata:
+        if self._connected or self._ensure_connected():
+            self._take_ready_loads()
+        stores = self._commit_scheduled(scheduler_output)
+        meta = TierkvConnectorMetadata(
+            scheduler=self._client.worker_id if self._connected else 0,
+            session=self._client.session if self._connected else 0,
+            loads=self._loads, stores=stores,
+            failed_recvs=self._failed_recvs, delayed=self._delayed)
+        self._loads, self._failed_recvs, self._delayed = [], [], []
+        return meta
+
+    def _take_ready_loads(self) -> None:
+        events = self._call("take_ready_loads",
+                            self._client.take_ready_loads) or []
+        for event in events:
+            rid = self._by_tid.get(event.request)
+            req = self._requests.get(rid) if rid is not None else None
+            if req is None:
+                logger.warning("tierkv: a ready load of unknown request %d",
+                               event.request)
+                continue
+            req.pending = False
+            self._loads.append(self._load_op(rid, req, event))
+
+    def _commit_scheduled(self, out: Any) -> list[StoreOp]:
+        """Commits each scheduled request's tokens computed by this step."""
+        scheduled = dict(getattr(out, "num_scheduled_tokens", {}) or {})
+        stores: list[StoreOp] = []
+        for new in getattr(out, "scheduled_new_reqs", []) or []:
+            req = self._requests.get(new.req_id)
+            if req is not None:
+                req.block_ids = _block_ids(new.block_ids)
+                self._commit(new.req_id, req, new.num_computed_tokens +
+                             scheduled.get(new.req_id, 0), stores)
+        cached = getattr(out, "scheduled_cached_reqs", None)
+        if cached is None:
+            return stores
+        resumed = set(getattr(cached, "resumed_req_ids", ()) or ())
+        flags = getattr(cached, "resumed_from_preemption", None)
+        for i, rid in enumerate(cached.req_ids):
+            req = self._requests.get(rid)
+            if req is None:
+                continue
+            new_ids = cached.new_block_ids[i]
+            if new_ids is not None:
+                ids = _block_ids(new_ids)
+                if rid in resumed or (flags is not None and flags[i]):
+                    req.block_ids = ids
+                else:
+                    req.block_ids = req.block_ids + ids
+            self._commit(rid, req, cached.num_computed_tokens[i] +
+                         scheduled.get(rid, 0), stores)
+        return stores
+
+    def _commit(self, rid: str, req: _Request, computed: int,
+                stores: list[StoreOp]) -> None:
+        if not req.allocated or req.tid is None or not self._connected:
+            return
+        result = self._call("commit", self._client.commit, req.tid, computed,
+                            req.block_ids)
+        if result is None:
+            return
+        for event in result.stores:
+            stores.append(StoreOp(rid, event))
+            req.stores_issued = True
+
+    def update_connector_output(self, output: Any) -> None:
+        for rid in getattr(output, "finished_recving", None) or ():
+            req = self._requests.get(rid)
+            if req is not None:
+                req.recving = False
+                if req.finished:
+                    self._forget(rid)
+        for rid in getattr(output, "finished_sending", None) or ():
+            self._forget(rid)
+
+    def request_finished(self, request: Any, block_ids: list[int]
+                         ) -> tuple[bool, Optional[dict[str, Any]]]:
+        rid = request.request_id
+        req = self._requests.get(rid)
+        if req is None:
+            return False, None
+        req.finished = True
+        if req.tid is not None and self._connected:
+            # Also cancels a load still waiting for promotions.
+            self._call("finish", self._client.finish, req.tid)
+        if req.recving:
+            # vLLM keeps the blocks until the workers report the request
+            # received; a load that will never be copied is reported so.
+            if req.pending:
+                self._failed_recvs.append(FailedRecv(rid))
+                req.pending = False
+            return False, None
+        if req.stores_issued:
+            self._delayed.append(rid)
+            return True, None
+        self._forget(rid)
+        return False, None
+
+    def shutdown(self) -> None:
+        if self._client is not None:
+            self._client.close()
+
+
+# ---------------------------------------------------------------------------
+# Worker side
+# ---------------------------------------------------------------------------
+
+
+class _WorkerSide:
+    """Copies for one vLLM worker: a rank client over its KV cache tensors.
+
+    Attaches on the first metadata (which names the scheduler client), and
+    again when the scheduler attaches anew (tierkvd restarted).
+    """
+
+    def __init__(self, config: TierkvConfig) -> None:
+        self._config = config
+        self._device: Any = None
+        self._rank = 0
+        self._client: Any = None
+        self._attached_to: tuple[int, int] = (0, 0)
+        # (kind, event id) -> (request id, event) of copies started here.
+        self._in_flight: dict[tuple[str, int], tuple[str, Any]] = {}
+        self._loads_left: dict[str, int] = {}
+        self._stores_left: dict[str, int] = {}
+        self._recved: set[str] = set()
+        self._delayed: set[str] = set()
+        self._load_errors: set[int] = set()
+        self._step_stores: list[StoreOp] = []
+
+    @property
+    def client(self) -> Any:
+        return self._client
+
+    def register_kv_caches(self, kv_caches: dict[str, Any]) -> None:
+        layout = self._config.layout
+        self._rank = _tp_rank(self._config)
+        tensors = list(kv_caches.values())
+        first = tensors[0]
+        if first.shape[0] != 2 and first.shape[1] == 2:
+            # [num_blocks, 2, block_size, heads, head_dim] (FlashInfer's).
+            self._device = tierkv.RegisteredDevice.from_layers(
+                layout, [(t[:, 0], t[:, 1]) for t in tensors],
+                rank=self._rank, num_ranks=self._config.tp_size)
+        else:
+            self._device = tierkv.RegisteredDevice.paged(
+                layout, tensors, rank=self._rank,
+                num_ranks=self._config.tp_size)
+
+    # -- attachment ----------------------------------------------------------
+
+    def _attach(self, meta: TierkvConnectorMetadata) -> bool:
+        """A rank client of the metadata's scheduler; False without one."""
+        if self._device is None:
+            raise RuntimeError("tierkv: register_kv_caches was not called "
+                               "before the first step")
+        target = (meta.scheduler, meta.session)
+        if meta.scheduler == 0:
+            return False
+        if self._client is not None and self._attached_to == target:
+            if self._client.connected:
+                return True
+            try:
+                self._client.reconnect()
+                return True
+            except tierkv.Error as e:
+                logger.warning("tierkv: rank %d: %s", self._rank, e)
+                return False
+        self._detach()
+        try:
+            self._client = tierkv.Client.open(
+                self._config.socket, self._config.layout,
+                model=self._config.model, tenant=self._config.tenant,
+                name=self._config.name or f"vllm-rank{self._rank}",
+                device=self._device, scheduler=meta.scheduler,
+                rank=self._rank, call_timeout=self._config.call_timeout)
+        except _LOST as e:
+            logger.warning("tierkv: rank %d cannot attach: %s", self._rank,
+                           e)
+            return False
+        self._attached_to = target
+        return True
+
+    def _detach(self) -> None:
+        """Closes the rank client; copies it had started count as failed."""
+        if self._client is None:
+            return
+        self._client.close()
+        self._client = None
+        for rid, event in list(self._in_flight.values()):
+            self._settle(rid, event, ok=False, loaded=0)
+        self._in_flight.clear()
+
+    # -- one step ------------------------------------------------------------
+
+    def start_load_kv(self, meta: TierkvConnectorMetadata) -> None:
+        attached = self._attach(meta)
+        for failed in meta.failed_recvs:
+            self._load_errors.update(failed.failed_blocks)
+            self._recved.add(failed.request_id)
+        self._delayed.update(meta.delayed)
+        for op in meta.loads:
+            self._load_errors.update(op.failed_blocks)
+            self._loads_left[op.request_id] = (
+                self._loads_left.get(op.request_id, 0) + 1)
+            if not (attached and self._start(op.request_id, op.event)):
+                self._settle(op.request_id, op.event, ok=False, loaded=0)
+        self._step_stores = list(meta.stores)
+
+    def _start(self, rid: str, event: Any) -> bool:
+        try:
+            self._client.start(event)
+        except tierkv.Error as e:
+            logger.warning("tierkv: rank %d: %s of request %s not started: "
+                           "%s", self._rank, event.kind, rid, e)
+            return False
+        self._in_flight[(event.kind, event.id)] = (rid, event)
+        return True
+
+    def wait_for_save(self) -> None:
+        stores, self._step_stores = self._step_stores, []
+        started = []
+        for op in stores:
+            self._stores_left[op.request_id] = (
+                self._stores_left.get(op.request_id, 0) + 1)
+            if self._client is not None and self._start(op.request_id,
+                                                        op.event):
+                started.append(("store", op.event.id))
+            else:
+                self._settle(op.request_id, op.event, ok=False, loaded=0)
+        deadline = time.monotonic() + self._config.save_timeout
+        while any(key in self._in_flight for key in started):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                logger.error("tierkv: rank %d: stores still copying after "
+                             "%.0f s", self._rank, self._config.save_timeout)
+                return
+            self._collect(self._client.wait_events(left))
+
+    def wait_for_transfers(self, timeout: float) -> None:
+        """Waits up to `timeout` seconds until a copy this rank started
+        finishes (at once when none is in flight); get_finished reports it.
+        Not part of vLLM's interface: for engines that block between steps.
+        """
+        if self._client is not None and self._in_flight:
+            self._collect(self._client.wait_events(timeout))
+
+    def _collect(self, finished: list) -> None:
+        """Completes finished copies with tierkvd and settles them here."""
+        if not finished:
+            return
+        try:
+            self._client.complete(finished)
+        except tierkv.Error as e:
+            # tierkvd fails what it never hears about; the copies' own
+            # results still say what reached this rank's memory.
+            logger.warning("tierkv: rank %d: complete: %s", self._rank, e)
+        for f in finished:
+            entry = self._in_flight.pop((f.event.kind, f.event.id), None)
+            if entry is not None:
+                self._settle(entry[0], entry[1], ok=f.ok,
+                             loaded=f.loaded_blocks)
+
+    def _settle(self, rid: str, event: Any, ok: bool, loaded: int) -> None:
+        if event.kind == "load":
+            if not ok:
+                self._load_errors.update(event.device_blocks[loaded:])
+            left = self._loads_left.get(rid, 1) - 1
+            if left > 0:
+                self._loads_left[rid] = left
+            else:
+                self._loads_left.pop(rid, None)
+                self._recved.add(rid)
+        else:
+            left = self._stores_left.get(rid, 1) - 1
+            if left > 0:
+                self._stores_left[rid] = left
+            else:
+                self._stores_left.pop(rid, None)
+
+    def get_finished(self, finished_req_ids: set[str]
+                     ) -> tuple[Optional[set[str]], Optional[set[str]]]:
+        if self._client is not None:
+            try:
+                self._collect(self._client.poll_events())
+            except tierkv.Error as e:
+                logger.warning("tierkv: rank %d: %s", self._rank, e)
+        # A delayed request is one of finished_req_ids, this step's or an
+        # earlier one's: the scheduler delays it in request_finished.
+        sending = {rid for rid in self._delayed
+                   if rid not in self._stores_left
+                   and rid not in self._loads_left}
+        self._delayed -= sending
+        recving, self._recved = self._recved, set()
+        return sending or None, recving or None
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        errors, self._load_errors = self._load_errors, set()
+        return errors
+
+    def shutdown(self) -> None:
+        self._detach()
+
+
+# ---------------------------------------------------------------------------
+# The connector
+# ---------------------------------------------------------------------------
+
+
+def _base_init(self: Any, vllm_config: Any, role: Any,
+               kv_cache_config: Any) -> None:
+    """KVConnectorBase_V1.__init__ of the vLLM at hand (older ones take no
+    kv_cache_config)."""
+    params = inspect.signature(KVConnectorBase_V1.__init__).parameters
+    if "kv_cache_config" in params:
+        KVConnectorBase_V1.__init__(self, vllm_config, role, kv_cache_config)
+    else:
+        KVConnectorBase_V1.__init__(self, vllm_config, role)
+
+
+def _is_scheduler(role: Any) -> bool:
+    return getattr(role, "name", str(role)) == "SCHEDULER"
+
+
+class TierkvConnector(KVConnectorBase_V1):
+    """tierkv behind vLLM's KV-connector interface (see the module doc)."""
+
+    def __init__(self, vllm_config: Any, role: Any,
+                 kv_cache_config: Any = None) -> None:
+        _base_init(self, vllm_config, role, kv_cache_config)
+        self._config = TierkvConfig.from_vllm_config(vllm_config,
+                                                     kv_cache_config)
+        self._scheduler: Optional[_SchedulerSide] = None
+        self._worker: Optional[_WorkerSide] = None
+        if _is_scheduler(role):
+            self._scheduler = _SchedulerSide(self._config)
+        else:
+            self._worker = _WorkerSide(self._config)
+
+    @property
+    def tierkv_config(self) -> TierkvConfig:
+        return self._config
+
+    @property
+    def tierkv_client(self) -> Any:
+        """The tierkv client of this side (a worker's: None until the first
+        metadata attaches it)."""
+        side = self._scheduler or self._worker
+        return side.client
+
+    # -- scheduler side ------------------------------------------------------
+
+    def get_num_new_matched_tokens(self, request: Any,
+                                   num_computed_tokens: int
+                                   ) -> tuple[Optional[int], bool]:
+        assert self._scheduler is not None
+        return self._scheduler.get_num_new_matched_tokens(request,
+                                                          num_computed_tokens)
+
+    def update_state_after_alloc(self, request: Any, blocks: Any,
+                                 num_external_tokens: int) -> None:
+        assert self._scheduler is not None
+        self._scheduler.update_state_after_alloc(request, blocks,
+                                                 num_external_tokens)
+
+    def build_connector_meta(self, scheduler_output: Any
+                             ) -> TierkvConnectorMetadata:
+        assert self._scheduler is not None
+        return self._scheduler.build_connector_meta(scheduler_output)
+
+    def update_connector_output(self, connector_output: Any) -> None:
+        assert self._scheduler is not None
+        self._scheduler.update_connector_output(connector_output)
+
+    def request_finished(self, request: Any, block_ids: list[int]
+                         ) -> tuple[bool, Optional[dict[str, Any]]]:
+        assert self._scheduler is not None
+        return self._scheduler.request_finished(request, block_ids)
+
+    def take_events(self) -> Iterable[Any]:
+        # tierkv publishes no KV cache events to vLLM's event stream.
+        return ()
+
+    # -- worker side ---------------------------------------------------------
+
+    def register_kv_caches(self, kv_caches: dict[str, Any]) -> None:
+        assert self._worker is not None
+        self._worker.register_kv_caches(kv_caches)
+
+    def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
+        assert self._worker is not None
+        meta = self._get_connector_metadata()
+        assert isinstance(meta, TierkvConnectorMetadata)
+        self._worker.start_load_kv(meta)
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        # Loads go to requests outside the batch; none is waited for here.
+        return
+
+    def save_kv_layer(self, layer_name: str, kv_layer: Any,
+                      attn_metadata: Any, **kwargs: Any) -> None:
+        # Stores copy whole blocks, every layer, in wait_for_save.
+        return
+
+    def wait_for_save(self) -> None:
+        assert self._worker is not None
+        self._worker.wait_for_save()
+
+    def wait_for_transfers(self, timeout: float) -> None:
+        """See _WorkerSide.wait_for_transfers."""
+        assert self._worker is not None
+        self._worker.wait_for_transfers(timeout)
+
+    def get_finished(self, finished_req_ids: set[str]
+                     ) -> tuple[Optional[set[str]], Optional[set[str]]]:
+        assert self._worker is not None
+        return self._worker.get_finished(finished_req_ids)
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        assert self._worker is not None
+        return self._worker.get_block_ids_with_load_errors()
+
+    def shutdown(self) -> None:
+        if self._scheduler is not None:
+            self._scheduler.shutdown()
+        if self._worker is not None:
+            self._worker.shutdown()
