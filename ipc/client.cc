@@ -734,6 +734,14 @@ Status Client::Reconnect() {
     if (impl.PeerAlive()) return Status::Ok();
     impl.LoseAttachment(Status::Unavailable("tierkvd closed the connection"));
   }
+  if (impl.options.scheduler != 0) {
+    // A restarted tierkvd numbers workers and events from 1 again: the same
+    // scheduler id there is another scheduler, whose events this rank must
+    // never copy.
+    return Status::FailedPrecondition(
+        "a rank client does not reconnect: once its scheduler has attached "
+        "again, open a new rank client with the scheduler's new worker id");
+  }
   // LoseAttachment let the old attachment's copies finish and closed it.
   const ClientOptions& o = impl.options;
   TIERKV_RETURN_IF_ERROR(
@@ -817,7 +825,7 @@ Status Client::WaitIdle(std::chrono::milliseconds timeout) {
 
 bool Client::embedded() const { return impl_->in_process != nullptr; }
 const KvLayout& Client::layout() const { return impl_->options.layout; }
-DeviceTier& Client::device() { return *impl_->device; }
+DeviceTier* Client::device() { return impl_->device; }
 size_t Client::transfers_in_flight() const { return impl_->in_flight.size(); }
 size_t Client::loads_pending() const { return impl_->pending_loads.size(); }
 bool Client::connected() const { return impl_->channel_error.ok(); }

@@ -146,8 +146,9 @@ StatusOr<WorkerId> Coordinator::RegisterWorker(
   w.segment = segment;
   w.rank_workers.assign(static_cast<size_t>(registration.ranks), 0);
   if (registration.scheduler != 0) {
-    workers_.at(registration.scheduler)
-        .rank_workers[static_cast<size_t>(registration.rank)] = id;
+    WorkerState& s = workers_.at(registration.scheduler);
+    s.rank_workers[static_cast<size_t>(registration.rank)] = id;
+    RankAttached(&s, registration.rank);
   }
   if (options_.max_tenants > 0) {
     tenant_segments_.emplace(registration.tenant, segment);

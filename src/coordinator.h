@@ -29,9 +29,13 @@
 // workers (tensor-parallel workers, one shard of the heads each) copies
 // every event the scheduler hands out and completes it for itself. An event
 // completes once every rank has completed it, failed if any rank failed; a
-// rank that is dropped fails its part of every event it has not completed,
-// so no event waits on a dead rank. A scheduler dropped while ranks may
-// still copy its events keeps those events' slots pinned (its requests and
+// rank that is dropped fails its part of every event it has not completed
+// (a load still waiting for promotions included, unless a new rank attaches
+// in its place before the load is handed out), so no event handed out
+// before the drop waits on a dead rank; an event handed out while a rank's
+// place is empty waits for the rank that takes it (vLLM's workers attach
+// on their first step, after the scheduler). A scheduler dropped while ranks
+// may still copy its events keeps those events' slots pinned (its requests and
 // untaken loads go at once) until the ranks complete them or are dropped:
 // no slot a live rank may still read or write is reused.
 //
@@ -448,6 +452,10 @@ class Coordinator {
                         std::span<const SlotChecksum> checksums);
   // For people: WorkerStats::role.
   static std::string RoleOf(const WorkerState& w);
+  // One bit per rank of a scheduler with `ranks` ranks (1 to kMaxRanks).
+  static uint64_t AllRanks(int32_t ranks);
+  // A rank worker attached at `rank` (the place of a dropped one, maybe).
+  void RankAttached(WorkerState* scheduler, int32_t rank);
   // Whether `store` becomes a successful completion when `rank` completes
   // it with `ok`.
   static bool RankCompletesOk(const WorkerState& scheduler,

@@ -179,12 +179,20 @@ StatusOr<std::vector<TransferEvent>> Coordinator::TakeReadyLoads(
     WorkerId worker) {
   TIERKV_ASSIGN_OR_RETURN(WorkerState * w, FindRequestWorker(worker));
   std::vector<TransferEvent> out;
+  std::vector<CompletedEvent> unranked;
   for (uint64_t id : w->ready_loads) {
     InFlight& load = w->loads.at(id);
     load.pending = false;
+    // Every rank that was to copy it was dropped meanwhile: no one will.
+    if (w->registration.ranks > 0 &&
+        load.ranks_done == AllRanks(w->registration.ranks)) {
+      unranked.push_back({load.event.ref, /*ok=*/false});
+      continue;
+    }
     out.push_back(load.event);
   }
   w->ready_loads.clear();
+  ApplyCompletions(w, unranked, {});
   return out;
 }
 

@@ -6,14 +6,10 @@
 #include "src/coordinator.h"
 
 namespace tierkv {
-namespace {
 
-// One bit per rank of a scheduler with `ranks` ranks (1 to kMaxRanks).
-uint64_t AllRanks(int32_t ranks) {
+uint64_t Coordinator::AllRanks(int32_t ranks) {
   return ranks >= 64 ? ~uint64_t{0} : (uint64_t{1} << ranks) - 1;
 }
-
-}  // namespace
 
 Status Coordinator::CheckRoles(const WorkerRegistration& reg) const {
   if (reg.ranks < 0 || reg.ranks > kMaxRanks) {
@@ -68,6 +64,18 @@ Status Coordinator::CheckRoles(const WorkerRegistration& reg) const {
   return Status::Ok();
 }
 
+void Coordinator::RankAttached(WorkerState* scheduler, int32_t rank) {
+  // A load not handed out yet reaches the new rank with the engine's
+  // metadata: it is the new rank's to copy, not the dropped one's to fail.
+  const uint64_t bit = uint64_t{1} << rank;
+  for (auto& [id, load] : scheduler->loads) {
+    if (!load.pending) continue;
+    load.ranks_done &= ~bit;
+    // Nothing completes a pending load: only dropped ranks marked it.
+    load.rank_failed = load.ranks_done != 0;
+  }
+}
+
 bool Coordinator::RankCompletesOk(const WorkerState& scheduler,
                                   const InFlight& store, int32_t rank,
                                   bool ok) {
@@ -87,11 +95,12 @@ void Coordinator::MarkRanksDone(WorkerId scheduler, int32_t rank,
   const uint64_t bit = uint64_t{1} << rank;
   std::vector<CompletedEvent> done;
   auto mark = [&](InFlight& event, bool ok) {
-    // A load still waiting for promotions was never handed out.
-    if (event.pending || (event.ranks_done & bit) != 0) return;
+    if ((event.ranks_done & bit) != 0) return;
     event.ranks_done |= bit;
     event.rank_failed |= !ok;
-    if (event.ranks_done == all) {
+    // A load still waiting for promotions (a dropped rank marks those too)
+    // is applied when it is handed out: TakeReadyLoads.
+    if (event.ranks_done == all && !event.pending) {
       done.push_back({event.event.ref, !event.rank_failed});
     }
   };

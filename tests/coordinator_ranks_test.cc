@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "src/coordinator.h"
+#include "tests/manual_lower_tier.h"
 #include "tests/sequential_tokens.h"
 #include "tests/status_matchers.h"
 #include "tests/test_layout.h"
@@ -185,6 +186,88 @@ TEST_F(CoordinatorRanksTest, RolesAreChecked) {
   EXPECT_THAT(lookup.status().message(), HasSubstr("rank 0 of scheduler"));
   EXPECT_THAT(c_.TakeReadyLoads(rank1_),
               StatusIs(StatusCode::kFailedPrecondition));
+}
+
+// A scheduler's load that waits for promotions from the lower tier, while
+// its ranks are dropped and replaced.
+class CoordinatorRanksPendingTest : public ::testing::Test {
+ protected:
+  CoordinatorRanksPendingTest()
+      : c_(Coordinator::Create(
+               {.layout = TestLayout(), .host_slots = 20, .lower = &lower_})
+               .value()) {}
+  WorkerId Register(int32_t ranks, WorkerId scheduler, int32_t rank) {
+    return c_
+        .RegisterWorker({.layout = TestLayout(),
+                         .num_device_blocks = 100,
+                         .tenant = "",
+                         .pid = 1,
+                         .name = "w",
+                         .ranks = ranks,
+                         .scheduler = scheduler,
+                         .rank = rank})
+        .value();
+  }
+  void SetUp() override {
+    scheduler_ = Register(2, 0, 0);
+    rank0_ = Register(0, scheduler_, 0);
+    rank1_ = Register(0, scheduler_, 1);
+    // Every block is on the lower tier: the load waits for promotions.
+    ASSERT_EQ(c_.Lookup(scheduler_, 1, tokens_, 0, {})->disk_hit_tokens, 32);
+    const std::vector<BlockId> device{1, 2, 3};
+    ASSERT_TRUE(c_.Allocate(scheduler_, 1, device, 32)->load_pending);
+  }
+  // Lands the promotions; the load is then ready to hand out.
+  void Promote() {
+    for (auto& done : lower_.promotions) done(uint64_t{0});
+    ASSERT_EQ(c_.PumpLowerTier(), 1u);
+  }
+  Status CompleteBy(WorkerId rank, const TransferEvent& e) {
+    const std::vector<CompletedEvent> done{{e.ref, true}};
+    return c_.Complete(rank, done);
+  }
+
+  ManualLowerTier lower_;
+  Coordinator c_;
+  WorkerId scheduler_ = 0, rank0_ = 0, rank1_ = 0;
+  const std::vector<TokenId> tokens_ = SequentialTokens(1, 33);
+};
+
+TEST_F(CoordinatorRanksPendingTest, ARankDroppedBeforeHandOutDoesNotHoldIt) {
+  ASSERT_THAT(c_.DropWorker(rank1_), IsOk());
+  Promote();
+  const std::vector<TransferEvent> ready =
+      c_.TakeReadyLoads(scheduler_).value();
+  ASSERT_EQ(ready.size(), 1u);
+  EXPECT_EQ(c_.stats().host.events_in_flight, 1u);
+  ASSERT_THAT(CompleteBy(rank0_, ready[0]), IsOk());
+  EXPECT_EQ(c_.stats().host.events_in_flight, 0u);
+  EXPECT_EQ(c_.stats().host.pinned_slots, 0);
+}
+
+TEST_F(CoordinatorRanksPendingTest, ARankThatTakesTheDroppedOnesPlaceCopiesIt) {
+  ASSERT_THAT(c_.DropWorker(rank1_), IsOk());
+  const WorkerId again = Register(0, scheduler_, 1);
+  Promote();
+  const std::vector<TransferEvent> ready =
+      c_.TakeReadyLoads(scheduler_).value();
+  ASSERT_EQ(ready.size(), 1u);
+  ASSERT_THAT(CompleteBy(rank0_, ready[0]), IsOk());
+  // The new rank 1 may be copying it: its slots stay pinned.
+  EXPECT_EQ(c_.stats().host.events_in_flight, 1u);
+  EXPECT_GT(c_.stats().host.pinned_slots, 0);
+  ASSERT_THAT(CompleteBy(again, ready[0]), IsOk());
+  EXPECT_EQ(c_.stats().host.events_in_flight, 0u);
+  EXPECT_EQ(c_.stats().host.loads_completed, 2u);
+}
+
+TEST_F(CoordinatorRanksPendingTest, ALoadNoRankIsLeftToCopyIsNotHandedOut) {
+  ASSERT_THAT(c_.DropWorker(rank0_), IsOk());
+  ASSERT_THAT(c_.DropWorker(rank1_), IsOk());
+  Promote();
+  EXPECT_TRUE(c_.TakeReadyLoads(scheduler_).value().empty());
+  EXPECT_EQ(c_.stats().host.events_in_flight, 0u);
+  EXPECT_EQ(c_.stats().host.pinned_slots, 0);
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "tests/manual_lower_tier.h"
 #include "tests/sequential_tokens.h"
 #include "tests/status_matchers.h"
 #include "tests/test_layout.h"
@@ -546,28 +547,6 @@ TEST_F(CoordinatorTest, EvictDropsOnlyTheNamedBlocksAndKeepsPinnedOnes) {
   EXPECT_EQ(c_.Lookup(w, 3, WithOneMore(a), 0, {}).value().hit_tokens, 0);
   EXPECT_THAT(c_.host_pool().CheckInvariants(), IsOk());
 }
-
-// A lower tier that holds every block and finishes a promotion only when
-// the test says so.
-class ManualLowerTier : public LowerTier {
- public:
-  bool Contains(const BlockKey&, std::span<const TokenId>) const override {
-    return true;
-  }
-  void Spill(const BlockKey&, std::span<const TokenId>, BlockId,
-             std::optional<uint64_t>, Done done) override {
-    done(Status::Ok());
-  }
-  void Promote(const BlockKey&, std::span<const TokenId>, BlockId,
-               PromoteDone done) override {
-    promotions.push_back(std::move(done));
-  }
-  bool Remove(const BlockKey&) override { return false; }
-  uint64_t RemoveAll() override { return 0; }
-  DiskTierStats stats() const override { return {}; }
-
-  std::vector<PromoteDone> promotions;
-};
 
 TEST(CoordinatorEventsTest, ALoadIsPromotingThenReadyThenCopying) {
   ManualLowerTier lower;

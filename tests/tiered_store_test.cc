@@ -533,7 +533,7 @@ TEST_F(TieredStoreTest, EmbeddedClientSpillsAndPromotes) {
   auto opened = OpenEmbedded(options, embedded);
   ASSERT_THAT(opened, IsOk());
   Client& client = **opened;
-  auto* device = dynamic_cast<EmulatedDeviceTier*>(&client.device());
+  auto* device = dynamic_cast<EmulatedDeviceTier*>(client.device());
   ASSERT_NE(device, nullptr);
   const std::vector<BlockId> blocks = {1, 2};
   auto wait_one = [&]() -> FinishedTransfer {

@@ -106,7 +106,7 @@ TEST_F(TierkvdRanksTest, TwoRanksFillOneBlockAnotherWorkerLoads) {
   while (done.empty()) done = reader->WaitEvents(std::chrono::seconds(5));
   ASSERT_THAT(done[0].status, IsOk());
   ASSERT_THAT(reader->Complete(done), IsOk());
-  auto& device_tier = static_cast<EmulatedDeviceTier&>(reader->device());
+  auto& device_tier = *static_cast<EmulatedDeviceTier*>(reader->device());
   for (size_t i = 0; i < 2; ++i) {
     std::span<std::byte> block = device_tier.block(device[i]);
     for (size_t o = 0; o < block.size(); ++o) {
@@ -293,6 +293,19 @@ TEST_F(TierkvdRanksTest, RolesAreCheckedAtAttach) {
       EmulatedDeviceTier::Create(64, TestLayout().BlockBytes()).value();
   s.device = device.get();
   EXPECT_THAT(Client::Open(s), StatusIs(StatusCode::kInvalidArgument));
+}
+
+TEST_F(TierkvdRanksTest, ARankDoesNotReconnectToARestartedTierkvd) {
+  StopDaemon();
+  StartDaemon(std::to_string(40 * TestLayout().BlockBytes()));
+  // The new tierkvd numbers workers from 1 again: the scheduler's old id
+  // may name another scheduler there.
+  EXPECT_THAT(scheduler_->Reconnect(), IsOk());
+  Status again = ranks_[0]->Reconnect();
+  EXPECT_THAT(again, StatusIs(StatusCode::kFailedPrecondition));
+  EXPECT_THAT(again.message(), HasSubstr("open a new rank client"));
+  // A new rank client for the scheduler's new id is what works.
+  EXPECT_THAT(OpenRank(0, CopyMode::kCaller), ::testing::NotNull());
 }
 
 TEST_F(TierkvdRanksTest, AnEngineCopiesThroughHostSlotViews) {

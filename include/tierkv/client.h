@@ -219,6 +219,9 @@ class Client {
   // gone there: the engine finishes them locally and looks new ones up.
   // OK at once when attached and healthy, or embedded. Unavailable (or
   // DeadlineExceeded) when tierkvd does not answer yet: call it again.
+  // FailedPrecondition for a rank client whose attachment was lost: a
+  // restarted tierkvd numbers workers and events anew, so the rank opens a
+  // new client for its scheduler's new worker id instead.
   Status Reconnect();
   // False once the attachment is lost, until Reconnect succeeds.
   bool connected() const;
@@ -232,8 +235,9 @@ class Client {
   CopyMode copies() const;
   bool embedded() const;
   const KvLayout& layout() const;
-  // REQUIRES: copies() == kClient (other modes have no device tier).
-  DeviceTier& device();
+  // The device tier copies run on; null when the engine copies (kCaller,
+  // kRanks).
+  DeviceTier* device();
   size_t transfers_in_flight() const;
   // Loads waiting for promotions from disk.
   size_t loads_pending() const;

@@ -1,0 +1,36 @@
+// ManualLowerTier: a lower tier for coordinator tests that holds every
+// block and finishes a promotion only when the test says so.
+#ifndef TIERKV_TESTS_MANUAL_LOWER_TIER_H_
+#define TIERKV_TESTS_MANUAL_LOWER_TIER_H_
+
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "src/lower_tier.h"
+
+namespace tierkv {
+
+class ManualLowerTier : public LowerTier {
+ public:
+  bool Contains(const BlockKey&, std::span<const TokenId>) const override {
+    return true;
+  }
+  void Spill(const BlockKey&, std::span<const TokenId>, BlockId,
+             std::optional<uint64_t>, Done done) override {
+    done(Status::Ok());
+  }
+  void Promote(const BlockKey&, std::span<const TokenId>, BlockId,
+               PromoteDone done) override {
+    promotions.push_back(std::move(done));
+  }
+  bool Remove(const BlockKey&) override { return false; }
+  uint64_t RemoveAll() override { return 0; }
+  DiskTierStats stats() const override { return {}; }
+
+  std::vector<PromoteDone> promotions;
+};
+
+}  // namespace tierkv
+
+#endif  // TIERKV_TESTS_MANUAL_LOWER_TIER_H_
