@@ -19,8 +19,11 @@
 namespace tierkv::python {
 
 ClientHandle::~ClientHandle() {
-  py::gil_scoped_release release;
-  client.reset();
+  {
+    py::gil_scoped_release release;
+    client.reset();
+  }
+  if (device != nullptr) device->in_use = false;
 }
 
 namespace {
@@ -61,10 +64,24 @@ class PyClient {
 };
 
 // A host slot's bytes, exported through the buffer protocol; the
-// memoryview over it keeps it, and so the client's handle, alive.
-struct HostSlot {
-  std::shared_ptr<ClientHandle> handle;
-  std::span<std::byte> bytes;
+// memoryview over it keeps it, and so the client's handle, alive. Counted
+// in the handle's live_views while it exists. Created and destroyed with
+// the GIL held.
+class HostSlot {
+ public:
+  HostSlot(std::shared_ptr<ClientHandle> handle, std::span<std::byte> bytes)
+      : handle_(std::move(handle)), bytes_(bytes) {
+    ++handle_->live_views;
+  }
+  HostSlot(const HostSlot& other) : HostSlot(other.handle_, other.bytes_) {}
+  HostSlot& operator=(const HostSlot&) = delete;
+  ~HostSlot() { --handle_->live_views; }
+
+  std::span<std::byte> bytes() const { return bytes_; }
+
+ private:
+  std::shared_ptr<ClientHandle> handle_;
+  std::span<std::byte> bytes_;
 };
 
 CopyMode ParseCopyMode(const std::string& name) {
@@ -151,11 +168,40 @@ ClientOptions OptionsFor(const OpenArgs& a) {
   return o;
 }
 
-py::object Wrap(StatusOr<std::unique_ptr<Client>> client,
-                std::shared_ptr<RegisteredDevice> device) {
+// Marks `device` used by the client being opened, until Release() (the
+// open failed) or the ClientHandle that takes it over is destroyed.
+class DeviceClaim {
+ public:
+  explicit DeviceClaim(std::shared_ptr<RegisteredDevice> device)
+      : device_(std::move(device)) {
+    if (device_ == nullptr) return;
+    if (device_->in_use) {
+      Raise(Status::AlreadyExists(
+          "this RegisteredDevice already backs an open tierkv.Client; close "
+          "that client first (each client copies through its device on its "
+          "own, and two would take each other's finished copies), or "
+          "register the memory for one client only"));
+    }
+    device_->in_use = true;
+  }
+  DeviceClaim(const DeviceClaim&) = delete;
+  DeviceClaim& operator=(const DeviceClaim&) = delete;
+  ~DeviceClaim() {
+    if (device_ != nullptr) device_->in_use = false;
+  }
+
+  // Hands the claim to a ClientHandle, whose destructor ends it.
+  std::shared_ptr<RegisteredDevice> Take() { return std::move(device_); }
+
+ private:
+  std::shared_ptr<RegisteredDevice> device_;
+};
+
+py::object Wrap(StatusOr<std::unique_ptr<Client>> client, DeviceClaim& claim) {
+  std::unique_ptr<Client> c = ValueOrRaise(std::move(client));
   auto handle = std::make_shared<ClientHandle>();
-  handle->device = std::move(device);
-  handle->client = ValueOrRaise(std::move(client));
+  handle->client = std::move(c);
+  handle->device = claim.Take();
   return py::cast(PyClient(std::move(handle)));
 }
 
@@ -167,21 +213,23 @@ py::object Open(const std::string& socket_path, const OpenArgs& args) {
   }
   ClientOptions options = OptionsFor(args);
   options.socket_path = socket_path;
+  DeviceClaim claim(args.device);
   StatusOr<std::unique_ptr<Client>> client = [&] {
     py::gil_scoped_release release;
     return Client::Open(options);
   }();
-  return Wrap(std::move(client), args.device);
+  return Wrap(std::move(client), claim);
 }
 
 py::object OpenInProcess(const OpenArgs& args,
                          const EmbeddedOptions& embedded) {
   ClientOptions options = OptionsFor(args);
+  DeviceClaim claim(args.device);
   StatusOr<std::unique_ptr<Client>> client = [&] {
     py::gil_scoped_release release;
     return OpenEmbedded(options, embedded);
   }();
-  return Wrap(std::move(client), args.device);
+  return Wrap(std::move(client), claim);
 }
 
 // A stats struct with a field table as a dict, in table order.
@@ -333,6 +381,15 @@ void RegisterMethods(py::class_<PyClient>& cls) {
           py::arg("timeout"))
       .def("reconnect",
            [](const PyClient& c) {
+             // Attaching anew maps a new host segment and unmaps the old
+             // one, which the views point into.
+             if (const int views = c.Handle()->live_views; views > 0) {
+               Raise(Status::FailedPrecondition(
+                   std::to_string(views) +
+                   " host_block() view(s) of this client are alive; "
+                   "reconnecting would unmap the memory they point into: "
+                   "drop them (del view, or view.release()) first"));
+             }
              ThrowIfError(
                  c.Call([](Client& client) { return client.Reconnect(); }));
            })
@@ -342,7 +399,7 @@ void RegisterMethods(py::class_<PyClient>& cls) {
             std::shared_ptr<ClientHandle> h = c.Handle();
             std::span<std::byte> bytes = ValueOrRaise(c.Call(
                 [&](Client& client) { return client.host_block(slot); }));
-            py::object owner = py::cast(HostSlot{std::move(h), bytes});
+            py::object owner = py::cast(HostSlot(std::move(h), bytes));
             return py::reinterpret_steal<py::memoryview>(
                 PyMemoryView_FromObject(owner.ptr()));
           },
@@ -413,9 +470,9 @@ std::shared_ptr<ClientHandle> HandleOf(const py::handle& client) {
 void RegisterClient(py::module_& m) {
   py::class_<HostSlot>(m, "_HostSlot", py::buffer_protocol())
       .def_buffer([](HostSlot& s) {
-        return py::buffer_info(s.bytes.data(), 1,
+        return py::buffer_info(s.bytes().data(), 1,
                                py::format_descriptor<uint8_t>::format(), 1,
-                               {static_cast<py::ssize_t>(s.bytes.size())}, {1},
+                               {static_cast<py::ssize_t>(s.bytes().size())}, {1},
                                /*readonly=*/false);
       });
 

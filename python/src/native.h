@@ -49,16 +49,24 @@ struct RegisteredDevice {
   std::unique_ptr<RegisteredDeviceTier> tier;
   int32_t rank = 0;
   int32_t num_ranks = 1;
+  // Set while an open client copies through this device: each client has
+  // its own copy engine, and two of them on one device would take each
+  // other's finished copies. Guarded by the GIL.
+  bool in_use = false;
 };
 
 // One client and what it must outlive. Shared by tierkv.Client and the
 // host_block() views it handed out, so a view never points into a detached
-// store's memory: the last of them to go closes the client.
+// store's memory: the last of them to go closes the client (and reconnect()
+// is refused while a view is alive).
 struct ClientHandle {
   // Serializes the calls of Python threads (Client is not thread-safe).
   std::mutex mu;
   std::shared_ptr<RegisteredDevice> device;  // Null: the client owns one.
   std::unique_ptr<Client> client;
+  // host_block() views alive: reconnect() would unmap the memory they point
+  // into, so it is refused while any is. Guarded by the GIL.
+  int live_views = 0;
   // Waits for the copies in flight without the GIL; then `device` (and the
   // tensors it holds) goes with the GIL held. REQUIRES: the GIL.
   ~ClientHandle();

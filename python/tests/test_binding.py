@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+import os
 import pickle
 
 import numpy as np
@@ -224,6 +226,50 @@ def test_a_host_block_view_keeps_its_mapping_after_close(tierkvd, layout):
         with tierkv.Client.open(tierkvd.socket, layout, 4,
                                 copies="caller") as other:
             other.host_block(0)  # The null slot.
+
+
+def test_reconnect_is_refused_while_a_host_block_view_is_alive(
+        start_tierkvd, layout, tmp_path):
+    daemon = start_tierkvd()
+    link = str(tmp_path / "tierkvd.sock")
+    os.symlink(daemon.socket, link)
+    with tierkv.Client.open(link, layout, 4, copies="caller") as client:
+        view = client.host_block(1)
+        daemon.kill()
+        restarted = start_tierkvd()
+        os.unlink(link)
+        os.symlink(restarted.socket, link)
+        # Attaching anew would unmap the segment the view points into.
+        with pytest.raises(tierkv.FailedPreconditionError,
+                           match="1 host_block"):
+            client.reconnect()
+        view[:4] = b"kv!!"  # Still mapped.
+        del view
+        gc.collect()
+        client.reconnect()
+        assert client.connected
+        assert len(client.host_block(1)) == layout.block_bytes
+
+
+def test_a_registered_device_backs_one_open_client_at_a_time(tierkvd,
+                                                             layout):
+    device = tierkv.RegisteredDevice.paged(layout,
+                                           paged_caches(layout, num_blocks=4))
+    first = tierkv.Client.open(tierkvd.socket, layout, device=device)
+    with pytest.raises(tierkv.AlreadyExistsError, match="already backs"):
+        tierkv.Client.open(tierkvd.socket, layout, device=device)
+    with pytest.raises(tierkv.AlreadyExistsError):
+        tierkv.Client.open_embedded(layout, device=device)
+    first.close()
+    with tierkv.Client.open_embedded(layout, device=device) as second:
+        store(second, 1, prompt(3, 1), [0])
+    # A failed open releases the device too.
+    with pytest.raises(tierkv.InvalidArgumentError):
+        tierkv.Client.open(tierkvd.socket,
+                           tierkv.KvLayout(3, 2, 64, block_size=16),
+                           device=device)
+    with tierkv.Client.open(tierkvd.socket, layout, device=device):
+        pass
 
 
 def test_a_failed_caller_copy_is_not_served(tierkvd, layout):
