@@ -233,6 +233,64 @@ def test_lost_tierkvd_reports_load_errors_and_attaches_again(
     assert engine.verify("r4", 32) == {0: [], 1: []}
 
 
+def test_metadata_of_a_past_scheduler_epoch_is_never_started(
+        engine, daemon, socket_link, start_tierkvd):
+    _store_prefix(engine, "r1", PREFIX + [1])
+    assert engine.add("r2", PREFIX + [2]) == (64, True)
+    stale, compute, finished = engine.build()  # r2's load, epoch 1.
+    daemon.kill()
+    restarted = start_tierkvd(layout=_layout())
+    os.unlink(socket_link)
+    os.symlink(restarted.socket, socket_link)
+    # The scheduler notices, attaches to the new tierkvd (epoch 2), and the
+    # workers attach for epoch 2; worker and event ids start over there.
+    engine.run_until(lambda: engine.scheduler.tierkv_client.connected)
+    other = list(range(7000, 7000 + 2 * BLOCK))
+    _store_prefix(engine, "r3", other + [1])
+    assert engine.add("r4", other + [2]) == (32, True)
+    # Epoch 1's metadata arrives late: its load names an event id of the
+    # old tierkvd, which the new one may have given to another event.
+    for w in engine.workers:
+        w.send("step", stale, compute, finished)
+    engine.collect([w.receive() for w in engine.workers])
+    assert "r2" in engine.received
+    r2 = engine.requests["r2"]
+    assert set(r2.blocks[:4]) <= engine.load_errors
+    engine.run_until(lambda: "r4" in engine.received)
+    assert engine.verify("r4", 32) == {0: [], 1: []}
+    with _observer(restarted) as observer:
+        stats = _settled(observer, 4)  # Scheduler, two ranks, observer.
+        assert len(stats["workers"]) == 4
+        assert stats["host"]["events_in_flight"] == 0
+
+
+def test_a_worker_that_cannot_attach_fails_the_step_without_raising(
+        daemon):
+    extra = {"socket": daemon.socket, "num_layers": LAYERS,
+             "num_kv_heads": KV_HEADS, "head_dim": HEAD_DIM,
+             "block_size": BLOCK, "dtype": "bf16", "tp_size": 1, "rank": 0,
+             "model": ""}
+    worker = tierkv.vllm.TierkvConnector(vllm_config(extra),
+                                         tierkv.vllm.KVConnectorRole.WORKER)
+    worker.register_kv_caches(
+        {f"layer.{l}": torch.zeros((2, 8, BLOCK, KV_HEADS, HEAD_DIM),
+                                   dtype=torch.bfloat16)
+         for l in range(LAYERS)})
+    load = tierkv.TransferEvent("load", 1, 1, [2, 3], [1, 2])
+    store = tierkv.TransferEvent("store", 2, 2, [4], [3])
+    # No scheduler 999 in tierkvd: Client.open raises NotFoundError.
+    worker.bind_connector_metadata(tierkv.vllm.TierkvConnectorMetadata(
+        scheduler=999, session=1, epoch="gone",
+        loads=[tierkv.vllm.LoadOp("a", load, epoch="gone")],
+        stores=[tierkv.vllm.StoreOp("b", store, epoch="gone")]))
+    worker.start_load_kv(None)
+    worker.wait_for_save()
+    assert worker.tierkv_client is None
+    assert worker.get_block_ids_with_load_errors() == {2, 3}
+    assert worker.get_finished({"b"}) == (None, {"a"})
+    worker.shutdown()
+
+
 def test_tierkvd_lost_before_allocation_fails_the_whole_load(
         engine, daemon):
     _store_prefix(engine, "r1", PREFIX + [1])

@@ -51,6 +51,7 @@ import enum
 import inspect
 import logging
 import time
+import uuid
 from typing import Any, Iterable, Optional
 
 import tierkv
@@ -125,7 +126,9 @@ class TierkvConfig:
 
     Extra config keys: socket (default /run/tierkv/tierkvd.sock), model
     (default: the model vLLM serves; must match tierkvd --model), tenant,
-    name, call_timeout and save_timeout (seconds), and, to override what is
+    name, call_timeout and save_timeout (seconds; wait_for_save logs an
+    error each save_timeout it waits for stores, and goes on waiting), and,
+    to override what is
     derived from vLLM's model and cache configs: num_layers, num_kv_heads
     (all of the model's, every rank's), head_dim, block_size, dtype, tp_size,
     rank (a worker's tensor-parallel rank, for engines without vLLM).
@@ -260,6 +263,7 @@ class LoadOp:
     request_id: str
     event: Any  # tierkv.TransferEvent
     failed_blocks: list[int] = dataclasses.field(default_factory=list)
+    epoch: str = ""  # The scheduler attachment that made the event.
 
 
 @dataclasses.dataclass
@@ -268,6 +272,7 @@ class StoreOp:
 
     request_id: str
     event: Any  # tierkv.TransferEvent
+    epoch: str = ""  # The scheduler attachment that made the event.
 
 
 @dataclasses.dataclass
@@ -285,6 +290,11 @@ class TierkvConnectorMetadata(KVConnectorMetadata):
 
     scheduler: int = 0  # The scheduler client's worker id in tierkvd.
     session: int = 0  # Its attachment; a new one means a new worker id.
+    # A random token the scheduler draws each time it attaches: worker ids
+    # and event ids start over in a restarted tierkvd, so only the epoch
+    # tells the workers which attachment an event belongs to. Empty: the
+    # scheduler is not attached.
+    epoch: str = ""
     loads: list[LoadOp] = dataclasses.field(default_factory=list)
     stores: list[StoreOp] = dataclasses.field(default_factory=list)
     failed_recvs: list[FailedRecv] = dataclasses.field(default_factory=list)
@@ -320,6 +330,7 @@ class _SchedulerSide:
         self._config = config
         self._client: Any = None
         self._connected = False
+        self._epoch = ""  # Drawn anew at each attachment; see the metadata.
         self._requests: dict[str, _Request] = {}
         self._by_tid: dict[int, str] = {}
         self._next_tid = 1
@@ -385,8 +396,9 @@ class _SchedulerSide:
                            self._config.socket, e)
             return False
         self._connected = True
-        logger.info("tierkv: scheduler attached as worker %d",
-                    self._client.worker_id)
+        self._epoch = uuid.uuid4().hex
+        logger.info("tierkv: scheduler attached as worker %d (epoch %s)",
+                    self._client.worker_id, self._epoch)
         return True
 
     def _new_tid(self, rid: str, req: _Request) -> int:
@@ -466,7 +478,8 @@ class _SchedulerSide:
 
     def _load_op(self, rid: str, req: _Request, event: Any) -> LoadOp:
         # A load cut short holds its first blocks only.
-        return LoadOp(rid, event, req.load_blocks[len(event.device_blocks):])
+        return LoadOp(rid, event, req.load_blocks[len(event.device_blocks):],
+                      epoch=self._epoch)
 
     def build_connector_meta(self, scheduler_output: Any
                              ) -> TierkvConnectorMetadata:
@@ -476,6 +489,7 @@ class _SchedulerSide:
         meta = TierkvConnectorMetadata(
             scheduler=self._client.worker_id if self._connected else 0,
             session=self._client.session if self._connected else 0,
+            epoch=self._epoch if self._connected else "",
             loads=self._loads, stores=stores,
             failed_recvs=self._failed_recvs, delayed=self._delayed)
         self._loads, self._failed_recvs, self._delayed = [], [], []
@@ -533,7 +547,7 @@ class _SchedulerSide:
         if result is None:
             return
         for event in result.stores:
-            stores.append(StoreOp(rid, event))
+            stores.append(StoreOp(rid, event, epoch=self._epoch))
             req.stores_issued = True
 
     def update_connector_output(self, output: Any) -> None:
@@ -582,8 +596,14 @@ class _SchedulerSide:
 class _WorkerSide:
     """Copies for one vLLM worker: a rank client over its KV cache tensors.
 
-    Attaches on the first metadata (which names the scheduler client), and
-    again when the scheduler attaches anew (tierkvd restarted).
+    Attaches once per scheduler epoch (the metadata names the scheduler
+    client and the epoch it drew when it attached), never again within one:
+    a restarted tierkvd numbers workers and events from 1 again, so the same
+    (scheduler id, event id) may name another scheduler's event there. An
+    event of an epoch other than the one this rank is attached for, or of
+    an epoch whose attachment was lost or could not be made, fails here
+    (loads are reported as load errors, stores are not copied); the rank
+    attaches anew, with Client.open, when the metadata brings a new epoch.
     """
 
     def __init__(self, config: TierkvConfig) -> None:
@@ -591,7 +611,8 @@ class _WorkerSide:
         self._device: Any = None
         self._rank = 0
         self._client: Any = None
-        self._attached_to: tuple[int, int] = (0, 0)
+        self._epoch = ""  # The scheduler epoch of the last attach attempt.
+        self._past_epochs: set[str] = set()  # Never attached for again.
         # (kind, event id) -> (request id, event) of copies started here.
         self._in_flight: dict[tuple[str, int], tuple[str, Any]] = {}
         self._loads_left: dict[str, int] = {}
@@ -623,23 +644,22 @@ class _WorkerSide:
     # -- attachment ----------------------------------------------------------
 
     def _attach(self, meta: TierkvConnectorMetadata) -> bool:
-        """A rank client of the metadata's scheduler; False without one."""
+        """A rank client attached for the metadata's epoch; False without
+        one (then the step's events fail here)."""
         if self._device is None:
             raise RuntimeError("tierkv: register_kv_caches was not called "
                                "before the first step")
-        target = (meta.scheduler, meta.session)
-        if meta.scheduler == 0:
+        if meta.scheduler == 0 or not meta.epoch:
             return False
-        if self._client is not None and self._attached_to == target:
-            if self._client.connected:
-                return True
-            try:
-                self._client.reconnect()
-                return True
-            except tierkv.Error as e:
-                logger.warning("tierkv: rank %d: %s", self._rank, e)
-                return False
+        if meta.epoch == self._epoch:
+            # Never attached again within an epoch: see the class comment.
+            return self._client is not None and self._client.connected
+        if meta.epoch in self._past_epochs:
+            return False  # Metadata older than the attachment.
         self._detach()
+        if self._epoch:
+            self._past_epochs.add(self._epoch)
+        self._epoch = meta.epoch
         try:
             self._client = tierkv.Client.open(
                 self._config.socket, self._config.layout,
@@ -647,11 +667,14 @@ class _WorkerSide:
                 name=self._config.name or f"vllm-rank{self._rank}",
                 device=self._device, scheduler=meta.scheduler,
                 rank=self._rank, call_timeout=self._config.call_timeout)
-        except _LOST as e:
-            logger.warning("tierkv: rank %d cannot attach: %s", self._rank,
-                           e)
+        except tierkv.Error as e:
+            # Not found: the scheduler attached anew while this metadata
+            # was on its way; already exists: tierkvd has not yet seen this
+            # rank's previous client go. Either way the next epoch retries.
+            logger.warning("tierkv: rank %d cannot attach to scheduler %d: "
+                           "%s; this step's copies fail here", self._rank,
+                           meta.scheduler, e)
             return False
-        self._attached_to = target
         return True
 
     def _detach(self) -> None:
@@ -676,7 +699,8 @@ class _WorkerSide:
             self._load_errors.update(op.failed_blocks)
             self._loads_left[op.request_id] = (
                 self._loads_left.get(op.request_id, 0) + 1)
-            if not (attached and self._start(op.request_id, op.event)):
+            if not (attached and op.epoch == self._epoch
+                    and self._start(op.request_id, op.event)):
                 self._settle(op.request_id, op.event, ok=False, loaded=0)
         self._step_stores = list(meta.stores)
 
@@ -691,24 +715,39 @@ class _WorkerSide:
         return True
 
     def wait_for_save(self) -> None:
+        """Starts the step's stores and returns once none of them reads
+        vLLM's blocks any more: vLLM may write a block again as soon as this
+        returns. Every save_timeout seconds without that, it logs an error
+        and keeps waiting (returning would let vLLM overwrite blocks a copy
+        still reads, and tierkvd would publish them)."""
         stores, self._step_stores = self._step_stores, []
         started = []
         for op in stores:
             self._stores_left[op.request_id] = (
                 self._stores_left.get(op.request_id, 0) + 1)
-            if self._client is not None and self._start(op.request_id,
-                                                        op.event):
+            if (self._client is not None and op.epoch == self._epoch
+                    and self._start(op.request_id, op.event)):
                 started.append(("store", op.event.id))
             else:
                 self._settle(op.request_id, op.event, ok=False, loaded=0)
-        deadline = time.monotonic() + self._config.save_timeout
+        waited = 0.0
         while any(key in self._in_flight for key in started):
-            left = deadline - time.monotonic()
-            if left <= 0:
-                logger.error("tierkv: rank %d: stores still copying after "
-                             "%.0f s", self._rank, self._config.save_timeout)
+            begin = time.monotonic()
+            try:
+                self._collect(self._client.wait_events(
+                    self._config.save_timeout))
+            except tierkv.Error as e:
+                # Closing waits for the copies this client runs.
+                logger.warning("tierkv: rank %d: %s", self._rank, e)
+                self._detach()
                 return
-            self._collect(self._client.wait_events(left))
+            waited += time.monotonic() - begin
+            if waited >= self._config.save_timeout and any(
+                    key in self._in_flight for key in started):
+                logger.error("tierkv: rank %d: stores still copying after "
+                             "%.0f s; vLLM waits for them", self._rank,
+                             waited)
+                waited = 0.0
 
     def wait_for_transfers(self, timeout: float) -> None:
         """Waits up to `timeout` seconds until a copy this rank started
