@@ -184,10 +184,18 @@ def test_failures_raise_and_never_return_none(daemon):
     pool.fill(0, seed=3)
     backend.register_mem_pool_host(pool)
     assert backend.batch_set_v1(["k"], _indices([0])) == [True]
-    # A page past the pool fails the batch after the first load started;
-    # nothing stays pinned once the next batch is done.
+    # A page past the pool fails the batch after the first load started:
+    # the call returns only once that copy is done (SGLang reuses the page
+    # at once), and nothing stays pinned.
     with pytest.raises(tierkv.OutOfRangeError, match="device block 99"):
         backend.batch_get_v1(["k", "k"], _indices([1, 99]))
+    assert backend.client.transfers_in_flight == 0
+    assert torch.equal(pool.page(1), pool.page(0))
+    assert backend.client.stats()["host"]["pinned_slots"] == 0
+    pool.fill(3, seed=4)
+    with pytest.raises(tierkv.OutOfRangeError, match="device block 99"):
+        backend.batch_set_v1(["k3", "k99"], _indices([3, 99]))
+    assert backend.client.transfers_in_flight == 0
     assert backend.batch_get_v1(["k"], _indices([2])) == [True]
     assert torch.equal(pool.page(2), pool.page(0))
     assert backend.client.stats()["host"]["pinned_slots"] == 0

@@ -312,16 +312,38 @@ class TierkvStorage(HiCacheStorage):
         return done
 
     def _abandon(self, client: Any, requests: set[int]) -> None:
-        """After a failed batch: completes what of `requests` has finished
-        copying, so their slots are not held until the next batch."""
+        """After a failed batch: waits, with no deadline, until no copy of
+        the batch runs any more, completing each as it finishes, so that no
+        copy still reads or writes SGLang's host pool once the batch call
+        returns (SGLang reuses its pages at once). Loads still waiting for
+        promotions are cancelled (finished) first: they never start. A lost
+        tierkvd ends the wait: the client waits for the copies running when
+        it lost the attachment and fails the rest."""
         if not requests:
             return
-        try:
-            finished = client.poll_events()
-            if finished:
-                client.complete(finished)
-        except tierkv.Error as e:
-            logger.warning("tierkv: %s", e)
+        for rid in requests:
+            try:
+                client.finish(rid)
+            except tierkv.Error:
+                pass  # _finish reports what is wrong with the request.
+        waited = 0.0
+        while client.transfers_in_flight > 0 or client.loads_pending > 0:
+            begin = time.monotonic()
+            try:
+                finished = client.wait_events(self._batch_timeout)
+                if finished:
+                    client.complete(finished)
+            except tierkv.Error as e:
+                logger.warning("tierkv: %s", e)
+                finished = []
+            if not client.connected and not finished:
+                return  # It waited for its copies when it lost tierkvd.
+            waited += time.monotonic() - begin
+            if waited >= self._batch_timeout:
+                logger.error("tierkv: %d page copies of a failed batch "
+                             "still running after %.0f s; waiting for "
+                             "them", client.transfers_in_flight, waited)
+                waited = 0.0
 
     def _finish(self, client: Any, rids: list[int]) -> None:
         for rid in rids:
