@@ -63,6 +63,9 @@ def _settled(observer: tierkv.Client, workers: int) -> dict:
         if (s["host"]["events_in_flight"] == 0 and
                 len(s["workers"]) == workers) or time.monotonic() > deadline:
             return s
+        # Idle, but a worker's socket close not yet seen: the observer has
+        # no transfers, so this blocks (without spinning) between checks.
+        observer.wait_events(0.02)
 
 
 def _store_prefix(engine: Engine, rid: str, tokens: list[int]) -> None:
