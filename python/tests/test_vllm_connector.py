@@ -124,6 +124,35 @@ def test_worker_registers_paged_kv_caches_of_its_shard(shape):
         worker.register_kv_caches(whole)
 
 
+def test_a_two_block_cache_needs_its_layout_named():
+    extra = {"num_layers": LAYERS, "num_kv_heads": KV_HEADS,
+             "head_dim": HEAD_DIM, "block_size": BLOCK, "dtype": "bf16",
+             "tp_size": 1, "rank": 0, "model": ""}
+    shape = (2, 2, BLOCK, KV_HEADS, HEAD_DIM)  # Paged or FlashInfer's?
+    caches = {f"layer.{l}": torch.zeros(shape, dtype=torch.bfloat16)
+              for l in range(LAYERS)}
+    worker = tierkv.vllm.TierkvConnector(vllm_config(extra),
+                                         tierkv.vllm.KVConnectorRole.WORKER)
+    with pytest.raises(ValueError, match="kv_layout"):
+        worker.register_kv_caches(caches)
+    for name in ("paged", "flashinfer"):
+        worker = tierkv.vllm.TierkvConnector(
+            vllm_config(dict(extra, kv_layout=name)),
+            tierkv.vllm.KVConnectorRole.WORKER)
+        worker.register_kv_caches(caches)
+    paged = (2, 8, BLOCK, KV_HEADS, HEAD_DIM)
+    worker = tierkv.vllm.TierkvConnector(
+        vllm_config(dict(extra, kv_layout="flashinfer")),
+        tierkv.vllm.KVConnectorRole.WORKER)
+    with pytest.raises(ValueError, match="'flashinfer' layout"):
+        worker.register_kv_caches(
+            {n: torch.zeros(paged, dtype=torch.bfloat16) for n in caches})
+    with pytest.raises(ValueError, match="kv_layout"):
+        tierkv.vllm.TierkvConnector(
+            vllm_config(dict(extra, kv_layout="nhd")),
+            tierkv.vllm.KVConnectorRole.WORKER)
+
+
 def test_scheduler_refuses_a_layout_tierkvd_does_not_serve(daemon):
     with pytest.raises(tierkv.FailedPreconditionError):
         tierkv.vllm.TierkvConnector(

@@ -462,7 +462,12 @@ class Engine:
         """A worker died: a new process takes its rank. The reports the dead
         one never sent (tierkvd failed its copies) count as sent, for the
         requests waiting on the workers. REQUIRES: the dead worker had
-        reported none of them."""
+        reported none of them.
+
+        vLLM itself ends the engine when a worker process dies; it does not
+        replace one. A test using this proves tierkv's side only: tierkvd
+        releases the dead rank's slots, and a rank client attached anew
+        serves correct bytes. It says nothing about vLLM's behaviour."""
         old = self.workers[rank]
         if old.proc.is_alive():
             old.kill()

@@ -131,7 +131,11 @@ class TierkvConfig:
     to override what is
     derived from vLLM's model and cache configs: num_layers, num_kv_heads
     (all of the model's, every rank's), head_dim, block_size, dtype, tp_size,
-    rank (a worker's tensor-parallel rank, for engines without vLLM).
+    rank (a worker's tensor-parallel rank, for engines without vLLM), and
+    kv_layout: "paged" (per layer [2, num_blocks, block_size, heads,
+    head_dim], FlashAttention's) or "flashinfer" ([num_blocks, 2, ...]);
+    by default told from the tensors' shape, which a cache of 2 blocks
+    leaves ambiguous (then naming it is required).
     """
 
     socket: str
@@ -143,6 +147,7 @@ class TierkvConfig:
     save_timeout: float = DEFAULT_SAVE_TIMEOUT
     tp_size: int = 1
     rank: Optional[int] = None
+    kv_layout: str = ""  # "paged", "flashinfer" or "" (from the shape).
     # vLLM's device blocks per worker (the scheduler's block ids are below
     # it): extra config num_device_blocks, else the KV cache config's.
     num_device_blocks: int = 0
@@ -177,6 +182,10 @@ class TierkvConfig:
         if model is None:
             model = str(config_value(model_config, "model", "") or "")
         rank = extra.get("rank")
+        kv_layout = str(extra.get("kv_layout", ""))
+        if kv_layout not in ("", "paged", "flashinfer"):
+            raise ValueError(f"tierkv: kv_layout {kv_layout!r} is not "
+                             "\"paged\" or \"flashinfer\"")
         blocks = extra.get("num_device_blocks",
                            config_value(kv_cache_config, "num_blocks", None))
         if blocks is None:
@@ -191,6 +200,7 @@ class TierkvConfig:
                                                 DEFAULT_SAVE_TIMEOUT)),
                    tp_size=tp_size,
                    rank=None if rank is None else int(rank),
+                   kv_layout=kv_layout,
                    num_device_blocks=int(blocks or 0))
 
 
@@ -630,9 +640,8 @@ class _WorkerSide:
         layout = self._config.layout
         self._rank = _tp_rank(self._config)
         tensors = list(kv_caches.values())
-        first = tensors[0]
-        if first.shape[0] != 2 and first.shape[1] == 2:
-            # [num_blocks, 2, block_size, heads, head_dim] (FlashInfer's).
+        if self._kv_layout(tuple(tensors[0].shape)) == "flashinfer":
+            # [num_blocks, 2, block_size, heads, head_dim].
             self._device = tierkv.RegisteredDevice.from_layers(
                 layout, [(t[:, 0], t[:, 1]) for t in tensors],
                 rank=self._rank, num_ranks=self._config.tp_size)
@@ -640,6 +649,26 @@ class _WorkerSide:
             self._device = tierkv.RegisteredDevice.paged(
                 layout, tensors, rank=self._rank,
                 num_ranks=self._config.tp_size)
+
+    def _kv_layout(self, shape: tuple) -> str:
+        """"paged" or "flashinfer": the config's, else told from `shape`."""
+        layout = self._config.kv_layout
+        if len(shape) < 2:
+            raise ValueError(f"tierkv: a KV cache tensor of shape {shape} "
+                             "is not vLLM's paged layout")
+        if not layout:
+            if shape[0] == 2 and shape[1] == 2:
+                raise ValueError(
+                    f"tierkv: KV cache shape {shape} is both [2, num_blocks, "
+                    "...] and [num_blocks, 2, ...]; name the layout in "
+                    "kv_connector_extra_config: \"kv_layout\": \"paged\" "
+                    "or \"flashinfer\"")
+            layout = "flashinfer" if shape[0] != 2 else "paged"
+        planes = shape[0] if layout == "paged" else shape[1]
+        if planes != 2:
+            raise ValueError(f"tierkv: KV cache shape {shape} is not the "
+                             f"{layout!r} layout (kv_layout)")
+        return layout
 
     # -- attachment ----------------------------------------------------------
 
