@@ -323,6 +323,26 @@ def test_a_worker_that_cannot_attach_fails_the_step_without_raising(
     worker.shutdown()
 
 
+def test_wait_for_save_outwaits_its_timeout_until_the_stores_are_copied(
+        socket_link):
+    e = Engine({"socket": socket_link, "model": "", "num_layers": LAYERS,
+                "num_kv_heads": KV_HEADS, "head_dim": HEAD_DIM,
+                "block_size": BLOCK, "dtype": "bf16", "tp_size": 2,
+                "call_timeout": 5.0, "save_timeout": 0.0001})
+    try:
+        assert e.add("r1", PREFIX + [1]) == (0, False)
+        e.step()  # Each rank's wait_for_save runs past save_timeout.
+        # vLLM may write the blocks again now: no store still reads them.
+        assert [w.call("stores_copying") for w in e.workers] == [0, 0]
+        assert e.finish("r1") is True
+        e.run_until(lambda: "r1" in e.sent)
+        assert e.add("r2", PREFIX + [2]) == (64, True)
+        e.run_until(lambda: "r2" in e.received)
+        assert e.verify("r2", 64) == {0: [], 1: []}
+    finally:
+        e.close()
+
+
 def test_tierkvd_lost_before_allocation_fails_the_whole_load(
         engine, daemon):
     _store_prefix(engine, "r1", PREFIX + [1])

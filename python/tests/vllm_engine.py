@@ -109,6 +109,10 @@ class _Worker:
         self.connector.bind_connector_metadata(pickle.loads(meta))
         self.connector.start_load_kv(None)
 
+    def stores_copying(self) -> int:
+        """Stores this rank started whose copies are not done yet."""
+        return self.connector.tierkv_client.transfers_in_flight
+
     def fill(self, blocks: list[int]) -> None:
         for t in self.layers.values():
             t[:, blocks] = SENTINEL
