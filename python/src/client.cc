@@ -470,10 +470,10 @@ std::shared_ptr<ClientHandle> HandleOf(const py::handle& client) {
 void RegisterClient(py::module_& m) {
   py::class_<HostSlot>(m, "_HostSlot", py::buffer_protocol())
       .def_buffer([](HostSlot& s) {
-        return py::buffer_info(s.bytes().data(), 1,
-                               py::format_descriptor<uint8_t>::format(), 1,
-                               {static_cast<py::ssize_t>(s.bytes().size())}, {1},
-                               /*readonly=*/false);
+        return py::buffer_info(
+            s.bytes().data(), 1, py::format_descriptor<uint8_t>::format(), 1,
+            {static_cast<py::ssize_t>(s.bytes().size())}, {1},
+            /*readonly=*/false);
       });
 
   py::class_<PyClient> cls(

@@ -253,8 +253,8 @@ def test_reconnect_is_refused_while_a_host_block_view_is_alive(
 
 def test_a_registered_device_backs_one_open_client_at_a_time(tierkvd,
                                                              layout):
-    device = tierkv.RegisteredDevice.paged(layout,
-                                           paged_caches(layout, num_blocks=4))
+    caches = paged_caches(layout, num_blocks=4)
+    device = tierkv.RegisteredDevice.paged(layout, caches)
     first = tierkv.Client.open(tierkvd.socket, layout, device=device)
     with pytest.raises(tierkv.AlreadyExistsError, match="already backs"):
         tierkv.Client.open(tierkvd.socket, layout, device=device)
@@ -326,8 +326,8 @@ def test_bad_tensors_are_refused_naming_the_mismatch(layout):
 
 
 def test_a_device_keeps_its_tensors_alive(tierkvd, layout):
-    device = tierkv.RegisteredDevice.paged(layout,
-                                           paged_caches(layout, num_blocks=4))
+    caches = paged_caches(layout, num_blocks=4)
+    device = tierkv.RegisteredDevice.paged(layout, caches)
     # No other reference to the tensors remains: the device's keeps them.
     with tierkv.Client.open(tierkvd.socket, layout, device=device) as client:
         del device
