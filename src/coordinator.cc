@@ -227,7 +227,6 @@ Status Coordinator::DropWorker(WorkerId worker) {
       MarkRanksDone(scheduler, rank, {}, /*dropped_rank=*/true, {});
     }
   }
-  MaybeSpill();
   return Status::Ok();
 }
 
