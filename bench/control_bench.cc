@@ -230,6 +230,9 @@ struct SharedMemoryPath {
     options.socket_path = dir + "/tierkvd.sock";
     options.host_capacity_bytes = kHostSlots * BenchLayout().BlockBytes();
     options.layout = BenchLayout();
+    // The one worker holds the whole request pinned; the default share
+    // (half the host) would cut its lookups short.
+    options.caps.worker_pin_share = 1.0;
     {
       ScopedCpu pin(server_cpu);
       server = ValueOrDie(ipc::Server::Start(options), "start server");
@@ -306,9 +309,11 @@ class SocketPath {
   explicit SocketPath(std::vector<std::byte> canned_reply = {},
                       int server_cpu = -1)
       : canned_reply_(std::move(canned_reply)),
-        coordinator_(ValueOrDie(Coordinator::Create({.layout = BenchLayout(),
-                                                     .host_slots = kHostSlots}),
-                                "coordinator")) {
+        coordinator_(
+            ValueOrDie(Coordinator::Create({.layout = BenchLayout(),
+                                            .host_slots = kHostSlots,
+                                            .caps = {.worker_pin_share = 1.0}}),
+                       "coordinator")) {
     worker_ = ValueOrDie(
         coordinator_.RegisterWorker({.layout = BenchLayout(),
                                      .num_device_blocks = kBlocks + 1,
