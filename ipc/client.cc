@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <sys/un.h>
@@ -24,6 +25,14 @@
 namespace tierkv {
 namespace ipc {
 namespace {
+
+// Reads (and so resets) an eventfd: whether it had been written since.
+// Without one (-1) there is nothing to wait for: true.
+bool TakeSignal(int fd) {
+  if (fd < 0) return true;
+  eventfd_t value = 0;
+  return eventfd_read(fd, &value) == 0 && value > 0;
+}
 
 // Waits until `fd` is ready for `events`: DeadlineExceeded (naming `what`
 // tierkvd did not do) once `deadline` passes first.
@@ -197,10 +206,24 @@ struct Client::Impl {
   // whose copy could not start, and copies that finished while a lost
   // attachment waited for them.
   std::vector<FinishedTransfer> finished;
+  // Readable once loads that wait for promotions are ready: tierkvd's
+  // eventfd for this attachment (or the embedded store's). WaitEvents
+  // sleeps on it instead of asking tierkvd.
+  ipc::UniqueFd ready_fd;
+  // While loads are pending, tierkvd is asked for ready ones at this time
+  // even without a signal: a wedged tierkvd is then found within the
+  // call's deadline, as any call finds it.
+  Clock::time_point ready_check_due = Clock::time_point::max();
+  uint64_t round_trips = 0;  // Client::round_trips.
+  // Written by the device tier's copy thread on each completion
+  // (DeviceTier::SetCompletionNotify), so WaitEvents sleeps on both at
+  // once. Not valid when the device tier cannot notify.
+  ipc::UniqueFd copies_fd;
 
   ~Impl() {
     // Every copy ends in `finished`, whose blocks are unpinned below.
     WaitForCopies();
+    if (copies_fd.valid()) device->SetCompletionNotify(nullptr);
     for (const auto& [id, load] : pending_loads) Unpin(load.device_blocks);
     for (const FinishedTransfer& f : finished) Unpin(f.event.device_blocks);
     if (socket_fd >= 0) close(socket_fd);
@@ -262,6 +285,7 @@ struct Client::Impl {
                          options.layout.BlockBytes(), reg->host_slots));
     TIERKV_ASSIGN_OR_RETURN(ipc::ControlChannel attached_channel,
                             ipc::ControlChannel::Open(segments[1].release()));
+    ready_fd = std::move(segments[2]);
     worker = reg->worker_id;
     attached_host = std::move(mapped);
     host = attached_host.get();
@@ -304,8 +328,12 @@ struct Client::Impl {
   }
 
   StatusOr<Message> Call(const Message& request) {
-    if (in_process != nullptr) return in_process->Call(worker, request);
+    if (in_process != nullptr) {
+      ++round_trips;
+      return in_process->Call(worker, request);
+    }
     if (!channel_error.ok()) return channel_error;
+    ++round_trips;
     request_bytes.clear();
     ipc::Encode(request, &request_bytes);
     Status s = channel->Call(
@@ -373,12 +401,23 @@ struct Client::Impl {
     return s;
   }
 
-  // Starts the copies of pending loads that tierkvd reports ready.
+  // Starts the copies of pending loads that tierkvd reports ready, when it
+  // has said some are (ready_fd) or a liveness check is due; a round trip
+  // only then.
   void StartReadyLoads() {
     if (pending_loads.empty()) return;
+    if (!ipc::TakeSignal(ready_fd.get()) && Clock::now() < ready_check_due) {
+      return;
+    }
+    ready_check_due = Clock::now() + options.call_timeout;
     StatusOr<ipc::ReadyLoadsReply> ready =
         CallFor<ipc::ReadyLoadsReply>(ipc::ReadyLoadsRequest{});
-    if (!ready.ok()) return;  // Retried, or failed by LoseAttachment.
+    if (!ready.ok()) {
+      // Failed by LoseAttachment, or refused: raise the signal again so
+      // the next wait asks again.
+      if (ready_fd.valid()) (void)eventfd_write(ready_fd.get(), 1);
+      return;
+    }
     for (const TransferEvent& load : ready->loads) {
       auto it = pending_loads.find(load.ref.id);
       if (it == pending_loads.end()) {
@@ -533,6 +572,15 @@ StatusOr<std::unique_ptr<Client::Impl>> Client::NewImpl(
         " blocks, fewer than num_device_blocks (" +
         std::to_string(options.num_device_blocks) + ")");
   }
+  impl->copies_fd.reset(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!impl->copies_fd.valid()) {
+    return Status::ResourceExhausted(std::string("eventfd: ") +
+                                     std::strerror(errno));
+  }
+  if (!impl->device->SetCompletionNotify(
+          [fd = impl->copies_fd.get()] { (void)eventfd_write(fd, 1); })) {
+    impl->copies_fd.reset();  // WaitEvents waits with WaitCompleted.
+  }
   return impl;
 }
 
@@ -560,6 +608,11 @@ StatusOr<std::unique_ptr<Client>> Client::OpenInProcess(
   TIERKV_ASSIGN_OR_RETURN(std::unique_ptr<Impl> impl, NewImpl(options));
   TIERKV_ASSIGN_OR_RETURN(impl->worker,
                           store->RegisterWorker(RegistrationOf(options)));
+  impl->ready_fd.reset(fcntl(store->ready_fd(), F_DUPFD_CLOEXEC, 0));
+  if (!impl->ready_fd.valid()) {
+    return Status::ResourceExhausted(std::string("dup: ") +
+                                     std::strerror(errno));
+  }
   impl->host = &store->host();
   impl->in_process = std::move(store);
   return std::unique_ptr<Client>(new Client(std::move(impl)));
@@ -608,6 +661,9 @@ StatusOr<AllocateResult> Client::Allocate(
     // Pinned from now on, so the blocks cannot pass to another request
     // before the copy that writes them has run or been cancelled.
     impl_->Pin(load.device_blocks);
+    if (impl_->pending_loads.empty()) {
+      impl_->ready_check_due = Clock::now() + impl_->options.call_timeout;
+    }
     impl_->pending_loads.emplace(load.ref.id, load);
   } else {
     TIERKV_RETURN_IF_ERROR(impl_->PinAndSubmit(load));
@@ -643,26 +699,54 @@ std::vector<FinishedTransfer> Client::PollEvents() {
 
 std::vector<FinishedTransfer> Client::WaitEvents(
     std::chrono::milliseconds timeout) {
-  // While loads wait for promotions, ask for them every millisecond (a
-  // control-channel round trip is tens of microseconds).
   // Without a device tier nothing is copied here: nothing to wait for.
   if (impl_->device == nullptr) return impl_->TakeFinished();
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  Impl& impl = *impl_;
+  using Clock = std::chrono::steady_clock;
+  // Sleeps are bounded: now + timeout must not overflow.
+  const auto deadline =
+      Clock::now() + std::min<std::chrono::milliseconds>(
+                         timeout, std::chrono::hours(24 * 365));
   for (;;) {
-    impl_->StartReadyLoads();
-    std::vector<FinishedTransfer> done = impl_->TakeFinished();
-    if (!done.empty()) {
-      impl_->Collect(impl_->device->PollCompleted(), &done);
-      return done;
+    // Taken before the device is polled: a completion after this read
+    // raises it again, so the sleep below cannot miss it.
+    (void)ipc::TakeSignal(impl.copies_fd.get());
+    impl.StartReadyLoads();
+    std::vector<FinishedTransfer> done = impl.TakeFinished();
+    impl.Collect(impl.device->PollCompleted(), &done);
+    const auto left =
+        std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now());
+    if (!done.empty() || left.count() <= 0) return done;
+    // Sleep until a copy completes, tierkvd says loads are ready, or
+    // tierkvd goes away (its socket closes): pending loads then fail now.
+    const bool loads = !impl.pending_loads.empty();
+    const auto wait =
+        loads ? std::clamp(std::chrono::ceil<std::chrono::milliseconds>(
+                               impl.ready_check_due - Clock::now()),
+                           std::chrono::milliseconds(0), left)
+              : left;
+    if (!impl.copies_fd.valid()) {
+      // A device tier that cannot notify: wait on it, and look at the
+      // readiness signal (no round trip) every millisecond meanwhile.
+      impl.Collect(
+          impl.device->WaitCompleted(
+              loads ? std::min(wait, std::chrono::milliseconds(1)) : wait),
+          &done);
+      if (!done.empty()) return done;
+      if (loads && !impl.PeerAlive()) {
+        impl.LoseAttachment(
+            Status::Unavailable("tierkvd closed the connection"));
+      }
+      continue;
     }
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        deadline - std::chrono::steady_clock::now());
-    const auto wait = impl_->pending_loads.empty()
-                          ? left
-                          : std::min(left, std::chrono::milliseconds(1));
-    impl_->Collect(impl_->device->WaitCompleted(std::max(wait, {})), &done);
-    if (!done.empty() || std::chrono::steady_clock::now() >= deadline) {
-      return done;
+    pollfd fds[3] = {{impl.copies_fd.get(), POLLIN, 0},
+                     {impl.ready_fd.get(), POLLIN, 0},
+                     {impl.socket_fd, POLLIN, 0}};
+    const int n = poll(
+        fds, loads ? 3 : 1,
+        static_cast<int>(std::min<int64_t>(wait.count(), int64_t{60'000})));
+    if (n > 0 && fds[2].revents != 0 && !impl.PeerAlive()) {
+      impl.LoseAttachment(Status::Unavailable("tierkvd closed the connection"));
     }
   }
 }
@@ -828,6 +912,7 @@ const KvLayout& Client::layout() const { return impl_->options.layout; }
 DeviceTier* Client::device() { return impl_->device; }
 size_t Client::transfers_in_flight() const { return impl_->in_flight.size(); }
 size_t Client::loads_pending() const { return impl_->pending_loads.size(); }
+uint64_t Client::round_trips() const { return impl_->round_trips; }
 bool Client::connected() const { return impl_->channel_error.ok(); }
 const Status& Client::connection_status() const { return impl_->channel_error; }
 uint64_t Client::session() const { return impl_->session; }

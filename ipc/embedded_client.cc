@@ -1,7 +1,15 @@
 // OpenEmbedded (tierkv/embedded.h): a worker client over a TieredStore in
 // the engine's own process.
+#include <sys/eventfd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <memory>
+#include <string>
+
 #include "ipc/in_process_store.h"
 #include "ipc/service.h"
+#include "ipc/unique_fd.h"
 #include "tierkv/embedded.h"
 #include "tiers/tiered_store.h"
 
@@ -10,8 +18,10 @@ namespace {
 
 class EmbeddedStore final : public ipc::InProcessStore {
  public:
-  explicit EmbeddedStore(std::unique_ptr<TieredStore> store)
-      : store_(std::move(store)) {}
+  // `ready` is the eventfd the store's loads_ready callback writes.
+  EmbeddedStore(std::shared_ptr<ipc::UniqueFd> ready,
+                std::unique_ptr<TieredStore> store)
+      : ready_(std::move(ready)), store_(std::move(store)) {}
 
   StatusOr<WorkerId> RegisterWorker(
       const WorkerRegistration& registration) override {
@@ -22,8 +32,10 @@ class EmbeddedStore final : public ipc::InProcessStore {
     return ipc::DispatchToStore(*store_, worker, request);
   }
   const HostTier& host() const override { return store_->host(); }
+  int ready_fd() const override { return ready_->get(); }
 
  private:
+  std::shared_ptr<ipc::UniqueFd> ready_;
   std::unique_ptr<TieredStore> store_;
 };
 
@@ -56,10 +68,22 @@ StatusOr<std::unique_ptr<Client>> OpenEmbedded(
                                     .element_bytes = static_cast<int32_t>(
                                         options.layout.ElementSize())}));
   }
+  // One worker, so one readiness eventfd; the store's callback keeps it
+  // open for as long as it may write it.
+  auto ready =
+      std::make_shared<ipc::UniqueFd>(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!ready->valid()) {
+    return Status::ResourceExhausted(std::string("eventfd: ") +
+                                     std::strerror(errno));
+  }
+  store.loads_ready = [ready](WorkerId) {
+    (void)eventfd_write(ready->get(), 1);
+  };
   TIERKV_ASSIGN_OR_RETURN(std::unique_ptr<TieredStore> tiered,
                           TieredStore::Open(std::move(store)));
   return Client::OpenInProcess(
-      options, std::make_unique<EmbeddedStore>(std::move(tiered)));
+      options,
+      std::make_unique<EmbeddedStore>(std::move(ready), std::move(tiered)));
 }
 
 }  // namespace tierkv

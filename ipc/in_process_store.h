@@ -25,6 +25,10 @@ class InProcessStore {
   virtual Message Call(WorkerId worker, const Message& request) = 0;
   // The slots copies read and write; valid as long as the store.
   virtual const HostTier& host() const = 0;
+  // An eventfd the store writes when loads of its worker that waited for
+  // promotions become ready (as tierkvd's readiness eventfd); valid as
+  // long as the store.
+  virtual int ready_fd() const = 0;
 };
 
 }  // namespace tierkv::ipc

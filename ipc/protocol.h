@@ -37,7 +37,8 @@ inline constexpr uint32_t kFrameMagic = 0x4D564B54;  // "TKVM"
 //    refusals and damaged files.
 // 9: RegisterRequest carries the copy roles: a scheduler's rank count, a
 //    rank client's scheduler and rank.
-inline constexpr uint16_t kProtocolVersion = 9;
+// 10: RegisterReply passes the readiness eventfd as its third descriptor.
+inline constexpr uint16_t kProtocolVersion = 10;
 inline constexpr size_t kFrameHeaderBytes = 16;
 // Upper bounds a decoder enforces before allocating anything.
 inline constexpr uint32_t kMaxTokens = 1 << 20;
@@ -85,9 +86,11 @@ struct OkReply {};
 struct RegisterRequest {
   WorkerRegistration registration;
 };
-// Sent with two file descriptors (SCM_RIGHTS, on the frame's bytes): the
-// host tier's sealed segment, then this worker's control channel's.
-inline constexpr int kRegisterReplyFds = 2;
+// Sent with three file descriptors (SCM_RIGHTS, on the frame's bytes): the
+// host tier's sealed segment, this worker's control channel's, and the
+// eventfd tierkvd writes when loads of the worker that waited for
+// promotions are ready (ReadyLoadsRequest then returns them).
+inline constexpr int kRegisterReplyFds = 3;
 struct RegisterReply {
   WorkerId worker_id = 0;
   int32_t host_slots = 0;  // Including the null slot.

@@ -398,6 +398,12 @@ StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& in) {
     if (!spdlog::should_log(spdlog::level::debug)) return;
     spdlog::debug("block {}: {} (host slot {})", key.ToHex(), what, slot);
   };
+  auto ready_signals = std::make_shared<ReadySignals>();
+  // The store holds a reference: its tier thread may signal until the
+  // store is gone, after the server's own.
+  store.loads_ready = [signals = ready_signals](WorkerId worker) {
+    signals->Signal(worker);
+  };
   TIERKV_ASSIGN_OR_RETURN(std::unique_ptr<TieredStore> tiered,
                           TieredStore::Open(std::move(store)));
   // Without a page (its name taken by another user's file, /dev/shm
@@ -415,6 +421,7 @@ StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& in) {
   }
   auto impl = std::make_unique<Impl>(
       options, std::move(store_lock), std::move(socket_lock), std::move(tiered),
+      std::move(ready_signals),
       stats_page.ok() ? std::optional(std::move(*stats_page)) : std::nullopt);
 
   const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);

@@ -58,6 +58,30 @@ constexpr std::chrono::seconds kStalledAfter{10};
 
 using Clock = std::chrono::steady_clock;
 
+// Each attached worker's readiness eventfd, by worker id: the store's
+// loads_ready callback (called with the store's mutex held, on the tier
+// thread) writes the worker's, and the worker, which has a copy of the
+// descriptor, wakes from its wait for pending loads. Sessions add theirs on
+// registration and remove it before they close it.
+class ReadySignals {
+ public:
+  void Add(WorkerId worker, int fd) TIERKV_EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
+    fds_[worker] = fd;
+  }
+  void Remove(WorkerId worker) TIERKV_EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
+    fds_.erase(worker);
+  }
+  // Non-blocking: a worker that let the counter run to its limit only
+  // misses its own wake-ups.
+  void Signal(WorkerId worker) TIERKV_EXCLUDES(mu_);
+
+ private:
+  Mutex mu_;
+  std::map<WorkerId, int> fds_ TIERKV_GUARDED_BY(mu_);
+};
+
 // One attached worker: its control channel and the thread serving it.
 struct Session {
   Session(WorkerId id, ControlChannel ch)
@@ -66,6 +90,9 @@ struct Session {
   WorkerId worker = 0;
   pid_t pid = 0;
   ControlChannel channel;
+  // Written when loads of the worker waiting for promotions become ready
+  // (ReadySignals); the worker was passed a copy with its registration.
+  UniqueFd ready;
   std::atomic<bool> stop{false};
   std::thread thread;
 };
@@ -92,6 +119,8 @@ struct Server::Impl {
   StoreLock socket_lock;  // Guards the socket path.
   // The host tier, disk tier, coordinator and tier thread.
   std::unique_ptr<TieredStore> store;
+  // Shared with the store's loads_ready callback, made before the store.
+  std::shared_ptr<ReadySignals> ready_signals;
   int listen_fd = -1;
   int wake_pipe[2] = {-1, -1};
   std::thread listener;
@@ -139,11 +168,14 @@ struct Server::Impl {
   bool stopped TIERKV_GUARDED_BY(stop_mu) = false;
 
   Impl(ServerOptions opts, StoreLock store_name, StoreLock socket,
-       std::unique_ptr<TieredStore> tiered, std::optional<StatsPageWriter> page)
+       std::unique_ptr<TieredStore> tiered,
+       std::shared_ptr<ReadySignals> signals,
+       std::optional<StatsPageWriter> page)
       : options(std::move(opts)),
         store_lock(std::move(store_name)),
         socket_lock(std::move(socket)),
         store(std::move(tiered)),
+        ready_signals(std::move(signals)),
         stats_page(std::move(page)) {}
 
   // The store's statistics, with the store's name and the attach counters.

@@ -10,6 +10,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <spdlog/spdlog.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -328,8 +329,20 @@ bool Server::Impl::Register(Connection* conn, const RegisterRequest& request) {
     CountRefusal(channel.status().code());
     return Refuse(conn, channel.status());
   }
+  UniqueFd ready(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!ready.valid()) {
+    const Status why = Status::ResourceExhausted(
+        std::string("cannot make the worker's readiness eventfd: ") +
+        std::strerror(errno));
+    (void)store->Lock()->DropWorker(*worker);
+    spdlog::warn("refused worker pid {}: {}", reg.pid, why.ToString());
+    CountRefusal(why.code());
+    return Refuse(conn, why);
+  }
   auto session = std::make_unique<Session>(*worker, std::move(*channel));
   session->pid = reg.pid;
+  session->ready = std::move(ready);
+  ready_signals->Add(*worker, session->ready.get());
   Session* raw = session.get();
   session->thread = std::thread([this, raw] { Serve(raw); });
   conn->session = std::move(session);
@@ -342,14 +355,14 @@ bool Server::Impl::Register(Connection* conn, const RegisterRequest& request) {
       reg.num_device_blocks);
   // The worker maps its segments from the descriptors passed with the
   // reply (copies: tierkvd keeps its own): neither has a name anyone could
-  // open.
-  std::vector<UniqueFd> segments;
-  for (const int segment :
-       {*host_segment, conn->session->channel.segment_fd()}) {
-    segments.emplace_back(fcntl(segment, F_DUPFD_CLOEXEC, 0));
-    if (!segments.back().valid()) {
+  // open. The readiness eventfd follows them.
+  std::vector<UniqueFd> passed;
+  for (const int fd : {*host_segment, conn->session->channel.segment_fd(),
+                       conn->session->ready.get()}) {
+    passed.emplace_back(fcntl(fd, F_DUPFD_CLOEXEC, 0));
+    if (!passed.back().valid()) {
       return Refuse(conn, Status::ResourceExhausted(
-                              std::string("cannot pass a segment: ") +
+                              std::string("cannot pass a descriptor: ") +
                               std::strerror(errno)));
     }
   }
@@ -359,7 +372,7 @@ bool Server::Impl::Register(Connection* conn, const RegisterRequest& request) {
                              .slot_bytes = store->host().slot_bytes(),
                              .store_fingerprint = StoreFingerprint(
                                  options.layout, options.model)},
-               std::move(segments));
+               std::move(passed));
 }
 
 void Server::Impl::Close(int fd) {
@@ -392,12 +405,19 @@ void Server::Impl::Reap() {
       session->thread.join();
       // Counted first: whoever sees the worker gone sees it counted.
       detached.fetch_add(1, std::memory_order_relaxed);
+      ready_signals->Remove(session->worker);
       { (void)store->Lock()->DropWorker(session->worker); }
       spdlog::info("worker {} (pid {}) detached; its pins are released",
                    session->worker, session->pid);
       session.reset();  // Removes the channel segment.
     }
   }
+}
+
+void ReadySignals::Signal(WorkerId worker) {
+  MutexLock lock(&mu_);
+  const auto it = fds_.find(worker);
+  if (it != fds_.end()) (void)eventfd_write(it->second, 1);
 }
 
 void Server::Impl::Serve(Session* session) {

@@ -170,6 +170,12 @@ struct CoordinatorOptions {
   // Called on a lower-tier thread when results wait for PumpLowerTier.
   // Default: none (the owner pumps on its own schedule).
   std::function<void()> lower_tier_wakeup = {};
+  // Called when a worker's loads that waited for promotions become ready
+  // (or fail) and TakeReadyLoads has something for it where it had
+  // nothing: once per such change, so a worker that sleeps until told wakes
+  // for each batch. Called on the owner's thread with its lock held (from
+  // PumpLowerTier): it must only signal, never call back in. Default: none.
+  std::function<void(WorkerId)> loads_ready = {};
   // The clock events are timestamped with (and spills rest by), called on
   // the owner's thread. Default: std::chrono::steady_clock::now.
   std::function<std::chrono::steady_clock::time_point()> clock = {};

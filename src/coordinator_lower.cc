@@ -128,7 +128,10 @@ size_t Coordinator::PumpLowerTier() {
     load->slots[op.index] = ok ? LoadSlot::kHeld : LoadSlot::kReleased;
     if (--load->promoting > 0) continue;
     FinishPromotions(worker, load);
-    w->second.ready_loads.push_back(op.load);
+    if (worker->ready_loads.empty() && options_.loads_ready) {
+      options_.loads_ready(op.worker);
+    }
+    worker->ready_loads.push_back(op.load);
     ++ready;
   }
   MaybeSpill();

@@ -107,6 +107,32 @@ class PendingLoad : public ClientLifecycle {};
 class ClientDeadline : public ClientLifecycle {};
 class Reconnect : public ClientLifecycle {};
 
+// A load waiting for its promotion is started when tierkvd signals it
+// ready: WaitEvents asks tierkvd once, for the ready load, and copies it.
+TEST_F(PendingLoad, ReadyLoadIsStartedOnTierkvdsSignal) {
+  StartFilledStore();
+  Engine e = Engine::Open(socket_, std::chrono::seconds(30));
+  ASSERT_NE(e.client, nullptr);
+  ASSERT_TRUE(LookupAndAllocate(e, 1, 0).load_pending);
+  const uint64_t before = e.client->round_trips();
+  std::vector<FinishedTransfer> done;
+  while (done.empty()) done = e.client->WaitEvents(std::chrono::seconds(10));
+  EXPECT_EQ(e.client->round_trips() - before, 1u);  // ReadyLoads, once.
+  ASSERT_EQ(done.size(), 1u);
+  ASSERT_THAT(done[0].status, IsOk());
+  EXPECT_EQ(done[0].loaded_blocks(), 1);
+  std::vector<std::byte> expected(e.device->block_bytes());
+  FillBlock(FillRequestTokens(1, 0, 1)[0], expected);
+  EXPECT_EQ(std::memcmp(e.device->block(done[0].event.device_blocks[0]).data(),
+                        expected.data(), expected.size()),
+            0);
+  ASSERT_THAT(e.client->Complete(done), IsOk());
+  ASSERT_THAT(e.client->Finish(1), IsOk());
+  // Nothing pending, nothing in flight: WaitEvents sends nothing at all.
+  EXPECT_TRUE(e.client->WaitEvents(std::chrono::milliseconds(20)).empty());
+  EXPECT_EQ(e.client->round_trips() - before, 3u);  // + Complete, Finish.
+}
+
 // The engine aborts a request whose load waits for a promotion and gives
 // its block to another request at once. The load is cancelled: the new
 // owner's bytes are never overwritten, and nothing stays pinned.
@@ -264,6 +290,32 @@ TEST_F(ClientDeadline, StoppedTierkvdFailsCallsInTime) {
   ASSERT_THAT(e.client->Finish(3), IsOk());
 }
 
+// A stopped tierkvd never signals: a load waiting for its promotion comes
+// back failed once the call_timeout passes, as a call to it would.
+TEST_F(ClientDeadline, StoppedTierkvdFailsAPendingLoadInTime) {
+  StartFilledStore();
+  const auto timeout = std::chrono::milliseconds(300);
+  Engine e = Engine::Open(socket_, timeout);
+  ASSERT_NE(e.client, nullptr);
+  ASSERT_TRUE(LookupAndAllocate(e, 1, 0).load_pending);
+  daemon_->Freeze();
+  const auto start = Clock::now();
+  std::vector<FinishedTransfer> lost;
+  while (lost.empty() && Clock::now() - start < std::chrono::seconds(10)) {
+    lost = e.client->WaitEvents(std::chrono::seconds(1));
+  }
+  const auto took = Clock::now() - start;
+  daemon_->Thaw();
+  ASSERT_EQ(lost.size(), 1u);
+  EXPECT_EQ(lost[0].status.code(), StatusCode::kUnavailable)
+      << lost[0].status.ToString();
+  EXPECT_EQ(lost[0].loaded_blocks(), 0);
+  EXPECT_FALSE(e.client->connected());
+  EXPECT_LT(took, std::chrono::seconds(3));  // Two deadlines at most.
+  ASSERT_THAT(e.client->Complete(lost), IsOk());
+  EXPECT_EQ(e.TotalRefs(), 2);  // The request's own two blocks.
+}
+
 // tierkvd is SIGKILLed with a load pending and restarted on its disk
 // directory: the load resolves failed (its blocks are reported to
 // recompute), Reconnect attaches to the new tierkvd, and the disk's blocks
@@ -277,8 +329,12 @@ TEST_F(Reconnect, EngineRidesThroughATierkvdRestart) {
   EXPECT_EQ(daemon_->Wait(), 128 + SIGKILL);
   daemon_.reset();
 
+  // The closed socket wakes WaitEvents: the load fails at once, well
+  // before the 5 s call_timeout would find tierkvd gone.
+  const auto start = Clock::now();
   std::vector<FinishedTransfer> lost;
   while (lost.empty()) lost = e.client->WaitEvents(std::chrono::seconds(10));
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(4));
   ASSERT_EQ(lost.size(), 1u);
   EXPECT_EQ(lost[0].status.code(), StatusCode::kUnavailable);
   ASSERT_THAT(e.client->Complete(lost), IsOk());

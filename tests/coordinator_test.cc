@@ -586,6 +586,62 @@ TEST(CoordinatorEventsTest, ALoadIsPromotingThenReadyThenCopying) {
   EXPECT_EQ(c.events()[0].blocks, 2u);
 }
 
+// loads_ready tells the worker its loads are ready once per batch: when
+// the first of them becomes ready, not for promotions still under way, and
+// again only after TakeReadyLoads has emptied the list. A failed
+// promotion readies its load too (cut short), within the same batch.
+TEST(CoordinatorEventsTest, LoadsReadySignalsOncePerBatch) {
+  ManualLowerTier lower;
+  std::vector<WorkerId> signals;
+  Coordinator c =
+      Coordinator::Create(
+          {.layout = Layout(),
+           .host_slots = 50,
+           .lower = &lower,
+           .loads_ready = [&signals](WorkerId w) { signals.push_back(w); }})
+          .value();
+  auto worker = [&c](const char* name) {
+    return c
+        .RegisterWorker({.layout = Layout(),
+                         .num_device_blocks = 10,
+                         .tenant = "",
+                         .pid = 1,
+                         .name = name})
+        .value();
+  };
+  const WorkerId w = worker("w");
+  const WorkerId other = worker("other");
+  // Three one-block loads of w (requests 1..3) and one of `other`.
+  for (RequestId r = 1; r <= 3; ++r) {
+    const std::vector<TokenId> t = SequentialTokens(100 * r, 17);
+    ASSERT_EQ(c.Lookup(w, r, t, 0, {}).value().disk_hit_tokens, 16);
+    ASSERT_TRUE(c.Allocate(w, r, Range(r, r + 1), 16).value().load_pending);
+  }
+  ASSERT_EQ(c.Lookup(other, 1, SequentialTokens(900, 17), 0, {})
+                .value()
+                .disk_hit_tokens,
+            16);
+  ASSERT_TRUE(c.Allocate(other, 1, Range(1, 2), 16).value().load_pending);
+  ASSERT_EQ(lower.promotions.size(), 4u);
+
+  c.PumpLowerTier();
+  EXPECT_TRUE(signals.empty());  // Nothing has landed.
+  lower.promotions[0](uint64_t{0});
+  lower.promotions[1](uint64_t{0});
+  ASSERT_EQ(c.PumpLowerTier(), 2u);
+  EXPECT_EQ(signals, std::vector<WorkerId>{w});  // Once for both.
+  lower.promotions[2](Status::DataLoss("bad block"));
+  ASSERT_EQ(c.PumpLowerTier(), 1u);
+  EXPECT_EQ(signals.size(), 1u);  // w has not taken the first batch yet.
+  ASSERT_EQ(c.TakeReadyLoads(w).value().size(), 3u);
+
+  lower.promotions[3](uint64_t{0});
+  ASSERT_EQ(c.PumpLowerTier(), 1u);
+  EXPECT_EQ(signals, (std::vector<WorkerId>{w, other}));
+  EXPECT_TRUE(c.TakeReadyLoads(w).value().empty());
+  ASSERT_EQ(c.TakeReadyLoads(other).value().size(), 1u);
+}
+
 // A disk tier in memory whose spills land only when the test says so.
 // Remove forgets what is stored; with cancel_writes it also cancels the
 // writes in flight (DiskTier's WRITING entry), without it a queued write

@@ -359,11 +359,13 @@ TEST_F(ListenerStallDaemonTest, OutOfDescriptorsPausesAcceptingNoSpinning) {
   const pid_t pid = daemon_->pid();
   rlimit limit{};
   ASSERT_EQ(prlimit(pid, RLIMIT_NOFILE, nullptr, &limit), 0);
-  limit.rlim_cur = OpenFds(pid) + 4;  // Four to spare, then none.
+  // Eight to spare, then none: a worker's registration takes six (its
+  // socket, channel, readiness eventfd and the three copies passed).
+  limit.rlim_cur = OpenFds(pid) + 8;
   ASSERT_EQ(prlimit(pid, RLIMIT_NOFILE, &limit, nullptr), 0)
       << std::strerror(errno);
   std::vector<UniqueFd> peers;
-  for (int i = 0; i < 12; ++i) {
+  for (int i = 0; i < 16; ++i) {
     peers.push_back(ConnectTo(socket_));
     ASSERT_TRUE(peers.back().valid());
   }

@@ -135,6 +135,7 @@ class TierkvdFixture : public ::testing::Test {
     ipc::UniqueFd socket;  // Closing it detaches the worker.
     WorkerId id = 0;
     ipc::UniqueFd host, channel;
+    ipc::UniqueFd ready;  // tierkvd's readiness eventfd.
   };
   std::unique_ptr<RawWorker> RawAttach(const std::string& name = "raw",
                                        const std::string& tenant = "") {
@@ -159,11 +160,12 @@ class TierkvdFixture : public ::testing::Test {
     const auto* reg =
         reply.ok() ? std::get_if<ipc::RegisterReply>(&*reply) : nullptr;
     EXPECT_NE(reg, nullptr);
-    EXPECT_EQ(fds.size(), 2u);
-    if (reg == nullptr || fds.size() != 2) return nullptr;
+    EXPECT_EQ(fds.size(), size_t{ipc::kRegisterReplyFds});
+    if (reg == nullptr || fds.size() != ipc::kRegisterReplyFds) return nullptr;
     raw->id = reg->worker_id;
     raw->host = std::move(fds[0]);
     raw->channel = std::move(fds[1]);
+    raw->ready = std::move(fds[2]);
     return raw;
   }
   // What tierkvd has under /dev/shm: the names starting tierkv.<store>.

@@ -72,7 +72,14 @@ void CopyEngine::Run() {
       completed_.push_back(CopyCompletion{job.tag, Status::Ok()});
     }
     done_cv_.NotifyAll();
+    MutexLock lock(&notify_mu_);
+    if (notify_) notify_();
   }
+}
+
+void CopyEngine::SetNotify(std::function<void()> notify) {
+  MutexLock lock(&notify_mu_);
+  notify_ = std::move(notify);
 }
 
 void CopyEngine::Submit(CopyJob job) {

@@ -53,6 +53,8 @@ class CopyEngine {
   std::vector<CopyCompletion> Wait(std::chrono::milliseconds timeout)
       TIERKV_EXCLUDES(mu_);
   size_t in_flight() const TIERKV_EXCLUDES(mu_);
+  // DeviceTier::SetCompletionNotify.
+  void SetNotify(std::function<void()> notify) TIERKV_EXCLUDES(notify_mu_);
 
  private:
   explicit CopyEngine(Executor execute);
@@ -68,6 +70,10 @@ class CopyEngine {
   std::vector<CopyCompletion> completed_ TIERKV_GUARDED_BY(mu_);
   size_t in_flight_ TIERKV_GUARDED_BY(mu_) = 0;
   bool stopping_ TIERKV_GUARDED_BY(mu_) = false;
+  // Held while the callback runs, so SetNotify(nullptr) returns only once
+  // no call of the old one is running.
+  Mutex notify_mu_;
+  std::function<void()> notify_ TIERKV_GUARDED_BY(notify_mu_);
 
   // Started last in Start, joined first in the destructor.
   std::thread thread_;

@@ -173,4 +173,9 @@ size_t EmulatedDeviceTier::in_flight() const {
   return impl_->engine->in_flight();
 }
 
+bool EmulatedDeviceTier::SetCompletionNotify(std::function<void()> notify) {
+  impl_->engine->SetNotify(std::move(notify));
+  return true;
+}
+
 }  // namespace tierkv

@@ -287,4 +287,9 @@ size_t RegisteredDeviceTier::in_flight() const {
   return impl_->engine->in_flight();
 }
 
+bool RegisteredDeviceTier::SetCompletionNotify(std::function<void()> notify) {
+  impl_->engine->SetNotify(std::move(notify));
+  return true;
+}
+
 }  // namespace tierkv

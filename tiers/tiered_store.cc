@@ -103,6 +103,7 @@ StatusOr<std::unique_ptr<TieredStore>> TieredStore::Open(
        .spill_high = options.spill_high,
        .spill_low = options.spill_low,
        .lower_tier_wakeup = [raw] { raw->WakeTierThread(); },
+       .loads_ready = options.loads_ready,
        .clock = options.clock,
        .caps = options.caps,
        .slot_checksum = std::move(slot_checksum),

@@ -70,6 +70,9 @@ struct TieredStoreOptions {
   // (CoordinatorOptions::block_trace). Default: none.
   std::function<void(const char* what, const BlockKey& key, BlockId slot)>
       block_trace = {};
+  // A worker's pending loads became ready (CoordinatorOptions::
+  // loads_ready): called with the store's mutex held. Default: none.
+  std::function<void(WorkerId)> loads_ready = {};
   // Run the tier thread that applies the disk tier's results as they come.
   // False: they wait until the owner applies them (Lock()->PumpLowerTier(),
   // WaitIdle, Flush), so a test can hold spills and promotions in flight

@@ -173,9 +173,15 @@ class Client {
   // Transfers whose copies finished; never blocks. Also starts the copies
   // of pending loads that became ready. A load whose event has
   // failed_blocks > 0 loaded only its first blocks; the engine recomputes
-  // the rest.
+  // the rest. tierkvd signals when pending loads are ready (an eventfd
+  // passed at registration): only then, or once a call_timeout has passed
+  // without a signal (so a wedged tierkvd is found), is it asked for them.
   std::vector<FinishedTransfer> PollEvents();
-  // As PollEvents, waiting up to `timeout` for at least one.
+  // As PollEvents, waiting up to `timeout` for at least one. It sleeps
+  // until a copy completes (DeviceTier::SetCompletionNotify), tierkvd
+  // signals ready loads, or, with loads pending, tierkvd's socket closes
+  // (the loads then come back failed at once); it sends nothing to tierkvd
+  // while it waits.
   std::vector<FinishedTransfer> WaitEvents(std::chrono::milliseconds timeout);
   // Reports finished transfers, then unpins their device blocks. A rank
   // client reports its part: tierkvd completes an event once every rank of
@@ -241,6 +247,10 @@ class Client {
   size_t transfers_in_flight() const;
   // Loads waiting for promotions from disk.
   size_t loads_pending() const;
+  // Requests this client has sent to its store (control round trips,
+  // answered or not), over all its attachments: what an engine's control
+  // traffic costs, e.g. per request or per step.
+  uint64_t round_trips() const;
 
  private:
   friend StatusOr<std::unique_ptr<Client>> OpenEmbedded(

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -60,6 +61,19 @@ class DeviceTier {
       std::chrono::milliseconds timeout) = 0;
   // Jobs submitted whose completion has not been returned yet.
   virtual size_t in_flight() const = 0;
+  // Asks the tier to call `notify` each time a job completes (on the tier's
+  // own thread, after the completion can be polled), so that a caller can
+  // sleep on its completions and on other events at once: Client::
+  // WaitEvents waits on an eventfd that `notify` writes and on tierkvd's
+  // readiness signal. `notify` must be quick and must not call the tier.
+  // Replaces the earlier callback; null removes it, and once that call
+  // returns the old callback is not running and will not run again. Returns
+  // false when the tier cannot notify (the default): callers then wait with
+  // WaitCompleted.
+  virtual bool SetCompletionNotify(std::function<void()> notify) {
+    (void)notify;
+    return false;
+  }
 };
 
 // Emulated device: a private, page-aligned arena in the worker's memory (or
@@ -85,6 +99,7 @@ class EmulatedDeviceTier final : public DeviceTier {
   std::vector<CopyCompletion> WaitCompleted(
       std::chrono::milliseconds timeout) override;
   size_t in_flight() const override;
+  bool SetCompletionNotify(std::function<void()> notify) override;
 
   // The memory of one device block. On a real GPU this is device memory the
   // engine's kernels write; here the engine (and tests) write it directly.
@@ -162,6 +177,7 @@ class RegisteredDeviceTier final : public DeviceTier {
   std::vector<CopyCompletion> WaitCompleted(
       std::chrono::milliseconds timeout) override;
   size_t in_flight() const override;
+  bool SetCompletionNotify(std::function<void()> notify) override;
 
   // The options as given, with num_heads and each layer's token_stride
   // resolved (never 0).
