@@ -86,6 +86,7 @@
 #include "ipc/stats_page.h"
 #include "src/coordinator.h"
 #include "tierkv/client.h"
+#include "tierkv/device_tier.h"
 #include "tierkv/embedded.h"
 
 namespace tierkv {
@@ -603,6 +604,186 @@ BENCHMARK_CAPTURE(BM_LookupWhileStatsPolled, Socket, StatsSource::kSocket)
     ->Arg(100)
     ->Arg(1000)
     ->UseManualTime();
+
+// A device tier that notes when each copy is submitted to it: the worker's
+// copy start, for BM_PromotedLoadLatency.
+class StampedDevice final : public DeviceTier {
+ public:
+  explicit StampedDevice(std::unique_ptr<EmulatedDeviceTier> inner)
+      : inner_(std::move(inner)) {}
+  int32_t num_blocks() const override { return inner_->num_blocks(); }
+  size_t block_bytes() const override { return inner_->block_bytes(); }
+  Status Submit(CopyJob job) override {
+    last_submit_ = std::chrono::steady_clock::now();
+    return inner_->Submit(std::move(job));
+  }
+  std::vector<CopyCompletion> PollCompleted() override {
+    return inner_->PollCompleted();
+  }
+  std::vector<CopyCompletion> WaitCompleted(
+      std::chrono::milliseconds timeout) override {
+    return inner_->WaitCompleted(timeout);
+  }
+  size_t in_flight() const override { return inner_->in_flight(); }
+  bool SetCompletionNotify(std::function<void()> notify) override {
+    return inner_->SetCompletionNotify(std::move(notify));
+  }
+  std::chrono::steady_clock::time_point last_submit() const {
+    return last_submit_;
+  }
+
+ private:
+  std::unique_ptr<EmulatedDeviceTier> inner_;
+  std::chrono::steady_clock::time_point last_submit_;
+};
+
+constexpr int kPromotedLoads = 300;  // Iterations of BM_PromotedLoadLatency.
+
+// The tokens of one-block request `i` of the promotion path, and one more
+// token (a lookup reports at most all but the last token).
+std::vector<TokenId> OneBlockRequest(int i) {
+  std::vector<TokenId> tokens(kBlockSize + 1);
+  for (int32_t t = 0; t < kBlockSize; ++t) {
+    tokens[t] = static_cast<TokenId>(i * kBlockSize + t);
+  }
+  tokens[kBlockSize] = 7;
+  return tokens;
+}
+
+// Requests the promotion path stores: each run of BM_PromotedLoadLatency
+// loads kPromotedLoads of them that no run loaded before, so up to three
+// runs (--benchmark_repetitions=3) find them on disk only.
+constexpr int kPromotionRequests = 4 * kPromotedLoads;
+
+// tierkvd's machinery with a disk tier under a 64-slot host, and a worker
+// that stored kPromotionRequests one-block requests, in batches with the
+// spills settled after each, so all but the last 64 are on disk only.
+struct PromotionPath {
+  std::string dir;
+  std::unique_ptr<ipc::Server> server;
+  StampedDevice* device = nullptr;
+  std::unique_ptr<StampedDevice> owned_device;
+  std::unique_ptr<Client> client;
+  // When the last promotion landed on host (the coordinator applied it).
+  std::atomic<int64_t> promoted_ns{0};
+  int next_load = 0;  // The next request to load.
+
+  PromotionPath() {
+    char tmpl[] = "/tmp/control_bench.XXXXXX";
+    if (mkdtemp(tmpl) == nullptr) Die(std::strerror(errno));
+    dir = tmpl;
+    ipc::ServerOptions options;
+    options.store = "control-bench-" + std::to_string(getpid()) + "-promote";
+    options.socket_path = dir + "/tierkvd.sock";
+    options.host_capacity_bytes = 64 * BenchLayout().BlockBytes();
+    options.layout = BenchLayout();
+    options.disk_path = dir + "/disk";
+    options.disk_capacity_bytes = uint64_t{64} << 20;
+    options.caps.worker_pin_share = 1.0;
+    options.block_trace = [this](const char* what, const BlockKey&, BlockId) {
+      if (std::strcmp(what, "promoted") != 0) return;
+      promoted_ns.store(std::chrono::steady_clock::now()
+                            .time_since_epoch()
+                            .count());
+    };
+    server = ValueOrDie(ipc::Server::Start(options), "start server");
+    owned_device = std::make_unique<StampedDevice>(
+        ValueOrDie(EmulatedDeviceTier::Create(4, BenchLayout().BlockBytes()),
+                   "device tier"));
+    device = owned_device.get();
+    ClientOptions client_options = BaseClientOptions();
+    client_options.socket_path = options.socket_path;
+    client_options.num_device_blocks = 4;
+    client_options.device = device;
+    client = ValueOrDie(Client::Open(client_options), "attach");
+    const BlockId block[] = {1};
+    for (int i = 0; i < kPromotionRequests; ++i) {
+      const std::vector<TokenId> tokens = OneBlockRequest(i);
+      const RequestId r = 1000 + i;
+      (void)ValueOrDie(client->Lookup(r, tokens), "lookup");
+      (void)ValueOrDie(client->Allocate(r, block, 0), "allocate");
+      CommitResult commit =
+          ValueOrDie(client->Commit(r, kBlockSize, block), "commit");
+      for (size_t done = 0; done < commit.stores.size();) {
+        std::vector<FinishedTransfer> finished =
+            client->WaitEvents(std::chrono::seconds(10));
+        OkOrDie(client->Complete(finished), "complete");
+        done += finished.size();
+      }
+      OkOrDie(client->Finish(r), "finish");
+      if (i % 8 == 7) {
+        OkOrDie(client->WaitIdle(std::chrono::seconds(60)), "wait idle");
+      }
+    }
+    OkOrDie(client->WaitIdle(std::chrono::seconds(60)), "wait idle");
+  }
+  ~PromotionPath() {
+    client.reset();
+    server.reset();
+    owned_device.reset();
+    std::filesystem::remove_all(dir);
+  }
+
+  // Loads request `i`, which waits for its block's promotion; the time
+  // from the promotion landing to the worker starting its copy.
+  StatusOr<double> LoadSeconds() {
+    const int i = next_load++;
+    if (i >= kPromotionRequests - 64) {
+      return Status::OutOfRange("every request on disk was loaded already");
+    }
+    const std::vector<TokenId> tokens = OneBlockRequest(i);
+    const RequestId r = 1;
+    TIERKV_ASSIGN_OR_RETURN(LookupResult hit, client->Lookup(r, tokens));
+    if (hit.disk_hit_tokens != kBlockSize) {
+      return Status::Internal("request " + std::to_string(i) +
+                              " is not on disk only");
+    }
+    const BlockId block[] = {2};
+    TIERKV_ASSIGN_OR_RETURN(AllocateResult alloc,
+                            client->Allocate(r, block, kBlockSize));
+    if (!alloc.load_pending) {
+      return Status::Internal("the load did not wait for a promotion");
+    }
+    std::vector<FinishedTransfer> done;
+    while (done.empty()) done = client->WaitEvents(std::chrono::seconds(10));
+    TIERKV_RETURN_IF_ERROR(done[0].status);
+    TIERKV_RETURN_IF_ERROR(client->Complete(done));
+    TIERKV_RETURN_IF_ERROR(client->Finish(r));
+    const std::chrono::steady_clock::time_point promoted{
+        std::chrono::steady_clock::duration(promoted_ns.load())};
+    return std::chrono::duration<double>(device->last_submit() - promoted)
+        .count();
+  }
+};
+
+// From a promotion landing on host (the coordinator applies the disk
+// tier's read: the "promoted" block trace) to the worker's copy of the
+// load starting (its device tier's Submit). In between: tierkvd's
+// readiness signal, the worker waking in WaitEvents, one ReadyLoads round
+// trip. Manual time is that span; p50_us, p99_us and mean_us over all
+// iterations.
+void BM_PromotedLoadLatency(benchmark::State& state) {
+  static PromotionPath path;
+  std::vector<double> us;
+  for (auto _ : state) {
+    StatusOr<double> seconds = path.LoadSeconds();
+    if (!seconds.ok()) {
+      state.SkipWithError(seconds.status().ToString().c_str());
+      return;
+    }
+    state.SetIterationTime(*seconds);
+    us.push_back(*seconds * 1e6);
+  }
+  std::sort(us.begin(), us.end());
+  state.counters["p50_us"] = Percentile(us, 0.50);
+  state.counters["p99_us"] = Percentile(us, 0.99);
+  state.counters["mean_us"] =
+      std::accumulate(us.begin(), us.end(), 0.0) / us.size();
+}
+BENCHMARK(BM_PromotedLoadLatency)
+    ->UseManualTime()
+    ->Iterations(kPromotedLoads)
+    ->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 }  // namespace tierkv

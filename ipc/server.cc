@@ -394,7 +394,9 @@ StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& in) {
   store.caps = options.caps;
   store.verify_on_load = options.verify_on_load;
   // Keys at debug level, so that an operator can evict a block by name.
-  store.block_trace = [](const char* what, const BlockKey& key, BlockId slot) {
+  store.block_trace = [trace = options.block_trace](
+                          const char* what, const BlockKey& key, BlockId slot) {
+    if (trace) trace(what, key, slot);
     if (!spdlog::should_log(spdlog::level::debug)) return;
     spdlog::debug("block {}: {} (host slot {})", key.ToHex(), what, slot);
   };

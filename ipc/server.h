@@ -92,6 +92,11 @@ struct ServerOptions {
   // spilled (always): a block a worker changed since is a miss, dropped.
   // Default: false.
   bool verify_on_load = false;
+  // Also called with each block the host tier gains or loses
+  // (CoordinatorOptions::block_trace), with the store's mutex held; tierkvd
+  // logs them at debug level either way. Default: none.
+  std::function<void(const char* what, const BlockKey& key, BlockId slot)>
+      block_trace = {};
   uint32_t channel_bytes = kDefaultChannelBytes;  // Per direction.
   // Socket connections not registered as workers (workers about to
   // register, tierkv-admin's calls, peers that never will) open at once:
