@@ -682,9 +682,8 @@ struct PromotionPath {
     options.caps.worker_pin_share = 1.0;
     options.block_trace = [this](const char* what, const BlockKey&, BlockId) {
       if (std::strcmp(what, "promoted") != 0) return;
-      promoted_ns.store(std::chrono::steady_clock::now()
-                            .time_since_epoch()
-                            .count());
+      promoted_ns.store(
+          std::chrono::steady_clock::now().time_since_epoch().count());
     };
     server = ValueOrDie(ipc::Server::Start(options), "start server");
     owned_device = std::make_unique<StampedDevice>(

@@ -129,20 +129,46 @@ const char* MessageTypeName(MessageType type) {
   return "?";
 }
 
-void Encode(const Message& message, std::vector<std::byte>* out) {
+namespace {
+
+// Appends a frame of `type` whose payload `put` writes.
+template <typename Put>
+void EncodeFrame(MessageType type, Put put, std::vector<std::byte>* out) {
   const size_t start = out->size();
   Writer w(out);
   w.Int<uint32_t>(kFrameMagic);
   w.Int<uint16_t>(kProtocolVersion);
-  w.Int<uint16_t>(static_cast<uint16_t>(TypeOf(message)));
+  w.Int<uint16_t>(static_cast<uint16_t>(type));
   w.Int<uint32_t>(0);  // Payload length, patched below.
   w.Int<uint32_t>(0);  // Reserved.
-  std::visit([&w](const auto& m) { PutPayload(w, m); }, message);
+  put(w);
   const auto len =
       static_cast<uint32_t>(out->size() - start - kFrameHeaderBytes);
   for (size_t i = 0; i < 4; ++i) {
     (*out)[start + 8 + i] = static_cast<std::byte>((len >> (8 * i)) & 0xFF);
   }
+}
+
+}  // namespace
+
+void Encode(const Message& message, std::vector<std::byte>* out) {
+  EncodeFrame(
+      TypeOf(message),
+      [&message](Writer& w) {
+        std::visit([&w](const auto& m) { PutPayload(w, m); }, message);
+      },
+      out);
+}
+
+void EncodeLookup(RequestId request, int32_t num_computed_tokens,
+                  std::span<const TokenId> tokens, const RequestExtras& extras,
+                  std::vector<std::byte>* out) {
+  EncodeFrame(
+      MessageType::kLookup,
+      [&](Writer& w) {
+        PutLookup(w, request, num_computed_tokens, tokens, extras);
+      },
+      out);
 }
 
 std::vector<std::byte> Encode(const Message& message) {

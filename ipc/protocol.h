@@ -193,6 +193,12 @@ const char* MessageTypeName(MessageType type);
 // Appends one frame (header + payload) to `out`.
 void Encode(const Message& message, std::vector<std::byte>* out);
 std::vector<std::byte> Encode(const Message& message);
+// Appends the frame of LookupRequest{request, num_computed_tokens, tokens,
+// extras} (the same bytes) without copying the tokens into one first: a
+// worker's most frequent request.
+void EncodeLookup(RequestId request, int32_t num_computed_tokens,
+                  std::span<const TokenId> tokens, const RequestExtras& extras,
+                  std::vector<std::byte>* out);
 
 // Payload length announced by a frame header; InvalidArgument when the
 // header is not a tierkv frame of this version or announces more than

@@ -22,20 +22,24 @@ void PutPayload(Writer& w, const RegisterReply& m) {
   w.Int<uint64_t>(m.slot_bytes);
   w.String(m.store_fingerprint);
 }
-void PutPayload(Writer& w, const LookupRequest& m) {
-  w.Int<uint64_t>(m.request);
-  w.Int<int32_t>(m.num_computed_tokens);
-  w.Ints(m.tokens);
-  w.Bool(m.extras.lora_id.has_value());
-  w.Int<uint64_t>(m.extras.lora_id.value_or(0));
-  w.Int<uint32_t>(static_cast<uint32_t>(m.extras.mm_items.size()));
-  for (const MultiModalItem& item : m.extras.mm_items) {
+void PutLookup(Writer& w, RequestId request, int32_t num_computed_tokens,
+               std::span<const TokenId> tokens, const RequestExtras& extras) {
+  w.Int<uint64_t>(request);
+  w.Int<int32_t>(num_computed_tokens);
+  w.Ints(tokens);
+  w.Bool(extras.lora_id.has_value());
+  w.Int<uint64_t>(extras.lora_id.value_or(0));
+  w.Int<uint32_t>(static_cast<uint32_t>(extras.mm_items.size()));
+  for (const MultiModalItem& item : extras.mm_items) {
     w.Int<uint64_t>(item.hash.lo);
     w.Int<uint64_t>(item.hash.hi);
     w.Int<int64_t>(item.start);
     w.Int<int64_t>(item.length);
   }
-  w.String(m.extras.cache_salt);
+  w.String(extras.cache_salt);
+}
+void PutPayload(Writer& w, const LookupRequest& m) {
+  PutLookup(w, m.request, m.num_computed_tokens, m.tokens, m.extras);
 }
 void PutPayload(Writer& w, const LookupChunkRequest& m) {
   w.Int<uint64_t>(m.request);

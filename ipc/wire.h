@@ -42,13 +42,15 @@ class Writer {
   }
   template <typename T>
   void Ints(const std::vector<T>& v) {
+    Ints(std::span<const T>(v));
+  }
+  template <typename T>
+  void Ints(std::span<const T> v) {
     Int<uint32_t>(static_cast<uint32_t>(v.size()));
     if constexpr (std::endian::native == std::endian::little) {
       // The wire format is little-endian: the array is its own encoding.
-      const size_t at = out_->size();
-      out_->resize(at + v.size() * sizeof(T));
-      if (!v.empty())
-        std::memcpy(out_->data() + at, v.data(), v.size() * sizeof(T));
+      const auto* p = reinterpret_cast<const std::byte*>(v.data());
+      out_->insert(out_->end(), p, p + v.size_bytes());
     } else {
       for (T x : v) Int<T>(x);
     }
@@ -168,6 +170,9 @@ void GetPayload(Reader&, OkReply*);
 void PutPayload(Writer&, const RegisterRequest&);
 void PutPayload(Writer&, const RegisterReply&);
 void PutPayload(Writer&, const LookupRequest&);
+// A LookupRequest's payload, from the caller's tokens.
+void PutLookup(Writer& w, RequestId request, int32_t num_computed_tokens,
+               std::span<const TokenId> tokens, const RequestExtras& extras);
 void PutPayload(Writer&, const LookupChunkRequest&);
 void PutPayload(Writer&, const LookupReply&);
 void PutPayload(Writer&, const AllocateRequest&);

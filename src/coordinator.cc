@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cassert>
+#include <cstring>
 #include <utility>
 
 #include "src/printable.h"
@@ -398,16 +399,64 @@ StatusOr<LookupResult> Coordinator::Lookup(WorkerId worker, RequestId request,
           std::to_string(tokens.size()) + " tokens");
     }
   }
+  const bool plain = !extras.lora_id.has_value() && extras.mm_items.empty() &&
+                     extras.cache_salt.empty();
   TIERKV_ASSIGN_OR_RETURN(
       RequestState * r,
       BeginLookup(worker, w, request,
-                  RequestStateBytes(tokens.size(), tokens.size() / bs)));
-  r->tokens.assign(tokens.begin(), tokens.end());
-  w->hasher.AppendPrefixKeys(r->tokens, bs, extras, &r->keys);
+                  RequestStateBytes(tokens.size(), tokens.size() / bs),
+                  /*keep_hits=*/plain));
   const int32_t first = num_computed_tokens / bs;
-  return FindHits(
-      w, r, first,
-      static_cast<int32_t>(tokens.size() - 1 - num_computed_tokens) / bs);
+  const auto max_blocks =
+      static_cast<int32_t>(tokens.size() - 1 - num_computed_tokens) / bs;
+  if (plain) KeepUnchangedHits(w, r, tokens, first, max_blocks);
+  r->plain_prefix = plain;
+  if (r->keys.size() * bs != tokens.size() ||
+      r->tokens.size() != tokens.size()) {
+    r->tokens.assign(tokens.begin(), tokens.end());
+  }  // Else KeepUnchangedHits found every token the same.
+  w->hasher.AppendPrefixKeys(r->tokens, bs, extras, &r->keys);
+  return FindHits(w, r, first, max_blocks);
+}
+
+void Coordinator::KeepUnchangedHits(WorkerState* w, RequestState* r,
+                                    std::span<const TokenId> tokens,
+                                    int32_t first, int32_t max_blocks) {
+  const size_t bs = static_cast<size_t>(options_.layout.block_size);
+  size_t same = 0;  // Leading full blocks with the same tokens.
+  if (r->plain_prefix) {
+    const size_t n = std::min(r->keys.size() * bs, tokens.size() / bs * bs);
+    // memcmp first: the common case is no change at all, and it is
+    // several times faster than an element-wise search.
+    same =
+        std::memcmp(r->tokens.data(), tokens.data(), n * sizeof(TokenId)) == 0
+            ? n / bs
+            : static_cast<size_t>(std::mismatch(r->tokens.begin(),
+                                                r->tokens.begin() + n,
+                                                tokens.begin())
+                                      .first -
+                                  r->tokens.begin()) /
+                  bs;
+  }
+  r->keys.resize(same);
+  size_t kept = 0;
+  if (r->first_hit_block == first && same > static_cast<size_t>(first)) {
+    const size_t limit =
+        std::min({r->pending_hits.size(), same - static_cast<size_t>(first),
+                  static_cast<size_t>(std::max(max_blocks, 0))});
+    // A host hit stays cached while pinned; one whose bytes were found
+    // changed meanwhile (corrupt) ends the run, as in FindHits. A disk hit
+    // is looked up again.
+    while (kept < limit && r->pending_hits[kept] != kOnLowerTier &&
+           !slot_checks_[static_cast<size_t>(r->pending_hits[kept])].corrupt) {
+      ++kept;
+    }
+  }
+  std::vector<BlockId> dropped(r->pending_hits.begin() + kept,
+                               r->pending_hits.end());
+  std::erase(dropped, kOnLowerTier);
+  ReleaseWorkerSlots(w, dropped);
+  r->pending_hits.resize(kept);
 }
 
 StatusOr<LookupResult> Coordinator::LookupChunk(
@@ -431,7 +480,8 @@ StatusOr<LookupResult> Coordinator::LookupChunk(
 }
 
 StatusOr<Coordinator::RequestState*> Coordinator::BeginLookup(
-    WorkerId worker, WorkerState* w, RequestId request, size_t state_bytes) {
+    WorkerId worker, WorkerState* w, RequestId request, size_t state_bytes,
+    bool keep_hits) {
   auto it = w->requests.find(request);
   if (it != w->requests.end() && it->second.allocated) {
     return Status::FailedPrecondition(RequestName(request) +
@@ -460,8 +510,14 @@ StatusOr<Coordinator::RequestState*> Coordinator::BeginLookup(
   if (it == w->requests.end()) it = w->requests.try_emplace(request).first;
   RequestState& r = it->second;
   // A stale lookup's pins (seed 004 step 3) and state.
-  ForgetRequest(w, &r);
-  r.keys.clear();
+  if (keep_hits) {
+    w->request_bytes -= r.state_bytes;
+    request_bytes_ -= r.state_bytes;
+  } else {
+    ForgetRequest(w, &r);
+    r.keys.clear();
+    r.plain_prefix = false;
+  }
   r.state_bytes = state_bytes;
   w->request_bytes += state_bytes;
   request_bytes_ += state_bytes;
@@ -475,7 +531,11 @@ LookupResult Coordinator::FindHits(WorkerState* w, RequestState* r,
   int32_t disk_hits = 0;
   LookupResult result;
   const int64_t room = PinRoom(*w);
-  for (int32_t b = first; b < first + max_blocks; ++b) {
+  // Kept from the previous lookup, pinned and counted already: full
+  // blocks of a prefix lookup.
+  const auto kept = static_cast<int32_t>(r->pending_hits.size());
+  result.hit_tokens = kept * options_.layout.block_size;
+  for (int32_t b = first + kept; b < first + max_blocks; ++b) {
     // Dropped by an operator, though its spill has not finished.
     if (!discarded_spills_.empty() && discarded_spills_.contains(r->keys[b])) {
       break;

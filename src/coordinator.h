@@ -351,6 +351,9 @@ class Coordinator {
     // Prefix: one per full block. Chunk: one per block, the last one
     // possibly partial.
     std::vector<BlockKey> keys;
+    // The keys are a prefix lookup's without extra keys (LoRA, multimodal,
+    // cache salt): a repeated such lookup keeps those of unchanged blocks.
+    bool plain_prefix = false;
     int32_t first_hit_block = 0;
     std::vector<BlockId> pending_hits;  // Pinned host slots, in block order.
     bool allocated = false;
@@ -467,14 +470,26 @@ class Coordinator {
   static bool RankCompletesOk(const WorkerState& scheduler,
                               const InFlight& store, int32_t rank, bool ok);
   // The request's state for a new lookup: fresh, or a stale lookup's with
-  // its pins dropped. FailedPrecondition once allocated.
-  // ResourceExhausted, and nothing changed, past the worker's caps on
-  // open requests or their state bytes (`state_bytes`: the new state's).
+  // its pins dropped (keep_hits: its pins and keys kept, for the caller to
+  // trim). FailedPrecondition once allocated. ResourceExhausted, and
+  // nothing changed, past the worker's caps on open requests or their
+  // state bytes (`state_bytes`: the new state's).
   StatusOr<RequestState*> BeginLookup(WorkerId worker, WorkerState* w,
-                                      RequestId request, size_t state_bytes);
+                                      RequestId request, size_t state_bytes,
+                                      bool keep_hits = false);
+  // A repeated plain prefix lookup of `r` with `tokens` from block `first`
+  // (an engine asks again for a request that is still waiting): keeps the
+  // keys of the leading full blocks whose tokens did not change and the
+  // pins of the host hits among them (at most max_blocks), which stay
+  // cached while pinned; drops the rest of both.
+  void KeepUnchangedHits(WorkerState* w, RequestState* r,
+                         std::span<const TokenId> tokens, int32_t first,
+                         int32_t max_blocks);
   // Pins and reports the run of hits from block `first`, at most
   // max_blocks blocks (r->keys must cover them), cut where the worker's
-  // share of the host slots is pinned.
+  // share of the host slots is pinned. r->pending_hits may hold host hits
+  // kept from the request's previous lookup (KeepUnchangedHits): the run
+  // goes on after them.
   LookupResult FindHits(WorkerState* w, RequestState* r, int32_t first,
                         int32_t max_blocks);
   Status CheckDeviceBlocks(const WorkerState& w,
