@@ -121,6 +121,7 @@ StatusOr<std::unique_ptr<TieredStore>> TieredStore::Open(
                                    tier->Trim(segment);
                                  })
                            : nullptr,
+       .chunk_lease_released = [raw] { raw->lease_ended_.NotifyAll(); },
        .block_trace = options.block_trace});
   // Without a coordinator no disk callback can wake anything: the
   // destructor closes the tiers in order.
@@ -244,6 +245,30 @@ Status TieredStore::Complete(WorkerId worker,
   }
   MutexLock lock(&mu_);
   return coordinator_->Complete(worker, events, checksums);
+}
+
+StatusOr<ChunkFetchResult> TieredStore::FetchChunk(
+    WorkerId worker, RequestId request, std::span<const TokenId> tokens,
+    std::chrono::milliseconds wait, const std::atomic<bool>* stop) {
+  // How often a waiting fetch checks `stop` (a stop or its worker gone).
+  constexpr auto kStopCheck = std::chrono::milliseconds(100);
+  const auto deadline = std::chrono::steady_clock::now() + wait;
+  bool waited = false;
+  MutexLock lock(&mu_);
+  for (;;) {
+    StatusOr<Coordinator::ChunkFetch> fetch =
+        coordinator_->FetchChunk(worker, request, tokens);
+    if (!fetch.ok()) return fetch.status();
+    const auto now = std::chrono::steady_clock::now();
+    if (!fetch->busy || now >= deadline ||
+        (stop != nullptr && stop->load(std::memory_order_relaxed))) {
+      // Busy still: a miss, computed by the caller.
+      fetch->result.waited = waited || fetch->busy;
+      return std::move(fetch->result);
+    }
+    waited = true;
+    lease_ended_.WaitUntil(&mu_, std::min(deadline, now + kStopCheck));
+  }
 }
 
 StatusOr<int> TieredStore::HostSegmentFd(WorkerId worker) {
