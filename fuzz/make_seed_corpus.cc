@@ -122,6 +122,23 @@ void ProtocolSeeds() {
       {"evict_reply", ipc::EvictReply{{{.key = {1, 2}, .host_dropped = true}}}},
       {"wait_idle", ipc::WaitIdleRequest{250}},
       {"wait_idle_reply", ipc::WaitIdleReply{true}},
+      {"fetch_chunk",
+       ipc::FetchChunkRequest{
+           .request = 3, .wait_ms = 100, .tokens = {4, 5, 6}}},
+      {"fetch_chunk_reply",
+       ipc::FetchChunkReply{{.lookup = {.hit_tokens = 3},
+                             .load = TransferEvent{.ref = {EventKind::kLoad, 2},
+                                                   .request = 3,
+                                                   .device_blocks = {},
+                                                   .host_blocks = {9}},
+                             .lease = false,
+                             .waited = true}}},
+      {"publish_chunk",
+       ipc::PublishChunkRequest{
+           .request = 4, .tokens = {4, 5, 6}, .device_blocks = {1}}},
+      {"chunk_done",
+       ipc::ChunkDoneRequest{.events = {{{EventKind::kStore, 3}, true}},
+                             .finish = 4}},
   };
   for (const auto& [name, message] : messages) {
     Write("protocol_decode_fuzz", name, ipc::Encode(message));

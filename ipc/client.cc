@@ -204,6 +204,9 @@ struct Client::Impl {
   std::vector<FinishedTransfer> finished;
 
   ~Impl() {
+    // A posted completion is applied before the socket closes (a worker
+    // that publishes and exits leaves its chunk stored).
+    if (reply_owed && channel_error.ok()) (void)CollectPosted();
     // Every copy ends in `finished`, whose blocks are unpinned below.
     WaitForCopies();
     for (const auto& [id, load] : pending_loads) Unpin(load.device_blocks);

@@ -266,8 +266,11 @@ StatusOr<ChunkFetchResult> TieredStore::FetchChunk(
       fetch->result.waited = waited || fetch->busy;
       return std::move(fetch->result);
     }
+    if (!waited) ++chunk_lease_waits_;
     waited = true;
+    ++chunk_fetches_waiting_;
     lease_ended_.WaitUntil(&mu_, std::min(deadline, now + kStopCheck));
+    --chunk_fetches_waiting_;
   }
 }
 
@@ -317,7 +320,10 @@ int64_t TieredStore::HostOnlyBlocks() const {
 
 CoordinatorStats TieredStore::stats() const {
   MutexLock lock(&mu_);
-  return coordinator_->stats();
+  CoordinatorStats out = coordinator_->stats();
+  out.host.chunk_lease_waits = chunk_lease_waits_;
+  out.host.chunk_fetches_waiting = chunk_fetches_waiting_;
+  return out;
 }
 
 Status TieredStore::CheckProgress(

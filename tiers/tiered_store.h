@@ -205,6 +205,9 @@ class TieredStore {
   // Signalled, under mu_, when a chunk's compute lease ends (FetchChunk
   // waits on it).
   CondVar lease_ended_;
+  // HostTierStats::chunk_lease_waits and chunk_fetches_waiting.
+  uint64_t chunk_lease_waits_ TIERKV_GUARDED_BY(mu_) = 0;
+  uint64_t chunk_fetches_waiting_ TIERKV_GUARDED_BY(mu_) = 0;
   // Signalled after each round of the tier thread (WaitIdle waits on it).
   std::condition_variable_any applied_;
 
