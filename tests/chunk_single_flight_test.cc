@@ -3,6 +3,7 @@
 // workers miss one chunk at once one computes it while the others wait for
 // its publish (single flight), however the lease holder ends: publishing,
 // dying, giving up, or outlasting the waiter's bound.
+#include <gmock/gmock.h>
 #include <signal.h>
 
 #include <chrono>
@@ -18,6 +19,8 @@
 
 namespace tierkv {
 namespace {
+
+using ::testing::HasSubstr;
 
 constexpr int32_t kTokens = 40;  // Three blocks, the last one partial.
 
@@ -102,6 +105,22 @@ TEST_F(ChunkSingleFlightTest, OneRoundTripPerFetchAndPublish) {
   ASSERT_THAT(a->Stats(), IsOk());
   EXPECT_EQ(observer_->Stats().value().host.chunk_leases, 0u);
   EXPECT_EQ(observer_->Stats().value().host.pinned_slots, 0);
+}
+
+TEST_F(ChunkSingleFlightTest, AFailedOneWayCompletionFailsTheNextCall) {
+  std::unique_ptr<Client> a = Attach("poster");
+  // An event tierkvd never handed out: its completion is refused.
+  FinishedTransfer bogus;
+  bogus.event.ref = {EventKind::kStore, 999};
+  bogus.session = a->session();
+  ASSERT_THAT(a->CompleteOneWay({&bogus, 1}), IsOk());  // Not waited for.
+  StatusOr<CoordinatorStats> next = a->Stats();
+  ASSERT_FALSE(next.ok());
+  EXPECT_THAT(next.status().message(), HasSubstr("one-way ChunkDone"));
+  EXPECT_EQ(a->call_counts().post_errors, 1u);
+  // Surfaced once; the attachment goes on.
+  EXPECT_TRUE(a->connected());
+  EXPECT_THAT(a->Stats(), IsOk());
 }
 
 TEST_F(ChunkSingleFlightTest, SecondMisserIsServedTheFirstOnesPublish) {
