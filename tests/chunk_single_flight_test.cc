@@ -206,6 +206,25 @@ TEST_F(ChunkSingleFlightTest, TheWaitIsBoundedThenTheWaiterComputes) {
   WaitForStats([](const HostTierStats& h) { return h.chunk_leases == 0; });
 }
 
+TEST_F(ChunkSingleFlightTest, AWaiterThatDiesStopsWaiting) {
+  auto first = ChunkWorker(7, 20000, "hold");
+  ASSERT_TRUE(first->WaitForOutput("lease")) << first->output();
+  auto second = ChunkWorker(7, 20000, "compute");
+  WaitForWaiters(1);
+  second->Signal(SIGKILL);
+  second->Wait();
+  // Its session thread leaves the wait (and is reaped) though the lease
+  // holder never publishes.
+  WaitForStats([](const HostTierStats& h) {
+    return h.chunk_fetches_waiting == 0 && h.chunk_leases == 1;
+  });
+  first->Signal(SIGUSR1);
+  EXPECT_TRUE(first->WaitForOutput("published calls=1 posts=1"))
+      << first->output();
+  EXPECT_EQ(first->Wait(), 0);
+  EXPECT_EQ(SettledStats(*observer_).host.chunk_leases, 0u);
+}
+
 TEST_F(ChunkSingleFlightTest, AStopEndsAWaitingFetch) {
   auto first = ChunkWorker(6, 20000, "hold");
   ASSERT_TRUE(first->WaitForOutput("lease")) << first->output();
