@@ -224,6 +224,22 @@ void WorkerSequenceSeeds() {
       .Send(0, FinishRequest{3});
   Write("worker_sequence_fuzz", "chunk_and_reconnect", chunk.bytes());
 
+  // Chunks in one round trip: both workers miss one chunk (the first takes
+  // its compute lease), the first publishes it and completes one-way, the
+  // second fetches it; a lease given up by finishing its fetch.
+  Sequence flight;
+  flight.Send(0, ipc::FetchChunkRequest{.request = 6, .tokens = Tokens(70, 20)})
+      .Send(1, ipc::FetchChunkRequest{.request = 7, .tokens = Tokens(70, 20)})
+      .Send(0, ipc::PublishChunkRequest{.request = 8,
+                                        .tokens = Tokens(70, 20),
+                                        .device_blocks = {1, 2, 3}})
+      .Send(0, ipc::ChunkDoneRequest{.events = {{store0, true}}, .finish = 0})
+      .Send(1, ipc::FetchChunkRequest{.request = 9, .tokens = Tokens(70, 20)})
+      .Send(1, ipc::ChunkDoneRequest{.events = {{load0, true}}, .finish = 0})
+      .Send(1, ipc::FetchChunkRequest{.request = 10, .tokens = Tokens(80, 5)})
+      .Send(1, FinishRequest{10});
+  Write("worker_sequence_fuzz", "chunk_single_flight", flight.bytes());
+
   // More stores than host slots, none completed, then one failed.
   Sequence full;
   for (int r = 0; r < 4; ++r) {
