@@ -701,10 +701,11 @@ StatusOr<ChunkFetchResult> Client::FetchChunk(
   ChunkFetchResult& result = reply.result;
   if (!result.load.has_value()) return result;
   TransferEvent& load = *result.load;
+  // A load cut short (verify_on_load) is of no use to a pool of whole
+  // chunks: released unstarted, and handed back so the caller counts it.
   StatusOr<std::vector<BlockId>> blocks =
       load.failed_blocks > 0
-          ? Status::DataLoss(std::to_string(load.failed_blocks) +
-                             " block(s) of the chunk failed their checksum")
+          ? Status::DataLoss("the chunk's load was cut short")
           : allocate(static_cast<int32_t>(load.host_blocks.size()));
   if (blocks.ok() && blocks->size() != load.host_blocks.size()) {
     blocks = Status::InvalidArgument("allocate gave " +
@@ -716,6 +717,7 @@ StatusOr<ChunkFetchResult> Client::FetchChunk(
     // tierkvd releases the load's slots; nothing was copied.
     TIERKV_RETURN_IF_ERROR(impl_->Post(ipc::ChunkDoneRequest{
         .events = {{load.ref, /*ok=*/false}}, .finish = 0}));
+    if (load.failed_blocks > 0) return result;
     return blocks.status();
   }
   load.device_blocks = std::move(*blocks);

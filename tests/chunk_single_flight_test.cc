@@ -107,6 +107,43 @@ TEST_F(ChunkSingleFlightTest, OneRoundTripPerFetchAndPublish) {
   EXPECT_EQ(observer_->Stats().value().host.pinned_slots, 0);
 }
 
+TEST_F(ChunkSingleFlightTest, AChunkWhoseHostBytesChangedIsNeverLoaded) {
+  observer_.reset();
+  StopDaemon();
+  StartDaemon("1M", {"--verify-loads"});
+  std::unique_ptr<Client> a = Attach("publisher");
+  std::vector<TokenId> chunk(kTokens);
+  for (int32_t i = 0; i < kTokens; ++i) chunk[i] = 11u + i;
+  const std::vector<BlockId> blocks = {1, 2, 3};
+  StatusOr<CommitResult> commit = a->PublishChunk(1, chunk, blocks);
+  ASSERT_THAT(commit, IsOk());
+  ASSERT_EQ(commit->stores.size(), 1u);
+  std::vector<FinishedTransfer> done = a->WaitEvents(std::chrono::seconds(10));
+  ASSERT_EQ(done.size(), 1u);
+  ASSERT_THAT(a->CompleteOneWay(done), IsOk());
+  ASSERT_THAT(a->Stats(), IsOk());  // The store is checksummed and keyed.
+  // A hostile worker writes into the stored block's slot afterwards.
+  StatusOr<std::span<std::byte>> slot =
+      a->host_block(commit->stores[0].host_blocks[1]);
+  ASSERT_THAT(slot, IsOk());
+  (*slot)[0] = ~(*slot)[0];
+
+  std::unique_ptr<Client> b = Attach("reader");
+  ClientChunkSource source(b.get());
+  StatusOr<bool> fetched =
+      source.Fetch(chunk, [](int32_t) -> StatusOr<std::vector<BlockId>> {
+        ADD_FAILURE() << "allocate for a load cut short";
+        return Status::Internal("allocate for a load cut short");
+      });
+  ASSERT_THAT(fetched, IsOk());
+  EXPECT_FALSE(*fetched);
+  EXPECT_EQ(source.stats().failed, 1u);
+  EXPECT_EQ(b->call_counts().calls, 1u);
+  // The load's slots were released with it.
+  ASSERT_THAT(b->Stats(), IsOk());
+  EXPECT_EQ(b->Stats().value().host.pinned_slots, 0);
+}
+
 TEST_F(ChunkSingleFlightTest, AFailedOneWayCompletionFailsTheNextCall) {
   std::unique_ptr<Client> a = Attach("poster");
   // An event tierkvd never handed out: its completion is refused.
