@@ -122,6 +122,23 @@ void ProtocolSeeds() {
       {"evict_reply", ipc::EvictReply{{{.key = {1, 2}, .host_dropped = true}}}},
       {"wait_idle", ipc::WaitIdleRequest{250}},
       {"wait_idle_reply", ipc::WaitIdleReply{true}},
+      {"fetch_chunk",
+       ipc::FetchChunkRequest{
+           .request = 3, .wait_ms = 100, .tokens = {4, 5, 6}}},
+      {"fetch_chunk_reply",
+       ipc::FetchChunkReply{{.lookup = {.hit_tokens = 3},
+                             .load = TransferEvent{.ref = {EventKind::kLoad, 2},
+                                                   .request = 3,
+                                                   .device_blocks = {},
+                                                   .host_blocks = {9}},
+                             .lease = false,
+                             .waited = true}}},
+      {"publish_chunk",
+       ipc::PublishChunkRequest{
+           .request = 4, .tokens = {4, 5, 6}, .device_blocks = {1}}},
+      {"chunk_done",
+       ipc::ChunkDoneRequest{.events = {{{EventKind::kStore, 3}, true}},
+                             .finish = 4}},
   };
   for (const auto& [name, message] : messages) {
     Write("protocol_decode_fuzz", name, ipc::Encode(message));
@@ -206,6 +223,22 @@ void WorkerSequenceSeeds() {
       .Send(0, ipc::WaitIdleRequest{10})
       .Send(0, FinishRequest{3});
   Write("worker_sequence_fuzz", "chunk_and_reconnect", chunk.bytes());
+
+  // Chunks in one round trip: both workers miss one chunk (the first takes
+  // its compute lease), the first publishes it and completes one-way, the
+  // second fetches it; a lease given up by finishing its fetch.
+  Sequence flight;
+  flight.Send(0, ipc::FetchChunkRequest{.request = 6, .tokens = Tokens(70, 20)})
+      .Send(1, ipc::FetchChunkRequest{.request = 7, .tokens = Tokens(70, 20)})
+      .Send(0, ipc::PublishChunkRequest{.request = 8,
+                                        .tokens = Tokens(70, 20),
+                                        .device_blocks = {1, 2, 3}})
+      .Send(0, ipc::ChunkDoneRequest{.events = {{store0, true}}, .finish = 0})
+      .Send(1, ipc::FetchChunkRequest{.request = 9, .tokens = Tokens(70, 20)})
+      .Send(1, ipc::ChunkDoneRequest{.events = {{load0, true}}, .finish = 0})
+      .Send(1, ipc::FetchChunkRequest{.request = 10, .tokens = Tokens(80, 5)})
+      .Send(1, FinishRequest{10});
+  Write("worker_sequence_fuzz", "chunk_single_flight", flight.bytes());
 
   // More stores than host slots, none completed, then one failed.
   Sequence full;

@@ -119,6 +119,11 @@ class Harness {
   void Send(int slot, std::span<const std::byte> frame) {
     StatusOr<Message> request = Decode(frame);
     if (!request.ok()) return;  // tierkvd answers an ErrorReply.
+    // One thread runs every worker here: no other could end a lease while
+    // a fetch waits for it.
+    if (auto* fetch = std::get_if<FetchChunkRequest>(&*request)) {
+      fetch->wait_ms = 0;
+    }
     const Message reply = DispatchToStore(*store_, workers_[slot], *request);
     CheckReply(slot, *request, reply);
     CheckStore();
@@ -155,9 +160,23 @@ class Harness {
       }
     } else if (const auto* ready = std::get_if<ReadyLoadsReply>(&reply)) {
       for (const TransferEvent& load : ready->loads) Track(slot, load);
+    } else if (const auto* fetch = std::get_if<FetchChunkReply>(&reply)) {
+      FUZZ_CHECK(!fetch->result.load.has_value() || !fetch->result.lease,
+                 "a chunk fetch that both loads and leases");
+      if (fetch->result.load) {
+        // Its device blocks are the worker's to choose: any in range.
+        TransferEvent load = *fetch->result.load;
+        load.device_blocks.assign(load.host_blocks.size(), 0);
+        Track(slot, load);
+      }
     } else if (const auto* complete = std::get_if<CompleteRequest>(&request)) {
       for (const CompletedEvent& done : complete->events) {
         FUZZ_CHECK(events_[slot].erase(Key(done.ref)) == 1,
+                   "completed an event never handed out");
+      }
+    } else if (const auto* done = std::get_if<ChunkDoneRequest>(&request)) {
+      for (const CompletedEvent& e : done->events) {
+        FUZZ_CHECK(events_[slot].erase(Key(e.ref)) == 1,
                    "completed an event never handed out");
       }
     }
@@ -181,6 +200,12 @@ class Harness {
         return MessageType::kStatsReply;
       case MessageType::kWaitIdle:
         return MessageType::kWaitIdleReply;
+      case MessageType::kFetchChunk:
+        return MessageType::kFetchChunkReply;
+      case MessageType::kPublishChunk:
+        return MessageType::kCommitReply;
+      case MessageType::kChunkDone:
+        return MessageType::kOk;
       default:
         return MessageType::kError;  // Not a worker's request.
     }

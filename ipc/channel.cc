@@ -149,6 +149,11 @@ Status ControlChannel::Call(std::span<const std::byte> request,
                             const std::function<bool()>& alive,
                             std::chrono::steady_clock::time_point deadline,
                             std::chrono::milliseconds poll) {
+  TIERKV_RETURN_IF_ERROR(Post(request));
+  return AwaitResponse(response, alive, deadline, poll);
+}
+
+Status ControlChannel::Post(std::span<const std::byte> request) {
   Header* h = header();
   if (request.size() > capacity_) {
     return Status::InvalidArgument(
@@ -157,9 +162,17 @@ Status ControlChannel::Call(std::span<const std::byte> request,
   }
   std::memcpy(request_buffer(), request.data(), request.size());
   h->request_len = static_cast<uint32_t>(request.size());
-  const uint32_t seen = h->response_seq.load(std::memory_order_acquire);
+  response_seq_seen_ = h->response_seq.load(std::memory_order_acquire);
   Publish(&h->request_seq, &h->request_waiting,
           h->request_seq.load(std::memory_order_relaxed) + 1);
+  return Status::Ok();
+}
+
+Status ControlChannel::AwaitResponse(
+    std::vector<std::byte>* response, const std::function<bool()>& alive,
+    std::chrono::steady_clock::time_point deadline,
+    std::chrono::milliseconds poll) {
+  Header* h = header();
   bool late = false;
   const auto keep_waiting = [&] {
     if (std::chrono::steady_clock::now() >= deadline) {
@@ -175,8 +188,8 @@ Status ControlChannel::Call(std::span<const std::byte> request,
         std::chrono::milliseconds(1),
         std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now));
   }
-  if (!WaitForChange(&h->response_seq, &h->response_waiting, seen, poll,
-                     keep_waiting)) {
+  if (!WaitForChange(&h->response_seq, &h->response_waiting, response_seq_seen_,
+                     poll, keep_waiting)) {
     return late ? Status::DeadlineExceeded("tierkvd did not answer in time")
                 : Status::Unavailable("tierkvd went away during a call");
   }

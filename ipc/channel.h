@@ -3,8 +3,9 @@
 // buffer the worker writes, a response buffer tierkvd writes, and a sequence
 // word for each. The writer of a buffer bumps its sequence word (release) and
 // wakes the other side with a futex; the reader spins briefly, then sleeps on
-// the futex. One request is outstanding at a time (the client API is
-// synchronous), so the ring has depth one and neither side ever takes a lock.
+// the futex. One request is outstanding at a time, so the ring has depth one
+// and neither side ever takes a lock. A request may be posted (sent without
+// waiting); its response is then awaited before the next request goes.
 // Thread-safety: one client thread and one server thread per channel.
 #ifndef TIERKV_IPC_CHANNEL_H_
 #define TIERKV_IPC_CHANNEL_H_
@@ -53,6 +54,19 @@ class ControlChannel {
                   std::chrono::steady_clock::time_point::max(),
               std::chrono::milliseconds poll = std::chrono::milliseconds(100));
 
+  // Worker side. Sends `request` without waiting for the response: the
+  // caller must AwaitResponse before it posts or calls again (a second
+  // request would overwrite the first before tierkvd has read it).
+  // InvalidArgument when it exceeds the capacity (nothing sent).
+  Status Post(std::span<const std::byte> request);
+  // Worker side. Waits for the response to the request last posted, as
+  // Call does.
+  Status AwaitResponse(
+      std::vector<std::byte>* response, const std::function<bool()>& alive,
+      std::chrono::steady_clock::time_point deadline =
+          std::chrono::steady_clock::time_point::max(),
+      std::chrono::milliseconds poll = std::chrono::milliseconds(100));
+
   // tierkvd side. Waits for the next request and copies it into `request`
   // (the worker cannot change it while it is decoded). Returns false when
   // `stop` is set, checked at least every `poll`. A request announcing more
@@ -84,6 +98,8 @@ class ControlChannel {
   // again: the other side can rewrite the shared header at any time.
   uint32_t capacity_;
   uint32_t last_request_seq_ = 0;  // Server: last request handled.
+  // Worker: the response sequence before the request last posted.
+  uint32_t response_seq_seen_ = 0;
 };
 
 }  // namespace tierkv::ipc

@@ -191,6 +191,11 @@ struct Client::Impl {
   std::optional<ipc::ControlChannel> channel;
   std::vector<std::byte> request_bytes, response_bytes;
   Status channel_error;  // Set once the attachment is lost.
+  // A request was posted (Post): its reply is collected before the next
+  // request goes. What it was, to name it should it fail.
+  bool reply_owed = false;
+  ipc::MessageType posted = ipc::MessageType::kOk;
+  ClientCallCounts counts;
   uint64_t session = 1;
   // Embedded mode: the store in this process. ~Impl waits for the copies
   // into its slots before it goes.
@@ -214,13 +219,15 @@ struct Client::Impl {
   // even without a signal: a wedged tierkvd is then found within the
   // call's deadline, as any call finds it.
   Clock::time_point ready_check_due = Clock::time_point::max();
-  uint64_t round_trips = 0;  // Client::round_trips.
   // Written by the device tier's copy thread on each completion
   // (DeviceTier::SetCompletionNotify), so WaitEvents sleeps on both at
   // once. Not valid when the device tier cannot notify.
   ipc::UniqueFd copies_fd;
 
   ~Impl() {
+    // A posted completion is applied before the socket closes (a worker
+    // that publishes and exits leaves its chunk stored).
+    if (reply_owed && channel_error.ok()) (void)CollectPosted();
     // Every copy ends in `finished`, whose blocks are unpinned below.
     WaitForCopies();
     if (copies_fd.valid()) device->SetCompletionNotify(nullptr);
@@ -291,6 +298,7 @@ struct Client::Impl {
     host = attached_host.get();
     channel.emplace(std::move(attached_channel));
     channel_error = Status::Ok();
+    reply_owed = false;
     return Status::Ok();
   }
 
@@ -314,6 +322,7 @@ struct Client::Impl {
     // finish, then close it, so tierkvd releases the pins at once.
     WaitForCopies();
     channel.reset();
+    reply_owed = false;
     if (socket_fd >= 0) close(socket_fd);
     socket_fd = -1;
   }
@@ -327,30 +336,74 @@ struct Client::Impl {
     Collect(device->PollCompleted(), &finished);
   }
 
+  // A channel wait that fails loses the attachment: a late reply could be
+  // taken for the next call's.
+  Status CheckChannel(Status s) {
+    if (s.code() == StatusCode::kUnavailable ||
+        s.code() == StatusCode::kDeadlineExceeded) {
+      LoseAttachment(s);
+    }
+    return s;
+  }
+
+  // Collects the reply a posted request is owed. Its error is counted and
+  // returned, so that it is never lost: the call that collects it fails
+  // with it, unsent.
+  Status CollectPosted() {
+    if (!reply_owed) return Status::Ok();
+    reply_owed = false;
+    TIERKV_RETURN_IF_ERROR(CheckChannel(channel->AwaitResponse(
+        &response_bytes, [this] { return PeerAlive(); },
+        std::chrono::steady_clock::now() + options.call_timeout)));
+    StatusOr<Message> reply = ipc::Decode(response_bytes);
+    Status s = reply.ok() ? ipc::StatusOf(*reply) : reply.status();
+    if (s.ok()) return s;
+    ++counts.post_errors;
+    return Status(s.code(), std::string("the one-way ") +
+                                ipc::MessageTypeName(posted) +
+                                " before this call failed: " + s.message());
+  }
+
   StatusOr<Message> Call(const Message& request) {
     if (in_process != nullptr) {
-      ++round_trips;
+      ++counts.calls;
       return in_process->Call(worker, request);
     }
-    if (!channel_error.ok()) return channel_error;
     request_bytes.clear();
     ipc::Encode(request, &request_bytes);
     return CallEncoded();
   }
 
-  // Sends request_bytes, an encoded request, over the channel (attached).
+  // Sends request_bytes, an encoded request, over the channel (attached)
+  // and waits for its reply.
   StatusOr<Message> CallEncoded() {
-    ++round_trips;
-    Status s = channel->Call(
+    ++counts.calls;
+    if (!channel_error.ok()) return channel_error;
+    TIERKV_RETURN_IF_ERROR(CollectPosted());
+    TIERKV_RETURN_IF_ERROR(CheckChannel(channel->Call(
         request_bytes, &response_bytes, [this] { return PeerAlive(); },
-        std::chrono::steady_clock::now() + options.call_timeout);
-    if (s.code() == StatusCode::kUnavailable ||
-        s.code() == StatusCode::kDeadlineExceeded) {
-      // A late reply could be taken for the next call's: stay failed.
-      LoseAttachment(s);
-    }
-    TIERKV_RETURN_IF_ERROR(s);
+        std::chrono::steady_clock::now() + options.call_timeout)));
     return ipc::Decode(response_bytes);
+  }
+
+  // Sends `request` without waiting for its reply (an OK or an error),
+  // which the next Call or Post collects. Embedded, the store answers at
+  // once: its error is returned now.
+  Status Post(const Message& request) {
+    ++counts.posts;
+    if (in_process != nullptr) {
+      Status s = ipc::StatusOf(in_process->Call(worker, request));
+      if (!s.ok()) ++counts.post_errors;
+      return s;
+    }
+    if (!channel_error.ok()) return channel_error;
+    TIERKV_RETURN_IF_ERROR(CollectPosted());
+    request_bytes.clear();
+    ipc::Encode(request, &request_bytes);
+    TIERKV_RETURN_IF_ERROR(channel->Post(request_bytes));
+    reply_owed = true;
+    posted = ipc::TypeOf(request);
+    return Status::Ok();
   }
 
   // The reply of type T, or the error the coordinator sent.
@@ -710,6 +763,87 @@ StatusOr<CommitResult> Client::Commit(RequestId request,
   return reply.result;
 }
 
+StatusOr<ChunkFetchResult> Client::FetchChunk(
+    RequestId request, std::span<const TokenId> tokens,
+    std::chrono::milliseconds wait, const AllocateDeviceBlocks& allocate) {
+  // The wait must end well within the call's own deadline.
+  const auto bounded = std::clamp(wait, std::chrono::milliseconds(0),
+                                  impl_->options.call_timeout / 2);
+  TIERKV_ASSIGN_OR_RETURN(
+      ipc::FetchChunkReply reply,
+      impl_->CallFor<ipc::FetchChunkReply>(ipc::FetchChunkRequest{
+          .request = request,
+          .wait_ms = static_cast<uint32_t>(bounded.count()),
+          .tokens = std::vector<TokenId>(tokens.begin(), tokens.end())}));
+  ChunkFetchResult& result = reply.result;
+  if (!result.load.has_value()) return result;
+  TransferEvent& load = *result.load;
+  // A load cut short (verify_on_load) is of no use to a pool of whole
+  // chunks: released unstarted, and handed back so the caller counts it.
+  StatusOr<std::vector<BlockId>> blocks =
+      load.failed_blocks > 0
+          ? Status::DataLoss("the chunk's load was cut short")
+          : allocate(static_cast<int32_t>(load.host_blocks.size()));
+  if (blocks.ok() && blocks->size() != load.host_blocks.size()) {
+    blocks = Status::InvalidArgument("allocate gave " +
+                                     std::to_string(blocks->size()) +
+                                     " device blocks for a chunk of " +
+                                     std::to_string(load.host_blocks.size()));
+  }
+  if (!blocks.ok()) {
+    // tierkvd releases the load's slots; nothing was copied.
+    TIERKV_RETURN_IF_ERROR(impl_->Post(ipc::ChunkDoneRequest{
+        .events = {{load.ref, /*ok=*/false}}, .finish = 0}));
+    if (load.failed_blocks > 0) return result;
+    return blocks.status();
+  }
+  load.device_blocks = std::move(*blocks);
+  if (impl_->options.copies == CopyMode::kClient) {
+    TIERKV_RETURN_IF_ERROR(impl_->PinAndSubmit(load));
+  }
+  return result;
+}
+
+StatusOr<CommitResult> Client::PublishChunk(
+    RequestId request, std::span<const TokenId> tokens,
+    std::span<const BlockId> device_blocks) {
+  TIERKV_ASSIGN_OR_RETURN(
+      ipc::CommitReply reply,
+      impl_->CallFor<ipc::CommitReply>(ipc::PublishChunkRequest{
+          .request = request,
+          .tokens = std::vector<TokenId>(tokens.begin(), tokens.end()),
+          .device_blocks = std::vector<BlockId>(device_blocks.begin(),
+                                                device_blocks.end())}));
+  if (impl_->options.copies != CopyMode::kClient) return reply.result;
+  for (const TransferEvent& store : reply.result.stores) {
+    TIERKV_RETURN_IF_ERROR(impl_->PinAndSubmit(store));
+  }
+  return reply.result;
+}
+
+Status Client::CompleteOneWay(std::span<const FinishedTransfer> finished,
+                              RequestId finish) {
+  if (impl_->options.copies == CopyMode::kRanks) {
+    return Status::FailedPrecondition(
+        "a scheduler with ranks (copies = ranks) does not complete events");
+  }
+  ipc::ChunkDoneRequest request{.events = {}, .finish = finish};
+  for (const FinishedTransfer& f : finished) {
+    if (f.session == impl_->session) {
+      request.events.push_back({f.event.ref, f.status.ok()});
+    }
+  }
+  for (const FinishedTransfer& f : finished) {
+    impl_->Unpin(f.event.device_blocks);
+  }
+  if ((request.events.empty() && finish == 0) || !impl_->channel_error.ok()) {
+    return Status::Ok();
+  }
+  return impl_->Post(request);
+}
+
+const ClientCallCounts& Client::call_counts() const { return impl_->counts; }
+
 std::vector<FinishedTransfer> Client::PollEvents() {
   impl_->StartReadyLoads();
   std::vector<FinishedTransfer> out = impl_->TakeFinished();
@@ -934,7 +1068,6 @@ const KvLayout& Client::layout() const { return impl_->options.layout; }
 DeviceTier* Client::device() { return impl_->device; }
 size_t Client::transfers_in_flight() const { return impl_->in_flight.size(); }
 size_t Client::loads_pending() const { return impl_->pending_loads.size(); }
-uint64_t Client::round_trips() const { return impl_->round_trips; }
 bool Client::connected() const { return impl_->channel_error.ok(); }
 const Status& Client::connection_status() const { return impl_->channel_error; }
 uint64_t Client::session() const { return impl_->session; }

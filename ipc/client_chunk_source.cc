@@ -14,35 +14,57 @@ StatusOr<bool> ClientChunkSource::Fetch(std::span<const TokenId> chunk,
   TIERKV_RETURN_IF_ERROR(ReattachIfLost());
   const RequestId request = next_request_++;
   ++stats_.fetches;
-  TIERKV_ASSIGN_OR_RETURN(LookupResult hit,
-                          client_->LookupChunk(request, chunk));
-  const auto n = static_cast<int32_t>(chunk.size());
+  TIERKV_ASSIGN_OR_RETURN(
+      ChunkFetchResult fetch,
+      client_->FetchChunk(request, chunk, options_.single_flight_wait,
+                          allocate));
+  if (fetch.lease) ++stats_.leases;
+  if (fetch.waited) ++stats_.waited;
   // Part of a chunk is of no use to the pool, which holds whole chunks.
-  if (hit.hit_tokens < n) {
+  if (fetch.lookup.hit_tokens < static_cast<int32_t>(chunk.size())) {
     ++stats_.misses;
-    TIERKV_RETURN_IF_ERROR(client_->Finish(request));
     return false;
   }
+  if (!fetch.load.has_value()) return FetchFromDisk(request, chunk, allocate);
+  if (fetch.load->failed_blocks > 0) {
+    ++stats_.failed;  // Released by FetchChunk; nothing copied.
+    return false;
+  }
+  const Status status = WaitFor(fetch.load->ref, /*finish=*/0);
+  if (status.code() == StatusCode::kDataLoss) {
+    ++stats_.failed;
+    return false;
+  }
+  TIERKV_RETURN_IF_ERROR(status);
+  ++stats_.host_hits;
+  return true;
+}
+
+StatusOr<bool> ClientChunkSource::FetchFromDisk(
+    RequestId request, std::span<const TokenId> chunk,
+    const AllocateBlocks& allocate) {
+  const auto n = static_cast<int32_t>(chunk.size());
   const int32_t block_size = client_->layout().block_size;
   StatusOr<std::vector<BlockId>> blocks =
       allocate((n + block_size - 1) / block_size);
   StatusOr<AllocateResult> load =
       blocks.ok() ? client_->Allocate(request, *blocks, n)
                   : StatusOr<AllocateResult>(blocks.status());
-  Status status = load.status();
-  if (status.ok() && load->load.has_value()) {
-    status = WaitFor(load->load->ref);
+  if (!load.ok() || !load->load.has_value()) {
+    // Finish also drops the pins of a lookup that was never allocated.
+    const Status finished = client_->Finish(request);
+    TIERKV_RETURN_IF_ERROR(load.status());
+    TIERKV_RETURN_IF_ERROR(finished);
+    ++stats_.misses;
+    return false;
   }
-  // Finish also drops the pins of a lookup that was never allocated.
-  const Status finished = client_->Finish(request);
+  const Status status = WaitFor(load->load->ref, request);
   if (status.code() == StatusCode::kDataLoss) {
     ++stats_.failed;
     return false;
   }
   TIERKV_RETURN_IF_ERROR(status);
-  TIERKV_RETURN_IF_ERROR(finished);
-  if (!load->load.has_value()) return false;
-  ++(hit.disk_hit_tokens > 0 ? stats_.disk_hits : stats_.host_hits);
+  ++stats_.disk_hits;
   return true;
 }
 
@@ -51,21 +73,13 @@ Status ClientChunkSource::Publish(std::span<const TokenId> chunk,
   TIERKV_RETURN_IF_ERROR(ReattachIfLost());
   const RequestId request = next_request_++;
   ++stats_.publishes;
-  const auto n = static_cast<int32_t>(chunk.size());
-  Status status = client_->LookupChunk(request, chunk).status();
-  if (status.ok()) status = client_->Allocate(request, blocks, 0).status();
-  StatusOr<CommitResult> commit = status.ok()
-                                      ? client_->Commit(request, n, blocks)
-                                      : StatusOr<CommitResult>(status);
-  status = commit.status();
-  if (status.ok()) {
-    for (const TransferEvent& store : commit->stores) {
-      if (Status s = WaitFor(store.ref); !s.ok() && status.ok()) status = s;
-    }
+  TIERKV_ASSIGN_OR_RETURN(CommitResult commit,
+                          client_->PublishChunk(request, chunk, blocks));
+  Status status;
+  for (const TransferEvent& store : commit.stores) {
+    if (Status s = WaitFor(store.ref, 0); !s.ok() && status.ok()) status = s;
   }
-  const Status finished = client_->Finish(request);
-  TIERKV_RETURN_IF_ERROR(status);
-  return finished;
+  return status;
 }
 
 Status ClientChunkSource::ReattachIfLost() {
@@ -77,7 +91,7 @@ Status ClientChunkSource::ReattachIfLost() {
   return s;
 }
 
-Status ClientChunkSource::WaitFor(const EventRef& ref) {
+Status ClientChunkSource::WaitFor(const EventRef& ref, RequestId finish) {
   const uint64_t session = client_->session();
   const auto deadline =
       std::chrono::steady_clock::now() + options_.copy_timeout;
@@ -96,9 +110,12 @@ Status ClientChunkSource::WaitFor(const EventRef& ref) {
                                 "from the disk tier");
       }
     }
-    TIERKV_RETURN_IF_ERROR(client_->Complete(finished));
+    TIERKV_RETURN_IF_ERROR(
+        client_->CompleteOneWay(finished, found ? finish : 0));
     if (found) return mine;
     if (std::chrono::steady_clock::now() > deadline) {
+      // Also cancels the load should it still wait for promotions.
+      if (finish != 0) (void)client_->Finish(finish);
       return Status::Unavailable(
           std::string(ref.kind == EventKind::kLoad ? "load" : "store") +
           " event " + std::to_string(ref.id) + " did not finish within " +

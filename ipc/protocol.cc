@@ -30,19 +30,21 @@ using wire::Reader;
 using wire::Writer;
 
 constexpr MessageType kTypes[] = {
-    MessageType::kError,         MessageType::kOk,
-    MessageType::kRegister,      MessageType::kRegisterReply,
-    MessageType::kLookup,        MessageType::kLookupReply,
-    MessageType::kAllocate,      MessageType::kAllocateReply,
-    MessageType::kCommit,        MessageType::kCommitReply,
-    MessageType::kComplete,      MessageType::kFinish,
-    MessageType::kStats,         MessageType::kStatsReply,
-    MessageType::kReadyLoads,    MessageType::kReadyLoadsReply,
-    MessageType::kLookupChunk,   MessageType::kEvents,
-    MessageType::kEventsReply,   MessageType::kClear,
-    MessageType::kClearReply,    MessageType::kEvict,
-    MessageType::kEvictReply,    MessageType::kWaitIdle,
-    MessageType::kWaitIdleReply,
+    MessageType::kError,           MessageType::kOk,
+    MessageType::kRegister,        MessageType::kRegisterReply,
+    MessageType::kLookup,          MessageType::kLookupReply,
+    MessageType::kAllocate,        MessageType::kAllocateReply,
+    MessageType::kCommit,          MessageType::kCommitReply,
+    MessageType::kComplete,        MessageType::kFinish,
+    MessageType::kStats,           MessageType::kStatsReply,
+    MessageType::kReadyLoads,      MessageType::kReadyLoadsReply,
+    MessageType::kLookupChunk,     MessageType::kEvents,
+    MessageType::kEventsReply,     MessageType::kClear,
+    MessageType::kClearReply,      MessageType::kEvict,
+    MessageType::kEvictReply,      MessageType::kWaitIdle,
+    MessageType::kWaitIdleReply,   MessageType::kFetchChunk,
+    MessageType::kFetchChunkReply, MessageType::kPublishChunk,
+    MessageType::kChunkDone,
 };
 static_assert(std::size(kTypes) == std::variant_size_v<Message>);
 
@@ -125,6 +127,14 @@ const char* MessageTypeName(MessageType type) {
       return "Evict";
     case MessageType::kEvictReply:
       return "EvictReply";
+    case MessageType::kFetchChunk:
+      return "FetchChunk";
+    case MessageType::kFetchChunkReply:
+      return "FetchChunkReply";
+    case MessageType::kPublishChunk:
+      return "PublishChunk";
+    case MessageType::kChunkDone:
+      return "ChunkDone";
   }
   return "?";
 }

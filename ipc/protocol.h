@@ -37,7 +37,10 @@ inline constexpr uint32_t kFrameMagic = 0x4D564B54;  // "TKVM"
 //    refusals and damaged files.
 // 9: RegisterRequest carries the copy roles: a scheduler's rank count, a
 //    rank client's scheduler and rank.
-// 10: RegisterReply passes the readiness eventfd as its third descriptor.
+// 10: RegisterReply passes the readiness eventfd as its third descriptor;
+//    one round trip per chunk: FetchChunk (lookup, pin and load, or a
+//    compute lease, waiting for another worker's), PublishChunk (lookup,
+//    allocate and commit), and ChunkDone (complete and finish, sent one-way).
 inline constexpr uint16_t kProtocolVersion = 10;
 inline constexpr size_t kFrameHeaderBytes = 16;
 // Upper bounds a decoder enforces before allocating anything.
@@ -74,6 +77,10 @@ enum class MessageType : uint16_t {
   kEvictReply = 23,
   kWaitIdle = 24,
   kWaitIdleReply = 25,
+  kFetchChunk = 40,
+  kFetchChunkReply = 41,
+  kPublishChunk = 42,  // Answered by a CommitReply.
+  kChunkDone = 43,     // Answered by an Ok.
 };
 
 // A failed call: the Status travels back to the caller.
@@ -178,6 +185,32 @@ struct WaitIdleReply {
   bool idle = false;  // False: still busy when the timeout passed.
 };
 
+// A worker's chunk fetch in one round trip (Coordinator::FetchChunk): a
+// miss while another worker holds the chunk's compute lease waits, at most
+// wait_ms (and never past kMaxChunkWaitMs), for that worker's publish.
+struct FetchChunkRequest {
+  RequestId request = 0;
+  uint32_t wait_ms = 0;
+  std::vector<TokenId> tokens;
+};
+struct FetchChunkReply {
+  ChunkFetchResult result;  // result.load's device_blocks are empty.
+};
+// A worker's chunk publish in one round trip (Coordinator::PublishChunk):
+// the request is finished by the time the CommitReply comes back.
+struct PublishChunkRequest {
+  RequestId request = 0;
+  std::vector<TokenId> tokens;
+  std::vector<BlockId> device_blocks;
+};
+// The end of a chunk fetch or publish, which the worker sends without
+// waiting for its answer: Complete(events), then Finish(finish) unless it
+// is 0.
+struct ChunkDoneRequest {
+  std::vector<CompletedEvent> events;
+  RequestId finish = 0;
+};
+
 using Message =
     std::variant<ErrorReply, OkReply, RegisterRequest, RegisterReply,
                  LookupRequest, LookupReply, AllocateRequest, AllocateReply,
@@ -185,7 +218,8 @@ using Message =
                  StatsRequest, StatsReply, ReadyLoadsRequest, ReadyLoadsReply,
                  LookupChunkRequest, EventsRequest, EventsReply, ClearRequest,
                  ClearReply, EvictRequest, EvictReply, WaitIdleRequest,
-                 WaitIdleReply>;
+                 WaitIdleReply, FetchChunkRequest, FetchChunkReply,
+                 PublishChunkRequest, ChunkDoneRequest>;
 
 MessageType TypeOf(const Message& message);
 const char* MessageTypeName(MessageType type);

@@ -3,6 +3,31 @@
 #include "ipc/wire.h"
 
 namespace tierkv::ipc::wire {
+namespace {
+
+void PutCompleted(Writer& w, const std::vector<CompletedEvent>& events) {
+  w.Int<uint32_t>(static_cast<uint32_t>(events.size()));
+  for (const CompletedEvent& e : events) {
+    w.Int<uint8_t>(static_cast<uint8_t>(e.ref.kind));
+    w.Int<uint64_t>(e.ref.id);
+    w.Bool(e.ok);
+  }
+}
+
+std::vector<CompletedEvent> GetCompleted(Reader& r) {
+  std::vector<CompletedEvent> events;
+  const uint32_t n = r.Count(kMaxEvents, "event");
+  for (uint32_t i = 0; i < n && r.ok(); ++i) {
+    CompletedEvent e;
+    e.ref.kind = GetKind(r);
+    e.ref.id = r.Int<uint64_t>();
+    e.ok = r.Bool();
+    events.push_back(e);
+  }
+  return events;
+}
+
+}  // namespace
 
 void PutPayload(Writer& w, const RegisterRequest& m) {
   const WorkerRegistration& reg = m.registration;
@@ -72,12 +97,7 @@ void PutPayload(Writer& w, const CommitReply& m) {
   Put(w, m.result.store_status);
 }
 void PutPayload(Writer& w, const CompleteRequest& m) {
-  w.Int<uint32_t>(static_cast<uint32_t>(m.events.size()));
-  for (const CompletedEvent& e : m.events) {
-    w.Int<uint8_t>(static_cast<uint8_t>(e.ref.kind));
-    w.Int<uint64_t>(e.ref.id);
-    w.Bool(e.ok);
-  }
+  PutCompleted(w, m.events);
 }
 void PutPayload(Writer& w, const FinishRequest& m) {
   w.Int<uint64_t>(m.request);
@@ -162,16 +182,8 @@ void GetPayload(Reader& r, CommitReply* m) {
   m->result.skipped_blocks = r.Int<int32_t>();
   m->result.store_status = GetStatus(r);
 }
-void GetPayload(Reader& r, CompleteRequest* m) {
-  const uint32_t n = r.Count(kMaxEvents, "event");
-  for (uint32_t i = 0; i < n && r.ok(); ++i) {
-    CompletedEvent e;
-    e.ref.kind = GetKind(r);
-    e.ref.id = r.Int<uint64_t>();
-    e.ok = r.Bool();
-    m->events.push_back(e);
-  }
-}
+
+void GetPayload(Reader& r, CompleteRequest* m) { m->events = GetCompleted(r); }
 void GetPayload(Reader& r, FinishRequest* m) { m->request = r.Int<uint64_t>(); }
 
 void PutPayload(Writer& w, const WaitIdleRequest& m) {
@@ -197,6 +209,74 @@ void GetPayload(Reader& r, ReadyLoadsReply* m) {
     if (e.ref.kind != EventKind::kLoad) r.Fail("a ready load that is a store");
     m->loads.push_back(std::move(e));
   }
+}
+
+void PutPayload(Writer& w, const FetchChunkRequest& m) {
+  w.Int<uint64_t>(m.request);
+  w.Int<uint32_t>(m.wait_ms);
+  w.Ints(m.tokens);
+}
+void GetPayload(Reader& r, FetchChunkRequest* m) {
+  m->request = r.Int<uint64_t>();
+  m->wait_ms = r.Int<uint32_t>();
+  m->tokens = r.Ints<TokenId>(kMaxTokens, "token");
+}
+void PutPayload(Writer& w, const FetchChunkReply& m) {
+  const ChunkFetchResult& f = m.result;
+  w.Int<int32_t>(f.lookup.hit_tokens);
+  w.Int<int32_t>(f.lookup.disk_hit_tokens);
+  // The load's slots only: its device blocks are the worker's to choose.
+  w.Bool(f.load.has_value());
+  if (f.load.has_value()) {
+    w.Int<uint64_t>(f.load->ref.id);
+    w.Int<uint64_t>(f.load->request);
+    w.Ints(f.load->host_blocks);
+    w.Int<int32_t>(f.load->failed_blocks);
+  }
+  w.Bool(f.lease);
+  w.Bool(f.waited);
+}
+void GetPayload(Reader& r, FetchChunkReply* m) {
+  ChunkFetchResult& f = m->result;
+  f.lookup.hit_tokens = r.Int<int32_t>();
+  f.lookup.disk_hit_tokens = r.Int<int32_t>();
+  if (f.lookup.hit_tokens < 0 || f.lookup.disk_hit_tokens < 0 ||
+      f.lookup.disk_hit_tokens > f.lookup.hit_tokens) {
+    r.Fail("hit tokens out of range");
+  }
+  if (r.Bool()) {
+    TransferEvent e;
+    e.ref = {EventKind::kLoad, r.Int<uint64_t>()};
+    e.request = r.Int<uint64_t>();
+    e.host_blocks = r.Ints<BlockId>(kMaxBlocks, "host block");
+    e.failed_blocks = r.Int<int32_t>();
+    if (e.failed_blocks < 0 ||
+        static_cast<uint32_t>(e.failed_blocks) > kMaxBlocks) {
+      r.Fail("failed block count " + std::to_string(e.failed_blocks));
+    }
+    f.load = std::move(e);
+  }
+  f.lease = r.Bool();
+  f.waited = r.Bool();
+  if (f.lease && f.load.has_value()) r.Fail("a compute lease on a hit");
+}
+void PutPayload(Writer& w, const PublishChunkRequest& m) {
+  w.Int<uint64_t>(m.request);
+  w.Ints(m.tokens);
+  w.Ints(m.device_blocks);
+}
+void GetPayload(Reader& r, PublishChunkRequest* m) {
+  m->request = r.Int<uint64_t>();
+  m->tokens = r.Ints<TokenId>(kMaxTokens, "token");
+  m->device_blocks = r.Ints<BlockId>(kMaxBlocks, "device block");
+}
+void PutPayload(Writer& w, const ChunkDoneRequest& m) {
+  PutCompleted(w, m.events);
+  w.Int<uint64_t>(m.finish);
+}
+void GetPayload(Reader& r, ChunkDoneRequest* m) {
+  m->events = GetCompleted(r);
+  m->finish = r.Int<uint64_t>();
 }
 
 }  // namespace tierkv::ipc::wire

@@ -42,6 +42,21 @@ Message Dispatch(Coordinator& c, WorkerId worker, const Message& request) {
           return Wrap(c.Finish(worker, m.request));
         } else if constexpr (std::is_same_v<T, ReadyLoadsRequest>) {
           return Wrap<ReadyLoadsReply>(c.TakeReadyLoads(worker));
+        } else if constexpr (std::is_same_v<T, FetchChunkRequest>) {
+          // No one to wait for here: a busy lease is a miss (waited).
+          StatusOr<Coordinator::ChunkFetch> fetch =
+              c.FetchChunk(worker, m.request, m.tokens);
+          if (!fetch.ok()) return ErrorReply{fetch.status()};
+          fetch->result.waited = fetch->busy;
+          return FetchChunkReply{std::move(fetch->result)};
+        } else if constexpr (std::is_same_v<T, PublishChunkRequest>) {
+          return Wrap<CommitReply>(
+              c.PublishChunk(worker, m.request, m.tokens, m.device_blocks));
+        } else if constexpr (std::is_same_v<T, ChunkDoneRequest>) {
+          // Finished whatever the completions say: nothing left open.
+          Status s = c.Complete(worker, m.events);
+          Status f = m.finish == 0 ? Status::Ok() : c.Finish(worker, m.finish);
+          return Wrap(!s.ok() ? std::move(s) : std::move(f));
         } else if constexpr (std::is_same_v<T, StatsRequest>) {
           return StatsReply{c.stats()};
         } else {
@@ -54,7 +69,21 @@ Message Dispatch(Coordinator& c, WorkerId worker, const Message& request) {
 }
 
 Message DispatchToStore(TieredStore& store, WorkerId worker,
-                        const Message& request) {
+                        const Message& request, const std::atomic<bool>* stop) {
+  if (const auto* fetch = std::get_if<FetchChunkRequest>(&request)) {
+    const auto wait = std::chrono::milliseconds(
+        std::min<uint32_t>(fetch->wait_ms, kMaxChunkWaitMs));
+    return Wrap<FetchChunkReply>(
+        store.FetchChunk(worker, fetch->request, fetch->tokens, wait, stop));
+  }
+  if (const auto* done = std::get_if<ChunkDoneRequest>(&request)) {
+    // Checksums of the stored slots are taken without the mutex. Finished
+    // whatever the completions say: nothing is left open.
+    Status s = store.Complete(worker, done->events);
+    Status f = done->finish == 0 ? Status::Ok()
+                                 : store.Lock()->Finish(worker, done->finish);
+    return Wrap(!s.ok() ? std::move(s) : std::move(f));
+  }
   if (const auto* wait = std::get_if<WaitIdleRequest>(&request)) {
     // Bounded here whatever the worker asked: its session thread must come
     // back to notice a closed channel or a stop (Client::WaitIdle asks

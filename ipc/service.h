@@ -6,6 +6,8 @@
 #ifndef TIERKV_IPC_SERVICE_H_
 #define TIERKV_IPC_SERVICE_H_
 
+#include <atomic>
+
 #include "ipc/protocol.h"
 #include "src/coordinator.h"
 #include "tiers/tiered_store.h"
@@ -18,13 +20,20 @@ Message Dispatch(Coordinator& coordinator, WorkerId worker,
 // The longest one WaitIdle message waits, whatever it asks.
 inline constexpr uint32_t kMaxWaitIdleMs = 1000;
 
+// The longest one FetchChunk message waits for another worker's compute
+// lease, whatever it asks.
+inline constexpr uint32_t kMaxChunkWaitMs = 10'000;
+
 // Dispatch against a whole store: WaitIdle waits on the store itself,
-// without its mutex, at most kMaxWaitIdleMs; Complete checksums the stored
-// slots without it (TieredStore::Complete); every other message is
-// Dispatch under the mutex.
+// without its mutex, at most kMaxWaitIdleMs; FetchChunk waits for another
+// worker's lease without it (TieredStore::FetchChunk), at most
+// kMaxChunkWaitMs and no longer once *stop is set (null: never); Complete
+// and ChunkDone checksum the stored slots without it (TieredStore::
+// Complete); every other message is Dispatch under the mutex.
 // Thread-safe.
 Message DispatchToStore(TieredStore& store, WorkerId worker,
-                        const Message& request);
+                        const Message& request,
+                        const std::atomic<bool>* stop = nullptr);
 
 }  // namespace tierkv::ipc
 

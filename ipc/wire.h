@@ -200,6 +200,14 @@ void GetPayload(Reader&, WaitIdleReply*);
 void PutPayload(Writer&, const ReadyLoadsReply&);
 void GetPayload(Reader&, ReadyLoadsRequest*);
 void GetPayload(Reader&, ReadyLoadsReply*);
+void PutPayload(Writer&, const FetchChunkRequest&);
+void PutPayload(Writer&, const FetchChunkReply&);
+void PutPayload(Writer&, const PublishChunkRequest&);
+void PutPayload(Writer&, const ChunkDoneRequest&);
+void GetPayload(Reader&, FetchChunkRequest*);
+void GetPayload(Reader&, FetchChunkReply*);
+void GetPayload(Reader&, PublishChunkRequest*);
+void GetPayload(Reader&, ChunkDoneRequest*);
 
 // protocol_stats.cc: stats.
 void PutPayload(Writer&, const StatsRequest&);

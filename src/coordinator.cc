@@ -169,6 +169,7 @@ StatusOr<uint32_t> Coordinator::SegmentOf(WorkerId worker) const {
 
 Status Coordinator::DropWorker(WorkerId worker) {
   TIERKV_ASSIGN_OR_RETURN(WorkerState * w, FindWorker(worker));
+  EndLease(w);
   for (auto& [id, request] : w->requests) ForgetRequest(w, &request);
   w->requests.clear();
   // Events its ranks may be copying stay until they are done with them.
@@ -805,6 +806,10 @@ void Coordinator::FinishStore(WorkerState* w, InFlight* store, bool ok,
   }
   if (!ok) stats_.stores_failed += slots.size();
   ReleaseWorkerSlots(w, slots);
+  if (w->lease.has_value() &&
+      chunk_leases_.at(*w->lease).store == store->event.ref.id) {
+    EndLease(w);  // The published chunk is keyed now (or failed).
+  }
 }
 
 std::vector<BlockId> Coordinator::CompletedStoreSlots(
@@ -919,8 +924,17 @@ void Coordinator::ApplyCompletions(WorkerState* w,
 
 Status Coordinator::Finish(WorkerId worker, RequestId request) {
   TIERKV_ASSIGN_OR_RETURN(WorkerState * w, FindRequestWorker(worker));
+  bool ended_lease = false;
+  if (w->lease.has_value()) {
+    const ChunkLease& lease = chunk_leases_.at(*w->lease);
+    if (lease.request == request && !lease.store.has_value()) {
+      EndLease(w);  // Its holder gave up computing the chunk.
+      ended_lease = true;
+    }
+  }
   auto it = w->requests.find(request);
   if (it == w->requests.end()) {
+    if (ended_lease) return Status::Ok();
     return Status::NotFound(RequestName(request) + " is not known");
   }
   ForgetRequest(w, &it->second);

@@ -88,6 +88,20 @@
 // coordinator then drops the block (corrupt_slots_dropped). With
 // verify_on_load, a load is checked the same way before it is handed out.
 //
+// Chunks in one call each (FetchChunk, PublishChunk), with single flight: a
+// worker whose fetch misses a chunk no one computes takes the chunk's
+// compute lease (keyed by the chunk's last block key, so per tenant); a
+// fetch of another worker then finds it busy, and its caller (TieredStore::
+// FetchChunk) waits for the lease to end before looking again. A lease:
+//   HELD     from the miss; a worker holds one at a time (its FetchChunk or
+//            PublishChunk of another chunk ends it), and Finish of the
+//            fetch's request ends it (computed nothing, publishes nothing)
+//   STORING  the holder published the chunk: until that store completes
+//            (or fails), so that a waiter looks again once the chunk is
+//            keyed; ended at once when the publish stores nothing
+// DropWorker ends a worker's lease; a restart forgets them all. Every end
+// calls options.chunk_lease_released.
+//
 // Host slot states (the null slot 0 is none of these):
 //   FREE / CACHED-FREE (ref 0, in the LRU free queue)
 //   PINNED by a lookup or a load (ref > 0, keyed)
@@ -221,6 +235,11 @@ struct CoordinatorOptions {
   // what its workers wrote into their segment outside their own blocks.
   std::function<void(uint32_t segment)> trim_segment = {};
 
+  // Called, when set, each time a chunk's compute lease ends (see "Chunks
+  // in one call"), on the owner's thread with its lock held, so that
+  // fetches waiting for the lease look again. Default: none.
+  std::function<void()> chunk_lease_released = {};
+
   // Called, when set, with each block the host tier gains or loses:
   // "stored" (a store completed), "promoted", "spilled" (on the lower tier
   // now, dropped from host), "dropped (on disk already)", "evicted" (its
@@ -271,6 +290,28 @@ class Coordinator {
   // stores the chunk's blocks once all of a block's tokens are computed.
   StatusOr<LookupResult> LookupChunk(WorkerId worker, RequestId request,
                                      std::span<const TokenId> tokens);
+  // A chunk fetch in one call: LookupChunk, then with every block on host
+  // Allocate of the whole chunk and Finish, so the result's load (its
+  // device_blocks empty: the worker copies into blocks of its choosing)
+  // is the request's last word. With a block only on the disk tier the
+  // request stays open, its hits pinned, for Allocate. On a miss the
+  // request is finished and the worker takes the chunk's compute lease,
+  // unless another worker holds it: then `busy`, nothing kept.
+  struct ChunkFetch {
+    ChunkFetchResult result;
+    bool busy = false;
+  };
+  StatusOr<ChunkFetch> FetchChunk(WorkerId worker, RequestId request,
+                                  std::span<const TokenId> tokens);
+  // A chunk publish in one call: LookupChunk, Allocate (no load), Commit of
+  // the whole chunk from `device_blocks` and Finish. A lease the worker
+  // holds on this chunk lasts until the store completes.
+  StatusOr<CommitResult> PublishChunk(WorkerId worker, RequestId request,
+                                      std::span<const TokenId> tokens,
+                                      std::span<const BlockId> device_blocks);
+  // Chunk compute leases held (see "Chunks in one call").
+  size_t chunk_leases() const { return chunk_leases_.size(); }
+
   // `device_blocks`: the request's blocks in order, as the engine allocated
   // them. num_external_tokens (a multiple of the block size, at most the
   // hit) of the lookup's hit are loaded into them.
@@ -425,6 +466,14 @@ class Coordinator {
     // A scheduler dropped while ranks still copy its events: it stays for
     // those events only (see "Split roles").
     bool dropped = false;
+    // The chunk whose compute lease it holds.
+    std::optional<BlockKey> lease;
+  };
+  // A chunk's compute lease (see "Chunks in one call").
+  struct ChunkLease {
+    WorkerId worker = 0;
+    RequestId request = 0;          // The fetch that took it.
+    std::optional<uint64_t> store;  // STORING: the publish's store event.
   };
   // What the coordinator knows of a host slot's bytes.
   struct SlotCheck {
@@ -540,6 +589,10 @@ class Coordinator {
   // Spills `victims` (keyed, unpinned), or drops from host those the lower
   // tier holds already. Returns the spills started.
   int64_t SpillBlocks(std::span<const BlockId> victims);
+  // Ends the worker's compute lease, if it holds one.
+  void EndLease(WorkerState* w);
+  // The chunk's last block key, after LookupChunk of `request`.
+  const BlockKey& ChunkKeyOf(const WorkerState& w, RequestId request) const;
   // A new slot for worker `w`'s store or promotion: from the free queue,
   // moved to the worker's segment (assign_slot), its check reset and
   // counted in the worker's pins. Nullopt when none is free or its memory
@@ -566,6 +619,8 @@ class Coordinator {
   int64_t worker_pin_cap_ = 1;          // worker_pin_share of the usable slots.
   size_t request_bytes_ = 0;            // Every worker's request_bytes.
   std::vector<SlotCheck> slot_checks_;  // One per host slot.
+  // Compute leases by chunk (the chunk's last block key).
+  std::unordered_map<BlockKey, ChunkLease, BlockKeyHash> chunk_leases_;
   // Keys some store event is writing: a second store of one is skipped.
   std::unordered_set<BlockKey, BlockKeyHash> keys_being_stored_;
   HostTierStats stats_;

@@ -46,6 +46,7 @@ CoordinatorStats Coordinator::stats() const {
   out.host.spills_in_flight = static_cast<uint64_t>(spills_in_flight_);
   out.host.promotions_in_flight = static_cast<uint64_t>(promotions_in_flight_);
   out.host.request_state_bytes = request_bytes_;
+  out.host.chunk_leases = chunk_leases_.size();
   if (options_.lower != nullptr) out.disk = options_.lower->stats();
   out.model = options_.model;
   out.key_fingerprint = StoreFingerprint(options_.layout, options_.model);

@@ -114,10 +114,10 @@ TEST_F(PendingLoad, ReadyLoadIsStartedOnTierkvdsSignal) {
   Engine e = Engine::Open(socket_, std::chrono::seconds(30));
   ASSERT_NE(e.client, nullptr);
   ASSERT_TRUE(LookupAndAllocate(e, 1, 0).load_pending);
-  const uint64_t before = e.client->round_trips();
+  const uint64_t before = e.client->call_counts().calls;
   std::vector<FinishedTransfer> done;
   while (done.empty()) done = e.client->WaitEvents(std::chrono::seconds(10));
-  EXPECT_EQ(e.client->round_trips() - before, 1u);  // ReadyLoads, once.
+  EXPECT_EQ(e.client->call_counts().calls - before, 1u);  // ReadyLoads, once.
   ASSERT_EQ(done.size(), 1u);
   ASSERT_THAT(done[0].status, IsOk());
   EXPECT_EQ(done[0].loaded_blocks(), 1);
@@ -130,7 +130,7 @@ TEST_F(PendingLoad, ReadyLoadIsStartedOnTierkvdsSignal) {
   ASSERT_THAT(e.client->Finish(1), IsOk());
   // Nothing pending, nothing in flight: WaitEvents sends nothing at all.
   EXPECT_TRUE(e.client->WaitEvents(std::chrono::milliseconds(20)).empty());
-  EXPECT_EQ(e.client->round_trips() - before, 3u);  // + Complete, Finish.
+  EXPECT_EQ(e.client->call_counts().calls - before, 3u);  // + Complete, Finish.
 }
 
 // The engine aborts a request whose load waits for a promotion and gives

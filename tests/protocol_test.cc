@@ -7,6 +7,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <random>
 
 #include "tests/status_matchers.h"
@@ -108,6 +109,24 @@ std::vector<Message> Samples() {
       EvictReply{{{.key = {1, 2}, .host_dropped = true, .disk_dropped = true},
                   {.key = {3, 4}, .host_pinned = true},
                   {.key = {5, 6}}}},
+      FetchChunkRequest{.request = 3, .wait_ms = 250, .tokens = {4, 5, 6}},
+      FetchChunkReply{{.lookup = {.hit_tokens = 3},
+                       .load = TransferEvent{.ref = {EventKind::kLoad, 2},
+                                             .request = 3,
+                                             .device_blocks = {},
+                                             .host_blocks = {9, 10},
+                                             .failed_blocks = 1},
+                       .lease = false,
+                       .waited = true}},
+      FetchChunkReply{{.lookup = {.hit_tokens = 16, .disk_hit_tokens = 0},
+                       .load = std::nullopt,
+                       .lease = true,
+                       .waited = false}},
+      PublishChunkRequest{
+          .request = 4, .tokens = {4, 5, 6}, .device_blocks = {1}},
+      ChunkDoneRequest{.events = {{{EventKind::kStore, 3}, true},
+                                  {{EventKind::kLoad, 2}, false}},
+                       .finish = 4},
   };
 }
 
@@ -224,6 +243,47 @@ TEST(Protocol, InconsistentLoadsAreRefused) {
   load.failed_blocks = -1;
   bytes = Encode(ReadyLoadsReply{{load}});
   EXPECT_THAT(Decode(bytes).status().message(), HasSubstr("failed block"));
+}
+
+TEST(Protocol, InconsistentChunkFetchesAreRefused) {
+  // A compute lease on a hit: the worker would compute what it loads.
+  FetchChunkReply reply{{.lookup = {.hit_tokens = 16},
+                         .load = TransferEvent{.ref = {EventKind::kLoad, 1},
+                                               .request = 2,
+                                               .device_blocks = {},
+                                               .host_blocks = {5}},
+                         .lease = true,
+                         .waited = false}};
+  EXPECT_THAT(Decode(Encode(reply)).status().message(),
+              HasSubstr("lease on a hit"));
+  // Hits out of range.
+  reply = {};
+  reply.result.lookup = {.hit_tokens = 16, .disk_hit_tokens = 32};
+  EXPECT_THAT(Decode(Encode(reply)).status().message(),
+              HasSubstr("hit tokens out of range"));
+  reply = {};
+  reply.result.lookup = {.hit_tokens = -1};
+  EXPECT_THAT(Decode(Encode(reply)).status().message(),
+              HasSubstr("hit tokens out of range"));
+  // A negative failed-block count in the load.
+  reply = {{.lookup = {.hit_tokens = 16},
+            .load = TransferEvent{.ref = {EventKind::kLoad, 1},
+                                  .request = 2,
+                                  .device_blocks = {},
+                                  .host_blocks = {5},
+                                  .failed_blocks = -1}}};
+  EXPECT_THAT(Decode(Encode(reply)).status().message(),
+              HasSubstr("failed block"));
+  // A bad event kind among a ChunkDone's completions.
+  std::vector<std::byte> bytes = Encode(ChunkDoneRequest{
+      .events = {{{EventKind::kStore, 3}, true}}, .finish = 0});
+  bytes[kFrameHeaderBytes + 4] = std::byte{9};  // After the count.
+  EXPECT_THAT(Decode(bytes).status().message(), HasSubstr("event kind"));
+  // Token counts past the limit, refused before allocating.
+  bytes = Encode(FetchChunkRequest{.request = 1, .wait_ms = 0, .tokens = {1}});
+  const uint32_t huge = kMaxTokens + 1;
+  std::memcpy(bytes.data() + kFrameHeaderBytes + 12, &huge, sizeof(huge));
+  EXPECT_THAT(Decode(bytes).status().message(), HasSubstr("token"));
 }
 
 TEST(Protocol, InconsistentEventListsAreRefused) {

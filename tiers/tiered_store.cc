@@ -122,6 +122,7 @@ StatusOr<std::unique_ptr<TieredStore>> TieredStore::Open(
                                    tier->Trim(segment);
                                  })
                            : nullptr,
+       .chunk_lease_released = [raw] { raw->lease_ended_.NotifyAll(); },
        .block_trace = options.block_trace});
   // Without a coordinator no disk callback can wake anything: the
   // destructor closes the tiers in order.
@@ -247,6 +248,33 @@ Status TieredStore::Complete(WorkerId worker,
   return coordinator_->Complete(worker, events, checksums);
 }
 
+StatusOr<ChunkFetchResult> TieredStore::FetchChunk(
+    WorkerId worker, RequestId request, std::span<const TokenId> tokens,
+    std::chrono::milliseconds wait, const std::atomic<bool>* stop) {
+  // How often a waiting fetch checks `stop` (a stop or its worker gone).
+  constexpr auto kStopCheck = std::chrono::milliseconds(100);
+  const auto deadline = std::chrono::steady_clock::now() + wait;
+  bool waited = false;
+  MutexLock lock(&mu_);
+  for (;;) {
+    StatusOr<Coordinator::ChunkFetch> fetch =
+        coordinator_->FetchChunk(worker, request, tokens);
+    if (!fetch.ok()) return fetch.status();
+    const auto now = std::chrono::steady_clock::now();
+    if (!fetch->busy || now >= deadline ||
+        (stop != nullptr && stop->load(std::memory_order_relaxed))) {
+      // Busy still: a miss, computed by the caller.
+      fetch->result.waited = waited || fetch->busy;
+      return std::move(fetch->result);
+    }
+    if (!waited) ++chunk_lease_waits_;
+    waited = true;
+    ++chunk_fetches_waiting_;
+    lease_ended_.WaitUntil(&mu_, std::min(deadline, now + kStopCheck));
+    --chunk_fetches_waiting_;
+  }
+}
+
 StatusOr<int> TieredStore::HostSegmentFd(WorkerId worker) {
   MutexLock lock(&mu_);
   TIERKV_ASSIGN_OR_RETURN(const uint32_t segment,
@@ -293,7 +321,10 @@ int64_t TieredStore::HostOnlyBlocks() const {
 
 CoordinatorStats TieredStore::stats() const {
   MutexLock lock(&mu_);
-  return coordinator_->stats();
+  CoordinatorStats out = coordinator_->stats();
+  out.host.chunk_lease_waits = chunk_lease_waits_;
+  out.host.chunk_fetches_waiting = chunk_fetches_waiting_;
+  return out;
 }
 
 Status TieredStore::CheckProgress(

@@ -162,6 +162,17 @@ class TieredStore {
                        std::chrono::milliseconds stalled_after) const
       TIERKV_EXCLUDES(mu_);
 
+  // Coordinator::FetchChunk with single flight: while another worker holds
+  // the chunk's compute lease, waits for the lease to end and looks again,
+  // at most `wait` in all and no longer once *stop is set (checked at
+  // least every 100 ms; null: never). When the wait runs out the fetch is
+  // a miss without a lease (waited set): the caller computes the chunk.
+  StatusOr<ChunkFetchResult> FetchChunk(WorkerId worker, RequestId request,
+                                        std::span<const TokenId> tokens,
+                                        std::chrono::milliseconds wait,
+                                        const std::atomic<bool>* stop)
+      TIERKV_EXCLUDES(mu_);
+
   // The host segment `worker` maps, made if its tenant is new (with a
   // shared host tier, one segment per tenant: HostTierOptions::
   // max_segments, CoordinatorOptions::max_tenants). Its fd stays the
@@ -194,6 +205,12 @@ class TieredStore {
   // Timed: CheckProgress tries it with a deadline.
   mutable Mutex mu_;
   std::optional<Coordinator> coordinator_ TIERKV_GUARDED_BY(mu_);
+  // Signalled, under mu_, when a chunk's compute lease ends (FetchChunk
+  // waits on it).
+  CondVar lease_ended_;
+  // HostTierStats::chunk_lease_waits and chunk_fetches_waiting.
+  uint64_t chunk_lease_waits_ TIERKV_GUARDED_BY(mu_) = 0;
+  uint64_t chunk_fetches_waiting_ TIERKV_GUARDED_BY(mu_) = 0;
   // Signalled after each round of the tier thread (WaitIdle waits on it).
   std::condition_variable_any applied_;
 

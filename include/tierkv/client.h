@@ -33,6 +33,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -138,6 +139,15 @@ struct FinishedTransfer {
   }
 };
 
+// Messages a client has exchanged with its store (Client::call_counts).
+struct ClientCallCounts {
+  uint64_t calls = 0;  // Round trips the caller waited for.
+  uint64_t posts = 0;  // Messages sent one-way (CompleteOneWay).
+  // Of those, answered with an error; each is also returned by the call
+  // that collected it (the next one).
+  uint64_t post_errors = 0;
+};
+
 class Client {
  public:
   // Attaches to the tierkvd on options.socket_path (InvalidArgument when
@@ -209,6 +219,39 @@ class Client {
   // are unpinned at once. Loads being copied finish and are completed as
   // usual.
   Status Finish(RequestId request);
+  // Position-independent chunks in one round trip each
+  // (ClientChunkSource). FetchChunk looks the chunk up by content; when
+  // host DRAM holds every block of it, calls `allocate` for one device
+  // block per chunk block and (copies = client) starts the load into
+  // them: the result's load, whose request tierkvd has finished already.
+  // `allocate` is not called otherwise, nor when the load was cut short
+  // (its failed_blocks > 0, verify_on_load: released, nothing copied). A
+  // chunk partly on the disk tier is a hit without a load: its request
+  // stays open for Allocate, as after LookupChunk. On a miss,
+  // result.lease says whether this worker is the one to compute and
+  // publish it; a miss while another worker computes it waits for that
+  // worker's publish, at most `wait` (and half of call_timeout).
+  // An error from `allocate` is returned, the load released.
+  using AllocateDeviceBlocks =
+      std::function<StatusOr<std::vector<BlockId>>(int32_t n)>;
+  StatusOr<ChunkFetchResult> FetchChunk(RequestId request,
+                                        std::span<const TokenId> tokens,
+                                        std::chrono::milliseconds wait,
+                                        const AllocateDeviceBlocks& allocate);
+  // Stores the chunk's blocks tierkvd lacks from `device_blocks` (one per
+  // chunk block): LookupChunk, Allocate, Commit and Finish in one round
+  // trip; starts the stores' copies (copies = client).
+  StatusOr<CommitResult> PublishChunk(RequestId request,
+                                      std::span<const TokenId> tokens,
+                                      std::span<const BlockId> device_blocks);
+  // Complete, then Finish(finish) unless it is 0, in one message sent
+  // without waiting for the answer: the next call collects it, and fails
+  // with its error should it be one (counted in post_errors). Unpins the
+  // device blocks at once, as Complete does.
+  Status CompleteOneWay(std::span<const FinishedTransfer> finished,
+                        RequestId finish = 0);
+  const ClientCallCounts& call_counts() const;
+
   StatusOr<CoordinatorStats> Stats();
   // Waits until the store's disk tier has nothing in flight: every spill
   // and promotion started has finished and is applied, so stats and
@@ -247,10 +290,6 @@ class Client {
   size_t transfers_in_flight() const;
   // Loads waiting for promotions from disk.
   size_t loads_pending() const;
-  // Requests this client has sent to its store (control round trips,
-  // answered or not), over all its attachments: what an engine's control
-  // traffic costs, e.g. per request or per step.
-  uint64_t round_trips() const;
 
  private:
   friend StatusOr<std::unique_ptr<Client>> OpenEmbedded(

@@ -1,8 +1,14 @@
 // ClientChunkSource: a worker's device chunk pool backed by tierkvd. Chunk
-// blocks are looked up by their chunk keys (Client::LookupChunk) in
-// tierkvd's host and disk tiers, loaded into the pool's blocks, and stored
-// from them, with the same load and store events as prefix blocks; every
-// other worker of the tierkvd sees them. The client must be dedicated to the
+// blocks are looked up by their chunk keys in tierkvd's host and disk
+// tiers, loaded into the pool's blocks, and stored from them, with the same
+// load and store events as prefix blocks; every other worker of the tierkvd
+// sees them. A fetch of a chunk on host and a publish each cost one
+// waited-for round trip (Client::FetchChunk, PublishChunk) and the copy;
+// their completion goes one-way (Client::CompleteOneWay). A chunk partly
+// on disk costs a second round trip (Allocate) and waits for its
+// promotions. Single flight: when workers miss one chunk at once, one
+// computes it and the others' fetches wait for its publish
+// (single_flight_wait). The client must be dedicated to the
 // chunk pool: its device tier is the pool's memory (ChunkKvStore::memory(),
 // e.g. through EmulatedDeviceTier::CreateOver) and no other caller drives it.
 // Each call waits for its own copy; calls are not thread-safe.
@@ -22,6 +28,11 @@ struct ClientChunkSourceOptions {
   // How long one fetch or publish waits for its copy (a fetch may wait for
   // promotions from disk). Default: 10 s.
   std::chrono::milliseconds copy_timeout{10000};
+  // How long a fetch that misses a chunk another worker is computing waits
+  // for that worker's publish before it is a miss (and this worker
+  // computes the chunk too). At most half the client's call_timeout.
+  // Default: 1 s.
+  std::chrono::milliseconds single_flight_wait{1000};
 };
 
 // Where the fetches were served from.
@@ -31,6 +42,11 @@ struct ClientChunkSourceStats {
   uint64_t disk_hits = 0;  // Some block promoted from the disk tier.
   uint64_t misses = 0;     // Some block in no tier.
   uint64_t failed = 0;     // Found, but a block could not be read.
+  // Misses that made this worker the one to compute the chunk.
+  uint64_t leases = 0;
+  // Fetches that waited for another worker's publish (then a hit, or a
+  // miss when the wait ran out).
+  uint64_t waited = 0;
   uint64_t publishes = 0;
 };
 
@@ -48,13 +64,20 @@ class ClientChunkSource final : public ChunkSource {
   const ClientChunkSourceStats& stats() const { return stats_; }
 
  private:
-  // Waits for the transfer `ref` (completing every transfer that finishes
-  // meanwhile); its status, or failed_blocks > 0 as DataLoss.
   // A lost attachment (tierkvd died or stopped answering) is re-made
   // before the next fetch or publish, so a restarted tierkvd serves the
   // pool again.
   Status ReattachIfLost();
-  Status WaitFor(const EventRef& ref);
+  // A chunk some of whose blocks are on disk: allocated, promoted and
+  // loaded through the request FetchChunk left open.
+  StatusOr<bool> FetchFromDisk(RequestId request,
+                               std::span<const TokenId> chunk,
+                               const AllocateBlocks& allocate);
+  // Waits for the transfer `ref` and completes it one-way, finishing
+  // request `finish` with it unless that is 0 (completing every transfer
+  // that finishes meanwhile); its status, or failed_blocks > 0 as
+  // DataLoss. When it does not finish in time, `finish` is finished.
+  Status WaitFor(const EventRef& ref, RequestId finish);
 
   Client* client_;
   ClientChunkSourceOptions options_;

@@ -97,7 +97,14 @@ struct StatField {
     "store its cap of tenants.")                                               \
   X(uint64_t, slot_reserve_failures, kCounter,                                 \
     "Blocks not stored or promoted: the memory of their slot could not be "    \
-    "reserved in the tenant's host segment.")
+    "reserved in the tenant's host segment.")                                  \
+  X(uint64_t, chunk_leases, kGauge,                                            \
+    "Chunks whose compute lease a worker holds (single flight): it computes "  \
+    "or stores them, and other workers' fetches of them wait.")                \
+  X(uint64_t, chunk_lease_waits, kCounter,                                     \
+    "Chunk fetches that waited for another worker's compute lease.")           \
+  X(uint64_t, chunk_fetches_waiting, kGauge,                                   \
+    "Chunk fetches waiting for another worker's compute lease now.")
 
 #define TIERKV_DISK_TIER_STATS_FIELDS(X)                                     \
   X(uint64_t, capacity_bytes, kGauge, "The bound on the disk tier's bytes.") \

@@ -70,6 +70,28 @@ struct CommitResult {
   Status store_status;
 };
 
+// A chunk fetch (Client::FetchChunk): the chunk looked up by content and,
+// when host DRAM holds every block of it, its slots pinned and handed out in
+// the same round trip.
+struct ChunkFetchResult {
+  LookupResult lookup;  // hit_tokens == the chunk's tokens: every block held.
+  // Every block on host: the load of the whole chunk (its device_blocks the
+  // caller's, filled in by Client::FetchChunk). Absent on a miss, and when
+  // some block is only on the disk tier: the request then stays open with
+  // its hits pinned, for Allocate to start promotions as for any lookup.
+  std::optional<TransferEvent> load;
+  // A miss that makes this worker the one to compute the chunk (single
+  // flight): another worker missing it meanwhile waits for this worker's
+  // publish. The lease ends when the publish's store completes, when this
+  // worker finishes the fetch's request, fetches or publishes another
+  // chunk, or goes away.
+  bool lease = false;
+  // The fetch waited for another worker's lease: either that worker's
+  // publish is what `load` loads, or the wait ran out (or the other worker
+  // left) and this is a miss.
+  bool waited = false;
+};
+
 struct CompletedEvent {
   EventRef ref;
   bool ok = true;  // False: the copy failed; a store's slots stay unkeyed.
