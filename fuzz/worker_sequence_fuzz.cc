@@ -206,6 +206,8 @@ class Harness {
         return MessageType::kCommitReply;
       case MessageType::kChunkDone:
         return MessageType::kOk;
+      case MessageType::kLookupBatch:
+        return MessageType::kLookupBatchReply;
       default:
         return MessageType::kError;  // Not a worker's request.
     }

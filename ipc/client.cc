@@ -707,6 +707,51 @@ StatusOr<LookupResult> Client::Lookup(RequestId request,
   return reply.result;
 }
 
+StatusOr<std::vector<StatusOr<LookupResult>>> Client::LookupBatch(
+    std::span<const LookupQuery> queries) {
+  Impl& impl = *impl_;
+  std::vector<StatusOr<LookupResult>> results;
+  results.reserve(queries.size());
+  if (impl.in_process != nullptr) {
+    // No transport to save: each is a call into the store.
+    for (const LookupQuery& q : queries) {
+      results.push_back(
+          Lookup(q.request, q.tokens, q.num_computed_tokens, q.extras));
+    }
+    return results;
+  }
+  // Batches as large as the channel takes (a frame header and a count
+  // besides the lookups), each a round trip. A lookup too large on its own
+  // goes alone: the channel refuses it, as it would refuse its Lookup.
+  const size_t room = impl.channel->capacity() - ipc::kFrameHeaderBytes - 4;
+  while (results.size() < queries.size()) {
+    const size_t first = results.size();
+    size_t end = first, bytes = 0;
+    while (end < queries.size() && end - first < ipc::kMaxBatchLookups) {
+      const size_t entry = ipc::LookupBatchEntryBytes(queries[end]);
+      if (end > first && bytes + entry > room) break;
+      bytes += entry;
+      ++end;
+    }
+    impl.request_bytes.clear();
+    ipc::EncodeLookupBatch(queries.subspan(first, end - first),
+                           &impl.request_bytes);
+    TIERKV_ASSIGN_OR_RETURN(
+        ipc::LookupBatchReply reply,
+        Impl::ReplyAs<ipc::LookupBatchReply>(impl.CallEncoded()));
+    if (reply.results.size() != end - first) {
+      return Status::DataLoss("tierkvd answered " +
+                              std::to_string(reply.results.size()) +
+                              " lookups of a batch of " +
+                              std::to_string(end - first));
+    }
+    for (StatusOr<LookupResult>& r : reply.results) {
+      results.push_back(std::move(r));
+    }
+  }
+  return results;
+}
+
 StatusOr<LookupResult> Client::LookupChunk(RequestId request,
                                            std::span<const TokenId> tokens) {
   TIERKV_ASSIGN_OR_RETURN(

@@ -44,7 +44,8 @@ constexpr MessageType kTypes[] = {
     MessageType::kEvictReply,      MessageType::kWaitIdle,
     MessageType::kWaitIdleReply,   MessageType::kFetchChunk,
     MessageType::kFetchChunkReply, MessageType::kPublishChunk,
-    MessageType::kChunkDone,
+    MessageType::kChunkDone,       MessageType::kLookupBatch,
+    MessageType::kLookupBatchReply,
 };
 static_assert(std::size(kTypes) == std::variant_size_v<Message>);
 
@@ -135,6 +136,10 @@ const char* MessageTypeName(MessageType type) {
       return "PublishChunk";
     case MessageType::kChunkDone:
       return "ChunkDone";
+    case MessageType::kLookupBatch:
+      return "LookupBatch";
+    case MessageType::kLookupBatchReply:
+      return "LookupBatchReply";
   }
   return "?";
 }
@@ -179,6 +184,26 @@ void EncodeLookup(RequestId request, int32_t num_computed_tokens,
         PutLookup(w, request, num_computed_tokens, tokens, extras);
       },
       out);
+}
+
+void EncodeLookupBatch(std::span<const LookupQuery> queries,
+                       std::vector<std::byte>* out) {
+  EncodeFrame(
+      MessageType::kLookupBatch,
+      [&](Writer& w) {
+        w.Int<uint32_t>(static_cast<uint32_t>(queries.size()));
+        for (const LookupQuery& q : queries) {
+          PutLookup(w, q.request, q.num_computed_tokens, q.tokens, q.extras);
+        }
+      },
+      out);
+}
+
+size_t LookupBatchEntryBytes(const LookupQuery& query) {
+  // PutLookup: request, computed tokens, token count and tokens, LoRA flag
+  // and id, item count and items, salt length and salt.
+  return 8 + 4 + 4 + query.tokens.size_bytes() + 1 + 8 + 4 +
+         query.extras.mm_items.size() * 32 + 4 + query.extras.cache_salt.size();
 }
 
 std::vector<std::byte> Encode(const Message& message) {

@@ -38,6 +38,7 @@ inline constexpr uint32_t kFrameMagic = 0x4D564B54;  // "TKVM"
 // 9: RegisterRequest carries the copy roles: a scheduler's rank count, a
 //    rank client's scheduler and rank.
 // 10: RegisterReply passes the readiness eventfd as its third descriptor;
+//    LookupBatch;
 //    one round trip per chunk: FetchChunk (lookup, pin and load, or a
 //    compute lease, waiting for another worker's), PublishChunk (lookup,
 //    allocate and commit), and ChunkDone (complete and finish, sent one-way).
@@ -48,6 +49,9 @@ inline constexpr uint32_t kMaxTokens = 1 << 20;
 inline constexpr uint32_t kMaxBlocks = 1 << 20;
 inline constexpr uint32_t kMaxEvents = 1 << 16;
 inline constexpr uint32_t kMaxString = 4096;
+// Lookups in one LookupBatchRequest: a scheduler step's waiting requests
+// (a worker has at most max_requests_per_worker open, 4096 by default).
+inline constexpr uint32_t kMaxBatchLookups = 4096;
 inline constexpr uint32_t kMaxWorkersListed = 4096;
 inline constexpr uint32_t kMaxEventsListed = 1024;
 
@@ -81,6 +85,8 @@ enum class MessageType : uint16_t {
   kFetchChunkReply = 41,
   kPublishChunk = 42,  // Answered by a CommitReply.
   kChunkDone = 43,     // Answered by an Ok.
+  kLookupBatch = 44,
+  kLookupBatchReply = 45,
 };
 
 // A failed call: the Status travels back to the caller.
@@ -211,6 +217,15 @@ struct ChunkDoneRequest {
   RequestId finish = 0;
 };
 
+// A scheduler step's lookups in one message, looked up in order, each as
+// its own LookupRequest would be: one failing does not stop the others.
+struct LookupBatchRequest {
+  std::vector<LookupRequest> lookups;  // At most kMaxBatchLookups.
+};
+struct LookupBatchReply {
+  std::vector<StatusOr<LookupResult>> results;  // One per lookup, in order.
+};
+
 using Message =
     std::variant<ErrorReply, OkReply, RegisterRequest, RegisterReply,
                  LookupRequest, LookupReply, AllocateRequest, AllocateReply,
@@ -219,7 +234,8 @@ using Message =
                  LookupChunkRequest, EventsRequest, EventsReply, ClearRequest,
                  ClearReply, EvictRequest, EvictReply, WaitIdleRequest,
                  WaitIdleReply, FetchChunkRequest, FetchChunkReply,
-                 PublishChunkRequest, ChunkDoneRequest>;
+                 PublishChunkRequest, ChunkDoneRequest, LookupBatchRequest,
+                 LookupBatchReply>;
 
 MessageType TypeOf(const Message& message);
 const char* MessageTypeName(MessageType type);
@@ -233,6 +249,11 @@ std::vector<std::byte> Encode(const Message& message);
 void EncodeLookup(RequestId request, int32_t num_computed_tokens,
                   std::span<const TokenId> tokens, const RequestExtras& extras,
                   std::vector<std::byte>* out);
+// Appends the frame of a LookupBatchRequest of `queries`, likewise.
+void EncodeLookupBatch(std::span<const LookupQuery> queries,
+                       std::vector<std::byte>* out);
+// The bytes `query` takes in a LookupBatchRequest.
+size_t LookupBatchEntryBytes(const LookupQuery& query);
 
 // Payload length announced by a frame header; InvalidArgument when the
 // header is not a tierkv frame of this version or announces more than

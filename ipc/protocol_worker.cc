@@ -279,4 +279,35 @@ void GetPayload(Reader& r, ChunkDoneRequest* m) {
   m->finish = r.Int<uint64_t>();
 }
 
+void PutPayload(Writer& w, const LookupBatchRequest& m) {
+  w.Int<uint32_t>(static_cast<uint32_t>(m.lookups.size()));
+  for (const LookupRequest& l : m.lookups) PutPayload(w, l);
+}
+void GetPayload(Reader& r, LookupBatchRequest* m) {
+  const uint32_t n = r.Count(kMaxBatchLookups, "batched lookup");
+  for (uint32_t i = 0; i < n && r.ok(); ++i) {
+    GetPayload(r, &m->lookups.emplace_back());
+  }
+}
+void PutPayload(Writer& w, const LookupBatchReply& m) {
+  w.Int<uint32_t>(static_cast<uint32_t>(m.results.size()));
+  for (const StatusOr<LookupResult>& result : m.results) {
+    Put(w, result.status());
+    if (result.ok()) PutPayload(w, LookupReply{*result});
+  }
+}
+void GetPayload(Reader& r, LookupBatchReply* m) {
+  const uint32_t n = r.Count(kMaxBatchLookups, "batched lookup result");
+  for (uint32_t i = 0; i < n && r.ok(); ++i) {
+    Status status = GetStatus(r);
+    if (!status.ok()) {
+      m->results.emplace_back(std::move(status));
+      continue;
+    }
+    LookupReply reply;
+    GetPayload(r, &reply);
+    m->results.emplace_back(reply.result);
+  }
+}
+
 }  // namespace tierkv::ipc::wire

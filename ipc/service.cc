@@ -28,6 +28,14 @@ Message Dispatch(Coordinator& c, WorkerId worker, const Message& request) {
         if constexpr (std::is_same_v<T, LookupRequest>) {
           return Wrap<LookupReply>(c.Lookup(worker, m.request, m.tokens,
                                             m.num_computed_tokens, m.extras));
+        } else if constexpr (std::is_same_v<T, LookupBatchRequest>) {
+          LookupBatchReply reply;
+          reply.results.reserve(m.lookups.size());
+          for (const LookupRequest& l : m.lookups) {
+            reply.results.push_back(c.Lookup(worker, l.request, l.tokens,
+                                             l.num_computed_tokens, l.extras));
+          }
+          return reply;
         } else if constexpr (std::is_same_v<T, LookupChunkRequest>) {
           return Wrap<LookupReply>(c.LookupChunk(worker, m.request, m.tokens));
         } else if constexpr (std::is_same_v<T, AllocateRequest>) {

@@ -127,6 +127,17 @@ std::vector<Message> Samples() {
       ChunkDoneRequest{.events = {{{EventKind::kStore, 3}, true},
                                   {{EventKind::kLoad, 2}, false}},
                        .finish = 4},
+      LookupBatchRequest{{{.request = 1,
+                           .num_computed_tokens = 0,
+                           .tokens = {1, 2, 3},
+                           .extras = {}},
+                          {.request = 2,
+                           .num_computed_tokens = 16,
+                           .tokens = {4, 5},
+                           .extras = {.lora_id = 7, .mm_items = {}, .cache_salt = ""}}}},
+      LookupBatchReply{{LookupResult{.hit_tokens = 32, .disk_hit_tokens = 16},
+                        Status::ResourceExhausted("past the cap"),
+                        LookupResult{}}},
   };
 }
 
@@ -139,6 +150,40 @@ TEST(Protocol, EveryMessageRoundTrips) {
     EXPECT_EQ(TypeOf(*back), TypeOf(m));
     EXPECT_EQ(Encode(*back), bytes) << MessageTypeName(TypeOf(m));
   }
+}
+
+// The client encodes its lookups from the caller's tokens: the same bytes
+// as the messages, whose decoding the tests above check.
+TEST(Protocol, LookupsEncodedFromSpansAreTheMessagesBytes) {
+  const std::vector<TokenId> a = {1, 2, 3, 4}, b = {9, 8};
+  const RequestExtras extras{.lora_id = 3,
+                             .mm_items = {{.hash = {1, 2}, .start = 0,
+                                           .length = 2}},
+                             .cache_salt = "salt"};
+  std::vector<std::byte> bytes;
+  EncodeLookup(5, 0, a, extras, &bytes);
+  EXPECT_EQ(bytes, Encode(LookupRequest{.request = 5,
+                                        .num_computed_tokens = 0,
+                                        .tokens = a,
+                                        .extras = extras}));
+  const LookupQuery queries[] = {
+      {.request = 1, .tokens = a, .num_computed_tokens = 0, .extras = extras},
+      {.request = 2, .tokens = b, .num_computed_tokens = 0, .extras = {}}};
+  bytes.clear();
+  EncodeLookupBatch(queries, &bytes);
+  EXPECT_EQ(bytes, Encode(LookupBatchRequest{
+                       {{.request = 1,
+                         .num_computed_tokens = 0,
+                         .tokens = a,
+                         .extras = extras},
+                        {.request = 2,
+                         .num_computed_tokens = 0,
+                         .tokens = b,
+                         .extras = {}}}}));
+  // The client splits batches by these sizes.
+  EXPECT_EQ(bytes.size(), kFrameHeaderBytes + 4 +
+                              LookupBatchEntryBytes(queries[0]) +
+                              LookupBatchEntryBytes(queries[1]));
 }
 
 TEST(Protocol, TheModelTravels) {

@@ -22,10 +22,12 @@
 
 #include "ipc/channel.h"
 #include "ipc/protocol.h"
+#include "tests/block_pattern.h"
 #include "tests/child_process.h"
 #include "tests/fill_worker.h"
 #include "tests/scratch.h"
 #include "tests/seed004_scenario.h"
+#include "tests/sequential_tokens.h"
 #include "tests/status_matchers.h"
 #include "tests/test_layout.h"
 #include "tests/tierkvd_fixture.h"
@@ -74,6 +76,65 @@ TEST_F(TierkvdTest, WorkerLoadsWhatAnotherWorkerStored) {
   auto c = Worker("load", 8, 8);
   ASSERT_EQ(c->Wait(), 0) << c->output();
   EXPECT_THAT(c->output(), HasSubstr("hit 0 "));
+}
+
+// A scheduler step's lookups in one round trip: each is looked up as
+// Lookup would, a bad one fails alone, and a batch larger than the control
+// channel goes in as many round trips as it needs.
+TEST_F(TierkvdTest, LookupBatchIsOneRoundTripPerChannelFull) {
+  StartDaemon();
+  auto fill = ManyWorker("fill", 1, 8);
+  ASSERT_EQ(fill->Wait(), 0) << fill->output();
+  std::unique_ptr<Client> c = Attach("scheduler");
+  ASSERT_NE(c, nullptr);
+
+  std::vector<std::vector<TokenId>> tokens;
+  for (int32_t r = 0; r < 8; ++r) {
+    tokens.push_back(FillRequestTokens(1, r, 1));
+    tokens.back().push_back(7);  // The stored block can hit.
+  }
+  tokens.push_back(FillRequestTokens(2, 0, 1));  // Never stored.
+  std::vector<LookupQuery> queries;
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    queries.push_back({.request = i + 1, .tokens = tokens[i]});
+  }
+  // Not a multiple of the block size: refused, alone.
+  queries.push_back({.request = 99, .tokens = tokens[0],
+                     .num_computed_tokens = 3});
+  const uint64_t calls = c->call_counts().calls;
+  auto results = c->LookupBatch(queries);
+  ASSERT_THAT(results, IsOk());
+  EXPECT_EQ(c->call_counts().calls - calls, 1u);
+  ASSERT_EQ(results->size(), queries.size());
+  for (int32_t r = 0; r < 8; ++r) {
+    ASSERT_THAT((*results)[r], IsOk());
+    EXPECT_EQ((*results)[r]->hit_tokens, 16) << "request " << r;
+  }
+  ASSERT_THAT((*results)[8], IsOk());
+  EXPECT_EQ((*results)[8]->hit_tokens, 0);
+  EXPECT_EQ((*results)[9].status().code(), StatusCode::kInvalidArgument);
+  // The hits are pinned for their requests, as Lookup's are.
+  const CoordinatorStats stats = c->Stats().value();
+  ASSERT_EQ(stats.workers.size(), 1u);
+  EXPECT_EQ(stats.workers[0].requests, 9u);
+  EXPECT_EQ(stats.workers[0].pinned_slots, 8);
+
+  // 300 lookups of 1,024 tokens: 1.2 MB, over the 1 MiB channel.
+  const std::vector<TokenId> long_prompt = SequentialTokens(5, 1024);
+  std::vector<LookupQuery> many(300);
+  for (size_t i = 0; i < many.size(); ++i) {
+    many[i] = {.request = 1000 + i, .tokens = long_prompt};
+  }
+  const uint64_t before = c->call_counts().calls;
+  auto many_results = c->LookupBatch(many);
+  ASSERT_THAT(many_results, IsOk());
+  EXPECT_EQ(c->call_counts().calls - before, 2u);
+  ASSERT_EQ(many_results->size(), many.size());
+  for (const StatusOr<LookupResult>& r : *many_results) {
+    ASSERT_THAT(r, IsOk());
+    EXPECT_EQ(r->hit_tokens, 0);
+  }
+  EXPECT_EQ(c->Stats().value().workers[0].requests, 309u);
 }
 
 TEST_F(TierkvdTest, KilledWorkersPinsAreReleasedWithinOneSecond) {

@@ -168,6 +168,14 @@ class Client {
                                 std::span<const TokenId> tokens,
                                 int32_t num_computed_tokens = 0,
                                 const RequestExtras& extras = {});
+  // The lookups of a scheduler step (each as Lookup would do it, in order)
+  // in as few round trips as the control channel allows: one unless the
+  // batch's tokens exceed the channel's capacity (1 MiB by default, 256Ki
+  // tokens). One result per query; one lookup failing (e.g. past a cap)
+  // does not stop the others. The call itself fails only when the store
+  // cannot be reached (then some lookups may have been done).
+  StatusOr<std::vector<StatusOr<LookupResult>>> LookupBatch(
+      std::span<const LookupQuery> queries);
   StatusOr<LookupResult> LookupChunk(RequestId request,
                                      std::span<const TokenId> tokens);
   // Also pins the load's device blocks and starts its copy, or, when the

@@ -7,8 +7,10 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <vector>
 
+#include "tierkv/block_key.h"
 #include "tierkv/status.h"
 #include "tierkv/types.h"
 
@@ -45,6 +47,15 @@ struct LookupResult {
   // Of hit_tokens, those in blocks only the disk tier holds: loading them
   // waits for a promotion.
   int32_t disk_hit_tokens = 0;
+};
+
+// One lookup of a batch (Client::LookupBatch): Lookup's arguments. The
+// tokens are the caller's; they must stay valid during the call.
+struct LookupQuery {
+  RequestId request = 0;
+  std::span<const TokenId> tokens = {};
+  int32_t num_computed_tokens = 0;
+  RequestExtras extras = {};
 };
 
 struct AllocateResult {
