@@ -33,8 +33,21 @@
 //
 // Every lookup hits: the 256 blocks are stored once before timing, and a
 // lookup reports 255 of them (at most num_tokens - 1 tokens may hit), pinned.
-// All iterations reuse one request id; a repeated Lookup first drops the
-// previous one's pins, so every iteration starts from the same state.
+// All iterations reuse one request id with the same tokens, as an engine's
+// scheduler asks again for a request it cannot schedule yet: the
+// coordinator keeps the keys and pins of the blocks that did not change.
+// - .../SharedMemory16: the same for a 16-block (256-token) request.
+// - .../SharedMemoryFresh, .../SharedMemoryFresh16: every lookup is of other
+//   tokens than the last (two stored prompts, alternately), so each one
+//   hashes every key and probes and pins every block anew.
+// - BM_LookupCost/blocks/fresh: the coordinator's own work for those four
+//   (embedded, no transport).
+// - BM_LookupStep/requests/batched: one scheduler step's lookups of 1, 8 or
+//   64 waiting requests of 256 tokens, one Lookup each or one LookupBatch;
+//   items/s is requests per second for one worker.
+// - BM_PromotedLoadLatency: from a promotion from disk landing on host to
+//   the worker starting the load's copy (tierkvd's readiness signal, the
+//   worker waking, one ReadyLoads round trip). p50_us, p99_us, mean_us.
 //
 // Reading statistics (tierkv-admin stats, metrics, watch), and what readers
 // cost the request path. One server in this process, as above, publishing
@@ -98,7 +111,9 @@ constexpr int32_t kTokens = kBlocks * kBlockSize;
 constexpr int32_t kExpectedHit = kTokens - kBlockSize;  // 255 blocks.
 constexpr RequestId kStoreRequest = 1;
 constexpr RequestId kLookupRequest = 2;
-constexpr int32_t kHostSlots = kBlocks + 44;
+constexpr RequestId kOtherStoreRequest = 3;
+// Both prompts (Tokens, OtherTokens) fit, with room to spare.
+constexpr int32_t kHostSlots = 2 * kBlocks + 88;
 
 KvLayout BenchLayout() {
   return KvLayout{.num_layers = 2,
@@ -108,14 +123,23 @@ KvLayout BenchLayout() {
                   .dtype = DType::kBF16};
 }
 
+std::vector<TokenId> RandomTokens(uint64_t seed, int32_t n) {
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<TokenId> dist(0, 128'000);  // Llama-3.
+  std::vector<TokenId> v(n);
+  for (TokenId& t : v) t = dist(rng);
+  return v;
+}
+
+// The prompt every path stores and looks up.
 const std::vector<TokenId>& Tokens() {
-  static const std::vector<TokenId> tokens = [] {
-    std::mt19937_64 rng(42);
-    std::uniform_int_distribution<TokenId> dist(0, 128'000);  // Llama-3.
-    std::vector<TokenId> v(kTokens);
-    for (TokenId& t : v) t = dist(rng);
-    return v;
-  }();
+  static const std::vector<TokenId> tokens = RandomTokens(42, kTokens);
+  return tokens;
+}
+// A second stored prompt, which the Fresh variants alternate with the
+// first so that no lookup finds the previous one's keys to keep.
+const std::vector<TokenId>& OtherTokens() {
+  static const std::vector<TokenId> tokens = RandomTokens(43, kTokens);
   return tokens;
 }
 
@@ -140,21 +164,25 @@ void OkOrDie(const Status& s, const char* what) {
   if (!s.ok()) Die(std::string(what) + ": " + s.ToString());
 }
 
-// Stores the request's 256 blocks through a client, so later lookups hit.
+// Stores both prompts' 256 blocks through a client, so later lookups hit.
 void StoreThroughClient(Client& client) {
   const std::vector<BlockId> blocks = DeviceBlocks();
-  (void)ValueOrDie(client.Lookup(kStoreRequest, Tokens()), "lookup");
-  (void)ValueOrDie(client.Allocate(kStoreRequest, blocks, 0), "allocate");
-  CommitResult commit =
-      ValueOrDie(client.Commit(kStoreRequest, kTokens, blocks), "commit");
-  size_t pending = commit.stores.size();
-  while (pending > 0) {
-    std::vector<FinishedTransfer> done =
-        client.WaitEvents(std::chrono::seconds(10));
-    OkOrDie(client.Complete(done), "complete");
-    pending -= std::min(pending, done.size());
+  for (const auto& [request, tokens] :
+       {std::pair{kStoreRequest, &Tokens()},
+        std::pair{kOtherStoreRequest, &OtherTokens()}}) {
+    (void)ValueOrDie(client.Lookup(request, *tokens), "lookup");
+    (void)ValueOrDie(client.Allocate(request, blocks, 0), "allocate");
+    CommitResult commit =
+        ValueOrDie(client.Commit(request, kTokens, blocks), "commit");
+    size_t pending = commit.stores.size();
+    while (pending > 0) {
+      std::vector<FinishedTransfer> done =
+          client.WaitEvents(std::chrono::seconds(10));
+      OkOrDie(client.Complete(done), "complete");
+      pending -= std::min(pending, done.size());
+    }
+    OkOrDie(client.Finish(request), "finish");
   }
-  OkOrDie(client.Finish(kStoreRequest), "finish");
 }
 
 // The same, straight on a coordinator: it only keeps metadata, so there is
@@ -398,16 +426,18 @@ double Percentile(const std::vector<double>& sorted, double p) {
   return sorted[std::clamp<size_t>(rank, 1, sorted.size()) - 1];
 }
 
-// Times `call` (returns the lookup's hit tokens) once per iteration.
+// Times `call` (returns the lookup's hit tokens, `expected_hit` of them)
+// once per iteration.
 template <typename Call>
-void TimeRoundTrips(benchmark::State& state, Call call) {
+void TimeRoundTrips(benchmark::State& state, Call call,
+                    int32_t expected_hit = kExpectedHit) {
   std::vector<double> us;
   us.reserve(1 << 16);
   for (auto _ : state) {
     const auto start = std::chrono::steady_clock::now();
     StatusOr<int32_t> hit = call();
     const auto end = std::chrono::steady_clock::now();
-    if (!hit.ok() || *hit != kExpectedHit) {
+    if (!hit.ok() || *hit != expected_hit) {
       state.SkipWithError(
           (hit.ok() ? "lookup hit " + std::to_string(*hit) + " tokens"
                     : hit.status().ToString())
@@ -433,7 +463,30 @@ enum class Transport {
   kUnixSocketCannedReply,
   kSharedMemorySplitCpus,
   kUnixSocketSplitCpus,
+  // The SharedMemory path with other requests (LookupVariant).
+  kSharedMemory16,
+  kSharedMemoryFresh,
+  kSharedMemoryFresh16,
 };
+
+// A lookup of the first `blocks` blocks of the stored prompt by `client`
+// under one request id, as an engine asks again for a waiting request;
+// `fresh`: alternately of the two stored prompts, so each lookup is of
+// other tokens than the last (every key hashed, every block probed and
+// pinned anew). Every lookup hits all blocks but the last.
+auto LookupVariant(Client* client, int32_t blocks, bool fresh) {
+  return [client, blocks, fresh, odd = false]() mutable -> StatusOr<int32_t> {
+    const std::vector<TokenId>& prompt =
+        fresh && (odd = !odd) ? OtherTokens() : Tokens();
+    TIERKV_ASSIGN_OR_RETURN(
+        LookupResult r,
+        client->Lookup(kLookupRequest,
+                       std::span(prompt).first(static_cast<size_t>(blocks) *
+                                               kBlockSize)));
+    return r.hit_tokens;
+  };
+}
+constexpr int32_t HitOf(int32_t blocks) { return (blocks - 1) * kBlockSize; }
 
 void BM_ControlRoundTrip(benchmark::State& state, Transport transport) {
   const std::vector<TokenId>& tokens = Tokens();
@@ -473,6 +526,18 @@ void BM_ControlRoundTrip(benchmark::State& state, Transport transport) {
       TimeRoundTrips(state, [&] { return path.Lookup(tokens); });
       break;
     }
+    case Transport::kSharedMemory16:
+    case Transport::kSharedMemoryFresh:
+    case Transport::kSharedMemoryFresh16: {
+      static SharedMemoryPath path(-1, "-variants");
+      const int32_t blocks = transport == Transport::kSharedMemoryFresh ? 256 : 16;
+      TimeRoundTrips(
+          state,
+          LookupVariant(path.client.get(), blocks,
+                        transport != Transport::kSharedMemory16),
+          HitOf(blocks));
+      break;
+    }
   }
 }
 BENCHMARK_CAPTURE(BM_ControlRoundTrip, SharedMemory, Transport::kSharedMemory)
@@ -488,6 +553,15 @@ BENCHMARK_CAPTURE(BM_ControlRoundTrip, SharedMemorySplitCpus,
 BENCHMARK_CAPTURE(BM_ControlRoundTrip, UnixSocketSplitCpus,
                   Transport::kUnixSocketSplitCpus)
     ->UseManualTime();
+BENCHMARK_CAPTURE(BM_ControlRoundTrip, SharedMemory16,
+                  Transport::kSharedMemory16)
+    ->UseManualTime();
+BENCHMARK_CAPTURE(BM_ControlRoundTrip, SharedMemoryFresh,
+                  Transport::kSharedMemoryFresh)
+    ->UseManualTime();
+BENCHMARK_CAPTURE(BM_ControlRoundTrip, SharedMemoryFresh16,
+                  Transport::kSharedMemoryFresh16)
+    ->UseManualTime();
 
 void BM_ControlRoundTripEmbedded(benchmark::State& state) {
   static EmbeddedPath path;
@@ -499,6 +573,63 @@ void BM_ControlRoundTripEmbedded(benchmark::State& state) {
   });
 }
 BENCHMARK(BM_ControlRoundTripEmbedded)->UseManualTime();
+
+// The coordinator's own work per lookup (embedded: no transport), for
+// requests of range(0) blocks, repeated (range(1) == 0) or fresh (1), as
+// LookupVariant.
+void BM_LookupCost(benchmark::State& state) {
+  static EmbeddedPath path;
+  const auto blocks = static_cast<int32_t>(state.range(0));
+  TimeRoundTrips(state, LookupVariant(path.client.get(), blocks, state.range(1)),
+                 HitOf(blocks));
+}
+BENCHMARK(BM_LookupCost)
+    ->ArgNames({"blocks", "fresh"})
+    ->ArgsProduct({{16, 256}, {0, 1}})
+    ->UseManualTime();
+
+// A scheduler step: the lookups of range(0) waiting requests (256 tokens
+// each, none cached: each asks again every step, as vLLM's scheduler does
+// for a request it cannot schedule yet), sent one Lookup at a time
+// (range(1) == 0) or as one LookupBatch (1). items_per_second: requests
+// looked up per second by one worker.
+void BM_LookupStep(benchmark::State& state) {
+  static SharedMemoryPath path(-1, "-step");
+  const auto n = static_cast<size_t>(state.range(0));
+  const bool batched = state.range(1) != 0;
+  std::vector<std::vector<TokenId>> prompts;
+  std::vector<LookupQuery> queries;
+  for (size_t i = 0; i < n; ++i) {
+    prompts.push_back(RandomTokens(1000 + i, 16 * kBlockSize));
+  }
+  for (size_t i = 0; i < n; ++i) {
+    queries.push_back({.request = 100 + i, .tokens = prompts[i]});
+  }
+  for (auto _ : state) {
+    if (batched) {
+      auto results = path.client->LookupBatch(queries);
+      if (!results.ok()) {
+        state.SkipWithError(results.status().ToString().c_str());
+        return;
+      }
+      benchmark::DoNotOptimize(results->data());
+      continue;
+    }
+    for (const LookupQuery& q : queries) {
+      auto result = path.client->Lookup(q.request, q.tokens);
+      if (!result.ok()) {
+        state.SkipWithError(result.status().ToString().c_str());
+        return;
+      }
+      benchmark::DoNotOptimize(result->hit_tokens);
+    }
+  }
+  state.SetItemsProcessed(state.iterations() * static_cast<int64_t>(n));
+}
+BENCHMARK(BM_LookupStep)
+    ->ArgNames({"requests", "batched"})
+    ->ArgsProduct({{1, 8, 64}, {0, 1}})
+    ->UseRealTime();
 
 // The server the stats benchmarks read from and look up through.
 SharedMemoryPath& StatsPath() {

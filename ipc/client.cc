@@ -712,11 +712,14 @@ StatusOr<std::vector<StatusOr<LookupResult>>> Client::LookupBatch(
   Impl& impl = *impl_;
   std::vector<StatusOr<LookupResult>> results;
   results.reserve(queries.size());
-  if (impl.in_process != nullptr) {
-    // No transport to save: each is a call into the store.
+  if (impl.in_process != nullptr || queries.size() == 1) {
+    // No transport to save: each is a call into the store, or one round
+    // trip either way (a plain Lookup costs less to decode).
     for (const LookupQuery& q : queries) {
       results.push_back(
           Lookup(q.request, q.tokens, q.num_computed_tokens, q.extras));
+      // A lost attachment fails the call, not the lookup.
+      if (!impl.channel_error.ok()) return impl.channel_error;
     }
     return results;
   }
