@@ -263,6 +263,10 @@ StatusOr<uint32_t> PeekPayloadLength(std::span<const std::byte> header,
 
 // Exactly one frame; trailing bytes are an error.
 StatusOr<Message> Decode(std::span<const std::byte> frame);
+// As Decode, into *out (unspecified after an error). A LookupRequest
+// already in *out keeps its token buffer for the next, so a session that
+// decodes one request after another allocates nothing for lookups.
+Status DecodeInto(std::span<const std::byte> frame, Message* out);
 
 // The Status an ErrorReply carries, or OK for any other message.
 Status StatusOf(const Message& message);

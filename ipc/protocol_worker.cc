@@ -123,7 +123,7 @@ void GetPayload(Reader& r, RegisterReply* m) {
 void GetPayload(Reader& r, LookupRequest* m) {
   m->request = r.Int<uint64_t>();
   m->num_computed_tokens = r.Int<int32_t>();
-  m->tokens = r.Ints<TokenId>(kMaxTokens, "token");
+  r.IntsInto(&m->tokens, kMaxTokens, "token");
   const bool has_lora = r.Bool();
   const auto lora = r.Int<uint64_t>();
   if (has_lora) m->extras.lora_id = lora;

@@ -423,18 +423,19 @@ void ReadySignals::Signal(WorkerId worker) {
 void Server::Impl::Serve(Session* session) {
   std::vector<std::byte> request;
   std::vector<std::byte> response;
+  Message message;
   while (session->channel.Receive(&request, session->stop)) {
-    StatusOr<Message> message = Decode(request);
+    // Into the message kept from the last request (DecodeInto).
+    const Status decoded = DecodeInto(request, &message);
     Message reply;
-    if (!message.ok()) {
-      spdlog::warn("worker {}: {}", session->worker,
-                   message.status().ToString());
-      reply = ErrorReply{message.status()};
-    } else if (std::holds_alternative<StatsRequest>(*message)) {
+    if (!decoded.ok()) {
+      spdlog::warn("worker {}: {}", session->worker, decoded.ToString());
+      reply = ErrorReply{decoded};
+    } else if (std::holds_alternative<StatsRequest>(message)) {
       reply = StatsReply{Stats()};  // With what only the server counts.
     } else {
       reply =
-          DispatchToStore(*store, session->worker, *message, &session->stop);
+          DispatchToStore(*store, session->worker, message, &session->stop);
     }
     response.clear();
     Encode(reply, &response);

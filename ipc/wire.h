@@ -97,21 +97,29 @@ class Reader {
   }
   template <typename T>
   std::vector<T> Ints(uint32_t max_count, const char* what) {
+    std::vector<T> v;
+    IntsInto(&v, max_count, what);
+    return v;
+  }
+  // Into *v, whose capacity is reused: a vector of the same size is
+  // overwritten without being filled with zeros first.
+  template <typename T>
+  void IntsInto(std::vector<T>* v, uint32_t max_count, const char* what) {
+    v->clear();
     const auto n = Int<uint32_t>();
     if (n > max_count) {
       Fail(std::string(what) + " count " + std::to_string(n) + " exceeds " +
            std::to_string(max_count));
-      return {};
+      return;
     }
-    if (!Need(static_cast<size_t>(n) * sizeof(T))) return {};
-    std::vector<T> v(n);
+    if (!Need(static_cast<size_t>(n) * sizeof(T))) return;
+    v->resize(n);
     if constexpr (std::endian::native == std::endian::little) {
-      if (n > 0) std::memcpy(v.data(), in_.data() + pos_, n * sizeof(T));
+      if (n > 0) std::memcpy(v->data(), in_.data() + pos_, n * sizeof(T));
       pos_ += n * sizeof(T);
     } else {
-      for (auto& x : v) x = Int<T>();
+      for (auto& x : *v) x = Int<T>();
     }
-    return v;
   }
   uint32_t Count(uint32_t max_count, const char* what) {
     const auto n = Int<uint32_t>();
