@@ -480,9 +480,9 @@ auto LookupVariant(Client* client, int32_t blocks, bool fresh) {
         fresh && (odd = !odd) ? OtherTokens() : Tokens();
     TIERKV_ASSIGN_OR_RETURN(
         LookupResult r,
-        client->Lookup(kLookupRequest,
-                       std::span(prompt).first(static_cast<size_t>(blocks) *
-                                               kBlockSize)));
+        client->Lookup(
+            kLookupRequest,
+            std::span(prompt).first(static_cast<size_t>(blocks) * kBlockSize)));
     return r.hit_tokens;
   };
 }
@@ -530,12 +530,12 @@ void BM_ControlRoundTrip(benchmark::State& state, Transport transport) {
     case Transport::kSharedMemoryFresh:
     case Transport::kSharedMemoryFresh16: {
       static SharedMemoryPath path(-1, "-variants");
-      const int32_t blocks = transport == Transport::kSharedMemoryFresh ? 256 : 16;
-      TimeRoundTrips(
-          state,
-          LookupVariant(path.client.get(), blocks,
-                        transport != Transport::kSharedMemory16),
-          HitOf(blocks));
+      const int32_t blocks =
+          transport == Transport::kSharedMemoryFresh ? 256 : 16;
+      TimeRoundTrips(state,
+                     LookupVariant(path.client.get(), blocks,
+                                   transport != Transport::kSharedMemory16),
+                     HitOf(blocks));
       break;
     }
   }
@@ -580,7 +580,8 @@ BENCHMARK(BM_ControlRoundTripEmbedded)->UseManualTime();
 void BM_LookupCost(benchmark::State& state) {
   static EmbeddedPath path;
   const auto blocks = static_cast<int32_t>(state.range(0));
-  TimeRoundTrips(state, LookupVariant(path.client.get(), blocks, state.range(1)),
+  TimeRoundTrips(state,
+                 LookupVariant(path.client.get(), blocks, state.range(1)),
                  HitOf(blocks));
 }
 BENCHMARK(BM_LookupCost)
@@ -781,14 +782,14 @@ std::vector<TokenId> OneBlockRequest(int i) {
   return tokens;
 }
 
-// Requests the promotion path stores: each run of BM_PromotedLoadLatency
-// loads kPromotedLoads of them that no run loaded before, so up to three
-// runs (--benchmark_repetitions=3) find them on disk only.
-constexpr int kPromotionRequests = 4 * kPromotedLoads;
+// The host tier's slots in the promotion path.
+constexpr int kPromotionHostSlots = 64;
 
 // tierkvd's machinery with a disk tier under a 64-slot host, and a worker
-// that stored kPromotionRequests one-block requests, in batches with the
-// spills settled after each, so all but the last 64 are on disk only.
+// that stores one-block requests in batches with the spills settled after
+// each, so that all but the last 64 stored are on disk only; every load is
+// of a request no load read before, and more are stored whenever the
+// next one would not be on disk only (between timed spans).
 struct PromotionPath {
   std::string dir;
   std::unique_ptr<ipc::Server> server;
@@ -798,6 +799,7 @@ struct PromotionPath {
   // When the last promotion landed on host (the coordinator applied it).
   std::atomic<int64_t> promoted_ns{0};
   int next_load = 0;  // The next request to load.
+  int stored = 0;     // Requests stored.
 
   PromotionPath() {
     char tmpl[] = "/tmp/control_bench.XXXXXX";
@@ -806,7 +808,8 @@ struct PromotionPath {
     ipc::ServerOptions options;
     options.store = "control-bench-" + std::to_string(getpid()) + "-promote";
     options.socket_path = dir + "/tierkvd.sock";
-    options.host_capacity_bytes = 64 * BenchLayout().BlockBytes();
+    options.host_capacity_bytes =
+        kPromotionHostSlots * BenchLayout().BlockBytes();
     options.layout = BenchLayout();
     options.disk_path = dir + "/disk";
     options.disk_capacity_bytes = uint64_t{64} << 20;
@@ -826,8 +829,18 @@ struct PromotionPath {
     client_options.num_device_blocks = 4;
     client_options.device = device;
     client = ValueOrDie(Client::Open(client_options), "attach");
+  }
+  ~PromotionPath() {
+    client.reset();
+    server.reset();
+    owned_device.reset();
+    std::filesystem::remove_all(dir);
+  }
+
+  // Stores requests [stored, stored + n).
+  void StoreMore(int n) {
     const BlockId block[] = {1};
-    for (int i = 0; i < kPromotionRequests; ++i) {
+    for (int i = stored; i < stored + n; ++i) {
       const std::vector<TokenId> tokens = OneBlockRequest(i);
       const RequestId r = 1000 + i;
       (void)ValueOrDie(client->Lookup(r, tokens), "lookup");
@@ -846,21 +859,14 @@ struct PromotionPath {
       }
     }
     OkOrDie(client->WaitIdle(std::chrono::seconds(60)), "wait idle");
-  }
-  ~PromotionPath() {
-    client.reset();
-    server.reset();
-    owned_device.reset();
-    std::filesystem::remove_all(dir);
+    stored += n;
   }
 
   // Loads request `i`, which waits for its block's promotion; the time
   // from the promotion landing to the worker starting its copy.
   StatusOr<double> LoadSeconds() {
+    if (next_load >= stored - kPromotionHostSlots) StoreMore(kPromotedLoads);
     const int i = next_load++;
-    if (i >= kPromotionRequests - 64) {
-      return Status::OutOfRange("every request on disk was loaded already");
-    }
     const std::vector<TokenId> tokens = OneBlockRequest(i);
     const RequestId r = 1;
     TIERKV_ASSIGN_OR_RETURN(LookupResult hit, client->Lookup(r, tokens));

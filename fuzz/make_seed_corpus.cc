@@ -139,18 +139,17 @@ void ProtocolSeeds() {
       {"chunk_done",
        ipc::ChunkDoneRequest{.events = {{{EventKind::kStore, 3}, true}},
                              .finish = 4}},
-      {"lookup_batch",
-       ipc::LookupBatchRequest{{{.request = 1,
-                                 .num_computed_tokens = 0,
-                                 .tokens = {1, 2, 3},
-                                 .extras = {}},
-                                {.request = 2,
-                                 .num_computed_tokens = 0,
-                                 .tokens = {4, 5},
-                                 .extras = {}}}}},
+      {"lookup_batch", ipc::LookupBatchRequest{{{.request = 1,
+                                                 .num_computed_tokens = 0,
+                                                 .tokens = {1, 2, 3},
+                                                 .extras = {}},
+                                                {.request = 2,
+                                                 .num_computed_tokens = 0,
+                                                 .tokens = {4, 5},
+                                                 .extras = {}}}}},
       {"lookup_batch_reply",
-       ipc::LookupBatchReply{{LookupResult{.hit_tokens = 16},
-                              Status::ResourceExhausted("cap")}}},
+       ipc::LookupBatchReply{
+           {LookupResult{.hit_tokens = 16}, Status::ResourceExhausted("cap")}}},
   };
   for (const auto& [name, message] : messages) {
     Write("protocol_decode_fuzz", name, ipc::Encode(message));

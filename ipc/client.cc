@@ -26,12 +26,15 @@ namespace tierkv {
 namespace ipc {
 namespace {
 
-// Reads (and so resets) an eventfd: whether it had been written since.
+// Drains a signal descriptor (an eventfd, or the read end of tierkvd's
+// readiness pipe; non-blocking): whether it had been written since.
 // Without one (-1) there is nothing to wait for: true.
 bool TakeSignal(int fd) {
   if (fd < 0) return true;
-  eventfd_t value = 0;
-  return eventfd_read(fd, &value) == 0 && value > 0;
+  bool signalled = false;
+  std::byte buf[64];
+  while (read(fd, buf, sizeof(buf)) > 0) signalled = true;
+  return signalled;
 }
 
 // Waits until `fd` is ready for `events`: DeadlineExceeded (naming `what`
@@ -196,6 +199,7 @@ struct Client::Impl {
   bool reply_owed = false;
   ipc::MessageType posted = ipc::MessageType::kOk;
   ClientCallCounts counts;
+  Status last_post_error;  // Client::last_post_error.
   uint64_t session = 1;
   // Embedded mode: the store in this process. ~Impl waits for the copies
   // into its slots before it goes.
@@ -211,8 +215,9 @@ struct Client::Impl {
   // whose copy could not start, and copies that finished while a lost
   // attachment waited for them.
   std::vector<FinishedTransfer> finished;
-  // Readable once loads that wait for promotions are ready: tierkvd's
-  // eventfd for this attachment (or the embedded store's). WaitEvents
+  // Readable once loads that wait for promotions are ready: the read end of
+  // tierkvd's readiness pipe for this attachment (or the embedded store's
+  // eventfd). WaitEvents
   // sleeps on it instead of asking tierkvd.
   ipc::UniqueFd ready_fd;
   // While loads are pending, tierkvd is asked for ready ones at this time
@@ -293,6 +298,9 @@ struct Client::Impl {
     TIERKV_ASSIGN_OR_RETURN(ipc::ControlChannel attached_channel,
                             ipc::ControlChannel::Open(segments[1].release()));
     ready_fd = std::move(segments[2]);
+    // Reads must not block; the flag is this worker's business alone.
+    (void)fcntl(ready_fd.get(), F_SETFL,
+                fcntl(ready_fd.get(), F_GETFL) | O_NONBLOCK);
     worker = reg->worker_id;
     attached_host = std::move(mapped);
     host = attached_host.get();
@@ -358,10 +366,14 @@ struct Client::Impl {
     StatusOr<Message> reply = ipc::Decode(response_bytes);
     Status s = reply.ok() ? ipc::StatusOf(*reply) : reply.status();
     if (s.ok()) return s;
+    // Counted and kept, never returned by the call that collects it: that
+    // call still goes, since it may complete or finish what would
+    // otherwise stay pinned in tierkvd.
     ++counts.post_errors;
-    return Status(s.code(), std::string("the one-way ") +
-                                ipc::MessageTypeName(posted) +
-                                " before this call failed: " + s.message());
+    last_post_error = Status(s.code(), std::string("the one-way ") +
+                                           ipc::MessageTypeName(posted) +
+                                           " failed: " + s.message());
+    return Status::Ok();
   }
 
   StatusOr<Message> Call(const Message& request) {
@@ -393,7 +405,10 @@ struct Client::Impl {
     ++counts.posts;
     if (in_process != nullptr) {
       Status s = ipc::StatusOf(in_process->Call(worker, request));
-      if (!s.ok()) ++counts.post_errors;
+      if (!s.ok()) {
+        ++counts.post_errors;
+        last_post_error = s;
+      }
       return s;
     }
     if (!channel_error.ok()) return channel_error;
@@ -475,9 +490,9 @@ struct Client::Impl {
     StatusOr<ipc::ReadyLoadsReply> ready =
         CallFor<ipc::ReadyLoadsReply>(ipc::ReadyLoadsRequest{});
     if (!ready.ok()) {
-      // Failed by LoseAttachment, or refused: raise the signal again so
-      // the next wait asks again.
-      if (ready_fd.valid()) (void)eventfd_write(ready_fd.get(), 1);
+      // Failed by LoseAttachment, or refused: ask again in a millisecond
+      // (the signal was taken).
+      ready_check_due = Clock::now() + std::chrono::milliseconds(1);
       return;
     }
     for (const TransferEvent& load : ready->loads) {
@@ -723,16 +738,26 @@ StatusOr<std::vector<StatusOr<LookupResult>>> Client::LookupBatch(
     }
     return results;
   }
-  // Batches as large as the channel takes (a frame header and a count
-  // besides the lookups), each a round trip. A lookup too large on its own
-  // goes alone: the channel refuses it, as it would refuse its Lookup.
+  if (!impl.channel_error.ok()) return impl.channel_error;
+  // Batches as large as the channel takes both ways (a frame header and a
+  // count besides the lookups, or their results), each a round trip.
   const size_t room = impl.channel->capacity() - ipc::kFrameHeaderBytes - 4;
   while (results.size() < queries.size()) {
     const size_t first = results.size();
+    if (ipc::LookupBatchEntryBytes(queries[first]) > room) {
+      // Too large for the channel on its own: refused alone, as its Lookup
+      // would be.
+      results.push_back(Status::InvalidArgument(
+          "a lookup of " + std::to_string(queries[first].tokens.size()) +
+          " tokens exceeds the control channel's " +
+          std::to_string(impl.channel->capacity()) + " bytes"));
+      continue;
+    }
     size_t end = first, bytes = 0;
-    while (end < queries.size() && end - first < ipc::kMaxBatchLookups) {
+    while (end < queries.size() && end - first < ipc::kMaxBatchLookups &&
+           (end - first + 1) * ipc::kMaxBatchResultBytes <= room) {
       const size_t entry = ipc::LookupBatchEntryBytes(queries[end]);
-      if (end > first && bytes + entry > room) break;
+      if (bytes + entry > room) break;
       bytes += entry;
       ++end;
     }
@@ -743,10 +768,9 @@ StatusOr<std::vector<StatusOr<LookupResult>>> Client::LookupBatch(
         ipc::LookupBatchReply reply,
         Impl::ReplyAs<ipc::LookupBatchReply>(impl.CallEncoded()));
     if (reply.results.size() != end - first) {
-      return Status::DataLoss("tierkvd answered " +
-                              std::to_string(reply.results.size()) +
-                              " lookups of a batch of " +
-                              std::to_string(end - first));
+      return Status::DataLoss(
+          "tierkvd answered " + std::to_string(reply.results.size()) +
+          " lookups of a batch of " + std::to_string(end - first));
     }
     for (StatusOr<LookupResult>& r : reply.results) {
       results.push_back(std::move(r));
@@ -891,6 +915,7 @@ Status Client::CompleteOneWay(std::span<const FinishedTransfer> finished,
 }
 
 const ClientCallCounts& Client::call_counts() const { return impl_->counts; }
+const Status& Client::last_post_error() const { return impl_->last_post_error; }
 
 std::vector<FinishedTransfer> Client::PollEvents() {
   impl_->StartReadyLoads();

@@ -37,7 +37,7 @@ inline constexpr uint32_t kFrameMagic = 0x4D564B54;  // "TKVM"
 //    refusals and damaged files.
 // 9: RegisterRequest carries the copy roles: a scheduler's rank count, a
 //    rank client's scheduler and rank.
-// 10: RegisterReply passes the readiness eventfd as its third descriptor;
+// 10: RegisterReply passes the readiness pipe as its third descriptor;
 //    LookupBatch;
 //    one round trip per chunk: FetchChunk (lookup, pin and load, or a
 //    compute lease, waiting for another worker's), PublishChunk (lookup,
@@ -52,6 +52,10 @@ inline constexpr uint32_t kMaxString = 4096;
 // Lookups in one LookupBatchRequest: a scheduler step's waiting requests
 // (a worker has at most max_requests_per_worker open, 4096 by default).
 inline constexpr uint32_t kMaxBatchLookups = 4096;
+// A batched lookup's error message is cut to this many bytes, so one
+// result of a LookupBatchReply takes at most kMaxBatchResultBytes.
+inline constexpr size_t kMaxBatchErrorBytes = 200;
+inline constexpr size_t kMaxBatchResultBytes = 1 + 4 + kMaxBatchErrorBytes;
 inline constexpr uint32_t kMaxWorkersListed = 4096;
 inline constexpr uint32_t kMaxEventsListed = 1024;
 
@@ -100,9 +104,9 @@ struct RegisterRequest {
   WorkerRegistration registration;
 };
 // Sent with three file descriptors (SCM_RIGHTS, on the frame's bytes): the
-// host tier's sealed segment, this worker's control channel's, and the
-// eventfd tierkvd writes when loads of the worker that waited for
-// promotions are ready (ReadyLoadsRequest then returns them).
+// host tier's sealed segment, this worker's control channel's, and the read
+// end of a pipe tierkvd writes a byte to when loads of the worker that
+// waited for promotions are ready (ReadyLoadsRequest then returns them).
 inline constexpr int kRegisterReplyFds = 3;
 struct RegisterReply {
   WorkerId worker_id = 0;
@@ -226,16 +230,14 @@ struct LookupBatchReply {
   std::vector<StatusOr<LookupResult>> results;  // One per lookup, in order.
 };
 
-using Message =
-    std::variant<ErrorReply, OkReply, RegisterRequest, RegisterReply,
-                 LookupRequest, LookupReply, AllocateRequest, AllocateReply,
-                 CommitRequest, CommitReply, CompleteRequest, FinishRequest,
-                 StatsRequest, StatsReply, ReadyLoadsRequest, ReadyLoadsReply,
-                 LookupChunkRequest, EventsRequest, EventsReply, ClearRequest,
-                 ClearReply, EvictRequest, EvictReply, WaitIdleRequest,
-                 WaitIdleReply, FetchChunkRequest, FetchChunkReply,
-                 PublishChunkRequest, ChunkDoneRequest, LookupBatchRequest,
-                 LookupBatchReply>;
+using Message = std::variant<
+    ErrorReply, OkReply, RegisterRequest, RegisterReply, LookupRequest,
+    LookupReply, AllocateRequest, AllocateReply, CommitRequest, CommitReply,
+    CompleteRequest, FinishRequest, StatsRequest, StatsReply, ReadyLoadsRequest,
+    ReadyLoadsReply, LookupChunkRequest, EventsRequest, EventsReply,
+    ClearRequest, ClearReply, EvictRequest, EvictReply, WaitIdleRequest,
+    WaitIdleReply, FetchChunkRequest, FetchChunkReply, PublishChunkRequest,
+    ChunkDoneRequest, LookupBatchRequest, LookupBatchReply>;
 
 MessageType TypeOf(const Message& message);
 const char* MessageTypeName(MessageType type);

@@ -58,11 +58,11 @@ constexpr std::chrono::seconds kStalledAfter{10};
 
 using Clock = std::chrono::steady_clock;
 
-// Each attached worker's readiness eventfd, by worker id: the store's
-// loads_ready callback (called with the store's mutex held, on the tier
-// thread) writes the worker's, and the worker, which has a copy of the
-// descriptor, wakes from its wait for pending loads. Sessions add theirs on
-// registration and remove it before they close it.
+// Each attached worker's readiness pipe (its write end, tierkvd's alone),
+// by worker id: the store's loads_ready callback (called with the store's
+// mutex held, on the tier thread) writes a byte to the worker's, and the
+// worker, which has the read end, wakes from its wait for pending loads.
+// Sessions add theirs on registration and remove it before they close it.
 class ReadySignals {
  public:
   void Add(WorkerId worker, int fd) TIERKV_EXCLUDES(mu_) {
@@ -73,8 +73,8 @@ class ReadySignals {
     MutexLock lock(&mu_);
     fds_.erase(worker);
   }
-  // Non-blocking: a worker that let the counter run to its limit only
-  // misses its own wake-ups.
+  // Never blocks: the write end is non-blocking and no worker holds it. A
+  // worker that never reads its pipe only misses its own wake-ups.
   void Signal(WorkerId worker) TIERKV_EXCLUDES(mu_);
 
  private:
@@ -90,9 +90,11 @@ struct Session {
   WorkerId worker = 0;
   pid_t pid = 0;
   ControlChannel channel;
-  // Written when loads of the worker waiting for promotions become ready
-  // (ReadySignals); the worker was passed a copy with its registration.
-  UniqueFd ready;
+  // The readiness pipe: tierkvd writes `ready` when loads of the worker
+  // waiting for promotions become ready (ReadySignals); the worker was
+  // passed a copy of `ready_reader`, which tierkvd keeps open so that a
+  // write never fails on a pipe without readers.
+  UniqueFd ready, ready_reader;
   std::atomic<bool> stop{false};
   std::thread thread;
 };

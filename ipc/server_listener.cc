@@ -329,10 +329,15 @@ bool Server::Impl::Register(Connection* conn, const RegisterRequest& request) {
     CountRefusal(channel.status().code());
     return Refuse(conn, channel.status());
   }
-  UniqueFd ready(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
-  if (!ready.valid()) {
+  // A pipe, not an eventfd: the worker gets the read end only, so it cannot
+  // make tierkvd's writes block (an eventfd's O_NONBLOCK and counter are
+  // shared with whoever holds it). tierkvd keeps a read end too, so a write
+  // never meets a closed pipe; a full pipe (a worker that never reads) only
+  // loses that worker's wake-ups.
+  int ends[2];
+  if (pipe2(ends, O_CLOEXEC | O_NONBLOCK) != 0) {
     const Status why = Status::ResourceExhausted(
-        std::string("cannot make the worker's readiness eventfd: ") +
+        std::string("cannot make the worker's readiness pipe: ") +
         std::strerror(errno));
     (void)store->Lock()->DropWorker(*worker);
     spdlog::warn("refused worker pid {}: {}", reg.pid, why.ToString());
@@ -341,7 +346,8 @@ bool Server::Impl::Register(Connection* conn, const RegisterRequest& request) {
   }
   auto session = std::make_unique<Session>(*worker, std::move(*channel));
   session->pid = reg.pid;
-  session->ready = std::move(ready);
+  session->ready_reader.reset(ends[0]);
+  session->ready.reset(ends[1]);
   ready_signals->Add(*worker, session->ready.get());
   Session* raw = session.get();
   session->thread = std::thread([this, raw] { Serve(raw); });
@@ -355,10 +361,10 @@ bool Server::Impl::Register(Connection* conn, const RegisterRequest& request) {
       reg.num_device_blocks);
   // The worker maps its segments from the descriptors passed with the
   // reply (copies: tierkvd keeps its own): neither has a name anyone could
-  // open. The readiness eventfd follows them.
+  // open. The readiness pipe's read end follows them.
   std::vector<UniqueFd> passed;
   for (const int fd : {*host_segment, conn->session->channel.segment_fd(),
-                       conn->session->ready.get()}) {
+                       conn->session->ready_reader.get()}) {
     passed.emplace_back(fcntl(fd, F_DUPFD_CLOEXEC, 0));
     if (!passed.back().valid()) {
       return Refuse(conn, Status::ResourceExhausted(
@@ -417,7 +423,8 @@ void Server::Impl::Reap() {
 void ReadySignals::Signal(WorkerId worker) {
   MutexLock lock(&mu_);
   const auto it = fds_.find(worker);
-  if (it != fds_.end()) (void)eventfd_write(it->second, 1);
+  const char byte = 1;
+  if (it != fds_.end()) (void)write(it->second, &byte, 1);  // Non-blocking.
 }
 
 void Server::Impl::Serve(Session* session) {
@@ -434,8 +441,7 @@ void Server::Impl::Serve(Session* session) {
     } else if (std::holds_alternative<StatsRequest>(message)) {
       reply = StatsReply{Stats()};  // With what only the server counts.
     } else {
-      reply =
-          DispatchToStore(*store, session->worker, message, &session->stop);
+      reply = DispatchToStore(*store, session->worker, message, &session->stop);
     }
     response.clear();
     Encode(reply, &response);

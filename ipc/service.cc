@@ -19,6 +19,16 @@ Message Wrap(Status status) {
   return OkReply{};
 }
 
+// A batched lookup's result, its error message cut to kMaxBatchErrorBytes
+// so that a batch's reply stays within what the client sized it for.
+StatusOr<LookupResult> BatchedResult(StatusOr<LookupResult> result) {
+  if (result.ok() || result.status().message().size() <= kMaxBatchErrorBytes) {
+    return result;
+  }
+  return Status(result.status().code(),
+                result.status().message().substr(0, kMaxBatchErrorBytes));
+}
+
 }  // namespace
 
 Message Dispatch(Coordinator& c, WorkerId worker, const Message& request) {
@@ -32,8 +42,8 @@ Message Dispatch(Coordinator& c, WorkerId worker, const Message& request) {
           LookupBatchReply reply;
           reply.results.reserve(m.lookups.size());
           for (const LookupRequest& l : m.lookups) {
-            reply.results.push_back(c.Lookup(worker, l.request, l.tokens,
-                                             l.num_computed_tokens, l.extras));
+            reply.results.push_back(BatchedResult(c.Lookup(
+                worker, l.request, l.tokens, l.num_computed_tokens, l.extras)));
           }
           return reply;
         } else if constexpr (std::is_same_v<T, LookupChunkRequest>) {
@@ -99,6 +109,17 @@ Message DispatchToStore(TieredStore& store, WorkerId worker,
     const auto timeout = std::chrono::milliseconds(
         std::min<uint32_t>(wait->timeout_ms, kMaxWaitIdleMs));
     return WaitIdleReply{store.WaitIdle(timeout)};
+  }
+  if (const auto* batch = std::get_if<LookupBatchRequest>(&request)) {
+    // One lookup per hold of the store's mutex: a batch of thousands must
+    // not stall other workers and the tier thread for its whole length.
+    LookupBatchReply reply;
+    reply.results.reserve(batch->lookups.size());
+    for (const LookupRequest& l : batch->lookups) {
+      reply.results.push_back(BatchedResult(store.Lock()->Lookup(
+          worker, l.request, l.tokens, l.num_computed_tokens, l.extras)));
+    }
+    return reply;
   }
   if (const auto* complete = std::get_if<CompleteRequest>(&request)) {
     // Checksums of the stored slots are taken without the mutex.

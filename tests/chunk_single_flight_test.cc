@@ -144,20 +144,23 @@ TEST_F(ChunkSingleFlightTest, AChunkWhoseHostBytesChangedIsNeverLoaded) {
   EXPECT_EQ(b->Stats().value().host.pinned_slots, 0);
 }
 
-TEST_F(ChunkSingleFlightTest, AFailedOneWayCompletionFailsTheNextCall) {
+// A refused one-way completion is counted and kept, and the message after
+// it is still sent: were it a completion too, failing it unsent would
+// leave its slots pinned in tierkvd.
+TEST_F(ChunkSingleFlightTest, AFailedOneWayCompletionIsKeptNotPassedOn) {
   std::unique_ptr<Client> a = Attach("poster");
-  // An event tierkvd never handed out: its completion is refused.
+  // Events tierkvd never handed out: their completions are refused.
   FinishedTransfer bogus;
   bogus.event.ref = {EventKind::kStore, 999};
   bogus.session = a->session();
   ASSERT_THAT(a->CompleteOneWay({&bogus, 1}), IsOk());  // Not waited for.
-  StatusOr<CoordinatorStats> next = a->Stats();
-  ASSERT_FALSE(next.ok());
-  EXPECT_THAT(next.status().message(), HasSubstr("one-way ChunkDone"));
-  EXPECT_EQ(a->call_counts().post_errors, 1u);
-  // Surfaced once; the attachment goes on.
-  EXPECT_TRUE(a->connected());
+  bogus.event.ref.id = 998;
+  // Collects the first one's error, and is sent all the same.
+  ASSERT_THAT(a->CompleteOneWay({&bogus, 1}), IsOk());
   EXPECT_THAT(a->Stats(), IsOk());
+  EXPECT_EQ(a->call_counts().post_errors, 2u);  // Both reached tierkvd.
+  EXPECT_THAT(a->last_post_error().message(), HasSubstr("one-way ChunkDone"));
+  EXPECT_TRUE(a->connected());
 }
 
 TEST_F(ChunkSingleFlightTest, SecondMisserIsServedTheFirstOnesPublish) {

@@ -109,14 +109,15 @@ class Reconnect : public ClientLifecycle {};
 
 // A load waiting for its promotion is started when tierkvd signals it
 // ready: WaitEvents asks tierkvd once, for the ready load, and copies it.
+// The call_timeout is far beyond the wait, so only the signal can wake it.
 TEST_F(PendingLoad, ReadyLoadIsStartedOnTierkvdsSignal) {
   StartFilledStore();
-  Engine e = Engine::Open(socket_, std::chrono::seconds(30));
+  Engine e = Engine::Open(socket_, std::chrono::hours(1));
   ASSERT_NE(e.client, nullptr);
   ASSERT_TRUE(LookupAndAllocate(e, 1, 0).load_pending);
   const uint64_t before = e.client->call_counts().calls;
-  std::vector<FinishedTransfer> done;
-  while (done.empty()) done = e.client->WaitEvents(std::chrono::seconds(10));
+  const std::vector<FinishedTransfer> done =
+      e.client->WaitEvents(std::chrono::seconds(60));
   EXPECT_EQ(e.client->call_counts().calls - before, 1u);  // ReadyLoads, once.
   ASSERT_EQ(done.size(), 1u);
   ASSERT_THAT(done[0].status, IsOk());
@@ -311,7 +312,7 @@ TEST_F(ClientDeadline, StoppedTierkvdFailsAPendingLoadInTime) {
       << lost[0].status.ToString();
   EXPECT_EQ(lost[0].loaded_blocks(), 0);
   EXPECT_FALSE(e.client->connected());
-  EXPECT_LT(took, std::chrono::seconds(3));  // Two deadlines at most.
+  EXPECT_LT(took, std::chrono::seconds(5));  // Two 300 ms deadlines, or so.
   ASSERT_THAT(e.client->Complete(lost), IsOk());
   EXPECT_EQ(e.TotalRefs(), 2);  // The request's own two blocks.
 }
@@ -322,19 +323,18 @@ TEST_F(ClientDeadline, StoppedTierkvdFailsAPendingLoadInTime) {
 // load bit-exact again.
 TEST_F(Reconnect, EngineRidesThroughATierkvdRestart) {
   StartFilledStore();
-  Engine e = Engine::Open(socket_, std::chrono::seconds(5));
+  // No call deadline within the test: only the closed socket can fail the
+  // pending load.
+  Engine e = Engine::Open(socket_, std::chrono::hours(1));
   ASSERT_NE(e.client, nullptr);
   ASSERT_TRUE(LookupAndAllocate(e, 1, 0).load_pending);
   daemon_->Signal(SIGKILL);
   EXPECT_EQ(daemon_->Wait(), 128 + SIGKILL);
   daemon_.reset();
 
-  // The closed socket wakes WaitEvents: the load fails at once, well
-  // before the 5 s call_timeout would find tierkvd gone.
-  const auto start = Clock::now();
-  std::vector<FinishedTransfer> lost;
-  while (lost.empty()) lost = e.client->WaitEvents(std::chrono::seconds(10));
-  EXPECT_LT(Clock::now() - start, std::chrono::seconds(4));
+  // The closed socket wakes WaitEvents: the load fails at once.
+  std::vector<FinishedTransfer> lost =
+      e.client->WaitEvents(std::chrono::seconds(60));
   ASSERT_EQ(lost.size(), 1u);
   EXPECT_EQ(lost[0].status.code(), StatusCode::kUnavailable);
   ASSERT_THAT(e.client->Complete(lost), IsOk());

@@ -175,6 +175,80 @@ TEST_F(CoordinatorTest, RepeatedLookupDropsTheEarlierPins) {
   EXPECT_EQ(c_.stats().host.events_in_flight, 1u);
 }
 
+// A repeated lookup keeps the pins of the blocks whose tokens did not
+// change and looks the rest up again: a changed block and those after it
+// are released (into the free queue, as a fresh lookup would leave them),
+// an extra key (cache salt) or a chunk lookup in between means nothing is
+// kept, and num_computed_tokens moving starts the run anew.
+TEST_F(CoordinatorTest, RepeatedLookupKeepsOnlyWhatDidNotChange) {
+  const WorkerId w = Register();
+  const std::vector<TokenId> t = SequentialTokens(1, 65);  // 4 blocks + 1.
+  const std::vector<BlockId> slots = StoreAll(w, 1, t);
+  ASSERT_EQ(slots.size(), 4u);
+  ASSERT_EQ(c_.Lookup(w, 2, t, 0, {}).value().hit_tokens, 64);
+  EXPECT_EQ(c_.stats().host.pinned_slots, 4);
+
+  std::vector<TokenId> changed = t;
+  changed[40] = 999'999;  // In block 2.
+  ASSERT_EQ(c_.Lookup(w, 2, changed, 0, {}).value().hit_tokens, 32);
+  EXPECT_EQ(c_.stats().host.pinned_slots, 2);
+  for (int b : {0, 1}) EXPECT_EQ(Ref(slots[b]), 1) << b;
+  for (int b : {2, 3}) EXPECT_EQ(Ref(slots[b]), 0) << b;
+  // Back to the stored tokens: all four hit again, pinned once each.
+  ASSERT_EQ(c_.Lookup(w, 2, t, 0, {}).value().hit_tokens, 64);
+  for (BlockId slot : slots) EXPECT_EQ(Ref(slot), 1);
+
+  const RequestExtras salted{
+      .lora_id = std::nullopt, .mm_items = {}, .cache_salt = "salt"};
+  ASSERT_EQ(c_.Lookup(w, 2, t, 0, salted).value().hit_tokens, 0);
+  EXPECT_EQ(c_.stats().host.pinned_slots, 0);
+  ASSERT_EQ(c_.Lookup(w, 2, t, 0, {}).value().hit_tokens, 64);
+  ASSERT_EQ(c_.LookupChunk(w, 2, t).value().hit_tokens, 0);
+  EXPECT_EQ(c_.stats().host.pinned_slots, 0);
+  ASSERT_EQ(c_.Lookup(w, 2, t, 0, {}).value().hit_tokens, 64);
+  // From block 1 on: three hits, block 0 released.
+  ASSERT_EQ(c_.Lookup(w, 2, t, 16, {}).value().hit_tokens, 48);
+  EXPECT_EQ(Ref(slots[0]), 0);
+  EXPECT_EQ(c_.stats().host.pinned_slots, 3);
+  EXPECT_THAT(c_.host_pool().CheckInvariants(), IsOk());
+}
+
+// The free queue after a repeated lookup is the one a finished lookup and
+// a fresh one leave: keeping pins changes no eviction order.
+TEST(CoordinatorRepeatedLookupTest, LeavesTheFreeQueueAsAFreshOne) {
+  const std::vector<TokenId> t = SequentialTokens(1, 97);  // 6 blocks + 1.
+  std::vector<TokenId> changed = t;
+  changed[50] = 999'999;  // In block 3.
+  auto free_queue_after = [&](bool repeated) {
+    Coordinator c =
+        Coordinator::Create({.layout = Layout(), .host_slots = 50}).value();
+    const WorkerId w = c.RegisterWorker({.layout = Layout(),
+                                         .num_device_blocks = 100,
+                                         .tenant = "",
+                                         .pid = 1,
+                                         .name = "w"})
+                           .value();
+    EXPECT_THAT(c.Lookup(w, 1, t, 0, {}), IsOk());
+    const std::vector<BlockId> device = Range(1, 7);
+    EXPECT_THAT(c.Allocate(w, 1, device, 0), IsOk());
+    const CommitResult commit = c.Commit(w, 1, 97, device).value();
+    for (const TransferEvent& e : commit.stores) {
+      const std::vector<CompletedEvent> done{{e.ref, true}};
+      EXPECT_THAT(c.Complete(w, done), IsOk());
+    }
+    EXPECT_THAT(c.Finish(w, 1), IsOk());
+    EXPECT_EQ(c.Lookup(w, 2, t, 0, {}).value().hit_tokens, 96);
+    if (!repeated) {
+      EXPECT_THAT(c.Finish(w, 2), IsOk());
+    }
+    EXPECT_EQ(c.Lookup(w, repeated ? 2 : 3, changed, 0, {}).value().hit_tokens,
+              48);
+    return c.host_pool().FreeQueueSnapshot();
+  };
+  EXPECT_EQ(free_queue_after(/*repeated=*/true),
+            free_queue_after(/*repeated=*/false));
+}
+
 // A chunk of 40 tokens: two full blocks and a partial one of 8, stored by
 // one worker and loaded whole by another; prefix lookups never see it.
 TEST_F(CoordinatorTest, ChunkIsStoredAndLoadedWholeIncludingItsPartialBlock) {

@@ -127,14 +127,15 @@ std::vector<Message> Samples() {
       ChunkDoneRequest{.events = {{{EventKind::kStore, 3}, true},
                                   {{EventKind::kLoad, 2}, false}},
                        .finish = 4},
-      LookupBatchRequest{{{.request = 1,
-                           .num_computed_tokens = 0,
-                           .tokens = {1, 2, 3},
-                           .extras = {}},
-                          {.request = 2,
-                           .num_computed_tokens = 16,
-                           .tokens = {4, 5},
-                           .extras = {.lora_id = 7, .mm_items = {}, .cache_salt = ""}}}},
+      LookupBatchRequest{
+          {{.request = 1,
+            .num_computed_tokens = 0,
+            .tokens = {1, 2, 3},
+            .extras = {}},
+           {.request = 2,
+            .num_computed_tokens = 16,
+            .tokens = {4, 5},
+            .extras = {.lora_id = 7, .mm_items = {}, .cache_salt = ""}}}},
       LookupBatchReply{{LookupResult{.hit_tokens = 32, .disk_hit_tokens = 16},
                         Status::ResourceExhausted("past the cap"),
                         LookupResult{}}},
@@ -156,10 +157,10 @@ TEST(Protocol, EveryMessageRoundTrips) {
 // as the messages, whose decoding the tests above check.
 TEST(Protocol, LookupsEncodedFromSpansAreTheMessagesBytes) {
   const std::vector<TokenId> a = {1, 2, 3, 4}, b = {9, 8};
-  const RequestExtras extras{.lora_id = 3,
-                             .mm_items = {{.hash = {1, 2}, .start = 0,
-                                           .length = 2}},
-                             .cache_salt = "salt"};
+  const RequestExtras extras{
+      .lora_id = 3,
+      .mm_items = {{.hash = {1, 2}, .start = 0, .length = 2}},
+      .cache_salt = "salt"};
   std::vector<std::byte> bytes;
   EncodeLookup(5, 0, a, extras, &bytes);
   EXPECT_EQ(bytes, Encode(LookupRequest{.request = 5,
@@ -171,15 +172,14 @@ TEST(Protocol, LookupsEncodedFromSpansAreTheMessagesBytes) {
       {.request = 2, .tokens = b, .num_computed_tokens = 0, .extras = {}}};
   bytes.clear();
   EncodeLookupBatch(queries, &bytes);
-  EXPECT_EQ(bytes, Encode(LookupBatchRequest{
-                       {{.request = 1,
-                         .num_computed_tokens = 0,
-                         .tokens = a,
-                         .extras = extras},
-                        {.request = 2,
-                         .num_computed_tokens = 0,
-                         .tokens = b,
-                         .extras = {}}}}));
+  EXPECT_EQ(bytes, Encode(LookupBatchRequest{{{.request = 1,
+                                               .num_computed_tokens = 0,
+                                               .tokens = a,
+                                               .extras = extras},
+                                              {.request = 2,
+                                               .num_computed_tokens = 0,
+                                               .tokens = b,
+                                               .extras = {}}}}));
   // The client splits batches by these sizes.
   EXPECT_EQ(bytes.size(), kFrameHeaderBytes + 4 +
                               LookupBatchEntryBytes(queries[0]) +

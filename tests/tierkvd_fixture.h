@@ -135,7 +135,7 @@ class TierkvdFixture : public ::testing::Test {
     ipc::UniqueFd socket;  // Closing it detaches the worker.
     WorkerId id = 0;
     ipc::UniqueFd host, channel;
-    ipc::UniqueFd ready;  // tierkvd's readiness eventfd.
+    ipc::UniqueFd ready;  // Read end of tierkvd's readiness pipe.
   };
   std::unique_ptr<RawWorker> RawAttach(const std::string& name = "raw",
                                        const std::string& tenant = "") {

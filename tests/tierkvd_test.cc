@@ -99,8 +99,8 @@ TEST_F(TierkvdTest, LookupBatchIsOneRoundTripPerChannelFull) {
     queries.push_back({.request = i + 1, .tokens = tokens[i]});
   }
   // Not a multiple of the block size: refused, alone.
-  queries.push_back({.request = 99, .tokens = tokens[0],
-                     .num_computed_tokens = 3});
+  queries.push_back(
+      {.request = 99, .tokens = tokens[0], .num_computed_tokens = 3});
   const uint64_t calls = c->call_counts().calls;
   auto results = c->LookupBatch(queries);
   ASSERT_THAT(results, IsOk());
@@ -255,6 +255,21 @@ TEST_F(TierkvdTest, HostileChannelHeaderCannotHurtTheDaemon) {
   EXPECT_EQ(good->Lookup(1, SequentialTokens(1, 40)).status().code(),
             StatusCode::kOk);
   EXPECT_EQ(good->Stats().value().workers.size(), 2u);
+}
+
+// The readiness descriptor a worker gets is a pipe's read end: it cannot
+// write it, and nothing it does to it (blocking mode included) reaches the
+// write end tierkvd signals on with its store's mutex held.
+TEST_F(TierkvdTest, ReadinessDescriptorIsAReadEndOnly) {
+  StartDaemon();
+  auto raw = RawAttach();
+  ASSERT_NE(raw, nullptr);
+  struct stat st {};
+  ASSERT_EQ(fstat(raw->ready.get(), &st), 0);
+  EXPECT_TRUE(S_ISFIFO(st.st_mode));
+  const char byte = 1;
+  EXPECT_EQ(write(raw->ready.get(), &byte, 1), -1);
+  EXPECT_EQ(errno, EBADF);
 }
 
 TEST_F(TierkvdTest, SocketIsOwnerOnlyAndSegmentsHaveNoNames) {

@@ -143,8 +143,8 @@ struct FinishedTransfer {
 struct ClientCallCounts {
   uint64_t calls = 0;  // Round trips the caller waited for.
   uint64_t posts = 0;  // Messages sent one-way (CompleteOneWay).
-  // Of those, answered with an error; each is also returned by the call
-  // that collected it (the next one).
+  // Of those, answered with an error (Client::last_post_error says the
+  // last one). The call that collected it goes on regardless.
   uint64_t post_errors = 0;
 };
 
@@ -191,7 +191,7 @@ class Client {
   // Transfers whose copies finished; never blocks. Also starts the copies
   // of pending loads that became ready. A load whose event has
   // failed_blocks > 0 loaded only its first blocks; the engine recomputes
-  // the rest. tierkvd signals when pending loads are ready (an eventfd
+  // the rest. tierkvd signals when pending loads are ready (a pipe
   // passed at registration): only then, or once a call_timeout has passed
   // without a signal (so a wedged tierkvd is found), is it asked for them.
   std::vector<FinishedTransfer> PollEvents();
@@ -253,12 +253,16 @@ class Client {
                                       std::span<const TokenId> tokens,
                                       std::span<const BlockId> device_blocks);
   // Complete, then Finish(finish) unless it is 0, in one message sent
-  // without waiting for the answer: the next call collects it, and fails
-  // with its error should it be one (counted in post_errors). Unpins the
-  // device blocks at once, as Complete does.
+  // without waiting for the answer: the next call collects it first. An
+  // error in it is counted (post_errors) and kept (last_post_error), but
+  // does not fail that next call, which may itself complete or finish what
+  // would otherwise stay pinned. Unpins the device blocks at once, as
+  // Complete does.
   Status CompleteOneWay(std::span<const FinishedTransfer> finished,
                         RequestId finish = 0);
   const ClientCallCounts& call_counts() const;
+  // The last one-way message tierkvd refused, naming it; OK if none was.
+  const Status& last_post_error() const;
 
   StatusOr<CoordinatorStats> Stats();
   // Waits until the store's disk tier has nothing in flight: every spill
