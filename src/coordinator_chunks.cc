@@ -52,6 +52,10 @@ StatusOr<Coordinator::ChunkFetch> Coordinator::FetchChunk(
     out.busy = true;
     return out;
   }
+  // This worker's own lease while its publish is being stored: a miss
+  // without the lease (its store ends it); waiting here would only hold
+  // up the worker that is to complete that store.
+  if (!taken && it->second.store) return out;
   it->second.request = request;
   w->lease = key;
   out.result.lease = true;
@@ -72,11 +76,12 @@ StatusOr<CommitResult> Coordinator::PublishChunk(
                    device_blocks)
           : StatusOr<CommitResult>(allocated);
   if (w->lease == key) {
+    ChunkLease& lease = chunk_leases_.at(key);
     if (commit.ok() && !commit->stores.empty()) {
-      chunk_leases_.at(key).store = commit->stores.front().ref.id;
-    } else {
+      lease.store = commit->stores.front().ref.id;
+    } else if (!lease.store) {
       EndLease(w);  // Nothing to wait for: stored already, or refused.
-    }
+    }  // Else an earlier publish of it is still being stored: it ends then.
   }
   // After the lease turned STORING: finishing its fetch's request (a
   // worker may reuse the id) does not end it then.

@@ -120,6 +120,31 @@ TEST_F(ChunkLeaseTest, FinishingTheFetchWhileItsPublishIsStoredKeepsTheLease) {
   EXPECT_TRUE(c_.FetchChunk(b, 2, chunk).value().result.lease);
 }
 
+// While the holder's publish is being stored, the holder itself fetching
+// the chunk again gets a plain miss (not the lease again, and no wait on
+// its own store), and a second publish of it, which stores nothing, does
+// not end the lease early: other workers stay busy until the store lands.
+TEST_F(ChunkLeaseTest, AStoringLeaseLastsUntilItsStoreLands) {
+  const WorkerId a = Register(), b = Register();
+  const std::vector<TokenId> chunk = Chunk(275);
+  ASSERT_TRUE(c_.FetchChunk(a, 1, chunk).value().result.lease);
+  CommitResult commit = c_.PublishChunk(a, 2, chunk, kBlocks).value();
+  ASSERT_EQ(commit.stores.size(), 1u);
+
+  Coordinator::ChunkFetch again = c_.FetchChunk(a, 3, chunk).value();
+  EXPECT_FALSE(again.busy);
+  EXPECT_FALSE(again.result.lease);
+  EXPECT_FALSE(again.result.load.has_value());
+  EXPECT_TRUE(c_.PublishChunk(a, 4, chunk, kBlocks).value().stores.empty());
+  EXPECT_EQ(ended_, 0);
+  EXPECT_TRUE(c_.FetchChunk(b, 1, chunk).value().busy);
+
+  const std::vector<CompletedEvent> stored{{commit.stores[0].ref, true}};
+  ASSERT_THAT(c_.Complete(a, stored), IsOk());
+  EXPECT_EQ(ended_, 1);
+  EXPECT_TRUE(c_.FetchChunk(b, 2, chunk).value().result.load.has_value());
+}
+
 TEST_F(ChunkLeaseTest, AWorkerHoldsOneLeaseAtATime) {
   const WorkerId a = Register(), b = Register();
   const std::vector<TokenId> x = Chunk(300), y = Chunk(400);
