@@ -436,6 +436,28 @@ struct Client::Impl {
                             ipc::MessageTypeName(ipc::TypeOf(*reply)));
   }
 
+  // Starts the copies of a commit's stores (copies = client).
+  Status StartStores(const CommitResult& commit) {
+    if (options.copies != CopyMode::kClient) return Status::Ok();
+    for (const TransferEvent& store : commit.stores) {
+      TIERKV_RETURN_IF_ERROR(PinAndSubmit(store));
+    }
+    return Status::Ok();
+  }
+
+  // The completions of `finished` tierkvd is owed (events of a lost
+  // attachment are not its any more). Unpins every transfer's device
+  // blocks: the copies are over whatever tierkvd answers.
+  std::vector<CompletedEvent> TakeCompletions(
+      std::span<const FinishedTransfer> finished) {
+    std::vector<CompletedEvent> events;
+    for (const FinishedTransfer& f : finished) {
+      if (f.session == session) events.push_back({f.event.ref, f.status.ok()});
+      Unpin(f.event.device_blocks);
+    }
+    return events;
+  }
+
   // Tells tierkvd that a copy never ran, so it releases the event's slots.
   void ReportFailed(const EventRef& ref) {
     std::vector<CompletedEvent> failed{{ref, false}};
@@ -703,7 +725,6 @@ StatusOr<LookupResult> Client::Lookup(RequestId request,
   if (impl.in_process == nullptr) {
     // Encoded straight from the caller's tokens (a request of 4,096 tokens
     // is 16 KiB: a copy less matters at a few microseconds per lookup).
-    if (!impl.channel_error.ok()) return impl.channel_error;
     impl.request_bytes.clear();
     ipc::EncodeLookup(request, num_computed_tokens, tokens, extras,
                       &impl.request_bytes);
@@ -828,10 +849,7 @@ StatusOr<CommitResult> Client::Commit(RequestId request,
                              .num_computed_tokens = num_computed_tokens,
                              .device_blocks = std::vector<BlockId>(
                                  device_blocks.begin(), device_blocks.end())}));
-  if (impl_->options.copies != CopyMode::kClient) return reply.result;
-  for (const TransferEvent& store : reply.result.stores) {
-    TIERKV_RETURN_IF_ERROR(impl_->PinAndSubmit(store));
-  }
+  TIERKV_RETURN_IF_ERROR(impl_->StartStores(reply.result));
   return reply.result;
 }
 
@@ -886,10 +904,7 @@ StatusOr<CommitResult> Client::PublishChunk(
           .tokens = std::vector<TokenId>(tokens.begin(), tokens.end()),
           .device_blocks = std::vector<BlockId>(device_blocks.begin(),
                                                 device_blocks.end())}));
-  if (impl_->options.copies != CopyMode::kClient) return reply.result;
-  for (const TransferEvent& store : reply.result.stores) {
-    TIERKV_RETURN_IF_ERROR(impl_->PinAndSubmit(store));
-  }
+  TIERKV_RETURN_IF_ERROR(impl_->StartStores(reply.result));
   return reply.result;
 }
 
@@ -899,15 +914,8 @@ Status Client::CompleteOneWay(std::span<const FinishedTransfer> finished,
     return Status::FailedPrecondition(
         "a scheduler with ranks (copies = ranks) does not complete events");
   }
-  ipc::ChunkDoneRequest request{.events = {}, .finish = finish};
-  for (const FinishedTransfer& f : finished) {
-    if (f.session == impl_->session) {
-      request.events.push_back({f.event.ref, f.status.ok()});
-    }
-  }
-  for (const FinishedTransfer& f : finished) {
-    impl_->Unpin(f.event.device_blocks);
-  }
+  ipc::ChunkDoneRequest request{.events = impl_->TakeCompletions(finished),
+                                .finish = finish};
   if ((request.events.empty() && finish == 0) || !impl_->channel_error.ok()) {
     return Status::Ok();
   }
@@ -987,18 +995,7 @@ Status Client::Complete(std::span<const FinishedTransfer> finished) {
         "each of its " +
         std::to_string(impl_->options.ranks) + " rank clients completes them");
   }
-  ipc::CompleteRequest request;
-  for (const FinishedTransfer& f : finished) {
-    // Events of a lost attachment are not tierkvd's any more.
-    if (f.session == impl_->session) {
-      request.events.push_back({f.event.ref, f.status.ok()});
-    }
-  }
-  // The copies are over whatever tierkvd answers: the device blocks are
-  // free to use again.
-  for (const FinishedTransfer& f : finished) {
-    impl_->Unpin(f.event.device_blocks);
-  }
+  const ipc::CompleteRequest request{impl_->TakeCompletions(finished)};
   if (request.events.empty() || !impl_->channel_error.ok()) {
     return Status::Ok();
   }

@@ -29,6 +29,18 @@ StatusOr<LookupResult> BatchedResult(StatusOr<LookupResult> result) {
                 result.status().message().substr(0, kMaxBatchErrorBytes));
 }
 
+// Each lookup of a batch, in order, through `lookup` (which reaches the
+// coordinator as its caller does).
+template <typename LookupOne>
+LookupBatchReply LookupEach(const LookupBatchRequest& batch, LookupOne lookup) {
+  LookupBatchReply reply;
+  reply.results.reserve(batch.lookups.size());
+  for (const LookupRequest& l : batch.lookups) {
+    reply.results.push_back(BatchedResult(lookup(l)));
+  }
+  return reply;
+}
+
 }  // namespace
 
 Message Dispatch(Coordinator& c, WorkerId worker, const Message& request) {
@@ -39,13 +51,10 @@ Message Dispatch(Coordinator& c, WorkerId worker, const Message& request) {
           return Wrap<LookupReply>(c.Lookup(worker, m.request, m.tokens,
                                             m.num_computed_tokens, m.extras));
         } else if constexpr (std::is_same_v<T, LookupBatchRequest>) {
-          LookupBatchReply reply;
-          reply.results.reserve(m.lookups.size());
-          for (const LookupRequest& l : m.lookups) {
-            reply.results.push_back(BatchedResult(c.Lookup(
-                worker, l.request, l.tokens, l.num_computed_tokens, l.extras)));
-          }
-          return reply;
+          return LookupEach(m, [&](const LookupRequest& l) {
+            return c.Lookup(worker, l.request, l.tokens, l.num_computed_tokens,
+                            l.extras);
+          });
         } else if constexpr (std::is_same_v<T, LookupChunkRequest>) {
           return Wrap<LookupReply>(c.LookupChunk(worker, m.request, m.tokens));
         } else if constexpr (std::is_same_v<T, AllocateRequest>) {
@@ -113,13 +122,10 @@ Message DispatchToStore(TieredStore& store, WorkerId worker,
   if (const auto* batch = std::get_if<LookupBatchRequest>(&request)) {
     // One lookup per hold of the store's mutex: a batch of thousands must
     // not stall other workers and the tier thread for its whole length.
-    LookupBatchReply reply;
-    reply.results.reserve(batch->lookups.size());
-    for (const LookupRequest& l : batch->lookups) {
-      reply.results.push_back(BatchedResult(store.Lock()->Lookup(
-          worker, l.request, l.tokens, l.num_computed_tokens, l.extras)));
-    }
-    return reply;
+    return LookupEach(*batch, [&](const LookupRequest& l) {
+      return store.Lock()->Lookup(worker, l.request, l.tokens,
+                                  l.num_computed_tokens, l.extras);
+    });
   }
   if (const auto* complete = std::get_if<CompleteRequest>(&request)) {
     // Checksums of the stored slots are taken without the mutex.
