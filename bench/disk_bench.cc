@@ -7,15 +7,16 @@
 // head dim 128, 16-token blocks, bf16): 8 distinct 2 MiB blocks, reused
 // round-robin. The model's weights are seeded random, not trained.
 //
-// Sync points: the tier writes without RocksDB's WAL; RocksDB syncs each
-// memtable's file when it flushes it (every write_buffer_bytes, 64 MiB) and
-// DiskTier::Flush flushes the rest. BM_RawFileWrite calls fdatasync at the
-// same points: every 64 MiB and at the end.
+// Writes: the tier writes each block into a slot of its value file (in
+// steady state over a block it evicted) and a small record to RocksDB (its
+// write-ahead log, not synced); each iteration ends with DiskTier::Flush,
+// which syncs the value file and flushes the records. BM_RawFileWrite
+// overwrites a file of the same size in place and syncs it once at the end.
 //
-// Reads: /cold:1 drops the files' pages from the page cache before every
-// iteration (posix_fadvise DONTNEED, after the data was synced), so both the
-// tier and the raw baseline read from the device; /cold:0 reads what the
-// page cache holds, which for both is every byte.
+// Reads: the Cold variants drop the files' pages from the page cache before
+// every iteration (posix_fadvise DONTNEED, after the data was synced), so
+// both the tier and the raw baseline read from the device; the Warm ones
+// read what the page cache holds, which for both is every byte.
 //
 // The directory is $TIERKV_BENCH_DIR, else the system temp directory; it
 // must not be tmpfs for the figures to mean anything.
@@ -47,7 +48,6 @@ namespace {
 constexpr int kBlocksPerIteration = 128;  // 256 MiB.
 constexpr int kDistinctBlocks = 8;
 constexpr int kTokensPerBlock = 16;
-const size_t kSyncBytes = RocksDbStorageOptions{}.write_buffer_bytes;
 
 KvLayout BenchLayout() {
   return KvLayout{.num_layers = 32,
@@ -154,21 +154,17 @@ bool ReadAll(int fd, std::byte* data, size_t bytes, off_t offset) {
   return true;
 }
 
-// Writes `blocks` KV blocks sequentially, fdatasync every kSyncBytes and at
-// the end. False on an I/O error.
+// Writes `blocks` KV blocks sequentially from the start of the file at
+// `path` (made if missing, overwritten in place if not, as the tier's
+// value file is in steady state), then fdatasync, where the tier's Flush
+// syncs. False on an I/O error.
 bool WriteRawFile(const std::string& path, int blocks) {
-  int fd = open(path.c_str(), O_CREAT | O_WRONLY | O_TRUNC, 0600);
+  int fd = open(path.c_str(), O_CREAT | O_WRONLY, 0600);
   if (fd < 0) return false;
   bool ok = true;
-  size_t unsynced = 0;
   for (int i = 0; ok && i < blocks; ++i) {
     const std::vector<std::byte>& block = KvBlocks()[i % kDistinctBlocks];
     ok = WriteAll(fd, block.data(), block.size());
-    unsynced += block.size();
-    if (ok && unsynced >= kSyncBytes) {
-      ok = fdatasync(fd) == 0;
-      unsynced = 0;
-    }
   }
   ok = ok && fdatasync(fd) == 0;
   return close(fd) == 0 && ok;
@@ -200,11 +196,13 @@ void BM_RawFileWrite(benchmark::State& state) {
   const size_t bytes = BenchLayout().BlockBytes();
   TempDir dir("disk_bench", BenchRoot());
   const std::string path = dir.path() + "/raw";
-  KvBlocks();
+  // Written once first: the timed writes overwrite it, as the tier's
+  // steady state overwrites its value file's slots.
+  if (!WriteRawFile(path, kBlocksPerIteration)) {
+    state.SkipWithError("raw write failed");
+    return;
+  }
   for (auto _ : state) {
-    state.PauseTiming();
-    std::filesystem::remove(path);  // A new file each time, as RocksDB.
-    state.ResumeTiming();
     if (!WriteRawFile(path, kBlocksPerIteration)) {
       state.SkipWithError("raw write failed");
       return;
@@ -217,8 +215,7 @@ BENCHMARK(BM_RawFileWrite)
     ->MinTime(3)
     ->UseRealTime();
 
-void BM_RawFileRead(benchmark::State& state) {
-  const bool cold = state.range(0) != 0;
+void RawFileRead(benchmark::State& state, bool cold) {
   const size_t bytes = BenchLayout().BlockBytes();
   TempDir dir("disk_bench", BenchRoot());
   const std::string path = dir.path() + "/raw";
@@ -246,10 +243,14 @@ void BM_RawFileRead(benchmark::State& state) {
   if (buffers[1] != KvBlocks()[1]) state.SkipWithError("raw read differs");
   SetBytes(state, kBlocksPerIteration * bytes);
 }
-BENCHMARK(BM_RawFileRead)
-    ->ArgName("cold")
-    ->Arg(1)
-    ->Arg(0)
+
+void BM_RawFileReadCold(benchmark::State& state) { RawFileRead(state, true); }
+void BM_RawFileReadWarm(benchmark::State& state) { RawFileRead(state, false); }
+BENCHMARK(BM_RawFileReadCold)
+    ->Unit(benchmark::kMillisecond)
+    ->MinTime(2)
+    ->UseRealTime();
+BENCHMARK(BM_RawFileReadWarm)
     ->Unit(benchmark::kMillisecond)
     ->MinTime(2)
     ->UseRealTime();
@@ -282,27 +283,37 @@ class Waiter {
   Status error_;  // GUARDED_BY(mu_)
 };
 
-std::unique_ptr<DiskTier> OpenTier(const std::string& path, bool blob_files,
-                                   DiskCodec codec, bool wal = true) {
+// The tier's configuration: DiskTierOptions' defaults unless a benchmark
+// names another codec or thread count.
+struct TierConfig {
+  DiskCodec codec = DiskTierOptions{}.codec;
+  int32_t io_threads = DiskTierOptions{}.io_threads;
+  uint64_t capacity_blocks = kBlocksPerIteration;
+};
+
+StatusOr<std::unique_ptr<DiskTier>> OpenTier(const std::string& path,
+                                             const TierConfig& config) {
   const KvLayout layout = BenchLayout();
   DiskTierOptions options;
   options.storage.path = path;
-  options.storage.blob_files = blob_files;
-  options.storage.write_ahead_log = wal;
-  // One iteration's blocks (the steady state evicts as much as it writes).
-  options.capacity_bytes =
-      uint64_t{kBlocksPerIteration} * (layout.BlockBytes() + 4096);
-  options.layout_fingerprint = layout.Fingerprint();
   options.block_bytes = layout.BlockBytes();
-  options.codec = codec;
-  StatusOr<std::unique_ptr<DiskTier>> tier = DiskTier::Open(options);
-  return tier.ok() ? std::move(tier).value() : nullptr;
+  options.layout_fingerprint = layout.Fingerprint();
+  // capacity_blocks blocks exactly (the steady state of BM_DiskSpill
+  // evicts as much as it writes).
+  options.capacity_bytes =
+      config.capacity_blocks * DiskValueBytes(layout.BlockBytes(),
+                                              options.layout_fingerprint.size(),
+                                              kTokensPerBlock);
+  options.codec = config.codec;
+  options.io_threads = config.io_threads;
+  return DiskTier::Open(options);
 }
 
-// Puts kBlocksPerIteration blocks numbered from *next; waits for them.
-Status SpillBlocks(DiskTier& tier, uint64_t* next) {
-  Waiter waiter(kBlocksPerIteration);
-  for (int i = 0; i < kBlocksPerIteration; ++i) {
+// Puts `count` blocks numbered from *next; waits for them.
+Status SpillBlocks(DiskTier& tier, uint64_t* next,
+                   int count = kBlocksPerIteration) {
+  Waiter waiter(count);
+  for (int i = 0; i < count; ++i) {
     const uint64_t b = (*next)++;
     tier.Put(KeyOf(b), TokensOf(b), KvBlocks()[b % kDistinctBlocks],
              waiter.Callback());
@@ -320,46 +331,46 @@ void SetTierCounters(benchmark::State& state, const DiskTier& tier) {
   state.counters["file_MiB"] = static_cast<double>(stats.file_bytes) / 1048576;
 }
 
-// Args: blob files (0/1), codec, write-ahead log (0/1). Steady state: the
-// tier starts full, so every iteration evicts as many blocks as it writes.
-void BM_DiskSpill(benchmark::State& state) {
-  const bool blob_files = state.range(0) != 0;
-  const auto codec = static_cast<DiskCodec>(state.range(1));
-  const bool wal = state.range(2) != 0;
-  state.SetLabel(std::string(DiskCodecName(codec)) + (wal ? "" : " no-wal"));
+// Steady state: the tier starts full, so every iteration evicts as many
+// blocks as it writes. Each iteration is 128 Puts, every callback, then
+// Flush (the value file and the records synced).
+void DiskSpill(benchmark::State& state, const TierConfig& config) {
+  state.SetLabel(std::string(DiskCodecName(config.codec)) + ", " +
+                 std::to_string(config.io_threads) + " I/O threads");
   TempDir dir("disk_bench", BenchRoot());
-  std::unique_ptr<DiskTier> tier = OpenTier(dir.path(), blob_files, codec, wal);
+  StatusOr<std::unique_ptr<DiskTier>> tier = OpenTier(dir.path(), config);
   uint64_t next = 0;
-  if (tier == nullptr || !SpillBlocks(*tier, &next).ok() ||
-      !tier->Flush().ok()) {
-    state.SkipWithError("setup failed");
+  Status s = tier.ok() ? SpillBlocks(**tier, &next) : tier.status();
+  if (s.ok()) s = (*tier)->Flush();
+  if (!s.ok()) {
+    state.SkipWithError(("setup: " + s.ToString()).c_str());
     return;
   }
   for (auto _ : state) {
-    Status s = SpillBlocks(*tier, &next);
-    if (s.ok()) s = tier->Flush();
+    s = SpillBlocks(**tier, &next);
+    if (s.ok()) s = (*tier)->Flush();
     if (!s.ok()) {
       state.SkipWithError(s.ToString().c_str());
       return;
     }
   }
-  SetTierCounters(state, *tier);
+  SetTierCounters(state, **tier);
   SetBytes(state, kBlocksPerIteration * BenchLayout().BlockBytes());
 }
 
-// Args: blob files (0/1), codec, cold (0/1).
-void BM_DiskPromote(benchmark::State& state) {
-  const bool blob_files = state.range(0) != 0;
-  const auto codec = static_cast<DiskCodec>(state.range(1));
-  const bool cold = state.range(2) != 0;
-  state.SetLabel(std::string(DiskCodecName(codec)));
+// 128 Gets into pre-touched buffers, each verified (checksum, token ids),
+// then compared with what was written.
+void DiskPromote(benchmark::State& state, const TierConfig& config, bool cold) {
+  state.SetLabel(std::string(DiskCodecName(config.codec)) + ", " +
+                 std::to_string(config.io_threads) + " I/O threads");
   const size_t bytes = BenchLayout().BlockBytes();
   TempDir dir("disk_bench", BenchRoot());
-  std::unique_ptr<DiskTier> tier = OpenTier(dir.path(), blob_files, codec);
+  StatusOr<std::unique_ptr<DiskTier>> tier = OpenTier(dir.path(), config);
   uint64_t next = 0;
-  if (tier == nullptr || !SpillBlocks(*tier, &next).ok() ||
-      !tier->Flush().ok()) {
-    state.SkipWithError("setup failed");
+  Status s = tier.ok() ? SpillBlocks(**tier, &next) : tier.status();
+  if (s.ok()) s = (*tier)->Flush();
+  if (!s.ok()) {
+    state.SkipWithError(("setup: " + s.ToString()).c_str());
     return;
   }
   auto buffers = TouchedBuffers(kBlocksPerIteration, bytes);
@@ -371,9 +382,9 @@ void BM_DiskPromote(benchmark::State& state) {
     }
     Waiter waiter(kBlocksPerIteration);
     for (int i = 0; i < kBlocksPerIteration; ++i) {
-      tier->Get(KeyOf(i), TokensOf(i), buffers[i], waiter.Callback());
+      (*tier)->Get(KeyOf(i), TokensOf(i), buffers[i], waiter.Callback());
     }
-    Status s = waiter.Wait();
+    s = waiter.Wait();
     if (!s.ok()) {
       state.SkipWithError(s.ToString().c_str());
       return;
@@ -384,26 +395,112 @@ void BM_DiskPromote(benchmark::State& state) {
       state.SkipWithError("promoted block differs");
     }
   }
-  SetTierCounters(state, *tier);
+  SetTierCounters(state, **tier);
   SetBytes(state, kBlocksPerIteration * bytes);
 }
+
+// The bar's figures: the default configuration.
+void BM_DiskSpillDefault(benchmark::State& state) { DiskSpill(state, {}); }
+void BM_DiskPromoteDefaultCold(benchmark::State& state) {
+  DiskPromote(state, {}, true);
+}
+void BM_DiskPromoteDefaultWarm(benchmark::State& state) {
+  DiskPromote(state, {}, false);
+}
+BENCHMARK(BM_DiskSpillDefault)
+    ->Unit(benchmark::kMillisecond)
+    ->MinTime(3)
+    ->UseRealTime();
+BENCHMARK(BM_DiskPromoteDefaultCold)
+    ->Unit(benchmark::kMillisecond)
+    ->MinTime(2)
+    ->UseRealTime();
+BENCHMARK(BM_DiskPromoteDefaultWarm)
+    ->Unit(benchmark::kMillisecond)
+    ->MinTime(2)
+    ->UseRealTime();
 
 constexpr int64_t kNone = static_cast<int64_t>(DiskCodec::kNone);
 constexpr int64_t kLz4 = static_cast<int64_t>(DiskCodec::kLz4);
 constexpr int64_t kPlanes = static_cast<int64_t>(DiskCodec::kLz4BytePlanes);
 
+// Args: codec, I/O threads.
+void BM_DiskSpill(benchmark::State& state) {
+  DiskSpill(state, {.codec = static_cast<DiskCodec>(state.range(0)),
+                    .io_threads = static_cast<int32_t>(state.range(1))});
+}
+// Args: codec, I/O threads, cold (0/1).
+void BM_DiskPromote(benchmark::State& state) {
+  DiskPromote(state,
+              {.codec = static_cast<DiskCodec>(state.range(0)),
+               .io_threads = static_cast<int32_t>(state.range(1))},
+              state.range(2) != 0);
+}
 BENCHMARK(BM_DiskSpill)
-    ->ArgNames({"blob", "codec", "wal"})
-    ->ArgsProduct({{1, 0}, {kNone, kLz4, kPlanes}, {1}})
-    ->Args({1, kNone, 0})
+    ->ArgNames({"codec", "threads"})
+    ->ArgsProduct({{kNone}, {1, 4, 8}})
+    ->Args({kLz4, 2})
+    ->Args({kPlanes, 2})
     ->Unit(benchmark::kMillisecond)
     ->MinTime(3)
     ->UseRealTime();
 BENCHMARK(BM_DiskPromote)
-    ->ArgNames({"blob", "codec", "cold"})
-    ->ArgsProduct({{1, 0}, {kNone, kPlanes}, {1, 0}})
+    ->ArgNames({"codec", "threads", "cold"})
+    ->ArgsProduct({{kNone}, {1, 4, 8}, {1}})
+    ->Args({kPlanes, 2, 1})
+    ->Args({kPlanes, 2, 0})
     ->Unit(benchmark::kMillisecond)
     ->MinTime(2)
+    ->UseRealTime();
+
+// Opening a store of `GiB` GiB of 2 MiB blocks (written once, before the
+// timing): RocksDB's open, the record scan and the index rebuild, as
+// tierkvd does before it is ready. From the page cache (the records are a
+// few MiB whatever the store holds; the value file is not read).
+void BM_DiskOpen(benchmark::State& state) {
+  const uint64_t gib = static_cast<uint64_t>(state.range(0));
+  const uint64_t blocks = (gib << 30) / BenchLayout().BlockBytes();
+  TempDir dir("disk_bench", BenchRoot());
+  const TierConfig config{.capacity_blocks = blocks};
+  {
+    StatusOr<std::unique_ptr<DiskTier>> tier = OpenTier(dir.path(), config);
+    uint64_t next = 0;
+    Status s = tier.ok() ? Status::Ok() : tier.status();
+    while (s.ok() && next < blocks) s = SpillBlocks(**tier, &next, 64);
+    if (s.ok()) s = (*tier)->Flush();
+    if (!s.ok()) {
+      state.SkipWithError(("setup: " + s.ToString()).c_str());
+      return;
+    }
+  }
+  uint64_t keys = 0;
+  for (auto _ : state) {
+    StatusOr<std::unique_ptr<DiskTier>> tier = OpenTier(dir.path(), config);
+    if (!tier.ok()) {
+      state.SkipWithError(tier.status().ToString().c_str());
+      return;
+    }
+    keys = (*tier)->stats().keys;
+    state.PauseTiming();
+    tier->reset();  // Closing is not part of starting.
+    state.ResumeTiming();
+  }
+  if (keys != blocks) state.SkipWithError("the open lost blocks");
+  state.counters["blocks"] = static_cast<double>(blocks);
+  state.counters["seconds_per_gib"] = benchmark::Counter(
+      static_cast<double>(gib), benchmark::Counter::kIsIterationInvariantRate |
+                                    benchmark::Counter::kInvert);
+  state.counters["seconds_per_10k_blocks"] =
+      benchmark::Counter(static_cast<double>(blocks) / 1e4,
+                         benchmark::Counter::kIsIterationInvariantRate |
+                             benchmark::Counter::kInvert);
+}
+BENCHMARK(BM_DiskOpen)
+    ->ArgName("GiB")
+    ->Arg(1)
+    ->Arg(10)
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(5)
     ->UseRealTime();
 
 // ---------------------------------------------------------------------------

@@ -2,11 +2,12 @@
 // bytes: what tierkvd reads back from a RocksDB directory that a crash, a
 // bad disk or another local user may have written. The first input byte
 // picks the mode (its value modulo 3):
-//   0: the rest is a value: ParseHeader, VerifyStored and VerifyAndDecode
-//      must refuse it or accept it, never crash; a header that parses
-//      re-encodes (EncodeHeader) to exactly the bytes read. The rest is
-//      also a storage key: ParseStorageKey accepts only what DiskStorageKey
-//      writes.
+//   0: the rest is a block's record: ParseHeader must refuse it or accept
+//      it, never crash; a header that parses re-encodes (EncodeHeader) to
+//      exactly the bytes read, and VerifyStored and VerifyAndDecode refuse
+//      or accept the input's tail as its stored bytes (as read from the
+//      value file). The rest is also a storage key: ParseStorageKey accepts
+//      only what DiskStorageKey writes.
 //   1: the rest describes a value whose checksums are right (codec, element
 //      size, payload size, fingerprint, tokens, then the stored bytes), so
 //      the codecs decode arbitrary stored bytes past the checksums, as they
@@ -77,8 +78,11 @@ void RunValue(std::string_view value) {
     FUZZ_CHECK(
         f->token_bytes.size() % sizeof(TokenId) == 0 && !f->token_bytes.empty(),
         "%zu token bytes", f->token_bytes.size());
-    const std::string again = EncodeHeader(*f) + std::string(f->stored);
-    FUZZ_CHECK(again == value, "a parsed value re-encodes differently");
+    FUZZ_CHECK(EncodeHeader(*f) == value,
+               "a parsed record re-encodes differently");
+    // The tail of the input stands for the bytes read from the slot.
+    f->stored = value.substr(value.size() -
+                             std::min<size_t>(value.size(), f->stored_bytes));
     Decode(*f);
   }
   const std::optional<BlockKey> key = ParseStorageKey(value);
@@ -100,12 +104,21 @@ void RunChecksummed(Input in) {
   const std::string tokens(num_tokens * sizeof(TokenId), 'T');
   f.token_bytes = tokens;
   f.stored = in.rest();
+  f.stored_bytes = f.stored.size();
   f.stored_checksum = Checksum(f.stored);
-  if (f.codec == DiskCodec::kNone) f.payload_checksum = f.stored_checksum;
-  const std::string value = EncodeHeader(f) + std::string(f.stored);
+  if (f.codec == DiskCodec::kNone) {
+    f.payload_checksum = f.stored_checksum;
+    f.payload_bytes = f.stored_bytes;
+  }
+  const std::string value = EncodeHeader(f);
   StatusOr<ValueFields> parsed = ParseHeader(value);
+  if (parsed.ok()) parsed->stored = f.stored;  // As read from its slot.
   if (f.codec > DiskCodec::kLz4BytePlanes) {
     FUZZ_CHECK(!parsed.ok(), "a value of an unknown codec parsed");
+    return;
+  }
+  if (f.stored_bytes > SlotBytes(f.payload_bytes)) {
+    FUZZ_CHECK(!parsed.ok(), "stored bytes beyond their slot parsed");
     return;
   }
   FUZZ_CHECK(parsed.ok(), "a well-formed value does not parse: %s",
@@ -114,6 +127,7 @@ void RunChecksummed(Input in) {
       parsed->codec == f.codec && parsed->element_bytes == f.element_bytes &&
           parsed->sequence == f.sequence &&
           parsed->payload_bytes == f.payload_bytes &&
+          parsed->stored_bytes == f.stored_bytes && parsed->slot == f.slot &&
           parsed->payload_checksum == f.payload_checksum &&
           parsed->stored_checksum == f.stored_checksum &&
           parsed->fingerprint == f.fingerprint &&

@@ -341,10 +341,11 @@ void DiskSeeds() {
     f.stored = encoded->codec == DiskCodec::kNone
                    ? std::string_view(payload)
                    : disk::AsChars(std::span(out).first(encoded->bytes));
+    f.stored_bytes = f.stored.size();
     f.stored_checksum = disk::Checksum(f.stored);
     f.payload_checksum = disk::Checksum(payload);
-    const std::string value =
-        std::string(1, '\0') + disk::EncodeHeader(f) + std::string(f.stored);
+    f.slot = 3;
+    const std::string value = std::string(1, '\0') + disk::EncodeHeader(f);
     Write("disk_value_fuzz",
           std::string("value_") + std::string(DiskCodecName(codec)), value);
   }

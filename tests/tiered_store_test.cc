@@ -13,7 +13,9 @@
 #include <atomic>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -43,25 +45,54 @@ std::vector<TokenId> RequestTokens(int r, int blocks) {
   return t;
 }
 
-// Flips the last byte of any value whose token ids include `poison`.
+// Flips the last byte of any block read back whose token ids include
+// `poison`: a block's bytes go to the value file (WritePayload), then its
+// record, token ids included, on the same thread (Put).
 class CorruptingStorage : public DiskStorageWrapper {
  public:
   using DiskStorageWrapper::DiskStorageWrapper;
   std::atomic<TokenId> poison{0};
 
-  Status Get(std::string_view key, const ValueReader& read) override {
-    return DiskStorageWrapper::Get(key, [&](std::string_view value) {
-      const TokenId p = poison.load();
-      std::string bytes(value);
-      if (p != 0 &&
-          bytes.find(std::string_view(reinterpret_cast<const char*>(&p),
-                                      sizeof(p))) != std::string::npos) {
-        bytes.back() = static_cast<char>(bytes.back() ^ 0x5A);
-      }
-      return read(bytes);
-    });
+  Status WritePayload(uint64_t offset, std::string_view bytes) override {
+    last_write_offset_ = offset;
+    return DiskStorageWrapper::WritePayload(offset, bytes);
   }
+
+  Status Put(std::string_view key,
+             std::span<const std::string_view> parts) override {
+    std::string record;
+    for (std::string_view part : parts) record.append(part);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      records_[last_write_offset_] = record;
+    }
+    return DiskStorageWrapper::Put(key, parts);
+  }
+
+  Status ReadPayload(uint64_t offset,
+                     std::span<const std::span<std::byte>> outs) override {
+    Status s = DiskStorageWrapper::ReadPayload(offset, outs);
+    const TokenId p = poison.load();
+    const std::string_view needle(reinterpret_cast<const char*>(&p), sizeof(p));
+    std::lock_guard<std::mutex> lock(mu_);
+    for (std::span<std::byte> out : outs) {
+      auto it = records_.find(offset);
+      if (p != 0 && !out.empty() && it != records_.end() &&
+          it->second.find(needle) != std::string::npos) {
+        out.back() ^= std::byte{0x5A};
+      }
+      offset += out.size();
+    }
+    return s;
+  }
+
+ private:
+  static thread_local uint64_t last_write_offset_;
+  std::mutex mu_;
+  // The record last written for each value file offset.
+  std::map<uint64_t, std::string> records_;  // GUARDED_BY(mu_)
 };
+thread_local uint64_t CorruptingStorage::last_write_offset_ = 0;
 
 struct LoadOutcome {
   int32_t hit_blocks = 0;

@@ -1,6 +1,7 @@
 // The disk tier's in-memory index (DiskIndex, declared in disk_internal.h):
-// which keys the tier holds, their sizes, tokens and LRU order, and the byte
-// bound.
+// which keys the tier holds, their sizes, tokens, value locations and LRU
+// order, and the byte bound; and the value file's slots (SlotAllocator).
+#include <algorithm>
 #include <string>
 #include <utility>
 
@@ -42,12 +43,46 @@ StatusOr<bool> DiskIndex::Reserve(const BlockKey& key, uint64_t generation,
   return true;
 }
 
-bool DiskIndex::Commit(const BlockKey& key, uint64_t generation) {
+uint64_t SlotAllocator::Take() {
+  if (free_.empty()) return end_++;
+  const uint64_t slot = *free_.begin();
+  free_.erase(free_.begin());
+  return slot;
+}
+
+void SlotAllocator::Give(uint64_t slot) {
+  if (readers_.contains(slot)) {
+    given_while_read_.insert(slot);
+  } else {
+    free_.insert(slot);
+  }
+}
+
+void SlotAllocator::DropReader(uint64_t slot) {
+  auto it = readers_.find(slot);
+  if (it == readers_.end() || --it->second > 0) return;
+  readers_.erase(it);
+  if (given_while_read_.erase(slot) > 0) free_.insert(slot);
+}
+
+void SlotAllocator::Restore(std::span<const uint64_t> used) {
+  free_.clear();
+  end_ = used.empty() ? 0 : *std::max_element(used.begin(), used.end()) + 1;
+  std::vector<bool> taken(end_);
+  for (uint64_t slot : used) taken[slot] = true;
+  for (uint64_t slot = 0; slot < end_; ++slot) {
+    if (!taken[slot]) free_.insert(slot);
+  }
+}
+
+bool DiskIndex::Commit(const BlockKey& key, uint64_t generation,
+                       const ValueLocation& location) {
   auto it = entries_.find(key);
   if (it == entries_.end() || it->second.generation != generation) {
     return false;
   }
   it->second.stored = true;
+  it->second.location = location;
   it->second.lru = lru_.insert(lru_.end(), key);
   return true;
 }
@@ -58,12 +93,14 @@ bool DiskIndex::IsCurrent(const BlockKey& key, uint64_t generation) const {
 }
 
 void DiskIndex::InsertStored(const BlockKey& key, uint64_t bytes,
-                             std::vector<TokenId> tokens) {
+                             std::vector<TokenId> tokens,
+                             const ValueLocation& location) {
   Erase(key);
   Entry& entry = entries_[key];
   entry.generation = 0;  // Older than every Put of this run.
   entry.bytes = bytes;
   entry.tokens = std::move(tokens);
+  entry.location = location;
   entry.stored = true;
   entry.lru = lru_.insert(lru_.end(), key);
   bytes_ += bytes;

@@ -12,10 +12,12 @@
 #include <list>
 #include <memory>
 #include <optional>
+#include <set>
 #include <span>
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "tiers/disk_tier.h"
@@ -31,6 +33,17 @@ namespace disk_internal {
 
 inline constexpr size_t kMaxPayloadBytes = size_t{1} << 30;
 inline constexpr uint32_t kMaxTokens = 1 << 16;
+// Slots of the value file start at multiples of kSlotAlign (the page size
+// of every filesystem tierkv runs on), so no two blocks share a page.
+inline constexpr uint64_t kSlotAlign = 4096;
+// Far beyond any disk (2^40 slots of a 4 KiB block is 4 EiB); a header
+// naming a slot past it is damaged.
+inline constexpr uint64_t kMaxSlot = uint64_t{1} << 40;
+
+// Bytes of one slot of the value file for blocks of `block_bytes`.
+constexpr uint64_t SlotBytes(uint64_t block_bytes) {
+  return (block_bytes + kSlotAlign - 1) / kSlotAlign * kSlotAlign;
+}
 
 inline std::string_view AsChars(std::span<const std::byte> bytes) {
   return {reinterpret_cast<const char*>(bytes.data()), bytes.size()};
@@ -71,10 +84,14 @@ struct ValueFields {
   int32_t element_bytes = 0;
   uint64_t sequence = 0;
   uint64_t payload_bytes = 0;
+  uint64_t stored_bytes = 0;  // The size of the stored bytes.
   uint64_t payload_checksum = 0;
   uint64_t stored_checksum = 0;
+  uint64_t slot = 0;  // Where the stored bytes are in the value file.
   std::string_view fingerprint;
   std::string_view token_bytes;  // num_tokens u32s, little-endian.
+  // The stored bytes: not part of the header. Set by the writer, and by a
+  // reader once it has read them from the value file.
   std::string_view stored;
 };
 
@@ -84,10 +101,11 @@ uint64_t Checksum(std::string_view bytes);
 // The header of a value, its checksum included; the stored bytes follow.
 std::string EncodeHeader(const ValueFields& f);
 
-// Parses and verifies the header; the stored bytes are VerifyStored's.
+// Parses and verifies a header (the whole of a block's RocksDB record);
+// the stored bytes, read from the value file, are VerifyStored's.
 StatusOr<ValueFields> ParseHeader(std::string_view value);
 
-// Verifies the stored bytes against their checksum.
+// Verifies f.stored against the header's size and checksum.
 Status VerifyStored(const ValueFields& f);
 
 // Verifies the stored bytes and decodes them into `out` (the payload size),
@@ -97,10 +115,47 @@ Status VerifyAndDecode(const ValueFields& f, std::span<std::byte> out);
 // Whether a header's token bytes are `tokens`.
 bool SameTokens(std::string_view token_bytes, std::span<const TokenId> tokens);
 
+// Where a stored block's bytes are in the value file and how to check
+// them: all a Get needs, without reading the block's record.
+struct ValueLocation {
+  uint64_t slot = 0;
+  uint64_t stored_bytes = 0;
+  uint64_t payload_checksum = 0;
+  uint64_t stored_checksum = 0;
+  DiskCodec codec = DiskCodec::kNone;
+  int32_t element_bytes = 0;  // The codec's.
+};
+
 // ---------------------------------------------------------------------------
-// The index (disk_index.cc): which keys the tier holds, their sizes, tokens
-// and LRU order, and the byte bound. Not thread-safe; DiskTierImpl guards it
-// with mu_.
+// The value file's slots (disk_index.cc). A write takes a slot; the slot
+// belongs to its key's record once the record lands, and comes back when
+// that record is deleted or replaced (or the write fails). A slot that
+// comes back while a Get reads it is free only once its last reader is
+// done, so no read ever sees another block's bytes land under it. Taking
+// the lowest free slot keeps the file as short as the blocks it holds.
+// Not thread-safe; DiskTierImpl guards it with mu_.
+class SlotAllocator {
+ public:
+  uint64_t Take();
+  void Give(uint64_t slot);
+  void AddReader(uint64_t slot) { ++readers_[slot]; }
+  void DropReader(uint64_t slot);
+  // Open: every slot below the highest of `used` that is not in it is free.
+  void Restore(std::span<const uint64_t> used);
+  // One past the highest slot taken: the value file needs end() slots.
+  uint64_t end() const { return end_; }
+
+ private:
+  std::set<uint64_t> free_;
+  uint64_t end_ = 0;
+  std::unordered_map<uint64_t, uint32_t> readers_;
+  std::unordered_set<uint64_t> given_while_read_;
+};
+
+// ---------------------------------------------------------------------------
+// The index (disk_index.cc): which keys the tier holds, their sizes, tokens,
+// value locations and LRU order, and the byte bound. Not thread-safe;
+// DiskTierImpl guards it with mu_.
 class DiskIndex {
  public:
   struct Entry {
@@ -108,6 +163,7 @@ class DiskIndex {
     uint64_t bytes = 0;
     bool stored = false;  // false: WRITING.
     std::vector<TokenId> tokens;
+    ValueLocation location;             // Valid iff stored.
     std::list<BlockKey>::iterator lru;  // Valid iff stored.
   };
 
@@ -123,16 +179,18 @@ class DiskIndex {
                          uint64_t bytes, std::span<const TokenId> tokens,
                          std::vector<BlockKey>* victims);
 
-  // WRITING -> STORED (most recently used). False if `generation` is no
-  // longer the key's: the write was superseded or removed.
-  bool Commit(const BlockKey& key, uint64_t generation);
+  // WRITING -> STORED at `location` (most recently used). False if
+  // `generation` is no longer the key's: the write was superseded or
+  // removed.
+  bool Commit(const BlockKey& key, uint64_t generation,
+              const ValueLocation& location);
 
   bool IsCurrent(const BlockKey& key, uint64_t generation) const;
 
   // Adds a STORED key found on disk as the most recently used; Open inserts
   // in write order. Ignores the bound (EvictToCapacity restores it).
   void InsertStored(const BlockKey& key, uint64_t bytes,
-                    std::vector<TokenId> tokens);
+                    std::vector<TokenId> tokens, const ValueLocation& location);
 
   void EvictToCapacity(std::vector<BlockKey>* victims);
 

@@ -1,17 +1,25 @@
-// The disk tier's production storage: a RocksDB (BlobDB) database, its
-// options, and RocksDB's statuses translated into tierkv's.
+// The disk tier's production storage: a RocksDB database (the index of
+// record: one small record per block) and the value file beside it (the
+// blocks' bytes), their options, and RocksDB's and the kernel's errors
+// translated into tierkv's.
+#include <fcntl.h>
+#include <limits.h>
 #include <rocksdb/convenience.h>
 #include <rocksdb/db.h>
 #include <rocksdb/metadata.h>
 #include <rocksdb/options.h>
 #include <rocksdb/slice.h>
+#include <rocksdb/sst_file_reader.h>
 #include <rocksdb/table.h>
 #include <rocksdb/utilities/debug.h>
 #include <rocksdb/write_batch.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <sys/uio.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstdarg>
 #include <cstdio>
@@ -105,6 +113,10 @@ Status CallRocks(std::string_view what, const std::string& path, Fn&& fn) {
 
 rocksdb::Slice ToSlice(std::string_view s) { return {s.data(), s.size()}; }
 
+std::string ValueFilePath(const std::string& path) {
+  return path + "/" + std::string(kDiskValueFileName);
+}
+
 StatusOr<uint64_t> FreeBytesAt(const std::string& path) {
   struct statvfs st {};
   if (statvfs(path.c_str(), &st) != 0) {
@@ -116,22 +128,39 @@ StatusOr<uint64_t> FreeBytesAt(const std::string& path) {
   return uint64_t{st.f_bavail} * st.f_frsize;
 }
 
+// An errno from the value file, as a Status saying what to do about it.
+Status FromErrno(int err, std::string_view what, const std::string& file) {
+  std::string msg =
+      std::string(what) + " value file " + file + ": " + std::strerror(err);
+  if (err == ENOSPC || err == EDQUOT) {
+    return Status::ResourceExhausted(
+        msg + "; free disk space or lower the disk tier's capacity");
+  }
+  if (err == EACCES || err == EPERM || err == EROFS) {
+    return Status::PermissionDenied(msg +
+                                    "; check the directory's owner and mode");
+  }
+  return Status::Unavailable(msg + "; check the disk and the filesystem");
+}
+
 class RocksDbStorage final : public DiskStorage {
  public:
   // `read_only`: why the database was opened read-only; OK if it was not.
+  // `values_fd`: the value file, opened for writing unless read-only; -1
+  // when a read-only store has none (every read of it then fails).
   RocksDbStorage(const RocksDbStorageOptions& options, rocksdb::DB* db,
-                 Status read_only)
+                 int values_fd, Status read_only)
       : path_(options.path),
+        values_path_(ValueFilePath(options.path)),
         db_(db),
-        blob_files_(options.blob_files),
+        values_fd_(values_fd),
         reserved_(RocksDbReservedBytes(options)),
         read_only_(std::move(read_only)) {
     // See RocksDbStorageOptions::write_ahead_log.
     write_options_.disableWAL = !options.write_ahead_log;
-    // Every value carries its own checksums (verified by the tier), so
-    // RocksDB's block and blob checksums would be a second pass over the
-    // same bytes. Large values bypass the block cache. Open's scan
-    // (ForEach) verifies them once.
+    // Every record carries its own checksum (verified by the tier), so
+    // RocksDB's block checksums would be a second pass over the same
+    // bytes. Open's scan (ForEach) verifies them once.
     read_options_.verify_checksums = false;
     read_options_.fill_cache = false;
   }
@@ -145,6 +174,83 @@ class RocksDbStorage final : public DiskStorage {
     // Open does not miss.
     rocksdb::Status ignored = db_->Close();
     (void)ignored;
+    if (values_fd_ >= 0) close(values_fd_);
+  }
+
+  Status WritePayload(uint64_t offset, std::string_view bytes) override {
+    TIERKV_RETURN_IF_ERROR(Writable());
+    while (!bytes.empty()) {
+      const ssize_t n = pwrite(values_fd_, bytes.data(), bytes.size(),
+                               static_cast<off_t>(offset));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        return Checked(
+            FromErrno(n < 0 ? errno : EIO, "writing to the", values_path_));
+      }
+      bytes.remove_prefix(static_cast<size_t>(n));
+      offset += static_cast<uint64_t>(n);
+    }
+    return Status::Ok();
+  }
+
+  Status ReadPayload(uint64_t offset,
+                     std::span<const std::span<std::byte>> outs) override {
+    if (values_fd_ < 0) {
+      return Status::DataLoss("the store has no value file " + values_path_);
+    }
+    std::vector<iovec> iov;
+    iov.reserve(outs.size());
+    for (std::span<std::byte> out : outs) {
+      if (!out.empty()) iov.push_back({out.data(), out.size()});
+    }
+    size_t first = 0;  // iov[first..] is still to read.
+    while (first < iov.size()) {
+      const int count =
+          static_cast<int>(std::min<size_t>(iov.size() - first, IOV_MAX));
+      const ssize_t n =
+          preadv(values_fd_, &iov[first], count, static_cast<off_t>(offset));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) return FromErrno(errno, "reading the", values_path_);
+      if (n == 0) {
+        return Status::DataLoss("value file " + values_path_ +
+                                " ends before offset " +
+                                std::to_string(offset + 1));
+      }
+      offset += static_cast<uint64_t>(n);
+      for (size_t left = static_cast<size_t>(n); left > 0;) {
+        const size_t step = std::min(left, iov[first].iov_len);
+        iov[first].iov_base = static_cast<char*>(iov[first].iov_base) + step;
+        iov[first].iov_len -= step;
+        left -= step;
+        if (iov[first].iov_len == 0) ++first;
+      }
+    }
+    return Status::Ok();
+  }
+
+  Status ReleasePayload(uint64_t offset, uint64_t bytes) override {
+    TIERKV_RETURN_IF_ERROR(Writable());
+    if (bytes == 0) return Status::Ok();
+    if (fallocate(values_fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                  static_cast<off_t>(offset), static_cast<off_t>(bytes)) == 0 ||
+        errno == EOPNOTSUPP) {
+      // A filesystem without holes keeps the bytes: only space is lost.
+      return Status::Ok();
+    }
+    return Checked(FromErrno(errno, "releasing space in the", values_path_));
+  }
+
+  Status TruncatePayloads(uint64_t bytes) override {
+    TIERKV_RETURN_IF_ERROR(Writable());
+    struct stat st {};
+    if (fstat(values_fd_, &st) == 0 &&
+        static_cast<uint64_t>(st.st_size) <= bytes) {
+      return Status::Ok();
+    }
+    if (ftruncate(values_fd_, static_cast<off_t>(bytes)) != 0) {
+      return Checked(FromErrno(errno, "truncating the", values_path_));
+    }
+    return Status::Ok();
   }
 
   Status Put(std::string_view key,
@@ -193,9 +299,10 @@ class RocksDbStorage final : public DiskStorage {
   // Verifies every SST file whole first (DataLoss naming a damaged one: its
   // keys cannot be listed past the damage), then lists the keys (from the
   // SSTs and memtables, no values read) and reads each value with its
-  // checksums verified: a damaged blob then fails its own key only, where
-  // an iterator would stop at it and hide every key after it. A damaged
-  // value is visited as empty (the tier drops it) and its file recorded.
+  // checksums verified: a damaged record then fails its own key only,
+  // where an iterator would stop at it and hide every key after it. A
+  // damaged record is visited as empty (the tier drops it) and its file
+  // recorded.
   // The listing (RocksDB's GetAllKeyVersions) ends at the first block it
   // cannot read and reports OK, hence the SST check before it.
   Status ForEach(const Visitor& visit) override {
@@ -205,8 +312,8 @@ class RocksDbStorage final : public DiskStorage {
     verified.fill_cache = false;
     std::string last;
     bool first = true;
-    // Blob references are small; inline values are whole blocks.
-    const size_t batch = blob_files_ ? 4096 : 16;
+    // Records are small: a header and the block's token ids.
+    const size_t batch = 4096;
     while (true) {
       std::vector<rocksdb::KeyVersion> versions;
       TIERKV_RETURN_IF_ERROR(CallRocks("listing the store's keys", path_, [&] {
@@ -230,8 +337,16 @@ class RocksDbStorage final : public DiskStorage {
     }
   }
 
+  // The value file first: a record made durable by the flush then points
+  // at bytes that are durable too. (Records flushed earlier by RocksDB
+  // itself may precede their bytes to the disk; a machine crash then leaves
+  // a record whose bytes fail their checksum when read: dropped, never
+  // served.)
   Status Flush() override {
     TIERKV_RETURN_IF_ERROR(Writable());
+    if (fdatasync(values_fd_) != 0) {
+      return Checked(FromErrno(errno, "syncing the", values_path_));
+    }
     return Checked(CallRocks("flushing memtables", path_, [&] {
       rocksdb::FlushOptions options;
       options.wait = true;
@@ -239,15 +354,33 @@ class RocksDbStorage final : public DiskStorage {
     }));
   }
 
+  // The value file by the space it takes (holes are free), the rest by
+  // size.
   uint64_t FileBytes() override {
+    struct stat st {};
+    const uint64_t values = values_fd_ >= 0 && fstat(values_fd_, &st) == 0
+                                ? uint64_t{512} * st.st_blocks
+                                : 0;
+    return IndexBytes() + values;
+  }
+
+  uint64_t IndexBytes() override {
     std::error_code ec;
     uint64_t total = 0;
     for (const auto& entry : std::filesystem::directory_iterator(path_, ec)) {
+      if (entry.path().filename() == kDiskValueFileName) continue;
       std::error_code size_ec;
       const uint64_t size = entry.file_size(size_ec);
       if (!size_ec) total += size;
     }
     return total;
+  }
+
+  uint64_t ValueFileBytes() override {
+    struct stat st {};
+    return values_fd_ >= 0 && fstat(values_fd_, &st) == 0
+               ? static_cast<uint64_t>(st.st_size)
+               : 0;
   }
 
   StatusOr<uint64_t> FreeBytes() override { return FreeBytesAt(path_); }
@@ -323,40 +456,10 @@ class RocksDbStorage final : public DiskStorage {
     if (visited.has_value()) return *visited;
     if (s.code() == StatusCode::kNotFound) return Status::Ok();  // Deleted.
     if (s.code() != StatusCode::kDataLoss) return s;
-    // RocksDB names a damaged SST, not a damaged blob file: that one is in
-    // the key's blob reference.
     std::vector<std::string> files = FilesNamedIn(s.message());
-    if (files.empty()) {
-      std::optional<std::string> blob = BlobFileOf(newest);
-      files.push_back(blob ? *blob : s.message());
-    }
+    if (files.empty()) files.push_back(s.message());
     RecordDamage(std::move(files));
     return visit(key, std::string_view());
-  }
-
-  // The blob file a key's version refers to, decoded from its blob
-  // reference (RocksDB's BlobIndex: a type byte, then the file number as a
-  // varint); nullopt for a value stored in the SST itself.
-  std::optional<std::string> BlobFileOf(const rocksdb::KeyVersion& v) const {
-    constexpr int kTypeBlobIndex = 0x11;  // RocksDB's ValueType.
-    constexpr uint8_t kBlobType = 1;      // BlobIndex::Type::kBlob.
-    if (v.type != kTypeBlobIndex || v.value.empty() ||
-        static_cast<uint8_t>(v.value[0]) != kBlobType) {
-      return std::nullopt;
-    }
-    uint64_t number = 0;
-    for (size_t i = 1, shift = 0; i < v.value.size() && shift < 64;
-         ++i, shift += 7) {
-      const uint8_t byte = static_cast<uint8_t>(v.value[i]);
-      number |= uint64_t{byte & 0x7fu} << shift;
-      if ((byte & 0x80) == 0) {
-        char name[32];
-        std::snprintf(name, sizeof(name), "/%06llu.blob",
-                      static_cast<unsigned long long>(number));
-        return path_ + name;
-      }
-    }
-    return std::nullopt;
   }
 
   void RecordDamage(std::vector<std::string> files) {
@@ -378,8 +481,9 @@ class RocksDbStorage final : public DiskStorage {
   }
 
   const std::string path_;
+  const std::string values_path_;
   const std::unique_ptr<rocksdb::DB> db_;
-  const bool blob_files_;
+  const int values_fd_;
   const uint64_t reserved_;
   const Status read_only_;
   rocksdb::WriteOptions write_options_;
@@ -420,11 +524,6 @@ rocksdb::Options RocksOptions(const RocksDbStorageOptions& o) {
   // The MANIFEST stays small (a few records per flush or compaction): the
   // default 4 MiB preallocation would take a small filesystem's reserve.
   options.manifest_preallocation_size = 64 << 10;
-  options.enable_blob_files = o.blob_files;
-  options.min_blob_size = 4096;  // Every block; never the tiny ones.
-  options.blob_compression_type = rocksdb::kNoCompression;
-  // Deleted (evicted) blocks' blob files are reclaimed by compaction.
-  options.enable_blob_garbage_collection = true;
   rocksdb::BlockBasedTableOptions table;
   table.checksum = rocksdb::kXXH3;
   options.table_factory.reset(rocksdb::NewBlockBasedTableFactory(table));
@@ -439,6 +538,40 @@ uint64_t RocksDbReservedBytes(const RocksDbStorageOptions& options) {
 
 namespace {
 
+// RocksDB's refusal to open a damaged store names the MANIFEST, or a
+// missing SST by its legacy .ldb name: adds which SSTs are damaged (read
+// whole with their checksums) or missing, so the operator knows what broke.
+Status NameDamagedSsts(Status s, const RocksDbStorageOptions& options) {
+  if (s.code() != StatusCode::kDataLoss) return s;
+  std::vector<std::string> damaged;
+  std::error_code ec;
+  for (const auto& entry :
+       std::filesystem::directory_iterator(options.path, ec)) {
+    if (entry.path().extension() != ".sst") continue;
+    rocksdb::SstFileReader reader(RocksOptions(options));
+    rocksdb::Status checked = reader.Open(entry.path().string());
+    if (checked.ok()) checked = reader.VerifyChecksum();
+    if (!checked.ok()) damaged.push_back(entry.path().filename().string());
+  }
+  const std::string& msg = s.message();
+  for (size_t at = msg.find(".ldb"); at != std::string::npos;
+       at = msg.find(".ldb", at + 1)) {
+    size_t start = at;
+    while (start > 0 &&
+           std::isdigit(static_cast<unsigned char>(msg[start - 1]))) {
+      --start;
+    }
+    if (start < at)
+      damaged.push_back(msg.substr(start, at - start) + ".sst (missing)");
+  }
+  if (damaged.empty()) return s;
+  std::string names;
+  for (const std::string& name : damaged) {
+    names += (names.empty() ? "" : ", ") + name;
+  }
+  return Status::DataLoss(msg + " [damaged SST files: " + names + "]");
+}
+
 StatusOr<rocksdb::DB*> OpenWritable(const RocksDbStorageOptions& options) {
   // Made here, as RocksDB would (mode 0755, the parent must exist), so that
   // RocksDB does not log a missing directory as an error first. A failure
@@ -448,13 +581,26 @@ StatusOr<rocksdb::DB*> OpenWritable(const RocksDbStorageOptions& options) {
   Status s = CallRocks("opening", options.path, [&] {
     return rocksdb::DB::Open(RocksOptions(options), options.path, &db);
   });
-  if (!s.ok()) return s;
+  if (!s.ok()) return NameDamagedSsts(s, options);
   return db;
 }
 
 bool HasDatabase(const std::string& path) {
   std::error_code ec;
   return std::filesystem::exists(path + "/CURRENT", ec);
+}
+
+// Opens the value file of the store at `path`: for writing (made if
+// missing), or read-only, where a missing file is -1 (a store that never
+// wrote one has no record that points into it).
+StatusOr<int> OpenValueFile(const std::string& path, bool read_only) {
+  const std::string file = ValueFilePath(path);
+  const int fd = read_only ? open(file.c_str(), O_RDONLY | O_CLOEXEC)
+                           : open(file.c_str(), O_RDWR | O_CREAT | O_CLOEXEC,
+                                  0666);  // Less the umask, as RocksDB's.
+  if (fd >= 0) return fd;
+  if (read_only && errno == ENOENT) return -1;
+  return FromErrno(errno, "opening the", file);
 }
 
 }  // namespace
@@ -482,8 +628,10 @@ StatusOr<std::unique_ptr<DiskStorage>> OpenRocksDbStorage(
       (db.ok() || db.status().code() != StatusCode::kResourceExhausted ||
        !HasDatabase(options.path))) {
     if (!db.ok()) return db.status();
-    return std::unique_ptr<DiskStorage>(
-        std::make_unique<RocksDbStorage>(options, *db, Status::Ok()));
+    std::unique_ptr<rocksdb::DB> opened(*db);
+    TIERKV_ASSIGN_OR_RETURN(int fd, OpenValueFile(options.path, false));
+    return std::unique_ptr<DiskStorage>(std::make_unique<RocksDbStorage>(
+        options, opened.release(), fd, Status::Ok()));
   }
   const std::string why =
       low ? std::to_string(*free_bytes) + " bytes free, below the " +
@@ -494,8 +642,10 @@ StatusOr<std::unique_ptr<DiskStorage>> OpenRocksDbStorage(
     return rocksdb::DB::OpenForReadOnly(RocksOptions(options), options.path,
                                         &read_only);
   }));
+  std::unique_ptr<rocksdb::DB> opened(read_only);
+  TIERKV_ASSIGN_OR_RETURN(int fd, OpenValueFile(options.path, true));
   return std::unique_ptr<DiskStorage>(std::make_unique<RocksDbStorage>(
-      options, read_only,
+      options, opened.release(), fd,
       Status::ResourceExhausted(
           "disk tier " + options.path + " opened read-only (" + why +
           "): it serves what it holds and stores nothing new; free space on "
@@ -503,9 +653,16 @@ StatusOr<std::unique_ptr<DiskStorage>> OpenRocksDbStorage(
 }
 
 Status DestroyRocksDbStorage(const std::string& path) {
-  return CallRocks("destroying", path, [&] {
+  TIERKV_RETURN_IF_ERROR(CallRocks("destroying", path, [&] {
     return rocksdb::DestroyDB(path, rocksdb::Options());
-  });
+  }));
+  const std::string file = ValueFilePath(path);
+  if (unlink(file.c_str()) != 0 && errno != ENOENT) {
+    return FromErrno(errno, "removing the", file);
+  }
+  // DestroyDB leaves the directory when the value file was still in it.
+  (void)rmdir(path.c_str());
+  return Status::Ok();
 }
 
 }  // namespace tierkv

@@ -30,11 +30,12 @@ using disk_internal::EncodeHeader;
 using disk_internal::kMaxTokens;
 using disk_internal::ParseHeader;
 using disk_internal::ParseStorageKey;
-using disk_internal::SameTokens;
 using disk_internal::ScratchBuffer;
+using disk_internal::SlotAllocator;
+using disk_internal::SlotBytes;
 using disk_internal::ValueFields;
+using disk_internal::ValueLocation;
 using disk_internal::VerifyAndDecode;
-using disk_internal::VerifyStored;
 
 // ---------------------------------------------------------------------------
 // A fixed pool of threads running queued tasks in FIFO order.
@@ -180,8 +181,14 @@ class SpaceGuard {
 // order: a delete of an evicted key never lands after a newer Put of the same
 // key, and a superseded write never lands after the newer one. An operation
 // waits only for another of the same key (one block's write at most), never
-// for unrelated keys. Reads take no busy mark: RocksDB returns either value
-// whole, and both verify.
+// for unrelated keys. Reads take no busy mark: a Get pins the slot its
+// entry names (SlotAllocator readers), so the bytes there stay that
+// block's until it is done, whatever happens to the key meanwhile.
+// A block's bytes go to a free slot of the value file first, then its
+// record (header, token ids, slot) to RocksDB: a record is never visible,
+// in the index or after a crash, before the bytes it points at are written.
+// A slot is given back only once no record points at it (record_slots_,
+// changed with the key busy).
 // Remove and RemoveAll delete with their keys busy, before they return, so a
 // write of the key has either landed (and is deleted) or finds its entry
 // gone; Remove also cancels the key's Puts not yet reserved (queued_: a Put
@@ -194,6 +201,7 @@ class DiskTierImpl final : public DiskTier {
       : options_(options),
         storage_(std::move(storage)),
         space_(storage_.get()),
+        slot_bytes_(SlotBytes(options.block_bytes)),
         index_(options.capacity_bytes - options.reserved_bytes) {}
 
   ~DiskTierImpl() override {
@@ -221,9 +229,14 @@ class DiskTierImpl final : public DiskTier {
 
   void Get(const BlockKey& key, std::span<const TokenId> tokens,
            std::span<std::byte> out, Done done) override {
-    std::vector<TokenId> owned(tokens.begin(), tokens.end());
-    io_->Submit([this, key, owned = std::move(owned), out,
-                 done = std::move(done)] { done(GetNow(key, owned, out)); });
+    {
+      MutexLock lock(&mu_);
+      reads_.push_back(Read{.key = key,
+                            .tokens = {tokens.begin(), tokens.end()},
+                            .out = out,
+                            .done = std::move(done)});
+    }
+    io_->Submit([this] { RunReads(); });
   }
 
   bool Contains(const BlockKey& key) const TIERKV_EXCLUDES(mu_) override {
@@ -257,7 +270,7 @@ class DiskTierImpl final : public DiskTier {
       // write ran before this one got the key).
       erase_value = erased && index_.FindStored(key) == nullptr;
     }
-    if (erase_value) DeleteNow(DiskStorageKey(key));
+    if (erase_value) DeleteNow({&key, 1});
     ReleaseKeys({&key, 1});
     return stored;
   }
@@ -280,11 +293,7 @@ class DiskTierImpl final : public DiskTier {
         busy_.insert(key);
       }
     }
-    std::vector<std::string> storage_keys;
-    storage_keys.reserve(keys.size());
-    for (const BlockKey& key : keys)
-      storage_keys.push_back(DiskStorageKey(key));
-    DeleteNow(storage_keys);
+    DeleteNow(keys);
     ReleaseKeys(keys);
     return keys.size();
   }
@@ -363,13 +372,32 @@ class DiskTierImpl final : public DiskTier {
     MutexLock lock(&mu_);
     for (const BlockKey& key : keys) ReleaseKeyLocked(key);
   }
+  // Writes `stored` to a free slot, then the key's record (`fields` with
+  // that slot) to the storage.
   Status WriteReserved(const BlockKey& key, uint64_t generation,
-                       std::string_view header, std::string_view stored)
+                       ValueFields fields) TIERKV_EXCLUDES(mu_);
+  // A queued Get, and what the index said of it.
+  struct Read {
+    BlockKey key;
+    std::vector<TokenId> tokens;
+    std::span<std::byte> out;
+    Done done;
+    Status status = Status::Ok();  // Not OK: answered without reading.
+    uint64_t generation = 0;       // The entry read.
+    ValueLocation location = {};   // Pinned (a reader of its slot) if OK.
+  };
+  // Takes queued Gets (up to kReadBatchBytes of them) and reads them: one
+  // vectored read per run of adjacent slots, so that blocks spilled
+  // together come back in large I/Os, then each is verified on its own.
+  void RunReads() TIERKV_EXCLUDES(mu_);
+  // Checks a Get against the index; pins its slot if it is stored.
+  void ResolveLocked(Read* read) TIERKV_REQUIRES(mu_);
+  // Reads `run` (pinned Gets in adjacent slots, raw blocks if more than
+  // one) into their buffers in one storage read, then verifies each.
+  void ReadRun(std::span<Read*> run) TIERKV_EXCLUDES(mu_);
+  // Reads and verifies the bytes at `location` into `out`.
+  Status ReadValue(const ValueLocation& location, std::span<std::byte> out)
       TIERKV_EXCLUDES(mu_);
-  Status GetNow(const BlockKey& key, std::span<const TokenId> tokens,
-                std::span<std::byte> out) TIERKV_EXCLUDES(mu_);
-  Status ReadValue(const BlockKey& key, std::span<const TokenId> tokens,
-                   std::span<std::byte> out) TIERKV_EXCLUDES(mu_);
   Status CheckLayout(const ValueFields& fields) const;
   // Deletes `key` from storage unless the index holds it again.
   void DeleteIfAbsent(const BlockKey& key) TIERKV_EXCLUDES(mu_);
@@ -380,13 +408,14 @@ class DiskTierImpl final : public DiskTier {
       TIERKV_EXCLUDES(mu_) {
     for (const BlockKey& victim : victims) DeleteIfAbsent(victim);
   }
-  // Deletes storage keys (in one storage write) unless the tier is degraded
-  // (RocksDB is not written after a write error); a failure degrades it.
-  void DeleteNow(std::span<const std::string> storage_keys)
+  // Deletes the keys' records (in one storage write) unless the tier is
+  // degraded (RocksDB is not written after a write error), then gives back
+  // the slots they pointed at; a failure degrades the tier. The keys must
+  // be busy (AcquireKey).
+  void DeleteNow(std::span<const BlockKey> keys) TIERKV_EXCLUDES(mu_);
+  // Deletes storage keys of records Open found bad: no slot is theirs.
+  Status DeleteRecords(std::span<const std::string> storage_keys)
       TIERKV_EXCLUDES(mu_);
-  void DeleteNow(const std::string& storage_key) TIERKV_EXCLUDES(mu_) {
-    DeleteNow({&storage_key, 1});
-  }
   // Refreshes file_bytes_ on an I/O thread once it is older than
   // kFileBytesAge: stats() never reads the disk on its caller's thread.
   void MaybeRefreshFileBytes() const;
@@ -410,6 +439,7 @@ class DiskTierImpl final : public DiskTier {
   const DiskTierOptions options_;
   const std::unique_ptr<DiskStorage> storage_;
   SpaceGuard space_;
+  const uint64_t slot_bytes_;  // SlotBytes(block_bytes).
   // Puts queued and not yet run, per key: a Remove cancels them.
   struct QueuedPuts {
     int64_t puts = 0;
@@ -418,6 +448,11 @@ class DiskTierImpl final : public DiskTier {
   std::atomic<uint64_t> next_sequence_{1};
   mutable Mutex mu_;
   DiskIndex index_ TIERKV_GUARDED_BY(mu_);
+  SlotAllocator slots_ TIERKV_GUARDED_BY(mu_);
+  // The slot each key's record in the storage points at.
+  std::unordered_map<BlockKey, uint64_t, BlockKeyHash> record_slots_
+      TIERKV_GUARDED_BY(mu_);
+  std::deque<Read> reads_ TIERKV_GUARDED_BY(mu_);  // Gets not yet taken.
   Counters counters_ TIERKV_GUARDED_BY(mu_);
   Status stopped_ TIERKV_GUARDED_BY(mu_);  // See Stopped.
   uint64_t next_generation_ TIERKV_GUARDED_BY(mu_) = 1;
@@ -487,21 +522,27 @@ Status DiskTierImpl::EncodeAndWrite(const BlockKey& key, uint64_t generation,
   const std::string_view stored = encoded.codec == DiskCodec::kNone
                                       ? AsChars(payload)
                                       : AsChars(out.first(encoded.bytes));
-  const std::string header = EncodeHeader(ValueFields{
+  ValueFields fields{
       .codec = encoded.codec,
       .element_bytes = options_.element_bytes,
       .sequence = next_sequence_.fetch_add(1),
       .payload_bytes = payload.size(),
+      .stored_bytes = stored.size(),
       .payload_checksum = payload_checksum,
       // Raw payloads (the common case for incompressible data) hash once.
       .stored_checksum = encoded.codec == DiskCodec::kNone ? payload_checksum
                                                            : Checksum(stored),
+      .slot = 0,  // Taken when the write starts.
       .fingerprint = options_.layout_fingerprint,
       .token_bytes = AsChars(std::as_bytes(tokens)),
       .stored = stored,
-  });
-
-  const uint64_t bytes = header.size() + stored.size();
+  };
+  // The record and the slot's pages the stored bytes take (the rest of the
+  // slot is a hole: see WriteReserved).
+  const uint64_t bytes =
+      DiskValueBytes(payload.size(), options_.layout_fingerprint.size(),
+                     tokens.size()) -
+      SlotBytes(payload.size()) + SlotBytes(stored.size());
   std::vector<BlockKey> victims;
   StatusOr<bool> reserved = false;
   {
@@ -516,12 +557,11 @@ Status DiskTierImpl::EncodeAndWrite(const BlockKey& key, uint64_t generation,
   DeleteVictims(victims);
   if (!reserved.ok()) return reserved.status();
   if (!*reserved) return Status::Ok();  // A later Put of the key won.
-  return WriteReserved(key, generation, header, stored);
+  return WriteReserved(key, generation, fields);
 }
 
 Status DiskTierImpl::WriteReserved(const BlockKey& key, uint64_t generation,
-                                   std::string_view header,
-                                   std::string_view stored) {
+                                   ValueFields fields) {
   {
     MutexLock lock(&mu_);
     AcquireKey(key);
@@ -531,22 +571,49 @@ Status DiskTierImpl::WriteReserved(const BlockKey& key, uint64_t generation,
       ReleaseKeyLocked(key);
       return removed ? Cancelled(key) : Status::Ok();
     }
+    fields.slot = slots_.Take();
   }
-  const std::string storage_key = DiskStorageKey(key);
-  const std::string_view parts[2] = {header, stored};
-  Status s = storage_->Put(storage_key, parts);
+  const uint64_t offset = fields.slot * slot_bytes_;
+  Status s = storage_->WritePayload(offset, fields.stored);
+  const uint64_t used = SlotBytes(fields.stored.size());
+  if (s.ok() && used < slot_bytes_) {
+    // A compressed block: the slot's tail (a longer block's, before) takes
+    // no disk space.
+    s = storage_->ReleasePayload(offset + used, slot_bytes_ - used);
+  }
+  const std::string header = EncodeHeader(fields);
+  if (s.ok()) {
+    const std::string_view parts[1] = {header};
+    s = storage_->Put(DiskStorageKey(key), parts);
+  }
   {
     MutexLock lock(&mu_);
     ReleaseKeyLocked(key);
     if (s.ok()) {
+      // The record now points at the new slot; the one it replaced (if the
+      // key was stored before) is free once its readers are done.
+      auto [it, inserted] = record_slots_.try_emplace(key, fields.slot);
+      if (!inserted) {
+        slots_.Give(it->second);
+        it->second = fields.slot;
+      }
       ++counters_.puts;
       counters_.payload_bytes_written += options_.block_bytes;
-      counters_.stored_bytes_written += header.size() + stored.size();
-      if (index_.Commit(key, generation)) return s;
+      counters_.stored_bytes_written += header.size() + fields.stored.size();
+      const ValueLocation location{.slot = fields.slot,
+                                   .stored_bytes = fields.stored.size(),
+                                   .payload_checksum = fields.payload_checksum,
+                                   .stored_checksum = fields.stored_checksum,
+                                   .codec = fields.codec,
+                                   .element_bytes = fields.element_bytes};
+      if (index_.Commit(key, generation, location)) return s;
       // Removed while it was written (Remove deletes it once the key is
       // free), or superseded by a newer Put, which writes over it.
       return index_.Contains(key) ? s : Cancelled(key);
     }
+    // No record points at the slot: the tier writes nothing more after
+    // this error, and a record RocksDB kept of it is checked when read.
+    slots_.Give(fields.slot);
     index_.EraseIf(key, generation);
     ++counters_.put_failures;
   }
@@ -605,74 +672,190 @@ void DiskTierImpl::WriteFailed(const Status& s) {
   if (first) Report(Stopped());
 }
 
-void DiskTierImpl::DeleteNow(std::span<const std::string> storage_keys) {
-  if (storage_keys.empty()) return;
-  if (!Stopped().ok()) return;  // Forgotten by the index; Open re-checks.
-  Status s = storage_keys.size() == 1 ? storage_->Delete(storage_keys[0])
-                                      : storage_->DeleteBatch(storage_keys);
-  if (!s.ok()) WriteFailed(s);
+void DiskTierImpl::DeleteNow(std::span<const BlockKey> keys) {
+  if (keys.empty()) return;
+  // Degraded: forgotten by the index only, and their slots stay taken
+  // (their records still point there); Open checks them again.
+  if (!Stopped().ok()) return;
+  Status s;
+  if (keys.size() == 1) {
+    s = storage_->Delete(DiskStorageKey(keys[0]));
+  } else {
+    std::vector<std::string> storage_keys;
+    storage_keys.reserve(keys.size());
+    for (const BlockKey& key : keys) {
+      storage_keys.push_back(DiskStorageKey(key));
+    }
+    s = storage_->DeleteBatch(storage_keys);
+  }
+  if (!s.ok()) {
+    WriteFailed(s);
+    return;
+  }
+  MutexLock lock(&mu_);
+  for (const BlockKey& key : keys) {
+    auto it = record_slots_.find(key);
+    if (it == record_slots_.end()) continue;
+    slots_.Give(it->second);
+    record_slots_.erase(it);
+  }
 }
 
-Status DiskTierImpl::GetNow(const BlockKey& key,
-                            std::span<const TokenId> tokens,
-                            std::span<std::byte> out) {
-  if (out.size() != options_.block_bytes) {
-    return Status::InvalidArgument(
-        "disk tier Get: buffer is " + std::to_string(out.size()) +
-        " bytes, a block is " + std::to_string(options_.block_bytes));
-  }
-  uint64_t generation = 0;
-  {
-    MutexLock lock(&mu_);
-    ++counters_.gets;
-    const DiskIndex::Entry* entry = index_.FindStored(key);
-    if (entry == nullptr) {
-      ++counters_.misses;
-      return Status::NotFound("block " + key.ToHex() + " is not on disk");
-    }
-    if (!std::ranges::equal(entry->tokens, tokens)) {
-      ++counters_.misses;
-      ++counters_.token_mismatches;
-      return Status::NotFound("block " + key.ToHex() +
-                              " is on disk for other token ids");
-    }
-    index_.Touch(*entry);
-    generation = entry->generation;
-  }
-  Status s = ReadValue(key, tokens, out);
-  {
-    MutexLock lock(&mu_);
-    if (s.ok()) {
-      ++counters_.hits;
-    } else if (s.code() == StatusCode::kNotFound) {
-      ++counters_.misses;  // Evicted, removed or rewritten meanwhile.
-    } else if (s.code() == StatusCode::kDataLoss) {
-      ++counters_.checksum_failures;
-    }
-  }
-  if (s.code() == StatusCode::kDataLoss) DropIfCurrent(key, generation);
+Status DiskTierImpl::DeleteRecords(std::span<const std::string> storage_keys) {
+  if (storage_keys.empty() || !Stopped().ok()) return Status::Ok();
+  Status s = storage_->DeleteBatch(storage_keys);
+  if (!s.ok()) WriteFailed(s);
   return s;
 }
 
-Status DiskTierImpl::ReadValue(const BlockKey& key,
-                               std::span<const TokenId> tokens,
-                               std::span<std::byte> out) {
-  return storage_->Get(DiskStorageKey(key), [&](std::string_view value) {
-    StatusOr<ValueFields> fields = ParseHeader(value);
-    Status s = fields.ok() ? CheckLayout(*fields) : fields.status();
-    if (s.ok() && !SameTokens(fields->token_bytes, tokens)) {
-      // Rewritten for other tokens since the index check: a miss.
-      return Status::NotFound("block " + key.ToHex() +
-                              " was rewritten for other token ids");
+// Large enough for the device to stream (several blocks per I/O), small
+// enough that the I/O threads share a burst of Gets.
+constexpr uint64_t kReadBatchBytes = uint64_t{8} << 20;
+constexpr size_t kMaxReadBatch = 256;
+
+void DiskTierImpl::ResolveLocked(Read* read) {
+  ++counters_.gets;
+  if (read->out.size() != options_.block_bytes) {
+    read->status = Status::InvalidArgument(
+        "disk tier Get: buffer is " + std::to_string(read->out.size()) +
+        " bytes, a block is " + std::to_string(options_.block_bytes));
+    return;
+  }
+  const DiskIndex::Entry* entry = index_.FindStored(read->key);
+  if (entry == nullptr) {
+    ++counters_.misses;
+    read->status =
+        Status::NotFound("block " + read->key.ToHex() + " is not on disk");
+    return;
+  }
+  if (!std::ranges::equal(entry->tokens, read->tokens)) {
+    ++counters_.misses;
+    ++counters_.token_mismatches;
+    read->status = Status::NotFound("block " + read->key.ToHex() +
+                                    " is on disk for other token ids");
+    return;
+  }
+  index_.Touch(*entry);
+  read->generation = entry->generation;
+  read->location = entry->location;
+  slots_.AddReader(read->location.slot);
+}
+
+void DiskTierImpl::RunReads() {
+  std::vector<Read> batch;
+  {
+    MutexLock lock(&mu_);
+    uint64_t bytes = 0;
+    while (!reads_.empty() && batch.size() < kMaxReadBatch &&
+           (batch.empty() || bytes + options_.block_bytes <= kReadBatchBytes)) {
+      batch.push_back(std::move(reads_.front()));
+      reads_.pop_front();
+      bytes += options_.block_bytes;
+      ResolveLocked(&batch.back());
     }
-    if (s.ok()) s = VerifyAndDecode(*fields, out);
-    if (!s.ok()) {
-      return Status::DataLoss("disk tier block " + key.ToHex() +
-                              " failed verification (" + s.message() +
-                              "); deleted");
-    }
-    return s;
+  }
+  if (batch.empty()) return;  // Another thread's batch took these Gets.
+  std::vector<Read*> pinned;
+  for (Read& read : batch) {
+    if (read.status.ok()) pinned.push_back(&read);
+  }
+  std::sort(pinned.begin(), pinned.end(), [](const Read* a, const Read* b) {
+    return a->location.slot < b->location.slot;
   });
+  // Runs of raw blocks in adjacent slots that fill them (no gap between
+  // one block's bytes and the next's) are one read.
+  const bool contiguous = slot_bytes_ == options_.block_bytes;
+  for (size_t first = 0; first < pinned.size();) {
+    size_t last = first + 1;
+    while (contiguous && last < pinned.size() &&
+           pinned[first]->location.codec == DiskCodec::kNone &&
+           pinned[last]->location.codec == DiskCodec::kNone &&
+           pinned[last]->location.slot == pinned[last - 1]->location.slot + 1) {
+      ++last;
+    }
+    ReadRun(std::span(pinned).subspan(first, last - first));
+    first = last;
+  }
+  for (Read* read : pinned) {
+    if (read->status.code() == StatusCode::kDataLoss) {
+      read->status = Status::DataLoss("disk tier block " + read->key.ToHex() +
+                                      " failed verification (" +
+                                      read->status.message() + "); deleted");
+    }
+  }
+  {
+    MutexLock lock(&mu_);
+    for (Read* read : pinned) {
+      slots_.DropReader(read->location.slot);
+      if (read->status.ok()) {
+        ++counters_.hits;
+      } else if (read->status.code() == StatusCode::kDataLoss) {
+        ++counters_.checksum_failures;
+      }
+    }
+  }
+  for (Read* read : pinned) {
+    if (read->status.code() == StatusCode::kDataLoss) {
+      DropIfCurrent(read->key, read->generation);
+    }
+  }
+  for (Read& read : batch) {
+    Done done = std::move(read.done);
+    done(std::move(read.status));
+  }
+}
+
+void DiskTierImpl::ReadRun(std::span<Read*> run) {
+  if (run.size() > 1) {
+    std::vector<std::span<std::byte>> outs;
+    outs.reserve(run.size());
+    for (Read* read : run) outs.push_back(read->out);
+    Status s =
+        storage_->ReadPayload(run.front()->location.slot * slot_bytes_, outs);
+    if (s.ok()) {
+      for (Read* read : run) {
+        if (Checksum(AsChars(read->out)) != read->location.payload_checksum) {
+          read->status = Status::DataLoss("payload checksum mismatch");
+        }
+      }
+      return;
+    }
+    // One block of the run may be past the end of a damaged file: the
+    // others are read on their own.
+  }
+  for (Read* read : run) read->status = ReadValue(read->location, read->out);
+}
+
+Status DiskTierImpl::ReadValue(const ValueLocation& location,
+                               std::span<std::byte> out) {
+  const uint64_t offset = location.slot * slot_bytes_;
+  if (location.codec == DiskCodec::kNone) {
+    // Straight into the caller's buffer (a host slot), then one pass to
+    // verify it.
+    const std::span<std::byte> outs[1] = {out};
+    TIERKV_RETURN_IF_ERROR(storage_->ReadPayload(offset, outs));
+    if (Checksum(AsChars(out)) != location.payload_checksum) {
+      return Status::DataLoss("payload checksum mismatch");
+    }
+    return Status::Ok();
+  }
+  thread_local ScratchBuffer scratch;
+  std::span<std::byte> stored(scratch.Get(location.stored_bytes),
+                              location.stored_bytes);
+  const std::span<std::byte> outs[1] = {stored};
+  TIERKV_RETURN_IF_ERROR(storage_->ReadPayload(offset, outs));
+  const ValueFields fields{.codec = location.codec,
+                           .element_bytes = location.element_bytes,
+                           .sequence = 0,
+                           .payload_bytes = out.size(),
+                           .stored_bytes = location.stored_bytes,
+                           .payload_checksum = location.payload_checksum,
+                           .stored_checksum = location.stored_checksum,
+                           .slot = location.slot,
+                           .fingerprint = {},
+                           .token_bytes = {},
+                           .stored = AsChars(stored)};
+  return VerifyAndDecode(fields, out);
 }
 
 Status DiskTierImpl::CheckLayout(const ValueFields& fields) const {
@@ -696,7 +879,7 @@ void DiskTierImpl::DeleteIfAbsent(const BlockKey& key) {
   }
   // A value left behind (degraded, or the delete failed) takes disk space
   // until the next Open verifies and indexes it again.
-  if (absent) DeleteNow(DiskStorageKey(key));
+  if (absent) DeleteNow({&key, 1});
   ReleaseKeys({&key, 1});
 }
 
@@ -707,7 +890,7 @@ void DiskTierImpl::DropIfCurrent(const BlockKey& key, uint64_t generation) {
     AcquireKey(key);
     erased = index_.EraseIf(key, generation);
   }
-  if (erased) DeleteNow(DiskStorageKey(key));
+  if (erased) DeleteNow({&key, 1});
   ReleaseKeys({&key, 1});
 }
 
@@ -758,6 +941,7 @@ struct FoundValue {
   uint64_t sequence = 0;
   uint64_t bytes = 0;
   std::vector<TokenId> tokens;
+  ValueLocation location;
 };
 
 // Reports a rebuild's progress at least every 1% of the bytes to read.
@@ -827,7 +1011,9 @@ Status DiskTierImpl::Rebuild() {
   std::vector<std::string> bad;
   uint64_t layout_mismatches = 0;
   std::optional<std::string> other;  // A fingerprint of another store.
-  Progress progress(options_.progress, storage_->FileBytes());
+  // Records only: the blocks' bytes are verified when a Get reads them.
+  const uint64_t value_file_bytes = storage_->ValueFileBytes();
+  Progress progress(options_.progress, storage_->IndexBytes());
   TIERKV_RETURN_IF_ERROR(storage_->ForEach(
       [&](std::string_view key, std::string_view value) -> Status {
         if (key == DiskFingerprintKey()) return Status::Ok();
@@ -838,8 +1024,11 @@ Status DiskTierImpl::Rebuild() {
         }
         std::optional<BlockKey> block_key = ParseStorageKey(key);
         StatusOr<ValueFields> fields = ParseHeader(value);
-        if (fields.ok() && !VerifyStored(*fields).ok()) {
-          fields = Status::DataLoss("stored bytes checksum mismatch");
+        if (fields.ok() && (fields->slot > value_file_bytes / slot_bytes_ ||
+                            fields->slot * slot_bytes_ + fields->stored_bytes >
+                                value_file_bytes)) {
+          // Its bytes were never written (the value file was cut or lost).
+          fields = Status::DataLoss("slot past the end of the value file");
         }
         if (!block_key || !fields.ok()) {
           bad.emplace_back(key);
@@ -851,10 +1040,20 @@ Status DiskTierImpl::Rebuild() {
           ++layout_mismatches;
           return Status::Ok();
         }
-        FoundValue v{.key = *block_key,
-                     .sequence = fields->sequence,
-                     .bytes = value.size(),
-                     .tokens = {}};
+        FoundValue v{
+            .key = *block_key,
+            .sequence = fields->sequence,
+            .bytes =
+                DiskValueBytes(options_.block_bytes, fields->fingerprint.size(),
+                               fields->token_bytes.size() / sizeof(TokenId)) -
+                slot_bytes_ + SlotBytes(fields->stored_bytes),
+            .tokens = {},
+            .location = {.slot = fields->slot,
+                         .stored_bytes = fields->stored_bytes,
+                         .payload_checksum = fields->payload_checksum,
+                         .stored_checksum = fields->stored_checksum,
+                         .codec = fields->codec,
+                         .element_bytes = fields->element_bytes}};
         v.tokens.resize(fields->token_bytes.size() / sizeof(TokenId));
         std::memcpy(v.tokens.data(), fields->token_bytes.data(),
                     fields->token_bytes.size());
@@ -870,32 +1069,50 @@ Status DiskTierImpl::Rebuild() {
     return FingerprintMismatch(recorded ? *recorded : *other,
                                layout_mismatches);
   }
-  DeleteNow(bad);
+  // Newest first: of two records naming one slot (a machine crash lost the
+  // delete of the older one, whose slot was then written again), the newer
+  // owns it and the older is dropped.
+  std::sort(found.begin(), found.end(),
+            [](const FoundValue& a, const FoundValue& b) {
+              return a.sequence > b.sequence;
+            });
+  std::unordered_set<uint64_t> claimed;
+  std::erase_if(found, [&](const FoundValue& v) {
+    if (claimed.insert(v.location.slot).second) return false;
+    bad.push_back(DiskStorageKey(v.key));
+    return true;
+  });
+  std::reverse(found.begin(), found.end());  // Write order: the LRU's.
+  (void)DeleteRecords(bad);
   if (recorded != options_.layout_fingerprint && Stopped().ok()) {
     const std::string_view parts[] = {options_.layout_fingerprint};
     Status s = storage_->Put(DiskFingerprintKey(), parts);
     if (!s.ok()) WriteFailed(s);
   }
-  std::sort(found.begin(), found.end(),
-            [](const FoundValue& a, const FoundValue& b) {
-              return a.sequence < b.sequence;
-            });
   std::vector<BlockKey> victims;
+  uint64_t slots_end = 0;
   {
     MutexLock lock(&mu_);
+    std::vector<uint64_t> used;
+    used.reserve(found.size());
     for (FoundValue& v : found) {
-      index_.InsertStored(v.key, v.bytes, std::move(v.tokens));
+      used.push_back(v.location.slot);
+      record_slots_[v.key] = v.location.slot;
+      index_.InsertStored(v.key, v.bytes, std::move(v.tokens), v.location);
     }
+    slots_.Restore(used);
+    slots_end = slots_.end();
     index_.EvictToCapacity(&victims);
     counters_.dropped_on_open = bad.size();
     counters_.layout_mismatches = layout_mismatches;
   }
   damaged_files_ = storage_->DamagedFiles();
-  std::vector<std::string> victim_keys;
-  for (const BlockKey& victim : victims) {
-    victim_keys.push_back(DiskStorageKey(victim));
+  DeleteNow(victims);
+  // Past the last slot in use the file holds only blocks no record names.
+  if (Stopped().ok()) {
+    Status s = storage_->TruncatePayloads(slots_end * slot_bytes_);
+    if (!s.ok()) WriteFailed(s);
   }
-  DeleteNow(victim_keys);
   file_bytes_ = storage_->FileBytes();
   file_bytes_read_ = Clock::now().time_since_epoch().count();
   next_sequence_ = found.empty() ? 1 : found.back().sequence + 1;

@@ -1,7 +1,8 @@
-// DiskTier: the disk tier of the KV block store. KV blocks live in one
-// RocksDB database per store directory (optionally LZ4-compressed over byte
-// planes), each value carrying a verified header; the tier is bounded in
-// bytes with LRU eviction over its keys. Owned by the coordinator (tierkvd, or
+// DiskTier: the disk tier of the KV block store. Each store directory holds
+// a value file of fixed-size slots with the blocks' bytes (optionally
+// LZ4-compressed over byte planes), and a RocksDB database, the index of
+// record, with one small verified record per block (its header, token ids
+// and slot); the tier is bounded in bytes with LRU eviction over its keys. Owned by the coordinator (tierkvd, or
 // an embedded store). Thread-safety: every method may be called from any
 // thread. Disk I/O runs on the tier's own I/O threads and completion callbacks
 // run there too, so the caller's thread never waits on the disk (except in
@@ -35,22 +36,31 @@
 // back verified. Each entry into DEGRADED is reported once
 // (DiskTierOptions::on_degraded) and counted.
 //
-// On-disk value (format version 1, little-endian), written and verified by
-// this tier only:
+// A block's record in RocksDB (format version 2, little-endian), written
+// and verified by this tier only:
 //   u32 magic "TKVD" | u16 format version | u8 codec | u8 element bytes
 //   | u64 sequence (write order, rebuilds the LRU on open)
 //   | u64 payload bytes (uncompressed) | u64 stored bytes
 //   | u64 payload checksum (XXH3-64 of the uncompressed payload)
 //   | u64 stored checksum (XXH3-64 of the stored bytes; the same value when
 //     the codec is none, so a raw payload is hashed once)
+//   | u64 slot (the stored bytes are at slot * SlotBytes(block) in the
+//     value file; slots are whole 4 KiB pages, and the pages a compressed
+//     block leaves empty are holes)
 //   | u16 fingerprint length | store fingerprint (layout and model)
 //   | u32 token count | u32 token ids
 //   | u64 header checksum (XXH3-64 of every header byte before it)
-//   | stored bytes (the payload after the codec)
-// Open verifies every value's header and stored checksum (one read of the
-// store, no decompression); Get verifies all three checksums. A value that
-// fails, or that belongs to another layout or model, is deleted and counted,
-// never served.
+// A Put writes the stored bytes into a free slot, then the record (through
+// RocksDB's write-ahead log): no record ever names bytes not yet written.
+// A slot is written again only after the record naming it was deleted or
+// replaced, and a Get in flight keeps its slot from being written.
+// Open reads the records only (the index, not the data: a store of any
+// size opens in the time its records take); Get verifies the bytes it
+// reads against the record's checksums. A record that fails, that belongs
+// to another layout or model, or whose slot lies past the end of the value
+// file, is deleted and counted at Open; bytes that fail at Get are deleted
+// and counted then; neither is ever served. Format version 1 (the bytes
+// inside RocksDB) is dropped on open.
 #ifndef TIERKV_TIERS_DISK_TIER_H_
 #define TIERKV_TIERS_DISK_TIER_H_
 
@@ -115,8 +125,8 @@ class DiskStorage {
   // Writes everything Put so far to files and syncs them: after OK, it
   // survives a crash.
   virtual Status Flush() = 0;
-  // Bytes of every file the storage keeps (RocksDB: SST and blob files, the
-  // write-ahead log, the MANIFEST and its info logs).
+  // Bytes of every file the storage keeps (RocksDB's SSTs, write-ahead log
+  // and MANIFEST; the value file by the space it takes).
   virtual uint64_t FileBytes() = 0;
   // Bytes free for the storage on its filesystem (statvfs). NotFound when
   // its directory is gone.
@@ -131,6 +141,29 @@ class DiskStorage {
   virtual Status Writable() = 0;
   // Files found damaged while opening or scanning (paths), for the report.
   virtual std::vector<std::string> DamagedFiles() = 0;
+
+  // The value file: the blocks' bytes, at offsets the tier chooses (its
+  // slots), beside the records. Writes go to the page cache (durable after
+  // Flush, which syncs the file before the records); a failed write
+  // latches as a failed Put does. OK once every byte is written.
+  virtual Status WritePayload(uint64_t offset, std::string_view bytes) = 0;
+  // Reads the bytes from `offset` on into `outs`, one after the other (one
+  // vectored read: adjacent slots in one I/O), with no copy on the way.
+  // DataLoss when the file ends before them.
+  virtual Status ReadPayload(uint64_t offset,
+                             std::span<const std::span<std::byte>> outs) = 0;
+  // Gives the filesystem back the space of `bytes` bytes from `offset` (a
+  // hole; the file keeps its size): the tail of a slot that a compressed
+  // block does not fill. OK where the filesystem cannot (only space is
+  // lost).
+  virtual Status ReleasePayload(uint64_t offset, uint64_t bytes) = 0;
+  // Cuts the value file to at most `bytes` (Open: past the last slot in
+  // use).
+  virtual Status TruncatePayloads(uint64_t bytes) = 0;
+  // FileBytes less the value file: what Open's scan reads.
+  virtual uint64_t IndexBytes() = 0;
+  // The value file's length (its holes included).
+  virtual uint64_t ValueFileBytes() = 0;
 };
 
 // Forwards every call to another DiskStorage, which it owns; tests derive
@@ -162,6 +195,21 @@ class DiskStorageWrapper : public DiskStorage {
   std::vector<std::string> DamagedFiles() override {
     return target_->DamagedFiles();
   }
+  Status WritePayload(uint64_t offset, std::string_view bytes) override {
+    return target_->WritePayload(offset, bytes);
+  }
+  Status ReadPayload(uint64_t offset,
+                     std::span<const std::span<std::byte>> outs) override {
+    return target_->ReadPayload(offset, outs);
+  }
+  Status ReleasePayload(uint64_t offset, uint64_t bytes) override {
+    return target_->ReleasePayload(offset, bytes);
+  }
+  Status TruncatePayloads(uint64_t bytes) override {
+    return target_->TruncatePayloads(bytes);
+  }
+  uint64_t IndexBytes() override { return target_->IndexBytes(); }
+  uint64_t ValueFileBytes() override { return target_->ValueFileBytes(); }
 
   DiskStorage* target() const { return target_.get(); }
 
@@ -169,23 +217,24 @@ class DiskStorageWrapper : public DiskStorage {
   std::unique_ptr<DiskStorage> target_;
 };
 
+// The value file's name in the store's directory.
+inline constexpr std::string_view kDiskValueFileName = "tierkv-values";
+
 struct RocksDbStorageOptions {
-  std::string path;  // Required. The database directory; created if missing.
-  // Values in BlobDB blob files (the SSTs keep only keys and blob
-  // references), so compaction never rewrites the 2 MiB payloads. Measured
-  // against plain SSTs in BENCHMARKS.md ("Disk tier"). Default: true.
-  bool blob_files = true;
+  // Required. The database directory; created if missing. The value file
+  // (kDiskValueFileName) is kept in it too.
+  std::string path;
   // Memtable size; at least 1 MiB. Up to two memtables (and the log that
   // holds them) are written beyond the values: see ReservedBytes. Default:
   // 64 MiB.
   size_t write_buffer_bytes = size_t{64} << 20;
-  // Writes go through RocksDB's write-ahead log (not synced), so a block
+  // Records go through RocksDB's write-ahead log (not synced), so a block
   // whose Put completed survives the process being killed; only a machine
   // crash loses the unsynced tail, and Flush syncs it. Without the log,
-  // values still in the memtable (up to about twice write_buffer_bytes)
-  // are lost when the process dies: a lost hit, never a wrong block, since
-  // this is a cache. The log writes every value twice; BENCHMARKS.md
-  // ("Disk tier") measures both. Default: true.
+  // records still in the memtable are lost when the process dies: a lost
+  // hit, never a wrong block, since this is a cache. Records are small (a
+  // header and token ids; the bytes are in the value file), so the log
+  // costs little. Default: true.
   // Deletes always go through the log, so that a removal survives the
   // process being killed. Default: true.
   bool write_ahead_log = true;
@@ -330,14 +379,16 @@ class DiskTier {
   // index (see the Open below).
   static StatusOr<std::unique_ptr<DiskTier>> Open(
       const DiskTierOptions& options);
-  // Rebuilds the in-memory index and LRU from `storage`: every value is
-  // read once, its header and stored checksum verified; bad values (and
-  // values RocksDB finds damaged) and single values of another layout or
-  // model are deleted and counted. FailedPrecondition, naming both, when the
-  // store was written for another layout or model (unless options.reset).
-  // The LRU order is
-  // the write order (reads of a previous run are not remembered). If the store
-  // holds more than capacity_bytes, the oldest values are evicted.
+  // Rebuilds the in-memory index, LRU and free slots from `storage`'s
+  // records (the value file is not read): every record is read once and
+  // its header verified; bad records (and records RocksDB finds damaged),
+  // records past the end of the value file, the older of two records
+  // naming one slot, and single records of another layout or model are
+  // deleted and counted. FailedPrecondition, naming both, when the store
+  // was written for another layout or model (unless options.reset). The
+  // LRU order is the write order (reads of a previous run are not
+  // remembered). If the store holds more than capacity_bytes, the oldest
+  // blocks are evicted. The value file is cut after the last slot in use.
   // InvalidArgument for bad options.
   static StatusOr<std::unique_ptr<DiskTier>> Open(
       const DiskTierOptions& options, std::unique_ptr<DiskStorage> storage);

@@ -15,7 +15,9 @@ namespace tierkv {
 namespace {
 
 constexpr uint32_t kMagic = 0x44564b54;  // "TKVD" read as little-endian.
-constexpr uint16_t kFormatVersion = 1;
+// 1: the stored bytes followed the header in RocksDB. 2: they are in the
+// value file, at the slot the header names.
+constexpr uint16_t kFormatVersion = 2;
 constexpr char kBlockKeyPrefix = 'b';
 constexpr size_t kStorageKeyBytes = 17;
 
@@ -74,10 +76,12 @@ uint64_t Checksum(std::string_view bytes) {
 
 uint64_t DiskValueBytes(size_t block_bytes, size_t fingerprint_bytes,
                         size_t tokens) {
-  // magic, version, codec, element bytes, five u64s, the fingerprint's
-  // length and bytes, the token count and ids, the header checksum.
-  constexpr uint64_t kFixed = 4 + 2 + 1 + 1 + 5 * 8 + 2 + 4 + 8;
-  return kFixed + fingerprint_bytes + tokens * sizeof(TokenId) + block_bytes;
+  // magic, version, codec, element bytes, six u64s, the fingerprint's
+  // length and bytes, the token count and ids, the header checksum; then
+  // the block's slot in the value file.
+  constexpr uint64_t kFixed = 4 + 2 + 1 + 1 + 6 * 8 + 2 + 4 + 8;
+  return kFixed + fingerprint_bytes + tokens * sizeof(TokenId) +
+         disk_internal::SlotBytes(block_bytes);
 }
 
 namespace disk_internal {
@@ -91,9 +95,10 @@ std::string EncodeHeader(const ValueFields& f) {
   Append(&out, static_cast<uint8_t>(f.element_bytes));
   Append(&out, f.sequence);
   Append(&out, f.payload_bytes);
-  Append(&out, static_cast<uint64_t>(f.stored.size()));
+  Append(&out, f.stored_bytes);
   Append(&out, f.payload_checksum);
   Append(&out, f.stored_checksum);
+  Append(&out, f.slot);
   Append(&out, static_cast<uint16_t>(f.fingerprint.size()));
   out.append(f.fingerprint);
   Append(&out, static_cast<uint32_t>(f.token_bytes.size() / sizeof(TokenId)));
@@ -147,6 +152,11 @@ StatusOr<ValueFields> ParseHeader(std::string_view value) {
   const uint32_t magic = r.Read<uint32_t>();
   const uint16_t version = r.Read<uint16_t>();
   if (!r.ok() || magic != kMagic) return Status::DataLoss("bad magic");
+  if (version == 1) {
+    return Status::DataLoss(
+        "format version 1 (the block's bytes inside RocksDB, written before "
+        "the value file)");
+  }
   if (version != kFormatVersion) {
     return Status::DataLoss("unknown format version " +
                             std::to_string(version));
@@ -155,9 +165,10 @@ StatusOr<ValueFields> ParseHeader(std::string_view value) {
   f.element_bytes = r.Read<uint8_t>();
   f.sequence = r.Read<uint64_t>();
   f.payload_bytes = r.Read<uint64_t>();
-  const uint64_t stored_bytes = r.Read<uint64_t>();
+  f.stored_bytes = r.Read<uint64_t>();
   f.payload_checksum = r.Read<uint64_t>();
   f.stored_checksum = r.Read<uint64_t>();
+  f.slot = r.Read<uint64_t>();
   f.fingerprint = r.Bytes(r.Read<uint16_t>());
   const uint32_t num_tokens = r.Read<uint32_t>();
   if (!r.ok() || num_tokens == 0 || num_tokens > kMaxTokens) {
@@ -175,20 +186,25 @@ StatusOr<ValueFields> ParseHeader(std::string_view value) {
   if (f.codec > DiskCodec::kLz4BytePlanes) {
     return Status::DataLoss("unknown codec");
   }
-  if (f.payload_bytes >= kMaxPayloadBytes) {
+  if (f.payload_bytes >= kMaxPayloadBytes ||
+      f.stored_bytes > SlotBytes(f.payload_bytes)) {
     return Status::DataLoss("payload size out of range");
   }
-  if (f.codec == DiskCodec::kNone && f.payload_checksum != f.stored_checksum) {
-    return Status::DataLoss("raw payload with two checksums");
+  if (f.codec == DiskCodec::kNone && (f.payload_checksum != f.stored_checksum ||
+                                      f.stored_bytes != f.payload_bytes)) {
+    return Status::DataLoss("raw payload with two checksums or sizes");
   }
-  if (stored_bytes != value.size() - r.pos()) {
-    return Status::DataLoss("stored size does not match the value size");
+  if (f.slot > kMaxSlot) return Status::DataLoss("slot out of range");
+  if (r.pos() != value.size()) {
+    return Status::DataLoss("bytes after the header");
   }
-  f.stored = value.substr(r.pos());
   return f;
 }
 
 Status VerifyStored(const ValueFields& f) {
+  if (f.stored.size() != f.stored_bytes) {
+    return Status::DataLoss("stored bytes of the wrong size");
+  }
   if (Checksum(f.stored) != f.stored_checksum) {
     return Status::DataLoss("stored bytes checksum mismatch");
   }
@@ -218,7 +234,7 @@ uint64_t CopyAndChecksum(std::string_view src, std::byte* dst) {
 Status VerifyAndDecode(const ValueFields& f, std::span<std::byte> out) {
   if (f.codec == DiskCodec::kNone) {
     // The stored checksum is the payload checksum: one pass does both.
-    if (f.stored.size() != out.size()) {
+    if (f.stored.size() != out.size() || f.stored_bytes != out.size()) {
       return Status::DataLoss("raw payload of the wrong size");
     }
     if (CopyAndChecksum(f.stored, out.data()) != f.stored_checksum) {
