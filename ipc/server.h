@@ -110,9 +110,11 @@ struct ServerOptions {
   // Between snapshots in the stats page (ipc/stats_page.h). 10 ms..60 s.
   // Default: 100 ms.
   std::chrono::milliseconds stats_interval{100};
-  // Checked by Start's long steps (reserving the host memory, the disk
-  // tier's index rebuild): once it says true, Start undoes what it did and
-  // returns Unavailable. tierkvd sets it on SIGTERM. Default: never.
+  // Checked by Start's long steps between units of their work (each
+  // 64 MiB of host memory reserved, each record of the disk tier's index
+  // rebuild): once it says true, Start undoes what it did and returns
+  // Unavailable. tierkvd sets it on SIGTERM, and tells systemd from it that
+  // the start is still making progress. Default: never.
   std::function<bool()> cancelled = {};
 };
 

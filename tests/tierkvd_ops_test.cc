@@ -219,12 +219,21 @@ class TierkvdOpsTest : public ::testing::Test {
     daemon_ = Spawn(flags);
     AwaitReady();
   }
-  // Waits for daemon_'s READY=1.
+  // Waits for daemon_'s READY=1; keeps the start-up's timeout extensions
+  // (EXTEND_TIMEOUT_USEC) that came before it in extends_.
   void AwaitReady() {
-    auto ready = notify_->Receive(std::chrono::seconds(20));
-    ASSERT_TRUE(ready.has_value()) << daemon_->output();
-    ASSERT_THAT(ready->text, HasSubstr("READY=1")) << daemon_->output();
-    ready_ = *ready;
+    extends_.clear();
+    while (true) {
+      auto message = notify_->Receive(std::chrono::seconds(20));
+      ASSERT_TRUE(message.has_value()) << daemon_->output();
+      if (message->text.find("EXTEND_TIMEOUT_USEC=") != std::string::npos) {
+        extends_.push_back(*message);
+        continue;
+      }
+      ASSERT_THAT(message->text, HasSubstr("READY=1")) << daemon_->output();
+      ready_ = *message;
+      return;
+    }
   }
   std::unique_ptr<Client> Attach() {
     ClientOptions options;
@@ -243,7 +252,20 @@ class TierkvdOpsTest : public ::testing::Test {
   std::unique_ptr<NotifySocket> notify_;
   std::unique_ptr<ChildProcess> daemon_;
   NotifySocket::Message ready_;
+  std::vector<NotifySocket::Message> extends_;
 };
+
+// Start-up tells systemd to wait longer as it works (reserving the host
+// tier, rebuilding the disk index), so a large store is not killed by
+// TimeoutStartSec; from the main pid, before READY=1.
+TEST_F(TierkvdOpsTest, StartExtendsSystemdsTimeoutWhileItWorks) {
+  StartDaemon(Flags({"--disk-dir", dir_ + "/disk", "--disk-capacity", "256M"}));
+  ASSERT_FALSE(extends_.empty()) << daemon_->output();
+  for (const NotifySocket::Message& extend : extends_) {
+    EXPECT_THAT(extend.text, HasSubstr("EXTEND_TIMEOUT_USEC=10000000"));
+    EXPECT_EQ(extend.sender, daemon_->pid());
+  }
+}
 
 TEST_F(TierkvdOpsTest, NotifiesReadyWhenServingAndStoppingOnSigterm) {
   StartDaemon(Flags());

@@ -2,11 +2,12 @@
 // a value file of fixed-size slots with the blocks' bytes (optionally
 // LZ4-compressed over byte planes), and a RocksDB database, the index of
 // record, with one small verified record per block (its header, token ids
-// and slot); the tier is bounded in bytes with LRU eviction over its keys. Owned by the coordinator (tierkvd, or
-// an embedded store). Thread-safety: every method may be called from any
-// thread. Disk I/O runs on the tier's own I/O threads and completion callbacks
-// run there too, so the caller's thread never waits on the disk (except in
-// Flush and the destructor, which exist to wait).
+// and slot); the tier is bounded in bytes with LRU eviction over its keys.
+// Owned by the coordinator (tierkvd, or an embedded store). Thread-safety:
+// every method may be called from any thread. Disk I/O runs on the tier's own
+// I/O threads and completion callbacks run there too, so the caller's thread
+// never waits on the disk (except in Flush and the destructor, which exist to
+// wait).
 //
 // A key's life in the tier (one entry in the in-memory index):
 //

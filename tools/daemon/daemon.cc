@@ -8,8 +8,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <iostream>
+#include <optional>
 #include <thread>
 
 #include "ipc/server.h"
@@ -220,6 +222,12 @@ class SignalThread {
 
 }  // namespace
 
+// While start-up makes progress, systemd is told every kExtendEvery to
+// wait kExtendBy more (EXTEND_TIMEOUT_USEC).
+using Clock = std::chrono::steady_clock;
+constexpr Clock::duration kExtendEvery = std::chrono::seconds(1);
+constexpr Clock::duration kExtendBy = std::chrono::seconds(10);
+
 int RunDaemon(const DaemonCommand& command) {
   // Blocked before any thread starts, so only the signal thread takes them.
   sigset_t signals;
@@ -237,7 +245,23 @@ int RunDaemon(const DaemonCommand& command) {
   }
   SignalThread signal_thread(command, **log, signals);
   ipc::ServerOptions options = command.server;
-  options.cancelled = [&signal_thread] {
+  // Called between units of start-up work (64 MiB of host memory reserved,
+  // a record of the disk index read): besides looking for a stop, it keeps
+  // extending systemd's start timeout while the start makes progress, so a
+  // large host tier or disk index is not killed by TimeoutStartSec, and a
+  // start that hangs still is.
+  options.cancelled = [&signal_thread,
+                       extended =
+                           std::optional<Clock::time_point>()]() mutable {
+    const Clock::time_point now = Clock::now();
+    if (!extended.has_value() || now - *extended >= kExtendEvery) {
+      extended = now;
+      sd_notifyf(
+          0, "EXTEND_TIMEOUT_USEC=%lld\nSTATUS=starting",
+          static_cast<long long>(
+              std::chrono::duration_cast<std::chrono::microseconds>(kExtendBy)
+                  .count()));
+    }
     return signal_thread.stop_requested();
   };
   auto server = ipc::Server::Start(options);
