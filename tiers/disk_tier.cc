@@ -387,8 +387,8 @@ class DiskTierImpl final : public DiskTier {
     ValueLocation location = {};   // Pinned (a reader of its slot) if OK.
   };
   // Takes queued Gets (up to kReadBatchBytes of them) and reads them: one
-  // vectored read per run of adjacent slots, so that blocks spilled
-  // together come back in large I/Os, then each is verified on its own.
+  // vectored read per run of adjacent slots, so that small blocks spilled
+  // together come back in one I/O, then each is verified on its own.
   void RunReads() TIERKV_EXCLUDES(mu_);
   // Checks a Get against the index; pins its slot if it is stored.
   void ResolveLocked(Read* read) TIERKV_REQUIRES(mu_);
@@ -708,9 +708,12 @@ Status DiskTierImpl::DeleteRecords(std::span<const std::string> storage_keys) {
   return s;
 }
 
-// Large enough for the device to stream (several blocks per I/O), small
-// enough that the I/O threads share a burst of Gets.
-constexpr uint64_t kReadBatchBytes = uint64_t{8} << 20;
+// Small blocks are read in I/Os of up to this many bytes (a block larger
+// than it is one I/O of its own). Larger reads measured no faster on 2 MiB
+// blocks (disk_bench, BENCHMARKS.md): from a cold page cache, several I/O
+// threads each reading its own blocks kept the device busier than fewer,
+// larger reads.
+constexpr uint64_t kReadBatchBytes = uint64_t{2} << 20;
 constexpr size_t kMaxReadBatch = 256;
 
 void DiskTierImpl::ResolveLocked(Read* read) {
