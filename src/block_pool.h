@@ -134,6 +134,12 @@ class BlockPool {
     free_queue_.ForEach(std::forward<Visit>(visit));
   }
 
+  // The free block GetNewBlocks would take next; nullopt when none is free.
+  std::optional<BlockId> NextFreeBlock() const {
+    if (free_queue_.empty()) return std::nullopt;
+    return free_queue_.Front();
+  }
+
   // Free queue, front (next to evict) to back.
   std::vector<BlockId> FreeQueueSnapshot() const {
     return free_queue_.ToVector();

@@ -771,14 +771,17 @@ StatusOr<CommitResult> Coordinator::Commit(
 }
 
 bool Coordinator::TakeFreeSlot(std::vector<BlockId>* slot) {
-  std::optional<BlockKey> evicted;
-  if (options_.block_trace) {
-    host_pool_.VisitFreeQueue([&](BlockId id) {
-      if (host_pool_.block(id).has_key) evicted = host_pool_.block(id).key;
-      return false;  // The front is the one taken.
-    });
-  }
+  const std::optional<BlockId> front = host_pool_.NextFreeBlock();
+  if (!front.has_value()) return false;
+  const BlockPool::Block& b = host_pool_.block(*front);
+  const std::optional<BlockKey> evicted =
+      b.has_key ? std::optional<BlockKey>(b.key) : std::nullopt;
+  // Checked before the pool drops the key and its tokens.
+  const bool lost =
+      evicted.has_value() && options_.lower != nullptr &&
+      !options_.lower->Contains(*evicted, host_pool_.block_tokens(*front));
   if (!host_pool_.GetNewBlocks(1, slot).ok()) return false;
+  if (lost) ++stats_.evicted_unspilled;
   if (evicted.has_value()) TraceBlock("evicted", *evicted, slot->back());
   return true;
 }

@@ -53,7 +53,11 @@ struct StatField {
   X(uint64_t, hit_blocks, kCounter, "Blocks lookups found on host.")           \
   X(uint64_t, miss_blocks, kCounter, "Blocks lookups found in no tier.")       \
   X(uint64_t, evictions, kCounter,                                             \
-    "Host blocks let go for capacity without a spill.")                        \
+    "Keyed host blocks whose slot was taken for capacity (on disk too or "     \
+    "not: see evicted_unspilled).")                                            \
+  X(uint64_t, evicted_unspilled, kCounter,                                     \
+    "Of evictions, blocks the disk tier did not hold: lost to every tier "     \
+    "(0 without a disk tier).")                                                \
   X(uint64_t, stores_completed, kCounter,                                      \
     "Blocks stored from device to host.")                                      \
   X(uint64_t, loads_completed, kCounter, "Blocks loaded from host to device.") \
