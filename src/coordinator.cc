@@ -42,6 +42,12 @@ StatusOr<Coordinator> Coordinator::Create(const CoordinatorOptions& options) {
         std::to_string(options.spill_low) + ", high " +
         std::to_string(options.spill_high));
   }
+  if (options.write_behind_spills < 0) {
+    return Status::InvalidArgument(
+        "write_behind_spills must be at least 0 (0 turns write-behind off), "
+        "got " +
+        std::to_string(options.write_behind_spills));
+  }
   if (options.host_slots < 2) {
     return Status::InvalidArgument(
         "host tier needs at least 2 slots (slot 0 is the null block), got " +
@@ -797,6 +803,9 @@ void Coordinator::FinishStore(WorkerState* w, InFlight* store, bool ok,
             .ok()) {
       ++stats_.stores_completed;
       TraceBlock("stored", store->keys[i], slots[i]);
+      if (options_.lower != nullptr && options_.write_behind_spills > 0) {
+        write_behind_.emplace_back(slots[i], store->keys[i]);
+      }
     }
     if (!options_.slot_checksum) continue;
     SlotCheck& check = slot_checks_[static_cast<size_t>(slots[i])];
@@ -808,6 +817,9 @@ void Coordinator::FinishStore(WorkerState* w, InFlight* store, bool ok,
                          : options_.slot_checksum(slots[i]);
   }
   if (!ok) stats_.stores_failed += slots.size();
+  // Copies started while the store still pins its slots leave them at the
+  // free queue's back, where a finished store puts them.
+  StartWriteBehind();
   ReleaseWorkerSlots(w, slots);
   if (w->lease.has_value() &&
       chunk_leases_.at(*w->lease).store == store->event.ref.id) {

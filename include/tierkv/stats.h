@@ -67,7 +67,12 @@ struct StatField {
   X(uint64_t, events_in_flight, kGauge, "Transfer events in flight.")          \
   X(uint64_t, disk_hit_blocks, kCounter,                                       \
     "Blocks lookups found only on the disk tier.")                             \
-  X(uint64_t, spills, kCounter, "Blocks copied down to disk, then dropped.")   \
+  X(uint64_t, spills, kCounter,                                                \
+    "Blocks copied down to disk: past the high watermark (then dropped from "  \
+    "host) or by write-behind (spills_kept).")                                 \
+  X(uint64_t, spills_kept, kCounter,                                           \
+    "Of spills, write-behind copies made soon after the block's store and "    \
+    "kept on host: evicting the block later loses nothing.")                   \
   X(uint64_t, spill_drops, kCounter,                                           \
     "Blocks dropped from host because the disk tier had them already.")        \
   X(uint64_t, spill_failures, kCounter,                                        \
