@@ -44,20 +44,11 @@ std::vector<TokenId> RequestTokens(int r, int blocks) {
 }
 
 // Flips the last byte of any value whose token ids include `poison`.
-// Fails every write with fail_puts.
 class CorruptingStorage : public DiskStorageWrapper {
  public:
   using DiskStorageWrapper::DiskStorageWrapper;
   std::atomic<TokenId> poison{0};
 
-  // Every write fails, as a broken disk's would: the tier degrades.
-  std::atomic<bool> fail_puts{false};
-
-  Status Put(std::string_view key,
-             std::span<const std::string_view> value_parts) override {
-    if (fail_puts.load()) return Status::Unavailable("injected write error");
-    return DiskStorageWrapper::Put(key, value_parts);
-  }
   Status Get(std::string_view key, const ValueReader& read) override {
     return DiskStorageWrapper::Get(key, [&](std::string_view value) {
       const TokenId p = poison.load();
@@ -69,6 +60,20 @@ class CorruptingStorage : public DiskStorageWrapper {
       }
       return read(bytes);
     });
+  }
+};
+
+// With `refuse` set, every write fails, as a broken disk's would: the
+// disk tier degrades and takes no more.
+class RefusingStorage : public DiskStorageWrapper {
+ public:
+  using DiskStorageWrapper::DiskStorageWrapper;
+  std::atomic<bool> refuse{false};
+
+  Status Put(std::string_view key,
+             std::span<const std::string_view> value_parts) override {
+    if (refuse.load()) return Status::Unavailable("injected write error");
+    return DiskStorageWrapper::Put(key, value_parts);
   }
 };
 
@@ -94,12 +99,14 @@ class TieredStoreTest : public ::testing::Test {
     ASSERT_THAT(storage, IsOk());
     auto corrupting = std::make_unique<CorruptingStorage>(std::move(*storage));
     corrupting_ = corrupting.get();
+    auto refusing = std::make_unique<RefusingStorage>(std::move(corrupting));
+    refusing_ = refusing.get();
     DiskTierOptions disk;
     // A value is a block plus a header of about 130 bytes.
     disk.capacity_bytes = disk_blocks * (layout.BlockBytes() + 256);
     disk.layout_fingerprint = layout.Fingerprint();
     disk.block_bytes = layout.BlockBytes();
-    auto tier = DiskTier::Open(disk, std::move(corrupting));
+    auto tier = DiskTier::Open(disk, std::move(refusing));
     ASSERT_THAT(tier, IsOk());
     TieredStoreOptions options;
     options.layout = layout;
@@ -219,6 +226,7 @@ class TieredStoreTest : public ::testing::Test {
   const TempDir scratch_{"tiered_store_test"};
   const std::string dir_ = scratch_.path();
   CorruptingStorage* corrupting_ = nullptr;  // Owned by store_'s disk tier.
+  RefusingStorage* refusing_ = nullptr;      // Owned by store_'s disk tier.
   std::unique_ptr<TieredStore> store_;
   WorkerId worker_ = 0;
   RequestId next_request_ = 1;
@@ -539,7 +547,7 @@ TEST_F(TieredStoreWriteBehindTest, OneCopyAtATimeLosesNoBlockToABurst) {
 TEST_F(TieredStoreWriteBehindTest, RefusingDiskCountsEveryBlockLost) {
   Open(/*host_slots=*/8, /*disk_blocks=*/100, 0.9, 0.7,
        /*write_behind_spills=*/4);
-  corrupting_->fail_puts = true;
+  refusing_->refuse = true;
   StoreBursts();
   const Whereabouts where = Find();
   const CoordinatorStats s = c()->stats();
