@@ -42,7 +42,9 @@ inline constexpr uint32_t kFrameMagic = 0x4D564B54;  // "TKVM"
 //    one round trip per chunk: FetchChunk (lookup, pin and load, or a
 //    compute lease, waiting for another worker's), PublishChunk (lookup,
 //    allocate and commit), and ChunkDone (complete and finish, sent one-way).
-inline constexpr uint16_t kProtocolVersion = 10;
+// 11: StatsReply carries the host blocks evicted unspilled and the
+//     write-behind copies kept on host (spills_kept).
+inline constexpr uint16_t kProtocolVersion = 11;
 inline constexpr size_t kFrameHeaderBytes = 16;
 // Upper bounds a decoder enforces before allocating anything.
 inline constexpr uint32_t kMaxTokens = 1 << 20;

@@ -75,6 +75,9 @@ struct ServerOptions {
   // 0.9 and 0.7.
   double spill_high = 0.9;
   double spill_low = 0.7;
+  // Write-behind copies to disk in flight at most (TieredStoreOptions::
+  // write_behind_spills); 0 turns write-behind off. Default: 16.
+  int32_t write_behind_spills = 16;
   uint32_t max_workers = 64;  // Default: 64.
   // Tenants (ClientOptions::tenant) this store serves in its life. Each
   // gets a host segment of its own, mapped by its workers alone; a slot's

@@ -188,6 +188,14 @@ bool BlockPool::DropCachedBlock(BlockId id) {
   return true;
 }
 
+bool BlockPool::MoveToFront(BlockId id) {
+  // The null block's ref count never reaches 0.
+  if (!IsValid(id) || blocks_[Index(id)].ref_cnt != 0) return false;
+  free_queue_.Remove(id);
+  free_queue_.PushFront(id);
+  return true;
+}
+
 std::optional<BlockId> BlockPool::FindKeyedBlock(const BlockKey& key) const {
   auto it = index_.find(key);
   if (it == index_.end()) return std::nullopt;

@@ -127,11 +127,23 @@ class BlockPool {
   // Returns false when the block is in use or holds no key.
   bool DropCachedBlock(BlockId id);
 
+  // Moves a free block (keyed or not) to the front of the free queue: the
+  // next GetNewBlocks takes it first. For a block whose contents a lower
+  // tier now holds too. Returns false (and changes nothing) for a block in
+  // use.
+  bool MoveToFront(BlockId id);
+
   // Calls visit(id) for the free blocks, front (next to evict) to back,
   // until it returns false. The pool must not change during the walk.
   template <typename Visit>
   void VisitFreeQueue(Visit&& visit) const {
     free_queue_.ForEach(std::forward<Visit>(visit));
+  }
+
+  // The free block GetNewBlocks would take next; nullopt when none is free.
+  std::optional<BlockId> NextFreeBlock() const {
+    if (free_queue_.empty()) return std::nullopt;
+    return free_queue_.Front();
   }
 
   // Free queue, front (next to evict) to back.

@@ -42,6 +42,12 @@ StatusOr<Coordinator> Coordinator::Create(const CoordinatorOptions& options) {
         std::to_string(options.spill_low) + ", high " +
         std::to_string(options.spill_high));
   }
+  if (options.write_behind_spills < 0) {
+    return Status::InvalidArgument(
+        "write_behind_spills must be at least 0 (0 turns write-behind off), "
+        "got " +
+        std::to_string(options.write_behind_spills));
+  }
   if (options.host_slots < 2) {
     return Status::InvalidArgument(
         "host tier needs at least 2 slots (slot 0 is the null block), got " +
@@ -771,14 +777,17 @@ StatusOr<CommitResult> Coordinator::Commit(
 }
 
 bool Coordinator::TakeFreeSlot(std::vector<BlockId>* slot) {
-  std::optional<BlockKey> evicted;
-  if (options_.block_trace) {
-    host_pool_.VisitFreeQueue([&](BlockId id) {
-      if (host_pool_.block(id).has_key) evicted = host_pool_.block(id).key;
-      return false;  // The front is the one taken.
-    });
-  }
+  const std::optional<BlockId> front = host_pool_.NextFreeBlock();
+  if (!front.has_value()) return false;
+  const BlockPool::Block& b = host_pool_.block(*front);
+  const std::optional<BlockKey> evicted =
+      b.has_key ? std::optional<BlockKey>(b.key) : std::nullopt;
+  // Checked before the pool drops the key and its tokens.
+  const bool lost =
+      evicted.has_value() && options_.lower != nullptr &&
+      !options_.lower->Contains(*evicted, host_pool_.block_tokens(*front));
   if (!host_pool_.GetNewBlocks(1, slot).ok()) return false;
+  if (lost) ++stats_.evicted_unspilled;
   if (evicted.has_value()) TraceBlock("evicted", *evicted, slot->back());
   return true;
 }
@@ -794,6 +803,9 @@ void Coordinator::FinishStore(WorkerState* w, InFlight* store, bool ok,
             .ok()) {
       ++stats_.stores_completed;
       TraceBlock("stored", store->keys[i], slots[i]);
+      if (options_.lower != nullptr && options_.write_behind_spills > 0) {
+        write_behind_.emplace_back(slots[i], store->keys[i]);
+      }
     }
     if (!options_.slot_checksum) continue;
     SlotCheck& check = slot_checks_[static_cast<size_t>(slots[i])];
@@ -805,6 +817,9 @@ void Coordinator::FinishStore(WorkerState* w, InFlight* store, bool ok,
                          : options_.slot_checksum(slots[i]);
   }
   if (!ok) stats_.stores_failed += slots.size();
+  // Copies started while the store still pins its slots leave them at the
+  // free queue's back, where a finished store puts them.
+  StartWriteBehind();
   ReleaseWorkerSlots(w, slots);
   if (w->lease.has_value() &&
       chunk_leases_.at(*w->lease).store == store->event.ref.id) {

@@ -53,10 +53,29 @@
 //            least recently used unpinned host blocks are spilled: pinned
 //            while the lower tier copies them, then dropped from host, until
 //            the low watermark is reached. A block the lower tier holds
-//            already is dropped at once. An operator's Evict or Clear of a
-//            block only its spill pins discards the spill: lookups miss the
-//            block at once, and when the spill finishes its host slot is
-//            dropped and whatever it wrote is removed from the lower tier.
+//            already is dropped at once.
+//   Write-behind (options.write_behind_spills): each block a store keys
+//            is also copied to the lower tier soon after and stays on host,
+//            pinned only while its copy runs (lookups hit it as ever), so
+//            that the free queue's head is mostly blocks the lower tier
+//            holds: evicting one loses nothing, and the watermark drops it
+//            without waiting for I/O. Spilling at the watermark alone lags
+//            a burst: stores and promotions take slots from the free
+//            queue's head, evicting blocks whose spills have not started.
+//            A finished copy's block goes back to the free queue's back
+//            (as a hit's would; a copy that waited behind others thus makes
+//            an older block look recent), or to its front when the front
+//            is a block no tier holds: the next eviction then takes a block
+//            the lower tier holds. Copies rest after a failed spill as
+//            spills do. The host never waits for them: a block whose copy
+//            has not run (the disk is slow, refusing or degraded; the queue
+//            of blocks waiting for one is bounded by the host slots) or
+//            failed is evicted when its slot is needed, and counted
+//            (evicted_unspilled) when no tier holds it.
+//   Either way, an operator's Evict or Clear of a block only its spill pins
+//            discards the spill: lookups miss the block at once, and when
+//            the spill finishes its host slot is dropped and whatever it
+//            wrote is removed from the lower tier.
 // Lower-tier results arrive on the lower tier's threads and wait in a
 // thread-safe inbox until the owner calls PumpLowerTier (the wakeup option
 // says when); every other call stays on the owner's thread.
@@ -181,6 +200,12 @@ struct CoordinatorOptions {
   // or being written. 0 < spill_low <= spill_high <= 1. Defaults: 0.9, 0.7.
   double spill_high = 0.9;
   double spill_low = 0.7;
+  // Write-behind ("Spills" above): at most this many copies of completed
+  // stores to the lower tier in flight at once; the blocks past it wait,
+  // oldest store first. 0 turns write-behind off: blocks reach the lower
+  // tier only past the high watermark, so a burst of stores or promotions
+  // can evict blocks no tier holds. Default: 0 (TieredStore turns it on).
+  int32_t write_behind_spills = 0;
   // Called on a lower-tier thread when results wait for PumpLowerTier.
   // Default: none (the owner pumps on its own schedule).
   std::function<void()> lower_tier_wakeup = {};
@@ -428,6 +453,8 @@ class Coordinator {
     size_t index = 0;  // The block's place in the load.
     // Spill: an operator dropped the block meanwhile (DiscardSpill).
     bool discard = false;
+    // Spill: a write-behind copy, the block stays on host.
+    bool keep = false;
     std::chrono::steady_clock::time_point started = {};  // StartLowerOp.
   };
   struct LowerResult {
@@ -482,6 +509,7 @@ class Coordinator {
     // dropped when the last pin goes.
     bool corrupt = false;
     uint64_t checksum = 0;
+    bool spilling = false;  // A spill or write-behind copy of it runs.
   };
 
   Coordinator(const CoordinatorOptions& options, BlockPool host_pool);
@@ -585,7 +613,14 @@ class Coordinator {
   // and FinishSpill drops both its host slot and what the spill wrote.
   void DiscardSpill(LowerOp* spill);
   int64_t UsedSlots() const;
+  // Spills past the high watermark, then starts write-behind copies.
   void MaybeSpill();
+  // Starts write-behind copies of the blocks waiting for one, up to
+  // options.write_behind_spills in flight.
+  void StartWriteBehind();
+  // Whether the free queue's front is a keyed block the lower tier does not
+  // hold: the next slot taken would lose it.
+  bool NextEvictionLoses() const;
   // Spills `victims` (keyed, unpinned), or drops from host those the lower
   // tier holds already. Returns the spills started.
   int64_t SpillBlocks(std::span<const BlockId> victims);
@@ -633,6 +668,11 @@ class Coordinator {
   std::unordered_map<uint64_t, LowerOp> lower_ops_;
   uint64_t next_lower_op_ = 1;
   int32_t spills_in_flight_ = 0;
+  // Of spills_in_flight_, write-behind copies (the block stays on host).
+  int32_t copies_in_flight_ = 0;
+  // Blocks whose stores completed, waiting for a write-behind copy, oldest
+  // first; an entry whose slot no longer holds its key is skipped.
+  std::deque<std::pair<BlockId, BlockKey>> write_behind_;
   // Keys of discarded spills in flight. Their slots stay keyed (so no store
   // writes the key meanwhile) but no lookup hits them on any tier.
   std::unordered_set<BlockKey, BlockKeyHash> discarded_spills_;

@@ -61,7 +61,8 @@ void Coordinator::StartLowerOp(LowerOp op) {
   };
   if (o.spill) {
     ++spills_in_flight_;
-    const SlotCheck& check = slot_checks_[static_cast<size_t>(o.slot)];
+    SlotCheck& check = slot_checks_[static_cast<size_t>(o.slot)];
+    check.spilling = true;
     std::optional<uint64_t> checksum;
     if (check.has_checksum) checksum = check.checksum;
     options_.lower->Spill(
@@ -140,11 +141,19 @@ size_t Coordinator::PumpLowerTier() {
 
 void Coordinator::FinishSpill(const LowerOp& op, const Status& status) {
   --spills_in_flight_;
+  if (op.keep) --copies_in_flight_;
+  slot_checks_[static_cast<size_t>(op.slot)].spilling = false;
   const bool ok = status.ok();
   const BlockId slot[] = {op.slot};
   ReleaseSlots(slot);
   const BlockPool::Block& b = host_pool_.block(op.slot);
   const bool keyed = b.has_key && b.key == op.key;
+  if (ok && keyed && op.keep && !op.discard) {
+    ++stats_.spills;
+    ++stats_.spills_kept;
+    if (NextEvictionLoses()) (void)host_pool_.MoveToFront(op.slot);
+    return;
+  }
   if (!ok && keyed && status.code() == StatusCode::kDataLoss &&
       !SlotIntact(op.slot)) {
     // Its bytes changed since its store completed (a worker wrote into a
@@ -273,9 +282,11 @@ void Coordinator::DiscardSpill(LowerOp* spill) {
 
 void Coordinator::MaybeSpill() {
   if (options_.lower == nullptr) return;
+  StartWriteBehind();
   const int64_t usable = host_pool_.num_blocks() - 1;
-  // Blocks being spilled leave host when their copy is done.
-  const int64_t staying = UsedSlots() - spills_in_flight_;
+  // Blocks being spilled leave host when their copy is done (write-behind
+  // copies stay).
+  const int64_t staying = UsedSlots() - (spills_in_flight_ - copies_in_flight_);
   if (staying <= static_cast<int64_t>(options_.spill_high * usable)) return;
   if (Now() < spill_resume_) return;
   const int64_t excess =
@@ -286,6 +297,44 @@ void Coordinator::MaybeSpill() {
     return static_cast<int64_t>(victims.size()) < excess;
   });
   SpillBlocks(victims);
+}
+
+bool Coordinator::NextEvictionLoses() const {
+  const std::optional<BlockId> next = host_pool_.NextFreeBlock();
+  if (!next.has_value()) return false;
+  const BlockPool::Block& b = host_pool_.block(*next);
+  return b.has_key &&
+         !options_.lower->Contains(b.key, host_pool_.block_tokens(*next));
+}
+
+void Coordinator::StartWriteBehind() {
+  // Entries of slots reused since can pile up while copies lag: the oldest
+  // go first, and their blocks are left to the watermark.
+  const auto bound = static_cast<size_t>(host_pool_.num_blocks());
+  while (write_behind_.size() > bound) write_behind_.pop_front();
+  if (write_behind_.empty() || Now() < spill_resume_) return;
+  while (copies_in_flight_ < options_.write_behind_spills &&
+         !write_behind_.empty()) {
+    const auto [slot, key] = write_behind_.front();
+    write_behind_.pop_front();
+    const BlockPool::Block& b = host_pool_.block(slot);
+    // Reused or dropped since, or already on its way down (a spill pins
+    // it; a lookup's pin alone does not stop a copy).
+    if (!b.has_key || !(b.key == key) ||
+        slot_checks_[static_cast<size_t>(slot)].spilling) {
+      continue;
+    }
+    if (options_.lower->Contains(key, host_pool_.block_tokens(slot))) continue;
+    LowerOp op;
+    op.spill = true;
+    op.keep = true;
+    op.slot = slot;
+    op.key = key;
+    const BlockId pin[] = {slot};
+    host_pool_.Touch(pin);
+    ++copies_in_flight_;
+    StartLowerOp(std::move(op));
+  }
 }
 
 int64_t Coordinator::SpillBlocks(std::span<const BlockId> victims) {

@@ -168,6 +168,26 @@ TEST(BlockPool, DemoteCachedBlockDropsTheKeyAndQueuesTheBlockFirst) {
   EXPECT_THAT(pool.CheckInvariants(), IsOk());
 }
 
+TEST(BlockPool, MoveToFrontKeepsTheKeyAndQueuesTheBlockFirst) {
+  BlockPool pool = MakePool(3);
+  std::vector<BlockId> got;
+  ASSERT_THAT(pool.GetNewBlocks(3, &got), IsOk());
+  ASSERT_THAT(pool.CacheBlock(2, kKeyB, kTokensB), IsOk());
+  EXPECT_FALSE(pool.MoveToFront(2));  // In use.
+  pool.FreeBlocks(got);
+  EXPECT_EQ(pool.NextFreeBlock(), 0);
+  EXPECT_TRUE(pool.MoveToFront(2));
+  EXPECT_THAT(pool.FreeQueueSnapshot(), ElementsAre(2, 0, 1));
+  EXPECT_EQ(pool.NextFreeBlock(), 2);
+  EXPECT_EQ(pool.GetCachedBlock(kKeyB, kTokensB), 2);  // Still a hit.
+  std::vector<BlockId> reused;
+  ASSERT_THAT(pool.GetNewBlocks(3, &reused), IsOk());
+  EXPECT_THAT(reused, ElementsAre(2, 0, 1));
+  EXPECT_EQ(pool.stats().evictions, 1u);
+  EXPECT_FALSE(pool.NextFreeBlock().has_value());
+  EXPECT_THAT(pool.CheckInvariants(), IsOk());
+}
+
 TEST(BlockPool, CacheFullBlocksKeysTheGivenRange) {
   BlockPool pool = MakePool(4);
   std::vector<BlockId> got;

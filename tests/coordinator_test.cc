@@ -963,6 +963,77 @@ TEST_F(SpillTest, ClearDiskMidSpillLetsTheSpillLand) {
   EXPECT_EQ(c_.stats().host.spills, 1u);
 }
 
+// Write-behind over a disk slower than the stores: nothing lands until the
+// test says so. Stores never wait for the disk: the host evicts blocks no
+// tier holds, and counts each one.
+TEST(CoordinatorWriteBehindTest, DiskSlowerThanStoresEvictsAndCountsEachLoss) {
+  SlowSpillTier lower;
+  Coordinator c = Coordinator::Create({.layout = Layout(),
+                                       .host_slots = 9,
+                                       .lower = &lower,
+                                       .write_behind_spills = 1,
+                                       .caps = {.worker_pin_share = 1}})
+                      .value();
+  const WorkerId w = c.RegisterWorker({.layout = Layout(),
+                                       .num_device_blocks = 10,
+                                       .tenant = "",
+                                       .pid = 1,
+                                       .name = "w"})
+                         .value();
+  struct Stored {
+    BlockKey key;
+    std::vector<TokenId> tokens;
+  };
+  std::vector<Stored> stored;
+  // Three bursts of four blocks on eight slots, no write landing between.
+  for (RequestId r = 1; r <= 3; ++r) {
+    const std::vector<TokenId> t =
+        SequentialTokens(static_cast<TokenId>(1000 * r), 4 * 16 + 1);
+    ASSERT_THAT(c.Lookup(w, r, t, 0, {}), IsOk());
+    const BlockId device[] = {1, 2, 3, 4, 5};
+    ASSERT_THAT(c.Allocate(w, r, device, 0), IsOk());
+    const CommitResult commit = c.Commit(w, r, 4 * 16, device).value();
+    ASSERT_EQ(commit.stores.size(), 1u);
+    ASSERT_EQ(commit.stores[0].host_blocks.size(), 4u);
+    const CompletedEvent done[] = {{commit.stores[0].ref, true}};
+    ASSERT_THAT(c.Complete(w, done), IsOk());
+    for (size_t b = 0; b < 4; ++b) {
+      const BlockId slot = commit.stores[0].host_blocks[b];
+      const std::span<const TokenId> tokens = c.host_pool().block_tokens(slot);
+      stored.push_back(
+          {c.host_pool().block(slot).key, {tokens.begin(), tokens.end()}});
+    }
+    ASSERT_THAT(c.Finish(w, r), IsOk());
+  }
+  const auto lost = [&] {
+    int64_t n = 0;
+    for (const Stored& b : stored) {
+      n += !c.host_pool().GetCachedBlock(b.key, b.tokens).has_value() &&
+           !lower.Contains(b.key, b.tokens);
+    }
+    return n;
+  };
+  HostTierStats h = c.stats().host;
+  EXPECT_EQ(h.stores_completed, 12u);
+  EXPECT_EQ(h.store_skipped, 0u);
+  EXPECT_GT(h.evicted_unspilled, 0u);
+  EXPECT_EQ(h.evicted_unspilled, h.evictions);  // Nothing had landed.
+  EXPECT_EQ(static_cast<int64_t>(h.evicted_unspilled), lost());
+
+  // The writes land now, each starting the next copy: nothing more is lost,
+  // and every block still on host reaches the disk.
+  for (size_t i = 0; i < lower.writes.size(); ++i) {
+    lower.Land(i);
+    c.PumpLowerTier();
+  }
+  EXPECT_TRUE(c.lower_tier_idle());
+  h = c.stats().host;
+  EXPECT_EQ(static_cast<int64_t>(h.evicted_unspilled), lost());
+  EXPECT_EQ(c.HostOnlyBlocks(), 0);
+  EXPECT_EQ(h.pinned_slots, 0);
+  EXPECT_THAT(c.host_pool().CheckInvariants(), IsOk());
+}
+
 TEST_F(CoordinatorTest, AnotherLayoutIsRefusedNamingBoth) {
   KvLayout other = Layout();
   other.head_dim = 128;

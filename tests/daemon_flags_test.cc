@@ -408,6 +408,7 @@ TEST_F(DaemonFlagsTest, ExampleConfigShowsEveryOptionWithItsDefault) {
   EXPECT_EQ(a.disk_codec, b.disk_codec);
   EXPECT_EQ(a.spill_high, b.spill_high);
   EXPECT_EQ(a.spill_low, b.spill_low);
+  EXPECT_EQ(a.write_behind_spills, b.write_behind_spills);
   EXPECT_EQ(a.caps.worker_pin_share, b.caps.worker_pin_share);
   EXPECT_EQ(a.caps.max_requests_per_worker, b.caps.max_requests_per_worker);
   EXPECT_EQ(a.caps.max_request_bytes_per_worker,

@@ -350,7 +350,7 @@ class Stress {
         "audit (tierkvd / workers): lookups %llu / %lld, hit blocks %lld / "
         "%lld, missed blocks %llu / %lld, loaded blocks %llu / %lld, stored "
         "blocks %llu / %lld; spills %llu, promotions %llu, disk evictions "
-        "%llu, loads cancelled %llu\n",
+        "%llu, loads cancelled %llu, evicted unspilled %llu\n",
         static_cast<unsigned long long>(h.lookups), lookups, t_hits, hits,
         static_cast<unsigned long long>(h.miss_blocks), misses,
         static_cast<unsigned long long>(h.loads_completed), loads,
@@ -358,7 +358,8 @@ class Stress {
         static_cast<unsigned long long>(h.spills),
         static_cast<unsigned long long>(h.promotions),
         static_cast<unsigned long long>(disk_evictions),
-        static_cast<unsigned long long>(h.loads_cancelled));
+        static_cast<unsigned long long>(h.loads_cancelled),
+        static_cast<unsigned long long>(h.evicted_unspilled));
     const bool agree = static_cast<long long>(h.lookups) == lookups &&
                        t_hits == hits &&
                        static_cast<long long>(h.miss_blocks) == misses &&
@@ -383,13 +384,14 @@ class Stress {
 int Usage() {
   std::fprintf(stderr,
                "usage: tierkv_engine_stress [--seconds N] [--seed S] "
-               "[--workers W] [--audit-requests N]\n"
+               "[--workers W] [--audit-requests N] [--tierkvd PATH]\n"
                "  Runs tierkvd and W engine-shaped workers (default 4, at "
                "least 3) under\n"
                "  faults for N seconds (default 20), then audits what "
                "tierkvd holds and\n"
                "  counts. Exit 0: no wrong KV served and the audit "
-               "agrees.\n");
+               "agrees.\n"
+               "  --tierkvd: the tierkvd program (default: this build's).\n");
   return 2;
 }
 
@@ -411,6 +413,8 @@ int main(int argc, char** argv) {
         flags.workers = std::stoi(value);
       } else if (name == "--audit-requests") {
         flags.audit_requests = std::stoi(value);
+      } else if (name == "--tierkvd") {
+        flags.tierkvd = value;
       } else {
         return tierkv::Usage();
       }

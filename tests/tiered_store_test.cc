@@ -94,6 +94,20 @@ class CorruptingStorage : public DiskStorageWrapper {
 };
 thread_local uint64_t CorruptingStorage::last_write_offset_ = 0;
 
+// With `refuse` set, every write fails, as a broken disk's would: the
+// disk tier degrades and takes no more.
+class RefusingStorage : public DiskStorageWrapper {
+ public:
+  using DiskStorageWrapper::DiskStorageWrapper;
+  std::atomic<bool> refuse{false};
+
+  Status Put(std::string_view key,
+             std::span<const std::string_view> value_parts) override {
+    if (refuse.load()) return Status::Unavailable("injected write error");
+    return DiskStorageWrapper::Put(key, value_parts);
+  }
+};
+
 struct LoadOutcome {
   int32_t hit_blocks = 0;
   int32_t disk_hit_blocks = 0;
@@ -106,20 +120,24 @@ struct LoadOutcome {
 class TieredStoreTest : public ::testing::Test {
  protected:
   // `host_slots` usable slots; a disk bounded to `disk_blocks` values.
+  // Write-behind is off unless asked for: most tests count the spills the
+  // watermarks make.
   void Open(int32_t host_slots, int64_t disk_blocks, double high = 0.8,
-            double low = 0.5) {
+            double low = 0.5, int32_t write_behind_spills = 0) {
     const KvLayout layout = TestLayout();
     auto storage = OpenRocksDbStorage(
         {.path = dir_ + "/disk", .write_buffer_bytes = 1 << 20});
     ASSERT_THAT(storage, IsOk());
     auto corrupting = std::make_unique<CorruptingStorage>(std::move(*storage));
     corrupting_ = corrupting.get();
+    auto refusing = std::make_unique<RefusingStorage>(std::move(corrupting));
+    refusing_ = refusing.get();
     DiskTierOptions disk;
     // A value is a block plus a header of about 130 bytes.
     disk.capacity_bytes = disk_blocks * (layout.BlockBytes() + 256);
     disk.layout_fingerprint = layout.Fingerprint();
     disk.block_bytes = layout.BlockBytes();
-    auto tier = DiskTier::Open(disk, std::move(corrupting));
+    auto tier = DiskTier::Open(disk, std::move(refusing));
     ASSERT_THAT(tier, IsOk());
     TieredStoreOptions options;
     options.layout = layout;
@@ -128,6 +146,7 @@ class TieredStoreTest : public ::testing::Test {
     options.disk = std::move(*tier);
     options.spill_high = high;
     options.spill_low = low;
+    options.write_behind_spills = write_behind_spills;
     // One worker, alone on the store: it may pin every slot.
     options.caps.worker_pin_share = 1;
     // The test applies the disk tier's results itself (Settle), so spills
@@ -238,6 +257,7 @@ class TieredStoreTest : public ::testing::Test {
   const TempDir scratch_{"tiered_store_test"};
   const std::string dir_ = scratch_.path();
   CorruptingStorage* corrupting_ = nullptr;  // Owned by store_'s disk tier.
+  RefusingStorage* refusing_ = nullptr;      // Owned by store_'s disk tier.
   std::unique_ptr<TieredStore> store_;
   WorkerId worker_ = 0;
   RequestId next_request_ = 1;
@@ -468,6 +488,113 @@ TEST_F(TieredStoreTest, DiskBoundEvictsLeastRecentlyUsedBlocks) {
   EXPECT_EQ(newest.wrong_blocks, 0);
 }
 
+// Lost and kept blocks of requests 0..requests-1 (blocks_each blocks
+// each, as RequestTokens): on host, on disk, or on neither.
+struct Whereabouts {
+  int64_t on_host = 0;
+  int64_t on_disk_only = 0;
+  int64_t lost = 0;
+};
+
+class TieredStoreWriteBehindTest : public TieredStoreTest {
+ protected:
+  // Bursts of four blocks on a host of eight, each burst stored in one
+  // commit while the previous burst's spills are still to come: the
+  // watermark (0.9, 0.7) alone starts spills only once the host is full,
+  // so the next burst evicts blocks whose spills have not started.
+  static constexpr int kBursts = 10;
+  static constexpr int kBlocksEach = 4;
+  void StoreBursts() {
+    for (int r = 0; r < kBursts; ++r) {
+      Store(RequestTokens(r, kBlocksEach));
+      Settle();
+    }
+  }
+  Whereabouts Find() {
+    Whereabouts out;
+    for (int r = 0; r < kBursts; ++r) {
+      const std::vector<TokenId> tokens = RequestTokens(r, kBlocksEach);
+      const std::vector<BlockKey> keys = PrefixKeys(tokens);
+      for (size_t b = 0; b < keys.size(); ++b) {
+        const std::span<const TokenId> block =
+            std::span<const TokenId>(tokens).subspan(b * kBs, kBs);
+        if (c()->host_pool().GetCachedBlock(keys[b], block).has_value()) {
+          ++out.on_host;
+        } else if (store_->disk()->Contains(keys[b], block)) {
+          ++out.on_disk_only;
+        } else {
+          ++out.lost;
+        }
+      }
+    }
+    return out;
+  }
+};
+
+// The counter counts exactly the blocks no tier holds; without write-behind
+// this load loses some.
+TEST_F(TieredStoreWriteBehindTest, WatermarkAloneLosesBlocksAndCountsEachOne) {
+  Open(/*host_slots=*/8, /*disk_blocks=*/100, 0.9, 0.7,
+       /*write_behind_spills=*/0);
+  StoreBursts();
+  const Whereabouts where = Find();
+  const HostTierStats h = c()->stats().host;
+  EXPECT_GT(where.lost, 0);
+  EXPECT_EQ(h.evicted_unspilled, static_cast<uint64_t>(where.lost));
+  EXPECT_EQ(where.on_host + where.on_disk_only + where.lost,
+            kBursts * kBlocksEach);
+  EXPECT_EQ(h.spills_kept, 0u);
+}
+
+// With one write-behind copy at a time, every burst's blocks reach the disk
+// before the next burst needs their slots: evictions lose nothing, and
+// every block comes back bit-exact.
+TEST_F(TieredStoreWriteBehindTest, OneCopyAtATimeLosesNoBlockToABurst) {
+  Open(/*host_slots=*/8, /*disk_blocks=*/100, 0.9, 0.7,
+       /*write_behind_spills=*/1);
+  StoreBursts();
+  const Whereabouts where = Find();
+  const CoordinatorStats s = c()->stats();
+  EXPECT_EQ(where.lost, 0);
+  EXPECT_EQ(s.host.evicted_unspilled, 0u);
+  EXPECT_GT(s.host.evictions + s.host.spill_drops, 0u);
+  // Every block went down by write-behind; the watermark only dropped
+  // blocks already there.
+  EXPECT_EQ(s.host.spills_kept, static_cast<uint64_t>(kBursts * kBlocksEach));
+  EXPECT_EQ(s.host.spills, s.host.spills_kept);
+  EXPECT_EQ(s.host.spill_failures, 0u);
+  EXPECT_EQ(s.host.store_skipped, 0u);
+  EXPECT_EQ(s.host.pinned_slots, 0);
+  EXPECT_THAT(c()->host_pool().CheckInvariants(), IsOk());
+  for (int r = 0; r < kBursts; ++r) {
+    const LoadOutcome load = Load(RequestTokens(r, kBlocksEach));
+    EXPECT_EQ(load.loaded_blocks, kBlocksEach) << "request " << r;
+    EXPECT_EQ(load.wrong_blocks, 0) << "request " << r;
+  }
+}
+
+// A disk that takes no writes: copies and spills fail, stores go on (the
+// host evicts as it must), and every block lost is counted.
+TEST_F(TieredStoreWriteBehindTest, RefusingDiskCountsEveryBlockLost) {
+  Open(/*host_slots=*/8, /*disk_blocks=*/100, 0.9, 0.7,
+       /*write_behind_spills=*/4);
+  refusing_->refuse = true;
+  StoreBursts();
+  const Whereabouts where = Find();
+  const CoordinatorStats s = c()->stats();
+  EXPECT_EQ(where.on_disk_only, 0);
+  EXPECT_GT(where.lost, 0);
+  EXPECT_EQ(s.host.evicted_unspilled, static_cast<uint64_t>(where.lost));
+  EXPECT_EQ(s.host.evicted_unspilled, s.host.evictions);
+  EXPECT_GT(s.host.spill_failures, 0u);
+  EXPECT_EQ(s.host.stores_completed,
+            static_cast<uint64_t>(kBursts * kBlocksEach));
+  EXPECT_EQ(s.host.store_skipped, 0u);
+  ASSERT_TRUE(s.disk.has_value());
+  EXPECT_EQ(s.disk->degraded, 1u);
+  EXPECT_EQ(s.host.pinned_slots, 0);
+}
+
 // Evict and clear with spills in flight: however far each write has got on
 // the I/O threads (queued, written, or written but not pumped yet), nothing
 // of a dropped block stays on host or on disk once the spills finish.
@@ -641,6 +768,16 @@ TEST_F(TieredStoreTest, WatermarksAreValidated) {
                                 .lower_tier_wakeup = {}});
   EXPECT_EQ(c.status().code(), StatusCode::kInvalidArgument);
   EXPECT_THAT(c.status().message(), ::testing::HasSubstr("watermarks"));
+}
+
+TEST_F(TieredStoreTest, NegativeWriteBehindIsRefused) {
+  auto c = Coordinator::Create({.layout = TestLayout(),
+                                .host_slots = 4,
+                                .lower = nullptr,
+                                .write_behind_spills = -1});
+  EXPECT_THAT(c, StatusIs(StatusCode::kInvalidArgument));
+  EXPECT_THAT(c.status().message(),
+              ::testing::HasSubstr("write_behind_spills"));
 }
 
 }  // namespace

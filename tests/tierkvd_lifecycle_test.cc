@@ -45,11 +45,13 @@ std::vector<std::string> Entries(const std::string& dir) {
 class TierkvdLifecycleTest : public TierkvdFixture {
  protected:
   // A host of `slots` usable slots over a disk tier in dir_/disk with the
-  // default watermarks: fewer than 90% of the slots never spill.
+  // default watermarks and no write-behind: fewer than 90% of the slots
+  // stay on host only until a stop spills them.
   std::vector<std::string> DiskArgs(int slots) const {
     std::vector<std::string> args =
         DaemonArgs(std::to_string((slots + 1) * TestLayout().BlockBytes()));
-    for (const char* a : {"--disk-dir", "DISK", "--disk-capacity", "64M"}) {
+    for (const char* a : {"--disk-dir", "DISK", "--disk-capacity", "64M",
+                          "--write-behind-spills", "0"}) {
       args.push_back(a == std::string("DISK") ? dir_ + "/disk" : a);
     }
     return args;

@@ -102,6 +102,7 @@ StatusOr<std::unique_ptr<TieredStore>> TieredStore::Open(
        .lower = raw->lower_.get(),
        .spill_high = options.spill_high,
        .spill_low = options.spill_low,
+       .write_behind_spills = options.write_behind_spills,
        .lower_tier_wakeup = [raw] { raw->WakeTierThread(); },
        .loads_ready = options.loads_ready,
        .clock = options.clock,

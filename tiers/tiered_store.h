@@ -49,6 +49,11 @@ struct TieredStoreOptions {
   // Spill watermarks (CoordinatorOptions). Defaults: 0.9 and 0.7.
   double spill_high = 0.9;
   double spill_low = 0.7;
+  // Write-behind copies to the disk tier in flight at most
+  // (CoordinatorOptions::write_behind_spills); 0 turns write-behind off.
+  // Default: 16, enough to keep the disk tier's I/O threads busy while
+  // leaving promotions a short queue.
+  int32_t write_behind_spills = 16;
   // The coordinator's clock (CoordinatorOptions::clock). Default: steady.
   std::function<std::chrono::steady_clock::time_point()> clock = {};
   // Per-worker caps (WorkerCaps, src/coordinator.h). Defaults: a share of

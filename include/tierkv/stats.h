@@ -53,7 +53,11 @@ struct StatField {
   X(uint64_t, hit_blocks, kCounter, "Blocks lookups found on host.")           \
   X(uint64_t, miss_blocks, kCounter, "Blocks lookups found in no tier.")       \
   X(uint64_t, evictions, kCounter,                                             \
-    "Host blocks let go for capacity without a spill.")                        \
+    "Keyed host blocks whose slot was taken for capacity (on disk too or "     \
+    "not: see evicted_unspilled).")                                            \
+  X(uint64_t, evicted_unspilled, kCounter,                                     \
+    "Of evictions, blocks the disk tier did not hold: lost to every tier "     \
+    "(0 without a disk tier).")                                                \
   X(uint64_t, stores_completed, kCounter,                                      \
     "Blocks stored from device to host.")                                      \
   X(uint64_t, loads_completed, kCounter, "Blocks loaded from host to device.") \
@@ -63,7 +67,12 @@ struct StatField {
   X(uint64_t, events_in_flight, kGauge, "Transfer events in flight.")          \
   X(uint64_t, disk_hit_blocks, kCounter,                                       \
     "Blocks lookups found only on the disk tier.")                             \
-  X(uint64_t, spills, kCounter, "Blocks copied down to disk, then dropped.")   \
+  X(uint64_t, spills, kCounter,                                                \
+    "Blocks copied down to disk: past the high watermark (then dropped from "  \
+    "host) or by write-behind (spills_kept).")                                 \
+  X(uint64_t, spills_kept, kCounter,                                           \
+    "Of spills, write-behind copies made soon after the block's store and "    \
+    "kept on host: evicting the block later loses nothing.")                   \
   X(uint64_t, spill_drops, kCounter,                                           \
     "Blocks dropped from host because the disk tier had them already.")        \
   X(uint64_t, spill_failures, kCounter,                                        \

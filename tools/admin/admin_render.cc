@@ -157,7 +157,8 @@ std::string FormatStatsTable(const CoordinatorStats& stats) {
     }
     out << "; spilled " << h.spills << ", dropped from host (already "
         << "on disk) " << h.spill_drops << ", failed spills "
-        << h.spill_failures << "; promoted " << h.promotions
+        << h.spill_failures << ", evicted from host unspilled "
+        << h.evicted_unspilled << "; promoted " << h.promotions
         << ", failed promotions " << h.promotion_failures
         << "; checksum failures " << d.checksum_failures << ", dropped on open "
         << d.dropped_on_open << " (of another layout or model "

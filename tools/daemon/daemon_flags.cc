@@ -327,6 +327,10 @@ po::options_description SettingOptions(DaemonCommand& command,
       "spill to disk once this fraction of host slots is in use")(
       "spill-low", po::value(&s.spill_low)->default_value(s.spill_low, "0.7"),
       "spilling stops once at most this fraction is in use")(
+      "write-behind-spills",
+      po::value(&s.write_behind_spills)->default_value(s.write_behind_spills),
+      "copies of newly stored blocks to disk in flight at most (write-behind: "
+      "evicting them later loses nothing); 0 spills only past spill-high")(
       "max-workers", po::value(&s.max_workers)->default_value(s.max_workers),
       "most workers attached at once (1 to 4096)")(
       "max-tenants", po::value(&s.max_tenants)->default_value(s.max_tenants),
@@ -439,6 +443,10 @@ StatusOr<DaemonCommand> Finish(DaemonCommand command, const RawOptions& raw,
                                    where("max-events-per-worker") + " and " +
                                    where("max-workers-per-uid") +
                                    " must be at least 1");
+  }
+  if (s.write_behind_spills < 0) {
+    return Status::InvalidArgument(where("write-behind-spills") +
+                                   " must be at least 0");
   }
   if (!(s.spill_low > 0 && s.spill_low <= s.spill_high && s.spill_high <= 1)) {
     return Status::InvalidArgument(where("spill-low") + " and " +

@@ -255,6 +255,7 @@ void PrintReport(const RagDemoOptions& o, const RagDemoReport& r,
   moved("host -> device  (loads)", h.loads_completed);
   moved("host -> disk    (spills)", h.spills);
   moved("disk -> host    (promotions)", h.promotions);
+  moved("host -> lost    (unspilled)", h.evicted_unspilled);
 
   auto ms = [&out](double v) {
     out << std::setw(9) << std::fixed << std::setprecision(1) << v;
