@@ -459,7 +459,10 @@ class TenantIsolationTest : public TierkvdFixture {
 };
 
 TEST_F(TenantIsolationTest, AnOverwrittenBlockIsDroppedNeverSpilled) {
-  StartDaemonWithDisk(16);  // Spills past 8 slots in use, down to 4.
+  // Spills past 8 slots in use, down to 4. No write-behind: it could copy
+  // the blocks to disk before they are overwritten, and the point here is
+  // a spill of a block overwritten on host.
+  StartDaemonWithDisk(16, {"--write-behind-spills", "0"});
   auto first = Worker("fill", 7, 2);
   ASSERT_EQ(first->Wait(), 0) << first->output();
   std::unique_ptr<Client> observer = Attach("observer");
