@@ -91,6 +91,7 @@ StatusOr<std::unique_ptr<DiskTier>> OpenDisk(const ServerOptions& options) {
       .block_bytes = options.layout.BlockBytes(),
       .element_bytes = static_cast<int32_t>(options.layout.ElementSize()),
       .codec = options.disk_codec,
+      .io_threads = options.disk_io_threads,
       .cancelled = options.cancelled};
   // --disk-capacity counts what RocksDB writes besides the blocks, and
   // leaves room for at least one block's value (header included).

@@ -71,6 +71,9 @@ struct ServerOptions {
   bool disk_reset = false;
   // How blocks are stored on disk. Default: none (see DiskTierOptions).
   DiskCodec disk_codec = DiskCodec::kNone;
+  // The disk tier's I/O threads (DiskTierOptions::io_threads), 1 to 64.
+  // Default: 2.
+  int32_t disk_io_threads = 2;
   // Host watermarks for spilling to disk (CoordinatorOptions). Defaults:
   // 0.9 and 0.7.
   double spill_high = 0.9;

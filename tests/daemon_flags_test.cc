@@ -197,6 +197,10 @@ TEST_F(DaemonFlagsTest, BadValuesNameFileLineAndKey) {
   WriteConfig(std::string(kLayout) + "spill-high = 0.5\nspill-low = 0.8\n");
   EXPECT_THAT(Error({"--config", config_}),
               HasSubstr("must satisfy 0 < low <= high <= 1"));
+
+  WriteConfig(std::string(kLayout) + "disk-io-threads = 0\n");
+  EXPECT_THAT(Error({"--config", config_}),
+              HasSubstr(config_ + ":4: disk-io-threads must be 1 to 64"));
 }
 
 TEST_F(DaemonFlagsTest, ABadModelNameIsNamed) {
@@ -406,6 +410,7 @@ TEST_F(DaemonFlagsTest, ExampleConfigShowsEveryOptionWithItsDefault) {
   EXPECT_EQ(a.max_workers, b.max_workers);
   EXPECT_EQ(a.disk_capacity_bytes, b.disk_capacity_bytes);
   EXPECT_EQ(a.disk_codec, b.disk_codec);
+  EXPECT_EQ(a.disk_io_threads, b.disk_io_threads);
   EXPECT_EQ(a.spill_high, b.spill_high);
   EXPECT_EQ(a.spill_low, b.spill_low);
   EXPECT_EQ(a.write_behind_spills, b.write_behind_spills);

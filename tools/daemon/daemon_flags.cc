@@ -306,9 +306,9 @@ po::options_description SettingOptions(DaemonCommand& command,
       "let this group give operator orders too (tierkv-admin clear, evict); "
       "without it only tierkvd's user and root may")(
       "disk-dir", po::value(&s.disk_path),
-      "disk tier: a RocksDB directory (created if missing) that blocks "
-      "spill to when host memory runs short, and that survives restarts "
-      "(default: no disk tier)")(
+      "disk tier: a directory (created if missing; the blocks' value file "
+      "and a RocksDB index of them) that blocks spill to when host memory "
+      "runs short, and that survives restarts (default: no disk tier)")(
       "disk-capacity",
       po::value(&raw.disk_capacity)->default_value(raw.disk_capacity),
       "disk tier: bound on its bytes on disk, RocksDB's log and memtables "
@@ -322,6 +322,11 @@ po::options_description SettingOptions(DaemonCommand& command,
       "refuses to start and names them); a usable disk tier is kept")(
       "disk-codec", po::value(&raw.codec)->default_value(raw.codec),
       "disk tier: none, lz4 or lz4-byte-planes (see BENCHMARKS.md)")(
+      "disk-io-threads",
+      po::value(&s.disk_io_threads)->default_value(s.disk_io_threads),
+      "disk tier: threads that spill and promote (1 to 64): the queue depth "
+      "the disk sees; more pay on disks with parallelism (NVMe), see "
+      "BENCHMARKS.md")(
       "spill-high",
       po::value(&s.spill_high)->default_value(s.spill_high, "0.9"),
       "spill to disk once this fraction of host slots is in use")(
@@ -443,6 +448,10 @@ StatusOr<DaemonCommand> Finish(DaemonCommand command, const RawOptions& raw,
                                    where("max-events-per-worker") + " and " +
                                    where("max-workers-per-uid") +
                                    " must be at least 1");
+  }
+  if (s.disk_io_threads < 1 || s.disk_io_threads > 64) {
+    return Status::InvalidArgument(where("disk-io-threads") +
+                                   " must be 1 to 64");
   }
   if (s.write_behind_spills < 0) {
     return Status::InvalidArgument(where("write-behind-spills") +
