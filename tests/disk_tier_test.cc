@@ -8,7 +8,9 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <cstring>
 #include <filesystem>
 #include <future>
@@ -549,22 +551,110 @@ TEST_P(DiskTierCorruptionTest, FlippedBytesAreDetectedDroppedAndCounted) {
 INSTANTIATE_TEST_SUITE_P(Offsets, DiskTierCorruptionTest,
                          ::testing::Values(0, 9, 120, -1, -5000));
 
+// Holds the first ReadPayload (after `gate()` is armed) until released;
+// records every ReadPayload's block count and every WritePayload's offset.
+class GatedStorage : public DiskStorageWrapper {
+ public:
+  using DiskStorageWrapper::DiskStorageWrapper;
+
+  void Arm() {
+    std::lock_guard<std::mutex> lock(mu_);
+    armed_ = true;
+  }
+  // Waits until the held read has started; returns its offset.
+  uint64_t AwaitHeldRead() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return holding_; });
+    return held_offset_;
+  }
+  void Release() {
+    std::lock_guard<std::mutex> lock(mu_);
+    released_ = true;
+    cv_.notify_all();
+  }
+  std::vector<size_t> read_sizes() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return read_sizes_;
+  }
+  std::vector<uint64_t> write_offsets() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return write_offsets_;
+  }
+
+  Status ReadPayload(uint64_t offset,
+                     std::span<const std::span<std::byte>> outs) override {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      read_sizes_.push_back(outs.size());
+      if (armed_) {
+        armed_ = false;
+        holding_ = true;
+        held_offset_ = offset;
+        cv_.notify_all();
+        cv_.wait(lock, [&] { return released_; });
+      }
+    }
+    return DiskStorageWrapper::ReadPayload(offset, outs);
+  }
+  Status WritePayload(uint64_t offset, std::string_view bytes) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      write_offsets_.push_back(offset);
+    }
+    return DiskStorageWrapper::WritePayload(offset, bytes);
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool armed_ = false;                   // GUARDED_BY(mu_)
+  bool holding_ = false;                 // GUARDED_BY(mu_)
+  bool released_ = false;                // GUARDED_BY(mu_)
+  uint64_t held_offset_ = 0;             // GUARDED_BY(mu_)
+  std::vector<size_t> read_sizes_;       // GUARDED_BY(mu_)
+  std::vector<uint64_t> write_offsets_;  // GUARDED_BY(mu_)
+};
+
+std::unique_ptr<DiskTier> OpenGated(const DiskTierOptions& options,
+                                    GatedStorage** gated) {
+  StatusOr<std::unique_ptr<DiskStorage>> rocks =
+      OpenRocksDbStorage(options.storage);
+  EXPECT_THAT(rocks, IsOk());
+  if (!rocks.ok()) return nullptr;
+  auto wrapper = std::make_unique<GatedStorage>(std::move(rocks).value());
+  *gated = wrapper.get();
+  StatusOr<std::unique_ptr<DiskTier>> tier =
+      DiskTier::Open(options, std::move(wrapper));
+  EXPECT_THAT(tier, IsOk());
+  return tier.ok() ? std::move(tier).value() : nullptr;
+}
+
 // Gets queued together are read in runs of adjacent slots (one vectored
 // read each), yet each block is verified on its own: one damaged block in
 // the middle of a run fails alone.
 TEST_F(DiskTierTest, GetsQueuedTogetherAreReadInRunsAndVerifiedEach) {
   DiskTierOptions options = Options(DiskCodec::kNone);
-  std::unique_ptr<DiskTier> tier = OpenTier(options);
+  options.io_threads = 1;
+  GatedStorage* gated = nullptr;
+  std::unique_ptr<DiskTier> tier = OpenGated(options, &gated);
+  ASSERT_NE(tier, nullptr);
   constexpr int kBlocks = 64;
   for (int i = 0; i < kBlocks; ++i) ASSERT_THAT(Put(*tier, i), IsOk());
-  FlipValueFileByte(options.storage.path, 10 * layout_.BlockBytes() + 5);
+  // Block 10's bytes: its slot is the one its write went to.
+  const uint64_t damaged = gated->write_offsets()[10];
+  FlipValueFileByte(options.storage.path, damaged + 5);
   std::vector<std::vector<std::byte>> outs(
       kBlocks, std::vector<std::byte>(layout_.BlockBytes()));
   std::vector<std::promise<Status>> done(kBlocks);
+  // The only I/O thread is held in the first Get's read while the others
+  // queue up behind it: they are then taken together.
+  gated->Arm();
   for (int i = 0; i < kBlocks; ++i) {
     tier->Get(KeyOf(i), TokensOf(i), outs[i],
               [&done, i](Status s) { done[i].set_value(s); });
+    if (i == 0) gated->AwaitHeldRead();
   }
+  gated->Release();
   for (int i = 0; i < kBlocks; ++i) {
     Status s = done[i].get_future().get();
     if (i == 10) {
@@ -576,34 +666,38 @@ TEST_F(DiskTierTest, GetsQueuedTogetherAreReadInRunsAndVerifiedEach) {
   }
   EXPECT_EQ(tier->stats().hits, uint64_t{kBlocks - 1});
   EXPECT_EQ(tier->stats().checksum_failures, 1u);
+  // The 63 queued Gets (2 MiB of 16 KiB blocks) were one vectored read.
+  const std::vector<size_t> reads = gated->read_sizes();
+  EXPECT_EQ(*std::max_element(reads.begin(), reads.end()), size_t{kBlocks - 1});
 }
 
-// A Get reading a block while the block is removed and its slot is wanted
-// by a new Put: the Get gets the whole old block or NotFound, never the
-// new block's bytes, and the new block lands intact.
+// A Get reading a block while the block is removed and a new Put wants a
+// slot: the slot being read is not written until the read is done, so the
+// Get gets the whole old block and the new block lands elsewhere, intact.
 TEST_F(DiskTierTest, ASlotBeingReadIsNotWrittenUntilTheReadIsDone) {
   DiskTierOptions options = Options(DiskCodec::kNone);
-  options.io_threads = 4;
-  std::unique_ptr<DiskTier> tier = OpenTier(options);
-  for (int round = 0; round < 50; ++round) {
-    const int old_block = 2 * round, new_block = 2 * round + 1;
-    ASSERT_THAT(Put(*tier, old_block), IsOk());
-    std::vector<std::byte> out(layout_.BlockBytes());
-    std::promise<Status> read;
-    tier->Get(KeyOf(old_block), TokensOf(old_block), out,
-              [&read](Status s) { read.set_value(s); });
-    tier->Remove(KeyOf(old_block));
-    ASSERT_THAT(Put(*tier, new_block), IsOk());
-    Status s = read.get_future().get();
-    if (s.ok()) {
-      EXPECT_TRUE(out == Block(old_block)) << round;
-    } else {
-      EXPECT_EQ(s.code(), StatusCode::kNotFound) << s.ToString();
-    }
-    EXPECT_THAT(GetAndCheck(*tier, new_block), IsOk()) << round;
-    tier->Remove(KeyOf(new_block));
-  }
-  EXPECT_EQ(tier->stats().checksum_failures, 0u);
+  options.io_threads = 2;  // One held in the read, one for the Put.
+  GatedStorage* gated = nullptr;
+  std::unique_ptr<DiskTier> tier = OpenGated(options, &gated);
+  ASSERT_NE(tier, nullptr);
+  ASSERT_THAT(Put(*tier, 0), IsOk());
+  std::vector<std::byte> out(layout_.BlockBytes());
+  std::promise<Status> read;
+  gated->Arm();
+  tier->Get(KeyOf(0), TokensOf(0), out,
+            [&read](Status s) { read.set_value(s); });
+  const uint64_t reading = gated->AwaitHeldRead();
+  ASSERT_TRUE(tier->Remove(KeyOf(0)));  // Its slot has no record now...
+  ASSERT_THAT(Put(*tier, 1), IsOk());   // ...but is not free while read.
+  EXPECT_NE(gated->write_offsets().back(), reading);
+  gated->Release();
+  EXPECT_THAT(read.get_future().get(), IsOk());
+  EXPECT_TRUE(out == Block(0));
+  EXPECT_THAT(GetAndCheck(*tier, 1), IsOk());
+  // Once the read is done, the slot is free again: the next Put takes it.
+  ASSERT_THAT(Put(*tier, 2), IsOk());
+  EXPECT_EQ(gated->write_offsets().back(), reading);
+  EXPECT_THAT(GetAndCheck(*tier, 2), IsOk());
 }
 
 // A restart reads records only, so bytes damaged while tierkvd was down
@@ -624,7 +718,7 @@ TEST_F(DiskTierTest, BytesDamagedBetweenRunsAreFoundWhenRead) {
   EXPECT_EQ(tier->stats().checksum_failures, 1u);
   EXPECT_FALSE(tier->Contains(KeyOf(2)));
   for (int i : {0, 1, 3}) EXPECT_THAT(GetAndCheck(*tier, i), IsOk()) << i;
-  ASSERT_THAT(Put(*tier, 9), IsOk());  // Into the freed slot.
+  ASSERT_THAT(Put(*tier, 9), IsOk());
   EXPECT_THAT(GetAndCheck(*tier, 9), IsOk());
   tier.reset();
   tier = OpenTier(Options());

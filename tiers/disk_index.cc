@@ -65,6 +65,14 @@ void SlotAllocator::DropReader(uint64_t slot) {
   if (given_while_read_.erase(slot) > 0) free_.insert(slot);
 }
 
+uint64_t SlotAllocator::TrimEnd() {
+  while (end_ > 0 && free_.contains(end_ - 1)) {
+    free_.erase(end_ - 1);
+    --end_;
+  }
+  return end_;
+}
+
 void SlotAllocator::Restore(std::span<const uint64_t> used) {
   free_.clear();
   end_ = used.empty() ? 0 : *std::max_element(used.begin(), used.end()) + 1;

@@ -144,6 +144,9 @@ class SlotAllocator {
   void Restore(std::span<const uint64_t> used);
   // One past the highest slot taken: the value file needs end() slots.
   uint64_t end() const { return end_; }
+  // Forgets the free slots at the end (the file can be cut there); returns
+  // the new end().
+  uint64_t TrimEnd();
 
  private:
   std::set<uint64_t> free_;

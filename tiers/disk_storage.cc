@@ -233,7 +233,7 @@ class RocksDbStorage final : public DiskStorage {
     if (bytes == 0) return Status::Ok();
     if (fallocate(values_fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
                   static_cast<off_t>(offset), static_cast<off_t>(bytes)) == 0 ||
-        errno == EOPNOTSUPP) {
+        errno == EOPNOTSUPP || errno == ENOSYS || errno == EINVAL) {
       // A filesystem without holes keeps the bytes: only space is lost.
       return Status::Ok();
     }
@@ -376,11 +376,13 @@ class RocksDbStorage final : public DiskStorage {
     return total;
   }
 
-  uint64_t ValueFileBytes() override {
+  StatusOr<uint64_t> ValueFileBytes() override {
+    if (values_fd_ < 0) return uint64_t{0};  // Read-only, none written.
     struct stat st {};
-    return values_fd_ >= 0 && fstat(values_fd_, &st) == 0
-               ? static_cast<uint64_t>(st.st_size)
-               : 0;
+    if (fstat(values_fd_, &st) != 0) {
+      return FromErrno(errno, "reading the size of the", values_path_);
+    }
+    return static_cast<uint64_t>(st.st_size);
   }
 
   StatusOr<uint64_t> FreeBytes() override { return FreeBytesAt(path_); }
@@ -598,9 +600,24 @@ StatusOr<int> OpenValueFile(const std::string& path, bool read_only) {
   const int fd = read_only ? open(file.c_str(), O_RDONLY | O_CLOEXEC)
                            : open(file.c_str(), O_RDWR | O_CREAT | O_CLOEXEC,
                                   0666);  // Less the umask, as RocksDB's.
-  if (fd >= 0) return fd;
-  if (read_only && errno == ENOENT) return -1;
-  return FromErrno(errno, "opening the", file);
+  if (fd < 0) {
+    if (read_only && errno == ENOENT) return -1;
+    return FromErrno(errno, "opening the", file);
+  }
+  if (!read_only) {
+    // The file's directory entry made durable, as RocksDB does for its
+    // own files: otherwise a machine crash could keep the records that a
+    // Flush made durable and lose the file they point into.
+    const int dir = open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    const bool synced = dir >= 0 && fsync(dir) == 0;
+    const int err = errno;
+    if (dir >= 0) close(dir);
+    if (!synced) {
+      close(fd);
+      return FromErrno(err, "syncing the directory of the", file);
+    }
+  }
+  return fd;
 }
 
 }  // namespace

@@ -445,7 +445,7 @@ class DiskTierImpl final : public DiskTier {
     int64_t puts = 0;
     uint64_t cancel_below = 0;  // Generations below it were removed.
   };
-  std::atomic<uint64_t> next_sequence_{1};
+  uint64_t next_sequence_ TIERKV_GUARDED_BY(mu_) = 1;
   mutable Mutex mu_;
   DiskIndex index_ TIERKV_GUARDED_BY(mu_);
   SlotAllocator slots_ TIERKV_GUARDED_BY(mu_);
@@ -525,7 +525,7 @@ Status DiskTierImpl::EncodeAndWrite(const BlockKey& key, uint64_t generation,
   ValueFields fields{
       .codec = encoded.codec,
       .element_bytes = options_.element_bytes,
-      .sequence = next_sequence_.fetch_add(1),
+      .sequence = 0,  // Taken with the slot.
       .payload_bytes = payload.size(),
       .stored_bytes = stored.size(),
       .payload_checksum = payload_checksum,
@@ -572,6 +572,9 @@ Status DiskTierImpl::WriteReserved(const BlockKey& key, uint64_t generation,
       return removed ? Cancelled(key) : Status::Ok();
     }
     fields.slot = slots_.Take();
+    // In the section that takes the slot: of two records naming one slot,
+    // the later writer's has the higher sequence (see Rebuild).
+    fields.sequence = next_sequence_++;
   }
   const uint64_t offset = fields.slot * slot_bytes_;
   Status s = storage_->WritePayload(offset, fields.stored);
@@ -1015,7 +1018,11 @@ Status DiskTierImpl::Rebuild() {
   uint64_t layout_mismatches = 0;
   std::optional<std::string> other;  // A fingerprint of another store.
   // Records only: the blocks' bytes are verified when a Get reads them.
-  const uint64_t value_file_bytes = storage_->ValueFileBytes();
+  TIERKV_ASSIGN_OR_RETURN(const uint64_t value_file_bytes,
+                          storage_->ValueFileBytes());
+  // Past every record read, dropped ones included: a new write's sequence
+  // is above all of them.
+  uint64_t max_sequence = 0;
   Progress progress(options_.progress, storage_->IndexBytes());
   TIERKV_RETURN_IF_ERROR(storage_->ForEach(
       [&](std::string_view key, std::string_view value) -> Status {
@@ -1027,6 +1034,8 @@ Status DiskTierImpl::Rebuild() {
         }
         std::optional<BlockKey> block_key = ParseStorageKey(key);
         StatusOr<ValueFields> fields = ParseHeader(value);
+        if (fields.ok())
+          max_sequence = std::max(max_sequence, fields->sequence);
         if (fields.ok() && (fields->slot > value_file_bytes / slot_bytes_ ||
                             fields->slot * slot_bytes_ + fields->stored_bytes >
                                 value_file_bytes)) {
@@ -1093,7 +1102,6 @@ Status DiskTierImpl::Rebuild() {
     if (!s.ok()) WriteFailed(s);
   }
   std::vector<BlockKey> victims;
-  uint64_t slots_end = 0;
   {
     MutexLock lock(&mu_);
     std::vector<uint64_t> used;
@@ -1104,21 +1112,29 @@ Status DiskTierImpl::Rebuild() {
       index_.InsertStored(v.key, v.bytes, std::move(v.tokens), v.location);
     }
     slots_.Restore(used);
-    slots_end = slots_.end();
     index_.EvictToCapacity(&victims);
     counters_.dropped_on_open = bad.size();
     counters_.layout_mismatches = layout_mismatches;
   }
   damaged_files_ = storage_->DamagedFiles();
   DeleteNow(victims);
-  // Past the last slot in use the file holds only blocks no record names.
+  // Past the last slot in use (evicted blocks' slots given back) the file
+  // holds only bytes no record names.
+  uint64_t slots_end = 0;
+  {
+    MutexLock lock(&mu_);
+    slots_end = slots_.TrimEnd();
+  }
   if (Stopped().ok()) {
     Status s = storage_->TruncatePayloads(slots_end * slot_bytes_);
     if (!s.ok()) WriteFailed(s);
   }
   file_bytes_ = storage_->FileBytes();
   file_bytes_read_ = Clock::now().time_since_epoch().count();
-  next_sequence_ = found.empty() ? 1 : found.back().sequence + 1;
+  {
+    MutexLock lock(&mu_);
+    next_sequence_ = max_sequence + 1;
+  }
   progress.Finish();
   if (!writable.ok()) Report(writable);
   return Status::Ok();

@@ -164,7 +164,7 @@ class DiskStorage {
   // FileBytes less the value file: what Open's scan reads.
   virtual uint64_t IndexBytes() = 0;
   // The value file's length (its holes included).
-  virtual uint64_t ValueFileBytes() = 0;
+  virtual StatusOr<uint64_t> ValueFileBytes() = 0;
 };
 
 // Forwards every call to another DiskStorage, which it owns; tests derive
@@ -210,7 +210,9 @@ class DiskStorageWrapper : public DiskStorage {
     return target_->TruncatePayloads(bytes);
   }
   uint64_t IndexBytes() override { return target_->IndexBytes(); }
-  uint64_t ValueFileBytes() override { return target_->ValueFileBytes(); }
+  StatusOr<uint64_t> ValueFileBytes() override {
+    return target_->ValueFileBytes();
+  }
 
   DiskStorage* target() const { return target_.get(); }
 

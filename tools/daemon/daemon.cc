@@ -253,6 +253,7 @@ int RunDaemon(const DaemonCommand& command) {
   options.cancelled = [&signal_thread,
                        extended =
                            std::optional<Clock::time_point>()]() mutable {
+    if (signal_thread.stop_requested()) return true;
     const Clock::time_point now = Clock::now();
     if (!extended.has_value() || now - *extended >= kExtendEvery) {
       extended = now;
