@@ -625,7 +625,9 @@ TEST_F(TierkvdTest, DiskTierHoldsTenTimesTheHostBitExact) {
 }
 
 TEST_F(TierkvdTest, AdminEvictAndClearDropStoredBlocks) {
-  StartDaemonWithDisk(16);
+  // Without write-behind, whose copies pin blocks out of LRU order: the
+  // newest block must be on host and the oldest on disk only.
+  StartDaemonWithDisk(16, {"--write-behind-spills", "0"});
   auto fill = ManyWorker("fill", 1, 40);  // Past the host: some spill.
   ASSERT_EQ(fill->Wait(), 0) << fill->output();
   std::unique_ptr<Client> observer = Attach("observer");
