@@ -811,6 +811,15 @@ void DiskTierImpl::RunReads() {
   }
 }
 
+// A raw block read in place: its bytes against the record's checksum.
+Status VerifyRaw(const ValueLocation& location,
+                 std::span<const std::byte> out) {
+  if (Checksum(AsChars(out)) != location.payload_checksum) {
+    return Status::DataLoss("payload checksum mismatch");
+  }
+  return Status::Ok();
+}
+
 void DiskTierImpl::ReadRun(std::span<Read*> run) {
   if (run.size() > 1) {
     std::vector<std::span<std::byte>> outs;
@@ -820,9 +829,7 @@ void DiskTierImpl::ReadRun(std::span<Read*> run) {
         storage_->ReadPayload(run.front()->location.slot * slot_bytes_, outs);
     if (s.ok()) {
       for (Read* read : run) {
-        if (Checksum(AsChars(read->out)) != read->location.payload_checksum) {
-          read->status = Status::DataLoss("payload checksum mismatch");
-        }
+        read->status = VerifyRaw(read->location, read->out);
       }
       return;
     }
@@ -840,10 +847,7 @@ Status DiskTierImpl::ReadValue(const ValueLocation& location,
     // verify it.
     const std::span<std::byte> outs[1] = {out};
     TIERKV_RETURN_IF_ERROR(storage_->ReadPayload(offset, outs));
-    if (Checksum(AsChars(out)) != location.payload_checksum) {
-      return Status::DataLoss("payload checksum mismatch");
-    }
-    return Status::Ok();
+    return VerifyRaw(location, out);
   }
   thread_local ScratchBuffer scratch;
   std::span<std::byte> stored(scratch.Get(location.stored_bytes),
