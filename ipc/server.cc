@@ -393,6 +393,7 @@ StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& in) {
   store.spill_high = options.spill_high;
   store.spill_low = options.spill_low;
   store.write_behind_spills = options.write_behind_spills;
+  store.eviction = options.eviction;
   store.caps = options.caps;
   store.verify_on_load = options.verify_on_load;
   // Keys at debug level, so that an operator can evict a block by name.

@@ -25,6 +25,7 @@
 
 #include "ipc/channel.h"
 #include "src/coordinator.h"
+#include "tierkv/block_pool_options.h"
 #include "tierkv/kv_layout.h"
 #include "tierkv/status.h"
 #include "tiers/disk_tier.h"
@@ -81,6 +82,9 @@ struct ServerOptions {
   // Write-behind copies to disk in flight at most (TieredStoreOptions::
   // write_behind_spills); 0 turns write-behind off. Default: 16.
   int32_t write_behind_spills = 16;
+  // The tiers' eviction policy (TieredStoreOptions::eviction). Default:
+  // kDefaultTierEviction.
+  EvictionPolicy eviction = kDefaultTierEviction;
   uint32_t max_workers = 64;  // Default: 64.
   // Tenants (ClientOptions::tenant) this store serves in its life. Each
   // gets a host segment of its own, mapped by its workers alone; a slot's

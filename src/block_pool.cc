@@ -1,10 +1,28 @@
 #include "src/block_pool.h"
 
 #include <algorithm>
+#include <bit>
 #include <cassert>
 #include <string>
 
 namespace tierkv {
+std::string_view EvictionPolicyName(EvictionPolicy policy) {
+  switch (policy) {
+    case EvictionPolicy::kLru:
+      return "lru";
+    case EvictionPolicy::kArc:
+      return "arc";
+  }
+  return "unknown";
+}
+
+StatusOr<EvictionPolicy> ParseEvictionPolicy(std::string_view name) {
+  for (EvictionPolicy p : {EvictionPolicy::kLru, EvictionPolicy::kArc}) {
+    if (name == EvictionPolicyName(p)) return p;
+  }
+  return Status::InvalidArgument("eviction policy must be lru or arc, got '" +
+                                 std::string(name) + "'");
+}
 
 StatusOr<BlockPool> BlockPool::Create(const BlockPoolOptions& options) {
   const int32_t min_blocks = options.reserve_null_block ? 2 : 1;
@@ -27,8 +45,16 @@ BlockPool::BlockPool(const BlockPoolOptions& options)
       blocks_(static_cast<size_t>(options.num_blocks)),
       tokens_(static_cast<size_t>(options.num_blocks) *
               static_cast<size_t>(options.block_size)),
-      free_queue_(options.num_blocks) {
+      eviction_(options.eviction),
+      uncached_first_(options.free_uncached_first),
+      free_queue_(options.num_blocks,
+                  options.eviction == EvictionPolicy::kLru ? 1 : 3) {
   index_.reserve(static_cast<size_t>(options.num_blocks));
+  usable_blocks_ = options.num_blocks - (options.reserve_null_block ? 1 : 0);
+  if (eviction_ == EvictionPolicy::kArc) {
+    // ARC remembers as many evicted keys as the cache holds.
+    ghosts_.emplace(usable_blocks_);
+  }
   BlockId first = 0;
   if (options.reserve_null_block) {
     null_block_ = 0;
@@ -67,10 +93,15 @@ Status BlockPool::GetNewBlocks(int32_t n, std::vector<BlockId>* out) {
   }
   out->reserve(out->size() + static_cast<size_t>(n));
   for (int32_t i = 0; i < n; ++i) {
-    const BlockId id = free_queue_.PopLeft();
+    const int32_t list = VictimList();
+    const BlockId id = free_queue_.Front(list);
+    free_queue_.Remove(id);
     Block& b = blocks_[Index(id)];
     assert(b.ref_cnt == 0);
     if (b.has_key) {
+      if (ghosts_.has_value() && list != kReuseFirst) {
+        ghosts_->Add(b.key, static_cast<uint8_t>(list));
+      }
       DropKey(id);
       ++stats_.evictions;
     }
@@ -85,6 +116,33 @@ void BlockPool::Touch(std::span<const BlockId> ids) {
     Block& b = blocks_[Index(id)];
     if (b.ref_cnt == 0) free_queue_.Remove(id);
     ++b.ref_cnt;
+    MarkUsedAgain(&b);
+  }
+}
+
+void BlockPool::Pin(std::span<const BlockId> ids) {
+  for (BlockId id : ids) {
+    Block& b = blocks_[Index(id)];
+    if (b.ref_cnt == 0) free_queue_.Remove(id);
+    ++b.ref_cnt;
+  }
+}
+
+bool BlockPool::MarkReused(BlockId id) {
+  if (!IsValid(id) || !blocks_[Index(id)].has_key) return false;
+  MarkUsedAgain(&blocks_[Index(id)]);
+  if (eviction_ != EvictionPolicy::kLru && free_queue_.Contains(id) &&
+      free_queue_.ListOf(id) == kRecent) {
+    free_queue_.Remove(id);
+    free_queue_.Append(id, kFrequent);
+  }
+  return true;
+}
+
+void BlockPool::MarkUsedAgain(Block* b) {
+  if (b->has_key && !b->reused) {
+    b->reused = true;
+    ++frequent_blocks_;
   }
 }
 
@@ -93,8 +151,62 @@ void BlockPool::FreeBlocks(std::span<const BlockId> ordered_ids) {
     if (null_block_ && id == *null_block_) continue;
     Block& b = blocks_[Index(id)];
     assert(b.ref_cnt > 0);
-    if (--b.ref_cnt == 0) free_queue_.Append(id);
+    if (--b.ref_cnt == 0) Enqueue(id);
   }
+}
+
+void BlockPool::Enqueue(BlockId id) {
+  const Block& b = blocks_[Index(id)];
+  if (!b.has_key && (uncached_first_ || eviction_ != EvictionPolicy::kLru)) {
+    // Nothing in it can be hit (a request's partial last block, a block
+    // whose key a newer one took): reused first, before any block that
+    // can.
+    free_queue_.PushFront(id, kReuseFirst);
+  } else if (eviction_ == EvictionPolicy::kLru) {
+    free_queue_.Append(id);
+  } else {
+    free_queue_.Append(id, b.reused ? kFrequent : kRecent);
+  }
+}
+
+int32_t BlockPool::VictimList() const {
+  if (eviction_ == EvictionPolicy::kLru) return kReuseFirst;
+  if (free_queue_.size(kReuseFirst) > 0) return kReuseFirst;
+  // ARC's REPLACE: the recent list gives up a block while it is over its
+  // target, the frequent list otherwise; either, when the other has none.
+  // ARC's lists count blocks in use too: a request's fresh blocks (keyed
+  // or not yet) are recent, its hits frequent; only free ones can go.
+  const int32_t recent_free = free_queue_.size(kRecent);
+  const int32_t frequent_free = free_queue_.size(kFrequent);
+  const int32_t recent =
+      usable_blocks_ - free_queue_.size(kReuseFirst) - frequent_blocks_;
+  if (recent_free > 0 && (recent > recent_target_ || frequent_free == 0)) {
+    return kRecent;
+  }
+  return frequent_free > 0 ? kFrequent : kRecent;
+}
+
+int32_t BlockPool::TakeEvicted(const BlockKey& key) {
+  if (!ghosts_.has_value()) return 0;
+  const int32_t recent_ghosts = ghosts_->count(kRecent);
+  const int32_t frequent_ghosts = ghosts_->count(kFrequent);
+  const int32_t list = ghosts_->Take(key);
+  if (list == 0) return 0;
+  // ARC's adaptation: a key recomputed soon after leaving the recent list
+  // says that list was too short, and one from the frequent list that the
+  // frequent one was; each moves the recent list's target by the ratio of
+  // the ghost lists' sizes, at least one block.
+  if (list == kRecent) {
+    recent_target_ = std::min<double>(
+        usable_blocks_,
+        recent_target_ + std::max(1.0, static_cast<double>(frequent_ghosts) /
+                                           recent_ghosts));
+  } else {
+    recent_target_ = std::max(
+        0.0, recent_target_ - std::max(1.0, static_cast<double>(recent_ghosts) /
+                                                frequent_ghosts));
+  }
+  return list;
 }
 
 Status BlockPool::CacheBlock(BlockId id, const BlockKey& key,
@@ -117,17 +229,29 @@ Status BlockPool::CacheBlock(BlockId id, const BlockKey& key,
         std::to_string(tokens.size()));
   }
   auto [it, inserted] = index_.try_emplace(key, id);
+  // The key's standing with the policy: a copy that was used again hands
+  // it to the newer one; a key computed again soon after its eviction
+  // earns it (a second use).
+  bool reused = false;
   if (!inserted) {
     // The newer block takes the key; the older copy stays valid KV but is
     // no longer findable.
     Block& older = blocks_[Index(it->second)];
+    reused = older.reused;
     older.has_key = false;
     older.num_tokens = 0;
+    if (older.reused) --frequent_blocks_;
+    older.reused = false;
+    LeaveKeptLists(it->second);
     it->second = id;
+  } else {
+    reused = TakeEvicted(key) != 0;
   }
   b.has_key = true;
   b.key = key;
   b.num_tokens = static_cast<int32_t>(tokens.size());
+  b.reused = reused;
+  if (b.reused) ++frequent_blocks_;
   std::copy(
       tokens.begin(), tokens.end(),
       tokens_.begin() + static_cast<std::ptrdiff_t>(
@@ -207,10 +331,22 @@ void BlockPool::DropKey(BlockId id) {
   index_.erase(b.key);
   b.has_key = false;
   b.num_tokens = 0;
+  if (b.reused) --frequent_blocks_;
+  b.reused = false;
+  LeaveKeptLists(id);
+}
+
+void BlockPool::LeaveKeptLists(BlockId id) {
+  if (eviction_ != EvictionPolicy::kLru && free_queue_.Contains(id) &&
+      free_queue_.ListOf(id) != kReuseFirst) {
+    free_queue_.Remove(id);
+    free_queue_.PushFront(id, kReuseFirst);
+  }
 }
 
 Status BlockPool::CheckInvariants() const {
   int32_t zero_ref = 0;
+  int32_t frequent = 0;
   size_t keyed = 0;
   for (BlockId id = 0; id < num_blocks(); ++id) {
     const Block& b = block(id);
@@ -226,6 +362,19 @@ Status BlockPool::CheckInvariants() const {
           (free_queue_.Contains(id) ? " but queued" : " but not queued"));
     }
     if (b.ref_cnt == 0) ++zero_ref;
+    if (b.has_key && b.reused) ++frequent;
+    if (eviction_ != EvictionPolicy::kLru && !is_null && b.ref_cnt == 0) {
+      // Keyed blocks wait in the list of their use, unless moved to the
+      // front (their contents are on a lower tier too); others go first.
+      const int32_t list = free_queue_.ListOf(id);
+      const int32_t want = !b.has_key ? kReuseFirst
+                           : b.reused ? kFrequent
+                                      : kRecent;
+      if (list != want && !(b.has_key && list == kReuseFirst)) {
+        return Status::Internal(where + "in free list " + std::to_string(list) +
+                                ", not " + std::to_string(want));
+      }
+    }
     if (b.has_key) {
       ++keyed;
       auto it = index_.find(b.key);
@@ -243,6 +392,11 @@ Status BlockPool::CheckInvariants() const {
     }
   }
   if (keyed != index_.size()) return Status::Internal("index size mismatch");
+  if (frequent != frequent_blocks_) {
+    return Status::Internal(std::to_string(frequent) +
+                            " keyed blocks used again, counted " +
+                            std::to_string(frequent_blocks_));
+  }
   if (zero_ref != free_queue_.size()) {
     return Status::Internal("free queue holds " +
                             std::to_string(free_queue_.size()) + " blocks, " +

@@ -19,6 +19,17 @@
 //  - a block is in the free queue iff its ref count is 0;
 //  - a block has a key iff the index maps that key to that block;
 //  - ref counts are never negative.
+// The free queue's order is the pool's eviction policy
+// (BlockPoolOptions::eviction). kLru is one list, vLLM's. kArc keeps three
+// over the same links: blocks holding nothing worth keeping (no key, or
+// dropped) first, then ARC's recent list (keyed blocks used once) and its
+// frequent list (hit at least once, or keyed again soon after an eviction:
+// its ghost). A victim comes from the first list while it has any, then
+// from the recent list while it is over its adaptive target, else from the
+// frequent list. Both are in free order, and a request frees its blocks
+// tail first, so a block goes before the blocks that extend it unless they
+// are in the frequent list and it is not (they were used more).
+//
 // Free blocks keep their key until popped for reuse (lazy eviction), so a
 // freed block can still be hit. When a block is keyed with a key that another
 // block already holds (two requests filled identical blocks), the newer block
@@ -34,6 +45,7 @@
 #include <vector>
 
 #include "src/free_block_queue.h"
+#include "src/ghost_keys.h"
 #include "tierkv/block_key.h"
 #include "tierkv/block_pool_options.h"
 #include "tierkv/status.h"
@@ -50,6 +62,9 @@ class BlockPool {
     int32_t ref_cnt = 0;
     int32_t num_tokens = 0;  // Tokens recorded with the key.
     bool has_key = false;
+    // kArc: hit since it was keyed, or keyed again from a ghost: freed
+    // into the frequent list, not the recent one.
+    bool reused = false;
     BlockKey key;
   };
 
@@ -82,8 +97,18 @@ class BlockPool {
   Status GetNewBlocks(int32_t n, std::vector<BlockId>* out);
 
   // Takes a reference on hit blocks; a block whose ref count was 0 leaves the
-  // free queue so it cannot be evicted.
+  // free queue so it cannot be evicted. A hit: under kArc, a keyed block
+  // is freed into the frequent list from now on.
   void Touch(std::span<const BlockId> ids);
+
+  // Takes a reference as Touch does, for a reason other than a hit (a copy
+  // to a lower tier reads it): the policy does not count it as a use.
+  void Pin(std::span<const BlockId> ids);
+
+  // Counts a use of a keyed block that is not a hit in this pool (it was
+  // found in a lower tier and promoted into it). False for a block holding
+  // no key.
+  bool MarkReused(BlockId id);
 
   // Drops one reference per block; blocks reaching 0 are appended to the free
   // queue in the order given (callers pass a request's blocks in reverse).
@@ -133,8 +158,13 @@ class BlockPool {
   // use.
   bool MoveToFront(BlockId id);
 
+  EvictionPolicy eviction() const { return eviction_; }
+
   // Calls visit(id) for the free blocks, front (next to evict) to back,
   // until it returns false. The pool must not change during the walk.
+  // Under kArc the walk is list by list (nothing worth keeping, recent,
+  // frequent): the eviction order but for when the frequent list gives up
+  // blocks before the recent one is empty.
   template <typename Visit>
   void VisitFreeQueue(Visit&& visit) const {
     free_queue_.ForEach(std::forward<Visit>(visit));
@@ -143,7 +173,7 @@ class BlockPool {
   // The free block GetNewBlocks would take next; nullopt when none is free.
   std::optional<BlockId> NextFreeBlock() const {
     if (free_queue_.empty()) return std::nullopt;
-    return free_queue_.Front();
+    return free_queue_.Front(VictimList());
   }
 
   // Free queue, front (next to evict) to back.
@@ -158,14 +188,41 @@ class BlockPool {
 
  private:
   BlockPool(const BlockPoolOptions& options);
+  // kArc's lists; kLru uses kReuseFirst alone.
+  static constexpr int32_t kReuseFirst = 0;
+  static constexpr int32_t kRecent = 1;
+  static constexpr int32_t kFrequent = 2;
+
   static size_t Index(BlockId id) { return static_cast<size_t>(id); }
   void DropKey(BlockId id);
+  // kArc: a free block that lost its key goes to the front of the first
+  // list, out of the recent or frequent list, which hold keyed blocks only.
+  void LeaveKeptLists(BlockId id);
+  // The list the next victim comes from. REQUIRES: a free block.
+  int32_t VictimList() const;
+  // A second use of a keyed block: it belongs in the frequent list.
+  void MarkUsedAgain(Block* b);
+  // Queues a block whose ref count reached 0.
+  void Enqueue(BlockId id);
+  // The list `key` was evicted from (kRecent, kFrequent) within the last
+  // usable_blocks_ evictions, forgetting it and adapting the recent list's
+  // target as ARC does; 0 when none.
+  int32_t TakeEvicted(const BlockKey& key);
 
   int32_t block_size_;
   std::optional<BlockId> null_block_;
   std::vector<Block> blocks_;
   std::vector<TokenId> tokens_;  // num_blocks x block_size, row per block.
+  EvictionPolicy eviction_;
+  bool uncached_first_;
   FreeBlockQueue free_queue_;
+  // kArc: the recent list's target size in free blocks (ARC's p), the
+  // ghosts and how many of each list's are live.
+  double recent_target_ = 0;
+  // kArc's ghost lists: the evicted keys, tagged with the list each left.
+  std::optional<GhostKeys> ghosts_;
+  int32_t usable_blocks_ = 0;    // All but the null block.
+  int32_t frequent_blocks_ = 0;  // Keyed and reused, free or in use.
   std::unordered_map<BlockKey, BlockId, BlockKeyHash> index_;
   BlockPoolStats stats_;
 };

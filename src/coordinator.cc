@@ -74,7 +74,9 @@ StatusOr<Coordinator> Coordinator::Create(const CoordinatorOptions& options) {
       BlockPool pool,
       BlockPool::Create({.num_blocks = options.host_slots,
                          .block_size = options.layout.block_size,
-                         .reserve_null_block = true}));
+                         .reserve_null_block = true,
+                         .eviction = options.host_eviction,
+                         .free_uncached_first = true}));
   return Coordinator(options, std::move(pool));
 }
 

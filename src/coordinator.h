@@ -206,6 +206,10 @@ struct CoordinatorOptions {
   // tier only past the high watermark, so a burst of stores or promotions
   // can evict blocks no tier holds. Default: 0 (TieredStore turns it on).
   int32_t write_behind_spills = 0;
+  // The host pool's eviction policy (BlockPoolOptions::eviction). Blocks
+  // holding no key are reused first under every policy. Default: kLru
+  // (TieredStore picks kDefaultTierEviction).
+  EvictionPolicy host_eviction = EvictionPolicy::kLru;
   // Called on a lower-tier thread when results wait for PumpLowerTier.
   // Default: none (the owner pumps on its own schedule).
   std::function<void()> lower_tier_wakeup = {};

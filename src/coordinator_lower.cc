@@ -104,6 +104,8 @@ size_t Coordinator::PumpLowerTier() {
     if (ok) {
       // Cannot fail: the slot is pinned and unkeyed, with 1..block_size tokens.
       (void)host_pool_.CacheBlock(op.slot, op.key, op.tokens);
+      // A hit on disk is a use: the policy keeps it as it keeps a host hit.
+      (void)host_pool_.MarkReused(op.slot);
       ++stats_.promotions;
       TraceBlock("promoted", op.key, op.slot);
       if (options_.slot_checksum) {
@@ -331,7 +333,7 @@ void Coordinator::StartWriteBehind() {
     op.slot = slot;
     op.key = key;
     const BlockId pin[] = {slot};
-    host_pool_.Touch(pin);
+    host_pool_.Pin(pin);
     ++copies_in_flight_;
     StartLowerOp(std::move(op));
   }
@@ -350,7 +352,7 @@ int64_t Coordinator::SpillBlocks(std::span<const BlockId> victims) {
       continue;
     }
     const BlockId pin[] = {slot};
-    host_pool_.Touch(pin);
+    host_pool_.Pin(pin);
     LowerOp op;
     op.spill = true;
     op.slot = slot;

@@ -4,23 +4,28 @@
 
 namespace tierkv {
 
-FreeBlockQueue::FreeBlockQueue(int32_t capacity)
+FreeBlockQueue::FreeBlockQueue(int32_t capacity, int32_t num_lists)
     : capacity_(capacity),
-      prev_(static_cast<size_t>(capacity) + 1, kNotQueued),
-      next_(static_cast<size_t>(capacity) + 1, kNotQueued) {
-  prev_[Index(Sentinel())] = Sentinel();
-  next_[Index(Sentinel())] = Sentinel();
+      num_lists_(num_lists),
+      prev_(static_cast<size_t>(capacity + num_lists), kNotQueued),
+      next_(static_cast<size_t>(capacity + num_lists), kNotQueued),
+      list_of_(static_cast<size_t>(capacity), 0) {
+  assert(num_lists >= 1 && num_lists <= kMaxLists);
+  for (int32_t list = 0; list < num_lists; ++list) {
+    prev_[Index(Sentinel(list))] = Sentinel(list);
+    next_[Index(Sentinel(list))] = Sentinel(list);
+  }
 }
 
 BlockId FreeBlockQueue::PopLeft() {
-  assert(!empty());
+  assert(size(0) > 0);
   const BlockId id = Front();
   Remove(id);
   return id;
 }
 
 void FreeBlockQueue::PopLeftN(int32_t n, std::vector<BlockId>* out) {
-  assert(n <= size_);
+  assert(n <= size(0));
   for (int32_t i = 0; i < n; ++i) out->push_back(PopLeft());
 }
 
@@ -32,16 +37,21 @@ void FreeBlockQueue::Remove(BlockId id) {
   prev_[Index(next)] = prev;
   prev_[Index(id)] = kNotQueued;
   next_[Index(id)] = kNotQueued;
+  --list_sizes_[list_of_[Index(id)]];
   --size_;
 }
 
-void FreeBlockQueue::Append(BlockId id) {
+void FreeBlockQueue::Append(BlockId id, int32_t list) {
   assert(id >= 0 && id < capacity_ && !Contains(id));
-  const int32_t tail = prev_[Index(Sentinel())];
+  assert(list >= 0 && list < num_lists_);
+  const int32_t sentinel = Sentinel(list);
+  const int32_t tail = prev_[Index(sentinel)];
   next_[Index(tail)] = id;
   prev_[Index(id)] = tail;
-  next_[Index(id)] = Sentinel();
-  prev_[Index(Sentinel())] = id;
+  next_[Index(id)] = sentinel;
+  prev_[Index(sentinel)] = id;
+  list_of_[Index(id)] = static_cast<uint8_t>(list);
+  ++list_sizes_[Index(list)];
   ++size_;
 }
 
@@ -49,23 +59,27 @@ void FreeBlockQueue::AppendN(std::span<const BlockId> ids) {
   for (BlockId id : ids) Append(id);
 }
 
-void FreeBlockQueue::PushFront(BlockId id) {
+void FreeBlockQueue::PushFront(BlockId id, int32_t list) {
   assert(id >= 0 && id < capacity_ && !Contains(id));
-  const int32_t head = next_[Index(Sentinel())];
-  prev_[Index(id)] = Sentinel();
+  assert(list >= 0 && list < num_lists_);
+  const int32_t sentinel = Sentinel(list);
+  const int32_t head = next_[Index(sentinel)];
+  prev_[Index(id)] = sentinel;
   next_[Index(id)] = head;
   prev_[Index(head)] = id;
-  next_[Index(Sentinel())] = id;
+  next_[Index(sentinel)] = id;
+  list_of_[Index(id)] = static_cast<uint8_t>(list);
+  ++list_sizes_[Index(list)];
   ++size_;
 }
 
 std::vector<BlockId> FreeBlockQueue::ToVector() const {
   std::vector<BlockId> out;
   out.reserve(static_cast<size_t>(size_));
-  for (int32_t id = next_[Index(Sentinel())]; id != Sentinel();
-       id = next_[Index(id)]) {
+  ForEach([&](BlockId id) {
     out.push_back(id);
-  }
+    return true;
+  });
   return out;
 }
 

@@ -58,6 +58,22 @@ TEST_F(DaemonFlagsTest, DefaultsWithoutConfig) {
   EXPECT_EQ(command->stop_timeout, std::chrono::seconds(10));
   EXPECT_EQ(command->log_level, "info");
   EXPECT_EQ(command->server.model, "");  // The unnamed model.
+  EXPECT_EQ(command->server.eviction, kDefaultTierEviction);
+}
+
+TEST_F(DaemonFlagsTest, EvictionPolicyByFlagAndFileAndBadOnesNamed) {
+  auto flag = Parse({"--layers", "2", "--kv-heads", "4", "--head-dim", "64",
+                     "--eviction-policy", "lru"});
+  ASSERT_THAT(flag, IsOk());
+  EXPECT_EQ(flag->server.eviction, EvictionPolicy::kLru);
+  WriteConfig(std::string(kLayout) + "eviction-policy = arc\n");
+  auto file = Parse({"--config", config_});
+  ASSERT_THAT(file, IsOk());
+  EXPECT_EQ(file->server.eviction, EvictionPolicy::kArc);
+  WriteConfig(std::string(kLayout) + "eviction-policy = lfu\n");
+  EXPECT_THAT(Error({"--config", config_}),
+              HasSubstr(config_ + ":4: eviction-policy: eviction policy must "
+                                  "be lru or arc, got 'lfu'"));
 }
 
 TEST_F(DaemonFlagsTest, ConfigFileSetsEveryKindOfOption) {

@@ -103,6 +103,7 @@ StatusOr<std::unique_ptr<TieredStore>> TieredStore::Open(
        .spill_high = options.spill_high,
        .spill_low = options.spill_low,
        .write_behind_spills = options.write_behind_spills,
+       .host_eviction = options.eviction,
        .lower_tier_wakeup = [raw] { raw->WakeTierThread(); },
        .loads_ready = options.loads_ready,
        .clock = options.clock,

@@ -25,6 +25,7 @@
 #include "src/heartbeat.h"
 #include "src/lower_tier.h"
 #include "src/mutex.h"
+#include "tierkv/block_pool_options.h"
 #include "tierkv/kv_layout.h"
 #include "tierkv/stats.h"
 #include "tierkv/status.h"
@@ -54,6 +55,9 @@ struct TieredStoreOptions {
   // Default: 16, enough to keep the disk tier's I/O threads busy while
   // leaving promotions a short queue.
   int32_t write_behind_spills = 16;
+  // Which block the host tier evicts first (CoordinatorOptions::
+  // host_eviction). Default: kDefaultTierEviction.
+  EvictionPolicy eviction = kDefaultTierEviction;
   // The coordinator's clock (CoordinatorOptions::clock). Default: steady.
   std::function<std::chrono::steady_clock::time_point()> clock = {};
   // Per-worker caps (WorkerCaps, src/coordinator.h). Defaults: a share of

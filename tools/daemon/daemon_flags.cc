@@ -94,6 +94,7 @@ struct RawOptions {
   std::string capacity = "1G", dtype = "bf16", mode = "0600", group,
               admin_group;
   std::string disk_capacity = "16G", codec = "none";
+  std::string eviction{EvictionPolicyName(kDefaultTierEviction)};
   std::string request_bytes = "256M";
   int stop_timeout = 10;
   std::string metrics_listen;
@@ -336,6 +337,11 @@ po::options_description SettingOptions(DaemonCommand& command,
       po::value(&s.write_behind_spills)->default_value(s.write_behind_spills),
       "copies of newly stored blocks to disk in flight at most (write-behind: "
       "evicting them later loses nothing); 0 spills only past spill-high")(
+      "eviction-policy", po::value(&raw.eviction)->default_value(raw.eviction),
+      "which cached block the host tier evicts first: arc (adaptive "
+      "replacement: blocks used once leave before blocks used again, in "
+      "shares that adapt to the load) or lru (the least recently used); "
+      "see BENCHMARKS.md, \"Eviction\"")(
       "max-workers", po::value(&s.max_workers)->default_value(s.max_workers),
       "most workers attached at once (1 to 4096)")(
       "max-tenants", po::value(&s.max_tenants)->default_value(s.max_tenants),
@@ -430,6 +436,12 @@ StatusOr<DaemonCommand> Finish(DaemonCommand command, const RawOptions& raw,
   s.disk_capacity_bytes = *disk_capacity;
   TIERKV_ASSIGN_OR_RETURN(s.disk_codec,
                           ParseCodec(where("disk-codec"), raw.codec));
+  if (auto eviction = ParseEvictionPolicy(raw.eviction); eviction.ok()) {
+    s.eviction = *eviction;
+  } else {
+    return Status::InvalidArgument(where("eviction-policy") + ": " +
+                                   eviction.status().message());
+  }
   auto request_bytes = ParseBytes(raw.request_bytes);
   if (!request_bytes.ok() || *request_bytes == 0) {
     return Status::InvalidArgument(

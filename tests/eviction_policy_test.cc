@@ -1,0 +1,253 @@
+// Eviction policies of BlockPool: ARC's lists and ghosts, blocks holding no
+// key reused first, pins that are not uses, and GhostKeys on its own.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <deque>
+#include <random>
+#include <vector>
+
+#include "src/block_pool.h"
+#include "src/ghost_keys.h"
+#include "tests/status_matchers.h"
+
+namespace tierkv {
+namespace {
+
+using ::testing::ElementsAre;
+
+BlockKey Key(uint64_t n) { return {n * 0x9e3779b97f4a7c15ULL + 1, n}; }
+const std::vector<TokenId> kTokens{1, 2, 3, 4};
+
+BlockPool MakePool(int32_t n, EvictionPolicy policy,
+                   bool uncached_first = false) {
+  return BlockPool::Create({.num_blocks = n,
+                            .block_size = 4,
+                            .reserve_null_block = false,
+                            .eviction = policy,
+                            .free_uncached_first = uncached_first})
+      .value();
+}
+
+// Allocates one block, keys it with Key(n) and frees it; returns it.
+BlockId Store(BlockPool* pool, uint64_t n) {
+  std::vector<BlockId> got;
+  EXPECT_THAT(pool->GetNewBlocks(1, &got), IsOk());
+  EXPECT_THAT(pool->CacheBlock(got[0], Key(n), kTokens), IsOk());
+  pool->FreeBlocks(got);
+  return got[0];
+}
+
+// Hits Key(n) (touch, then free) as a lookup does.
+void Hit(BlockPool* pool, uint64_t n) {
+  const std::optional<BlockId> id = pool->GetCachedBlock(Key(n), kTokens);
+  ASSERT_TRUE(id.has_value()) << n;
+  const BlockId ids[] = {*id};
+  pool->Touch(ids);
+  pool->FreeBlocks(ids);
+}
+
+bool Cached(const BlockPool& pool, uint64_t n) {
+  return pool.GetCachedBlock(Key(n), kTokens).has_value();
+}
+
+TEST(EvictionPolicy, NamesParseBackAndBadOnesAreRefused) {
+  for (EvictionPolicy p : {EvictionPolicy::kLru, EvictionPolicy::kArc}) {
+    auto parsed = ParseEvictionPolicy(EvictionPolicyName(p));
+    ASSERT_THAT(parsed, IsOk());
+    EXPECT_EQ(*parsed, p);
+  }
+  auto bad = ParseEvictionPolicy("lfu");
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad.status().message(), ::testing::HasSubstr("lru or arc"));
+}
+
+// The block used twice outlives blocks used once that came after it; LRU
+// evicts it first, being the oldest.
+TEST(EvictionPolicy, ArcEvictsABlockUsedOnceBeforeOneUsedAgain) {
+  for (EvictionPolicy policy : {EvictionPolicy::kLru, EvictionPolicy::kArc}) {
+    BlockPool pool = MakePool(3, policy);
+    Store(&pool, 1);
+    Hit(&pool, 1);
+    Store(&pool, 2);
+    Store(&pool, 3);
+    Store(&pool, 4);  // Needs room.
+    if (policy == EvictionPolicy::kLru) {
+      EXPECT_FALSE(Cached(pool, 1));
+      EXPECT_TRUE(Cached(pool, 2));
+    } else {
+      EXPECT_TRUE(Cached(pool, 1));
+      EXPECT_FALSE(Cached(pool, 2));
+    }
+    EXPECT_TRUE(Cached(pool, 3));
+    EXPECT_THAT(pool.CheckInvariants(), IsOk());
+  }
+}
+
+// A key keyed again soon after its eviction is a second use: its block
+// joins the frequent list and outlives newer blocks used once.
+TEST(EvictionPolicy, ArcKeyComputedAgainAfterItsEvictionIsKeptAsReused) {
+  BlockPool pool = MakePool(3, EvictionPolicy::kArc);
+  Store(&pool, 1);
+  Store(&pool, 2);
+  Store(&pool, 3);
+  Store(&pool, 4);  // Evicts 1, the oldest used once: a ghost now.
+  ASSERT_FALSE(Cached(pool, 1));
+  Store(&pool, 1);  // Evicts 2; 1 comes back from its ghost.
+  Store(&pool, 5);  // Evicts 3.
+  Store(&pool, 6);  // Evicts 4, not 1.
+  EXPECT_TRUE(Cached(pool, 1));
+  EXPECT_FALSE(Cached(pool, 4));
+  EXPECT_TRUE(Cached(pool, 5));
+  EXPECT_THAT(pool.CheckInvariants(), IsOk());
+}
+
+// Copies to a lower tier pin blocks without using them: a pinned block
+// stays in the recent list; a block promoted from a lower tier counts as
+// used again.
+TEST(EvictionPolicy, PinIsNotAUseAndAPromotionIs) {
+  BlockPool pool = MakePool(4, EvictionPolicy::kArc);
+  const BlockId one = Store(&pool, 1);
+  const BlockId two = Store(&pool, 2);
+  const BlockId pinned[] = {one};
+  pool.Pin(pinned);
+  pool.FreeBlocks(pinned);
+  EXPECT_TRUE(pool.MarkReused(two));  // Free: it moves lists at once.
+  std::vector<BlockId> unkeyed;
+  ASSERT_THAT(pool.GetNewBlocks(1, &unkeyed), IsOk());
+  EXPECT_FALSE(pool.MarkReused(unkeyed[0]));
+  EXPECT_FALSE(pool.MarkReused(99));
+  pool.FreeBlocks(unkeyed);
+  Store(&pool, 3);
+  Store(&pool, 4);
+  Store(&pool, 5);  // Evicts 1: pinned, never used again.
+  EXPECT_FALSE(Cached(pool, 1));
+  EXPECT_TRUE(Cached(pool, 2));
+  EXPECT_THAT(pool.CheckInvariants(), IsOk());
+}
+
+// A freed block holding no key goes first under ARC, and under LRU when
+// asked; LRU's default keeps vLLM's order (appended).
+TEST(EvictionPolicy, AFreedBlockWithoutAKeyIsReusedFirstWhenAsked) {
+  for (const bool first : {false, true}) {
+    BlockPool pool = MakePool(3, EvictionPolicy::kLru, first);
+    Store(&pool, 1);
+    Store(&pool, 2);
+    std::vector<BlockId> partial;
+    ASSERT_THAT(pool.GetNewBlocks(1, &partial), IsOk());
+    pool.FreeBlocks(partial);  // Never keyed.
+    if (first) {
+      EXPECT_EQ(pool.FreeQueueSnapshot().front(), partial[0]);
+    } else {
+      EXPECT_EQ(pool.FreeQueueSnapshot().back(), partial[0]);
+    }
+  }
+  BlockPool arc = MakePool(3, EvictionPolicy::kArc);
+  Store(&arc, 1);
+  Store(&arc, 2);
+  std::vector<BlockId> partial;
+  ASSERT_THAT(arc.GetNewBlocks(1, &partial), IsOk());
+  arc.FreeBlocks(partial);
+  EXPECT_EQ(arc.NextFreeBlock(), partial[0]);
+  std::vector<BlockId> next;
+  ASSERT_THAT(arc.GetNewBlocks(1, &next), IsOk());
+  EXPECT_EQ(next[0], partial[0]);
+  EXPECT_TRUE(Cached(arc, 1));
+  EXPECT_TRUE(Cached(arc, 2));
+}
+
+// NextFreeBlock names the block GetNewBlocks takes, whatever the lists.
+TEST(EvictionPolicy, NextFreeBlockIsTheNextVictimUnderRandomUse) {
+  for (EvictionPolicy policy : {EvictionPolicy::kLru, EvictionPolicy::kArc}) {
+    BlockPool pool = MakePool(16, policy);
+    std::mt19937 rng(7);
+    for (int step = 0; step < 4000; ++step) {
+      const uint64_t n = rng() % 40;
+      if (Cached(pool, n)) {
+        Hit(&pool, n);
+      } else {
+        const std::optional<BlockId> next = pool.NextFreeBlock();
+        ASSERT_TRUE(next.has_value());
+        ASSERT_EQ(Store(&pool, n), *next) << step;
+      }
+      if (step % 97 == 0) {
+        ASSERT_THAT(pool.CheckInvariants(), IsOk()) << step;
+      }
+    }
+  }
+}
+
+TEST(GhostKeys, RemembersTheLastKeysWithTheirTags) {
+  GhostKeys ghosts(3);
+  ghosts.Add(Key(1), 1);
+  ghosts.Add(Key(2), 2);
+  ghosts.Add(Key(3), 1);
+  EXPECT_EQ(ghosts.count(1), 2);
+  EXPECT_EQ(ghosts.count(2), 1);
+  ghosts.Add(Key(4), 2);  // Forgets 1, the oldest.
+  EXPECT_EQ(ghosts.Take(Key(1)), 0);
+  EXPECT_EQ(ghosts.Take(Key(2)), 2);
+  EXPECT_EQ(ghosts.Take(Key(2)), 0);  // Taken once.
+  EXPECT_EQ(ghosts.size(), 2);
+  ghosts.Add(Key(3), 2);  // Again: now the newest, with the new tag.
+  EXPECT_EQ(ghosts.count(1), 0);
+  EXPECT_EQ(ghosts.Take(Key(3)), 2);
+  EXPECT_EQ(ghosts.Take(Key(4)), 2);
+  EXPECT_EQ(ghosts.size(), 0);
+}
+
+// Keys that share their home slot, forgotten out of order, stay findable
+// (the table's deletion shifts the cluster back, leaving no holes).
+TEST(GhostKeys, CollidingKeysSurviveDeletionsInTheirCluster) {
+  GhostKeys ghosts(8);
+  std::vector<BlockKey> keys;
+  for (uint64_t i = 0; i < 8; ++i) {
+    // Fingerprints (the low 32 bits of lo ^ hi) that differ only above the
+    // bits that pick the home slot.
+    keys.push_back({(i << 20) | 0x5, 0});
+    ghosts.Add(keys.back(), 1);
+  }
+  for (size_t i : {3u, 0u, 6u}) EXPECT_EQ(ghosts.Take(keys[i]), 1) << i;
+  for (size_t i : {1u, 2u, 4u, 5u, 7u}) {
+    EXPECT_EQ(ghosts.Take(keys[i]), 1) << i;
+  }
+  EXPECT_EQ(ghosts.size(), 0);
+}
+
+// The model: the last kCapacity Adds, oldest first; a key taken, or added
+// again, leaves a hole where it was (GhostKeys remembers keys among the
+// last N evictions, not the last N distinct keys).
+TEST(GhostKeys, MatchesAModelUnderRandomUse) {
+  constexpr int32_t kCapacity = 50;
+  struct Add {
+    uint64_t n;
+    uint8_t tag;
+    bool live;
+  };
+  GhostKeys ghosts(kCapacity);
+  std::deque<Add> model;
+  std::mt19937 rng(3);
+  for (int step = 0; step < 20000; ++step) {
+    const uint64_t n = rng() % 200;
+    auto it = std::find_if(model.begin(), model.end(),
+                           [&](const Add& a) { return a.live && a.n == n; });
+    if (rng() % 2 == 0) {
+      const auto tag = static_cast<uint8_t>(1 + rng() % 2);
+      if (it != model.end()) it->live = false;
+      if (static_cast<int32_t>(model.size()) == kCapacity) model.pop_front();
+      model.push_back({n, tag, true});
+      ghosts.Add(Key(n), tag);
+    } else {
+      const uint8_t want = it == model.end() ? 0 : it->tag;
+      if (it != model.end()) it->live = false;
+      ASSERT_EQ(ghosts.Take(Key(n)), want) << step;
+    }
+    const auto live = std::count_if(model.begin(), model.end(),
+                                    [](const Add& a) { return a.live; });
+    ASSERT_EQ(ghosts.size(), live) << step;
+  }
+}
+
+}  // namespace
+}  // namespace tierkv
