@@ -1,0 +1,248 @@
+// tierkv-replay: the trace reader's errors, a trace as blocks, exact hit
+// counts of the pool and of the optimum on small traces, the optimum as a
+// bound on every policy, and the program's output.
+#include "tools/replay/replay.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "tests/status_matchers.h"
+#include "tools/replay/trace.h"
+
+namespace tierkv::replay {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+std::vector<TraceRequest> Requests(
+    const std::vector<std::vector<int64_t>>& ids) {
+  std::vector<TraceRequest> out;
+  for (const auto& r : ids) out.push_back({.hash_ids = r});
+  return out;
+}
+
+BlockTrace Blocks(const std::vector<std::vector<int64_t>>& ids,
+                  int32_t split = 1) {
+  return BlockTrace::Build(Requests(ids),
+                           {.trace_block_tokens = 4 * split, .block_tokens = 4})
+      .value();
+}
+
+TEST(TraceLine, ReadsTheFieldsAndSkipsOthers) {
+  auto r = ParseTraceLine(
+      R"({"timestamp": 12.5, "input_length": 1030, "output_length": 7, )"
+      R"("note": "a \"quoted\" }", "meta": {"a": [1, {"b": null}], "c": true},)"
+      R"( "hash_ids": [0, 5, 17]})");
+  ASSERT_THAT(r, IsOk());
+  EXPECT_EQ(r->timestamp_ms, 12);
+  EXPECT_EQ(r->input_length, 1030);
+  EXPECT_EQ(r->output_length, 7);
+  EXPECT_THAT(r->hash_ids, ElementsAre(0, 5, 17));
+  EXPECT_THAT(ParseTraceLine(R"({"hash_ids": []})"), IsOk());
+}
+
+TEST(TraceLine, MalformedLinesSayWhatAndWhere) {
+  const std::pair<const char*, const char*> cases[] = {
+      {R"({"timestamp": 1})", "no \"hash_ids\" array"},
+      {R"({"hash_ids": [1, -2]})", "non-negative integers"},
+      {R"({"hash_ids": [1, "x"]})", "non-negative integers"},
+      {R"({"hash_ids": [1]} extra)", "text after the object at column 19"},
+      {R"({"hash_ids": [1], "s": "open})", "unterminated string"},
+      {R"([1, 2])", "expected '{' at column 1"},
+      {R"({"hash_ids" [1]})", "expected ':'"},
+      {R"({"timestamp": "soon", "hash_ids": []})", "\"timestamp\" must be"},
+  };
+  for (const auto& [line, what] : cases) {
+    auto r = ParseTraceLine(line);
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << line;
+    EXPECT_THAT(r.status().message(), HasSubstr(what)) << line;
+  }
+}
+
+TEST(TraceFile, NamesTheLineAndSkipsBlankOnes) {
+  std::istringstream good("{\"hash_ids\": [1]}\n\n{\"hash_ids\": [1, 2]}\n");
+  auto requests = ReadTrace(good, "t.jsonl");
+  ASSERT_THAT(requests, IsOk());
+  ASSERT_EQ(requests->size(), 2u);
+  std::istringstream bad("{\"hash_ids\": [1]}\n\n{\"hash_ids\": [1,]}\n");
+  auto error = ReadTrace(bad, "t.jsonl");
+  EXPECT_EQ(error.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(error.status().message(), HasSubstr("t.jsonl line 3: "));
+  EXPECT_EQ(LoadTrace("/nonexistent/trace.jsonl").status().code(),
+            StatusCode::kNotFound);
+}
+
+TEST(BlockTrace, SplitsIdsIntoBlocksAndKeysByPrefix) {
+  // Id 2 after 1, and after 3: other prefixes, so other blocks.
+  BlockTrace t = Blocks({{1, 2}, {1, 2, 4}, {3, 2}}, /*split=*/2);
+  EXPECT_EQ(t.num_requests(), 3);
+  EXPECT_EQ(t.requested_blocks(), 14);
+  EXPECT_EQ(t.unique_blocks(), 10);
+  EXPECT_EQ(t.largest_request(), 6);
+  EXPECT_EQ(t.begin(1), 4);
+  EXPECT_EQ(t.end(1), 10);
+  for (int64_t i = 0; i < 4; ++i) EXPECT_EQ(t.key(i), t.key(4 + i)) << i;
+  EXPECT_NE(t.key(2), t.key(12));  // Id 2 after 1, and after 3.
+  EXPECT_NE(t.key(0), t.key(1));   // The two halves of id 1.
+  EXPECT_FALSE(BlockTrace::Build(Requests({{1}}), {.trace_block_tokens = 512,
+                                                   .block_tokens = 100})
+                   .ok());
+  EXPECT_FALSE(BlockTrace::Build(Requests({{}}), {}).ok());
+}
+
+TEST(Replay, CountsPrefixHitsExactly) {
+  const BlockTrace t = Blocks({{1, 2, 3}, {1, 2, 4}, {1, 2, 3}});
+  // Room for all: every block seen before is a hit.
+  auto all = ReplayPool(t, 4, EvictionPolicy::kLru);
+  ASSERT_THAT(all, IsOk());
+  EXPECT_EQ(all->hit_blocks, 5);
+  EXPECT_EQ(all->requested_blocks, 9);
+  // Three blocks: the second request evicts 3 (the first request's tail),
+  // the third evicts 4.
+  auto three = ReplayPool(t, 3, EvictionPolicy::kLru);
+  ASSERT_THAT(three, IsOk());
+  EXPECT_EQ(three->hit_blocks, 4);
+  EXPECT_EQ(three->evictions, 2);
+  // Two blocks cannot hold a request: none of them is cached.
+  auto two = ReplayPool(t, 2, EvictionPolicy::kLru);
+  ASSERT_THAT(two, IsOk());
+  EXPECT_EQ(two->hit_blocks, 0);
+  EXPECT_EQ(two->oversized_requests, 3);
+  EXPECT_FALSE(ReplayPool(t, 0, EvictionPolicy::kLru).ok());
+}
+
+// A loop one block larger than the cache: LRU hits nothing; the optimum
+// keeps what comes back soonest and skips blocks never used again.
+TEST(Replay, OptimumBeatsLruOnALoop) {
+  const BlockTrace t = Blocks({{1}, {2}, {3}, {1}, {2}, {3}});
+  auto lru = ReplayPool(t, 2, EvictionPolicy::kLru);
+  ASSERT_THAT(lru, IsOk());
+  EXPECT_EQ(lru->hit_blocks, 0);
+  auto best = ReplayOptimum(t, 2);
+  ASSERT_THAT(best, IsOk());
+  EXPECT_EQ(best->hit_blocks, 2);  // 1 at the fourth request, 3 at the last.
+}
+
+TEST(Replay, OptimumBoundsEveryPolicyOnRandomTraces) {
+  std::mt19937 rng(11);
+  for (int trial = 0; trial < 5; ++trial) {
+    // Requests share a prefix of one of a few "documents", then add their
+    // own blocks.
+    std::vector<std::vector<int64_t>> ids;
+    int64_t next_id = 1000;
+    for (int r = 0; r < 300; ++r) {
+      std::vector<int64_t> req;
+      const auto doc = static_cast<int64_t>(rng() % 12);
+      const auto shared = static_cast<int64_t>(rng() % 8);
+      for (int64_t i = 0; i < shared; ++i) req.push_back(doc * 100 + i);
+      for (auto own = rng() % 4; own > 0; --own) req.push_back(next_id++);
+      if (req.empty()) req.push_back(next_id++);
+      ids.push_back(req);
+    }
+    const BlockTrace t = Blocks(ids);
+    for (const int32_t capacity : {12, 30, 80}) {
+      auto best = ReplayOptimum(t, capacity);
+      ASSERT_THAT(best, IsOk());
+      for (EvictionPolicy p : {EvictionPolicy::kLru, EvictionPolicy::kArc}) {
+        auto got = ReplayPool(t, capacity, p);
+        ASSERT_THAT(got, IsOk());
+        EXPECT_LE(got->hit_blocks, best->hit_blocks)
+            << EvictionPolicyName(p) << " at " << capacity;
+      }
+    }
+    // Room for every block: all agree on the hit ratio of an infinite
+    // cache.
+    const auto everything = static_cast<int32_t>(t.unique_blocks());
+    auto best = ReplayOptimum(t, everything);
+    auto lru = ReplayPool(t, everything, EvictionPolicy::kLru);
+    auto arc = ReplayPool(t, everything, EvictionPolicy::kArc);
+    EXPECT_EQ(best->hit_blocks, lru->hit_blocks);
+    EXPECT_EQ(arc->hit_blocks, lru->hit_blocks);
+  }
+}
+
+std::string RunReplay(const std::string& args, int* status) {
+  FILE* child = popen(
+      (std::string(TIERKV_REPLAY_PATH) + " " + args + " 2>&1").c_str(), "r");
+  std::string out;
+  char buf[4096];
+  for (size_t n; (n = fread(buf, 1, sizeof(buf), child)) > 0;) {
+    out.append(buf, n);
+  }
+  *status = pclose(child);
+  return out;
+}
+
+class ReplayTool : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char dir[] = "/tmp/tierkv_replay_test.XXXXXX";
+    ASSERT_NE(mkdtemp(dir), nullptr);
+    dir_ = dir;
+    trace_ = dir_ + "/trace.jsonl";
+    std::ofstream out(trace_);
+    for (int r = 0; r < 40; ++r) {
+      out << "{\"timestamp\": " << r << ", \"hash_ids\": [0, 1, " << 100 + r % 7
+          << "]}\n";
+    }
+  }
+  void TearDown() override {
+    std::remove(trace_.c_str());
+    rmdir(dir_.c_str());
+  }
+  std::string dir_;
+  std::string trace_;
+};
+
+TEST_F(ReplayTool, PrintsOneJsonObjectWithAResultPerCapacity) {
+  int status = 0;
+  const std::string out =
+      RunReplay(trace_ + " --capacities 0.5,1 --json --progress none", &status);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << out;
+  EXPECT_EQ(out.front(), '{');
+  EXPECT_THAT(out, HasSubstr("\"requests\": 40"));
+  EXPECT_THAT(out, HasSubstr("\"unique_blocks\": 9"));
+  EXPECT_THAT(out, HasSubstr("\"results\": [{\"capacity\": 0.5"));
+  EXPECT_THAT(out, HasSubstr("\"policy\": \"arc\""));
+  EXPECT_THAT(out, HasSubstr("\"optimum_hit_ratio\": "));
+  // Everything fits at 1: of the 120 blocks, only the first use of each of
+  // the 9 misses, so 111 hit.
+  EXPECT_THAT(out, HasSubstr("\"capacity\": 1, \"capacity_blocks\": 9, "
+                             "\"policy\": \"arc\", \"hit_ratio\": 0.925000"));
+  const std::string both = RunReplay(
+      trace_ + " --policy all --capacities 1 --progress none", &status);
+  EXPECT_THAT(both, HasSubstr(" lru "));
+  EXPECT_THAT(both, HasSubstr(" arc "));
+}
+
+TEST_F(ReplayTool, BadArgumentsAreClearErrors) {
+  int status = 0;
+  std::string out = RunReplay(trace_ + " --policy lfu", &status);
+  EXPECT_EQ(WEXITSTATUS(status), 2);
+  EXPECT_THAT(out, HasSubstr("eviction policy must be lru or arc"));
+  out = RunReplay(trace_ + " --capacities 0,2", &status);
+  EXPECT_EQ(WEXITSTATUS(status), 2);
+  EXPECT_THAT(out, HasSubstr("--capacities takes shares"));
+  out = RunReplay(dir_ + "/missing.jsonl", &status);
+  EXPECT_EQ(WEXITSTATUS(status), 1);
+  EXPECT_THAT(out, HasSubstr("cannot open trace"));
+  out = RunReplay("", &status);
+  EXPECT_EQ(WEXITSTATUS(status), 2);
+  EXPECT_THAT(out, HasSubstr("no TRACE given"));
+  out = RunReplay("--help", &status);
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  EXPECT_THAT(out, HasSubstr("--capacities"));
+}
+
+}  // namespace
+}  // namespace tierkv::replay

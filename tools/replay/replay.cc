@@ -1,0 +1,255 @@
+#include "tools/replay/replay.h"
+
+#include <algorithm>
+#include <chrono>
+#include <limits>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <utility>
+
+#include "src/block_pool.h"
+
+namespace tierkv::replay {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Reports progress about every this many requests.
+constexpr int64_t kProgressEvery = 64;
+
+// SplitMix64's finaliser: token ids that differ for every hash id and
+// place, with no pattern a hash could favour.
+uint64_t Mix(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+// A vocabulary the size of Llama 2's.
+constexpr uint64_t kVocabulary = 32000;
+
+double Seconds(Clock::duration d) {
+  return std::chrono::duration<double>(d).count();
+}
+
+}  // namespace
+
+StatusOr<BlockTrace> BlockTrace::Build(std::span<const TraceRequest> requests,
+                                       const ReplayOptions& options) {
+  if (options.block_tokens < 1 || options.trace_block_tokens < 1 ||
+      options.trace_block_tokens % options.block_tokens != 0) {
+    return Status::InvalidArgument(
+        "the block size (" + std::to_string(options.block_tokens) +
+        " tokens) must divide the trace's (" +
+        std::to_string(options.trace_block_tokens) + ")");
+  }
+  BlockTrace t;
+  t.block_tokens_ = options.block_tokens;
+  t.subblocks_ = options.trace_block_tokens / options.block_tokens;
+  t.offsets_.reserve(requests.size() + 1);
+  t.offsets_.push_back(0);
+  size_t total = 0;
+  for (const TraceRequest& r : requests) {
+    total += r.hash_ids.size() * static_cast<size_t>(t.subblocks_);
+  }
+  if (total == 0) return Status::InvalidArgument("the trace has no blocks");
+  if (total > static_cast<size_t>(std::numeric_limits<int32_t>::max())) {
+    return Status::InvalidArgument("the trace has too many blocks");
+  }
+  t.keys_.reserve(total);
+  t.dense_.reserve(total);
+  t.hash_ids_.reserve(total);
+  const KeyHasher hasher(
+      KeyNamespace{.model_fingerprint = "tierkv-replay", .tenant = ""});
+  std::unordered_map<BlockKey, int32_t, BlockKeyHash> ids;
+  std::vector<TokenId> tokens(static_cast<size_t>(t.block_tokens_));
+  for (const TraceRequest& r : requests) {
+    BlockKey parent = hasher.sequence_root();
+    for (const int64_t hash_id : r.hash_ids) {
+      for (int32_t sub = 0; sub < t.subblocks_; ++sub) {
+        const auto i = static_cast<int64_t>(t.hash_ids_.size());
+        t.hash_ids_.push_back(hash_id);
+        t.Tokens(i, tokens);
+        parent = KeyHasher::HashBlock(parent, tokens);
+        t.keys_.push_back(parent);
+        const auto [it, inserted] =
+            ids.try_emplace(parent, static_cast<int32_t>(ids.size()));
+        t.dense_.push_back(it->second);
+      }
+    }
+    t.offsets_.push_back(static_cast<int64_t>(t.keys_.size()));
+    t.largest_request_ =
+        std::max(t.largest_request_,
+                 static_cast<int32_t>(t.offsets_.back() -
+                                      t.offsets_[t.offsets_.size() - 2]));
+  }
+  t.unique_blocks_ = static_cast<int64_t>(ids.size());
+  return t;
+}
+
+void BlockTrace::Tokens(int64_t i, std::span<TokenId> out) const {
+  // Every request has a whole number of hash ids, so the flat index tells
+  // the block's place within its hash id.
+  const auto hash_id = static_cast<uint64_t>(hash_ids_[static_cast<size_t>(i)]);
+  const auto sub = static_cast<uint64_t>(i % subblocks_);
+  const uint64_t base = Mix(hash_id * 0x9e3779b97f4a7c15ULL + sub);
+  for (size_t j = 0; j < out.size(); ++j) {
+    out[j] = static_cast<TokenId>(Mix(base + j) % kVocabulary);
+  }
+}
+
+StatusOr<ReplayResult> ReplayPool(const BlockTrace& trace,
+                                  int32_t capacity_blocks,
+                                  EvictionPolicy policy,
+                                  const ReplayProgress& progress) {
+  if (capacity_blocks < 1) {
+    return Status::InvalidArgument("a cache needs at least one block");
+  }
+  // Block 0 is the null block, as in tierkvd's host pool.
+  TIERKV_ASSIGN_OR_RETURN(BlockPool pool,
+                          BlockPool::Create({.num_blocks = capacity_blocks + 1,
+                                             .block_size = trace.block_tokens(),
+                                             .reserve_null_block = true,
+                                             .eviction = policy}));
+  ReplayResult result;
+  result.capacity_blocks = capacity_blocks;
+  result.requested_blocks = trace.requested_blocks();
+  std::vector<TokenId> tokens(static_cast<size_t>(trace.block_tokens()));
+  std::vector<BlockId> blocks;
+  std::vector<BlockId> fresh;
+  const Clock::time_point start = Clock::now();
+  for (int64_t r = 0; r < trace.num_requests(); ++r) {
+    const int64_t begin = trace.begin(r);
+    const int64_t end = trace.end(r);
+    blocks.clear();
+    for (int64_t i = begin; i < end; ++i) {
+      trace.Tokens(i, tokens);
+      const std::optional<BlockId> hit =
+          pool.GetCachedBlock(trace.key(i), tokens);
+      if (!hit.has_value()) break;
+      blocks.push_back(*hit);
+    }
+    pool.Touch(blocks);
+    const auto hits = static_cast<int64_t>(blocks.size());
+    fresh.clear();
+    if (!pool.GetNewBlocks(static_cast<int32_t>(end - begin - hits), &fresh)
+             .ok()) {
+      ++result.oversized_requests;
+      std::reverse(blocks.begin(), blocks.end());
+      pool.FreeBlocks(blocks);
+      continue;
+    }
+    result.hit_blocks += hits;
+    for (size_t j = 0; j < fresh.size(); ++j) {
+      const int64_t i = begin + hits + static_cast<int64_t>(j);
+      trace.Tokens(i, tokens);
+      TIERKV_RETURN_IF_ERROR(pool.CacheBlock(fresh[j], trace.key(i), tokens));
+    }
+    blocks.insert(blocks.end(), fresh.begin(), fresh.end());
+    std::reverse(blocks.begin(), blocks.end());  // Tail first, as vLLM.
+    pool.FreeBlocks(blocks);
+    if (progress && r % kProgressEvery == 0) progress(r);
+  }
+  result.seconds = Seconds(Clock::now() - start);
+  result.evictions = static_cast<int64_t>(pool.stats().evictions);
+  if (progress) progress(trace.num_requests());
+  return result;
+}
+
+StatusOr<ReplayResult> ReplayOptimum(const BlockTrace& trace,
+                                     int32_t capacity_blocks,
+                                     const ReplayProgress& progress) {
+  if (capacity_blocks < 1) {
+    return Status::InvalidArgument("a cache needs at least one block");
+  }
+  constexpr int64_t kNever = std::numeric_limits<int32_t>::max();
+  // next_use[i]: the next request that uses requested block i's block.
+  std::vector<int32_t> next_use(static_cast<size_t>(trace.requested_blocks()));
+  {
+    std::vector<int32_t> seen(static_cast<size_t>(trace.unique_blocks()),
+                              static_cast<int32_t>(kNever));
+    for (int64_t r = trace.num_requests() - 1; r >= 0; --r) {
+      for (int64_t i = trace.begin(r); i < trace.end(r); ++i) {
+        const auto b = static_cast<size_t>(trace.block(i));
+        next_use[static_cast<size_t>(i)] = seen[b];
+        seen[b] = static_cast<int32_t>(r);
+      }
+    }
+  }
+  // Eviction order: furthest next use first, then the deepest block; the
+  // rank packs both, the depth in the low kDepthBits.
+  constexpr int kDepthBits = 24;
+  if (trace.largest_request() >= (1 << kDepthBits)) {
+    return Status::InvalidArgument("a request of over 16 M blocks");
+  }
+  struct Cached {
+    bool present = false;
+    int64_t rank = 0;
+  };
+  std::vector<Cached> cached(static_cast<size_t>(trace.unique_blocks()));
+  std::set<std::pair<int64_t, int32_t>> evictable;  // (rank, block).
+  ReplayResult result;
+  result.capacity_blocks = capacity_blocks;
+  result.requested_blocks = trace.requested_blocks();
+  int64_t resident = 0;
+  const Clock::time_point start = Clock::now();
+  for (int64_t r = 0; r < trace.num_requests(); ++r) {
+    const int64_t begin = trace.begin(r);
+    const int64_t end = trace.end(r);
+    int64_t hits = 0;
+    while (begin + hits < end &&
+           cached[static_cast<size_t>(trace.block(begin + hits))].present) {
+      ++hits;
+    }
+    // Pin what the request holds; count what it must add.
+    int64_t missing = 0;
+    for (int64_t i = begin; i < end; ++i) {
+      Cached& c = cached[static_cast<size_t>(trace.block(i))];
+      if (c.present) {
+        evictable.erase({c.rank, trace.block(i)});
+      } else {
+        ++missing;
+      }
+    }
+    while (resident + missing > capacity_blocks && !evictable.empty()) {
+      const auto victim = std::prev(evictable.end());
+      cached[static_cast<size_t>(victim->second)].present = false;
+      evictable.erase(victim);
+      --resident;
+      ++result.evictions;
+    }
+    if (resident + missing > capacity_blocks) {
+      ++result.oversized_requests;  // Served from nothing, as in the pool.
+    } else {
+      result.hit_blocks += hits;
+    }
+    for (int64_t i = begin; i < end; ++i) {
+      const int32_t b = trace.block(i);
+      Cached& c = cached[static_cast<size_t>(b)];
+      const int64_t next = next_use[static_cast<size_t>(i)];
+      const bool keep =
+          next != kNever && resident + (c.present ? 0 : 1) <= capacity_blocks;
+      if (!keep) {
+        // Never used again (or no room): bypassed.
+        if (c.present) {
+          c.present = false;
+          --resident;
+        }
+        continue;
+      }
+      if (!c.present) {
+        c.present = true;
+        ++resident;
+      }
+      c.rank = (next << kDepthBits) | (i - begin);
+      evictable.insert({c.rank, b});
+    }
+    if (progress && r % kProgressEvery == 0) progress(r);
+  }
+  result.seconds = Seconds(Clock::now() - start);
+  if (progress) progress(trace.num_requests());
+  return result;
+}
+
+}  // namespace tierkv::replay

@@ -1,0 +1,109 @@
+// Replays a request trace (tools/replay/trace.h) through tierkv's BlockPool,
+// the eviction code of tierkvd's host tier, and computes the offline
+// optimum for the same cache sizes, so a policy's hit ratio can be read as
+// a share of what any policy could reach on that trace.
+//
+// The model of one request: look up the longest cached prefix of its
+// blocks (a hit counts only up to the first miss, as in an engine's prefix
+// cache), pin those, allocate and key a block for each of the rest, then
+// free them all, tail first. A request larger than the pool is counted
+// and served from nothing.
+#ifndef TIERKV_TOOLS_REPLAY_REPLAY_H_
+#define TIERKV_TOOLS_REPLAY_REPLAY_H_
+
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <vector>
+
+#include "tierkv/block_key.h"
+#include "tierkv/block_pool_options.h"
+#include "tierkv/status.h"
+#include "tools/replay/trace.h"
+
+namespace tierkv::replay {
+
+struct ReplayOptions {
+  // Tokens each of a trace's hash ids stands for. Default: 512, the
+  // published traces' block.
+  int32_t trace_block_tokens = 512;
+  // Tokens per cached block; divides trace_block_tokens (each hash id then
+  // becomes trace_block_tokens / block_tokens blocks). Default: 512.
+  int32_t block_tokens = 512;
+};
+
+// A trace as blocks: each request's chained keys, computed once.
+class BlockTrace {
+ public:
+  // InvalidArgument for block sizes that do not divide, or an empty trace.
+  static StatusOr<BlockTrace> Build(std::span<const TraceRequest> requests,
+                                    const ReplayOptions& options);
+
+  int64_t num_requests() const {
+    return static_cast<int64_t>(offsets_.size()) - 1;
+  }
+  int64_t requested_blocks() const {
+    return static_cast<int64_t>(keys_.size());
+  }
+  int64_t unique_blocks() const { return unique_blocks_; }
+  int32_t block_tokens() const { return block_tokens_; }
+  int32_t largest_request() const { return largest_request_; }
+
+  // Request r's blocks [begin, end) in the flat arrays below.
+  int64_t begin(int64_t r) const { return offsets_[static_cast<size_t>(r)]; }
+  int64_t end(int64_t r) const { return offsets_[static_cast<size_t>(r) + 1]; }
+  const BlockKey& key(int64_t i) const { return keys_[static_cast<size_t>(i)]; }
+  // The block's id among the trace's distinct blocks, [0, unique_blocks).
+  int32_t block(int64_t i) const { return dense_[static_cast<size_t>(i)]; }
+  // The block's token ids (derived from its hash id and place in it) into
+  // `out`, which must hold block_tokens().
+  void Tokens(int64_t i, std::span<TokenId> out) const;
+
+ private:
+  int32_t block_tokens_ = 0;
+  int32_t subblocks_ = 0;  // Blocks per hash id.
+  int64_t unique_blocks_ = 0;
+  int32_t largest_request_ = 0;
+  std::vector<int64_t> offsets_;   // num_requests + 1.
+  std::vector<BlockKey> keys_;     // One per requested block.
+  std::vector<int32_t> dense_;     // One per requested block.
+  std::vector<int64_t> hash_ids_;  // One per requested block.
+};
+
+struct ReplayResult {
+  int32_t capacity_blocks = 0;
+  int64_t requested_blocks = 0;
+  int64_t hit_blocks = 0;          // Prefix hits.
+  int64_t evictions = 0;           // Keyed blocks dropped for room.
+  int64_t oversized_requests = 0;  // Larger than the pool: not cached.
+  double seconds = 0;              // The replay alone.
+
+  double hit_ratio() const {
+    return requested_blocks == 0 ? 0
+                                 : static_cast<double>(hit_blocks) /
+                                       static_cast<double>(requested_blocks);
+  }
+};
+
+// Called with the requests done so far, now and then, and at the end.
+using ReplayProgress = std::function<void(int64_t done)>;
+
+// The trace through a BlockPool of `capacity_blocks` usable blocks under
+// `policy`. InvalidArgument for a capacity below 1.
+StatusOr<ReplayResult> ReplayPool(const BlockTrace& trace,
+                                  int32_t capacity_blocks,
+                                  EvictionPolicy policy,
+                                  const ReplayProgress& progress = {});
+
+// The offline optimum for the same model (Belady with bypass): when room
+// is needed, evict the cached block whose next use is furthest away (a
+// block never used again first); of two used next by the same request, the
+// deeper one, so the cache always holds whole prefixes and every cached
+// block of a request is a prefix hit. Its evictions are those it made.
+StatusOr<ReplayResult> ReplayOptimum(const BlockTrace& trace,
+                                     int32_t capacity_blocks,
+                                     const ReplayProgress& progress = {});
+
+}  // namespace tierkv::replay
+
+#endif  // TIERKV_TOOLS_REPLAY_REPLAY_H_
