@@ -3,7 +3,7 @@
 # (find_package(tierkv)) and pkg-config files (tierkv, tierkv-embedded).
 include(CMakePackageConfigHelpers)
 
-install(TARGETS tierkvd tierkv-admin RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+install(TARGETS tierkvd tierkv-admin tierkv-replay RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 install(TARGETS tierkv tierkv_embedded
   EXPORT tierkvTargets
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
