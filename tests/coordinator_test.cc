@@ -660,6 +660,40 @@ TEST(CoordinatorEventsTest, ALoadIsPromotingThenReadyThenCopying) {
   EXPECT_EQ(c.events()[0].blocks, 2u);
 }
 
+// A block promoted from the lower tier was just hit there: under ARC it
+// is a second use, and waits in the frequent list, not the recent one;
+// copies down (spills) pin blocks without using them.
+TEST(CoordinatorEventsTest, APromotedBlockCountsAsUsedAgain) {
+  ManualLowerTier lower;
+  Coordinator c = Coordinator::Create({.layout = Layout(),
+                                       .host_slots = 50,
+                                       .lower = &lower,
+                                       .host_eviction = EvictionPolicy::kArc})
+                      .value();
+  const WorkerId w = c.RegisterWorker({.layout = Layout(),
+                                       .num_device_blocks = 10,
+                                       .tenant = "",
+                                       .pid = 1,
+                                       .name = "w"})
+                         .value();
+  const std::vector<TokenId> t = SequentialTokens(1, 33);
+  ASSERT_EQ(c.Lookup(w, 4, t, 0, {}).value().disk_hit_tokens, 32);
+  ASSERT_TRUE(c.Allocate(w, 4, Range(1, 3), 32).value().load_pending);
+  ASSERT_EQ(lower.promotions.size(), 2u);
+  lower.promotions[0](uint64_t{0});
+  lower.promotions[1](uint64_t{0});
+  ASSERT_EQ(c.PumpLowerTier(), 1u);
+  int keyed = 0;
+  for (BlockId id = 1; id < c.host_pool().num_blocks(); ++id) {
+    const BlockPool::Block& b = c.host_pool().block(id);
+    if (!b.has_key) continue;
+    ++keyed;
+    EXPECT_TRUE(b.reused) << "slot " << id;
+  }
+  EXPECT_EQ(keyed, 2);
+  EXPECT_THAT(c.host_pool().CheckInvariants(), IsOk());
+}
+
 // loads_ready tells the worker its loads are ready once per batch: when
 // the first of them becomes ready, not for promotions still under way, and
 // again only after TakeReadyLoads has emptied the list. A failed
