@@ -6,6 +6,7 @@
 #include <string>
 
 namespace tierkv {
+
 std::string_view EvictionPolicyName(EvictionPolicy policy) {
   switch (policy) {
     case EvictionPolicy::kLru:
