@@ -7,6 +7,7 @@
 #ifndef TIERKV_SRC_FREE_BLOCK_QUEUE_H_
 #define TIERKV_SRC_FREE_BLOCK_QUEUE_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -23,6 +24,10 @@ class FreeBlockQueue {
   int32_t size() const { return size_; }
   bool empty() const { return size_ == 0; }
   int32_t capacity() const { return capacity_; }
+  // Bytes of the links, for memory accounting.
+  size_t MemoryBytes() const {
+    return (prev_.size() + next_.size()) * sizeof(int32_t);
+  }
   bool Contains(BlockId id) const { return prev_[Index(id)] != kNotQueued; }
 
   // The least recently freed block. REQUIRES: !empty().

@@ -673,8 +673,8 @@ class Runner {
       const BlockPool::Block& real = pool.block(id);
       const Model::Block& want = model_.block(id);
       ASSERT_EQ(real.ref_cnt, want.ref_cnt) << "ref count of block " << id;
-      ASSERT_EQ(real.has_key, want.has_key) << "has_key of block " << id;
-      if (real.has_key) {
+      ASSERT_EQ(real.has_key(), want.has_key) << "has_key of block " << id;
+      if (real.has_key()) {
         ++keyed;
         ASSERT_EQ(real.key.ToHex(), want.key.ToHex()) << "key of block " << id;
         ASSERT_EQ(Copy(pool.block_tokens(id)), want.tokens)
@@ -689,7 +689,7 @@ class Runner {
       ASSERT_GE(real.ref_cnt, 0) << "block " << id;
       if (pool.null_block() == id) {
         ASSERT_FALSE(queued[static_cast<size_t>(id)]) << "null block queued";
-        ASSERT_FALSE(real.has_key) << "null block keyed";
+        ASSERT_FALSE(real.has_key()) << "null block keyed";
       } else {
         ASSERT_EQ(real.ref_cnt == 0, queued[static_cast<size_t>(id)])
             << "block " << id << " must be free xor in use; ref count "
@@ -702,7 +702,7 @@ class Runner {
     ASSERT_EQ(model_.index().size(), keyed);
     for (const auto& [key, id] : model_.index()) {
       ASSERT_TRUE(pool.IsValid(id));
-      ASSERT_TRUE(pool.block(id).has_key) << "index maps to unkeyed " << id;
+      ASSERT_TRUE(pool.block(id).has_key()) << "index maps to unkeyed " << id;
       ASSERT_EQ(AsPair(pool.block(id).key), key) << "block " << id;
     }
 

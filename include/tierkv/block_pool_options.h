@@ -12,6 +12,14 @@ struct BlockPoolOptions {
   int32_t block_size = 16;         // Tokens per block. Default: 16.
   bool reserve_null_block = true;  // Block 0 is a placeholder, as in vLLM v1.
                                    // Default: true.
+  // Whether the pool keeps a copy of each keyed block's token ids, so a hit
+  // compares them and block_tokens() returns them. When false, the pool
+  // keeps instead a 64-bit hash of each block's tokens under a secret drawn
+  // at Create (a check independent of the key), so its metadata does not
+  // grow with block_size; a key collision is still a miss unless the check
+  // collides too. For a pool whose owner keeps the tokens with the payload.
+  // Default: true.
+  bool keep_tokens = true;
 };
 
 }  // namespace tierkv
