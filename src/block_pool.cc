@@ -13,7 +13,7 @@ namespace tierkv {
 namespace {
 
 // Fills `out` from the kernel's random source (getrandom blocks only until
-// the pool is seeded at boot).
+// the kernel's entropy pool is seeded at boot).
 Status FillRandom(std::span<unsigned char> out) {
   size_t done = 0;
   while (done < out.size()) {

@@ -66,6 +66,7 @@ class BlockPool {
 
     bool has_key() const { return num_tokens != 0; }
   };
+  static_assert(sizeof(Block) == 32);
   // num_tokens is 16 bits wide.
   static constexpr int32_t kMaxBlockSize = UINT16_MAX;
 
@@ -205,8 +206,8 @@ class BlockPool {
   FreeBlockQueue free_queue_;
   KeyIndex index_;
   // Without keep_tokens: the key of TokenCheck, unknown outside the process,
-  // so tokens chosen to collide with another block's key cannot be chosen to
-  // collide with its check too.
+  // so whoever chooses tokens to collide with another block's key can match
+  // its check only by chance (2^-64).
   CheckSecret check_secret_{};
   BlockPoolStats stats_;
 };
