@@ -1,11 +1,35 @@
 #include "src/block_pool.h"
 
+#include <sys/random.h>
+#include <xxhash.h>
+
 #include <algorithm>
 #include <bit>
 #include <cassert>
+#include <cerrno>
+#include <cstring>
 #include <string>
 
 namespace tierkv {
+namespace {
+
+// Fills `out` from the kernel's random source (getrandom blocks only until
+// the kernel's entropy pool is seeded at boot).
+Status FillRandom(std::span<unsigned char> out) {
+  size_t done = 0;
+  while (done < out.size()) {
+    const ssize_t n = getrandom(out.data() + done, out.size() - done, 0);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return Status::Internal(std::string("getrandom: ") +
+                              std::strerror(errno));
+    }
+    done += static_cast<size_t>(n);
+  }
+  return Status::Ok();
+}
+
+}  // namespace
 
 std::string_view EvictionPolicyName(EvictionPolicy policy) {
   switch (policy) {
@@ -34,23 +58,29 @@ StatusOr<BlockPool> BlockPool::Create(const BlockPoolOptions& options) {
         (options.reserve_null_block ? "true" : "false") + "), got " +
         std::to_string(options.num_blocks));
   }
-  if (options.block_size < 1) {
-    return Status::InvalidArgument("block_size must be at least 1, got " +
+  if (options.block_size < 1 || options.block_size > kMaxBlockSize) {
+    return Status::InvalidArgument("block_size must be in [1, " +
+                                   std::to_string(kMaxBlockSize) + "], got " +
                                    std::to_string(options.block_size));
   }
-  return BlockPool(options);
+  CheckSecret secret{};
+  if (!options.keep_tokens) TIERKV_RETURN_IF_ERROR(FillRandom(secret));
+  return BlockPool(options, secret);
 }
 
-BlockPool::BlockPool(const BlockPoolOptions& options)
+BlockPool::BlockPool(const BlockPoolOptions& options, const CheckSecret& secret)
     : block_size_(options.block_size),
+      keep_tokens_(options.keep_tokens),
       blocks_(static_cast<size_t>(options.num_blocks)),
-      tokens_(static_cast<size_t>(options.num_blocks) *
-              static_cast<size_t>(options.block_size)),
+      tokens_(options.keep_tokens ? static_cast<size_t>(options.num_blocks) *
+                                        static_cast<size_t>(options.block_size)
+                                  : 0),
       eviction_(options.eviction),
       uncached_first_(options.free_uncached_first),
       free_queue_(options.num_blocks,
-                  options.eviction == EvictionPolicy::kLru ? 1 : 3) {
-  index_.reserve(static_cast<size_t>(options.num_blocks));
+                  options.eviction == EvictionPolicy::kLru ? 1 : 3),
+      index_(options.num_blocks),
+      check_secret_(secret) {
   usable_blocks_ = options.num_blocks - (options.reserve_null_block ? 1 : 0);
   if (eviction_ == EvictionPolicy::kArc) {
     // ARC remembers as many evicted keys as the cache holds.
@@ -68,21 +98,40 @@ BlockPool::BlockPool(const BlockPoolOptions& options)
 }
 
 std::span<const TokenId> BlockPool::block_tokens(BlockId id) const {
+  if (!keep_tokens_) return {};
   const Block& b = block(id);
   return std::span<const TokenId>(tokens_).subspan(
       Index(id) * static_cast<size_t>(block_size_),
       static_cast<size_t>(b.num_tokens));
 }
 
+size_t BlockPool::MetadataBytes() const {
+  return blocks_.size() * sizeof(Block) + tokens_.size() * sizeof(TokenId) +
+         free_queue_.MemoryBytes() + index_.MemoryBytes() +
+         (ghosts_.has_value() ? ghosts_->MemoryBytes() : 0);
+}
+
+uint64_t BlockPool::TokenCheck(std::span<const TokenId> tokens) const {
+  return XXH3_64bits_withSecret(tokens.data(), tokens.size_bytes(),
+                                check_secret_.data(), check_secret_.size());
+}
+
+bool BlockPool::HoldsTokens(const Block& b, BlockId id,
+                            std::span<const TokenId> tokens) const {
+  if (tokens.size() != b.num_tokens) return false;
+  if (!keep_tokens_) return b.token_check == TokenCheck(tokens);
+  const std::span<const TokenId> stored = block_tokens(id);
+  return std::equal(stored.begin(), stored.end(), tokens.begin());
+}
+
 std::optional<BlockId> BlockPool::GetCachedBlock(
     const BlockKey& key, std::span<const TokenId> tokens) const {
-  auto it = index_.find(key);
-  if (it == index_.end()) return std::nullopt;
-  const std::span<const TokenId> stored = block_tokens(it->second);
-  if (!std::equal(stored.begin(), stored.end(), tokens.begin(), tokens.end())) {
-    return std::nullopt;  // Same key, other tokens: a collision.
+  const std::optional<BlockId> id = index_.Find(key, KeyOf());
+  // Same key, other tokens: a collision, a miss.
+  if (!id || !HoldsTokens(blocks_[Index(*id)], *id, tokens)) {
+    return std::nullopt;
   }
-  return it->second;
+  return id;
 }
 
 Status BlockPool::GetNewBlocks(int32_t n, std::vector<BlockId>* out) {
@@ -99,7 +148,7 @@ Status BlockPool::GetNewBlocks(int32_t n, std::vector<BlockId>* out) {
     free_queue_.Remove(id);
     Block& b = blocks_[Index(id)];
     assert(b.ref_cnt == 0);
-    if (b.has_key) {
+    if (b.has_key()) {
       if (ghosts_.has_value() && list != kReuseFirst) {
         ghosts_->Add(b.key, static_cast<uint8_t>(list));
       }
@@ -130,7 +179,7 @@ void BlockPool::Pin(std::span<const BlockId> ids) {
 }
 
 bool BlockPool::MarkReused(BlockId id) {
-  if (!IsValid(id) || !blocks_[Index(id)].has_key) return false;
+  if (!IsValid(id) || !blocks_[Index(id)].has_key()) return false;
   MarkUsedAgain(&blocks_[Index(id)]);
   if (eviction_ != EvictionPolicy::kLru && free_queue_.Contains(id) &&
       free_queue_.ListOf(id) == kRecent) {
@@ -141,8 +190,8 @@ bool BlockPool::MarkReused(BlockId id) {
 }
 
 void BlockPool::MarkUsedAgain(Block* b) {
-  if (b->has_key && !b->reused) {
-    b->reused = true;
+  if (b->has_key() && !b->reused()) {
+    b->policy_state = 1;
     ++frequent_blocks_;
   }
 }
@@ -158,7 +207,7 @@ void BlockPool::FreeBlocks(std::span<const BlockId> ordered_ids) {
 
 void BlockPool::Enqueue(BlockId id) {
   const Block& b = blocks_[Index(id)];
-  if (!b.has_key && (uncached_first_ || eviction_ != EvictionPolicy::kLru)) {
+  if (!b.has_key() && (uncached_first_ || eviction_ != EvictionPolicy::kLru)) {
     // Nothing in it can be hit (a request's partial last block, a block
     // whose key a newer one took): reused first, before any block that
     // can.
@@ -166,7 +215,7 @@ void BlockPool::Enqueue(BlockId id) {
   } else if (eviction_ == EvictionPolicy::kLru) {
     free_queue_.Append(id);
   } else {
-    free_queue_.Append(id, b.reused ? kFrequent : kRecent);
+    free_queue_.Append(id, b.reused() ? kFrequent : kRecent);
   }
 }
 
@@ -220,7 +269,7 @@ Status BlockPool::CacheBlock(BlockId id, const BlockKey& key,
     return Status::InvalidArgument("block " + std::to_string(id) +
                                    " is free; only in-use blocks are keyed");
   }
-  if (b.has_key) {
+  if (b.has_key()) {
     return Status::InvalidArgument("block " + std::to_string(id) +
                                    " is already keyed");
   }
@@ -229,34 +278,34 @@ Status BlockPool::CacheBlock(BlockId id, const BlockKey& key,
         "a block holds 1.." + std::to_string(block_size_) + " tokens, got " +
         std::to_string(tokens.size()));
   }
-  auto [it, inserted] = index_.try_emplace(key, id);
   // The key's standing with the policy: a copy that was used again hands
   // it to the newer one; a key computed again soon after its eviction
   // earns it (a second use).
   bool reused = false;
-  if (!inserted) {
+  if (const std::optional<BlockId> older = index_.Insert(key, id, KeyOf())) {
     // The newer block takes the key; the older copy stays valid KV but is
     // no longer findable.
-    Block& older = blocks_[Index(it->second)];
-    reused = older.reused;
-    older.has_key = false;
-    older.num_tokens = 0;
-    if (older.reused) --frequent_blocks_;
-    older.reused = false;
-    LeaveKeptLists(it->second);
-    it->second = id;
+    Block& o = blocks_[Index(*older)];
+    reused = o.reused();
+    if (o.reused()) --frequent_blocks_;
+    o.num_tokens = 0;
+    o.policy_state = 0;
+    LeaveKeptLists(*older);
   } else {
     reused = TakeEvicted(key) != 0;
   }
-  b.has_key = true;
   b.key = key;
-  b.num_tokens = static_cast<int32_t>(tokens.size());
-  b.reused = reused;
-  if (b.reused) ++frequent_blocks_;
-  std::copy(
-      tokens.begin(), tokens.end(),
-      tokens_.begin() + static_cast<std::ptrdiff_t>(
-                            Index(id) * static_cast<size_t>(block_size_)));
+  b.num_tokens = static_cast<uint16_t>(tokens.size());
+  b.policy_state = reused ? 1 : 0;
+  if (reused) ++frequent_blocks_;
+  if (keep_tokens_) {
+    std::copy(
+        tokens.begin(), tokens.end(),
+        tokens_.begin() + static_cast<std::ptrdiff_t>(
+                              Index(id) * static_cast<size_t>(block_size_)));
+  } else {
+    b.token_check = TokenCheck(tokens);
+  }
   return Status::Ok();
 }
 
@@ -286,7 +335,7 @@ Status BlockPool::CacheFullBlocks(std::span<const BlockId> blocks,
 bool BlockPool::EvictCachedBlock(BlockId id) {
   if (!IsValid(id)) return false;
   const Block& b = blocks_[Index(id)];
-  if (b.ref_cnt != 0 || !b.has_key) return false;
+  if (b.ref_cnt != 0 || !b.has_key()) return false;
   DropKey(id);
   ++stats_.evictions;
   return true;
@@ -297,7 +346,7 @@ bool BlockPool::DemoteCachedBlock(BlockId id) { return DropCachedBlock(id); }
 bool BlockPool::ReturnNewBlock(BlockId id) {
   if (!IsValid(id) || (null_block_ && id == *null_block_)) return false;
   Block& b = blocks_[Index(id)];
-  if (b.ref_cnt != 1 || b.has_key) return false;
+  if (b.ref_cnt != 1 || b.has_key()) return false;
   b.ref_cnt = 0;
   free_queue_.PushFront(id);
   return true;
@@ -306,7 +355,7 @@ bool BlockPool::ReturnNewBlock(BlockId id) {
 bool BlockPool::DropCachedBlock(BlockId id) {
   if (!IsValid(id)) return false;
   const Block& b = blocks_[Index(id)];
-  if (b.ref_cnt != 0 || !b.has_key) return false;
+  if (b.ref_cnt != 0 || !b.has_key()) return false;
   DropKey(id);
   free_queue_.Remove(id);
   free_queue_.PushFront(id);
@@ -322,18 +371,17 @@ bool BlockPool::MoveToFront(BlockId id) {
 }
 
 std::optional<BlockId> BlockPool::FindKeyedBlock(const BlockKey& key) const {
-  auto it = index_.find(key);
-  if (it == index_.end()) return std::nullopt;
-  return it->second;
+  return index_.Find(key, KeyOf());
 }
 
 void BlockPool::DropKey(BlockId id) {
   Block& b = blocks_[Index(id)];
-  index_.erase(b.key);
-  b.has_key = false;
+  const bool erased = index_.Erase(b.key, id);
+  assert(erased);
+  (void)erased;
   b.num_tokens = 0;
-  if (b.reused) --frequent_blocks_;
-  b.reused = false;
+  if (b.reused()) --frequent_blocks_;
+  b.policy_state = 0;
   LeaveKeptLists(id);
 }
 
@@ -354,7 +402,7 @@ Status BlockPool::CheckInvariants() const {
     const std::string where = "block " + std::to_string(id) + ": ";
     if (b.ref_cnt < 0) return Status::Internal(where + "negative ref count");
     const bool is_null = null_block_ && id == *null_block_;
-    if (is_null && (free_queue_.Contains(id) || b.has_key)) {
+    if (is_null && (free_queue_.Contains(id) || b.has_key())) {
       return Status::Internal(where + "null block is queued or keyed");
     }
     if (!is_null && (b.ref_cnt == 0) != free_queue_.Contains(id)) {
@@ -363,35 +411,36 @@ Status BlockPool::CheckInvariants() const {
           (free_queue_.Contains(id) ? " but queued" : " but not queued"));
     }
     if (b.ref_cnt == 0) ++zero_ref;
-    if (b.has_key && b.reused) ++frequent;
+    if (b.has_key() && b.reused()) ++frequent;
     if (eviction_ != EvictionPolicy::kLru && !is_null && b.ref_cnt == 0) {
       // Keyed blocks wait in the list of their use, unless moved to the
       // front (their contents are on a lower tier too); others go first.
       const int32_t list = free_queue_.ListOf(id);
-      const int32_t want = !b.has_key ? kReuseFirst
-                           : b.reused ? kFrequent
-                                      : kRecent;
-      if (list != want && !(b.has_key && list == kReuseFirst)) {
+      const int32_t want = !b.has_key() ? kReuseFirst
+                           : b.reused() ? kFrequent
+                                        : kRecent;
+      if (list != want && !(b.has_key() && list == kReuseFirst)) {
         return Status::Internal(where + "in free list " + std::to_string(list) +
                                 ", not " + std::to_string(want));
       }
     }
-    if (b.has_key) {
+    if (b.has_key()) {
       ++keyed;
-      auto it = index_.find(b.key);
-      if (it == index_.end() || it->second != id) {
+      if (index_.Find(b.key, KeyOf()) != id) {
         return Status::Internal(where +
                                 "holds a key the index does not map "
                                 "to it");
       }
     }
   }
-  for (const auto& [key, id] : index_) {
-    if (!IsValid(id) || !block(id).has_key || !(block(id).key == key)) {
-      return Status::Internal("index maps key " + key.ToHex() + " to block " +
-                              std::to_string(id) + " which does not hold it");
+  Status mapped = Status::Ok();
+  index_.ForEach([&](BlockId id) {
+    if (mapped.ok() && (!IsValid(id) || !block(id).has_key())) {
+      mapped = Status::Internal("index maps a key to block " +
+                                std::to_string(id) + " which holds none");
     }
-  }
+  });
+  TIERKV_RETURN_IF_ERROR(mapped);
   if (keyed != index_.size()) return Status::Internal("index size mismatch");
   if (frequent != frequent_blocks_) {
     return Status::Internal(std::to_string(frequent) +

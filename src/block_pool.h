@@ -4,6 +4,11 @@
 // Not thread-safe; owned by one thread (the engine's scheduler, or the
 // coordinator thread for a tier's pool).
 //
+// Metadata per block: the Block below (32 bytes), the free queue's links
+// (8), the key index's slots (16), and with keep_tokens the token ids
+// (4 x block_size). Without keep_tokens a hit is checked against a secret
+// hash of the tokens instead of the tokens themselves (BlockPoolOptions).
+//
 // Block states (the null block, when reserved, is none of these: it is never
 // queued, keyed or freed):
 //
@@ -37,15 +42,17 @@
 #ifndef TIERKV_SRC_BLOCK_POOL_H_
 #define TIERKV_SRC_BLOCK_POOL_H_
 
+#include <array>
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <span>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
 #include "src/free_block_queue.h"
 #include "src/ghost_keys.h"
+#include "src/key_index.h"
 #include "tierkv/block_key.h"
 #include "tierkv/block_pool_options.h"
 #include "tierkv/status.h"
@@ -58,15 +65,24 @@ struct BlockPoolStats {
 
 class BlockPool {
  public:
+  // Packed to 32 bytes, two to a cache line: a hit reads the key and the
+  // token check together.
   struct Block {
+    BlockKey key;              // Meaningful only while has_key().
+    uint64_t token_check = 0;  // Without keep_tokens: the tokens' hash.
     int32_t ref_cnt = 0;
-    int32_t num_tokens = 0;  // Tokens recorded with the key.
-    bool has_key = false;
-    // kArc: hit since it was keyed, or keyed again from a ghost: freed
-    // into the frequent list, not the recent one.
-    bool reused = false;
-    BlockKey key;
+    uint16_t num_tokens = 0;  // Tokens recorded with the key; 0: no key.
+    // The eviction policy's per-block state; kArc: 1 when the block was
+    // hit since it was keyed, or keyed again from a ghost (it is freed into
+    // the frequent list, not the recent one).
+    uint16_t policy_state = 0;
+
+    bool has_key() const { return num_tokens != 0; }
+    bool reused() const { return policy_state != 0; }
   };
+  static_assert(sizeof(Block) == 32);
+  // num_tokens is 16 bits wide.
+  static constexpr int32_t kMaxBlockSize = UINT16_MAX;
 
   static StatusOr<BlockPool> Create(const BlockPoolOptions& options);
 
@@ -79,11 +95,19 @@ class BlockPool {
   bool IsValid(BlockId id) const { return id >= 0 && id < num_blocks(); }
 
   const Block& block(BlockId id) const { return blocks_[Index(id)]; }
-  // The token ids recorded when the block was keyed.
+  bool keeps_tokens() const { return keep_tokens_; }
+  // The token ids recorded when the block was keyed. Always empty without
+  // keep_tokens: the pool keeps only their check then.
   std::span<const TokenId> block_tokens(BlockId id) const;
 
-  // The block holding `key` whose recorded tokens equal `tokens`. A key whose
-  // block holds other tokens (a hash collision) is a miss, never a hit.
+  // Bytes of per-block bookkeeping the pool holds: the block array, the free
+  // queue, the key index, any token copies and the eviction policy's
+  // ghosts. Fixed at Create.
+  size_t MetadataBytes() const;
+
+  // The block holding `key` whose recorded tokens equal `tokens` (with
+  // keep_tokens) or whose token count and check match theirs (without). A
+  // key whose block holds other tokens (a hash collision) is a miss.
   std::optional<BlockId> GetCachedBlock(const BlockKey& key,
                                         std::span<const TokenId> tokens) const;
 
@@ -187,13 +211,24 @@ class BlockPool {
   Status CheckInvariants() const;
 
  private:
-  BlockPool(const BlockPoolOptions& options);
+  // Keyed by XXH3-64 with this many secret bytes (XXH3's default size).
+  static constexpr size_t kCheckSecretBytes = 192;
+  using CheckSecret = std::array<unsigned char, kCheckSecretBytes>;
   // kArc's lists; kLru uses kReuseFirst alone.
   static constexpr int32_t kReuseFirst = 0;
   static constexpr int32_t kRecent = 1;
   static constexpr int32_t kFrequent = 2;
 
+  BlockPool(const BlockPoolOptions& options, const CheckSecret& secret);
   static size_t Index(BlockId id) { return static_cast<size_t>(id); }
+  auto KeyOf() const {
+    return [this](BlockId id) -> const BlockKey& {
+      return blocks_[Index(id)].key;
+    };
+  }
+  uint64_t TokenCheck(std::span<const TokenId> tokens) const;
+  bool HoldsTokens(const Block& b, BlockId id,
+                   std::span<const TokenId> tokens) const;
   void DropKey(BlockId id);
   // kArc: a free block that lost its key goes to the front of the first
   // list, out of the recent or frequent list, which hold keyed blocks only.
@@ -210,20 +245,25 @@ class BlockPool {
   int32_t TakeEvicted(const BlockKey& key);
 
   int32_t block_size_;
+  bool keep_tokens_;
   std::optional<BlockId> null_block_;
   std::vector<Block> blocks_;
-  std::vector<TokenId> tokens_;  // num_blocks x block_size, row per block.
+  // With keep_tokens: num_blocks x block_size, row per block. Else empty.
+  std::vector<TokenId> tokens_;
   EvictionPolicy eviction_;
   bool uncached_first_;
   FreeBlockQueue free_queue_;
-  // kArc: the recent list's target size in free blocks (ARC's p), the
-  // ghosts and how many of each list's are live.
+  // kArc: the recent list's target size in blocks (ARC's p).
   double recent_target_ = 0;
   // kArc's ghost lists: the evicted keys, tagged with the list each left.
   std::optional<GhostKeys> ghosts_;
   int32_t usable_blocks_ = 0;    // All but the null block.
   int32_t frequent_blocks_ = 0;  // Keyed and reused, free or in use.
-  std::unordered_map<BlockKey, BlockId, BlockKeyHash> index_;
+  KeyIndex index_;
+  // Without keep_tokens: the key of TokenCheck, unknown outside the process,
+  // so whoever chooses tokens to collide with another block's key can match
+  // its check only by chance (2^-64).
+  CheckSecret check_secret_{};
   BlockPoolStats stats_;
 };
 

@@ -76,7 +76,8 @@ StatusOr<Coordinator> Coordinator::Create(const CoordinatorOptions& options) {
                          .block_size = options.layout.block_size,
                          .reserve_null_block = true,
                          .eviction = options.host_eviction,
-                         .free_uncached_first = true}));
+                         .free_uncached_first = true,
+                         .keep_tokens = false}));
   return Coordinator(options, std::move(pool));
 }
 
@@ -92,6 +93,8 @@ Coordinator::Coordinator(const CoordinatorOptions& options, BlockPool host_pool)
                                                static_cast<double>(usable)),
                           1, usable);
   slot_checks_.resize(static_cast<size_t>(options_.host_slots));
+  host_tokens_.resize(static_cast<size_t>(options_.host_slots) *
+                      static_cast<size_t>(options_.layout.block_size));
 }
 
 StatusOr<WorkerId> Coordinator::RegisterWorker(
@@ -285,6 +288,24 @@ std::span<const TokenId> Coordinator::BlockTokens(const RequestState& r,
 bool Coordinator::HostHas(const BlockKey& key,
                           std::span<const TokenId> tokens) const {
   return host_pool_.GetCachedBlock(key, tokens).has_value();
+}
+
+Status Coordinator::KeyHostSlot(BlockId slot, const BlockKey& key,
+                                std::span<const TokenId> tokens) {
+  TIERKV_RETURN_IF_ERROR(host_pool_.CacheBlock(slot, key, tokens));
+  std::ranges::copy(tokens,
+                    host_tokens_.begin() +
+                        static_cast<std::ptrdiff_t>(
+                            static_cast<size_t>(slot) *
+                            static_cast<size_t>(options_.layout.block_size)));
+  return Status::Ok();
+}
+
+std::span<const TokenId> Coordinator::HostSlotTokens(BlockId slot) const {
+  return std::span<const TokenId>(host_tokens_)
+      .subspan(static_cast<size_t>(slot) *
+                   static_cast<size_t>(options_.layout.block_size),
+               host_pool_.block(slot).num_tokens);
 }
 
 void Coordinator::ReleaseSlots(std::span<const BlockId> slots) {
@@ -783,11 +804,10 @@ bool Coordinator::TakeFreeSlot(std::vector<BlockId>* slot) {
   if (!front.has_value()) return false;
   const BlockPool::Block& b = host_pool_.block(*front);
   const std::optional<BlockKey> evicted =
-      b.has_key ? std::optional<BlockKey>(b.key) : std::nullopt;
+      b.has_key() ? std::optional<BlockKey>(b.key) : std::nullopt;
   // Checked before the pool drops the key and its tokens.
-  const bool lost =
-      evicted.has_value() && options_.lower != nullptr &&
-      !options_.lower->Contains(*evicted, host_pool_.block_tokens(*front));
+  const bool lost = evicted.has_value() && options_.lower != nullptr &&
+                    !options_.lower->Contains(*evicted, HostSlotTokens(*front));
   if (!host_pool_.GetNewBlocks(1, slot).ok()) return false;
   if (lost) ++stats_.evicted_unspilled;
   if (evicted.has_value()) TraceBlock("evicted", *evicted, slot->back());
@@ -801,8 +821,7 @@ void Coordinator::FinishStore(WorkerState* w, InFlight* store, bool ok,
     keys_being_stored_.erase(store->keys[i]);
     if (!ok) continue;
     // Cannot fail: the slot is pinned and unkeyed, with 1..block_size tokens.
-    if (host_pool_.CacheBlock(slots[i], store->keys[i], store->tokens[i])
-            .ok()) {
+    if (KeyHostSlot(slots[i], store->keys[i], store->tokens[i]).ok()) {
       ++stats_.stores_completed;
       TraceBlock("stored", store->keys[i], slots[i]);
       if (options_.lower != nullptr && options_.write_behind_spills > 0) {

@@ -592,6 +592,12 @@ class Coordinator {
   // it from host now, or, while pinned, when the last pin goes.
   void DropCorruptSlot(BlockId slot);
   bool HostHas(const BlockKey& key, std::span<const TokenId> tokens) const;
+  // Keys pinned, unkeyed `slot` in the host pool and records its tokens
+  // (host_tokens_). As BlockPool::CacheBlock otherwise.
+  Status KeyHostSlot(BlockId slot, const BlockKey& key,
+                     std::span<const TokenId> tokens);
+  // The token ids keyed `slot` was stored with; empty for an unkeyed slot.
+  std::span<const TokenId> HostSlotTokens(BlockId slot) const;
   // `checksums`: sorted by slot.
   void FinishStore(WorkerState* w, InFlight* store, bool ok,
                    std::span<const SlotChecksum> checksums);
@@ -658,6 +664,10 @@ class Coordinator {
   int64_t worker_pin_cap_ = 1;          // worker_pin_share of the usable slots.
   size_t request_bytes_ = 0;            // Every worker's request_bytes.
   std::vector<SlotCheck> slot_checks_;  // One per host slot.
+  // host_slots x block_size: the token ids each keyed host slot was stored
+  // with, beside its KV bytes. The host pool keeps only a check of them (its
+  // metadata stays small); spills and the lower tier need the tokens.
+  std::vector<TokenId> host_tokens_;
   // Compute leases by chunk (the chunk's last block key).
   std::unordered_map<BlockKey, ChunkLease, BlockKeyHash> chunk_leases_;
   // Keys some store event is writing: a second store of one is skipped.

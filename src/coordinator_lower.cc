@@ -66,7 +66,7 @@ void Coordinator::StartLowerOp(LowerOp op) {
     std::optional<uint64_t> checksum;
     if (check.has_checksum) checksum = check.checksum;
     options_.lower->Spill(
-        o.key, host_pool_.block_tokens(o.slot), o.slot, checksum,
+        o.key, HostSlotTokens(o.slot), o.slot, checksum,
         [deliver](Status status) { deliver(std::move(status), 0); });
   } else {
     ++promotions_in_flight_;
@@ -103,7 +103,7 @@ size_t Coordinator::PumpLowerTier() {
     --promotions_in_flight_;
     if (ok) {
       // Cannot fail: the slot is pinned and unkeyed, with 1..block_size tokens.
-      (void)host_pool_.CacheBlock(op.slot, op.key, op.tokens);
+      (void)KeyHostSlot(op.slot, op.key, op.tokens);
       // A hit on disk is a use: the policy keeps it as it keeps a host hit.
       (void)host_pool_.MarkReused(op.slot);
       ++stats_.promotions;
@@ -149,7 +149,7 @@ void Coordinator::FinishSpill(const LowerOp& op, const Status& status) {
   const BlockId slot[] = {op.slot};
   ReleaseSlots(slot);
   const BlockPool::Block& b = host_pool_.block(op.slot);
-  const bool keyed = b.has_key && b.key == op.key;
+  const bool keyed = b.has_key() && b.key == op.key;
   if (ok && keyed && op.keep && !op.discard) {
     ++stats_.spills;
     ++stats_.spills_kept;
@@ -218,7 +218,7 @@ StatusOr<ClearResult> Coordinator::Clear(TierSelection tiers) {
   if (tiers != TierSelection::kDisk) {
     std::vector<BlockId> cached;
     host_pool_.VisitFreeQueue([&](BlockId id) {
-      if (host_pool_.block(id).has_key) cached.push_back(id);
+      if (host_pool_.block(id).has_key()) cached.push_back(id);
       return true;
     });
     for (BlockId id : cached) {
@@ -295,7 +295,7 @@ void Coordinator::MaybeSpill() {
       staying - static_cast<int64_t>(options_.spill_low * usable);
   std::vector<BlockId> victims;
   host_pool_.VisitFreeQueue([&](BlockId id) {
-    if (host_pool_.block(id).has_key) victims.push_back(id);
+    if (host_pool_.block(id).has_key()) victims.push_back(id);
     return static_cast<int64_t>(victims.size()) < excess;
   });
   SpillBlocks(victims);
@@ -305,8 +305,7 @@ bool Coordinator::NextEvictionLoses() const {
   const std::optional<BlockId> next = host_pool_.NextFreeBlock();
   if (!next.has_value()) return false;
   const BlockPool::Block& b = host_pool_.block(*next);
-  return b.has_key &&
-         !options_.lower->Contains(b.key, host_pool_.block_tokens(*next));
+  return b.has_key() && !options_.lower->Contains(b.key, HostSlotTokens(*next));
 }
 
 void Coordinator::StartWriteBehind() {
@@ -322,11 +321,11 @@ void Coordinator::StartWriteBehind() {
     const BlockPool::Block& b = host_pool_.block(slot);
     // Reused or dropped since, or already on its way down (a spill pins
     // it; a lookup's pin alone does not stop a copy).
-    if (!b.has_key || !(b.key == key) ||
+    if (!b.has_key() || !(b.key == key) ||
         slot_checks_[static_cast<size_t>(slot)].spilling) {
       continue;
     }
-    if (options_.lower->Contains(key, host_pool_.block_tokens(slot))) continue;
+    if (options_.lower->Contains(key, HostSlotTokens(slot))) continue;
     LowerOp op;
     op.spill = true;
     op.keep = true;
@@ -343,7 +342,7 @@ int64_t Coordinator::SpillBlocks(std::span<const BlockId> victims) {
   int64_t started = 0;
   for (BlockId slot : victims) {
     const BlockPool::Block& b = host_pool_.block(slot);
-    if (options_.lower->Contains(b.key, host_pool_.block_tokens(slot))) {
+    if (options_.lower->Contains(b.key, HostSlotTokens(slot))) {
       const BlockKey key = b.key;  // Demoting drops it.
       if (host_pool_.DemoteCachedBlock(slot)) {
         ++stats_.spill_drops;
@@ -367,7 +366,7 @@ int64_t Coordinator::SpillAll() {
   if (options_.lower == nullptr) return 0;
   std::vector<BlockId> victims;
   host_pool_.VisitFreeQueue([&](BlockId id) {
-    if (host_pool_.block(id).has_key) victims.push_back(id);
+    if (host_pool_.block(id).has_key()) victims.push_back(id);
     return true;
   });
   return SpillBlocks(victims);
@@ -377,9 +376,8 @@ int64_t Coordinator::HostOnlyBlocks() const {
   int64_t n = 0;
   for (BlockId id = 1; id < host_pool_.num_blocks(); ++id) {
     const BlockPool::Block& b = host_pool_.block(id);
-    if (b.has_key &&
-        (options_.lower == nullptr ||
-         !options_.lower->Contains(b.key, host_pool_.block_tokens(id)))) {
+    if (b.has_key() && (options_.lower == nullptr ||
+                        !options_.lower->Contains(b.key, HostSlotTokens(id)))) {
       ++n;
     }
   }

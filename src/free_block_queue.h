@@ -12,6 +12,7 @@
 #ifndef TIERKV_SRC_FREE_BLOCK_QUEUE_H_
 #define TIERKV_SRC_FREE_BLOCK_QUEUE_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -34,6 +35,11 @@ class FreeBlockQueue {
   bool empty() const { return size_ == 0; }
   int32_t capacity() const { return capacity_; }
   int32_t num_lists() const { return num_lists_; }
+  // Bytes of the links, for memory accounting.
+  size_t MemoryBytes() const {
+    return (prev_.size() + next_.size()) * sizeof(int32_t) +
+           list_of_.size() * sizeof(uint8_t);
+  }
   bool Contains(BlockId id) const { return prev_[Index(id)] != kNotQueued; }
 
   int32_t size(int32_t list) const { return list_sizes_[Index(list)]; }

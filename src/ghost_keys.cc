@@ -1,7 +1,6 @@
 #include "src/ghost_keys.h"
 
 #include <algorithm>
-#include <bit>
 #include <cassert>
 
 namespace tierkv {
@@ -9,15 +8,14 @@ namespace tierkv {
 GhostKeys::GhostKeys(int32_t capacity)
     : ring_(static_cast<size_t>(std::max(capacity, 1)), 0),
       // At most half full: short probes.
-      table_(std::bit_ceil(2 * ring_.size()), kEmpty) {}
+      table_(2 * ring_.size(), kEmpty) {}
 
 size_t GhostKeys::MemoryBytes() const {
   return (ring_.size() + table_.size()) * sizeof(uint32_t);
 }
 
 size_t GhostKeys::Find(uint32_t fingerprint, uint32_t pos) const {
-  for (size_t slot = Home(fingerprint);;
-       slot = (slot + 1) & (table_.size() - 1)) {
+  for (size_t slot = Home(fingerprint);; slot = Next(slot)) {
     const uint32_t at = table_[slot];
     if (at == kEmpty) return table_.size();
     if (pos == kEmpty ? (ring_[at] & ~uint32_t{kMaxTag}) == fingerprint
@@ -31,10 +29,8 @@ void GhostKeys::EraseSlot(size_t slot) {
   // Backward shift: pull later entries of the cluster into the hole when
   // their home does not lie between the hole and them, so every entry
   // stays reachable from its home without tombstones.
-  const size_t mask = table_.size() - 1;
   size_t hole = slot;
-  for (size_t next = (hole + 1) & mask; table_[next] != kEmpty;
-       next = (next + 1) & mask) {
+  for (size_t next = Next(hole); table_[next] != kEmpty; next = Next(next)) {
     const size_t home = Home(ring_[table_[next]]);
     const bool between = hole <= next ? (hole < home && home <= next)
                                       : (hole < home || home <= next);
@@ -66,7 +62,7 @@ void GhostKeys::Add(const BlockKey& key, uint8_t tag) {
   Forget(head_);  // The oldest, when the ring is full.
   ring_[head_] = fingerprint | tag;
   size_t slot = Home(fingerprint);
-  while (table_[slot] != kEmpty) slot = (slot + 1) & (table_.size() - 1);
+  while (table_[slot] != kEmpty) slot = Next(slot);
   table_[slot] = head_;
   ++counts_[tag];
   ++size_;

@@ -48,12 +48,17 @@ class GhostKeys {
     return static_cast<uint32_t>(key.lo ^ key.hi) & ~uint32_t{kMaxTag};
   }
   static uint8_t TagOf(uint32_t entry) { return entry & kMaxTag; }
+  // The fingerprint's 30 bits scaled to [0, table size): uniform, with no
+  // power-of-two rounding of the table.
   size_t Home(uint32_t entry) const {
-    return static_cast<size_t>(entry >> 2) & (table_.size() - 1);
+    return static_cast<size_t>((uint64_t{entry >> 2} * table_.size()) >> 30);
   }
   // The table slot holding ring position `pos`, or the one whose entry has
   // `fingerprint` (when pos is kEmpty); table_.size() when none.
   size_t Find(uint32_t fingerprint, uint32_t pos) const;
+  size_t Next(size_t slot) const {
+    return slot + 1 == table_.size() ? 0 : slot + 1;
+  }
   void EraseSlot(size_t slot);
   void Forget(uint32_t pos);
 

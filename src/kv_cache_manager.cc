@@ -120,7 +120,7 @@ Status KVCacheManager::CheckComputedStillCached(
   }
   for (size_t i = 0; i < computed.blocks.size(); ++i) {
     const BlockId id = computed.blocks[i];
-    if (!s_->pool.IsValid(id) || !s_->pool.block(id).has_key ||
+    if (!s_->pool.IsValid(id) || !s_->pool.block(id).has_key() ||
         !(s_->pool.block(id).key == request.block_keys()[i])) {
       return Status::FailedPrecondition(
           "computed block " + std::to_string(id) +

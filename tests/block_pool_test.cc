@@ -100,7 +100,7 @@ TEST(BlockPool, NewerBlockTakesADuplicateKey) {
   ASSERT_THAT(pool.CacheBlock(0, kKeyA, kTokensA), IsOk());
   ASSERT_THAT(pool.CacheBlock(1, kKeyA, kTokensA), IsOk());
   EXPECT_EQ(pool.GetCachedBlock(kKeyA, kTokensA), 1);
-  EXPECT_FALSE(pool.block(0).has_key);
+  EXPECT_FALSE(pool.block(0).has_key());
   EXPECT_EQ(pool.num_cached_blocks(), 1u);
   EXPECT_THAT(pool.CheckInvariants(), IsOk());
 }
@@ -195,13 +195,77 @@ TEST(BlockPool, CacheFullBlocksKeysTheGivenRange) {
   const std::vector<BlockKey> keys{kKeyA, kKeyB, {3, 3}};
   const std::vector<TokenId> tokens{1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
   ASSERT_THAT(pool.CacheFullBlocks(got, keys, tokens, 1, 2), IsOk());
-  EXPECT_FALSE(pool.block(got[0]).has_key);  // Below num_cached_blocks.
+  EXPECT_FALSE(pool.block(got[0]).has_key());  // Below num_cached_blocks.
   EXPECT_EQ(pool.GetCachedBlock(kKeyB, kTokensB), got[1]);
-  EXPECT_FALSE(pool.block(got[2]).has_key);  // Past num_full_blocks.
+  EXPECT_FALSE(pool.block(got[2]).has_key());  // Past num_full_blocks.
   // A third full block would need 12 tokens.
   Status s = pool.CacheFullBlocks(got, keys, tokens, 2, 3);
   EXPECT_EQ(s.code(), StatusCode::kOutOfRange) << s.ToString();
-  EXPECT_FALSE(pool.block(got[2]).has_key);
+  EXPECT_FALSE(pool.block(got[2]).has_key());
+}
+
+// Without keep_tokens, a key another block holds is a hit only for the same
+// tokens: a forged key (equal key, other tokens) misses, as does a prefix or
+// an extension of the stored tokens.
+TEST(BlockPool, CheckModeMissesAForgedKeyWithOtherTokens) {
+  BlockPool pool = BlockPool::Create({.num_blocks = 3,
+                                      .block_size = 4,
+                                      .reserve_null_block = false,
+                                      .keep_tokens = false})
+                       .value();
+  EXPECT_FALSE(pool.keeps_tokens());
+  std::vector<BlockId> got;
+  ASSERT_THAT(pool.GetNewBlocks(2, &got), IsOk());
+  ASSERT_THAT(pool.CacheBlock(got[0], kKeyA, kTokensA), IsOk());
+  const std::vector<TokenId> partial{1, 2};
+  ASSERT_THAT(pool.CacheBlock(got[1], kKeyB, partial), IsOk());
+  EXPECT_EQ(pool.GetCachedBlock(kKeyA, kTokensA), got[0]);
+  EXPECT_EQ(pool.GetCachedBlock(kKeyB, partial), got[1]);
+
+  EXPECT_FALSE(pool.GetCachedBlock(kKeyA, kTokensB).has_value());
+  const std::vector<TokenId> one_off{1, 2, 3, 5};
+  EXPECT_FALSE(pool.GetCachedBlock(kKeyA, one_off).has_value());
+  const std::vector<TokenId> shorter{1, 2, 3};
+  EXPECT_FALSE(pool.GetCachedBlock(kKeyA, shorter).has_value());
+  EXPECT_FALSE(pool.GetCachedBlock(kKeyB, kTokensA).has_value());
+  // The operator's lookup by key alone still finds the block.
+  EXPECT_EQ(pool.FindKeyedBlock(kKeyA), got[0]);
+  EXPECT_THAT(pool.CheckInvariants(), IsOk());
+}
+
+// Without keep_tokens the pool holds no token ids: block_tokens is empty for
+// every block, keyed or not, and no per-block row of tokens is allocated.
+TEST(BlockPool, CheckModeKeepsNoTokens) {
+  constexpr int32_t kBlocks = 100;
+  BlockPoolOptions options{.num_blocks = kBlocks, .block_size = 512};
+  BlockPool with_tokens = BlockPool::Create(options).value();
+  options.keep_tokens = false;
+  BlockPool check_only = BlockPool::Create(options).value();
+  std::vector<BlockId> got;
+  ASSERT_THAT(check_only.GetNewBlocks(1, &got), IsOk());
+  const std::vector<TokenId> tokens(512, 7);
+  ASSERT_THAT(check_only.CacheBlock(got[0], kKeyA, tokens), IsOk());
+  EXPECT_EQ(check_only.block(got[0]).num_tokens, 512);
+  EXPECT_TRUE(check_only.block_tokens(got[0]).empty());
+  EXPECT_EQ(check_only.GetCachedBlock(kKeyA, tokens), got[0]);
+
+  // Per block: the block itself, two queue links, two index slots; the
+  // token copy (2 KiB at 512 tokens) only with keep_tokens.
+  const size_t compact = check_only.MetadataBytes();
+  EXPECT_LE(compact, kBlocks * size_t{64} + 64);
+  EXPECT_EQ(with_tokens.MetadataBytes(),
+            compact + kBlocks * 512 * sizeof(TokenId));
+}
+
+TEST(BlockPool, RejectsBlocksTooLargeToCount) {
+  const auto too_big = BlockPool::Create(
+      {.num_blocks = 4, .block_size = BlockPool::kMaxBlockSize + 1});
+  EXPECT_EQ(too_big.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(BlockPool::Create({.num_blocks = 4,
+                                 .block_size = BlockPool::kMaxBlockSize,
+                                 .keep_tokens = false})
+                  .status(),
+              IsOk());
 }
 
 }  // namespace

@@ -153,7 +153,7 @@ TEST_F(PendingLoad, AbortedRequestsBlocksAreNeverWritten) {
   EXPECT_EQ(e.Ref(target), 0);
   EXPECT_EQ(e.client->loads_pending(), 0u);
   // Never keyed: the load did not land.
-  EXPECT_FALSE(PoolOf(*e.manager).block(target).has_key);
+  EXPECT_FALSE(PoolOf(*e.manager).block(target).has_key());
 
   // Another request takes every free block, so `target` among them, and
   // computes its own bytes into them.

@@ -100,8 +100,8 @@ TEST_F(CoordinatorTest, Seed004HostTimeline) {
   ASSERT_EQ(a_commit.stores.size(), 1u);
   EXPECT_EQ(a_commit.stores[0].ref, (EventRef{EventKind::kStore, 0}));
   EXPECT_THAT(a_commit.stores[0].host_blocks, ElementsAre(1));
-  EXPECT_EQ(Ref(1), 1);                           // Pinned while written ...
-  EXPECT_FALSE(c_.host_pool().block(1).has_key);  // ... and invisible.
+  EXPECT_EQ(Ref(1), 1);                             // Pinned while written ...
+  EXPECT_FALSE(c_.host_pool().block(1).has_key());  // ... and invisible.
   EXPECT_EQ(c_.Lookup(w2, 99, a, 0, {}).value().hit_tokens, 0);
   ASSERT_THAT(c_.Finish(w2, 99), IsOk());
   EXPECT_THAT(FreeQueue(), ElementsAreArray(Range(2, 49)));
@@ -109,7 +109,7 @@ TEST_F(CoordinatorTest, Seed004HostTimeline) {
   ASSERT_THAT(c_.Complete(w1, done), IsOk());
   ASSERT_THAT(c_.Finish(w1, 1), IsOk());
   EXPECT_EQ(Ref(1), 0);
-  EXPECT_TRUE(c_.host_pool().block(1).has_key);
+  EXPECT_TRUE(c_.host_pool().block(1).has_key());
   std::vector<BlockId> queue = Range(2, 49);
   queue.push_back(1);
   EXPECT_THAT(FreeQueue(), ElementsAreArray(queue));
@@ -686,9 +686,9 @@ TEST(CoordinatorEventsTest, APromotedBlockCountsAsUsedAgain) {
   int keyed = 0;
   for (BlockId id = 1; id < c.host_pool().num_blocks(); ++id) {
     const BlockPool::Block& b = c.host_pool().block(id);
-    if (!b.has_key) continue;
+    if (!b.has_key()) continue;
     ++keyed;
-    EXPECT_TRUE(b.reused) << "slot " << id;
+    EXPECT_TRUE(b.reused()) << "slot " << id;
   }
   EXPECT_EQ(keyed, 2);
   EXPECT_THAT(c.host_pool().CheckInvariants(), IsOk());
@@ -1033,9 +1033,8 @@ TEST(CoordinatorWriteBehindTest, DiskSlowerThanStoresEvictsAndCountsEachLoss) {
     ASSERT_THAT(c.Complete(w, done), IsOk());
     for (size_t b = 0; b < 4; ++b) {
       const BlockId slot = commit.stores[0].host_blocks[b];
-      const std::span<const TokenId> tokens = c.host_pool().block_tokens(slot);
-      stored.push_back(
-          {c.host_pool().block(slot).key, {tokens.begin(), tokens.end()}});
+      const auto first = t.begin() + static_cast<std::ptrdiff_t>(16 * b);
+      stored.push_back({c.host_pool().block(slot).key, {first, first + 16}});
     }
     ASSERT_THAT(c.Finish(w, r), IsOk());
   }

@@ -156,7 +156,7 @@ TEST_F(KVCacheManagerTest, HitsAtTheQueueHeadAreTouchedBeforePopping) {
   ASSERT_THAT(fresh, IsOk());
   EXPECT_THAT(*fresh, ElementsAre(3));
   EXPECT_THAT(m.blocks(4), ElementsAre(0, 1, 3));
-  EXPECT_TRUE(PoolOf(m).block(1).has_key);
+  EXPECT_TRUE(PoolOf(m).block(1).has_key());
   EXPECT_THAT(PoolOf(m).CheckInvariants(), IsOk());
 }
 

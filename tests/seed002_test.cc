@@ -39,7 +39,7 @@ class Seed002Timeline : public ::testing::Test {
     return PoolOf(manager_).block(id);
   }
   void ExpectKey(BlockId id, const BlockKey& key) const {
-    EXPECT_TRUE(Block(id).has_key) << "block " << id;
+    EXPECT_TRUE(Block(id).has_key()) << "block " << id;
     EXPECT_EQ(Block(id).key, key) << "block " << id;
   }
 
@@ -58,7 +58,7 @@ TEST_F(Seed002Timeline, Times1To7) {
   ExpectKey(0, r0.block_keys()[0]);  // A-D
   ExpectKey(1, r0.block_keys()[1]);  // A-H
   ExpectKey(2, r0.block_keys()[2]);  // A-L
-  EXPECT_FALSE(Block(3).has_key);    // MNO: partial, never keyed.
+  EXPECT_FALSE(Block(3).has_key());  // MNO: partial, never keyed.
   EXPECT_THAT(FreeQueue(), ElementsAre(4, 5, 6, 7, 8, 9));
 
   // Times 2-3: the prefill samples P, whose decode fills block 3 (keyed
@@ -71,7 +71,7 @@ TEST_F(Seed002Timeline, Times1To7) {
   ASSERT_TRUE(manager_.CanAppend(r0));
   ASSERT_THAT(manager_.MayAppend(r0), IsOk());
   EXPECT_THAT(manager_.blocks(0), ElementsAre(0, 1, 2, 3, 4));
-  EXPECT_FALSE(Block(4).has_key);
+  EXPECT_FALSE(Block(4).has_key());
   EXPECT_THAT(FreeQueue(), ElementsAre(5, 6, 7, 8, 9));
 
   // Time 4: request 1 (ABCD|EFGH|IJkl|mn), 14 tokens. Only the first two
@@ -87,7 +87,7 @@ TEST_F(Seed002Timeline, Times1To7) {
   EXPECT_EQ(Block(0).ref_cnt, 2);
   EXPECT_EQ(Block(1).ref_cnt, 2);
   ExpectKey(5, r1.block_keys()[2]);  // A-H + IJkl: full, so keyed.
-  EXPECT_FALSE(Block(6).has_key);    // mn
+  EXPECT_FALSE(Block(6).has_key());  // mn
   EXPECT_THAT(FreeQueue(), ElementsAre(7, 8, 9));
 
   // Time 5: request 0 finishes. Blocks 4, 3, 2 are appended in reverse;
@@ -133,7 +133,7 @@ TEST_F(Seed002Timeline, Times1To7) {
   for (int i = 3; i < 7; ++i) {
     ExpectKey(manager_.blocks(2)[static_cast<size_t>(i)], r2.block_keys()[i]);
   }
-  EXPECT_FALSE(Block(3).has_key);    // Now holds token 16 only.
+  EXPECT_FALSE(Block(3).has_key());  // Now holds token 16 only.
   ExpectKey(5, r1.block_keys()[2]);  // Still cached, still hittable.
   EXPECT_THAT(PoolOf(manager_).CheckInvariants(), IsOk());
 }

@@ -81,7 +81,7 @@ TEST_F(Seed003, DeallocateInReverseOnlyFreesUnsharedBlocks) {
   EXPECT_THAT(PoolOf(m).FreeQueueSnapshot(),
               ElementsAre(3, 4, 5, 6, 7, 8, 9, 2, 1, 0));
   EXPECT_EQ(PoolOf(m).block(0).ref_cnt, 0);
-  EXPECT_TRUE(PoolOf(m).block(0).has_key);  // Freed but still hittable.
+  EXPECT_TRUE(PoolOf(m).block(0).has_key());  // Freed but still hittable.
 }
 
 TEST_F(Seed003, MayAppendThreeCases) {
@@ -90,14 +90,14 @@ TEST_F(Seed003, MayAppendThreeCases) {
               hasher_);  // Exactly one full block.
   ASSERT_THAT(m.AllocateSlots(seq, 4), IsOk());
   ASSERT_THAT(m.blocks(1), ElementsAre(0));
-  ASSERT_TRUE(PoolOf(m).block(0).has_key);
+  ASSERT_TRUE(PoolOf(m).block(0).has_key());
 
   // Case 1: len % block_size == 1 -> the last block is full; a new one.
   seq.AppendToken(5);
   EXPECT_TRUE(m.CanAppend(seq));
   ASSERT_THAT(m.MayAppend(seq), IsOk());
   EXPECT_THAT(m.blocks(1), ElementsAre(0, 1));
-  EXPECT_FALSE(PoolOf(m).block(1).has_key);
+  EXPECT_FALSE(PoolOf(m).block(1).has_key());
 
   // Case 3: room left in the last block -> nothing changes.
   seq.AppendToken(6);
@@ -105,14 +105,14 @@ TEST_F(Seed003, MayAppendThreeCases) {
   seq.AppendToken(7);
   ASSERT_THAT(m.MayAppend(seq), IsOk());
   EXPECT_THAT(m.blocks(1), ElementsAre(0, 1));
-  EXPECT_FALSE(PoolOf(m).block(1).has_key);
+  EXPECT_FALSE(PoolOf(m).block(1).has_key());
   EXPECT_EQ(PoolOf(m).num_free_blocks(), 2);
 
   // Case 2: len % block_size == 0 -> the last block is keyed, chained from
   // the previous block's key, exactly as a fresh request computes it.
   seq.AppendToken(8);
   ASSERT_THAT(m.MayAppend(seq), IsOk());
-  ASSERT_TRUE(PoolOf(m).block(1).has_key);
+  ASSERT_TRUE(PoolOf(m).block(1).has_key());
   Request fresh(2, SequentialTokens(1, 8), 4, hasher_);
   EXPECT_EQ(PoolOf(m).block(1).key, fresh.block_keys()[1]);
   EXPECT_THAT(

@@ -148,7 +148,7 @@ inline void RunSeed004(Seed004Engine& w1, Seed004Engine& w2) {
   std::vector<BlockId> w1_queue = Range(2, 99);
   w1_queue.push_back(1);
   EXPECT_THAT(w1.FreeQueue(), ElementsAreArray(w1_queue));
-  EXPECT_TRUE(PoolOf(w1.manager).block(1).has_key);  // Device hash stays.
+  EXPECT_TRUE(PoolOf(w1.manager).block(1).has_key());  // Device hash stays.
   EXPECT_EQ(host().cached_slots, 1);
   EXPECT_EQ(host().pinned_slots, 0);
   EXPECT_EQ(host().free_slots, 49);

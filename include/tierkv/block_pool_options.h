@@ -45,6 +45,14 @@ struct BlockPoolOptions {
   // keeps a cached block from its slot until the queue comes round. Always
   // so under kArc. Default: false, vLLM's order.
   bool free_uncached_first = false;
+  // Whether the pool keeps a copy of each keyed block's token ids, so a hit
+  // compares them and block_tokens() returns them. When false, the pool
+  // keeps instead a 64-bit hash of each block's tokens under a secret drawn
+  // at Create (a check independent of the key), so its metadata does not
+  // grow with block_size; a key collision is still a miss unless the check
+  // collides too. For a pool whose owner keeps the tokens with the payload.
+  // Default: true.
+  bool keep_tokens = true;
 };
 
 }  // namespace tierkv

@@ -106,12 +106,15 @@ StatusOr<ReplayResult> ReplayPool(const BlockTrace& trace,
   if (capacity_blocks < 1) {
     return Status::InvalidArgument("a cache needs at least one block");
   }
-  // Block 0 is the null block, as in tierkvd's host pool.
+  // Made as tierkvd's host pool is: block 0 the null block, blocks without
+  // a key reused first, a token check instead of a copy of the tokens.
   TIERKV_ASSIGN_OR_RETURN(BlockPool pool,
                           BlockPool::Create({.num_blocks = capacity_blocks + 1,
                                              .block_size = trace.block_tokens(),
                                              .reserve_null_block = true,
-                                             .eviction = policy}));
+                                             .eviction = policy,
+                                             .free_uncached_first = true,
+                                             .keep_tokens = false}));
   ReplayResult result;
   result.capacity_blocks = capacity_blocks;
   result.requested_blocks = trace.requested_blocks();
