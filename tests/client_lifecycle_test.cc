@@ -72,10 +72,12 @@ class ClientLifecycle : public TierkvdFixture {
  protected:
   // A store whose host holds 6 blocks over a disk tier, filled with 40
   // one-block requests of fill seed 1 by a worker process, and settled: the
-  // oldest requests are on disk only. Without write-behind, whose copies
-  // pin blocks out of LRU order and could keep an old block on host.
+  // oldest requests are on disk only. In LRU order, and without
+  // write-behind, whose copies pin blocks out of that order and could keep
+  // an old block on host.
   void StartFilledStore() {
-    StartDaemonWithDisk(6, {"--write-behind-spills", "0"});
+    StartDaemonWithDisk(
+        6, {"--write-behind-spills", "0", "--eviction-policy", "lru"});
     auto fill = ManyWorker("fill", 1, 40);
     ASSERT_EQ(fill->Wait(), 0) << fill->output();
     std::unique_ptr<Client> observer = Attach("observer");

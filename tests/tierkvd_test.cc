@@ -625,9 +625,10 @@ TEST_F(TierkvdTest, DiskTierHoldsTenTimesTheHostBitExact) {
 }
 
 TEST_F(TierkvdTest, AdminEvictAndClearDropStoredBlocks) {
-  // Without write-behind, whose copies pin blocks out of LRU order: the
-  // newest block must be on host and the oldest on disk only.
-  StartDaemonWithDisk(16, {"--write-behind-spills", "0"});
+  // In LRU order, without write-behind, whose copies pin blocks out of
+  // it: the newest block must be on host and the oldest on disk only.
+  StartDaemonWithDisk(
+      16, {"--write-behind-spills", "0", "--eviction-policy", "lru"});
   auto fill = ManyWorker("fill", 1, 40);  // Past the host: some spill.
   ASSERT_EQ(fill->Wait(), 0) << fill->output();
   std::unique_ptr<Client> observer = Attach("observer");
