@@ -8,6 +8,7 @@
 #include <cassert>
 #include <cerrno>
 #include <cstring>
+#include <limits>
 #include <string>
 
 namespace tierkv {
@@ -57,6 +58,14 @@ StatusOr<BlockPool> BlockPool::Create(const BlockPoolOptions& options) {
         " blocks (with reserve_null_block=" +
         (options.reserve_null_block ? "true" : "false") + "), got " +
         std::to_string(options.num_blocks));
+  }
+  // The free queue's sentinels follow the blocks' ids.
+  constexpr int32_t kMaxBlocks =
+      std::numeric_limits<int32_t>::max() - FreeBlockQueue::kMaxLists;
+  if (options.num_blocks > kMaxBlocks) {
+    return Status::InvalidArgument(
+        "a block pool holds at most " + std::to_string(kMaxBlocks) +
+        " blocks, got " + std::to_string(options.num_blocks));
   }
   if (options.block_size < 1 || options.block_size > kMaxBlockSize) {
     return Status::InvalidArgument("block_size must be in [1, " +
@@ -365,6 +374,11 @@ bool BlockPool::DropCachedBlock(BlockId id) {
 bool BlockPool::MoveToFront(BlockId id) {
   // The null block's ref count never reaches 0.
   if (!IsValid(id) || blocks_[Index(id)].ref_cnt != 0) return false;
+  Block& b = blocks_[Index(id)];
+  // Next to go, it is no longer among ARC's frequent blocks (a hit before
+  // then makes it one again).
+  if (b.reused()) --frequent_blocks_;
+  b.policy_state = 0;
   free_queue_.Remove(id);
   free_queue_.PushFront(id);
   return true;

@@ -5,9 +5,11 @@
 // coordinator thread for a tier's pool).
 //
 // Metadata per block: the Block below (32 bytes), the free queue's links
-// (8), the key index's slots (16), and with keep_tokens the token ids
-// (4 x block_size). Without keep_tokens a hit is checked against a secret
-// hash of the tokens instead of the tokens themselves (BlockPoolOptions).
+// and list tag (9), the key index's slots (16), under kArc the ghosts (a
+// 4-byte ring entry and two 4-byte table slots, 12), and with keep_tokens
+// the token ids (4 x block_size). Without keep_tokens a hit is checked
+// against a secret hash of the tokens instead of the tokens themselves
+// (BlockPoolOptions); the owner may compare the tokens it keeps.
 //
 // Block states (the null block, when reserved, is none of these: it is never
 // queued, keyed or freed):
@@ -126,7 +128,8 @@ class BlockPool {
   void Touch(std::span<const BlockId> ids);
 
   // Takes a reference as Touch does, for a reason other than a hit (a copy
-  // to a lower tier reads it): the policy does not count it as a use.
+  // to a lower tier reads it): the policy does not count it as a use. Its
+  // recency does change: freed again, the block goes to its list's tail.
   void Pin(std::span<const BlockId> ids);
 
   // Counts a use of a keyed block that is not a hit in this pool (it was
@@ -184,14 +187,35 @@ class BlockPool {
 
   EvictionPolicy eviction() const { return eviction_; }
 
-  // Calls visit(id) for the free blocks, front (next to evict) to back,
-  // until it returns false. The pool must not change during the walk.
-  // Under kArc the walk is list by list (nothing worth keeping, recent,
-  // frequent): the eviction order but for when the frequent list gives up
-  // blocks before the recent one is empty.
+  // Calls visit(id) for the free blocks in the order GetNewBlocks would
+  // take them, until it returns false (a spill picks its victims so). The
+  // pool must not change during the walk.
   template <typename Visit>
   void VisitFreeQueue(Visit&& visit) const {
-    free_queue_.ForEach(std::forward<Visit>(visit));
+    if (eviction_ == EvictionPolicy::kLru) {
+      free_queue_.ForEach(std::forward<Visit>(visit));
+      return;
+    }
+    if (!free_queue_.ForEachIn(kReuseFirst, visit)) return;
+    // Then ARC's choice, as VictimList makes it: a block taken leaves the
+    // recent count as it was (it is in use, unkeyed, after), one taken from
+    // the frequent list adds to it.
+    double recent = usable_blocks_ - frequent_blocks_;
+    BlockId r = free_queue_.First(kRecent);
+    BlockId f = free_queue_.First(kFrequent);
+    while (r != FreeBlockQueue::kNone || f != FreeBlockQueue::kNone) {
+      const bool from_recent =
+          r != FreeBlockQueue::kNone &&
+          (recent > recent_target_ || f == FreeBlockQueue::kNone);
+      const BlockId id = from_recent ? r : f;
+      if (from_recent) {
+        r = free_queue_.After(r);
+      } else {
+        f = free_queue_.After(f);
+        ++recent;
+      }
+      if (!visit(id)) return;
+    }
   }
 
   // The free block GetNewBlocks would take next; nullopt when none is free.

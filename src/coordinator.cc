@@ -287,7 +287,18 @@ std::span<const TokenId> Coordinator::BlockTokens(const RequestState& r,
 
 bool Coordinator::HostHas(const BlockKey& key,
                           std::span<const TokenId> tokens) const {
-  return host_pool_.GetCachedBlock(key, tokens).has_value();
+  return FindHostBlock(key, tokens).has_value();
+}
+
+std::optional<BlockId> Coordinator::FindHostBlock(
+    const BlockKey& key, std::span<const TokenId> tokens) const {
+  const std::optional<BlockId> slot = host_pool_.GetCachedBlock(key, tokens);
+  // The pool's token check is a keyed hash, not a MAC: the slot's own token
+  // ids settle it, so a chosen collision is a miss, never another's KV.
+  if (!slot.has_value() || !std::ranges::equal(HostSlotTokens(*slot), tokens)) {
+    return std::nullopt;
+  }
+  return slot;
 }
 
 Status Coordinator::KeyHostSlot(BlockId slot, const BlockKey& key,
@@ -571,7 +582,7 @@ LookupResult Coordinator::FindHits(WorkerState* w, RequestState* r,
       break;
     }
     const std::span<const TokenId> tokens = BlockTokens(*r, b);
-    std::optional<BlockId> slot = host_pool_.GetCachedBlock(r->keys[b], tokens);
+    std::optional<BlockId> slot = FindHostBlock(r->keys[b], tokens);
     if (slot.has_value() && slot_checks_[static_cast<size_t>(*slot)].corrupt) {
       break;  // Its bytes changed; it goes when its pins do.
     }

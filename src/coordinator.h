@@ -592,6 +592,9 @@ class Coordinator {
   // it from host now, or, while pinned, when the last pin goes.
   void DropCorruptSlot(BlockId slot);
   bool HostHas(const BlockKey& key, std::span<const TokenId> tokens) const;
+  // The host slot holding `key` with exactly `tokens`, or none.
+  std::optional<BlockId> FindHostBlock(const BlockKey& key,
+                                       std::span<const TokenId> tokens) const;
   // Keys pinned, unkeyed `slot` in the host pool and records its tokens
   // (host_tokens_). As BlockPool::CacheBlock otherwise.
   Status KeyHostSlot(BlockId slot, const BlockKey& key,

@@ -52,6 +52,19 @@ class FreeBlockQueue {
   // REQUIRES: size(list) > 0.
   BlockId Front(int32_t list) const { return next_[Index(Sentinel(list))]; }
 
+  // For walking one list: its first block, and the block after `id` in
+  // the list holding it; kNone past the end. REQUIRES for After:
+  // Contains(id).
+  static constexpr BlockId kNone = -1;
+  BlockId First(int32_t list) const {
+    const int32_t id = next_[Index(Sentinel(list))];
+    return id == Sentinel(list) ? kNone : id;
+  }
+  BlockId After(BlockId id) const {
+    const int32_t next = next_[Index(id)];
+    return next >= capacity_ ? kNone : next;
+  }
+
   // Pops from list 0. REQUIRES: size(0) > 0.
   BlockId PopLeft();
   // Pops the n front blocks of list 0 into `out` (appended).

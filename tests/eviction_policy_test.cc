@@ -173,6 +173,17 @@ TEST(EvictionPolicy, NextFreeBlockIsTheNextVictimUnderRandomUse) {
       }
       if (step % 97 == 0) {
         ASSERT_THAT(pool.CheckInvariants(), IsOk()) << step;
+        // The walk a spill picks victims by is the order GetNewBlocks
+        // takes them in.
+        std::vector<BlockId> walk;
+        pool.VisitFreeQueue([&](BlockId id) {
+          walk.push_back(id);
+          return true;
+        });
+        BlockPool copy = pool;
+        std::vector<BlockId> taken;
+        ASSERT_THAT(copy.GetNewBlocks(copy.num_free_blocks(), &taken), IsOk());
+        ASSERT_EQ(walk, taken) << step;
       }
     }
   }

@@ -49,6 +49,13 @@ TEST(TraceLine, ReadsTheFieldsAndSkipsOthers) {
   EXPECT_EQ(r->output_length, 7);
   EXPECT_THAT(r->hash_ids, ElementsAre(0, 5, 17));
   EXPECT_THAT(ParseTraceLine(R"({"hash_ids": []})"), IsOk());
+  EXPECT_EQ(ParseTraceLine(R"({"timestamp": 1.5e3, "hash_ids": []})")
+                .value()
+                .timestamp_ms,
+            1500);
+  // A NUL inside the line is not a value.
+  const std::string nul("{\"x\": \0, \"hash_ids\": [1]}", 25);
+  EXPECT_FALSE(ParseTraceLine(nul).ok());
 }
 
 TEST(TraceLine, MalformedLinesSayWhatAndWhere) {
@@ -61,6 +68,9 @@ TEST(TraceLine, MalformedLinesSayWhatAndWhere) {
       {R"([1, 2])", "expected '{' at column 1"},
       {R"({"hash_ids" [1]})", "expected ':'"},
       {R"({"timestamp": "soon", "hash_ids": []})", "\"timestamp\" must be"},
+      {R"({"hash_ids": [1], "hash_ids": [2]})", "\"hash_ids\" given twice"},
+      {R"({"x": --, "hash_ids": [1]})", "expected a value"},
+      {R"({"hash_ids": [99999999999999999999]})", "beyond 2^63"},
   };
   for (const auto& [line, what] : cases) {
     auto r = ParseTraceLine(line);
@@ -113,11 +123,12 @@ TEST(Replay, CountsPrefixHitsExactly) {
   ASSERT_THAT(three, IsOk());
   EXPECT_EQ(three->hit_blocks, 4);
   EXPECT_EQ(three->evictions, 2);
-  // Two blocks cannot hold a request: none of them is cached.
+  // Two blocks cannot hold a request: each is skipped, the cache untouched.
   auto two = ReplayPool(t, 2, EvictionPolicy::kLru);
   ASSERT_THAT(two, IsOk());
   EXPECT_EQ(two->hit_blocks, 0);
   EXPECT_EQ(two->oversized_requests, 3);
+  EXPECT_EQ(two->evictions, 0);
   EXPECT_FALSE(ReplayPool(t, 0, EvictionPolicy::kLru).ok());
 }
 
@@ -131,6 +142,22 @@ TEST(Replay, OptimumBeatsLruOnALoop) {
   auto best = ReplayOptimum(t, 2);
   ASSERT_THAT(best, IsOk());
   EXPECT_EQ(best->hit_blocks, 2);  // 1 at the fourth request, 3 at the last.
+}
+
+// A request larger than the cache leaves the cache as it was, for the
+// optimum as for the pool: it cannot cost the optimum what it held.
+TEST(Replay, ARequestLargerThanTheCacheChangesNothing) {
+  const BlockTrace t = Blocks({{1}, {2}, {1, 3}, {2}});
+  for (EvictionPolicy p : {EvictionPolicy::kLru, EvictionPolicy::kArc}) {
+    auto got = ReplayPool(t, 1, p);
+    ASSERT_THAT(got, IsOk());
+    EXPECT_EQ(got->hit_blocks, 1) << EvictionPolicyName(p);
+    EXPECT_EQ(got->oversized_requests, 1);
+  }
+  auto best = ReplayOptimum(t, 1);
+  ASSERT_THAT(best, IsOk());
+  EXPECT_EQ(best->hit_blocks, 1);
+  EXPECT_EQ(best->oversized_requests, 1);
 }
 
 TEST(Replay, OptimumBoundsEveryPolicyOnRandomTraces) {
@@ -149,8 +176,10 @@ TEST(Replay, OptimumBoundsEveryPolicyOnRandomTraces) {
       if (req.empty()) req.push_back(next_id++);
       ids.push_back(req);
     }
-    const BlockTrace t = Blocks(ids);
-    for (const int32_t capacity : {12, 30, 80}) {
+    // Whole ids, and ids split in two blocks; caches smaller than the
+    // largest request too.
+    const BlockTrace t = Blocks(ids, /*split=*/1 + trial % 2);
+    for (const int32_t capacity : {6, 12, 30, 80}) {
       auto best = ReplayOptimum(t, capacity);
       ASSERT_THAT(best, IsOk());
       for (EvictionPolicy p : {EvictionPolicy::kLru, EvictionPolicy::kArc}) {

@@ -87,6 +87,9 @@ TEST_F(TierkvdTest, LookupBatchIsOneRoundTripPerChannelFull) {
   ASSERT_EQ(fill->Wait(), 0) << fill->output();
   std::unique_ptr<Client> c = Attach("scheduler");
   ASSERT_NE(c, nullptr);
+  // The filler gone from tierkvd's workers too: its exit is noticed when
+  // tierkvd sees its socket close.
+  SettledStats(*c);
 
   std::vector<std::vector<TokenId>> tokens;
   for (int32_t r = 0; r < 8; ++r) {

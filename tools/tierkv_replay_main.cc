@@ -168,8 +168,8 @@ void PrintTable(const Flags& flags, const BlockTrace& trace,
   if (oversized > 0) {
     out << "\n"
         << oversized
-        << " replays of a request larger than the cache cached nothing for "
-           "it (the largest request has "
+        << " replays of a request larger than the cache skipped it: no hit, "
+           "the cache untouched (the largest request has "
         << trace.largest_request() << " blocks)\n";
   }
 }
@@ -217,6 +217,13 @@ int Run(const Flags& flags) {
     for (const EvictionPolicy policy : *policies) {
       auto result = tierkv::replay::ReplayPool(*trace, blocks, policy, report);
       if (!result.ok()) return fail(result.status());
+      if (result->hit_blocks > optimum->hit_blocks) {
+        return fail(Status::Internal(
+            std::string(tierkv::EvictionPolicyName(policy)) + " hit " +
+            std::to_string(result->hit_blocks) + " blocks, the optimum " +
+            std::to_string(optimum->hit_blocks) +
+            ": the optimum is wrong; please report it with the trace"));
+      }
       done_before += per_replay;
       rows.push_back({capacity, policy, *result, *optimum});
     }

@@ -103,8 +103,9 @@ StatusOr<ReplayResult> ReplayPool(const BlockTrace& trace,
                                   int32_t capacity_blocks,
                                   EvictionPolicy policy,
                                   const ReplayProgress& progress) {
-  if (capacity_blocks < 1) {
-    return Status::InvalidArgument("a cache needs at least one block");
+  if (capacity_blocks < 1 ||
+      capacity_blocks == std::numeric_limits<int32_t>::max()) {
+    return Status::InvalidArgument("a cache of 1 to 2^31 - 2 blocks");
   }
   // Made as tierkvd's host pool is: block 0 the null block, blocks without
   // a key reused first, a token check instead of a copy of the tokens.
@@ -125,6 +126,12 @@ StatusOr<ReplayResult> ReplayPool(const BlockTrace& trace,
   for (int64_t r = 0; r < trace.num_requests(); ++r) {
     const int64_t begin = trace.begin(r);
     const int64_t end = trace.end(r);
+    if (end - begin > capacity_blocks) {
+      // It cannot be held at once: served from nothing, the cache
+      // untouched (as by the optimum).
+      ++result.oversized_requests;
+      continue;
+    }
     blocks.clear();
     for (int64_t i = begin; i < end; ++i) {
       trace.Tokens(i, tokens);
@@ -136,13 +143,9 @@ StatusOr<ReplayResult> ReplayPool(const BlockTrace& trace,
     pool.Touch(blocks);
     const auto hits = static_cast<int64_t>(blocks.size());
     fresh.clear();
-    if (!pool.GetNewBlocks(static_cast<int32_t>(end - begin - hits), &fresh)
-             .ok()) {
-      ++result.oversized_requests;
-      std::reverse(blocks.begin(), blocks.end());
-      pool.FreeBlocks(blocks);
-      continue;
-    }
+    // Nothing else is pinned, so a request that fits always finds room.
+    TIERKV_RETURN_IF_ERROR(
+        pool.GetNewBlocks(static_cast<int32_t>(end - begin - hits), &fresh));
     result.hit_blocks += hits;
     for (size_t j = 0; j < fresh.size(); ++j) {
       const int64_t i = begin + hits + static_cast<int64_t>(j);
@@ -173,6 +176,7 @@ StatusOr<ReplayResult> ReplayOptimum(const BlockTrace& trace,
     std::vector<int32_t> seen(static_cast<size_t>(trace.unique_blocks()),
                               static_cast<int32_t>(kNever));
     for (int64_t r = trace.num_requests() - 1; r >= 0; --r) {
+      if (trace.end(r) - trace.begin(r) > capacity_blocks) continue;
       for (int64_t i = trace.begin(r); i < trace.end(r); ++i) {
         const auto b = static_cast<size_t>(trace.block(i));
         next_use[static_cast<size_t>(i)] = seen[b];
@@ -200,6 +204,10 @@ StatusOr<ReplayResult> ReplayOptimum(const BlockTrace& trace,
   for (int64_t r = 0; r < trace.num_requests(); ++r) {
     const int64_t begin = trace.begin(r);
     const int64_t end = trace.end(r);
+    if (end - begin > capacity_blocks) {
+      ++result.oversized_requests;  // As in the pool: skipped, no change.
+      continue;
+    }
     int64_t hits = 0;
     while (begin + hits < end &&
            cached[static_cast<size_t>(trace.block(begin + hits))].present) {
@@ -222,19 +230,13 @@ StatusOr<ReplayResult> ReplayOptimum(const BlockTrace& trace,
       --resident;
       ++result.evictions;
     }
-    if (resident + missing > capacity_blocks) {
-      ++result.oversized_requests;  // Served from nothing, as in the pool.
-    } else {
-      result.hit_blocks += hits;
-    }
+    result.hit_blocks += hits;
     for (int64_t i = begin; i < end; ++i) {
       const int32_t b = trace.block(i);
       Cached& c = cached[static_cast<size_t>(b)];
       const int64_t next = next_use[static_cast<size_t>(i)];
-      const bool keep =
-          next != kNever && resident + (c.present ? 0 : 1) <= capacity_blocks;
-      if (!keep) {
-        // Never used again (or no room): bypassed.
+      if (next == kNever) {
+        // Never used again: bypassed.
         if (c.present) {
           c.present = false;
           --resident;

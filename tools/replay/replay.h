@@ -6,8 +6,9 @@
 // The model of one request: look up the longest cached prefix of its
 // blocks (a hit counts only up to the first miss, as in an engine's prefix
 // cache), pin those, allocate and key a block for each of the rest, then
-// free them all, tail first. A request larger than the pool is counted
-// and served from nothing.
+// free them all, tail first. A request larger than the cache is counted
+// and skipped, by the pool and the optimum alike: served from nothing, the
+// cache untouched.
 #ifndef TIERKV_TOOLS_REPLAY_REPLAY_H_
 #define TIERKV_TOOLS_REPLAY_REPLAY_H_
 
@@ -75,7 +76,7 @@ struct ReplayResult {
   int64_t requested_blocks = 0;
   int64_t hit_blocks = 0;          // Prefix hits.
   int64_t evictions = 0;           // Keyed blocks dropped for room.
-  int64_t oversized_requests = 0;  // Larger than the pool: not cached.
+  int64_t oversized_requests = 0;  // Larger than the cache: skipped.
   double seconds = 0;              // The replay alone.
 
   double hit_ratio() const {

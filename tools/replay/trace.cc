@@ -2,6 +2,7 @@
 
 #include <cerrno>
 #include <charconv>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <string_view>
@@ -27,6 +28,7 @@ class LineParser {
         TIERKV_ASSIGN_OR_RETURN(std::string key, String());
         TIERKV_RETURN_IF_ERROR(Expect(':'));
         if (key == "hash_ids") {
+          if (has_hash_ids) return Error("\"hash_ids\" given twice");
           TIERKV_RETURN_IF_ERROR(IdArray(&request.hash_ids));
           has_hash_ids = true;
         } else if (key == "timestamp") {
@@ -94,23 +96,20 @@ class LineParser {
     return Error("unterminated string");
   }
 
+  // A number, rounded down to an integer (a float timestamp: whole
+  // milliseconds are enough).
   StatusOr<int64_t> Integer(const std::string& key) {
     SkipSpace();
-    int64_t value = 0;
+    double value = 0;
     const char* begin = text_.data() + pos_;
     const char* end = text_.data() + text_.size();
     const auto [ptr, ec] = std::from_chars(begin, end, value);
-    if (ec != std::errc() || ptr == begin) {
-      return Error("\"" + key + "\" must be an integer");
+    // Within the integers a double holds exactly, and an int64 too.
+    if (ec != std::errc() || ptr == begin || !(std::abs(value) < 0x1p53)) {
+      return Error("\"" + key + "\" must be a number below 2^53");
     }
     pos_ += static_cast<size_t>(ptr - begin);
-    if (Peek() == '.' || Peek() == 'e' || Peek() == 'E') {
-      // A float timestamp: whole milliseconds are enough.
-      while (pos_ < text_.size() && std::strchr("0123456789.eE+-", Peek())) {
-        ++pos_;
-      }
-    }
-    return value;
+    return static_cast<int64_t>(std::floor(value));
   }
 
   Status IdArray(std::vector<int64_t>* out) {
@@ -126,6 +125,9 @@ class LineParser {
       const char* begin = text_.data() + pos_;
       const auto [ptr, ec] =
           std::from_chars(begin, text_.data() + text_.size(), id);
+      if (ec == std::errc::result_out_of_range) {
+        return Error("a hash id beyond 2^63");
+      }
       if (ec != std::errc() || ptr == begin || id < 0) {
         return Error("\"hash_ids\" must hold non-negative integers");
       }
@@ -173,11 +175,15 @@ class LineParser {
         return Status::Ok();
       }
     }
-    const size_t start = pos_;
-    while (pos_ < text_.size() && std::strchr("0123456789.eE+-", Peek())) {
-      ++pos_;
+    double number = 0;
+    const char* begin = text_.data() + pos_;
+    const auto [ptr, ec] =
+        std::from_chars(begin, text_.data() + text_.size(), number);
+    if (ptr == begin ||
+        (ec != std::errc() && ec != std::errc::result_out_of_range)) {
+      return Error("expected a value");
     }
-    if (pos_ == start) return Error("expected a value");
+    pos_ += static_cast<size_t>(ptr - begin);
     return Status::Ok();
   }
 
