@@ -185,8 +185,6 @@ class BlockPool {
   // use.
   bool MoveToFront(BlockId id);
 
-  EvictionPolicy eviction() const { return eviction_; }
-
   // Calls visit(id) for the free blocks in the order GetNewBlocks would
   // take them, until it returns false (a spill picks its victims so). The
   // pool must not change during the walk.

@@ -34,7 +34,6 @@ class FreeBlockQueue {
   int32_t size() const { return size_; }
   bool empty() const { return size_ == 0; }
   int32_t capacity() const { return capacity_; }
-  int32_t num_lists() const { return num_lists_; }
   // Bytes of the links, for memory accounting.
   size_t MemoryBytes() const {
     return (prev_.size() + next_.size()) * sizeof(int32_t) +
