@@ -169,7 +169,8 @@ Status CheckTokensAndSlots(const ReferenceModelConfig& config,
   return Status::Ok();
 }
 
-StatusOr<std::vector<int64_t>> Positions(const PrefillInput& in) {
+StatusOr<std::vector<int64_t>> Positions(const PrefillInput& in,
+                                         int32_t context_length) {
   const auto n = static_cast<int64_t>(in.tokens.size());
   if (!in.positions.empty() && in.positions.size() != in.tokens.size()) {
     return Invalid(std::to_string(in.positions.size()) + " positions for " +
@@ -183,6 +184,11 @@ StatusOr<std::vector<int64_t>> Positions(const PrefillInput& in) {
     if (p < 0 || p >= kMaxRopePosition || in.start_position < 0) {
       return Invalid("position of token " + std::to_string(i) +
                      " is negative or past 2^48");
+    }
+    if (context_length > 0 && p >= context_length) {
+      return Invalid("position " + std::to_string(p) + " of token " +
+                     std::to_string(i) + " is past the model's context of " +
+                     std::to_string(context_length));
     }
     out[static_cast<size_t>(i)] = p;
   }
@@ -267,7 +273,7 @@ Status ReferenceModel::Forward::Prepare() {
   if (in_.blend.has_value()) {
     TIERKV_RETURN_IF_ERROR(in_.blend->Validate(c_.num_layers));
   }
-  TIERKV_ASSIGN_OR_RETURN(positions_, Positions(in_));
+  TIERKV_ASSIGN_OR_RETURN(positions_, Positions(in_, c_.context_length));
   TIERKV_ASSIGN_OR_RETURN(key_ranges_, KeyRangesPerQuery(in_.spans, n_));
   TIERKV_ASSIGN_OR_RETURN(cached_, CachedFlags(in_.cached, n_, in_.num_logits));
   for (int64_t t = 0; t < n_; ++t) {

@@ -1,7 +1,9 @@
 #include "testing/reference_model.h"
 
 #include <cmath>
+#include <fstream>
 #include <random>
+#include <sstream>
 #include <string>
 #include <utility>
 
@@ -12,6 +14,15 @@ namespace reference_internal {
 
 Status Invalid(const std::string& what) {
   return Status::InvalidArgument("reference model: " + what);
+}
+
+StatusOr<std::string> ReadWholeFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return Status::NotFound("cannot open " + path);
+  std::ostringstream bytes;
+  bytes << in.rdbuf();
+  if (in.bad()) return Status::Internal("cannot read " + path);
+  return std::move(bytes).str();
 }
 
 }  // namespace reference_internal
@@ -78,6 +89,7 @@ Status ReferenceModelConfig::Validate() const {
   TIERKV_RETURN_IF_ERROR(CheckPositive("num_kv_heads", num_kv_heads));
   TIERKV_RETURN_IF_ERROR(CheckPositive("head_dim", head_dim));
   TIERKV_RETURN_IF_ERROR(CheckPositive("ffn_size", ffn_size));
+  if (context_length < 0) return Invalid("context_length is negative");
   if (num_heads % num_kv_heads != 0) {
     return Invalid("num_kv_heads must divide num_heads");
   }

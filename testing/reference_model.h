@@ -6,6 +6,9 @@
 // const, but a Prefill writes into the caller's PagedKvCache, so concurrent
 // calls need distinct caches.
 //
+// Weights: seeded random ones (Create), or a trained llama2.c checkpoint
+// (LoadLlama2c; testing/real_model.h finds TinyStories' stories15M).
+//
 // Model: token embedding; per layer RMSNorm -> grouped-query attention with
 // RoPE (src/rope.h ApplyRope, NeoX by default) -> residual, RMSNorm -> SwiGLU
 // MLP -> residual; final RMSNorm and LM head. Weights come from a seeded
@@ -29,6 +32,7 @@
 #include <cstdint>
 #include <optional>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "src/attention_spans.h"
@@ -52,6 +56,9 @@ struct ReferenceModelConfig {
   double rope_theta = 10000;                // Default: 10000.
   RopeStyle rope_style = RopeStyle::kNeoX;  // Default: NeoX rotate-half.
   uint64_t seed = 1;                        // Weights. Default: 1.
+  // Positions the model was trained for; a prefill at a position past it is
+  // InvalidArgument. Default: 0, no limit.
+  int32_t context_length = 0;
 
   // OK, or InvalidArgument naming the bad field.
   Status Validate() const;
@@ -101,7 +108,21 @@ struct PrefillOutput {
 
 class ReferenceModel {
  public:
+  // A model with seeded random weights.
   static StatusOr<ReferenceModel> Create(const ReferenceModelConfig& config);
+
+  // A model with the trained weights of a llama2.c checkpoint
+  // (github.com/karpathy/llama2.c, the legacy `model.bin` export): seven
+  // int32 (dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size,
+  // seq_len; a negative vocab_size means an LM head of its own), then fp32
+  // tensors, each [out][in] and all layers of one kind together: token
+  // embedding, attention RMSNorm, wq, wk, wv, wo, FFN RMSNorm, w1 (gate),
+  // w2 (down), w3 (up), final RMSNorm, two RoPE tables (skipped), and the
+  // LM head when it is not the embedding. The format has no magic number, so
+  // the file must be exactly the size its header implies. RoPE GPT-J style
+  // (adjacent pairs), theta 10000, context seq_len. NotFound if the file
+  // cannot be opened; InvalidArgument naming what is wrong otherwise.
+  static StatusOr<ReferenceModel> LoadLlama2c(const std::string& path);
 
   const ReferenceModelConfig& config() const { return config_; }
   const std::vector<double>& inverse_frequencies() const { return inv_freq_; }
