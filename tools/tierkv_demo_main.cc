@@ -1,7 +1,8 @@
 // tierkv-demo: the RAG demo (`tools/run demo`: tierkvd and worker
 // processes, tools/demo/rag_demo.h), a worker of it (`tierkv-demo worker`,
 // started by the demo itself), or the one-process prefix-caching demo
-// (`tierkv-demo prefix`, tools/demo/prefix_demo.h).
+// (`tierkv-demo prefix`, tools/demo/prefix_demo.h), or the trained-model
+// fidelity demo (`tierkv-demo real-model`, tools/demo/real_model_demo.h).
 #include <unistd.h>
 
 #include <iostream>
@@ -10,6 +11,7 @@
 #include "tierkv/version.h"
 #include "tools/demo/prefix_demo.h"
 #include "tools/demo/rag_demo.h"
+#include "tools/demo/real_model_demo.h"
 
 namespace {
 
@@ -44,6 +46,19 @@ int RunPrefix(int argc, char** argv) {
   return report.ok() ? 0 : ExitCode(report.status());
 }
 
+int RunRealModel(int argc, char** argv) {
+  auto command = tierkv::demo::ParseRealModelDemoFlags(argc, argv);
+  if (!command.ok()) return Usage(command.status());
+  if (command->show_help) {
+    std::cout << command->help_text;
+    return 0;
+  }
+  tierkv::demo::RealModelDemoOptions options = command->options;
+  options.progress = Resolve(options.progress);
+  auto report = tierkv::demo::RunRealModelDemo(options, std::cout, std::cerr);
+  return report.ok() ? 0 : ExitCode(report.status());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -53,6 +68,9 @@ int main(int argc, char** argv) {
   }
   if (argc > 1 && std::string(argv[1]) == "prefix") {
     return RunPrefix(argc - 1, argv + 1);
+  }
+  if (argc > 1 && std::string(argv[1]) == "real-model") {
+    return RunRealModel(argc - 1, argv + 1);
   }
   auto command = tierkv::demo::ParseRagDemoFlags(argc, argv);
   if (!command.ok()) return Usage(command.status());

@@ -96,6 +96,12 @@ inline StatusOr<ProgressMode> ParseProgress(const std::string& s) {
       "--progress must be auto, bar, lines or none, got '" + s + "'");
 }
 
+// A flag bound to `field`, its current value shown as the default.
+template <typename T>
+boost::program_options::typed_value<T>* Flag(T* field) {
+  return boost::program_options::value(field)->default_value(*field);
+}
+
 // Parses flags (no positional arguments) into `vm` and notifies their
 // variables; InvalidArgument with the parser's message.
 inline Status ParseCommandLine(

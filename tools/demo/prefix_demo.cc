@@ -584,11 +584,6 @@ constexpr char kAbout[] =
     "Usage: tierkv-demo prefix [options]\n"
     "Exit status: 0 done, 1 failed, 2 bad usage.\n";
 
-template <typename T>
-po::typed_value<T>* Flag(T* field) {
-  return po::value(field)->default_value(*field);
-}
-
 po::options_description DescribeFlags(DemoOptions* o, std::string* progress) {
   po::options_description d("Options (default in parentheses)");
   po::options_description_easy_init add = d.add_options();

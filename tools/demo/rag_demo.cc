@@ -167,12 +167,11 @@ constexpr const char* kAbout =
     "       tierkv-demo prefix [options]   the prefix-caching demo (one\n"
     "                                      process; tierkv-demo prefix "
     "--help)\n"
+    "       tierkv-demo real-model [options]\n"
+    "                                      a trained model's continuations\n"
+    "                                      with and without the chunk cache\n"
+    "                                      (tierkv-demo real-model --help)\n"
     "Exit status: 0 done, 1 failed, 2 bad usage.\n";
-
-template <typename T>
-po::typed_value<T>* Flag(T* field) {
-  return po::value(field)->default_value(*field);
-}
 
 }  // namespace
 
