@@ -86,6 +86,33 @@ Status CheckOptions(const FidelityOptions& o, int32_t num_layers) {
   return Status::Ok();
 }
 
+// The chunks are in place in `cache` (chunk reuse); recomputes `picks`
+// (sorted reused tokens) and the question in every layer, with full causal
+// attention, reading the other tokens' KV as placed.
+StatusOr<PrefillOutput> RecomputeInPlace(const ReferenceModel& model,
+                                         const AssembledPrompt& assembled,
+                                         const std::vector<int64_t>& picks,
+                                         PagedKvCache* cache) {
+  std::vector<TokenRange> cached;
+  int64_t begin = 0;
+  for (int64_t t : picks) {
+    if (t > begin) cached.push_back({begin, t});
+    begin = t + 1;
+  }
+  if (assembled.question.begin > begin) {
+    cached.push_back({begin, assembled.question.begin});
+  }
+  const std::vector<int64_t> slots =
+      Iota(static_cast<int64_t>(assembled.tokens.size()));
+  TIERKV_ASSIGN_OR_RETURN(
+      PrefillOutput out,
+      model.Prefill(
+          {.tokens = assembled.tokens, .slots = slots, .cached = cached},
+          cache));
+  out.recomputed = picks;
+  return out;
+}
+
 }  // namespace
 
 std::string TrainedModelDir() {
@@ -216,11 +243,20 @@ StatusOr<FidelityReport> MeasureFidelity(
   const std::vector<TokenId> sep = {kRealModelSeparator};
   FidelityReport report;
   report.options = options;
-  report.modes.push_back({"chunk reuse", -1});
-  for (double r : options.ratios) {
+  auto add_mode = [&](const char* label, FidelityModeKind kind, double r) {
     char name[48];
-    std::snprintf(name, sizeof(name), "CacheBlend %.2f", r);
-    report.modes.push_back({name, r});
+    std::snprintf(name, sizeof(name), "%s %.2f", label, r);
+    report.modes.push_back({name, kind, r});
+  };
+  report.modes.push_back({"chunk reuse", FidelityModeKind::kChunkReuse, 0});
+  for (double r : options.ratios) {
+    add_mode("CacheBlend", FidelityModeKind::kCacheBlend, r);
+  }
+  for (double r : options.ratios) {
+    if (options.selection_baselines && r > 0 && r < 1) {
+      add_mode("nearest", FidelityModeKind::kNearest, r);
+      add_mode("random", FidelityModeKind::kRandom, r);
+    }
   }
   // Room for every chunk of one prompt, with slack; older chunks are evicted.
   TIERKV_ASSIGN_OR_RETURN(
@@ -272,9 +308,10 @@ StatusOr<FidelityReport> MeasureFidelity(
           ChunkedPrefill(model, &store, earlier, sep, {}, &scratch).status());
     }
 
+    std::mt19937_64 pick_rng(options.seed * 1000003 + i);
     for (const FidelityMode& mode : report.modes) {
       ChunkedPrefillOptions run;
-      if (mode.ratio >= 0) {
+      if (mode.kind == FidelityModeKind::kCacheBlend) {
         run.blend = BlendOptions{.recompute_ratio = mode.ratio,
                                  .check_layer = options.check_layer};
       }
@@ -287,6 +324,22 @@ StatusOr<FidelityReport> MeasureFidelity(
         return Status::Internal("fidelity: prompt " + std::to_string(i) +
                                 " missed " + std::to_string(got.chunk_misses) +
                                 " chunks its warm-up stored");
+      }
+      if (mode.kind == FidelityModeKind::kNearest ||
+          mode.kind == FidelityModeKind::kRandom) {
+        TIERKV_ASSIGN_OR_RETURN(const int64_t count,
+                                RecomputeCount(mode.ratio, r.reused_tokens));
+        std::vector<int64_t> picks(static_cast<size_t>(r.reused_tokens));
+        std::iota(picks.begin(), picks.end(), int64_t{0});
+        if (mode.kind == FidelityModeKind::kRandom) {
+          std::shuffle(picks.begin(), picks.end(), pick_rng);
+          picks.resize(static_cast<size_t>(count));
+          std::sort(picks.begin(), picks.end());
+        } else {
+          picks.erase(picks.begin(), picks.end() - count);
+        }
+        TIERKV_ASSIGN_OR_RETURN(
+            got.output, RecomputeInPlace(model, assembled, picks, &cache));
       }
       FidelitySample s;
       s.kl = SoftmaxKl(full.logits, got.output.logits);

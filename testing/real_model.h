@@ -68,6 +68,11 @@ struct FidelityOptions {
   uint64_t seed = 1;            // Picks stories, orders, prompts.
   // CacheBlend recompute ratios. Default: 0, 0.05, 0.15, 0.3, 1.
   std::vector<double> ratios = {0.0, 0.05, 0.15, 0.3, 1.0};
+  // Also, at each ratio strictly between 0 and 1, two simple picks of the
+  // same number of reused tokens, recomputed in every layer: the ones
+  // nearest the question, and random ones. They show what CacheBlend's
+  // deviation-based pick is worth. Default: off.
+  bool selection_baselines = false;
 };
 
 // One prompt: a system prompt, stories in a random order and a
@@ -85,9 +90,17 @@ StatusOr<std::vector<FidelityPrompt>> MakeFidelityPrompts(
     const TrainedModel& m, const FidelityOptions& options);
 
 // One way of serving a prompt from the chunk cache.
+enum class FidelityModeKind : uint8_t {
+  kChunkReuse,  // Chunk-isolated KV as is (seed 000).
+  kCacheBlend,  // The reused tokens whose K deviates most (seed 001).
+  kNearest,     // The reused tokens nearest the question.
+  kRandom,      // Random reused tokens.
+};
+
 struct FidelityMode {
-  std::string name;   // "chunk reuse" or "CacheBlend 0.15".
-  double ratio = -1;  // CacheBlend's recompute ratio; -1 for chunk reuse.
+  std::string name;  // "chunk reuse", "CacheBlend 0.15", "nearest 0.15"...
+  FidelityModeKind kind = FidelityModeKind::kChunkReuse;
+  double ratio = 0;  // Share of the reused tokens recomputed.
 };
 
 // One prompt under one mode, against the full prefill.
@@ -119,7 +132,8 @@ struct FidelityRow {
 
 struct FidelityReport {
   FidelityOptions options;
-  std::vector<FidelityMode> modes;  // Chunk reuse, then each ratio.
+  // Chunk reuse, CacheBlend at each ratio, then any baselines.
+  std::vector<FidelityMode> modes;
   std::vector<FidelityPromptResult> prompts;
   std::vector<FidelityRow> rows;  // As modes.
 };
@@ -128,7 +142,7 @@ struct FidelityReport {
 // its greedy continuation; then, with every chunk a hit in a chunk pool (an
 // earlier request held the same stories in reverse order), each mode's
 // prefill and continuation. `progress(done, total)` after each prompt, if
-// set.
+// set. (The random picks are seeded from options.seed and the prompt.)
 StatusOr<FidelityReport> MeasureFidelity(
     const TrainedModel& m, const FidelityOptions& options,
     const std::function<void(int32_t, int32_t)>& progress = {});

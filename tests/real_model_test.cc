@@ -491,6 +491,9 @@ TEST_F(RealModel, CacheBlendTableIsMonotone) {
   const FidelityReport report = MeasureFidelity(*model_, options).value();
   std::printf("%s", FidelityTable(report).c_str());
   ASSERT_EQ(report.rows.size(), 1 + options.ratios.size());
+  for (size_t k = 1; k < report.rows.size(); ++k) {
+    EXPECT_EQ(report.rows[k].mode.kind, FidelityModeKind::kCacheBlend);
+  }
   const FidelityRow& isolated = report.rows[0];
   EXPECT_GT(isolated.kl_mean, 0.0);
   for (size_t k = 2; k < report.rows.size(); ++k) {
@@ -507,6 +510,30 @@ TEST_F(RealModel, CacheBlendTableIsMonotone) {
   EXPECT_EQ(all.recomputed_share, 1.0);
   for (const FidelityPromptResult& p : report.prompts) {
     EXPECT_EQ(p.modes.back().continuation, p.full_continuation);
+  }
+}
+
+// The selection baselines recompute as many reused tokens as CacheBlend at
+// the same ratio: the last ones before the question, or random ones.
+TEST_F(RealModel, SelectionBaselinesRecomputeAsManyTokens) {
+  FidelityOptions options;
+  options.prompts = 1;
+  options.continuation = 2;
+  options.ratios = {0.0, 0.15, 1.0};
+  options.selection_baselines = true;
+  const FidelityReport report = MeasureFidelity(*model_, options).value();
+  ASSERT_EQ(report.modes.size(), 6u);  // Reuse, 3 ratios, 2 baselines.
+  const FidelityPromptResult& p = report.prompts[0];
+  const int64_t want = RecomputeCount(0.15, p.reused_tokens).value();
+  EXPECT_EQ(p.modes[2].recomputed, want);  // CacheBlend 0.15.
+  EXPECT_EQ(report.modes[4].kind, FidelityModeKind::kNearest);
+  EXPECT_EQ(p.modes[4].recomputed, want);
+  EXPECT_EQ(report.modes[5].kind, FidelityModeKind::kRandom);
+  EXPECT_EQ(p.modes[5].recomputed, want);
+  // Neither is the chunk-isolated or the full result.
+  for (size_t k : {4, 5}) {
+    EXPECT_GT(p.modes[k].kl, 0.0) << report.modes[k].name;
+    EXPECT_NE(p.modes[k].kl, p.modes[0].kl) << report.modes[k].name;
   }
 }
 

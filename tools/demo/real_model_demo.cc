@@ -62,6 +62,10 @@ StatusOr<RealModelDemoCommand> ParseRealModelDemoFlags(
       "CacheBlend's check layer: every token is recomputed below it, the "
       "most deviating ones above it");
   add("seed", Flag(&f.seed), "picks the stories, their order and the prompt");
+  add("selection-baselines", po::bool_switch(&f.selection_baselines),
+      "also recompute, at each ratio between 0 and 1, as many reused tokens "
+      "nearest the question, and random ones, to compare with CacheBlend's "
+      "pick (slower)");
   add("model-dir", po::value(&o.model_dir),
       "where model.bin and tokenizer.bin are (default: TIERKV_REAL_MODEL_DIR "
       "or ~/.cache/tierkv/stories15M)");
@@ -109,8 +113,9 @@ StatusOr<FidelityReport> RunRealModelDemo(const RealModelDemoOptions& options,
   // closest to 0.15 (seed 001's default).
   size_t blend = 1;
   for (size_t k = 1; k < report.modes.size(); ++k) {
-    if (std::abs(report.modes[k].ratio - 0.15) <
-        std::abs(report.modes[blend].ratio - 0.15)) {
+    if (report.modes[k].kind == FidelityModeKind::kCacheBlend &&
+        std::abs(report.modes[k].ratio - 0.15) <
+            std::abs(report.modes[blend].ratio - 0.15)) {
       blend = k;
     }
   }
