@@ -313,11 +313,11 @@ TEST_F(RealModel, KnownTokensLogitsAndContinuation) {
       tokenizer().Encode("Once upon a time", true);
   ASSERT_THAT(prompt, ElementsAre(1, 9038, 2501, 263, 931));
   auto [out, cache] = Full(prompt, 40);
-  std::vector<int> order(out.logits.size());
+  const std::vector<float>& logits = out.logits;
+  std::vector<int> order(logits.size());
   std::iota(order.begin(), order.end(), 0);
-  std::partial_sort(
-      order.begin(), order.begin() + 2, order.end(),
-      [&](int a, int b) { return out.logits[a] > out.logits[b]; });
+  std::partial_sort(order.begin(), order.begin() + 2, order.end(),
+                    [&](int a, int b) { return logits[a] > logits[b]; });
   EXPECT_EQ(order[0], 29892);  // ","
   EXPECT_EQ(order[1], 727);    // " there"
   EXPECT_NEAR(out.logits[29892], 18.36, 0.01);
