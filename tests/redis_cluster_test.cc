@@ -182,6 +182,26 @@ TEST_F(RedisClusterTest, TwoMiBValuesBitExactOnEveryMaster) {
   }
   EXPECT_THAT(client->Get("never-stored"), StatusIs(StatusCode::kNotFound));
 
+  // Into the caller's buffers: whole values, a miss, one that does not fit.
+  std::vector<std::string> into_keys = keys;
+  into_keys.push_back("never-stored");
+  std::vector<std::vector<char>> storage(into_keys.size(),
+                                         std::vector<char>(kBlockBytes));
+  storage[1].resize(kBlockBytes - 1);
+  std::vector<std::span<char>> buffers(storage.begin(), storage.end());
+  const std::vector<StatusOr<size_t>> into =
+      client->MultiGetInto(into_keys, buffers);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (i == 1) {
+      EXPECT_THAT(into[i], StatusIs(StatusCode::kOutOfRange));
+      continue;
+    }
+    ASSERT_THAT(into[i], IsOkAndHolds(kBlockBytes)) << keys[i];
+    EXPECT_EQ(std::memcmp(storage[i].data(), values[i].data(), kBlockBytes), 0)
+        << keys[i];
+  }
+  EXPECT_THAT(into.back(), StatusIs(StatusCode::kNotFound));
+
   const std::vector<std::string> probe = {keys[0], "never-stored"};
   const std::vector<StatusOr<bool>> exists = client->Exists(probe);
   EXPECT_THAT(exists[0], IsOkAndHolds(true));
@@ -191,13 +211,14 @@ TEST_F(RedisClusterTest, TwoMiBValuesBitExactOnEveryMaster) {
   EXPECT_THAT(deleted[1], IsOkAndHolds(false));
   EXPECT_THAT(client->Get(keys[0]), StatusIs(StatusCode::kNotFound));
 
+  // Hits: every key by MultiGet, all but the one too long by MultiGetInto.
   const RedisClusterStats stats = client->stats();
-  EXPECT_EQ(stats.hits, keys.size());
-  EXPECT_EQ(stats.misses, 2u);
+  EXPECT_EQ(stats.hits, 2 * keys.size() - 1);
+  EXPECT_EQ(stats.misses, 3u);
   EXPECT_EQ(stats.errors, 0u);
   EXPECT_EQ(stats.redirects, 0u);
   EXPECT_EQ(stats.bytes_written, keys.size() * kBlockBytes);
-  EXPECT_EQ(stats.bytes_read, keys.size() * kBlockBytes);
+  EXPECT_EQ(stats.bytes_read, (2 * keys.size() - 1) * kBlockBytes);
 }
 
 TEST_F(RedisClusterTest, TimeToLiveInSecondsAndMilliseconds) {

@@ -786,6 +786,57 @@ std::vector<StatusOr<std::string>> RedisClusterClient::MultiGet(
   return results;
 }
 
+std::vector<StatusOr<size_t>> RedisClusterClient::MultiGetInto(
+    std::span<const std::string> keys,
+    std::span<const std::span<char>> buffers) {
+  if (buffers.size() != keys.size()) {
+    return std::vector<StatusOr<size_t>>(
+        keys.size(),
+        StatusOr<size_t>(Status::InvalidArgument(
+            "MultiGetInto: " + std::to_string(keys.size()) + " keys but " +
+            std::to_string(buffers.size()) + " buffers")));
+  }
+  std::vector<StatusOr<size_t>> results(
+      keys.size(), StatusOr<size_t>(Status::Internal("no reply")));
+  Command command{
+      .build =
+          [&](size_t i, std::vector<const char*>* argv,
+              std::vector<size_t>* lens) {
+            *argv = {"GET", keys[i].data()};
+            *lens = {3, keys[i].size()};
+          },
+      .on_reply =
+          [&](size_t i, const redisReply& reply) {
+            if (reply.type == REDIS_REPLY_NIL) {
+              results[i] = Status::NotFound("no key " + keys[i]);
+              return true;
+            }
+            if (reply.type != REDIS_REPLY_STRING) return false;
+            if (reply.len > buffers[i].size()) {
+              results[i] = Status::OutOfRange(
+                  "value of " + keys[i] + " is " + std::to_string(reply.len) +
+                  " bytes, its buffer " + std::to_string(buffers[i].size()));
+              return true;
+            }
+            std::memcpy(buffers[i].data(), reply.str, reply.len);
+            results[i] = static_cast<size_t>(reply.len);
+            return true;
+          },
+      .on_error = [&](size_t i, Status why) { results[i] = std::move(why); },
+  };
+  MutexLock lock(&mu_);
+  RunBatch(keys, command);
+  for (const StatusOr<size_t>& r : results) {
+    if (r.ok()) {
+      ++stats_.hits;
+      stats_.bytes_read += *r;
+    } else if (r.status().code() == StatusCode::kNotFound) {
+      ++stats_.misses;
+    }
+  }
+  return results;
+}
+
 namespace {
 
 // DEL and EXISTS: one key, an integer reply read as a bool.

@@ -100,6 +100,13 @@ class RedisClusterClient {
   // GET of each key: its value, NotFound for a miss, or the error.
   std::vector<StatusOr<std::string>> MultiGet(
       std::span<const std::string> keys);
+  // GET of each key into buffers[i] (keys.size() == buffers.size()), with
+  // no allocation per value: the value's length, NotFound for a miss,
+  // OutOfRange when the value does not fit (the buffer's bytes are then
+  // unspecified), or the error.
+  std::vector<StatusOr<size_t>> MultiGetInto(
+      std::span<const std::string> keys,
+      std::span<const std::span<char>> buffers);
   // DEL of each key: whether it was there. When a failed connection made
   // the call send a DEL again (see above), a key the first DEL removed
   // reads as false.
