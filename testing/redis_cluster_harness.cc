@@ -127,17 +127,32 @@ StatusOr<std::unique_ptr<RedisClusterHarness>> RedisClusterHarness::Start(
       new RedisClusterHarness(options, pattern));
   h->server_path_ = *server;
   h->cli_path_ = *cli;
-  const int n = options.masters * (1 + options.replicas_per_master);
-  TIERKV_ASSIGN_OR_RETURN(h->ports_, PickPorts(n));
-  h->nodes_.resize(n);
-  for (int i = 0; i < n; ++i) {
-    TIERKV_RETURN_IF_ERROR(h->WriteConfig(i));
-    TIERKV_RETURN_IF_ERROR(h->SpawnNode(i));
+  // Another process (a test running beside this one) may bind a port
+  // between PickPorts and redis-server: start again on other ports.
+  Status started;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    started = h->StartNodes();
+    if (started.code() != StatusCode::kAlreadyExists) break;
   }
-  for (int i = 0; i < n; ++i) TIERKV_RETURN_IF_ERROR(h->WaitAnswers(i));
+  TIERKV_RETURN_IF_ERROR(started);
   TIERKV_RETURN_IF_ERROR(h->CreateCluster());
   TIERKV_RETURN_IF_ERROR(h->WaitHealthy());
   return h;
+}
+
+Status RedisClusterHarness::StartNodes() {
+  nodes_.clear();
+  const int n = options_.masters * (1 + options_.replicas_per_master);
+  TIERKV_ASSIGN_OR_RETURN(ports_, PickPorts(n));
+  nodes_.resize(n);
+  for (int i = 0; i < n; ++i) {
+    std::error_code ignored;
+    std::filesystem::remove_all(root_ + "/node" + std::to_string(i), ignored);
+    TIERKV_RETURN_IF_ERROR(WriteConfig(i));
+    TIERKV_RETURN_IF_ERROR(SpawnNode(i));
+  }
+  for (int i = 0; i < n; ++i) TIERKV_RETURN_IF_ERROR(WaitAnswers(i));
+  return Status::Ok();
 }
 
 Clock::time_point RedisClusterHarness::Deadline() const {
@@ -230,11 +245,26 @@ StatusOr<std::string> RedisClusterHarness::Command(
 
 Status RedisClusterHarness::WaitAnswers(int node) {
   const Clock::time_point deadline = Deadline();
+  const std::string port = std::to_string(ports_[node]);
   Status last;
   while (Clock::now() < deadline) {
-    StatusOr<std::string> pong = Command(node, {"PING"});
-    if (pong.ok()) return Status::Ok();
-    last = pong.status();
+    // redis-server logs this and exits when its client or bus port is taken.
+    if (nodes_[node]->output().find("Address already in use") !=
+        std::string::npos) {
+      return Status::AlreadyExists("port " + port +
+                                   " or its bus port is taken");
+    }
+    // The port answers: but is it this node, or another test's?
+    StatusOr<std::string> info = Command(node, {"INFO", "server"});
+    if (info.ok()) {
+      if (InfoField(*info, "process_id") ==
+          std::to_string(nodes_[node]->pid())) {
+        return Status::Ok();
+      }
+      return Status::AlreadyExists("port " + port +
+                                   " is served by another redis-server");
+    }
+    last = info.status();
     std::this_thread::sleep_for(kPollInterval);
   }
   return Status::DeadlineExceeded("redis-server node " + std::to_string(node) +

@@ -82,6 +82,9 @@ class RedisClusterHarness {
  private:
   RedisClusterHarness(RedisClusterHarnessOptions options, std::string root);
 
+  // Picks ports and starts every node; AlreadyExists when a port turned
+  // out to be taken.
+  Status StartNodes();
   Status WriteConfig(int node);
   Status SpawnNode(int node);
   Status WaitAnswers(int node);
