@@ -241,6 +241,46 @@ TEST_F(RedisClusterTest, TimeToLiveInSecondsAndMilliseconds) {
   EXPECT_EQ(pttl("ttl:none"), -1);  // No expiry.
 }
 
+TEST_F(RedisClusterTest, OneClientSharedByThreads) {
+  std::unique_ptr<RedisClusterClient> client = OpenClient();
+  ASSERT_NE(client, nullptr);
+  constexpr int kThreads = 4;
+  constexpr int kRounds = 5;
+  constexpr size_t kValueBytes = 256 << 10;
+  std::atomic<int> wrong{0};
+  std::atomic<int> failed{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int r = 0; r < kRounds; ++r) {
+        std::vector<std::string> keys, values;
+        for (int k = 0; k < 6; ++k) {
+          keys.push_back("thread:" + std::to_string(t) + ":" +
+                         std::to_string(k));
+          values.push_back(Block(t * 1000 + r * 10 + k, kValueBytes));
+        }
+        for (const Status& s : client->MultiSet(keys, Views(values))) {
+          if (!s.ok()) ++failed;
+        }
+        const std::vector<StatusOr<std::string>> got = client->MultiGet(keys);
+        for (size_t i = 0; i < keys.size(); ++i) {
+          if (!got[i].ok()) {
+            ++failed;
+          } else if (*got[i] != values[i]) {
+            ++wrong;
+          }
+        }
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(wrong.load(), 0);
+  EXPECT_EQ(failed.load(), 0);
+  const RedisClusterStats stats = client->stats();
+  EXPECT_EQ(stats.hits, static_cast<uint64_t>(kThreads * kRounds * 6));
+  EXPECT_EQ(stats.bytes_written, kThreads * kRounds * 6 * kValueBytes);
+}
+
 TEST_F(RedisClusterTest, HashTagsShareASlotAndSlotsMatchTheCluster) {
   std::unique_ptr<RedisClusterClient> client = OpenClient();
   ASSERT_NE(client, nullptr);

@@ -497,7 +497,6 @@ Status RedisClusterClient::RefreshTopology() {
 }
 
 Status RedisClusterClient::RefreshLocked() {
-  ++stats_.topology_refreshes;
   // Nodes that serve slots first, then every other node known, then the
   // seeds; nodes in their down_backoff last.
   std::vector<Node*> candidates;
@@ -518,6 +517,7 @@ Status RedisClusterClient::RefreshLocked() {
     const Status s = QueryTopology(n);
     if (s.ok()) {
       topology_stale_ = false;
+      ++stats_.topology_refreshes;
       return s;
     }
     failures += (failures.empty() ? "" : "; ") + s.message();
