@@ -750,10 +750,11 @@ std::vector<Status> RedisClusterClient::MultiSet(
   return results;
 }
 
-std::vector<StatusOr<std::string>> RedisClusterClient::MultiGet(
-    std::span<const std::string> keys) {
-  std::vector<StatusOr<std::string>> results(
-      keys.size(), StatusOr<std::string>(Status::Internal("no reply")));
+std::vector<Status> RedisClusterClient::RunGets(
+    std::span<const std::string> keys,
+    const std::function<Status(size_t i, std::string_view value)>& take) {
+  std::vector<Status> results(keys.size());
+  std::vector<uint64_t> taken_bytes(keys.size(), 0);
   Command command{
       .build =
           [&](size_t i, std::vector<const char*>* argv,
@@ -768,19 +769,42 @@ std::vector<StatusOr<std::string>> RedisClusterClient::MultiGet(
               return true;
             }
             if (reply.type != REDIS_REPLY_STRING) return false;
-            results[i] = std::string(reply.str, reply.len);
+            results[i] = take(i, ReplyText(reply));
+            if (results[i].ok()) taken_bytes[i] = reply.len;
             return true;
           },
       .on_error = [&](size_t i, Status why) { results[i] = std::move(why); },
   };
-  MutexLock lock(&mu_);
   RunBatch(keys, command);
-  for (const StatusOr<std::string>& r : results) {
-    if (r.ok()) {
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (results[i].ok()) {
       ++stats_.hits;
-      stats_.bytes_read += r->size();
-    } else if (r.status().code() == StatusCode::kNotFound) {
+      stats_.bytes_read += taken_bytes[i];
+    } else if (results[i].code() == StatusCode::kNotFound) {
       ++stats_.misses;
+    }
+  }
+  return results;
+}
+
+std::vector<StatusOr<std::string>> RedisClusterClient::MultiGet(
+    std::span<const std::string> keys) {
+  std::vector<std::string> values(keys.size());
+  std::vector<Status> outcomes;
+  {
+    MutexLock lock(&mu_);
+    outcomes = RunGets(keys, [&values](size_t i, std::string_view value) {
+      values[i].assign(value);
+      return Status::Ok();
+    });
+  }
+  std::vector<StatusOr<std::string>> results;
+  results.reserve(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (outcomes[i].ok()) {
+      results.emplace_back(std::move(values[i]));
+    } else {
+      results.emplace_back(std::move(outcomes[i]));
     }
   }
   return results;
@@ -796,66 +820,43 @@ std::vector<StatusOr<size_t>> RedisClusterClient::MultiGetInto(
             "MultiGetInto: " + std::to_string(keys.size()) + " keys but " +
             std::to_string(buffers.size()) + " buffers")));
   }
-  std::vector<StatusOr<size_t>> results(
-      keys.size(), StatusOr<size_t>(Status::Internal("no reply")));
-  Command command{
-      .build =
-          [&](size_t i, std::vector<const char*>* argv,
-              std::vector<size_t>* lens) {
-            *argv = {"GET", keys[i].data()};
-            *lens = {3, keys[i].size()};
-          },
-      .on_reply =
-          [&](size_t i, const redisReply& reply) {
-            if (reply.type == REDIS_REPLY_NIL) {
-              results[i] = Status::NotFound("no key " + keys[i]);
-              return true;
-            }
-            if (reply.type != REDIS_REPLY_STRING) return false;
-            if (reply.len > buffers[i].size()) {
-              results[i] = Status::OutOfRange(
-                  "value of " + keys[i] + " is " + std::to_string(reply.len) +
-                  " bytes, its buffer " + std::to_string(buffers[i].size()));
-              return true;
-            }
-            std::memcpy(buffers[i].data(), reply.str, reply.len);
-            results[i] = static_cast<size_t>(reply.len);
-            return true;
-          },
-      .on_error = [&](size_t i, Status why) { results[i] = std::move(why); },
-  };
-  MutexLock lock(&mu_);
-  RunBatch(keys, command);
-  for (const StatusOr<size_t>& r : results) {
-    if (r.ok()) {
-      ++stats_.hits;
-      stats_.bytes_read += *r;
-    } else if (r.status().code() == StatusCode::kNotFound) {
-      ++stats_.misses;
+  std::vector<size_t> lengths(keys.size(), 0);
+  std::vector<Status> outcomes;
+  {
+    MutexLock lock(&mu_);
+    outcomes = RunGets(keys, [&](size_t i, std::string_view value) {
+      if (value.size() > buffers[i].size()) {
+        return Status::OutOfRange(
+            "value of " + keys[i] + " is " + std::to_string(value.size()) +
+            " bytes, its buffer " + std::to_string(buffers[i].size()));
+      }
+      std::memcpy(buffers[i].data(), value.data(), value.size());
+      lengths[i] = value.size();
+      return Status::Ok();
+    });
+  }
+  std::vector<StatusOr<size_t>> results;
+  results.reserve(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (outcomes[i].ok()) {
+      results.emplace_back(lengths[i]);
+    } else {
+      results.emplace_back(std::move(outcomes[i]));
     }
   }
   return results;
 }
 
-namespace {
-
-// DEL and EXISTS: one key, an integer reply read as a bool.
-std::vector<StatusOr<bool>> IntegerResults(size_t n) {
-  return std::vector<StatusOr<bool>>(
-      n, StatusOr<bool>(Status::Internal("no reply")));
-}
-
-}  // namespace
-
-std::vector<StatusOr<bool>> RedisClusterClient::MultiDel(
-    std::span<const std::string> keys) {
-  std::vector<StatusOr<bool>> results = IntegerResults(keys.size());
+std::vector<StatusOr<bool>> RedisClusterClient::RunCountCommand(
+    std::string_view name, std::span<const std::string> keys) {
+  std::vector<StatusOr<bool>> results(
+      keys.size(), StatusOr<bool>(Status::Internal("no reply")));
   Command command{
       .build =
           [&](size_t i, std::vector<const char*>* argv,
               std::vector<size_t>* lens) {
-            *argv = {"DEL", keys[i].data()};
-            *lens = {3, keys[i].size()};
+            *argv = {name.data(), keys[i].data()};
+            *lens = {name.size(), keys[i].size()};
           },
       .on_reply =
           [&](size_t i, const redisReply& reply) {
@@ -868,29 +869,16 @@ std::vector<StatusOr<bool>> RedisClusterClient::MultiDel(
   MutexLock lock(&mu_);
   RunBatch(keys, command);
   return results;
+}
+
+std::vector<StatusOr<bool>> RedisClusterClient::MultiDel(
+    std::span<const std::string> keys) {
+  return RunCountCommand("DEL", keys);
 }
 
 std::vector<StatusOr<bool>> RedisClusterClient::Exists(
     std::span<const std::string> keys) {
-  std::vector<StatusOr<bool>> results = IntegerResults(keys.size());
-  Command command{
-      .build =
-          [&](size_t i, std::vector<const char*>* argv,
-              std::vector<size_t>* lens) {
-            *argv = {"EXISTS", keys[i].data()};
-            *lens = {6, keys[i].size()};
-          },
-      .on_reply =
-          [&](size_t i, const redisReply& reply) {
-            if (reply.type != REDIS_REPLY_INTEGER) return false;
-            results[i] = reply.integer > 0;
-            return true;
-          },
-      .on_error = [&](size_t i, Status why) { results[i] = std::move(why); },
-  };
-  MutexLock lock(&mu_);
-  RunBatch(keys, command);
-  return results;
+  return RunCountCommand("EXISTS", keys);
 }
 
 Status RedisClusterClient::Set(const std::string& key, std::string_view value,

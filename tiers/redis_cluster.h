@@ -34,6 +34,7 @@
 #include <array>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <span>
@@ -133,6 +134,17 @@ class RedisClusterClient {
 
   explicit RedisClusterClient(const RedisClusterOptions& options);
 
+  // GETs of every key: `take(i, value)` keeps a value found (or refuses it
+  // with its Status). Per key: OK (taken), NotFound, or why not. Counts
+  // hits, misses and bytes read.
+  std::vector<Status> RunGets(
+      std::span<const std::string> keys,
+      const std::function<Status(size_t i, std::string_view value)>& take)
+      TIERKV_REQUIRES(mu_);
+  // A one-key command answered with a count (DEL, EXISTS): count > 0.
+  std::vector<StatusOr<bool>> RunCountCommand(std::string_view name,
+                                              std::span<const std::string> keys)
+      TIERKV_EXCLUDES(mu_);
   // Runs `command` for every key, following redirects, until each key has
   // its result or its error.
   void RunBatch(std::span<const std::string> keys, const Command& command)
