@@ -498,7 +498,7 @@ Status RedisClusterClient::RefreshTopology() {
 
 Status RedisClusterClient::RefreshLocked() {
   // Nodes that serve slots first, then every other node known, then the
-  // seeds; nodes in their down_backoff last.
+  // seeds; within that, by how likely each is to answer at once (below).
   std::vector<Node*> candidates;
   auto add = [&candidates](Node* n) {
     if (n != nullptr && std::find(candidates.begin(), candidates.end(), n) ==
@@ -509,9 +509,16 @@ Status RedisClusterClient::RefreshLocked() {
   for (Node* n : slot_owner_) add(n);
   for (auto& [addr, n] : nodes_) add(n.get());
   for (const auto& [host, port] : seeds_) add(NodeFor(host, port));
+  // Nodes this client holds a connection to answered last time; nodes
+  // past a failure's backoff may still be stalled (a timeout each); nodes
+  // within it failed just now.
   const Clock::time_point now = Clock::now();
-  std::stable_partition(candidates.begin(), candidates.end(),
-                        [now](Node* n) { return n->down_until <= now; });
+  auto rank = [now](const Node* n) {
+    return n->ctx != nullptr ? 0 : n->down_until <= now ? 1 : 2;
+  };
+  std::stable_sort(
+      candidates.begin(), candidates.end(),
+      [&rank](const Node* a, const Node* b) { return rank(a) < rank(b); });
   std::string failures;
   for (Node* n : candidates) {
     const Status s = QueryTopology(n);
