@@ -15,6 +15,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <string>
@@ -555,6 +556,18 @@ TEST_F(RedisClusterTest, FullRestartKeepsDataAndClientsReconnect) {
   for (size_t i = 0; i < keys.size(); ++i) {
     EXPECT_THAT(again[i], IsOkAndHolds(values[i]));
   }
+}
+
+TEST(RedisClusterHarnessTest, MissingRedisIsAClearFailureNotASkip) {
+  const char* path = std::getenv("PATH");
+  const std::string saved = path == nullptr ? "" : path;
+  ASSERT_EQ(setenv("PATH", "/nonexistent", 1), 0);
+  StatusOr<std::unique_ptr<RedisClusterHarness>> h =
+      RedisClusterHarness::Start();
+  ASSERT_EQ(setenv("PATH", saved.c_str(), 1), 0);
+  ASSERT_THAT(h, StatusIs(StatusCode::kFailedPrecondition));
+  EXPECT_THAT(h.status().message(), HasSubstr("redis-server"));
+  EXPECT_THAT(h.status().message(), HasSubstr("redis-tools"));
 }
 
 // A loopback port with nothing listening: bound, then closed.
