@@ -1,0 +1,240 @@
+// RemoteTier (tiers/remote_tier.h) on a real Redis Cluster (3 masters, 3
+// replicas; testing/redis_cluster_harness.h): blocks spilled from and
+// promoted into host slots (here plain memory) bit-exact, and never served
+// when the value is another store's, torn, damaged or another block's;
+// its byte bound, TTL, Remove and RemoveAll.
+#include "tiers/remote_tier.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <xxhash.h>
+
+#include <chrono>
+#include <cstddef>
+#include <cstring>
+#include <future>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "testing/redis_cluster_harness.h"
+#include "tests/status_matchers.h"
+#include "tiers/redis_cluster.h"
+
+namespace tierkv {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+
+constexpr size_t kBlockBytes = 256 << 10;
+constexpr int kSlots = 6;
+constexpr auto kWait = std::chrono::seconds(10);
+
+class RedisClusterRemoteTierTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    StatusOr<std::unique_ptr<RedisClusterHarness>> h =
+        RedisClusterHarness::Start();
+    ASSERT_THAT(h, IsOk());
+    cluster_ = std::move(*h);
+    RedisClusterOptions redis;
+    redis.seeds = cluster_->Seeds();
+    StatusOr<std::unique_ptr<RedisClusterClient>> raw =
+        RedisClusterClient::Open(redis);
+    ASSERT_THAT(raw, IsOk());
+    raw_ = std::move(*raw);
+    slots_.assign(kSlots, std::vector<std::byte>(kBlockBytes));
+    for (int s = 0; s < kSlots; ++s) Fill(s, s + 1);
+  }
+
+  std::unique_ptr<RemoteTier> OpenTier(const std::string& fingerprint,
+                                       uint64_t capacity_bytes = 0,
+                                       std::chrono::milliseconds ttl = {}) {
+    RemoteTierOptions options;
+    options.redis.seeds = cluster_->Seeds();
+    options.store_fingerprint = fingerprint;
+    options.tenant = "tenant-a";
+    options.block_bytes = kBlockBytes;
+    options.slot_memory = [this](BlockId slot) {
+      return std::span<std::byte>(slots_[slot]);
+    };
+    options.ttl = ttl;
+    options.capacity_bytes = capacity_bytes;
+    StatusOr<std::unique_ptr<RemoteTier>> tier = RemoteTier::Open(options);
+    EXPECT_THAT(tier, IsOk());
+    return tier.ok() ? std::move(*tier) : nullptr;
+  }
+
+  void Fill(int slot, int seed) {
+    for (size_t i = 0; i < kBlockBytes; ++i) {
+      slots_[slot][i] = static_cast<std::byte>((i * 131 + seed * 7) >> 3);
+    }
+  }
+  uint64_t Checksum(int slot) {
+    return XXH3_64bits(slots_[slot].data(), kBlockBytes);
+  }
+
+  static Status Spill(RemoteTier& tier, const BlockKey& key,
+                      const std::vector<TokenId>& tokens, BlockId slot,
+                      std::optional<uint64_t> checksum = std::nullopt) {
+    std::promise<Status> done;
+    tier.Spill(key, tokens, slot, checksum,
+               [&done](Status s) { done.set_value(std::move(s)); });
+    std::future<Status> f = done.get_future();
+    if (f.wait_for(kWait) != std::future_status::ready) {
+      return Status::DeadlineExceeded("spill never completed");
+    }
+    return f.get();
+  }
+  static StatusOr<uint64_t> Promote(RemoteTier& tier, const BlockKey& key,
+                                    const std::vector<TokenId>& tokens,
+                                    BlockId slot) {
+    std::promise<StatusOr<uint64_t>> done;
+    tier.Promote(key, tokens, slot, [&done](StatusOr<uint64_t> s) {
+      done.set_value(std::move(s));
+    });
+    std::future<StatusOr<uint64_t>> f = done.get_future();
+    if (f.wait_for(kWait) != std::future_status::ready) {
+      return Status::DeadlineExceeded("promote never completed");
+    }
+    return f.get();
+  }
+
+  std::unique_ptr<RedisClusterHarness> cluster_;
+  std::unique_ptr<RedisClusterClient> raw_;  // To read and damage values.
+  std::vector<std::vector<std::byte>> slots_;
+};
+
+const BlockKey kKey1{.lo = 0x1111, .hi = 0xaaaa};
+const BlockKey kKey2{.lo = 0x2222, .hi = 0xbbbb};
+const BlockKey kKey3{.lo = 0x3333, .hi = 0xcccc};
+const std::vector<TokenId> kTokens1 = {1, 2, 3, 4};
+const std::vector<TokenId> kTokens2 = {5, 6, 7, 8};
+const std::vector<TokenId> kTokens3 = {9, 10, 11, 12};
+
+TEST_F(RedisClusterRemoteTierTest, ServesOnlyVerifiedValuesOfItsBlock) {
+  std::unique_ptr<RemoteTier> tier = OpenTier("model-a/layout-1");
+  ASSERT_NE(tier, nullptr);
+  EXPECT_THAT(tier->RedisKey(kKey1), StartsWith("tierkv:"));
+  EXPECT_THAT(tier->RedisKey(kKey1), HasSubstr(":tenant-a:"));
+
+  ASSERT_THAT(Spill(*tier, kKey1, kTokens1, 0, Checksum(0)), IsOk());
+  EXPECT_TRUE(tier->Contains(kKey1, kTokens1));
+  EXPECT_FALSE(tier->Contains(kKey1, kTokens2));
+  EXPECT_THAT(Promote(*tier, kKey1, kTokens1, 1), IsOkAndHolds(Checksum(0)));
+  EXPECT_EQ(slots_[1], slots_[0]);
+
+  // A slot that changed since its checksum was taken is not spilled.
+  const uint64_t stale = Checksum(2);
+  Fill(2, 99);
+  EXPECT_THAT(Spill(*tier, kKey2, kTokens2, 2, stale),
+              StatusIs(StatusCode::kDataLoss));
+  EXPECT_FALSE(tier->Contains(kKey2, kTokens2));
+
+  // The same block key, other tokens (a collision): a miss, slot untouched.
+  Fill(3, 3);
+  const std::vector<std::byte> before = slots_[3];
+  EXPECT_THAT(Promote(*tier, kKey1, kTokens2, 3),
+              StatusIs(StatusCode::kNotFound));
+  EXPECT_EQ(slots_[3], before);
+
+  // Another model's store: its own key names, so a miss; and this store's
+  // value copied under its key is refused too.
+  std::unique_ptr<RemoteTier> other = OpenTier("model-b/layout-1");
+  ASSERT_NE(other, nullptr);
+  EXPECT_NE(other->RedisKey(kKey1), tier->RedisKey(kKey1));
+  EXPECT_THAT(Promote(*other, kKey1, kTokens1, 3),
+              StatusIs(StatusCode::kNotFound));
+  StatusOr<std::string> value = raw_->Get(tier->RedisKey(kKey1));
+  ASSERT_THAT(value, IsOk());
+  ASSERT_THAT(raw_->Set(other->RedisKey(kKey1), *value), IsOk());
+  EXPECT_THAT(Promote(*other, kKey1, kTokens1, 3),
+              StatusIs(StatusCode::kNotFound));
+  EXPECT_EQ(slots_[3], before);
+
+  // A damaged payload byte, then a torn value: never served, deleted.
+  std::string damaged = *value;
+  damaged.back() = static_cast<char>(damaged.back() ^ 1);
+  ASSERT_THAT(raw_->Set(tier->RedisKey(kKey1), damaged), IsOk());
+  EXPECT_THAT(Promote(*tier, kKey1, kTokens1, 3),
+              StatusIs(StatusCode::kDataLoss));
+  EXPECT_EQ(slots_[3], before);
+  EXPECT_FALSE(tier->Contains(kKey1, kTokens1));
+  ASSERT_THAT(raw_->Set(tier->RedisKey(kKey1), value->substr(0, 1000)), IsOk());
+  EXPECT_THAT(Promote(*tier, kKey1, kTokens1, 3),
+              StatusIs(StatusCode::kDataLoss));
+  EXPECT_EQ(slots_[3], before);
+  EXPECT_THAT(raw_->Get(tier->RedisKey(kKey1)),
+              StatusIs(StatusCode::kNotFound));
+
+  const DiskTierStats stats = tier->stats();
+  EXPECT_EQ(stats.puts, 1u);
+  EXPECT_EQ(stats.put_failures, 1u);
+  EXPECT_EQ(stats.hits, 1u);
+  EXPECT_EQ(stats.token_mismatches, 1u);
+  EXPECT_EQ(stats.checksum_failures, 2u);
+  EXPECT_EQ(stats.keys, 0u);
+}
+
+TEST_F(RedisClusterRemoteTierTest, CapacityTtlRemoveAndRemoveAll) {
+  // Room for two values (a value is the slot plus a small header).
+  const uint64_t value_bytes = kBlockBytes + 200;
+  std::unique_ptr<RemoteTier> tier =
+      OpenTier("model-a/layout-1", 2 * value_bytes, std::chrono::seconds(60));
+  ASSERT_NE(tier, nullptr);
+  ASSERT_THAT(Spill(*tier, kKey1, kTokens1, 0), IsOk());
+  ASSERT_THAT(Spill(*tier, kKey2, kTokens2, 1), IsOk());
+  // Using key 1 makes key 2 the least recently used.
+  ASSERT_THAT(Promote(*tier, kKey1, kTokens1, 4), IsOk());
+  ASSERT_THAT(Spill(*tier, kKey3, kTokens3, 2), IsOk());
+  EXPECT_TRUE(tier->Contains(kKey1, kTokens1));
+  EXPECT_FALSE(tier->Contains(kKey2, kTokens2));
+  EXPECT_TRUE(tier->Contains(kKey3, kTokens3));
+  EXPECT_EQ(tier->stats().evictions, 1u);
+  EXPECT_LE(tier->stats().bytes, 2 * value_bytes);
+  EXPECT_THAT(raw_->Get(tier->RedisKey(kKey2)),
+              StatusIs(StatusCode::kNotFound));
+
+  // Values carry the TTL.
+  const std::string key3 = tier->RedisKey(kKey3);
+  StatusOr<int> master = cluster_->MasterOf(RedisKeySlot(key3));
+  ASSERT_THAT(master, IsOk());
+  StatusOr<std::string> pttl = cluster_->Command(*master, {"PTTL", key3});
+  ASSERT_THAT(pttl, IsOk());
+  EXPECT_GT(std::stoll(*pttl), 50000);
+  EXPECT_LE(std::stoll(*pttl), 60000);
+
+  // Remove forgets at once; the DEL runs before any later job.
+  EXPECT_TRUE(tier->Remove(kKey3));
+  EXPECT_FALSE(tier->Contains(kKey3, kTokens3));
+  EXPECT_FALSE(tier->Remove(kKey3));
+  EXPECT_THAT(Promote(*tier, kKey3, kTokens3, 4),
+              StatusIs(StatusCode::kNotFound));
+  EXPECT_EQ(tier->RemoveAll(), 1u);
+  EXPECT_FALSE(tier->Contains(kKey1, kTokens1));
+  EXPECT_THAT(Promote(*tier, kKey1, kTokens1, 4),
+              StatusIs(StatusCode::kNotFound));
+  EXPECT_EQ(tier->stats().bytes, 0u);
+}
+
+TEST(RedisClusterRemoteTierOptionsTest, RefusesMissingOrUnsafeOptions) {
+  RemoteTierOptions options;
+  options.redis.seeds = "127.0.0.1:1";
+  options.block_bytes = 4096;
+  options.slot_memory = [](BlockId) { return std::span<std::byte>(); };
+  options.tenant = "t";
+  EXPECT_THAT(RemoteTier::Open(options),
+              StatusIs(StatusCode::kInvalidArgument));  // No fingerprint.
+  options.store_fingerprint = "fp";
+  for (const std::string& tenant :
+       std::vector<std::string>{"", "a{b}", "a:b", std::string(65, 'x')}) {
+    options.tenant = tenant;
+    EXPECT_THAT(RemoteTier::Open(options),
+                StatusIs(StatusCode::kInvalidArgument))
+        << tenant;
+  }
+}
+
+}  // namespace
+}  // namespace tierkv

@@ -1,0 +1,901 @@
+// RedisClusterClient (redis_cluster.h): the slot map, connections,
+// redirects and per-node pipelines over hiredis's synchronous API.
+#include "tiers/redis_cluster.h"
+
+#include <hiredis/hiredis.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cstring>
+#include <functional>
+#include <utility>
+
+namespace tierkv {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr std::array<uint16_t, 256> MakeCrc16Table() {
+  std::array<uint16_t, 256> table{};
+  for (int i = 0; i < 256; ++i) {
+    uint16_t crc = static_cast<uint16_t>(i << 8);
+    for (int bit = 0; bit < 8; ++bit) {
+      crc = static_cast<uint16_t>((crc & 0x8000) ? (crc << 1) ^ 0x1021
+                                                 : (crc << 1));
+    }
+    table[i] = crc;
+  }
+  return table;
+}
+constexpr std::array<uint16_t, 256> kCrc16Table = MakeCrc16Table();
+
+// CRC16-CCITT (XMODEM: polynomial 0x1021, initial value 0), Redis
+// Cluster's key hash.
+uint16_t Crc16(std::string_view bytes) {
+  uint16_t crc = 0;
+  for (const char c : bytes) {
+    const uint8_t index =
+        static_cast<uint8_t>((crc >> 8) ^ static_cast<uint8_t>(c));
+    crc = static_cast<uint16_t>((crc << 8) ^ kCrc16Table[index]);
+  }
+  return crc;
+}
+
+struct ReplyFree {
+  void operator()(redisReply* r) const {
+    if (r != nullptr) freeReplyObject(r);
+  }
+};
+using Reply = std::unique_ptr<redisReply, ReplyFree>;
+
+timeval ToTimeval(std::chrono::milliseconds ms) {
+  timeval tv{};
+  tv.tv_sec = static_cast<time_t>(ms.count() / 1000);
+  tv.tv_usec = static_cast<suseconds_t>((ms.count() % 1000) * 1000);
+  return tv;
+}
+
+std::string_view Trim(std::string_view s) {
+  while (!s.empty() && s.front() == ' ') s.remove_prefix(1);
+  while (!s.empty() && s.back() == ' ') s.remove_suffix(1);
+  return s;
+}
+
+// "host:port" (the last ':' splits, so "::1:6379" works too).
+bool ParseHostPort(std::string_view s, std::string* host, int* port) {
+  const size_t colon = s.rfind(':');
+  if (colon == std::string_view::npos || colon == 0) return false;
+  const std::string_view digits = s.substr(colon + 1);
+  int value = 0;
+  const auto [end, ec] =
+      std::from_chars(digits.data(), digits.data() + digits.size(), value);
+  if (ec != std::errc() || end != digits.data() + digits.size() || value < 1 ||
+      value > 65535) {
+    return false;
+  }
+  *host = std::string(s.substr(0, colon));
+  *port = value;
+  return true;
+}
+
+StatusOr<std::vector<std::pair<std::string, int>>> ParseSeeds(
+    std::string_view list) {
+  std::vector<std::pair<std::string, int>> seeds;
+  while (!list.empty()) {
+    const size_t comma = list.find(',');
+    const std::string_view item = Trim(list.substr(0, comma));
+    list = comma == std::string_view::npos ? std::string_view()
+                                           : list.substr(comma + 1);
+    if (item.empty()) continue;
+    std::string host;
+    int port = 0;
+    if (!ParseHostPort(item, &host, &port)) {
+      return Status::InvalidArgument("Redis Cluster seed '" +
+                                     std::string(item) +
+                                     "' is not host:port (port 1..65535)");
+    }
+    seeds.emplace_back(std::move(host), port);
+  }
+  if (seeds.empty()) {
+    return Status::InvalidArgument(
+        "no Redis Cluster seeds given (want host:port,host:port,...)");
+  }
+  return seeds;
+}
+
+// Blocks SIGPIPE in this thread for its scope and swallows one raised in
+// it: hiredis writes with write(2), and a node that closed its end would
+// otherwise kill the process instead of failing its keys.
+class SigpipeGuard {
+ public:
+  SigpipeGuard() {
+    sigemptyset(&pipe_);
+    sigaddset(&pipe_, SIGPIPE);
+    sigset_t pending;
+    sigpending(&pending);
+    was_pending_ = sigismember(&pending, SIGPIPE) == 1;
+    pthread_sigmask(SIG_BLOCK, &pipe_, &old_);
+  }
+  ~SigpipeGuard() {
+    if (!was_pending_) {
+      sigset_t pending;
+      sigpending(&pending);
+      if (sigismember(&pending, SIGPIPE) == 1) {
+        const timespec zero{};
+        sigtimedwait(&pipe_, nullptr, &zero);
+      }
+    }
+    pthread_sigmask(SIG_SETMASK, &old_, nullptr);
+  }
+  SigpipeGuard(const SigpipeGuard&) = delete;
+  SigpipeGuard& operator=(const SigpipeGuard&) = delete;
+
+ private:
+  sigset_t pipe_;
+  sigset_t old_;
+  bool was_pending_ = false;
+};
+
+// A node's error reply as a Status. Errors that say the cluster is in
+// transition (a failover, a node loading its data) are Unavailable: the
+// same call may succeed a moment later.
+Status FromErrorReply(const std::string& addr, std::string_view message) {
+  const std::string text = addr + " replied: " + std::string(message);
+  for (const std::string_view transient :
+       {"CLUSTERDOWN", "LOADING", "TRYAGAIN", "MASTERDOWN", "READONLY"}) {
+    if (message.starts_with(transient)) return Status::Unavailable(text);
+  }
+  if (message.starts_with("OOM")) return Status::ResourceExhausted(text);
+  return Status::Internal(text);
+}
+
+// True for errors after which the slot map should be read again.
+bool SuggestsNewTopology(std::string_view message) {
+  return message.starts_with("CLUSTERDOWN") ||
+         message.starts_with("MASTERDOWN") || message.starts_with("READONLY");
+}
+
+struct Redirect {
+  bool ask = false;
+  int slot = 0;
+  std::string host;
+  int port = 0;
+};
+
+// "MOVED <slot> <host>:<port>" or "ASK <slot> <host>:<port>".
+bool ParseRedirect(std::string_view message, Redirect* out) {
+  if (message.starts_with("MOVED ")) {
+    message.remove_prefix(6);
+    out->ask = false;
+  } else if (message.starts_with("ASK ")) {
+    message.remove_prefix(4);
+    out->ask = true;
+  } else {
+    return false;
+  }
+  const size_t space = message.find(' ');
+  if (space == std::string_view::npos) return false;
+  const auto [end, ec] =
+      std::from_chars(message.data(), message.data() + space, out->slot);
+  if (ec != std::errc() || end != message.data() + space || out->slot < 0 ||
+      out->slot >= RedisClusterClient::kSlots) {
+    return false;
+  }
+  return ParseHostPort(message.substr(space + 1), &out->host, &out->port);
+}
+
+std::string_view ReplyText(const redisReply& r) {
+  return std::string_view(r.str == nullptr ? "" : r.str, r.len);
+}
+
+// A flat RESP2 map (key, value, key, value...): the value of `key`.
+const redisReply* MapGet(const redisReply& map, std::string_view key) {
+  if (map.type != REDIS_REPLY_ARRAY) return nullptr;
+  for (size_t i = 0; i + 1 < map.elements; i += 2) {
+    const redisReply* k = map.element[i];
+    if ((k->type == REDIS_REPLY_STRING || k->type == REDIS_REPLY_STATUS) &&
+        ReplyText(*k) == key) {
+      return map.element[i + 1];
+    }
+  }
+  return nullptr;
+}
+
+struct SlotRange {
+  int first = 0;
+  int last = 0;
+  std::string host;
+  int port = 0;
+};
+
+// A node's address as the cluster announces it; `asked` (the node that
+// sent the map) stands in for an endpoint the node does not know ("" or
+// "?", which Redis documents for unknown endpoints).
+std::string AnnouncedHost(const redisReply* endpoint,
+                          const std::string& asked) {
+  if (endpoint == nullptr || endpoint->type != REDIS_REPLY_STRING) return asked;
+  const std::string_view text = ReplyText(*endpoint);
+  return text.empty() || text == "?" ? asked : std::string(text);
+}
+
+// CLUSTER SHARDS (Redis 7): per shard, its slot ranges and its nodes; the
+// node whose role is master serves the ranges.
+StatusOr<std::vector<SlotRange>> ParseShards(const redisReply& reply,
+                                             const std::string& asked) {
+  if (reply.type != REDIS_REPLY_ARRAY) {
+    return Status::Internal("CLUSTER SHARDS reply is not an array");
+  }
+  std::vector<SlotRange> ranges;
+  for (size_t s = 0; s < reply.elements; ++s) {
+    const redisReply* slots = MapGet(*reply.element[s], "slots");
+    const redisReply* nodes = MapGet(*reply.element[s], "nodes");
+    if (slots == nullptr || nodes == nullptr ||
+        slots->type != REDIS_REPLY_ARRAY || nodes->type != REDIS_REPLY_ARRAY) {
+      return Status::Internal("CLUSTER SHARDS entry lacks slots or nodes");
+    }
+    const redisReply* master = nullptr;
+    for (size_t n = 0; n < nodes->elements; ++n) {
+      const redisReply* role = MapGet(*nodes->element[n], "role");
+      if (role != nullptr && ReplyText(*role) == "master") {
+        master = nodes->element[n];
+      }
+    }
+    if (master == nullptr || slots->elements == 0) continue;
+    const redisReply* port = MapGet(*master, "port");
+    const redisReply* endpoint = MapGet(*master, "endpoint");
+    if (endpoint == nullptr) endpoint = MapGet(*master, "ip");
+    if (port == nullptr || port->type != REDIS_REPLY_INTEGER) {
+      return Status::Internal("CLUSTER SHARDS master lacks a port");
+    }
+    for (size_t i = 0; i + 1 < slots->elements; i += 2) {
+      ranges.push_back(
+          SlotRange{.first = static_cast<int>(slots->element[i]->integer),
+                    .last = static_cast<int>(slots->element[i + 1]->integer),
+                    .host = AnnouncedHost(endpoint, asked),
+                    .port = static_cast<int>(port->integer)});
+    }
+  }
+  return ranges;
+}
+
+// CLUSTER SLOTS (before Redis 7): [first, last, [host, port, id], replicas].
+StatusOr<std::vector<SlotRange>> ParseSlots(const redisReply& reply,
+                                            const std::string& asked) {
+  if (reply.type != REDIS_REPLY_ARRAY) {
+    return Status::Internal("CLUSTER SLOTS reply is not an array");
+  }
+  std::vector<SlotRange> ranges;
+  for (size_t i = 0; i < reply.elements; ++i) {
+    const redisReply& r = *reply.element[i];
+    if (r.type != REDIS_REPLY_ARRAY || r.elements < 3 ||
+        r.element[2]->type != REDIS_REPLY_ARRAY || r.element[2]->elements < 2) {
+      return Status::Internal("CLUSTER SLOTS entry is malformed");
+    }
+    const redisReply& master = *r.element[2];
+    ranges.push_back(
+        SlotRange{.first = static_cast<int>(r.element[0]->integer),
+                  .last = static_cast<int>(r.element[1]->integer),
+                  .host = AnnouncedHost(master.element[0], asked),
+                  .port = static_cast<int>(master.element[1]->integer)});
+  }
+  return ranges;
+}
+
+}  // namespace
+
+uint16_t RedisKeySlot(std::string_view key) {
+  const size_t open = key.find('{');
+  if (open != std::string_view::npos) {
+    const size_t close = key.find('}', open + 1);
+    if (close != std::string_view::npos && close > open + 1) {
+      key = key.substr(open + 1, close - open - 1);
+    }
+  }
+  return static_cast<uint16_t>(Crc16(key) % RedisClusterClient::kSlots);
+}
+
+struct RedisClusterClient::Node {
+  std::string host;
+  int port = 0;
+  std::string addr;  // "host:port"
+  redisContext* ctx = nullptr;
+  // The call that made ctx (call_seq_): an older one may have gone stale.
+  uint64_t connected_in_call = 0;
+  Clock::time_point down_until{};
+  std::string last_error;
+};
+
+struct RedisClusterClient::PendingOp {
+  size_t index = 0;        // Into the call's keys.
+  Node* target = nullptr;  // Set by a redirect; else the slot's owner.
+  bool asking = false;     // Send ASKING first (an ASK redirect).
+  bool resent = false;     // Already sent again after an idle connection
+                           // failed.
+  int redirects = 0;
+};
+
+// One kind of command over a batch of keys.
+struct RedisClusterClient::Command {
+  // Appends key i's command words.
+  std::function<void(size_t i, std::vector<const char*>* argv,
+                     std::vector<size_t>* lens)>
+      build;
+  // Takes key i's reply (neither an error nor a redirect); false when the
+  // reply is not of a type the command returns.
+  std::function<bool(size_t i, const redisReply& reply)> on_reply;
+  // Key i failed.
+  std::function<void(size_t i, Status why)> on_error;
+};
+
+RedisClusterClient::RedisClusterClient(const RedisClusterOptions& options)
+    : options_(options) {}
+
+RedisClusterClient::~RedisClusterClient() {
+  MutexLock lock(&mu_);
+  for (auto& [addr, node] : nodes_) {
+    if (node->ctx != nullptr) redisFree(node->ctx);
+  }
+}
+
+StatusOr<std::unique_ptr<RedisClusterClient>> RedisClusterClient::Open(
+    const RedisClusterOptions& options) {
+  TIERKV_ASSIGN_OR_RETURN(auto seeds, ParseSeeds(options.seeds));
+  if (options.max_redirects < 1 || options.connect_timeout.count() <= 0 ||
+      options.command_timeout.count() <= 0) {
+    return Status::InvalidArgument(
+        "Redis Cluster options: max_redirects and both timeouts must be > 0");
+  }
+  std::unique_ptr<RedisClusterClient> client(new RedisClusterClient(options));
+  client->seeds_ = std::move(seeds);
+  TIERKV_RETURN_IF_ERROR(client->RefreshTopology());
+  return client;
+}
+
+RedisClusterClient::Node* RedisClusterClient::NodeFor(const std::string& host,
+                                                      int port) {
+  const std::string addr = host + ":" + std::to_string(port);
+  std::unique_ptr<Node>& node = nodes_[addr];
+  if (node == nullptr) {
+    node = std::make_unique<Node>();
+    node->host = host;
+    node->port = port;
+    node->addr = addr;
+  }
+  return node.get();
+}
+
+Status RedisClusterClient::Connect(Node* node, bool ignore_backoff) {
+  if (node->ctx != nullptr) return Status::Ok();
+  if (!ignore_backoff && Clock::now() < node->down_until) {
+    return Status::Unavailable("Redis node " + node->addr +
+                               " is down: " + node->last_error);
+  }
+  redisContext* ctx = redisConnectWithTimeout(
+      node->host.c_str(), node->port, ToTimeval(options_.connect_timeout));
+  if (ctx == nullptr || ctx->err != 0) {
+    const Status why = Status::Unavailable(
+        "connecting to Redis node " + node->addr + ": " +
+        (ctx == nullptr ? "out of memory" : std::string(ctx->errstr)));
+    if (ctx != nullptr) redisFree(ctx);
+    node->down_until = Clock::now() + options_.down_backoff;
+    node->last_error = why.message();
+    topology_stale_ = true;
+    return why;
+  }
+  if (redisSetTimeout(ctx, ToTimeval(options_.command_timeout)) != REDIS_OK) {
+    redisFree(ctx);
+    return Status::Internal("setting timeouts on the connection to " +
+                            node->addr);
+  }
+  // Small commands (GET, replies to SET) must not wait for Nagle.
+  const int one = 1;
+  setsockopt(ctx->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  node->ctx = ctx;
+  node->connected_in_call = call_seq_;
+  return Status::Ok();
+}
+
+void RedisClusterClient::Disconnect(Node* node, const Status& why,
+                                    bool mark_down) {
+  if (node->ctx != nullptr) redisFree(node->ctx);
+  node->ctx = nullptr;
+  node->last_error = why.message();
+  if (mark_down) node->down_until = Clock::now() + options_.down_backoff;
+  topology_stale_ = true;
+}
+
+namespace {
+
+// Why a context failed: a timeout (hiredis reports EAGAIN from a socket
+// timeout as an I/O error) or anything else.
+Status ContextError(const redisContext& ctx, const std::string& addr,
+                    std::chrono::milliseconds timeout) {
+  const std::string what(ctx.errstr);
+  if (ctx.err == REDIS_ERR_IO &&
+      what.find("temporarily unavailable") != std::string::npos) {
+    return Status::DeadlineExceeded("Redis node " + addr +
+                                    " did not answer within " +
+                                    std::to_string(timeout.count()) + " ms");
+  }
+  return Status::Unavailable("Redis node " + addr + ": " + what);
+}
+
+// Reads one reply; nullptr after a failure (ctx.err says which).
+Reply ReadReply(redisContext* ctx) {
+  void* raw = nullptr;
+  if (redisGetReply(ctx, &raw) != REDIS_OK) return nullptr;
+  return Reply(static_cast<redisReply*>(raw));
+}
+
+Status Flush(redisContext* ctx) {
+  int done = 0;
+  while (done == 0) {
+    if (redisBufferWrite(ctx, &done) != REDIS_OK) {
+      return Status::Unavailable("write failed");  // ctx->err says why.
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status RedisClusterClient::QueryTopology(Node* node) {
+  TIERKV_RETURN_IF_ERROR(Connect(node, /*ignore_backoff=*/true));
+  StatusOr<std::vector<SlotRange>> ranges = Status::Internal("unset");
+  for (const char* sub : {"SHARDS", "SLOTS"}) {
+    Reply reply(
+        static_cast<redisReply*>(redisCommand(node->ctx, "CLUSTER %s", sub)));
+    if (reply == nullptr) {
+      const Status why =
+          ContextError(*node->ctx, node->addr, options_.command_timeout);
+      Disconnect(node, why, /*mark_down=*/true);
+      return why;
+    }
+    // An error reply: CLUSTER SHARDS is unknown before Redis 7, so ask
+    // CLUSTER SLOTS; or the node is not in cluster mode.
+    if (reply->type == REDIS_REPLY_ERROR) {
+      ranges =
+          Status::FailedPrecondition(node->addr + " replied to CLUSTER " + sub +
+                                     ": " + std::string(ReplyText(*reply)));
+      continue;
+    }
+    ranges = std::string_view(sub) == "SHARDS" ? ParseShards(*reply, node->host)
+                                               : ParseSlots(*reply, node->host);
+    break;
+  }
+  TIERKV_RETURN_IF_ERROR(ranges.status());
+  std::array<Node*, kSlots> owners{};
+  int covered = 0;
+  for (const SlotRange& range : *ranges) {
+    if (range.first < 0 || range.last >= kSlots || range.first > range.last) {
+      return Status::Internal(node->addr + " sent a bad slot range");
+    }
+    Node* owner = NodeFor(range.host, range.port);
+    for (int slot = range.first; slot <= range.last; ++slot) {
+      owners[slot] = owner;
+      ++covered;
+    }
+  }
+  if (covered == 0) {
+    return Status::FailedPrecondition(node->addr +
+                                      " knows no slots of a cluster");
+  }
+  slot_owner_ = owners;
+  return Status::Ok();
+}
+
+Status RedisClusterClient::RefreshTopology() {
+  MutexLock lock(&mu_);
+  SigpipeGuard guard;
+  return RefreshLocked();
+}
+
+Status RedisClusterClient::RefreshLocked() {
+  // Nodes that serve slots first, then every other node known, then the
+  // seeds; within that, by how likely each is to answer at once (below).
+  std::vector<Node*> candidates;
+  auto add = [&candidates](Node* n) {
+    if (n != nullptr && std::find(candidates.begin(), candidates.end(), n) ==
+                            candidates.end()) {
+      candidates.push_back(n);
+    }
+  };
+  for (Node* n : slot_owner_) add(n);
+  for (auto& [addr, n] : nodes_) add(n.get());
+  for (const auto& [host, port] : seeds_) add(NodeFor(host, port));
+  // Nodes this client holds a connection to answered last time; nodes
+  // past a failure's backoff may still be stalled (a timeout each); nodes
+  // within it failed just now.
+  const Clock::time_point now = Clock::now();
+  auto rank = [now](const Node* n) {
+    return n->ctx != nullptr ? 0 : n->down_until <= now ? 1 : 2;
+  };
+  std::stable_sort(
+      candidates.begin(), candidates.end(),
+      [&rank](const Node* a, const Node* b) { return rank(a) < rank(b); });
+  std::string failures;
+  for (Node* n : candidates) {
+    const Status s = QueryTopology(n);
+    if (s.ok()) {
+      topology_stale_ = false;
+      ++stats_.topology_refreshes;
+      return s;
+    }
+    failures += (failures.empty() ? "" : "; ") + s.message();
+  }
+  return Status::Unavailable(
+      "no Redis Cluster node answered with a slot map (" + failures + ")");
+}
+
+std::string RedisClusterClient::SlotOwner(uint16_t slot) {
+  MutexLock lock(&mu_);
+  const Node* n = slot < kSlots ? slot_owner_[slot] : nullptr;
+  return n == nullptr ? "" : n->addr;
+}
+
+RedisClusterStats RedisClusterClient::stats() {
+  MutexLock lock(&mu_);
+  return stats_;
+}
+
+void RedisClusterClient::FailKey(const Command& command, size_t index,
+                                 Status why) {
+  ++stats_.errors;
+  command.on_error(index, std::move(why));
+}
+
+void RedisClusterClient::RunBatch(std::span<const std::string> keys,
+                                  const Command& command) {
+  SigpipeGuard guard;
+  ++call_seq_;
+  std::vector<PendingOp> pending(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) pending[i].index = i;
+  while (!pending.empty()) {
+    // A failed refresh leaves the old map; keys it sends astray fail or
+    // are redirected on their own.
+    if (topology_stale_) (void)RefreshLocked();
+    pending = RunRound(keys, command, std::move(pending));
+  }
+}
+
+std::vector<RedisClusterClient::PendingOp> RedisClusterClient::RunRound(
+    std::span<const std::string> keys, const Command& command,
+    std::vector<PendingOp> ops) {
+  std::map<Node*, std::vector<PendingOp>> groups;
+  for (const PendingOp& op : ops) {
+    const uint16_t slot = RedisKeySlot(keys[op.index]);
+    Node* node = op.target != nullptr ? op.target : slot_owner_[slot];
+    if (node == nullptr) {
+      topology_stale_ = true;
+      FailKey(command, op.index,
+              Status::Unavailable("no Redis node serves slot " +
+                                  std::to_string(slot)));
+      continue;
+    }
+    groups[node].push_back(op);
+  }
+  std::vector<PendingOp> next;
+  // Every node's commands go out before any reply is read, so the nodes
+  // work on their shares at the same time.
+  std::vector<std::pair<Node*, std::vector<PendingOp>*>> sent;
+  for (auto& [node, group] : groups) {
+    const Status s = SendGroup(node, command, group);
+    if (s.ok()) {
+      sent.emplace_back(node, &group);
+    } else {
+      FailGroup(node, group, /*replied=*/false, s, command, &next);
+    }
+  }
+  for (auto& [node, group] : sent) ReadGroup(node, command, *group, &next);
+  return next;
+}
+
+Status RedisClusterClient::SendGroup(Node* node, const Command& command,
+                                     std::vector<PendingOp>& group) {
+  TIERKV_RETURN_IF_ERROR(Connect(node));
+  // Written out every kFlushBytes, so that a batch of 2 MiB values never
+  // sits whole in hiredis's output buffer.
+  constexpr size_t kFlushBytes = 256 << 10;
+  size_t queued = 0;
+  std::vector<const char*> argv;
+  std::vector<size_t> lens;
+  for (const PendingOp& op : group) {
+    argv.clear();
+    lens.clear();
+    if (op.asking) {
+      argv.push_back("ASKING");
+      lens.push_back(6);
+      redisAppendCommandArgv(node->ctx, 1, argv.data(), lens.data());
+      argv.clear();
+      lens.clear();
+    }
+    command.build(op.index, &argv, &lens);
+    if (redisAppendCommandArgv(node->ctx, static_cast<int>(argv.size()),
+                               argv.data(), lens.data()) != REDIS_OK) {
+      return Status::Internal("hiredis could not queue a command for " +
+                              node->addr);
+    }
+    for (const size_t len : lens) queued += len;
+    if (queued >= kFlushBytes) {
+      if (!Flush(node->ctx).ok()) {
+        return ContextError(*node->ctx, node->addr, options_.command_timeout);
+      }
+      queued = 0;
+    }
+  }
+  if (!Flush(node->ctx).ok()) {
+    return ContextError(*node->ctx, node->addr, options_.command_timeout);
+  }
+  return Status::Ok();
+}
+
+void RedisClusterClient::ReadGroup(Node* node, const Command& command,
+                                   std::vector<PendingOp>& group,
+                                   std::vector<PendingOp>* next) {
+  bool replied = false;
+  for (size_t i = 0; i < group.size(); ++i) {
+    PendingOp& op = group[i];
+    Reply asking = op.asking ? ReadReply(node->ctx) : nullptr;
+    Reply reply =
+        op.asking && asking == nullptr ? nullptr : ReadReply(node->ctx);
+    if (reply == nullptr) {
+      const Status why =
+          ContextError(*node->ctx, node->addr, options_.command_timeout);
+      FailGroup(node, std::span<PendingOp>(group).subspan(i), replied, why,
+                command, next);
+      return;
+    }
+    replied = true;
+    if (reply->type == REDIS_REPLY_ERROR) {
+      HandleErrorReply(node, ReplyText(*reply), op, command, next);
+    } else if (!command.on_reply(op.index, *reply)) {
+      FailKey(command, op.index,
+              Status::Internal(node->addr + " sent a reply of type " +
+                               std::to_string(reply->type) +
+                               " that the command never returns"));
+    }
+  }
+}
+
+void RedisClusterClient::HandleErrorReply(Node* node, std::string_view message,
+                                          PendingOp op, const Command& command,
+                                          std::vector<PendingOp>* next) {
+  Redirect redirect;
+  if (!ParseRedirect(message, &redirect)) {
+    if (SuggestsNewTopology(message)) topology_stale_ = true;
+    FailKey(command, op.index, FromErrorReply(node->addr, message));
+    return;
+  }
+  ++stats_.redirects;
+  if (++op.redirects > options_.max_redirects) {
+    FailKey(command, op.index,
+            Status::Unavailable(
+                "more than " + std::to_string(options_.max_redirects) +
+                " redirects for one key; last: " + std::string(message)));
+    return;
+  }
+  op.target = NodeFor(redirect.host, redirect.port);
+  op.asking = redirect.ask;
+  if (!redirect.ask) {
+    // The slot has a new owner for good: use it now, and read the whole
+    // map before the next round (other slots probably moved too).
+    slot_owner_[redirect.slot] = op.target;
+    topology_stale_ = true;
+  }
+  next->push_back(op);
+}
+
+void RedisClusterClient::FailGroup(Node* node, std::span<PendingOp> rest,
+                                   bool replied, const Status& why,
+                                   const Command& command,
+                                   std::vector<PendingOp>* next) {
+  // A connection idle since an earlier call may have been closed by a node
+  // that restarted meanwhile: no reply at all on it says nothing about the
+  // node now, so its keys go once more on a fresh connection.
+  // A timeout is the node's doing, not the connection's. Without a
+  // connection, Connect failed (and marked the node down) or refused a node
+  // in its backoff, which must not extend the backoff.
+  const bool connected = node->ctx != nullptr;
+  const bool stale_connection = connected && !replied &&
+                                node->connected_in_call != call_seq_ &&
+                                why.code() != StatusCode::kDeadlineExceeded;
+  if (connected) Disconnect(node, why, /*mark_down=*/!stale_connection);
+  for (PendingOp& op : rest) {
+    if (stale_connection && !op.resent) {
+      op.resent = true;
+      next->push_back(op);
+    } else {
+      FailKey(command, op.index, why);
+    }
+  }
+}
+
+std::vector<Status> RedisClusterClient::MultiSet(
+    std::span<const std::string> keys, std::span<const std::string_view> values,
+    std::chrono::milliseconds ttl) {
+  std::vector<Status> results(keys.size());
+  if (values.size() != keys.size()) {
+    for (Status& s : results) {
+      s = Status::InvalidArgument("MultiSet: " + std::to_string(keys.size()) +
+                                  " keys but " + std::to_string(values.size()) +
+                                  " values");
+    }
+    return results;
+  }
+  const bool whole_seconds = ttl.count() % 1000 == 0;
+  const std::string ttl_unit = whole_seconds ? "EX" : "PX";
+  const std::string ttl_value =
+      std::to_string(whole_seconds ? ttl.count() / 1000 : ttl.count());
+  Command command{
+      .build =
+          [&](size_t i, std::vector<const char*>* argv,
+              std::vector<size_t>* lens) {
+            *argv = {"SET", keys[i].data(), values[i].data()};
+            *lens = {3, keys[i].size(), values[i].size()};
+            if (ttl.count() > 0) {
+              argv->insert(argv->end(), {ttl_unit.data(), ttl_value.data()});
+              lens->insert(lens->end(), {ttl_unit.size(), ttl_value.size()});
+            }
+          },
+      .on_reply =
+          [&](size_t, const redisReply& reply) {
+            return reply.type == REDIS_REPLY_STATUS && ReplyText(reply) == "OK";
+          },
+      .on_error = [&](size_t i, Status why) { results[i] = std::move(why); },
+  };
+  MutexLock lock(&mu_);
+  RunBatch(keys, command);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (results[i].ok()) stats_.bytes_written += values[i].size();
+  }
+  return results;
+}
+
+std::vector<Status> RedisClusterClient::RunGets(
+    std::span<const std::string> keys,
+    const std::function<Status(size_t i, std::string_view value)>& take) {
+  std::vector<Status> results(keys.size());
+  std::vector<uint64_t> taken_bytes(keys.size(), 0);
+  Command command{
+      .build =
+          [&](size_t i, std::vector<const char*>* argv,
+              std::vector<size_t>* lens) {
+            *argv = {"GET", keys[i].data()};
+            *lens = {3, keys[i].size()};
+          },
+      .on_reply =
+          [&](size_t i, const redisReply& reply) {
+            if (reply.type == REDIS_REPLY_NIL) {
+              results[i] = Status::NotFound("no key " + keys[i]);
+              return true;
+            }
+            if (reply.type != REDIS_REPLY_STRING) return false;
+            results[i] = take(i, ReplyText(reply));
+            if (results[i].ok()) taken_bytes[i] = reply.len;
+            return true;
+          },
+      .on_error = [&](size_t i, Status why) { results[i] = std::move(why); },
+  };
+  RunBatch(keys, command);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (results[i].ok()) {
+      ++stats_.hits;
+      stats_.bytes_read += taken_bytes[i];
+    } else if (results[i].code() == StatusCode::kNotFound) {
+      ++stats_.misses;
+    }
+  }
+  return results;
+}
+
+std::vector<StatusOr<std::string>> RedisClusterClient::MultiGet(
+    std::span<const std::string> keys) {
+  std::vector<std::string> values(keys.size());
+  std::vector<Status> outcomes;
+  {
+    MutexLock lock(&mu_);
+    outcomes = RunGets(keys, [&values](size_t i, std::string_view value) {
+      values[i].assign(value);
+      return Status::Ok();
+    });
+  }
+  std::vector<StatusOr<std::string>> results;
+  results.reserve(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (outcomes[i].ok()) {
+      results.emplace_back(std::move(values[i]));
+    } else {
+      results.emplace_back(std::move(outcomes[i]));
+    }
+  }
+  return results;
+}
+
+std::vector<StatusOr<size_t>> RedisClusterClient::MultiGetInto(
+    std::span<const std::string> keys,
+    std::span<const std::span<char>> buffers) {
+  if (buffers.size() != keys.size()) {
+    return std::vector<StatusOr<size_t>>(
+        keys.size(),
+        StatusOr<size_t>(Status::InvalidArgument(
+            "MultiGetInto: " + std::to_string(keys.size()) + " keys but " +
+            std::to_string(buffers.size()) + " buffers")));
+  }
+  std::vector<size_t> lengths(keys.size(), 0);
+  std::vector<Status> outcomes;
+  {
+    MutexLock lock(&mu_);
+    outcomes = RunGets(keys, [&](size_t i, std::string_view value) {
+      if (value.size() > buffers[i].size()) {
+        return Status::OutOfRange(
+            "value of " + keys[i] + " is " + std::to_string(value.size()) +
+            " bytes, its buffer " + std::to_string(buffers[i].size()));
+      }
+      std::memcpy(buffers[i].data(), value.data(), value.size());
+      lengths[i] = value.size();
+      return Status::Ok();
+    });
+  }
+  std::vector<StatusOr<size_t>> results;
+  results.reserve(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (outcomes[i].ok()) {
+      results.emplace_back(lengths[i]);
+    } else {
+      results.emplace_back(std::move(outcomes[i]));
+    }
+  }
+  return results;
+}
+
+std::vector<StatusOr<bool>> RedisClusterClient::RunCountCommand(
+    std::string_view name, std::span<const std::string> keys) {
+  std::vector<StatusOr<bool>> results(
+      keys.size(), StatusOr<bool>(Status::Internal("no reply")));
+  Command command{
+      .build =
+          [&](size_t i, std::vector<const char*>* argv,
+              std::vector<size_t>* lens) {
+            *argv = {name.data(), keys[i].data()};
+            *lens = {name.size(), keys[i].size()};
+          },
+      .on_reply =
+          [&](size_t i, const redisReply& reply) {
+            if (reply.type != REDIS_REPLY_INTEGER) return false;
+            results[i] = reply.integer > 0;
+            return true;
+          },
+      .on_error = [&](size_t i, Status why) { results[i] = std::move(why); },
+  };
+  MutexLock lock(&mu_);
+  RunBatch(keys, command);
+  return results;
+}
+
+std::vector<StatusOr<bool>> RedisClusterClient::MultiDel(
+    std::span<const std::string> keys) {
+  return RunCountCommand("DEL", keys);
+}
+
+std::vector<StatusOr<bool>> RedisClusterClient::Exists(
+    std::span<const std::string> keys) {
+  return RunCountCommand("EXISTS", keys);
+}
+
+Status RedisClusterClient::Set(const std::string& key, std::string_view value,
+                               std::chrono::milliseconds ttl) {
+  return MultiSet(std::span<const std::string>(&key, 1),
+                  std::span<const std::string_view>(&value, 1), ttl)[0];
+}
+
+StatusOr<std::string> RedisClusterClient::Get(const std::string& key) {
+  return std::move(MultiGet(std::span<const std::string>(&key, 1))[0]);
+}
+
+}  // namespace tierkv

@@ -1,0 +1,203 @@
+// RedisClusterClient: a client of a Redis Cluster (Redis 7; 6 works through
+// CLUSTER SLOTS) on hiredis's synchronous API, for tierkv's remote tier of
+// about 2 MiB KV blocks shared by several machines. It learns the slot map
+// from its seeds, keeps one connection per node (made on first use), follows
+// MOVED and ASK redirects, and pipelines batches per node.
+//
+// Thread-safety: every method may be called from any thread; calls serialize
+// on one mutex per client (a batch holds it while it waits on the network).
+// Threads that want parallel I/O each open a client of their own.
+//
+// Failure model. A node that refuses connections, closes them or does not
+// answer within command_timeout fails the keys it owns in that call (per-key
+// Unavailable or DeadlineExceeded, counted in stats().errors); the call never
+// waits longer than the timeouts allow and never returns bytes it did not
+// read whole from a GET reply. The failure marks the node down for
+// down_backoff (calls fail its keys at once rather than time out again) and
+// makes the next call re-read the slot map first, so keys come back as soon
+// as a replica has taken over a dead master's slots. A connection that had
+// been idle since an earlier call and fails before any reply is made again
+// once within the same call, so a cluster restarted under the client costs
+// no failed keys.
+//
+// A key's command in one batch:
+//
+//   sent to the slot's owner --reply--> done (value, miss or error reply)
+//   --MOVED slot addr--> slot map updated, map re-read, sent to addr
+//   --ASK slot addr--> ASKING + command sent to addr (map unchanged)
+//   --I/O error or timeout--> failed (or sent once more on a fresh
+//                             connection, see above)
+//   more than max_redirects redirects --> failed (Unavailable)
+#ifndef TIERKV_TIERS_REDIS_CLUSTER_H_
+#define TIERKV_TIERS_REDIS_CLUSTER_H_
+
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "src/mutex.h"
+#include "tierkv/status.h"
+
+namespace tierkv {
+
+struct RedisClusterOptions {
+  // Nodes to learn the cluster from, "host:port,host:port,...". Any one that
+  // answers is enough; the others are tried in order when it does not.
+  std::string seeds;
+  // Bound on making one TCP connection. Default: 500 ms.
+  std::chrono::milliseconds connect_timeout{500};
+  // Bound on each read or write of a command's bytes (not on a whole batch:
+  // a 2 MiB value moves in many reads). Default: 2000 ms.
+  std::chrono::milliseconds command_timeout{2000};
+  // Redirects (MOVED or ASK) one key may follow in a call. Default: 5.
+  int max_redirects = 5;
+  // After a node fails, how long its keys fail at once instead of being
+  // tried again. Default: 100 ms.
+  std::chrono::milliseconds down_backoff{100};
+};
+
+// Counters since Open; each call adds to them.
+struct RedisClusterStats {
+  uint64_t hits = 0;                // GETs that found their key.
+  uint64_t misses = 0;              // GETs of a key that was not there.
+  uint64_t errors = 0;              // Keys that failed (any operation).
+  uint64_t redirects = 0;           // MOVED and ASK replies followed.
+  uint64_t topology_refreshes = 0;  // Slot maps read (Open's included).
+  uint64_t bytes_written = 0;       // Value bytes of SETs that succeeded.
+  uint64_t bytes_read = 0;          // Value bytes of GETs that hit.
+};
+
+// The hash slot of a key (0..16383): CRC16 (XMODEM) of the key, or of its
+// hash tag (the bytes between the first '{' and the next '}', when there are
+// any), mod 16384, as Redis Cluster computes it.
+uint16_t RedisKeySlot(std::string_view key);
+
+class RedisClusterClient {
+ public:
+  static constexpr int kSlots = 16384;
+
+  // Parses the seeds and reads the slot map from the first seed that
+  // answers. InvalidArgument for a malformed seed list; Unavailable, naming
+  // every seed and why it failed, when none answers.
+  static StatusOr<std::unique_ptr<RedisClusterClient>> Open(
+      const RedisClusterOptions& options);
+  ~RedisClusterClient();
+  RedisClusterClient(const RedisClusterClient&) = delete;
+  RedisClusterClient& operator=(const RedisClusterClient&) = delete;
+
+  // SET of each key to its value (keys.size() == values.size()), with a
+  // time to live when ttl > 0 (EX for whole seconds, else PX). One Status
+  // per key.
+  std::vector<Status> MultiSet(std::span<const std::string> keys,
+                               std::span<const std::string_view> values,
+                               std::chrono::milliseconds ttl = {});
+  // GET of each key: its value, NotFound for a miss, or the error.
+  std::vector<StatusOr<std::string>> MultiGet(
+      std::span<const std::string> keys);
+  // GET of each key into buffers[i] (keys.size() == buffers.size()), with
+  // no allocation per value: the value's length, NotFound for a miss,
+  // OutOfRange when the value does not fit (the buffer's bytes are then
+  // unspecified), or the error.
+  std::vector<StatusOr<size_t>> MultiGetInto(
+      std::span<const std::string> keys,
+      std::span<const std::span<char>> buffers);
+  // DEL of each key: whether it was there. When a failed connection made
+  // the call send a DEL again (see above), a key the first DEL removed
+  // reads as false.
+  std::vector<StatusOr<bool>> MultiDel(std::span<const std::string> keys);
+  // EXISTS of each key.
+  std::vector<StatusOr<bool>> Exists(std::span<const std::string> keys);
+
+  // One-key forms of the above.
+  Status Set(const std::string& key, std::string_view value,
+             std::chrono::milliseconds ttl = {});
+  StatusOr<std::string> Get(const std::string& key);
+
+  // Reads the slot map again now (calls do it themselves when needed).
+  Status RefreshTopology();
+  // "host:port" of the node this client sends `slot`'s keys to; empty when
+  // no node serves it.
+  std::string SlotOwner(uint16_t slot);
+  RedisClusterStats stats();
+
+ private:
+  struct Node;
+  struct PendingOp;
+  struct Command;
+
+  explicit RedisClusterClient(const RedisClusterOptions& options);
+
+  // GETs of every key: `take(i, value)` keeps a value found (or refuses it
+  // with its Status). Per key: OK (taken), NotFound, or why not. Counts
+  // hits, misses and bytes read.
+  std::vector<Status> RunGets(
+      std::span<const std::string> keys,
+      const std::function<Status(size_t i, std::string_view value)>& take)
+      TIERKV_REQUIRES(mu_);
+  // A one-key command answered with a count (DEL, EXISTS): count > 0.
+  std::vector<StatusOr<bool>> RunCountCommand(std::string_view name,
+                                              std::span<const std::string> keys)
+      TIERKV_EXCLUDES(mu_);
+  // Runs `command` for every key, following redirects, until each key has
+  // its result or its error.
+  void RunBatch(std::span<const std::string> keys, const Command& command)
+      TIERKV_REQUIRES(mu_);
+  std::vector<PendingOp> RunRound(std::span<const std::string> keys,
+                                  const Command& command,
+                                  std::vector<PendingOp> ops)
+      TIERKV_REQUIRES(mu_);
+  Status SendGroup(Node* node, const Command& command,
+                   std::vector<PendingOp>& group) TIERKV_REQUIRES(mu_);
+  void ReadGroup(Node* node, const Command& command,
+                 std::vector<PendingOp>& group, std::vector<PendingOp>* next)
+      TIERKV_REQUIRES(mu_);
+  void HandleErrorReply(Node* node, std::string_view message, PendingOp op,
+                        const Command& command, std::vector<PendingOp>* next)
+      TIERKV_REQUIRES(mu_);
+  // Fails `rest` (a group's ops without replies) with `why`, or queues them
+  // again (see the header
+  // comment) when the connection was idle before this call and `replied`
+  // is false.
+  void FailGroup(Node* node, std::span<PendingOp> rest, bool replied,
+                 const Status& why, const Command& command,
+                 std::vector<PendingOp>* next) TIERKV_REQUIRES(mu_);
+  void FailKey(const Command& command, size_t index, Status why)
+      TIERKV_REQUIRES(mu_);
+
+  Status RefreshLocked() TIERKV_REQUIRES(mu_);
+  Status QueryTopology(Node* node) TIERKV_REQUIRES(mu_);
+  Node* NodeFor(const std::string& host, int port) TIERKV_REQUIRES(mu_);
+  // Connects when not connected; refuses a node still within down_backoff
+  // of a failure unless `ignore_backoff`.
+  Status Connect(Node* node, bool ignore_backoff = false) TIERKV_REQUIRES(mu_);
+  // Drops the connection (its pipeline state is unknown after a failure);
+  // `mark_down` starts down_backoff.
+  void Disconnect(Node* node, const Status& why, bool mark_down)
+      TIERKV_REQUIRES(mu_);
+
+  const RedisClusterOptions options_;
+  std::vector<std::pair<std::string, int>> seeds_;
+
+  Mutex mu_;
+  // Every node seen (seeds and the slot map's), by "host:port"; never
+  // removed while the client lives, so Node pointers stay valid.
+  std::map<std::string, std::unique_ptr<Node>> nodes_ TIERKV_GUARDED_BY(mu_);
+  // Which node serves each slot (nullptr: none known).
+  std::array<Node*, kSlots> slot_owner_ TIERKV_GUARDED_BY(mu_){};
+  // Set by failures and MOVED: the next call re-reads the slot map first.
+  bool topology_stale_ TIERKV_GUARDED_BY(mu_) = false;
+  // Numbers calls, so a batch knows which connections it made itself.
+  uint64_t call_seq_ TIERKV_GUARDED_BY(mu_) = 0;
+  RedisClusterStats stats_ TIERKV_GUARDED_BY(mu_);
+};
+
+}  // namespace tierkv
+
+#endif  // TIERKV_TIERS_REDIS_CLUSTER_H_

@@ -1,0 +1,415 @@
+// RemoteTier (remote_tier.h): the value format, the index and LRU, and the
+// I/O thread that runs spills, promotions and deletes against Redis.
+#include "tiers/remote_tier.h"
+
+#include <xxhash.h>
+
+#include <algorithm>
+#include <bit>
+#include <cstdio>
+#include <cstring>
+#include <optional>
+#include <utility>
+
+namespace tierkv {
+namespace {
+
+static_assert(std::endian::native == std::endian::little,
+              "the remote tier's value format assumes a little-endian host");
+
+constexpr uint32_t kMagic = 0x52564b54;  // "TKVR" read as little-endian.
+constexpr uint16_t kFormatVersion = 1;
+// magic, version, fingerprint length, token count, key hi, key lo,
+// payload bytes, payload checksum.
+constexpr size_t kFixedHeaderBytes = 4 + 2 + 2 + 4 + 8 + 8 + 8 + 8;
+constexpr size_t kMaxFingerprintBytes = 0xffff;
+constexpr uint32_t kMaxTokens = 1 << 16;
+
+size_t HeaderBytes(size_t fingerprint_bytes, size_t tokens) {
+  return kFixedHeaderBytes + fingerprint_bytes + 4 * tokens + 8;
+}
+
+template <typename T>
+void Put(std::string* out, T value) {
+  out->append(reinterpret_cast<const char*>(&value), sizeof(value));
+}
+
+template <typename T>
+T Take(std::string_view* in) {
+  T value;
+  std::memcpy(&value, in->data(), sizeof(value));
+  in->remove_prefix(sizeof(value));
+  return value;
+}
+
+std::string EncodeValue(const std::string& fingerprint, const BlockKey& key,
+                        std::span<const TokenId> tokens,
+                        std::span<const std::byte> payload) {
+  std::string out;
+  out.reserve(HeaderBytes(fingerprint.size(), tokens.size()) + payload.size());
+  Put<uint32_t>(&out, kMagic);
+  Put<uint16_t>(&out, kFormatVersion);
+  Put<uint16_t>(&out, static_cast<uint16_t>(fingerprint.size()));
+  Put<uint32_t>(&out, static_cast<uint32_t>(tokens.size()));
+  Put<uint64_t>(&out, key.hi);
+  Put<uint64_t>(&out, key.lo);
+  Put<uint64_t>(&out, payload.size());
+  Put<uint64_t>(&out, XXH3_64bits(payload.data(), payload.size()));
+  out += fingerprint;
+  out.append(reinterpret_cast<const char*>(tokens.data()), tokens.size_bytes());
+  Put<uint64_t>(&out, XXH3_64bits(out.data(), out.size()));
+  out.append(reinterpret_cast<const char*>(payload.data()), payload.size());
+  return out;
+}
+
+// What a value read back is, for this store, key and tokens.
+enum class Verdict {
+  kServe,       // The payload may be copied into the slot.
+  kDamaged,     // Torn, malformed or failing a checksum: delete it.
+  kOtherStore,  // Another fingerprint: not ours, a miss.
+  kOtherBlock,  // Another key or other tokens: a collision, a miss.
+};
+
+struct Decoded {
+  Verdict verdict = Verdict::kDamaged;
+  std::string_view payload;
+};
+
+Decoded DecodeValue(std::string_view value, const std::string& fingerprint,
+                    const BlockKey& key, std::span<const TokenId> tokens,
+                    size_t block_bytes) {
+  Decoded d;
+  std::string_view in = value;
+  if (in.size() < kFixedHeaderBytes) return d;
+  const uint32_t magic = Take<uint32_t>(&in);
+  const uint16_t version = Take<uint16_t>(&in);
+  const uint16_t fp_bytes = Take<uint16_t>(&in);
+  const uint32_t n_tokens = Take<uint32_t>(&in);
+  const uint64_t hi = Take<uint64_t>(&in);
+  const uint64_t lo = Take<uint64_t>(&in);
+  const uint64_t payload_bytes = Take<uint64_t>(&in);
+  const uint64_t payload_sum = Take<uint64_t>(&in);
+  if (magic != kMagic || version != kFormatVersion || n_tokens > kMaxTokens) {
+    return d;
+  }
+  const size_t header = HeaderBytes(fp_bytes, n_tokens);
+  if (value.size() < header || value.size() - header != payload_bytes) return d;
+  uint64_t header_sum;
+  std::memcpy(&header_sum, value.data() + header - 8, 8);
+  if (XXH3_64bits(value.data(), header - 8) != header_sum) return d;
+  const std::string_view stored_fp = in.substr(0, fp_bytes);
+  in.remove_prefix(fp_bytes);
+  d.payload = value.substr(header);
+  if (XXH3_64bits(d.payload.data(), d.payload.size()) != payload_sum) {
+    return d;
+  }
+  if (stored_fp != fingerprint || payload_bytes != block_bytes) {
+    d.verdict = Verdict::kOtherStore;
+    return d;
+  }
+  if (hi != key.hi || lo != key.lo || n_tokens != tokens.size() ||
+      std::memcmp(in.data(), tokens.data(), tokens.size_bytes()) != 0) {
+    d.verdict = Verdict::kOtherBlock;
+    return d;
+  }
+  d.verdict = Verdict::kServe;
+  return d;
+}
+
+bool ValidTenant(const std::string& tenant) {
+  if (tenant.empty() || tenant.size() > 64) return false;
+  return std::all_of(tenant.begin(), tenant.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+           (c >= '0' && c <= '9') || c == '_' || c == '.' || c == '-';
+  });
+}
+
+std::string KeyPrefix(const RemoteTierOptions& options) {
+  char hash[17];
+  std::snprintf(
+      hash, sizeof(hash), "%016llx",
+      static_cast<unsigned long long>(XXH3_64bits(
+          options.store_fingerprint.data(), options.store_fingerprint.size())));
+  return "tierkv:" + std::string(hash) + ":" + options.tenant + ":";
+}
+
+}  // namespace
+
+struct RemoteTier::Job {
+  enum class Kind { kSpill, kPromote, kDelete };
+  Kind kind = Kind::kSpill;
+  BlockKey key;
+  std::vector<TokenId> tokens;
+  BlockId slot = 0;
+  std::optional<uint64_t> checksum;
+  Done done;
+  PromoteDone promote_done;
+  std::vector<std::string> redis_keys;  // kDelete.
+};
+
+StatusOr<std::unique_ptr<RemoteTier>> RemoteTier::Open(
+    RemoteTierOptions options) {
+  if (options.store_fingerprint.empty() ||
+      options.store_fingerprint.size() > kMaxFingerprintBytes) {
+    return Status::InvalidArgument(
+        "RemoteTier: store_fingerprint is required (at most 65535 bytes)");
+  }
+  if (!ValidTenant(options.tenant)) {
+    return Status::InvalidArgument("RemoteTier: tenant '" + options.tenant +
+                                   "' is not 1 to 64 of [A-Za-z0-9_.-]");
+  }
+  if (options.block_bytes == 0 || !options.slot_memory) {
+    return Status::InvalidArgument(
+        "RemoteTier: block_bytes and slot_memory are required");
+  }
+  TIERKV_ASSIGN_OR_RETURN(std::unique_ptr<RedisClusterClient> client,
+                          RedisClusterClient::Open(options.redis));
+  return std::unique_ptr<RemoteTier>(
+      new RemoteTier(std::move(options), std::move(client)));
+}
+
+RemoteTier::RemoteTier(RemoteTierOptions options,
+                       std::unique_ptr<RedisClusterClient> client)
+    : options_(std::move(options)),
+      key_prefix_(KeyPrefix(options_)),
+      client_(std::move(client)) {
+  {
+    MutexLock lock(&mu_);
+    stats_.capacity_bytes = options_.capacity_bytes;
+  }
+  thread_ = std::thread([this] { RunJobs(); });
+}
+
+RemoteTier::~RemoteTier() {
+  {
+    MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  work_.NotifyAll();
+  thread_.join();
+}
+
+std::string RemoteTier::RedisKey(const BlockKey& key) const {
+  return key_prefix_ + key.ToHex();
+}
+
+bool RemoteTier::Contains(const BlockKey& key,
+                          std::span<const TokenId> tokens) const {
+  MutexLock lock(&mu_);
+  const auto it = index_.find(key);
+  return it != index_.end() &&
+         std::equal(tokens.begin(), tokens.end(), it->second.tokens.begin(),
+                    it->second.tokens.end());
+}
+
+void RemoteTier::Spill(const BlockKey& key, std::span<const TokenId> tokens,
+                       BlockId slot, std::optional<uint64_t> checksum,
+                       Done done) {
+  Job job;
+  job.kind = Job::Kind::kSpill;
+  job.key = key;
+  job.tokens.assign(tokens.begin(), tokens.end());
+  job.slot = slot;
+  job.checksum = checksum;
+  job.done = std::move(done);
+  Enqueue(std::move(job));
+}
+
+void RemoteTier::Promote(const BlockKey& key, std::span<const TokenId> tokens,
+                         BlockId slot, PromoteDone done) {
+  Job job;
+  job.kind = Job::Kind::kPromote;
+  job.key = key;
+  job.tokens.assign(tokens.begin(), tokens.end());
+  job.slot = slot;
+  job.promote_done = std::move(done);
+  Enqueue(std::move(job));
+}
+
+uint64_t RemoteTier::EraseLocked(const BlockKey& key) {
+  const auto it = index_.find(key);
+  if (it == index_.end()) return 0;
+  const uint64_t bytes = it->second.bytes;
+  lru_.erase(it->second.lru);
+  index_.erase(it);
+  stats_.bytes -= bytes;
+  stats_.keys = index_.size();
+  return bytes;
+}
+
+bool RemoteTier::Remove(const BlockKey& key) {
+  bool held = false;
+  {
+    MutexLock lock(&mu_);
+    ++removals_;
+    held = EraseLocked(key) > 0;
+  }
+  Job job;
+  job.kind = Job::Kind::kDelete;
+  job.redis_keys.push_back(RedisKey(key));
+  Enqueue(std::move(job));
+  return held;
+}
+
+uint64_t RemoteTier::RemoveAll() {
+  Job job;
+  job.kind = Job::Kind::kDelete;
+  {
+    MutexLock lock(&mu_);
+    ++removals_;
+    for (const auto& [key, entry] : index_) {
+      job.redis_keys.push_back(RedisKey(key));
+    }
+    index_.clear();
+    lru_.clear();
+    stats_.bytes = 0;
+    stats_.keys = 0;
+  }
+  const uint64_t n = job.redis_keys.size();
+  if (n > 0) Enqueue(std::move(job));
+  return n;
+}
+
+DiskTierStats RemoteTier::stats() const {
+  MutexLock lock(&mu_);
+  return stats_;
+}
+
+void RemoteTier::Enqueue(Job job) {
+  {
+    MutexLock lock(&mu_);
+    jobs_.push_back(std::move(job));
+  }
+  work_.NotifyOne();
+}
+
+void RemoteTier::RunJobs() {
+  for (;;) {
+    Job job;
+    {
+      MutexLock lock(&mu_);
+      while (jobs_.empty() && !stopping_) work_.Wait(&mu_);
+      if (jobs_.empty()) return;  // Stopping, and every job has run.
+      job = std::move(jobs_.front());
+      jobs_.pop_front();
+    }
+    switch (job.kind) {
+      case Job::Kind::kSpill:
+        RunSpill(job);
+        break;
+      case Job::Kind::kPromote:
+        RunPromote(job);
+        break;
+      case Job::Kind::kDelete:
+        (void)client_->MultiDel(job.redis_keys);  // Best effort.
+        break;
+    }
+  }
+}
+
+void RemoteTier::RunSpill(Job& job) {
+  const std::span<std::byte> slot = options_.slot_memory(job.slot);
+  if (job.checksum.has_value() &&
+      XXH3_64bits(slot.data(), slot.size()) != *job.checksum) {
+    {
+      MutexLock lock(&mu_);
+      ++stats_.put_failures;
+    }
+    return job.done(
+        Status::DataLoss("host slot " + std::to_string(job.slot) +
+                         " changed since its block was stored; not spilled"));
+  }
+  const std::string value =
+      EncodeValue(options_.store_fingerprint, job.key, job.tokens, slot);
+  const Status set = client_->Set(RedisKey(job.key), value, options_.ttl);
+  std::vector<std::string> evicted;
+  {
+    MutexLock lock(&mu_);
+    if (!set.ok()) {
+      ++stats_.put_failures;
+    } else {
+      EraseLocked(job.key);
+      lru_.push_front(job.key);
+      index_[job.key] = Entry{.tokens = std::move(job.tokens),
+                              .bytes = value.size(),
+                              .lru = lru_.begin()};
+      stats_.bytes += value.size();
+      ++stats_.puts;
+      stats_.payload_bytes_written += slot.size();
+      stats_.stored_bytes_written += value.size();
+      while (options_.capacity_bytes > 0 &&
+             stats_.bytes > options_.capacity_bytes && lru_.size() > 1) {
+        const BlockKey victim = lru_.back();
+        EraseLocked(victim);
+        evicted.push_back(RedisKey(victim));
+        ++stats_.evictions;
+      }
+      stats_.keys = index_.size();
+    }
+  }
+  if (!evicted.empty()) (void)client_->MultiDel(evicted);
+  job.done(set);
+}
+
+void RemoteTier::RunPromote(Job& job) {
+  uint64_t removals_before = 0;
+  {
+    MutexLock lock(&mu_);
+    removals_before = removals_;
+    ++stats_.gets;
+  }
+  const std::string redis_key = RedisKey(job.key);
+  scratch_.resize(
+      HeaderBytes(options_.store_fingerprint.size(), job.tokens.size()) +
+      options_.block_bytes);
+  const std::string keys[1] = {redis_key};
+  const std::span<char> buffers[1] = {scratch_};
+  StatusOr<size_t> got = std::move(client_->MultiGetInto(keys, buffers)[0]);
+  // A value longer than this block's can only be another store's or
+  // another block's: a miss like them.
+  const Decoded d =
+      !got.ok() ? Decoded{.verdict = Verdict::kOtherStore, .payload = {}}
+                : DecodeValue(std::string_view(scratch_.data(), *got),
+                              options_.store_fingerprint, job.key, job.tokens,
+                              options_.block_bytes);
+  Status failure;
+  {
+    MutexLock lock(&mu_);
+    if (!got.ok() && got.status().code() != StatusCode::kOutOfRange) {
+      ++stats_.misses;  // Not there (NotFound), or Redis failed.
+      failure = got.status();
+    } else if (d.verdict == Verdict::kDamaged) {
+      ++stats_.checksum_failures;
+      EraseLocked(job.key);
+      failure = Status::DataLoss("remote value " + redis_key +
+                                 " failed verification; deleted");
+    } else if (d.verdict == Verdict::kOtherStore) {
+      ++stats_.misses;
+      failure = Status::NotFound("remote value " + redis_key +
+                                 " belongs to another store");
+    } else if (d.verdict == Verdict::kOtherBlock) {
+      ++stats_.token_mismatches;
+      ++stats_.misses;
+      failure = Status::NotFound("remote value " + redis_key +
+                                 " holds another block (a key collision)");
+    } else if (removals_ != removals_before && !index_.contains(job.key)) {
+      ++stats_.misses;
+      failure = Status::NotFound("block removed while it was being promoted");
+    } else {
+      ++stats_.hits;
+      const auto it = index_.find(job.key);
+      if (it != index_.end()) lru_.splice(lru_.begin(), lru_, it->second.lru);
+    }
+  }
+  if (!failure.ok()) {
+    if (got.ok() && d.verdict == Verdict::kDamaged) {
+      (void)client_->MultiDel(std::span<const std::string>(keys));
+    }
+    return job.promote_done(failure);
+  }
+  const std::span<std::byte> slot = options_.slot_memory(job.slot);
+  std::memcpy(slot.data(), d.payload.data(), d.payload.size());
+  job.promote_done(XXH3_64bits(slot.data(), slot.size()));
+}
+
+}  // namespace tierkv
