@@ -171,12 +171,14 @@ TEST_F(DaemonFlagsTest, KvEventsOffByDefaultAndSetByFlagOrFile) {
   EXPECT_EQ(command->kv_events.topic, "");  // vLLM's default topic.
   EXPECT_EQ(command->kv_events.buffer_steps, 10000u);
   EXPECT_EQ(command->kv_events.max_queue_events, 100000u);
+  EXPECT_EQ(command->kv_events.hash_format, "int");  // vLLM's default form.
 
   WriteConfig(std::string(kLayout) +
               "kv-events-endpoint = tcp://*:5557\n"
               "kv-events-replay-endpoint = tcp://*:5558\n"
               "kv-events-topic = kv\n"
-              "kv-events-buffer-steps = 50\n");
+              "kv-events-buffer-steps = 50\n"
+              "kv-events-hash-format = bytes\n");
   command = Parse({"--config", config_, "--kv-events-queue", "7"});
   ASSERT_THAT(command, IsOk());
   EXPECT_EQ(command->kv_events.endpoint, "tcp://*:5557");
@@ -184,6 +186,7 @@ TEST_F(DaemonFlagsTest, KvEventsOffByDefaultAndSetByFlagOrFile) {
   EXPECT_EQ(command->kv_events.topic, "kv");
   EXPECT_EQ(command->kv_events.buffer_steps, 50u);
   EXPECT_EQ(command->kv_events.max_queue_events, 7u);
+  EXPECT_EQ(command->kv_events.hash_format, "bytes");
 }
 
 TEST_F(DaemonFlagsTest, KvEventsBadValuesAreNamed) {
@@ -201,6 +204,10 @@ TEST_F(DaemonFlagsTest, KvEventsBadValuesAreNamed) {
   EXPECT_THAT(
       with({"--kv-events-endpoint", "tcp://*:5557", "--kv-events-queue", "0"}),
       HasSubstr("--kv-events-queue '0'"));
+  EXPECT_THAT(
+      with({"--kv-events-endpoint", "tcp://*:5557", "--kv-events-hash-format",
+            "hex"}),
+      HasSubstr("--kv-events-hash-format 'hex': expected int or bytes"));
 }
 
 TEST_F(DaemonFlagsTest, UnknownKeyNamesFileLineAndKey) {

@@ -8,7 +8,8 @@ vLLM's msgspec types read it (array-like, tag first), rebuilds the set of
 block hashes per medium (CPU, STORAGE), and must end with exactly the keys
 `tierkv-admin held` lists. A late subscriber catches up through the replay
 socket and must end with the same index. Sequence numbers must have no gap
-that replay cannot fill.
+that replay cannot fill. Both hash forms run: integers (a key's low 64 bits,
+vLLM's default form) and the whole 16-byte keys.
 
 Run by ctest (KvEventsSubscriber) with the paths of tierkvd, tierkv-admin
 and tierkv_test_worker; needs Debian's python3-zmq and python3-msgpack.
@@ -40,7 +41,16 @@ def check(condition, message):
         raise Failure(message)
 
 
-def decode_batch(payload):
+def hash_name(h, hash_format):
+    """A block hash as text: the key's hex digits, or the low word's."""
+    if hash_format == "int":
+        check(isinstance(h, int) and 0 <= h < 2**64, f"int hash {h!r}")
+        return f"{h:016x}"
+    check(isinstance(h, bytes) and len(h) == 16, f"bytes hash {h!r}")
+    return h.hex()
+
+
+def decode_batch(payload, hash_format):
     """A KVEventBatch as vLLM's msgspec decoder reads it: [ts, events]."""
     batch = msgpack.unpackb(payload, raw=False)
     check(isinstance(batch, list) and 2 <= len(batch) <= 3,
@@ -56,20 +66,19 @@ def decode_batch(payload):
             # lora_id, medium, lora_name
             check(len(event) >= 7, f"BlockStored {event!r}")
             hashes, parent, tokens, block_size, lora, medium = event[1:7]
-            check(all(isinstance(h, bytes) and len(h) == 16 for h in hashes),
-                  f"hashes {hashes!r}")
-            check(parent is None or (isinstance(parent, bytes)
-                                     and len(parent) == 16),
-                  f"parent {parent!r}")
+            if parent is not None:
+                hash_name(parent, hash_format)
             check(len(tokens) <= len(hashes) * block_size and
                   len(tokens) > (len(hashes) - 1) * block_size,
                   f"{len(tokens)} tokens for {len(hashes)} blocks of "
                   f"{block_size}")
             check(lora is None or isinstance(lora, int), f"lora {lora!r}")
-            decoded.append(("stored", medium, [h.hex() for h in hashes]))
+            decoded.append(("stored", medium,
+                            [hash_name(h, hash_format) for h in hashes]))
         elif tag == "BlockRemoved":
             check(len(event) >= 3, f"BlockRemoved {event!r}")
-            decoded.append(("removed", event[2], [h.hex() for h in event[1]]))
+            decoded.append(("removed", event[2],
+                            [hash_name(h, hash_format) for h in event[1]]))
         elif tag == "AllBlocksCleared":
             decoded.append(("cleared", None, []))
         else:
@@ -80,7 +89,9 @@ def decode_batch(payload):
 class Router:
     """One subscriber: live stream plus replay for what it missed."""
 
-    def __init__(self, context, endpoint, replay_endpoint, topic=b""):
+    def __init__(self, context, endpoint, replay_endpoint, hash_format,
+                 topic=b""):
+        self.hash_format = hash_format
         self.sub = context.socket(zmq.SUB)
         self.sub.setsockopt(zmq.SUBSCRIBE, topic)
         self.sub.connect(endpoint)
@@ -92,7 +103,7 @@ class Router:
 
     def apply(self, seq, payload):
         check(seq == self.next_seq, f"batch {seq} where {self.next_seq} was due")
-        for kind, medium, hashes in decode_batch(payload):
+        for kind, medium, hashes in decode_batch(payload, self.hash_format):
             if kind == "cleared":
                 for held in self.index.values():
                     held.clear()
@@ -134,14 +145,16 @@ class Router:
             self.apply(seq, payload)
 
 
-def held_keys(admin, socket_path):
+def held_keys(admin, socket_path, hash_format=None):
+    """tierkvd's index: the keys per medium, as the events name them (the
+    int form is a key's low word, its last 16 hex digits), or whole."""
     out = subprocess.run([admin, "--socket", socket_path, "held"],
                          check=True, capture_output=True, text=True).stdout
     index = {"CPU": set(), "STORAGE": set()}
     for line in out.splitlines():
         check(not line.startswith("#"), f"held list cut: {line}")
         medium, key = line.split()
-        index[medium].add(key)
+        index[medium].add(key[16:] if hash_format == "int" else key)
     return index
 
 
@@ -149,7 +162,7 @@ def wait_for_match(routers, admin, socket_path, what):
     """Drains the routers until each index equals tierkvd's, or fails."""
     end = time.monotonic() + DEADLINE_S
     while True:
-        held = held_keys(admin, socket_path)
+        held = held_keys(admin, socket_path, routers[0].hash_format)
         for router in routers:
             router.drain()
         if all(router.index == held for router in routers):
@@ -179,7 +192,7 @@ def admin_call(admin, socket_path, *args):
                    capture_output=True, timeout=DEADLINE_S)
 
 
-def start_tierkvd(args, tmp, store):
+def start_tierkvd(args, tmp, store, hash_format):
     socket_path = os.path.join(tmp, "tierkvd.sock")
     events = f"ipc://{tmp}/events"
     replay = f"ipc://{tmp}/replay"
@@ -192,7 +205,8 @@ def start_tierkvd(args, tmp, store):
          "--disk-dir", os.path.join(tmp, "disk"), "--disk-capacity", "64M",
          "--spill-high", "0.5", "--spill-low", "0.25",
          "--kv-events-endpoint", events,
-         "--kv-events-replay-endpoint", replay],
+         "--kv-events-replay-endpoint", replay,
+         "--kv-events-hash-format", hash_format],
         stdout=log, stderr=subprocess.STDOUT)
     end = time.monotonic() + DEADLINE_S
     while True:
@@ -206,12 +220,8 @@ def start_tierkvd(args, tmp, store):
         time.sleep(0.02)  # Waiting for its log line, with a deadline.
 
 
-def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--tierkvd", required=True)
-    parser.add_argument("--admin", required=True)
-    parser.add_argument("--worker", required=True)
-    args = parser.parse_args()
+def scenario(args, hash_format):
+    """One tierkvd, its workload and two routers; 0 when they agree."""
     tmp = tempfile.mkdtemp(prefix="kv_events_subscriber.")
     store = f"kvev{os.getpid()}"
     daemon = None
@@ -219,10 +229,10 @@ def main():
     context = zmq.Context()
     try:
         daemon, socket_path, events, replay, log = start_tierkvd(
-            args, tmp, store)
+            args, tmp, store, hash_format)
         # Connected before any worker: it still missed the first batch
         # (AllBlocksCleared, published at start), which replay fills in.
-        router = Router(context, events, replay)
+        router = Router(context, events, replay, hash_format)
         router.catch_up()
         check(router.replayed >= 1, "the first batch was not replayed")
 
@@ -238,10 +248,11 @@ def main():
               f"both tiers hold blocks: {held}")
 
         # An operator evicts one block, then clears the host tier.
-        key = sorted(held["STORAGE"])[0]
+        key = sorted(held_keys(args.admin, socket_path)["STORAGE"])[0]
         admin_call(args.admin, socket_path, "evict", key)
         held = wait_for_match([router], args.admin, socket_path, "after evict")
-        check(key not in held["STORAGE"] and key not in held["CPU"],
+        name = key[16:] if hash_format == "int" else key
+        check(name not in held["STORAGE"] and name not in held["CPU"],
               f"{key} evicted")
         admin_call(args.admin, socket_path, "clear", "--tier", "host")
         held = wait_for_match([router], args.admin, socket_path,
@@ -251,7 +262,7 @@ def main():
         # More traffic, then a late router: replay from the start, then
         # the live stream; both end with tierkvd's index.
         run_worker(args.worker, "churn", socket_path, 2, 5, 2)
-        late = Router(context, events, replay)
+        late = Router(context, events, replay, hash_format)
         late.catch_up()
         check(late.next_seq > 1, "the late router replayed the history")
         wait_for_match([router, late], args.admin, socket_path, "after churn")
@@ -262,11 +273,11 @@ def main():
         run_worker(args.worker, "fill", socket_path, 3, 3, 2)
         wait_for_match([router, late], args.admin, socket_path,
                        "after refill")
-        print(f"OK: {router.next_seq} batches followed, the late router "
-              f"replayed {late.replayed}")
+        print(f"OK ({hash_format} hashes): {router.next_seq} batches "
+              f"followed, the late router replayed {late.replayed}")
         return 0
     except Failure as e:
-        print(f"FAIL: {e}", file=sys.stderr)
+        print(f"FAIL ({hash_format} hashes): {e}", file=sys.stderr)
         if log is not None:
             log.seek(0)
             print(log.read()[-4000:], file=sys.stderr)
@@ -280,6 +291,15 @@ def main():
             except subprocess.TimeoutExpired:
                 daemon.kill()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--tierkvd", required=True)
+    parser.add_argument("--admin", required=True)
+    parser.add_argument("--worker", required=True)
+    args = parser.parse_args()
+    return max(scenario(args, "int"), scenario(args, "bytes"))
 
 
 if __name__ == "__main__":

@@ -97,7 +97,8 @@ TEST(KvEventsEncoding, BatchDecodesFieldByField) {
        .block_size = 0,
        .lora_id = std::nullopt},
       Stored(CacheMedium::kStorage, 3, 1, 200)};
-  const std::string bytes = EncodeKvEventBatch(1234.5, events);
+  const std::string bytes =
+      EncodeKvEventBatch(1234.5, events, KvEventHashFormat::kBytes);
   msgpack::object_handle handle = msgpack::unpack(bytes.data(), bytes.size());
   std::vector<msgpack::object> batch = Array(handle.get());
   // data_parallel_rank (default None) is omitted, as msgspec omits it.
@@ -138,6 +139,56 @@ TEST(KvEventsEncoding, BatchDecodesFieldByField) {
   EXPECT_EQ(Bin(stored[2]), KvEventBlockHash(Key(1)));  // parent
   EXPECT_TRUE(stored[5].is_nil());                      // no LoRA
   EXPECT_EQ(Str(stored[6]), "STORAGE");
+}
+
+// vLLM's default form: each hash an unsigned 64-bit integer, the key's low
+// word (the last 8 of its 16 bytes, as vLLM folds a digest).
+TEST(KvEventsEncoding, IntegerHashesAreTheKeysLowWord) {
+  const BlockKey key = {.lo = 0xfedcba9876543210, .hi = 0x0123456789abcdef};
+  const BlockKey parent = {.lo = 0x8000000000000001, .hi = 2};
+  const std::vector<TokenId> tokens = Tokens(0, 4);
+  std::vector<KvEvent> events = {{.type = KvEvent::Type::kBlockStored,
+                                  .medium = CacheMedium::kCpu,
+                                  .keys = {key},
+                                  .parent = parent,
+                                  .tokens = tokens,
+                                  .block_size = 4,
+                                  .lora_id = std::nullopt}};
+  const std::string bytes = EncodeKvEventBatch(1.0, events);  // The default.
+  msgpack::object_handle handle = msgpack::unpack(bytes.data(), bytes.size());
+  std::vector<msgpack::object> stored =
+      Array(Array(Array(handle.get()).at(1)).at(0));
+  ASSERT_EQ(stored.size(), 8u);
+  std::vector<msgpack::object> hashes = Array(stored[1]);
+  ASSERT_EQ(hashes.size(), 1u);
+  EXPECT_EQ(hashes[0].type, msgpack::type::POSITIVE_INTEGER);
+  EXPECT_EQ(hashes[0].as<uint64_t>(), key.lo);
+  EXPECT_EQ(stored[2].as<uint64_t>(), parent.lo);  // Above 2^63: unsigned.
+  const std::string whole = KvEventBlockHash(key);
+  uint64_t tail = 0;
+  for (size_t i = 8; i < 16; ++i) {
+    tail = (tail << 8) | static_cast<unsigned char>(whole[i]);
+  }
+  EXPECT_EQ(tail, key.lo);
+  EXPECT_EQ(KvEventHashFormatName(ParseKvEventHashFormat("int").value()),
+            std::string("int"));
+  EXPECT_EQ(ParseKvEventHashFormat("bytes").value(), KvEventHashFormat::kBytes);
+  EXPECT_THAT(ParseKvEventHashFormat("hex"),
+              StatusIs(StatusCode::kInvalidArgument));
+}
+
+TEST(KvEventsEncoding, MetricsTextNamesEachCounter) {
+  const std::string text = FormatKvEventMetrics({.events_queued = 5,
+                                                 .events_dropped = 2,
+                                                 .batches_published = 3,
+                                                 .replay_requests = 1},
+                                                "store=\"s\"");
+  EXPECT_THAT(text, ::testing::HasSubstr(
+                        "tierkv_kv_events_dropped_total{store=\"s\"} 2\n"));
+  EXPECT_THAT(text, ::testing::HasSubstr(
+                        "tierkv_kv_events_queued_total{store=\"s\"} 5\n"));
+  EXPECT_THAT(text, ::testing::HasSubstr(
+                        "# TYPE tierkv_kv_events_batches_total counter\n"));
 }
 
 // A request's chain of blocks travels as one BlockStored, as vLLM's does.
@@ -334,6 +385,37 @@ TEST_F(KvEventsPublisherTest, ReplayServesTheRingFromTheAskedSequence) {
   EXPECT_THAT(ask(4), ElementsAre(4, -1));
   EXPECT_THAT(ask(9), ElementsAre(-1));
   EXPECT_EQ(pub->stats().replay_requests, 3u);
+}
+
+// A replay past ZeroMQ's default high-water mark (1000 messages) arrives
+// whole: a late router catching up on a long history misses nothing.
+TEST_F(KvEventsPublisherTest, ReplayOfALongHistoryArrivesWhole) {
+  constexpr int kBatches = 2500;
+  StatusOr<std::unique_ptr<KvEventPublisher>> pub =
+      KvEventPublisher::Create({.endpoint = Endpoint("pub"),
+                                .replay_endpoint = Endpoint("replay"),
+                                .buffer_steps = kBatches,
+                                .max_batch_keys = 1});  // A batch per event.
+  ASSERT_THAT(pub, IsOk());
+  for (int i = 0; i < kBatches; ++i) {
+    (*pub)->BlockRemoved(CacheMedium::kCpu, Key(static_cast<uint64_t>(i)));
+  }
+  ASSERT_TRUE((*pub)->Flush(std::chrono::seconds(10)));
+  ASSERT_EQ((*pub)->stats().batches_published, static_cast<uint64_t>(kBatches));
+  zmq::socket_t replay(context_, zmq::socket_type::dealer);
+  replay.connect(Endpoint("replay"));
+  replay.send(zmq::message_t(), zmq::send_flags::sndmore);
+  replay.send(zmq::buffer(std::string(8, '\0')));  // From sequence 0.
+  int64_t expected = 0;
+  const auto end = Clock::now() + std::chrono::seconds(20);
+  for (;;) {
+    std::optional<Received> r = Receive(replay, end);
+    ASSERT_TRUE(r.has_value()) << "stopped after " << expected;
+    if (r->seq == -1) break;
+    ASSERT_EQ(r->seq, expected);
+    ++expected;
+  }
+  EXPECT_EQ(expected, kBatches);
 }
 
 TEST_F(KvEventsPublisherTest, RefusesAnEndpointZeroMqCannotTake) {

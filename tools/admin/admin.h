@@ -72,6 +72,9 @@ std::string FormatStatsFields(const CoordinatorStats& stats);
 std::string FormatWorkers(const CoordinatorStats& stats);
 // Prometheus text exposition format, version 0.0.4.
 std::string FormatMetrics(const CoordinatorStats& stats);
+// The labels every sample of FormatMetrics carries: store="...",model="...".
+// For samples tierkvd adds beside them (its KV cache events' counters).
+std::string MetricBaseLabels(const CoordinatorStats& stats);
 // `events`: the oldest of the `in_flight` events in flight, oldest first.
 std::string FormatEventsTable(const std::vector<EventInfo>& events,
                               uint64_t in_flight);

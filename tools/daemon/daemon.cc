@@ -228,13 +228,16 @@ class SignalThread {
 StatusOr<std::unique_ptr<KvEventPublisher>> StartKvEvents(
     const KvEventsFlags& flags) {
   if (flags.endpoint.empty()) return std::unique_ptr<KvEventPublisher>();
+  TIERKV_ASSIGN_OR_RETURN(KvEventHashFormat hashes,
+                          ParseKvEventHashFormat(flags.hash_format));
   TIERKV_ASSIGN_OR_RETURN(
       std::unique_ptr<KvEventPublisher> publisher,
       KvEventPublisher::Create({.endpoint = flags.endpoint,
                                 .replay_endpoint = flags.replay_endpoint,
                                 .topic = flags.topic,
                                 .buffer_steps = flags.buffer_steps,
-                                .max_queue_events = flags.max_queue_events}));
+                                .max_queue_events = flags.max_queue_events,
+                                .hash_format = hashes}));
   publisher->AllBlocksCleared();
   spdlog::info("kv events: publishing on {}{}", flags.endpoint,
                flags.replay_endpoint.empty()
@@ -318,7 +321,15 @@ int RunDaemon(const DaemonCommand& command) {
     auto started = MetricsHttpServer::Start(
         {.host = command.metrics_listen->host,
          .port = command.metrics_listen->port,
-         .render = [raw] { return admin::FormatMetrics(raw->stats()); }});
+         .render = [raw, events = kv_events->get()] {
+           const CoordinatorStats stats = raw->stats();
+           std::string text = admin::FormatMetrics(stats);
+           if (events != nullptr) {
+             text += FormatKvEventMetrics(events->stats(),
+                                          admin::MetricBaseLabels(stats));
+           }
+           return text;
+         }});
     if (!started.ok()) {
       spdlog::error("cannot start: {}", started.status().message());
       sd_notifyf(0, "STATUS=cannot start: %s",

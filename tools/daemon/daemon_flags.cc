@@ -431,7 +431,12 @@ po::options_description SettingOptions(DaemonCommand& command,
       po::value(&raw.kv_events.max_queue_events)
           ->default_value(raw.kv_events.max_queue_events),
       "events waiting for the publisher thread at most; past it events are "
-      "dropped, counted and logged (1 to 100000000)");
+      "dropped, counted and logged (1 to 100000000)")(
+      "kv-events-hash-format",
+      po::value(&raw.kv_events.hash_format)
+          ->default_value(raw.kv_events.hash_format),
+      "block hashes in events: int (a block key's low 64 bits, as vLLM "
+      "sends its hashes by default) or bytes (the whole 16-byte key)");
   return desc;
 }
 
@@ -448,6 +453,11 @@ Status CheckKvEvents(const KvEventsFlags& flags, const Where& where) {
     return Status::InvalidArgument(where("kv-events-buffer-steps") + " '" +
                                    std::to_string(flags.buffer_steps) +
                                    "': 1 to 10000000 batches");
+  }
+  if (flags.hash_format != "int" && flags.hash_format != "bytes") {
+    return Status::InvalidArgument(where("kv-events-hash-format") + " '" +
+                                   flags.hash_format +
+                                   "': expected int or bytes");
   }
   if (flags.max_queue_events < 1 || flags.max_queue_events > 100'000'000) {
     return Status::InvalidArgument(where("kv-events-queue") + " '" +

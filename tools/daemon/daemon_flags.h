@@ -41,6 +41,9 @@ struct KvEventsFlags {
   // Events queued for the publisher thread at most; past it they are
   // dropped and counted. 1 to 100000000. Default: 100000 (vLLM's).
   size_t max_queue_events = 100000;
+  // Block hashes on the wire: "int" (the key's low 64 bits, as vLLM sends
+  // its hashes by default) or "bytes" (the whole 16-byte key). Default: int.
+  std::string hash_format = "int";
 };
 
 struct DaemonCommand {

@@ -37,18 +37,23 @@ void PackString(Packer& pk, std::string_view s) {
   pk.pack_str_body(s.data(), static_cast<uint32_t>(s.size()));
 }
 
-void PackHash(Packer& pk, const BlockKey& key) {
+void PackHash(Packer& pk, const BlockKey& key, KvEventHashFormat format) {
+  if (format == KvEventHashFormat::kInt64) {
+    pk.pack_uint64(key.lo);
+    return;
+  }
   const std::string hash = KvEventBlockHash(key);
   pk.pack_bin(static_cast<uint32_t>(hash.size()));
   pk.pack_bin_body(hash.data(), static_cast<uint32_t>(hash.size()));
 }
 
-void PackHashes(Packer& pk, std::span<const BlockKey> keys) {
+void PackHashes(Packer& pk, std::span<const BlockKey> keys,
+                KvEventHashFormat format) {
   pk.pack_array(static_cast<uint32_t>(keys.size()));
-  for (const BlockKey& key : keys) PackHash(pk, key);
+  for (const BlockKey& key : keys) PackHash(pk, key, format);
 }
 
-void PackEvent(Packer& pk, const KvEvent& e) {
+void PackEvent(Packer& pk, const KvEvent& e, KvEventHashFormat format) {
   switch (e.type) {
     case KvEvent::Type::kBlockStored:
       // Fields in BlockStored's order; lora_name (tierkv has LoRA ids, not
@@ -56,9 +61,9 @@ void PackEvent(Packer& pk, const KvEvent& e) {
       // medium, skip trailing fields they do not know.
       pk.pack_array(8);
       PackString(pk, "BlockStored");
-      PackHashes(pk, e.keys);
+      PackHashes(pk, e.keys, format);
       if (e.parent.has_value()) {
-        PackHash(pk, *e.parent);
+        PackHash(pk, *e.parent, format);
       } else {
         pk.pack_nil();
       }
@@ -76,7 +81,7 @@ void PackEvent(Packer& pk, const KvEvent& e) {
     case KvEvent::Type::kBlockRemoved:
       pk.pack_array(3);
       PackString(pk, "BlockRemoved");
-      PackHashes(pk, e.keys);
+      PackHashes(pk, e.keys, format);
       PackString(pk, CacheMediumName(e.medium));
       return;
     case KvEvent::Type::kAllBlocksCleared:
@@ -133,13 +138,25 @@ std::string KvEventBlockHash(const BlockKey& key) {
   return out;
 }
 
-std::string EncodeKvEventBatch(double ts, std::span<const KvEvent> events) {
+const char* KvEventHashFormatName(KvEventHashFormat format) {
+  return format == KvEventHashFormat::kInt64 ? "int" : "bytes";
+}
+
+StatusOr<KvEventHashFormat> ParseKvEventHashFormat(std::string_view name) {
+  if (name == "int") return KvEventHashFormat::kInt64;
+  if (name == "bytes") return KvEventHashFormat::kBytes;
+  return Status::InvalidArgument("'" + std::string(name) +
+                                 "': expected int or bytes");
+}
+
+std::string EncodeKvEventBatch(double ts, std::span<const KvEvent> events,
+                               KvEventHashFormat hashes) {
   msgpack::sbuffer buffer;
   Packer pk(&buffer);
   pk.pack_array(2);
   pk.pack_double(ts);
   pk.pack_array(static_cast<uint32_t>(events.size()));
-  for (const KvEvent& e : events) PackEvent(pk, e);
+  for (const KvEvent& e : events) PackEvent(pk, e, hashes);
   return {buffer.data(), buffer.size()};
 }
 
@@ -153,6 +170,29 @@ void AppendKvEvent(KvEvent event, size_t max_keys,
     return;
   }
   events->push_back(std::move(event));
+}
+
+std::string FormatKvEventMetrics(const KvEventPublisherStats& stats,
+                                 std::string_view labels) {
+  std::string out;
+  auto counter = [&](std::string_view name, std::string_view help,
+                     uint64_t value) {
+    out += "# HELP tierkv_kv_events_" + std::string(name) + " " +
+           std::string(help) + "\n# TYPE tierkv_kv_events_" +
+           std::string(name) + " counter\ntierkv_kv_events_" +
+           std::string(name) + "{" + std::string(labels) + "} " +
+           std::to_string(value) + "\n";
+  };
+  counter("queued_total", "KV cache events queued for publishing.",
+          stats.events_queued);
+  counter("dropped_total",
+          "KV cache events dropped: the publisher's queue was full.",
+          stats.events_dropped);
+  counter("batches_total", "KV cache event batches published.",
+          stats.batches_published);
+  counter("replay_requests_total", "Replay requests answered.",
+          stats.replay_requests);
+  return out;
 }
 
 struct KvEventPublisher::Impl {
@@ -253,7 +293,7 @@ void KvEventPublisher::Impl::Publish(std::span<const KvEvent> events) {
 
 void KvEventPublisher::Impl::SendBatch(std::span<const KvEvent> events) {
   const double ts = options.clock ? options.clock() : SystemSeconds();
-  std::string payload = EncodeKvEventBatch(ts, events);
+  std::string payload = EncodeKvEventBatch(ts, events, options.hash_format);
   const int64_t seq = next_seq++;
   const std::string seq_frame = SequenceFrame(seq);
   try {
@@ -362,6 +402,9 @@ StatusOr<std::unique_ptr<KvEventPublisher>> KvEventPublisher::Create(
     try {
       impl->replay.emplace(impl->context, zmq::socket_type::router);
       impl->replay->set(zmq::sockopt::linger, 0);
+      // One request is answered with up to buffer_steps + 1 messages;
+      // ZeroMQ's default high-water mark (1000) would drop the rest.
+      impl->replay->set(zmq::sockopt::sndhwm, 0);
       impl->replay->bind(replay);
     } catch (const zmq::error_t& e) {
       return Status::InvalidArgument("--kv-events-replay-endpoint " + replay +

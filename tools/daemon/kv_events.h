@@ -20,6 +20,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "src/cache_event_sink.h"
@@ -43,8 +44,22 @@ struct KvEvent {
   std::optional<uint64_t> lora_id;  // BlockStored.
 };
 
-// A block key as vLLM's ExternalBlockHash (bytes | int): 16 bytes, the key's
-// high word then its low word, big-endian: the bytes BlockKey::ToHex spells.
+// How a block key goes on the wire as vLLM's ExternalBlockHash (bytes | int).
+enum class KvEventHashFormat : uint8_t {
+  // An unsigned 64-bit integer: the key's low word, which is what vLLM's
+  // int form keeps of a digest (its last 8 bytes, big-endian; vLLM's
+  // default, VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1), so routers that index
+  // integers take it as they take vLLM's.
+  kInt64,
+  // The whole key: KvEventBlockHash's 16 bytes.
+  kBytes,
+};
+// "int" or "bytes"; the inverse is ParseKvEventHashFormat.
+const char* KvEventHashFormatName(KvEventHashFormat format);
+StatusOr<KvEventHashFormat> ParseKvEventHashFormat(std::string_view name);
+
+// A block key as 16 bytes, the key's high word then its low word,
+// big-endian: the bytes BlockKey::ToHex spells.
 std::string KvEventBlockHash(const BlockKey& key);
 
 // One KVEventBatch as vLLM's msgspec encodes it (array_like, omit_defaults,
@@ -53,7 +68,9 @@ std::string KvEventBlockHash(const BlockKey& key);
 // block_size, lora_id, medium, lora_name], ["BlockRemoved", block_hashes,
 // medium], ["AllBlocksCleared"]. data_parallel_rank (default None) is left
 // out, as msgspec omits a default.
-std::string EncodeKvEventBatch(double ts, std::span<const KvEvent> events);
+std::string EncodeKvEventBatch(
+    double ts, std::span<const KvEvent> events,
+    KvEventHashFormat hashes = KvEventHashFormat::kInt64);
 
 // Appends `event` to `events`, merging it into the last event when it
 // continues it: a BlockStored of the same medium and LoRA whose parent is
@@ -81,6 +98,9 @@ struct KvEventPublisherOptions {
   size_t max_batch_keys = 4096;
   // The PUB socket's send high-water mark. Default: 100000 (vLLM's hwm).
   int hwm = 100000;
+  // Block hashes as integers (vLLM's default) or the whole 16-byte keys.
+  // Default: kInt64.
+  KvEventHashFormat hash_format = KvEventHashFormat::kInt64;
   // Seconds since the epoch of a batch (its ts). Default: the system clock.
   std::function<double()> clock = {};
 };
@@ -91,6 +111,11 @@ struct KvEventPublisherStats {
   uint64_t batches_published = 0;
   uint64_t replay_requests = 0;
 };
+
+// Prometheus text for the counters, each sample labelled with `labels`
+// (store="...",model="..."): tierkvd's /metrics serves it after the store's.
+std::string FormatKvEventMetrics(const KvEventPublisherStats& stats,
+                                 std::string_view labels);
 
 class KvEventPublisher final : public CacheEventSink {
  public:
