@@ -583,6 +583,7 @@ StatusOr<Coordinator::RequestState*> Coordinator::BeginLookup(
     ForgetRequest(w, &r);
     r.keys.clear();
     r.plain_prefix = false;
+    r.lora_id.reset();  // A chunk lookup has none; Lookup sets its own.
   }
   r.state_bytes = state_bytes;
   w->request_bytes += state_bytes;

@@ -155,6 +155,30 @@ TEST_F(KvEventsCoordinatorTest, StoredBlocksCarryTheirChainAndLora) {
   EXPECT_EQ(c_.HeldKeysNow(1000).host_total, 3u);
 }
 
+// A chunk is keyed by content alone: its blocks chain from the chunk's
+// first block and carry no LoRA, even on a request a LoRA lookup left open.
+TEST_F(KvEventsCoordinatorTest, ChunkBlocksChainWithinTheChunk) {
+  RequestExtras extras;
+  extras.lora_id = 7;
+  ASSERT_THAT(c_.Lookup(w_, 5, SequentialTokens(0, 48), 0, extras), IsOk());
+  const std::vector<BlockId> device = {1, 2};
+  StatusOr<CommitResult> publish =
+      c_.PublishChunk(w_, 5, SequentialTokens(500, 24), device);
+  ASSERT_THAT(publish, IsOk());
+  for (const TransferEvent& e : publish->stores) {
+    std::vector<CompletedEvent> done{{e.ref, true}};
+    ASSERT_THAT(c_.Complete(w_, done), IsOk());
+  }
+  const std::vector<IndexSink::Stored> stored = sink_.stored();
+  ASSERT_EQ(stored.size(), 2u);  // A full block and the partial last one.
+  EXPECT_EQ(stored[0].parent, std::nullopt);
+  EXPECT_EQ(stored[1].parent, stored[0].key);
+  EXPECT_EQ(stored[1].tokens.size(), 8u);
+  EXPECT_EQ(stored[0].lora_id, std::nullopt);
+  EXPECT_EQ(stored[1].lora_id, std::nullopt);
+  ExpectIndexMatches();
+}
+
 // Nine usable host slots: the fourth request of three blocks evicts.
 TEST_F(KvEventsCoordinatorTest, ReplayingTheEventsRebuildsTheHostIndex) {
   for (RequestId r = 1; r <= 6; ++r) {
