@@ -150,6 +150,12 @@ void ProtocolSeeds() {
       {"lookup_batch_reply",
        ipc::LookupBatchReply{
            {LookupResult{.hit_tokens = 16}, Status::ResourceExhausted("cap")}}},
+      {"held_keys", ipc::HeldKeysRequest{}},
+      {"held_keys_reply",
+       ipc::HeldKeysReply{{.host_total = 1,
+                           .disk_total = 0,
+                           .host = {BlockKey{.lo = 1, .hi = 2}},
+                           .disk = {}}}},
   };
   for (const auto& [name, message] : messages) {
     Write("protocol_decode_fuzz", name, ipc::Encode(message));

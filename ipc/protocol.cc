@@ -61,6 +61,8 @@ constexpr MessageType kTypes[] = {
     MessageType::kChunkDone,
     MessageType::kLookupBatch,
     MessageType::kLookupBatchReply,
+    MessageType::kHeldKeys,
+    MessageType::kHeldKeysReply,
 };
 static_assert(std::size(kTypes) == std::variant_size_v<Message>);
 
@@ -155,6 +157,10 @@ const char* MessageTypeName(MessageType type) {
       return "LookupBatch";
     case MessageType::kLookupBatchReply:
       return "LookupBatchReply";
+    case MessageType::kHeldKeys:
+      return "HeldKeys";
+    case MessageType::kHeldKeysReply:
+      return "HeldKeysReply";
   }
   return "?";
 }

@@ -60,6 +60,9 @@ inline constexpr size_t kMaxBatchErrorBytes = 200;
 inline constexpr size_t kMaxBatchResultBytes = 1 + 4 + kMaxBatchErrorBytes;
 inline constexpr uint32_t kMaxWorkersListed = 4096;
 inline constexpr uint32_t kMaxEventsListed = 1024;
+// Keys listed per tier by a HeldKeysReply: 16 bytes each, so that a reply
+// stays under the 1 MiB a client reads.
+inline constexpr uint32_t kMaxHeldKeysListed = 16384;
 
 enum class MessageType : uint16_t {
   kError = 1,
@@ -87,6 +90,8 @@ enum class MessageType : uint16_t {
   kEvictReply = 23,
   kWaitIdle = 24,
   kWaitIdleReply = 25,
+  kHeldKeys = 26,
+  kHeldKeysReply = 27,
   kFetchChunk = 40,
   kFetchChunkReply = 41,
   kPublishChunk = 42,  // Answered by a CommitReply.
@@ -188,6 +193,14 @@ struct EvictReply {
   std::vector<EvictedBlock> blocks;  // One per key, in order.
 };
 
+// Over the Unix socket from tierkv-admin: the keys each tier serves now
+// (Coordinator::HeldKeys), what the KV cache events a router follows
+// describe.
+struct HeldKeysRequest {};
+struct HeldKeysReply {
+  HeldKeys keys;  // At most kMaxHeldKeysListed per tier.
+};
+
 // A worker's channel: wait, at most timeout_ms, until the store's disk tier
 // has nothing in flight (TieredStore::WaitIdle).
 struct WaitIdleRequest {
@@ -232,14 +245,16 @@ struct LookupBatchReply {
   std::vector<StatusOr<LookupResult>> results;  // One per lookup, in order.
 };
 
-using Message = std::variant<
-    ErrorReply, OkReply, RegisterRequest, RegisterReply, LookupRequest,
-    LookupReply, AllocateRequest, AllocateReply, CommitRequest, CommitReply,
-    CompleteRequest, FinishRequest, StatsRequest, StatsReply, ReadyLoadsRequest,
-    ReadyLoadsReply, LookupChunkRequest, EventsRequest, EventsReply,
-    ClearRequest, ClearReply, EvictRequest, EvictReply, WaitIdleRequest,
-    WaitIdleReply, FetchChunkRequest, FetchChunkReply, PublishChunkRequest,
-    ChunkDoneRequest, LookupBatchRequest, LookupBatchReply>;
+using Message =
+    std::variant<ErrorReply, OkReply, RegisterRequest, RegisterReply,
+                 LookupRequest, LookupReply, AllocateRequest, AllocateReply,
+                 CommitRequest, CommitReply, CompleteRequest, FinishRequest,
+                 StatsRequest, StatsReply, ReadyLoadsRequest, ReadyLoadsReply,
+                 LookupChunkRequest, EventsRequest, EventsReply, ClearRequest,
+                 ClearReply, EvictRequest, EvictReply, WaitIdleRequest,
+                 WaitIdleReply, FetchChunkRequest, FetchChunkReply,
+                 PublishChunkRequest, ChunkDoneRequest, LookupBatchRequest,
+                 LookupBatchReply, HeldKeysRequest, HeldKeysReply>;
 
 MessageType TypeOf(const Message& message);
 const char* MessageTypeName(MessageType type);

@@ -92,7 +92,9 @@ StatusOr<std::unique_ptr<DiskTier>> OpenDisk(const ServerOptions& options) {
       .element_bytes = static_cast<int32_t>(options.layout.ElementSize()),
       .codec = options.disk_codec,
       .io_threads = options.disk_io_threads,
-      .cancelled = options.cancelled};
+      .cancelled = options.cancelled,
+      .cache_events = options.cache_events,
+      .block_size = options.layout.block_size};
   // --disk-capacity counts what RocksDB writes besides the blocks, and
   // leaves room for at least one block's value (header included).
   const uint64_t reserve = RocksDbReservedBytes(disk.storage);
@@ -396,6 +398,7 @@ StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& in) {
   store.eviction = options.eviction;
   store.caps = options.caps;
   store.verify_on_load = options.verify_on_load;
+  store.cache_events = options.cache_events;
   // Keys at debug level, so that an operator can evict a block by name.
   store.block_trace = [trace = options.block_trace](
                           const char* what, const BlockKey& key, BlockId slot) {

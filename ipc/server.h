@@ -107,6 +107,11 @@ struct ServerOptions {
   // logs them at debug level either way. Default: none.
   std::function<void(const char* what, const BlockKey& key, BlockId slot)>
       block_trace = {};
+  // Told of every block the host and disk tiers start or stop serving
+  // (CoordinatorOptions::cache_events, DiskTierOptions::cache_events): the
+  // disk tier's blocks found at start included. Not owned; must outlive the
+  // server. Default: none.
+  CacheEventSink* cache_events = nullptr;
   uint32_t channel_bytes = kDefaultChannelBytes;  // Per direction.
   // Socket connections not registered as workers (workers about to
   // register, tierkv-admin's calls, peers that never will) open at once:

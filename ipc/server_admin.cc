@@ -38,6 +38,11 @@ bool Server::Impl::Handle(Connection* conn, const Message& message) {
     { events = store->Lock()->events(); }
     return Reply(conn, ListEvents(std::move(events)));
   }
+  if (std::holds_alternative<HeldKeysRequest>(message)) {
+    HeldKeys held;
+    { held = store->Lock()->HeldKeysNow(kMaxHeldKeysListed); }
+    return Reply(conn, HeldKeysReply{std::move(held)});
+  }
   if (std::holds_alternative<ClearRequest>(message) ||
       std::holds_alternative<EvictRequest>(message)) {
     if (!MayOperate(conn->peer)) {

@@ -240,6 +240,10 @@ void PutPayload(Writer&, const EvictRequest&);
 void PutPayload(Writer&, const EvictReply&);
 void GetPayload(Reader&, EvictRequest*);
 void GetPayload(Reader&, EvictReply*);
+void PutPayload(Writer&, const HeldKeysRequest&);
+void PutPayload(Writer&, const HeldKeysReply&);
+void GetPayload(Reader&, HeldKeysRequest*);
+void GetPayload(Reader&, HeldKeysReply*);
 
 }  // namespace tierkv::ipc::wire
 

@@ -393,6 +393,7 @@ void BlockPool::DropKey(BlockId id) {
   const bool erased = index_.Erase(b.key, id);
   assert(erased);
   (void)erased;
+  if (key_dropped_) key_dropped_(b.key);
   b.num_tokens = 0;
   if (b.reused()) --frequent_blocks_;
   b.policy_state = 0;

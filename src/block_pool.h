@@ -47,6 +47,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <span>
 #include <utility>
@@ -228,6 +229,14 @@ class BlockPool {
   }
   const BlockPoolStats& stats() const { return stats_; }
 
+  // Called with each key the index loses (eviction for reuse, a drop),
+  // before the block forgets it; not when a newer block takes a key over
+  // (the key stays held). For an owner that reports what the pool holds
+  // (the coordinator's CacheEventSink). Default: none.
+  void set_key_dropped(std::function<void(const BlockKey&)> key_dropped) {
+    key_dropped_ = std::move(key_dropped);
+  }
+
   // Checks every invariant listed above; O(num_blocks). For tests and
   // debugging.
   Status CheckInvariants() const;
@@ -273,6 +282,7 @@ class BlockPool {
   // With keep_tokens: num_blocks x block_size, row per block. Else empty.
   std::vector<TokenId> tokens_;
   EvictionPolicy eviction_;
+  std::function<void(const BlockKey&)> key_dropped_;
   bool uncached_first_;
   FreeBlockQueue free_queue_;
   // kArc: the recent list's target size in blocks (ARC's p).

@@ -86,6 +86,13 @@ Coordinator::Coordinator(const CoordinatorOptions& options, BlockPool host_pool)
       host_pool_(std::move(host_pool)),
       inbox_(std::make_shared<LowerInbox>()) {
   inbox_->wakeup = options_.lower_tier_wakeup;
+  if (options_.cache_events != nullptr) {
+    // The sink, not `this`: the coordinator moves after construction.
+    host_pool_.set_key_dropped(
+        [sink = options_.cache_events](const BlockKey& key) {
+          sink->BlockRemoved(CacheMedium::kCpu, key);
+        });
+  }
   if (!options_.clock) options_.clock = std::chrono::steady_clock::now;
   const int64_t usable = options_.host_slots - 1;
   worker_pin_cap_ =
@@ -302,14 +309,31 @@ std::optional<BlockId> Coordinator::FindHostBlock(
 }
 
 Status Coordinator::KeyHostSlot(BlockId slot, const BlockKey& key,
-                                std::span<const TokenId> tokens) {
+                                std::span<const TokenId> tokens,
+                                const std::optional<BlockKey>& parent,
+                                std::optional<uint64_t> lora_id) {
   TIERKV_RETURN_IF_ERROR(host_pool_.CacheBlock(slot, key, tokens));
   std::ranges::copy(tokens,
                     host_tokens_.begin() +
                         static_cast<std::ptrdiff_t>(
                             static_cast<size_t>(slot) *
                             static_cast<size_t>(options_.layout.block_size)));
+  if (options_.cache_events != nullptr) {
+    options_.cache_events->BlockStored(
+        {.medium = CacheMedium::kCpu,
+         .key = key,
+         .parent = parent,
+         .tokens = tokens,
+         .block_size = options_.layout.block_size,
+         .lora_id = lora_id});
+  }
   return Status::Ok();
+}
+
+std::optional<BlockKey> Coordinator::ParentOf(const RequestState& r,
+                                              int32_t b) {
+  if (b <= 0) return std::nullopt;
+  return r.keys[static_cast<size_t>(b - 1)];
 }
 
 std::span<const TokenId> Coordinator::HostSlotTokens(BlockId slot) const {
@@ -452,6 +476,7 @@ StatusOr<LookupResult> Coordinator::Lookup(WorkerId worker, RequestId request,
       static_cast<int32_t>(tokens.size() - 1 - num_computed_tokens) / bs;
   if (plain) KeepUnchangedHits(w, r, tokens, first, max_blocks);
   r->plain_prefix = plain;
+  r->lora_id = extras.lora_id;
   if (r->keys.size() * bs != tokens.size() ||
       r->tokens.size() != tokens.size()) {
     r->tokens.assign(tokens.begin(), tokens.end());
@@ -558,6 +583,7 @@ StatusOr<Coordinator::RequestState*> Coordinator::BeginLookup(
     ForgetRequest(w, &r);
     r.keys.clear();
     r.plain_prefix = false;
+    r.lora_id.reset();  // A chunk lookup has none; Lookup sets its own.
   }
   r.state_bytes = state_bytes;
   w->request_bytes += state_bytes;
@@ -697,6 +723,8 @@ StatusOr<AllocateResult> Coordinator::Allocate(
                                    .slot = *slot,
                                    .key = r.keys[r.first_hit_block + i],
                                    .tokens = {tokens.begin(), tokens.end()},
+                                   .parent = ParentOf(r, r.first_hit_block + i),
+                                   .lora_id = r.lora_id,
                                    .worker = worker,
                                    .load = load.ref.id,
                                    .index = static_cast<size_t>(i)});
@@ -754,6 +782,7 @@ StatusOr<CommitResult> Coordinator::Commit(
   store.started = Now();
   store.event.ref.kind = EventKind::kStore;
   store.event.request = request;
+  store.lora_id = r.lora_id;
   const bool event_room =
       w->loads.size() + w->stores.size() < options_.caps.max_events_per_worker;
   int64_t pin_room = PinRoom(*w);
@@ -788,6 +817,7 @@ StatusOr<CommitResult> Coordinator::Commit(
     store.event.host_blocks.push_back(*slot);
     store.keys.push_back(key);
     store.tokens.emplace_back(tokens.begin(), tokens.end());
+    store.parents.push_back(ParentOf(r, b));
   }
   r.next_store_block = std::max(r.next_store_block, full);
   stats_.store_skipped += result.skipped_blocks;
@@ -832,7 +862,9 @@ void Coordinator::FinishStore(WorkerState* w, InFlight* store, bool ok,
     keys_being_stored_.erase(store->keys[i]);
     if (!ok) continue;
     // Cannot fail: the slot is pinned and unkeyed, with 1..block_size tokens.
-    if (KeyHostSlot(slots[i], store->keys[i], store->tokens[i]).ok()) {
+    if (KeyHostSlot(slots[i], store->keys[i], store->tokens[i],
+                    store->parents[i], store->lora_id)
+            .ok()) {
       ++stats_.stores_completed;
       TraceBlock("stored", store->keys[i], slots[i]);
       if (options_.lower != nullptr && options_.write_behind_spills > 0) {

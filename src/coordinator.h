@@ -146,6 +146,7 @@
 #include <vector>
 
 #include "src/block_pool.h"
+#include "src/cache_event_sink.h"
 #include "src/coordinator_types.h"
 #include "src/lower_tier.h"
 #include "src/mutex.h"
@@ -278,6 +279,16 @@ struct CoordinatorOptions {
   // nothing to do (tierkvd logs at debug level). Default: none.
   std::function<void(const char* what, const BlockKey& key, BlockId slot)>
       block_trace = {};
+
+  // Told of each block the host tier starts or stops serving (medium
+  // kCpu), in the order of the host index's changes: BlockStored when a
+  // store or promotion keys a slot (with the request's previous block as
+  // parent, its tokens and LoRA id), BlockRemoved when the host pool drops
+  // a key (eviction for reuse, a spill that left host, an operator's clear
+  // or evict, a slot found corrupt), and AllBlocksCleared after a Clear of
+  // every tier that left nothing. Not owned; must outlive the coordinator.
+  // Called on the owner's thread with its lock held. Default: none.
+  CacheEventSink* cache_events = nullptr;
 };
 
 // A store's host slot and the checksum of its bytes when the store
@@ -404,6 +415,9 @@ class Coordinator {
   std::vector<EvictedBlock> Evict(std::span<const BlockKey> keys);
 
   CoordinatorStats stats() const;
+  // The keys the host tier and the lower tier serve now, at most
+  // `max_per_tier` of each: what the cache_events sink has been told.
+  HeldKeys HeldKeysNow(size_t max_per_tier) const;
   // Every transfer event in flight, oldest first (ties: by worker, kind,
   // id).
   std::vector<EventInfo> events() const;
@@ -424,6 +438,8 @@ class Coordinator {
     // The keys are a prefix lookup's without extra keys (LoRA, multimodal,
     // cache salt): a repeated such lookup keeps those of unchanged blocks.
     bool plain_prefix = false;
+    // Its LoRA (RequestExtras::lora_id), reported with the blocks it stores.
+    std::optional<uint64_t> lora_id;
     int32_t first_hit_block = 0;
     std::vector<BlockId> pending_hits;  // Pinned host slots, in block order.
     bool allocated = false;
@@ -435,9 +451,12 @@ class Coordinator {
     TransferEvent event;
     std::vector<BlockKey> keys;  // Store: the keys its slots will get.
     std::vector<std::vector<TokenId>> tokens;  // Store: each slot's tokens.
-    std::vector<LoadSlot> slots;               // Load: one per block.
-    int32_t promoting = 0;                     // Load: promotions not finished.
-    bool pending = false;  // Load: not handed to the worker yet.
+    // Store: each block's parent in its request (none for the first block).
+    std::vector<std::optional<BlockKey>> parents;
+    std::optional<uint64_t> lora_id;  // Store: the request's.
+    std::vector<LoadSlot> slots;      // Load: one per block.
+    int32_t promoting = 0;            // Load: promotions not finished.
+    bool pending = false;             // Load: not handed to the worker yet.
     // A scheduler's event: the ranks that completed (or were dropped
     // before completing) it, one bit per rank, and whether any failed.
     uint64_t ranks_done = 0;
@@ -450,6 +469,10 @@ class Coordinator {
     BlockId slot = 0;
     BlockKey key;
     std::vector<TokenId> tokens;  // Promotion: what the slot is keyed with.
+    // Promotion: the block's parent in the load's request, and its LoRA,
+    // for the host tier's BlockStored.
+    std::optional<BlockKey> parent;
+    std::optional<uint64_t> lora_id;
     // Promotion: its slot counts in this worker's pins; 0 once the worker
     // is gone.
     WorkerId worker = 0;
@@ -596,9 +619,14 @@ class Coordinator {
   std::optional<BlockId> FindHostBlock(const BlockKey& key,
                                        std::span<const TokenId> tokens) const;
   // Keys pinned, unkeyed `slot` in the host pool and records its tokens
-  // (host_tokens_). As BlockPool::CacheBlock otherwise.
+  // (host_tokens_), then tells options.cache_events (with `parent` and
+  // `lora_id`). As BlockPool::CacheBlock otherwise.
   Status KeyHostSlot(BlockId slot, const BlockKey& key,
-                     std::span<const TokenId> tokens);
+                     std::span<const TokenId> tokens,
+                     const std::optional<BlockKey>& parent,
+                     std::optional<uint64_t> lora_id);
+  // The parent of block `b` of `r` in its key chain: none for block 0.
+  static std::optional<BlockKey> ParentOf(const RequestState& r, int32_t b);
   // The token ids keyed `slot` was stored with; empty for an unkeyed slot.
   std::span<const TokenId> HostSlotTokens(BlockId slot) const;
   // `checksums`: sorted by slot.

@@ -103,7 +103,7 @@ size_t Coordinator::PumpLowerTier() {
     --promotions_in_flight_;
     if (ok) {
       // Cannot fail: the slot is pinned and unkeyed, with 1..block_size tokens.
-      (void)KeyHostSlot(op.slot, op.key, op.tokens);
+      (void)KeyHostSlot(op.slot, op.key, op.tokens, op.parent, op.lora_id);
       // A hit on disk is a use: the policy keeps it as it keeps a host hit.
       (void)host_pool_.MarkReused(op.slot);
       ++stats_.promotions;
@@ -246,6 +246,13 @@ StatusOr<ClearResult> Coordinator::Clear(TierSelection tiers) {
       if (op.spill && op.discard) (void)options_.lower->Remove(op.key);
     }
     result.disk_cleared = true;
+  }
+  // The per-key removals went out already; a router may also take this as
+  // the cue to drop what it keeps for the store. Only when it is true:
+  // nothing kept on host and no spill in flight that could still land.
+  if (tiers == TierSelection::kAll && options_.cache_events != nullptr &&
+      host_pool_.num_cached_blocks() == 0 && lower_ops_.empty()) {
+    options_.cache_events->AllBlocksCleared();
   }
   return result;
 }

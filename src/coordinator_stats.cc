@@ -126,4 +126,18 @@ std::vector<EventInfo> Coordinator::events() const {
   return out;
 }
 
+HeldKeys Coordinator::HeldKeysNow(size_t max_per_tier) const {
+  HeldKeys held;
+  for (BlockId id = 1; id < host_pool_.num_blocks(); ++id) {
+    const BlockPool::Block& b = host_pool_.block(id);
+    if (!b.has_key()) continue;
+    ++held.host_total;
+    if (held.host.size() < max_per_tier) held.host.push_back(b.key);
+  }
+  if (options_.lower != nullptr) {
+    held.disk = options_.lower->StoredKeys(max_per_tier, &held.disk_total);
+  }
+  return held;
+}
+
 }  // namespace tierkv

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "tierkv/block_key.h"
 #include "tierkv/kv_layout.h"
@@ -64,6 +65,16 @@ struct EvictedBlock {
 // from disk", "pinned, kept" (then "; dropped from disk" if it was), or
 // "not cached".
 std::string EvictedBlockSummary(const EvictedBlock& block);
+
+// The keys each tier serves (Coordinator::HeldKeys): the host tier's keyed
+// slots and the lower tier's stored blocks, each list in no set order and
+// cut at a bound; the totals count them all.
+struct HeldKeys {
+  uint64_t host_total = 0;
+  uint64_t disk_total = 0;
+  std::vector<BlockKey> host;
+  std::vector<BlockKey> disk;
+};
 
 // Where a transfer event in flight stands (see the state list above).
 enum class EventState : uint8_t { kPromoting = 1, kReady = 2, kCopying = 3 };

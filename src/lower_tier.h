@@ -12,6 +12,7 @@
 #include <functional>
 #include <optional>
 #include <span>
+#include <vector>
 
 #include "tierkv/block_key.h"
 #include "tierkv/stats.h"
@@ -55,6 +56,10 @@ class LowerTier {
   // Forgets every block the tier holds, as Remove; returns how many. Blocks
   // still being written (spills in flight) are kept.
   virtual uint64_t RemoveAll() = 0;
+  // The keys the tier holds (stored, not being written), at most `max` of
+  // them, and how many it holds in all.
+  virtual std::vector<BlockKey> StoredKeys(size_t max,
+                                           uint64_t* total) const = 0;
   virtual DiskTierStats stats() const = 0;
 };
 

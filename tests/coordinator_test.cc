@@ -790,6 +790,14 @@ class SlowSpillTier : public LowerTier {
   DiskTierStats stats() const override {
     return {.keys = static_cast<uint64_t>(stored.size())};
   }
+  std::vector<BlockKey> StoredKeys(size_t max, uint64_t* total) const override {
+    std::vector<BlockKey> keys;
+    for (const auto& [key, tokens] : stored) {
+      if (keys.size() < max) keys.push_back(key);
+    }
+    *total = stored.size();
+    return keys;
+  }
 
   // Finishes the i-th spill: it lands and reports OK unless cancelled,
   // which reports Aborted (as DiskTier does).

@@ -162,6 +162,54 @@ TEST_F(DaemonFlagsTest, WorkerCapsAndVerifyLoads) {
               HasSubstr("at least 1 byte"));
 }
 
+TEST_F(DaemonFlagsTest, KvEventsOffByDefaultAndSetByFlagOrFile) {
+  auto command =
+      Parse({"--layers", "2", "--kv-heads", "4", "--head-dim", "64"});
+  ASSERT_THAT(command, IsOk());
+  EXPECT_EQ(command->kv_events.endpoint, "");  // No events.
+  EXPECT_EQ(command->kv_events.replay_endpoint, "");
+  EXPECT_EQ(command->kv_events.topic, "");  // vLLM's default topic.
+  EXPECT_EQ(command->kv_events.buffer_steps, 10000u);
+  EXPECT_EQ(command->kv_events.max_queue_events, 100000u);
+  EXPECT_EQ(command->kv_events.hash_format, "int");  // vLLM's default form.
+
+  WriteConfig(std::string(kLayout) +
+              "kv-events-endpoint = tcp://*:5557\n"
+              "kv-events-replay-endpoint = tcp://*:5558\n"
+              "kv-events-topic = kv\n"
+              "kv-events-buffer-steps = 50\n"
+              "kv-events-hash-format = bytes\n");
+  command = Parse({"--config", config_, "--kv-events-queue", "7"});
+  ASSERT_THAT(command, IsOk());
+  EXPECT_EQ(command->kv_events.endpoint, "tcp://*:5557");
+  EXPECT_EQ(command->kv_events.replay_endpoint, "tcp://*:5558");
+  EXPECT_EQ(command->kv_events.topic, "kv");
+  EXPECT_EQ(command->kv_events.buffer_steps, 50u);
+  EXPECT_EQ(command->kv_events.max_queue_events, 7u);
+  EXPECT_EQ(command->kv_events.hash_format, "bytes");
+}
+
+TEST_F(DaemonFlagsTest, KvEventsBadValuesAreNamed) {
+  const std::vector<std::string> layout = {"--layers",   "2", "--kv-heads", "4",
+                                           "--head-dim", "64"};
+  auto with = [&](std::vector<std::string> more) {
+    more.insert(more.begin(), layout.begin(), layout.end());
+    return Error(more);
+  };
+  EXPECT_THAT(with({"--kv-events-replay-endpoint", "tcp://*:5558"}),
+              HasSubstr("needs --kv-events-endpoint"));
+  EXPECT_THAT(with({"--kv-events-endpoint", "tcp://*:5557",
+                    "--kv-events-buffer-steps", "0"}),
+              HasSubstr("--kv-events-buffer-steps '0'"));
+  EXPECT_THAT(
+      with({"--kv-events-endpoint", "tcp://*:5557", "--kv-events-queue", "0"}),
+      HasSubstr("--kv-events-queue '0'"));
+  EXPECT_THAT(
+      with({"--kv-events-endpoint", "tcp://*:5557", "--kv-events-hash-format",
+            "hex"}),
+      HasSubstr("--kv-events-hash-format 'hex': expected int or bytes"));
+}
+
 TEST_F(DaemonFlagsTest, UnknownKeyNamesFileLineAndKey) {
   WriteConfig(std::string(kLayout) + "host-capacty = 2G\n");
   EXPECT_THAT(Error({"--config", config_}),

@@ -139,6 +139,11 @@ std::vector<Message> Samples() {
       LookupBatchReply{{LookupResult{.hit_tokens = 32, .disk_hit_tokens = 16},
                         Status::ResourceExhausted("past the cap"),
                         LookupResult{}}},
+      HeldKeysRequest{},
+      HeldKeysReply{{.host_total = 3,
+                     .disk_total = 1,
+                     .host = {BlockKey{.lo = 1, .hi = 2}},
+                     .disk = {BlockKey{.lo = 3, .hi = 4}}}},
   };
 }
 

@@ -92,7 +92,18 @@ bool DiskIndex::Commit(const BlockKey& key, uint64_t generation,
   it->second.stored = true;
   it->second.location = location;
   it->second.lru = lru_.insert(lru_.end(), key);
+  ReportStored(key, it->second);
   return true;
+}
+
+void DiskIndex::ReportStored(const BlockKey& key, const Entry& entry) const {
+  if (events_ == nullptr) return;
+  events_->BlockStored({.medium = CacheMedium::kStorage,
+                        .key = key,
+                        .parent = std::nullopt,
+                        .tokens = entry.tokens,
+                        .block_size = block_size_,
+                        .lora_id = std::nullopt});
 }
 
 bool DiskIndex::IsCurrent(const BlockKey& key, uint64_t generation) const {
@@ -112,6 +123,7 @@ void DiskIndex::InsertStored(const BlockKey& key, uint64_t bytes,
   entry.stored = true;
   entry.lru = lru_.insert(lru_.end(), key);
   bytes_ += bytes;
+  ReportStored(key, entry);
 }
 
 void DiskIndex::EvictToCapacity(std::vector<BlockKey>* victims) {
@@ -130,7 +142,10 @@ const DiskIndex::Entry* DiskIndex::FindStored(const BlockKey& key) const {
 bool DiskIndex::Erase(const BlockKey& key) {
   auto it = entries_.find(key);
   if (it == entries_.end()) return false;
-  if (it->second.stored) lru_.erase(it->second.lru);
+  if (it->second.stored) {
+    lru_.erase(it->second.lru);
+    if (events_ != nullptr) events_->BlockRemoved(CacheMedium::kStorage, key);
+  }
   bytes_ -= it->second.bytes;
   entries_.erase(it);
   return true;

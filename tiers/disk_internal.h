@@ -20,6 +20,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "src/cache_event_sink.h"
 #include "tiers/disk_tier.h"
 
 namespace tierkv {
@@ -170,7 +171,11 @@ class DiskIndex {
     std::list<BlockKey>::iterator lru;  // Valid iff stored.
   };
 
-  explicit DiskIndex(uint64_t capacity) : capacity_(capacity) {}
+  // `events`, when set, hears of every key that becomes STORED (with no
+  // parent: the tier keeps none) and every STORED key that leaves, in the
+  // index's order (its owner's lock held), as medium kStorage.
+  DiskIndex(uint64_t capacity, CacheEventSink* events, int32_t block_size)
+      : capacity_(capacity), events_(events), block_size_(block_size) {}
 
   // Records `key` as WRITING `bytes` for the Put numbered `generation`,
   // replacing any entry of the key, after evicting least recently used
@@ -216,7 +221,11 @@ class DiskIndex {
   uint64_t evictions() const { return evictions_; }
 
  private:
+  void ReportStored(const BlockKey& key, const Entry& entry) const;
+
   const uint64_t capacity_;
+  CacheEventSink* const events_;
+  const int32_t block_size_;
   uint64_t bytes_ = 0;
   uint64_t evictions_ = 0;
   std::unordered_map<BlockKey, Entry, BlockKeyHash> entries_;

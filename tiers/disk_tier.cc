@@ -202,7 +202,8 @@ class DiskTierImpl final : public DiskTier {
         storage_(std::move(storage)),
         space_(storage_.get()),
         slot_bytes_(SlotBytes(options.block_bytes)),
-        index_(options.capacity_bytes - options.reserved_bytes) {}
+        index_(options.capacity_bytes - options.reserved_bytes,
+               options.cache_events, options.block_size) {}
 
   ~DiskTierImpl() override {
     if (io_ == nullptr) return;  // Open failed before starting threads.
@@ -273,6 +274,15 @@ class DiskTierImpl final : public DiskTier {
     if (erase_value) DeleteNow({&key, 1});
     ReleaseKeys({&key, 1});
     return stored;
+  }
+
+  std::vector<BlockKey> StoredKeys(size_t max, uint64_t* total) const
+      TIERKV_EXCLUDES(mu_) override {
+    MutexLock lock(&mu_);
+    std::vector<BlockKey> keys = index_.StoredKeys();
+    *total = keys.size();
+    if (keys.size() > max) keys.resize(max);
+    return keys;
   }
 
   uint64_t RemoveAll() TIERKV_EXCLUDES(mu_) override {

@@ -75,6 +75,7 @@
 #include <string_view>
 #include <vector>
 
+#include "src/cache_event_sink.h"
 #include "src/lower_tier.h"
 #include "tierkv/block_key.h"
 #include "tierkv/status.h"
@@ -367,6 +368,15 @@ struct DiskTierOptions {
   // gives up with Unavailable (tierkvd asked to stop while starting).
   // Default: never.
   std::function<bool()> cancelled = {};
+  // Told of every block the tier starts or stops serving (CacheEventSink,
+  // medium kStorage): a value written or found by Open, and one evicted,
+  // removed, replaced or found corrupt. Called on the tier's threads (and
+  // Open's) with its lock held. Not owned; must outlive the tier. Default:
+  // none.
+  CacheEventSink* cache_events = nullptr;
+  // Tokens per full block (KvLayout::block_size), reported with each
+  // stored block. Needed only with cache_events. Default: 0.
+  int32_t block_size = 0;
 };
 
 // DiskTierStats is in tierkv/stats.h: the coordinator reports it too.
@@ -450,6 +460,9 @@ class DiskTier {
   // how many. Keys being written are left alone: their writes complete as
   // usual.
   virtual uint64_t RemoveAll() = 0;
+  // The stored keys (LowerTier::StoredKeys), least recently used first.
+  virtual std::vector<BlockKey> StoredKeys(size_t max,
+                                           uint64_t* total) const = 0;
   // Waits until every queued Put and Get has run (and its callback
   // returned), then makes what was written durable. Fails when the tier is
   // degraded by a write error or read-only: what was written since the last

@@ -51,6 +51,9 @@ class DiskBelowHost final : public LowerTier {
   }
   bool Remove(const BlockKey& key) override { return disk_->Remove(key); }
   uint64_t RemoveAll() override { return disk_->RemoveAll(); }
+  std::vector<BlockKey> StoredKeys(size_t max, uint64_t* total) const override {
+    return disk_->StoredKeys(max, total);
+  }
   DiskTierStats stats() const override { return disk_->stats(); }
 
  private:
@@ -125,7 +128,8 @@ StatusOr<std::unique_ptr<TieredStore>> TieredStore::Open(
                                  })
                            : nullptr,
        .chunk_lease_released = [raw] { raw->lease_ended_.NotifyAll(); },
-       .block_trace = options.block_trace});
+       .block_trace = options.block_trace,
+       .cache_events = options.cache_events});
   // Without a coordinator no disk callback can wake anything: the
   // destructor closes the tiers in order.
   TIERKV_RETURN_IF_ERROR(coordinator.status());

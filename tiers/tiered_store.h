@@ -82,6 +82,10 @@ struct TieredStoreOptions {
   // A worker's pending loads became ready (CoordinatorOptions::
   // loads_ready): called with the store's mutex held. Default: none.
   std::function<void(WorkerId)> loads_ready = {};
+  // The host tier's block events (CoordinatorOptions::cache_events); the
+  // disk tier reports its own (DiskTierOptions::cache_events). Default:
+  // none.
+  CacheEventSink* cache_events = nullptr;
   // Run the tier thread that applies the disk tier's results as they come.
   // False: they wait until the owner applies them (Lock()->PumpLowerTier(),
   // WaitIdle, Flush), so a test can hold spills and promotions in flight

@@ -143,7 +143,12 @@ StatusOr<AdminCommand> ParseAdminFlags(int argc, const char* const* argv) {
       "          Keys depend on the store's model and layout (asked of\n"
       "          tierkvd) and on --tenant, --lora and --cache-salt as the\n"
       "          engine passed them; with --log-level debug tierkvd logs\n"
-      "          each key it stores, spills and promotes\n\n"
+      "          each key it stores, spills and promotes\n"
+      "  held    the keys each tier serves now, one line each: CPU (host)\n"
+      "          or STORAGE (disk), then the key; what tierkvd's KV cache\n"
+      "          events (--kv-events-endpoint) describe. At most 16384 per\n"
+      "          tier; a '#' line says when the list is cut (--json:\n"
+      "          machine-readable)\n\n"
       "Options");
   desc.add_options()("help,h", "show this help and exit")(
       "version", "print tierkv-admin's version and exit")(
@@ -204,11 +209,12 @@ StatusOr<AdminCommand> ParseAdminFlags(int argc, const char* const* argv) {
   if (command.verb != "stats" && command.verb != "workers" &&
       command.verb != "metrics" && command.verb != "watch" &&
       command.verb != "events" && command.verb != "clear" &&
-      command.verb != "evict" && command.verb != "keys") {
+      command.verb != "evict" && command.verb != "keys" &&
+      command.verb != "held") {
     return Status::InvalidArgument(
         "unknown command '" + command.verb +
         "' (try: stats, workers, metrics, watch, events, clear, evict, "
-        "keys)");
+        "keys, held)");
   }
   TIERKV_RETURN_IF_ERROR(ParseOrderArgs(tier, args, &command));
   if (!(command.interval_seconds >= 0.05) || command.count < 0) {
@@ -380,6 +386,16 @@ int RunAdmin(const AdminCommand& command, std::ostream& out, std::ostream& err,
     }
     out << (command.json ? FormatEvictJson(evict->blocks)
                          : FormatEvict(evict->blocks));
+    return 0;
+  }
+  if (command.verb == "held") {
+    std::optional<ipc::Message> reply =
+        Ask(command.socket_path, ipc::HeldKeysRequest{}, err, &code);
+    if (!reply.has_value()) return code;
+    const auto* held = std::get_if<ipc::HeldKeysReply>(&*reply);
+    if (held == nullptr) return Unexpected(err);
+    out << (command.json ? FormatHeldKeysJson(held->keys)
+                         : FormatHeldKeys(held->keys));
     return 0;
   }
   if (command.verb == "events") {

@@ -19,8 +19,8 @@ namespace tierkv::admin {
 struct AdminCommand {
   bool show_help = false;
   std::string help_text;
-  // "stats", "workers", "metrics", "watch", "events", "clear", "evict" or
-  // "keys".
+  // "stats", "workers", "metrics", "watch", "events", "clear", "evict",
+  // "keys" or "held".
   std::string verb;
   std::string socket_path;    // Resolved (default from --store).
   bool socket_given = false;  // --socket named it (not derived from --store).
@@ -72,6 +72,9 @@ std::string FormatStatsFields(const CoordinatorStats& stats);
 std::string FormatWorkers(const CoordinatorStats& stats);
 // Prometheus text exposition format, version 0.0.4.
 std::string FormatMetrics(const CoordinatorStats& stats);
+// The labels every sample of FormatMetrics carries: store="...",model="...".
+// For samples tierkvd adds beside them (its KV cache events' counters).
+std::string MetricBaseLabels(const CoordinatorStats& stats);
 // `events`: the oldest of the `in_flight` events in flight, oldest first.
 std::string FormatEventsTable(const std::vector<EventInfo>& events,
                               uint64_t in_flight);
@@ -82,6 +85,10 @@ std::string FormatClear(TierSelection tiers, const ClearResult& result);
 std::string FormatClearJson(TierSelection tiers, const ClearResult& result);
 std::string FormatEvict(const std::vector<EvictedBlock>& blocks);
 std::string FormatEvictJson(const std::vector<EvictedBlock>& blocks);
+// held: "CPU <key>" and "STORAGE <key>" lines, then a '#' line per tier
+// whose list was cut.
+std::string FormatHeldKeys(const HeldKeys& keys);
+std::string FormatHeldKeysJson(const HeldKeys& keys);
 // "850 us", "12.5 ms", "3.2 s", "4m05s", "2h07m".
 std::string FormatAge(uint64_t age_us);
 // "512 B", "32.0 KiB", "15.6 MiB": powers of 1024, one decimal.

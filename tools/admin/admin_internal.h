@@ -13,9 +13,6 @@ namespace tierkv::admin {
 // `value` ("0.1", not "0.10000000000000001"; "1048576", not "1.048576e+06").
 std::string MetricValue(double value);
 
-// The labels every sample of FormatMetrics carries: store="...",model="...".
-std::string MetricBaseLabels(const CoordinatorStats& stats);
-
 }  // namespace tierkv::admin
 
 #endif  // TIERKV_TOOLS_ADMIN_ADMIN_INTERNAL_H_

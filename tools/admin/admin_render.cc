@@ -604,4 +604,39 @@ std::string FormatEvictJson(const std::vector<EvictedBlock>& blocks) {
   return out.str();
 }
 
+std::string FormatHeldKeys(const HeldKeys& keys) {
+  std::ostringstream out;
+  for (const BlockKey& key : keys.host) out << "CPU " << key.ToHex() << "\n";
+  for (const BlockKey& key : keys.disk) {
+    out << "STORAGE " << key.ToHex() << "\n";
+  }
+  if (keys.host.size() < keys.host_total) {
+    out << "# host: " << keys.host.size() << " of " << keys.host_total
+        << " keys listed\n";
+  }
+  if (keys.disk.size() < keys.disk_total) {
+    out << "# disk: " << keys.disk.size() << " of " << keys.disk_total
+        << " keys listed\n";
+  }
+  return out.str();
+}
+
+std::string FormatHeldKeysJson(const HeldKeys& keys) {
+  std::ostringstream out;
+  auto list = [&](const std::vector<BlockKey>& tier) {
+    out << "[";
+    for (size_t i = 0; i < tier.size(); ++i) {
+      out << (i ? "," : "") << "\"" << tier[i].ToHex() << "\"";
+    }
+    out << "]";
+  };
+  out << "{\"host_total\":" << keys.host_total
+      << ",\"disk_total\":" << keys.disk_total << ",\"host\":";
+  list(keys.host);
+  out << ",\"disk\":";
+  list(keys.disk);
+  out << "}\n";
+  return out.str();
+}
+
 }  // namespace tierkv::admin

@@ -18,6 +18,7 @@
 #include "src/mutex.h"
 #include "tools/admin/admin.h"
 #include "tools/daemon/daemon_log.h"
+#include "tools/daemon/kv_events.h"
 #include "tools/daemon/metrics_http.h"
 #include "tools/daemon/watchdog.h"
 
@@ -220,6 +221,31 @@ class SignalThread {
   std::thread thread_;
 };
 
+// The publisher --kv-events-endpoint asks for (null without one), its
+// first batch an AllBlocksCleared: a router that follows a restarted
+// tierkvd forgets what the last run held, and learns what it holds now
+// from the events that follow (the disk tier's blocks, as it opens).
+StatusOr<std::unique_ptr<KvEventPublisher>> StartKvEvents(
+    const KvEventsFlags& flags) {
+  if (flags.endpoint.empty()) return std::unique_ptr<KvEventPublisher>();
+  TIERKV_ASSIGN_OR_RETURN(KvEventHashFormat hashes,
+                          ParseKvEventHashFormat(flags.hash_format));
+  TIERKV_ASSIGN_OR_RETURN(
+      std::unique_ptr<KvEventPublisher> publisher,
+      KvEventPublisher::Create({.endpoint = flags.endpoint,
+                                .replay_endpoint = flags.replay_endpoint,
+                                .topic = flags.topic,
+                                .buffer_steps = flags.buffer_steps,
+                                .max_queue_events = flags.max_queue_events,
+                                .hash_format = hashes}));
+  publisher->AllBlocksCleared();
+  spdlog::info("kv events: publishing on {}{}", flags.endpoint,
+               flags.replay_endpoint.empty()
+                   ? std::string()
+                   : ", replay on " + flags.replay_endpoint);
+  return publisher;
+}
+
 }  // namespace
 
 // While start-up makes progress, systemd is told every kExtendEvery to
@@ -245,6 +271,15 @@ int RunDaemon(const DaemonCommand& command) {
   }
   SignalThread signal_thread(command, **log, signals);
   ipc::ServerOptions options = command.server;
+  // Before the server: the disk tier reports the blocks it finds while it
+  // opens, and the publisher must outlive every tier that reports to it.
+  StatusOr<std::unique_ptr<KvEventPublisher>> kv_events =
+      StartKvEvents(command.kv_events);
+  if (!kv_events.ok()) {
+    spdlog::error("cannot start: {}", kv_events.status().message());
+    return ExitStatusFor(kv_events.status());
+  }
+  options.cache_events = kv_events->get();
   // Called between units of start-up work (64 MiB of host memory reserved,
   // a record of the disk index read): besides looking for a stop, it keeps
   // extending systemd's start timeout while the start makes progress, so a
@@ -286,7 +321,15 @@ int RunDaemon(const DaemonCommand& command) {
     auto started = MetricsHttpServer::Start(
         {.host = command.metrics_listen->host,
          .port = command.metrics_listen->port,
-         .render = [raw] { return admin::FormatMetrics(raw->stats()); }});
+         .render = [raw, events = kv_events->get()] {
+           const CoordinatorStats stats = raw->stats();
+           std::string text = admin::FormatMetrics(stats);
+           if (events != nullptr) {
+             text += FormatKvEventMetrics(events->stats(),
+                                          admin::MetricBaseLabels(stats));
+           }
+           return text;
+         }});
     if (!started.ok()) {
       spdlog::error("cannot start: {}", started.status().message());
       sd_notifyf(0, "STATUS=cannot start: %s",
@@ -314,6 +357,13 @@ int RunDaemon(const DaemonCommand& command) {
   Status stopped;
   StopWithin(command.stop_timeout,
              [&] { stopped = (*server)->Stop(spill_time); });
+  if (*kv_events != nullptr) {
+    // What the stop dropped from host goes out before the sockets close.
+    (void)(*kv_events)->Flush(std::chrono::seconds(1));
+    const KvEventPublisherStats s = (*kv_events)->stats();
+    spdlog::info("kv events: {} published in {} batches, {} dropped",
+                 s.events_queued, s.batches_published, s.events_dropped);
+  }
   if (!stopped.ok()) {
     spdlog::error(
         "stopped, but the host tier is not all on disk and durable: {}; a "

@@ -99,6 +99,7 @@ struct RawOptions {
   int stop_timeout = 10;
   std::string metrics_listen;
   int stats_interval_ms = 100;
+  KvEventsFlags kv_events;
   int pending_timeout_ms = 5000;
 };
 
@@ -408,12 +409,63 @@ po::options_description SettingOptions(DaemonCommand& command,
       "serve the statistics in Prometheus text format (what tierkv-admin "
       "metrics prints) over HTTP at http://ADDR:PORT/metrics. A port alone "
       "listens on 127.0.0.1 only; 0.0.0.0:PORT or [::]:PORT exposes them to "
-      "the network. PORT 0: any free port, logged. Default: off");
+      "the network. PORT 0: any free port, logged. Default: off")(
+      "kv-events-endpoint",
+      po::value(&raw.kv_events.endpoint)->value_name("ENDPOINT"),
+      "publish KV cache events in vLLM's format (ZeroMQ PUB, msgpack) for "
+      "cache-aware routers: tcp://*:5557 or ipc://PATH binds, tcp://HOST:PORT "
+      "connects. Default: off")(
+      "kv-events-replay-endpoint",
+      po::value(&raw.kv_events.replay_endpoint)->value_name("ENDPOINT"),
+      "bind a ZeroMQ ROUTER here that replays recent event batches from a "
+      "sequence number a subscriber asks for. Needs --kv-events-endpoint. "
+      "Default: off")(
+      "kv-events-topic",
+      po::value(&raw.kv_events.topic)->default_value(raw.kv_events.topic),
+      "the topic frame of every event message (vLLM's default: empty)")(
+      "kv-events-buffer-steps",
+      po::value(&raw.kv_events.buffer_steps)
+          ->default_value(raw.kv_events.buffer_steps),
+      "event batches kept for replay (1 to 10000000)")(
+      "kv-events-queue",
+      po::value(&raw.kv_events.max_queue_events)
+          ->default_value(raw.kv_events.max_queue_events),
+      "events waiting for the publisher thread at most; past it events are "
+      "dropped, counted and logged (1 to 100000000)")(
+      "kv-events-hash-format",
+      po::value(&raw.kv_events.hash_format)
+          ->default_value(raw.kv_events.hash_format),
+      "block hashes in events: int (a block key's low 64 bits, as vLLM "
+      "sends its hashes by default) or bytes (the whole 16-byte key)");
   return desc;
 }
 
 // "--key", or "file:line: key" when the key's value came from the file.
 using Where = std::function<std::string(const std::string& key)>;
+
+Status CheckKvEvents(const KvEventsFlags& flags, const Where& where) {
+  if (!flags.replay_endpoint.empty() && flags.endpoint.empty()) {
+    return Status::InvalidArgument(
+        where("kv-events-replay-endpoint") +
+        ": replays events, so it needs --kv-events-endpoint");
+  }
+  if (flags.buffer_steps < 1 || flags.buffer_steps > 10'000'000) {
+    return Status::InvalidArgument(where("kv-events-buffer-steps") + " '" +
+                                   std::to_string(flags.buffer_steps) +
+                                   "': 1 to 10000000 batches");
+  }
+  if (flags.hash_format != "int" && flags.hash_format != "bytes") {
+    return Status::InvalidArgument(where("kv-events-hash-format") + " '" +
+                                   flags.hash_format +
+                                   "': expected int or bytes");
+  }
+  if (flags.max_queue_events < 1 || flags.max_queue_events > 100'000'000) {
+    return Status::InvalidArgument(where("kv-events-queue") + " '" +
+                                   std::to_string(flags.max_queue_events) +
+                                   "': 1 to 100000000 events");
+  }
+  return Status::Ok();
+}
 
 // Checks and converts what the flags and the file gave.
 StatusOr<DaemonCommand> Finish(DaemonCommand command, const RawOptions& raw,
@@ -522,6 +574,8 @@ StatusOr<DaemonCommand> Finish(DaemonCommand command, const RawOptions& raw,
     }
     command.metrics_listen = *listen;
   }
+  TIERKV_RETURN_IF_ERROR(CheckKvEvents(raw.kv_events, where));
+  command.kv_events = raw.kv_events;
   if (s.max_workers < 1 || s.max_workers > ipc::kMaxWorkersListed) {
     return Status::InvalidArgument(where("max-workers") + " '" +
                                    std::to_string(s.max_workers) + "': 1 to " +

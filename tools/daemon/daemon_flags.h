@@ -28,6 +28,24 @@ struct MetricsListen {
 // InvalidArgument naming the flag otherwise.
 StatusOr<MetricsListen> ParseMetricsListen(const std::string& text);
 
+// vLLM-format KV cache events (tools/daemon/kv_events.h): --kv-events-*.
+struct KvEventsFlags {
+  // Where the PUB socket binds ("tcp://*:5557", "ipc:///run/tierkv/ev").
+  // Default: "" (no events).
+  std::string endpoint;
+  // Where the replay ROUTER socket binds. Default: "" (no replay).
+  std::string replay_endpoint;
+  std::string topic;  // Default: "" (vLLM's default topic).
+  // Batches kept for replay, 1 to 10000000. Default: 10000 (vLLM's).
+  size_t buffer_steps = 10000;
+  // Events queued for the publisher thread at most; past it they are
+  // dropped and counted. 1 to 100000000. Default: 100000 (vLLM's).
+  size_t max_queue_events = 100000;
+  // Block hashes on the wire: "int" (the key's low 64 bits, as vLLM sends
+  // its hashes by default) or "bytes" (the whole 16-byte key). Default: int.
+  std::string hash_format = "int";
+};
+
 struct DaemonCommand {
   bool show_help = false;
   std::string help_text;
@@ -48,6 +66,8 @@ struct DaemonCommand {
   std::chrono::seconds stop_timeout{10};
   // --metrics-listen: serve /metrics over HTTP. Default: none (off).
   std::optional<MetricsListen> metrics_listen;
+  // --kv-events-*: publish KV cache events. Default: off.
+  KvEventsFlags kv_events;
 };
 
 // Flags first; `--config FILE` then fills in every option the command line

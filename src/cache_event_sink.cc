@@ -1,0 +1,16 @@
+// The names of CacheEventSink's media (src/cache_event_sink.h).
+#include "src/cache_event_sink.h"
+
+namespace tierkv {
+
+const char* CacheMediumName(CacheMedium medium) {
+  switch (medium) {
+    case CacheMedium::kCpu:
+      return "CPU";
+    case CacheMedium::kStorage:
+      return "STORAGE";
+  }
+  return "?";
+}
+
+}  // namespace tierkv

@@ -1,0 +1,429 @@
+// vLLM-format KV cache events (tools/daemon/kv_events.h): the msgpack
+// encoding of a batch, decoded back with msgpack-c field by field as vLLM's
+// msgspec decoder reads it; the merging of chained blocks into one
+// BlockStored; and the publisher over real ZeroMQ sockets, a SUB socket for
+// the live stream and a DEALER for replay (what a router runs).
+#include "tools/daemon/kv_events.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <msgpack.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+#include <zmq.hpp>
+
+#include "tests/scratch.h"
+#include "tests/status_matchers.h"
+
+namespace tierkv::daemon {
+namespace {
+
+using ::testing::ElementsAre;
+using Clock = std::chrono::steady_clock;
+
+BlockKey Key(uint64_t i) { return {.lo = i * 0x9e3779b97f4a7c15, .hi = i}; }
+
+std::vector<TokenId> Tokens(TokenId first, int n) {
+  std::vector<TokenId> out;
+  for (int i = 0; i < n; ++i) out.push_back(first + static_cast<TokenId>(i));
+  return out;
+}
+
+KvEvent Stored(CacheMedium medium, uint64_t key, std::optional<uint64_t> parent,
+               TokenId first_token, std::optional<uint64_t> lora = {}) {
+  return {
+      .type = KvEvent::Type::kBlockStored,
+      .medium = medium,
+      .keys = {Key(key)},
+      .parent = parent ? std::optional<BlockKey>(Key(*parent)) : std::nullopt,
+      .tokens = Tokens(first_token, 4),
+      .block_size = 4,
+      .lora_id = lora};
+}
+
+KvEvent Removed(CacheMedium medium, uint64_t key) {
+  return {.type = KvEvent::Type::kBlockRemoved,
+          .medium = medium,
+          .keys = {Key(key)},
+          .parent = std::nullopt,
+          .tokens = {},
+          .block_size = 0,
+          .lora_id = std::nullopt};
+}
+
+std::string Bin(const msgpack::object& o) {
+  EXPECT_EQ(o.type, msgpack::type::BIN);
+  return {o.via.bin.ptr, o.via.bin.size};
+}
+
+std::string Str(const msgpack::object& o) {
+  EXPECT_EQ(o.type, msgpack::type::STR);
+  return {o.via.str.ptr, o.via.str.size};
+}
+
+std::vector<msgpack::object> Array(const msgpack::object& o) {
+  EXPECT_EQ(o.type, msgpack::type::ARRAY);
+  if (o.type != msgpack::type::ARRAY) return {};
+  return {o.via.array.ptr, o.via.array.ptr + o.via.array.size};
+}
+
+TEST(KvEventsEncoding, BlockHashIsTheKeyBigEndian) {
+  const BlockKey key =
+      BlockKey::FromHex("0123456789abcdeffedcba9876543210").value();
+  const std::string hash = KvEventBlockHash(key);
+  ASSERT_EQ(hash.size(), 16u);
+  std::string hex;
+  for (unsigned char c : hash) {
+    constexpr char kDigits[] = "0123456789abcdef";
+    hex += kDigits[c >> 4];
+    hex += kDigits[c & 15];
+  }
+  EXPECT_EQ(hex, key.ToHex());
+}
+
+// Each event is an array that starts with its tag, fields in vLLM's order.
+TEST(KvEventsEncoding, BatchDecodesFieldByField) {
+  std::vector<KvEvent> events = {
+      Stored(CacheMedium::kCpu, 1, std::nullopt, 100, 7),
+      Removed(CacheMedium::kStorage, 2),
+      {.type = KvEvent::Type::kAllBlocksCleared,
+       .medium = CacheMedium::kCpu,
+       .keys = {},
+       .parent = std::nullopt,
+       .tokens = {},
+       .block_size = 0,
+       .lora_id = std::nullopt},
+      Stored(CacheMedium::kStorage, 3, 1, 200)};
+  const std::string bytes =
+      EncodeKvEventBatch(1234.5, events, KvEventHashFormat::kBytes);
+  msgpack::object_handle handle = msgpack::unpack(bytes.data(), bytes.size());
+  std::vector<msgpack::object> batch = Array(handle.get());
+  // data_parallel_rank (default None) is omitted, as msgspec omits it.
+  ASSERT_EQ(batch.size(), 2u);
+  EXPECT_EQ(batch[0].type, msgpack::type::FLOAT64);
+  EXPECT_DOUBLE_EQ(batch[0].as<double>(), 1234.5);
+  std::vector<msgpack::object> decoded = Array(batch[1]);
+  ASSERT_EQ(decoded.size(), 4u);
+
+  std::vector<msgpack::object> stored = Array(decoded[0]);
+  ASSERT_EQ(stored.size(), 8u);
+  EXPECT_EQ(Str(stored[0]), "BlockStored");
+  std::vector<msgpack::object> hashes = Array(stored[1]);
+  ASSERT_EQ(hashes.size(), 1u);
+  EXPECT_EQ(Bin(hashes[0]), KvEventBlockHash(Key(1)));
+  EXPECT_TRUE(stored[2].is_nil());  // The first block has no parent.
+  EXPECT_EQ(stored[3].as<std::vector<uint32_t>>(),
+            (std::vector<uint32_t>{100, 101, 102, 103}));
+  EXPECT_EQ(stored[4].as<int>(), 4);
+  EXPECT_EQ(stored[5].as<uint64_t>(), 7u);  // lora_id
+  EXPECT_EQ(Str(stored[6]), "CPU");
+  EXPECT_TRUE(stored[7].is_nil());  // lora_name
+
+  std::vector<msgpack::object> removed = Array(decoded[1]);
+  ASSERT_EQ(removed.size(), 3u);
+  EXPECT_EQ(Str(removed[0]), "BlockRemoved");
+  hashes = Array(removed[1]);
+  ASSERT_EQ(hashes.size(), 1u);
+  EXPECT_EQ(Bin(hashes[0]), KvEventBlockHash(Key(2)));
+  EXPECT_EQ(Str(removed[2]), "STORAGE");
+
+  std::vector<msgpack::object> cleared = Array(decoded[2]);
+  ASSERT_EQ(cleared.size(), 1u);
+  EXPECT_EQ(Str(cleared[0]), "AllBlocksCleared");
+
+  stored = Array(decoded[3]);
+  ASSERT_EQ(stored.size(), 8u);
+  EXPECT_EQ(Bin(stored[2]), KvEventBlockHash(Key(1)));  // parent
+  EXPECT_TRUE(stored[5].is_nil());                      // no LoRA
+  EXPECT_EQ(Str(stored[6]), "STORAGE");
+}
+
+// vLLM's default form: each hash an unsigned 64-bit integer, the key's low
+// word (the last 8 of its 16 bytes, as vLLM folds a digest).
+TEST(KvEventsEncoding, IntegerHashesAreTheKeysLowWord) {
+  const BlockKey key = {.lo = 0xfedcba9876543210, .hi = 0x0123456789abcdef};
+  const BlockKey parent = {.lo = 0x8000000000000001, .hi = 2};
+  const std::vector<TokenId> tokens = Tokens(0, 4);
+  std::vector<KvEvent> events = {{.type = KvEvent::Type::kBlockStored,
+                                  .medium = CacheMedium::kCpu,
+                                  .keys = {key},
+                                  .parent = parent,
+                                  .tokens = tokens,
+                                  .block_size = 4,
+                                  .lora_id = std::nullopt}};
+  const std::string bytes = EncodeKvEventBatch(1.0, events);  // The default.
+  msgpack::object_handle handle = msgpack::unpack(bytes.data(), bytes.size());
+  std::vector<msgpack::object> stored =
+      Array(Array(Array(handle.get()).at(1)).at(0));
+  ASSERT_EQ(stored.size(), 8u);
+  std::vector<msgpack::object> hashes = Array(stored[1]);
+  ASSERT_EQ(hashes.size(), 1u);
+  EXPECT_EQ(hashes[0].type, msgpack::type::POSITIVE_INTEGER);
+  EXPECT_EQ(hashes[0].as<uint64_t>(), key.lo);
+  EXPECT_EQ(stored[2].as<uint64_t>(), parent.lo);  // Above 2^63: unsigned.
+  const std::string whole = KvEventBlockHash(key);
+  uint64_t tail = 0;
+  for (size_t i = 8; i < 16; ++i) {
+    tail = (tail << 8) | static_cast<unsigned char>(whole[i]);
+  }
+  EXPECT_EQ(tail, key.lo);
+  EXPECT_EQ(KvEventHashFormatName(ParseKvEventHashFormat("int").value()),
+            std::string("int"));
+  EXPECT_EQ(ParseKvEventHashFormat("bytes").value(), KvEventHashFormat::kBytes);
+  EXPECT_THAT(ParseKvEventHashFormat("hex"),
+              StatusIs(StatusCode::kInvalidArgument));
+}
+
+TEST(KvEventsEncoding, MetricsTextNamesEachCounter) {
+  const std::string text = FormatKvEventMetrics({.events_queued = 5,
+                                                 .events_dropped = 2,
+                                                 .batches_published = 3,
+                                                 .replay_requests = 1},
+                                                "store=\"s\"");
+  EXPECT_THAT(text, ::testing::HasSubstr(
+                        "tierkv_kv_events_dropped_total{store=\"s\"} 2\n"));
+  EXPECT_THAT(text, ::testing::HasSubstr(
+                        "tierkv_kv_events_queued_total{store=\"s\"} 5\n"));
+  EXPECT_THAT(text, ::testing::HasSubstr(
+                        "# TYPE tierkv_kv_events_batches_total counter\n"));
+}
+
+// A request's chain of blocks travels as one BlockStored, as vLLM's does.
+TEST(KvEventsEncoding, ChainedBlocksMergeIntoOneEvent) {
+  std::vector<KvEvent> events;
+  AppendKvEvent(Stored(CacheMedium::kCpu, 1, std::nullopt, 0), 100, &events);
+  AppendKvEvent(Stored(CacheMedium::kCpu, 2, 1, 4), 100, &events);
+  AppendKvEvent(Stored(CacheMedium::kCpu, 3, 2, 8), 100, &events);
+  // Not the chain's next block, another medium, another LoRA: apart.
+  AppendKvEvent(Stored(CacheMedium::kCpu, 5, 1, 20), 100, &events);
+  AppendKvEvent(Stored(CacheMedium::kStorage, 6, 5, 24), 100, &events);
+  AppendKvEvent(Stored(CacheMedium::kStorage, 7, 6, 28, 3), 100, &events);
+  AppendKvEvent(Removed(CacheMedium::kCpu, 1), 100, &events);
+  AppendKvEvent(Removed(CacheMedium::kCpu, 2), 100, &events);
+  AppendKvEvent(Removed(CacheMedium::kStorage, 3), 100, &events);
+  ASSERT_EQ(events.size(), 6u);
+  EXPECT_THAT(events[0].keys, ElementsAre(Key(1), Key(2), Key(3)));
+  EXPECT_EQ(events[0].parent, std::nullopt);
+  EXPECT_EQ(events[0].tokens, Tokens(0, 12));
+  EXPECT_THAT(events[1].keys, ElementsAre(Key(5)));
+  EXPECT_THAT(events[2].keys, ElementsAre(Key(6)));
+  EXPECT_THAT(events[3].keys, ElementsAre(Key(7)));
+  EXPECT_THAT(events[4].keys, ElementsAre(Key(1), Key(2)));
+  EXPECT_THAT(events[5].keys, ElementsAre(Key(3)));
+}
+
+TEST(KvEventsEncoding, MergingStopsAtTheCap) {
+  std::vector<KvEvent> events;
+  AppendKvEvent(Removed(CacheMedium::kCpu, 1), 2, &events);
+  AppendKvEvent(Removed(CacheMedium::kCpu, 2), 2, &events);
+  AppendKvEvent(Removed(CacheMedium::kCpu, 3), 2, &events);
+  ASSERT_EQ(events.size(), 2u);
+  EXPECT_THAT(events[0].keys, ElementsAre(Key(1), Key(2)));
+  EXPECT_THAT(events[1].keys, ElementsAre(Key(3)));
+}
+
+// One message as a subscriber receives it.
+struct Received {
+  std::string topic;
+  int64_t seq = 0;
+  std::string payload;
+};
+
+int64_t SeqOf(const zmq::message_t& frame) {
+  EXPECT_EQ(frame.size(), 8u);
+  int64_t seq = 0;
+  const auto* b = static_cast<const unsigned char*>(frame.data());
+  for (size_t i = 0; i < frame.size(); ++i) seq = (seq << 8) | b[i];
+  return seq;
+}
+
+std::optional<Received> Receive(zmq::socket_t& socket, Clock::time_point end) {
+  std::array<zmq::pollitem_t, 1> items{{{socket.handle(), 0, ZMQ_POLLIN, 0}}};
+  const auto left =
+      std::chrono::duration_cast<std::chrono::milliseconds>(end - Clock::now());
+  if (left.count() <= 0 || zmq::poll(items.data(), 1, left) == 0) {
+    return std::nullopt;
+  }
+  std::vector<zmq::message_t> frames;
+  do {
+    frames.emplace_back();
+    (void)socket.recv(frames.back());
+  } while (frames.back().more());
+  if (frames.size() != 3) {
+    ADD_FAILURE() << frames.size() << " frames";
+    return std::nullopt;
+  }
+  return Received{frames[0].to_string(), SeqOf(frames[1]),
+                  frames[2].to_string()};
+}
+
+// The event kinds of a batch, by tag.
+std::vector<std::string> Tags(const std::string& payload) {
+  msgpack::object_handle handle =
+      msgpack::unpack(payload.data(), payload.size());
+  std::vector<std::string> tags;
+  for (const msgpack::object& e : Array(Array(handle.get()).at(1))) {
+    tags.push_back(Str(Array(e).at(0)));
+  }
+  return tags;
+}
+
+class KvEventsPublisherTest : public ::testing::Test {
+ protected:
+  std::string Endpoint(const std::string& name) const {
+    return "ipc://" + dir_.path() + "/" + name;
+  }
+  std::unique_ptr<KvEventPublisher> Start(size_t buffer_steps = 100) {
+    StatusOr<std::unique_ptr<KvEventPublisher>> p =
+        KvEventPublisher::Create({.endpoint = Endpoint("pub"),
+                                  .replay_endpoint = Endpoint("replay"),
+                                  .topic = "kv",
+                                  .buffer_steps = buffer_steps,
+                                  .clock = [] { return 42.0; }});
+    EXPECT_THAT(p, IsOk());
+    return p.ok() ? std::move(p).value() : nullptr;
+  }
+  // Waits until `sub` gets messages: a SUB socket's subscription reaches
+  // the publisher some time after it connects, and PUB drops until then.
+  // Probes with AllBlocksCleared; returns the sequence number after them.
+  int64_t Join(KvEventPublisher& pub, zmq::socket_t& sub) {
+    const auto end = Clock::now() + std::chrono::seconds(10);
+    while (Clock::now() < end) {
+      pub.AllBlocksCleared();
+      std::optional<Received> r =
+          Receive(sub, Clock::now() + std::chrono::milliseconds(50));
+      if (!r.has_value()) continue;
+      int64_t last = r->seq;
+      EXPECT_TRUE(pub.Flush(std::chrono::seconds(5)));
+      while (
+          (r = Receive(sub, Clock::now() + std::chrono::milliseconds(200)))) {
+        last = r->seq;
+      }
+      return last + 1;
+    }
+    ADD_FAILURE() << "the subscriber never received anything";
+    return -1;
+  }
+
+  TempDir dir_{"kv_events_test"};
+  zmq::context_t context_{1};
+};
+
+TEST_F(KvEventsPublisherTest, SubscriberGetsBatchesInSequence) {
+  std::unique_ptr<KvEventPublisher> pub = Start();
+  ASSERT_NE(pub, nullptr);
+  zmq::socket_t sub(context_, zmq::socket_type::sub);
+  sub.set(zmq::sockopt::subscribe, "kv");
+  sub.connect(Endpoint("pub"));
+  const int64_t first = Join(*pub, sub);
+  ASSERT_GE(first, 1);
+
+  const std::vector<TokenId> tokens = Tokens(0, 4);
+  pub->BlockStored({.medium = CacheMedium::kCpu,
+                    .key = Key(1),
+                    .parent = std::nullopt,
+                    .tokens = tokens,
+                    .block_size = 4,
+                    .lora_id = std::nullopt});
+  ASSERT_TRUE(pub->Flush(std::chrono::seconds(5)));
+  pub->BlockRemoved(CacheMedium::kCpu, Key(1));
+  ASSERT_TRUE(pub->Flush(std::chrono::seconds(5)));
+
+  const auto end = Clock::now() + std::chrono::seconds(10);
+  std::optional<Received> a = Receive(sub, end);
+  std::optional<Received> b = Receive(sub, end);
+  ASSERT_TRUE(a.has_value() && b.has_value());
+  EXPECT_EQ(a->topic, "kv");
+  EXPECT_EQ(a->seq, first);
+  EXPECT_EQ(b->seq, first + 1);
+  EXPECT_THAT(Tags(a->payload), ElementsAre("BlockStored"));
+  EXPECT_THAT(Tags(b->payload), ElementsAre("BlockRemoved"));
+  const KvEventPublisherStats stats = pub->stats();
+  EXPECT_EQ(stats.batches_published, static_cast<uint64_t>(first + 2));
+  EXPECT_EQ(stats.events_dropped, 0u);
+}
+
+// A late subscriber asks the replay socket from a sequence number: the
+// batches still in the ring from there on, then vLLM's end marker (-1).
+TEST_F(KvEventsPublisherTest, ReplayServesTheRingFromTheAskedSequence) {
+  std::unique_ptr<KvEventPublisher> pub = Start(/*buffer_steps=*/3);
+  ASSERT_NE(pub, nullptr);
+  for (uint64_t i = 0; i < 5; ++i) {
+    pub->BlockRemoved(CacheMedium::kStorage, Key(i));
+    ASSERT_TRUE(pub->Flush(std::chrono::seconds(5)));  // One batch each.
+  }
+  zmq::socket_t replay(context_, zmq::socket_type::dealer);
+  replay.connect(Endpoint("replay"));
+  auto ask = [&](int64_t start) {
+    std::string seq(8, '\0');
+    for (int i = 7; i >= 0; --i, start >>= 8) {
+      seq[i] = static_cast<char>(start & 0xff);
+    }
+    replay.send(zmq::message_t(), zmq::send_flags::sndmore);
+    replay.send(zmq::buffer(seq));
+    std::vector<int64_t> seqs;
+    const auto end = Clock::now() + std::chrono::seconds(10);
+    for (;;) {
+      std::optional<Received> r = Receive(replay, end);  // ["", seq, batch]
+      if (!r.has_value()) {
+        ADD_FAILURE() << "no end marker";
+        return seqs;
+      }
+      EXPECT_EQ(r->topic, "");
+      seqs.push_back(r->seq);
+      if (r->seq == -1) {
+        EXPECT_EQ(r->payload, "");
+        return seqs;
+      }
+      EXPECT_THAT(Tags(r->payload), ElementsAre("BlockRemoved"));
+    }
+  };
+  EXPECT_THAT(ask(0), ElementsAre(2, 3, 4, -1));  // 0 and 1 left the ring.
+  EXPECT_THAT(ask(4), ElementsAre(4, -1));
+  EXPECT_THAT(ask(9), ElementsAre(-1));
+  EXPECT_EQ(pub->stats().replay_requests, 3u);
+}
+
+// A replay past ZeroMQ's default high-water mark (1000 messages) arrives
+// whole: a late router catching up on a long history misses nothing.
+TEST_F(KvEventsPublisherTest, ReplayOfALongHistoryArrivesWhole) {
+  constexpr int kBatches = 2500;
+  StatusOr<std::unique_ptr<KvEventPublisher>> pub =
+      KvEventPublisher::Create({.endpoint = Endpoint("pub"),
+                                .replay_endpoint = Endpoint("replay"),
+                                .buffer_steps = kBatches,
+                                .max_batch_keys = 1});  // A batch per event.
+  ASSERT_THAT(pub, IsOk());
+  for (int i = 0; i < kBatches; ++i) {
+    (*pub)->BlockRemoved(CacheMedium::kCpu, Key(static_cast<uint64_t>(i)));
+  }
+  ASSERT_TRUE((*pub)->Flush(std::chrono::seconds(10)));
+  ASSERT_EQ((*pub)->stats().batches_published, static_cast<uint64_t>(kBatches));
+  zmq::socket_t replay(context_, zmq::socket_type::dealer);
+  replay.connect(Endpoint("replay"));
+  replay.send(zmq::message_t(), zmq::send_flags::sndmore);
+  replay.send(zmq::buffer(std::string(8, '\0')));  // From sequence 0.
+  int64_t expected = 0;
+  const auto end = Clock::now() + std::chrono::seconds(20);
+  for (;;) {
+    std::optional<Received> r = Receive(replay, end);
+    ASSERT_TRUE(r.has_value()) << "stopped after " << expected;
+    if (r->seq == -1) break;
+    ASSERT_EQ(r->seq, expected);
+    ++expected;
+  }
+  EXPECT_EQ(expected, kBatches);
+}
+
+TEST_F(KvEventsPublisherTest, RefusesAnEndpointZeroMqCannotTake) {
+  StatusOr<std::unique_ptr<KvEventPublisher>> p =
+      KvEventPublisher::Create({.endpoint = "nonsense://x"});
+  EXPECT_THAT(p, StatusIs(StatusCode::kInvalidArgument));
+  EXPECT_THAT(p.status().message(), ::testing::HasSubstr("nonsense://x"));
+}
+
+}  // namespace
+}  // namespace tierkv::daemon

@@ -1,0 +1,480 @@
+// KV cache events in vLLM's wire format (tools/daemon/kv_events.h): the
+// msgpack encoding of a KVEventBatch and the ZeroMQ publisher's thread.
+// ZeroMQ's exceptions (cppzmq) stop at this file and become a Status or a
+// logged error.
+#include "tools/daemon/kv_events.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <deque>
+#include <msgpack.hpp>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <zmq.hpp>
+
+#include "src/mutex.h"
+
+namespace tierkv::daemon {
+namespace {
+
+using Packer = msgpack::packer<msgpack::sbuffer>;
+
+constexpr size_t kHashBytes = 16;
+
+void PutBigEndian(uint64_t v, char* out) {
+  for (int i = 7; i >= 0; --i) {
+    out[i] = static_cast<char>(v & 0xff);
+    v >>= 8;
+  }
+}
+
+void PackString(Packer& pk, std::string_view s) {
+  pk.pack_str(static_cast<uint32_t>(s.size()));
+  pk.pack_str_body(s.data(), static_cast<uint32_t>(s.size()));
+}
+
+void PackHash(Packer& pk, const BlockKey& key, KvEventHashFormat format) {
+  if (format == KvEventHashFormat::kInt64) {
+    pk.pack_uint64(key.lo);
+    return;
+  }
+  const std::string hash = KvEventBlockHash(key);
+  pk.pack_bin(static_cast<uint32_t>(hash.size()));
+  pk.pack_bin_body(hash.data(), static_cast<uint32_t>(hash.size()));
+}
+
+void PackHashes(Packer& pk, std::span<const BlockKey> keys,
+                KvEventHashFormat format) {
+  pk.pack_array(static_cast<uint32_t>(keys.size()));
+  for (const BlockKey& key : keys) PackHash(pk, key, format);
+}
+
+void PackEvent(Packer& pk, const KvEvent& e, KvEventHashFormat format) {
+  switch (e.type) {
+    case KvEvent::Type::kBlockStored:
+      // Fields in BlockStored's order; lora_name (tierkv has LoRA ids, not
+      // names) is null. Older subscribers, whose BlockStored ends at
+      // medium, skip trailing fields they do not know.
+      pk.pack_array(8);
+      PackString(pk, "BlockStored");
+      PackHashes(pk, e.keys, format);
+      if (e.parent.has_value()) {
+        PackHash(pk, *e.parent, format);
+      } else {
+        pk.pack_nil();
+      }
+      pk.pack_array(static_cast<uint32_t>(e.tokens.size()));
+      for (TokenId t : e.tokens) pk.pack_uint32(static_cast<uint32_t>(t));
+      pk.pack_int32(e.block_size);
+      if (e.lora_id.has_value()) {
+        pk.pack_uint64(*e.lora_id);
+      } else {
+        pk.pack_nil();
+      }
+      PackString(pk, CacheMediumName(e.medium));
+      pk.pack_nil();
+      return;
+    case KvEvent::Type::kBlockRemoved:
+      pk.pack_array(3);
+      PackString(pk, "BlockRemoved");
+      PackHashes(pk, e.keys, format);
+      PackString(pk, CacheMediumName(e.medium));
+      return;
+    case KvEvent::Type::kAllBlocksCleared:
+      pk.pack_array(1);
+      PackString(pk, "AllBlocksCleared");
+      return;
+  }
+}
+
+bool Continues(const KvEvent& last, const KvEvent& next, size_t max_keys) {
+  if (last.type != next.type || last.keys.size() >= max_keys) return false;
+  switch (next.type) {
+    case KvEvent::Type::kBlockStored:
+      return last.medium == next.medium && last.lora_id == next.lora_id &&
+             last.block_size == next.block_size && next.keys.size() == 1 &&
+             next.parent.has_value() && *next.parent == last.keys.back() &&
+             last.tokens.size() ==
+                 last.keys.size() * static_cast<size_t>(last.block_size);
+    case KvEvent::Type::kBlockRemoved:
+      return last.medium == next.medium;
+    case KvEvent::Type::kAllBlocksCleared:
+      return true;  // A second clear adds nothing.
+  }
+  return false;
+}
+
+// 8 bytes, big-endian: how vLLM frames a sequence number.
+std::string SequenceFrame(int64_t seq) {
+  std::string out(8, '\0');
+  PutBigEndian(static_cast<uint64_t>(seq), out.data());
+  return out;
+}
+
+double SystemSeconds() {
+  return std::chrono::duration<double>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// vLLM's rule: bind an address with a wildcard, or ipc / inproc; connect to
+// any other.
+bool ShouldBind(std::string_view endpoint) {
+  return endpoint.find('*') != std::string_view::npos ||
+         endpoint.find("::") != std::string_view::npos ||
+         endpoint.starts_with("ipc://") || endpoint.starts_with("inproc://");
+}
+
+}  // namespace
+
+std::string KvEventBlockHash(const BlockKey& key) {
+  std::string out(kHashBytes, '\0');
+  PutBigEndian(key.hi, out.data());
+  PutBigEndian(key.lo, out.data() + 8);
+  return out;
+}
+
+const char* KvEventHashFormatName(KvEventHashFormat format) {
+  return format == KvEventHashFormat::kInt64 ? "int" : "bytes";
+}
+
+StatusOr<KvEventHashFormat> ParseKvEventHashFormat(std::string_view name) {
+  if (name == "int") return KvEventHashFormat::kInt64;
+  if (name == "bytes") return KvEventHashFormat::kBytes;
+  return Status::InvalidArgument("'" + std::string(name) +
+                                 "': expected int or bytes");
+}
+
+std::string EncodeKvEventBatch(double ts, std::span<const KvEvent> events,
+                               KvEventHashFormat hashes) {
+  msgpack::sbuffer buffer;
+  Packer pk(&buffer);
+  pk.pack_array(2);
+  pk.pack_double(ts);
+  pk.pack_array(static_cast<uint32_t>(events.size()));
+  for (const KvEvent& e : events) PackEvent(pk, e, hashes);
+  return {buffer.data(), buffer.size()};
+}
+
+void AppendKvEvent(KvEvent event, size_t max_keys,
+                   std::vector<KvEvent>* events) {
+  if (!events->empty() && Continues(events->back(), event, max_keys)) {
+    KvEvent& last = events->back();
+    last.keys.insert(last.keys.end(), event.keys.begin(), event.keys.end());
+    last.tokens.insert(last.tokens.end(), event.tokens.begin(),
+                       event.tokens.end());
+    return;
+  }
+  events->push_back(std::move(event));
+}
+
+std::string FormatKvEventMetrics(const KvEventPublisherStats& stats,
+                                 std::string_view labels) {
+  std::string out;
+  auto counter = [&](std::string_view name, std::string_view help,
+                     uint64_t value) {
+    out += "# HELP tierkv_kv_events_" + std::string(name) + " " +
+           std::string(help) + "\n# TYPE tierkv_kv_events_" +
+           std::string(name) + " counter\ntierkv_kv_events_" +
+           std::string(name) + "{" + std::string(labels) + "} " +
+           std::to_string(value) + "\n";
+  };
+  counter("queued_total", "KV cache events queued for publishing.",
+          stats.events_queued);
+  counter("dropped_total",
+          "KV cache events dropped: the publisher's queue was full.",
+          stats.events_dropped);
+  counter("batches_total", "KV cache event batches published.",
+          stats.batches_published);
+  counter("replay_requests_total", "Replay requests answered.",
+          stats.replay_requests);
+  return out;
+}
+
+struct KvEventPublisher::Impl {
+  KvEventPublisherOptions options;
+  zmq::context_t context{1};
+  zmq::socket_t pub{context, zmq::socket_type::pub};
+  std::optional<zmq::socket_t> replay;
+
+  mutable Mutex mu;
+  CondVar wake;  // Events queued, or stopping.
+  CondVar published;
+  std::vector<KvEvent> pending TIERKV_GUARDED_BY(mu);
+  size_t pending_keys TIERKV_GUARDED_BY(mu) = 0;
+  uint64_t submitted TIERKV_GUARDED_BY(mu) = 0;  // Events accepted.
+  uint64_t done TIERKV_GUARDED_BY(mu) = 0;       // Of them, published.
+  bool stopping TIERKV_GUARDED_BY(mu) = false;
+  KvEventPublisherStats stats TIERKV_GUARDED_BY(mu);
+
+  // The thread's own.
+  int64_t next_seq = 0;
+  std::deque<std::pair<int64_t, std::string>> ring;
+  uint64_t dropped_logged = 0;
+  std::chrono::steady_clock::time_point last_drop_log{};
+  std::thread thread;
+
+  void Submit(KvEvent event) TIERKV_EXCLUDES(mu);
+  void Run() TIERKV_EXCLUDES(mu);
+  void Publish(std::span<const KvEvent> events);
+  void SendBatch(std::span<const KvEvent> events);
+  void ServeReplay();
+  void LogDrops(uint64_t dropped);
+};
+
+void KvEventPublisher::Impl::Submit(KvEvent event) {
+  const size_t keys = std::max<size_t>(1, event.keys.size());
+  MutexLock lock(&mu);
+  if (pending_keys + keys > options.max_queue_events) {
+    ++stats.events_dropped;
+    return;
+  }
+  const bool was_empty = pending.empty();
+  pending_keys += keys;
+  ++submitted;
+  ++stats.events_queued;
+  AppendKvEvent(std::move(event), options.max_batch_keys, &pending);
+  // One wakeup per batch, not per event: the owner's lock is held here.
+  if (was_empty) wake.NotifyOne();
+}
+
+void KvEventPublisher::Impl::Run() {
+  // With a replay socket the thread polls it between batches; without one
+  // it sleeps until woken.
+  constexpr auto kPoll = std::chrono::milliseconds(5);
+  for (;;) {
+    std::vector<KvEvent> taken;
+    uint64_t taken_up_to = 0;
+    uint64_t dropped = 0;
+    bool stop = false;
+    {
+      MutexLock lock(&mu);
+      if (pending.empty() && !stopping) {
+        const auto wait = replay.has_value() ? kPoll : kPoll * 20;
+        wake.WaitUntil(&mu, std::chrono::steady_clock::now() + wait);
+      }
+      taken.swap(pending);
+      pending_keys = 0;
+      taken_up_to = submitted;
+      dropped = stats.events_dropped;
+      stop = stopping;
+    }
+    if (!taken.empty()) Publish(taken);
+    {
+      MutexLock lock(&mu);
+      done = taken_up_to;
+    }
+    published.NotifyAll();
+    LogDrops(dropped);
+    if (replay.has_value()) ServeReplay();
+    if (stop) {
+      MutexLock lock(&mu);
+      if (pending.empty()) return;
+    }
+  }
+}
+
+void KvEventPublisher::Impl::Publish(std::span<const KvEvent> events) {
+  size_t begin = 0;
+  size_t keys = 0;
+  for (size_t i = 0; i < events.size(); ++i) {
+    keys += events[i].keys.size();
+    if (keys >= options.max_batch_keys || i + 1 == events.size()) {
+      SendBatch(events.subspan(begin, i + 1 - begin));
+      begin = i + 1;
+      keys = 0;
+    }
+  }
+}
+
+void KvEventPublisher::Impl::SendBatch(std::span<const KvEvent> events) {
+  const double ts = options.clock ? options.clock() : SystemSeconds();
+  std::string payload = EncodeKvEventBatch(ts, events, options.hash_format);
+  const int64_t seq = next_seq++;
+  const std::string seq_frame = SequenceFrame(seq);
+  try {
+    // PUB never blocks: past the high-water mark ZeroMQ drops for that
+    // subscriber, which replay then repairs.
+    pub.send(zmq::buffer(options.topic), zmq::send_flags::sndmore);
+    pub.send(zmq::buffer(seq_frame), zmq::send_flags::sndmore);
+    pub.send(zmq::buffer(payload), zmq::send_flags::none);
+  } catch (const zmq::error_t& e) {
+    spdlog::error("kv events: publishing batch {} failed: {}", seq, e.what());
+  }
+  {
+    MutexLock lock(&mu);
+    ++stats.batches_published;
+  }
+  if (!replay.has_value() || options.buffer_steps == 0) return;
+  if (ring.size() == options.buffer_steps) ring.pop_front();
+  ring.emplace_back(seq, std::move(payload));
+}
+
+void KvEventPublisher::Impl::ServeReplay() {
+  try {
+    for (;;) {
+      std::array<zmq::pollitem_t, 1> items{
+          {{static_cast<void*>(*replay), 0, ZMQ_POLLIN, 0}}};
+      if (zmq::poll(items.data(), items.size(), std::chrono::milliseconds(0)) ==
+          0) {
+        return;
+      }
+      // [identity, "", start sequence (8 bytes, big-endian)], as a REQ or
+      // DEALER socket sends it.
+      std::vector<zmq::message_t> frames;
+      do {
+        frames.emplace_back();
+        (void)replay->recv(frames.back(), zmq::recv_flags::none);
+      } while (frames.back().more());
+      if (frames.size() != 3 || frames[2].size() != 8) {
+        spdlog::warn("kv events: malformed replay request of {} frames",
+                     frames.size());
+        continue;
+      }
+      int64_t start = 0;
+      const auto* b = static_cast<const unsigned char*>(frames[2].data());
+      for (int i = 0; i < 8; ++i) start = (start << 8) | b[i];
+      {
+        MutexLock lock(&mu);
+        ++stats.replay_requests;
+      }
+      const std::string identity = frames[0].to_string();
+      auto send = [&](std::string_view seq, std::string_view payload) {
+        replay->send(zmq::buffer(identity), zmq::send_flags::sndmore);
+        replay->send(zmq::message_t(), zmq::send_flags::sndmore);
+        replay->send(zmq::buffer(seq), zmq::send_flags::sndmore);
+        replay->send(zmq::buffer(payload), zmq::send_flags::none);
+      };
+      for (const auto& [seq, payload] : ring) {
+        if (seq >= start) send(SequenceFrame(seq), payload);
+      }
+      send(SequenceFrame(-1), "");  // vLLM's end marker.
+    }
+  } catch (const zmq::error_t& e) {
+    spdlog::warn("kv events: replay failed: {}", e.what());
+  }
+}
+
+void KvEventPublisher::Impl::LogDrops(uint64_t dropped) {
+  if (dropped == dropped_logged) return;
+  const auto now = std::chrono::steady_clock::now();
+  if (dropped_logged != 0 && now - last_drop_log < std::chrono::seconds(1)) {
+    return;
+  }
+  spdlog::warn(
+      "kv events: queue full ({} keys): {} events dropped so far; routers "
+      "following this store miss them",
+      options.max_queue_events, dropped);
+  dropped_logged = dropped;
+  last_drop_log = now;
+}
+
+StatusOr<std::unique_ptr<KvEventPublisher>> KvEventPublisher::Create(
+    KvEventPublisherOptions options) {
+  if (options.endpoint.empty()) {
+    return Status::InvalidArgument("kv events: no endpoint to publish on");
+  }
+  if (options.max_queue_events < 1 || options.max_batch_keys < 1) {
+    return Status::InvalidArgument(
+        "kv events: the queue and a batch must hold at least one event");
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->options = std::move(options);
+  const std::string& endpoint = impl->options.endpoint;
+  try {
+    impl->pub.set(zmq::sockopt::sndhwm, impl->options.hwm);
+    impl->pub.set(zmq::sockopt::linger, 1000);
+    if (ShouldBind(endpoint)) {
+      impl->pub.bind(endpoint);
+    } else {
+      impl->pub.connect(endpoint);
+    }
+  } catch (const zmq::error_t& e) {
+    return Status::InvalidArgument("--kv-events-endpoint " + endpoint + ": " +
+                                   e.what());
+  }
+  const std::string& replay = impl->options.replay_endpoint;
+  if (!replay.empty()) {
+    try {
+      impl->replay.emplace(impl->context, zmq::socket_type::router);
+      impl->replay->set(zmq::sockopt::linger, 0);
+      // One request is answered with up to buffer_steps + 1 messages;
+      // ZeroMQ's default high-water mark (1000) would drop the rest.
+      impl->replay->set(zmq::sockopt::sndhwm, 0);
+      impl->replay->bind(replay);
+    } catch (const zmq::error_t& e) {
+      return Status::InvalidArgument("--kv-events-replay-endpoint " + replay +
+                                     ": " + e.what());
+    }
+  }
+  Impl* raw = impl.get();
+  raw->thread = std::thread([raw] { raw->Run(); });
+  return std::unique_ptr<KvEventPublisher>(
+      new KvEventPublisher(std::move(impl)));
+}
+
+KvEventPublisher::KvEventPublisher(std::unique_ptr<Impl> impl)
+    : impl_(std::move(impl)) {}
+
+KvEventPublisher::~KvEventPublisher() {
+  {
+    MutexLock lock(&impl_->mu);
+    impl_->stopping = true;
+  }
+  impl_->wake.NotifyAll();
+  impl_->thread.join();
+}
+
+void KvEventPublisher::BlockStored(const StoredBlockEvent& block) {
+  impl_->Submit({.type = KvEvent::Type::kBlockStored,
+                 .medium = block.medium,
+                 .keys = {block.key},
+                 .parent = block.parent,
+                 .tokens = {block.tokens.begin(), block.tokens.end()},
+                 .block_size = block.block_size,
+                 .lora_id = block.lora_id});
+}
+
+void KvEventPublisher::BlockRemoved(CacheMedium medium, const BlockKey& key) {
+  impl_->Submit({.type = KvEvent::Type::kBlockRemoved,
+                 .medium = medium,
+                 .keys = {key},
+                 .parent = std::nullopt,
+                 .tokens = {},
+                 .block_size = 0,
+                 .lora_id = std::nullopt});
+}
+
+void KvEventPublisher::AllBlocksCleared() {
+  impl_->Submit({.type = KvEvent::Type::kAllBlocksCleared,
+                 .medium = CacheMedium::kCpu,
+                 .keys = {},
+                 .parent = std::nullopt,
+                 .tokens = {},
+                 .block_size = 0,
+                 .lora_id = std::nullopt});
+}
+
+KvEventPublisherStats KvEventPublisher::stats() const {
+  MutexLock lock(&impl_->mu);
+  return impl_->stats;
+}
+
+bool KvEventPublisher::Flush(std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  MutexLock lock(&impl_->mu);
+  const uint64_t target = impl_->submitted;
+  while (impl_->done < target) {
+    if (!impl_->published.WaitUntil(&impl_->mu, deadline) &&
+        impl_->done < target) {
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace tierkv::daemon

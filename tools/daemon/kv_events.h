@@ -1,0 +1,149 @@
+// KV cache events in vLLM's wire format, for cache-aware routers (Dynamo's
+// KV router, llm-d, Mooncake's Conductor) that follow where each block is.
+// KvEventPublisher is a CacheEventSink (src/cache_event_sink.h): tierkvd's
+// coordinator and disk tier report to it, and its own thread batches the
+// events, encodes them as vLLM's KVEventBatch (msgpack) and publishes them
+// on a ZeroMQ PUB socket, keeping recent batches for a ROUTER replay socket,
+// as vLLM's ZmqEventPublisher does (vllm/distributed/kv_events.py; the
+// format followed is README.md's "KV cache events").
+// Thread-safety: the CacheEventSink calls and stats() from any thread; they
+// never block on the network (a full queue drops, counted). Create and the
+// destructor from one thread.
+#ifndef TIERKV_TOOLS_DAEMON_KV_EVENTS_H_
+#define TIERKV_TOOLS_DAEMON_KV_EVENTS_H_
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "src/cache_event_sink.h"
+#include "tierkv/block_key.h"
+#include "tierkv/status.h"
+#include "tierkv/types.h"
+
+namespace tierkv::daemon {
+
+// One event of a batch. BlockStored may carry a run of blocks, each the
+// parent of the next (as vLLM's does): `tokens` are theirs, concatenated.
+struct KvEvent {
+  enum class Type : uint8_t { kBlockStored, kBlockRemoved, kAllBlocksCleared };
+  Type type = Type::kAllBlocksCleared;
+  CacheMedium medium = CacheMedium::kCpu;  // Not for kAllBlocksCleared.
+  std::vector<BlockKey> keys;              // Not for kAllBlocksCleared.
+  // BlockStored: the first block's parent.
+  std::optional<BlockKey> parent;
+  std::vector<TokenId> tokens;      // BlockStored.
+  int32_t block_size = 0;           // BlockStored.
+  std::optional<uint64_t> lora_id;  // BlockStored.
+};
+
+// How a block key goes on the wire as vLLM's ExternalBlockHash (bytes | int).
+enum class KvEventHashFormat : uint8_t {
+  // An unsigned 64-bit integer: the key's low word, which is what vLLM's
+  // int form keeps of a digest (its last 8 bytes, big-endian; vLLM's
+  // default, VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1), so routers that index
+  // integers take it as they take vLLM's.
+  kInt64,
+  // The whole key: KvEventBlockHash's 16 bytes.
+  kBytes,
+};
+// "int" or "bytes"; the inverse is ParseKvEventHashFormat.
+const char* KvEventHashFormatName(KvEventHashFormat format);
+StatusOr<KvEventHashFormat> ParseKvEventHashFormat(std::string_view name);
+
+// A block key as 16 bytes, the key's high word then its low word,
+// big-endian: the bytes BlockKey::ToHex spells.
+std::string KvEventBlockHash(const BlockKey& key);
+
+// One KVEventBatch as vLLM's msgspec encodes it (array_like, omit_defaults,
+// tagged events): [ts, [event, ...]] with each event an array that starts
+// with its tag: ["BlockStored", block_hashes, parent_block_hash, token_ids,
+// block_size, lora_id, medium, lora_name], ["BlockRemoved", block_hashes,
+// medium], ["AllBlocksCleared"]. data_parallel_rank (default None) is left
+// out, as msgspec omits a default.
+std::string EncodeKvEventBatch(
+    double ts, std::span<const KvEvent> events,
+    KvEventHashFormat hashes = KvEventHashFormat::kInt64);
+
+// Appends `event` to `events`, merging it into the last event when it
+// continues it: a BlockStored of the same medium and LoRA whose parent is
+// the last one's last block (which is full), or a BlockRemoved of the same
+// medium. Caps a merged event at `max_keys` keys.
+void AppendKvEvent(KvEvent event, size_t max_keys,
+                   std::vector<KvEvent>* events);
+
+struct KvEventPublisherOptions {
+  // Required. Where the PUB socket binds ("tcp://*:5557", "ipc:///run/x"),
+  // or, with no '*' or "::" in a tcp address, connects (vLLM's rule).
+  std::string endpoint;
+  // Where the ROUTER socket for replay binds. Default: "" (no replay).
+  std::string replay_endpoint = {};
+  // The first frame of every message; subscribers filter on it. Default:
+  // "" (vLLM's KVEventsConfig default).
+  std::string topic = {};
+  // Batches kept for replay. Default: 10000 (vLLM's buffer_steps).
+  size_t buffer_steps = 10000;
+  // Events queued for the thread at most; past it events are dropped and
+  // counted (the coordinator never waits). Default: 100000 (vLLM's
+  // max_queue_size).
+  size_t max_queue_events = 100000;
+  // Keys in one batch at most. Default: 4096.
+  size_t max_batch_keys = 4096;
+  // The PUB socket's send high-water mark. Default: 100000 (vLLM's hwm).
+  int hwm = 100000;
+  // Block hashes as integers (vLLM's default) or the whole 16-byte keys.
+  // Default: kInt64.
+  KvEventHashFormat hash_format = KvEventHashFormat::kInt64;
+  // Seconds since the epoch of a batch (its ts). Default: the system clock.
+  std::function<double()> clock = {};
+};
+
+struct KvEventPublisherStats {
+  uint64_t events_queued = 0;
+  uint64_t events_dropped = 0;  // The queue was full.
+  uint64_t batches_published = 0;
+  uint64_t replay_requests = 0;
+};
+
+// Prometheus text for the counters, each sample labelled with `labels`
+// (store="...",model="..."): tierkvd's /metrics serves it after the store's.
+std::string FormatKvEventMetrics(const KvEventPublisherStats& stats,
+                                 std::string_view labels);
+
+class KvEventPublisher final : public CacheEventSink {
+ public:
+  // Binds (or connects) the sockets and starts the thread. InvalidArgument
+  // naming the endpoint when ZeroMQ refuses it.
+  static StatusOr<std::unique_ptr<KvEventPublisher>> Create(
+      KvEventPublisherOptions options);
+  // Publishes what is queued, then stops the thread and closes the sockets
+  // (waiting at most a second for subscribers to take the last batches).
+  ~KvEventPublisher() override;
+  KvEventPublisher(const KvEventPublisher&) = delete;
+  KvEventPublisher& operator=(const KvEventPublisher&) = delete;
+
+  void BlockStored(const StoredBlockEvent& block) override;
+  void BlockRemoved(CacheMedium medium, const BlockKey& key) override;
+  void AllBlocksCleared() override;
+
+  KvEventPublisherStats stats() const;
+  // Waits until every event queued so far is published, at most `timeout`;
+  // false when it was not. For tests and a graceful stop.
+  bool Flush(std::chrono::milliseconds timeout);
+
+ private:
+  struct Impl;
+  explicit KvEventPublisher(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tierkv::daemon
+
+#endif  // TIERKV_TOOLS_DAEMON_KV_EVENTS_H_
