@@ -339,6 +339,10 @@ void BM_RagPrefillRealCold(benchmark::State& state) {
   }
   PagedKvCache cache = (*w)->NewCache();
   const double cold = RealColdSeconds(**w);
+  if (cold <= 0) {
+    state.SkipWithError("the cold prefill failed");
+    return;
+  }
   double timed = 0;
   for (auto _ : state) {
     const double start = CpuSeconds();
@@ -373,6 +377,10 @@ void RunRealChunked(benchmark::State& state,
     return;
   }
   const double cold = RealColdSeconds(w);
+  if (cold <= 0) {
+    state.SkipWithError("the cold prefill failed");
+    return;
+  }
   double timed = 0;
   int64_t computed = 0;
   for (auto _ : state) {

@@ -1,4 +1,5 @@
 // ReferenceModel::LoadLlama2c: trained weights from a llama2.c checkpoint.
+#include <cstdint>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -57,6 +58,9 @@ StatusOr<ReferenceModel> ReferenceModel::LoadLlama2c(const std::string& path) {
   }
   int32_t h[kHeaderInts];
   std::memcpy(h, bytes.data(), sizeof(h));
+  if (h[5] == 0 || h[5] == INT32_MIN) {
+    return invalid("vocab_size " + std::to_string(h[5]));
+  }
   const bool tied = h[5] > 0;
   ReferenceModelConfig c;
   c.hidden_size = h[0];

@@ -41,13 +41,17 @@ class Reader {
   size_t pos_ = 0;
 };
 
-// Bytes in the UTF-8 character that starts with `lead` (1 for a byte that
-// cannot start one, which then falls back to a byte token alone).
-size_t Utf8Length(unsigned char lead) {
-  if (lead >= 0xF0 && lead < 0xF8) return 4;
-  if (lead >= 0xE0) return lead < 0xF0 ? 3 : 1;
-  if (lead >= 0xC0) return 2;
-  return 1;
+// Bytes in the character starting at text[i]: the byte and the UTF-8
+// continuation bytes (10xxxxxx) after it, at most 4 in all, whatever the
+// first byte is (llama2.c's grouping; a malformed sequence then matches no
+// piece and falls back to its bytes).
+size_t CharLength(std::string_view text, size_t i) {
+  size_t len = 1;
+  while (len < 4 && i + len < text.size() &&
+         (static_cast<unsigned char>(text[i + len]) & 0xC0) == 0x80) {
+    ++len;
+  }
+  return len;
 }
 
 }  // namespace
@@ -61,6 +65,11 @@ StatusOr<Tokenizer> Tokenizer::Load(const std::string& path,
   if (max_length <= 0) {
     return Status::InvalidArgument(path + ": maximum piece length " +
                                    std::to_string(max_length));
+  }
+  if (vocab_size < kFirstPieceToken) {
+    return Status::InvalidArgument(
+        path + ": a vocabulary of " + std::to_string(vocab_size) +
+        " tokens has no room for the control and byte-fallback tokens");
   }
   Tokenizer t;
   t.pieces_.reserve(static_cast<size_t>(vocab_size));
@@ -83,10 +92,10 @@ StatusOr<Tokenizer> Tokenizer::Load(const std::string& path,
         path + ": " + std::to_string(t.vocab_size()) +
         " tokens, but the model has " + std::to_string(vocab_size));
   }
-  if (vocab_size < static_cast<int32_t>(kFirstByteToken) + 256) {
-    return Status::InvalidArgument(path + ": no byte-fallback tokens");
-  }
-  for (int32_t id = 0; id < vocab_size; ++id) {
+  // Control and byte-fallback tokens are reached only by id: their pieces
+  // (in older exports, the byte itself, so " " and "," twice) must never
+  // win a lookup of text.
+  for (int32_t id = kFirstPieceToken; id < vocab_size; ++id) {
     // The first of two equal pieces wins, as in a sorted-vocabulary search.
     t.ids_.emplace(t.pieces_[static_cast<size_t>(id)], id);
   }
@@ -105,15 +114,7 @@ std::vector<TokenId> Tokenizer::Encode(std::string_view text, bool bos) const {
     if (space >= 0) ids.push_back(space);
   }
   for (size_t i = 0; i < text.size();) {
-    size_t len = Utf8Length(static_cast<unsigned char>(text[i]));
-    for (size_t k = 1; k < len; ++k) {
-      // A character cut short: its bytes fall back one by one.
-      if (i + k >= text.size() ||
-          (static_cast<unsigned char>(text[i + k]) & 0xC0) != 0x80) {
-        len = 1;
-        break;
-      }
-    }
+    const size_t len = CharLength(text, i);
     const int32_t id = Find(text.substr(i, len));
     if (id >= 0) {
       ids.push_back(id);
@@ -131,6 +132,8 @@ std::vector<TokenId> Tokenizer::Encode(std::string_view text, bool bos) const {
     size_t best_at = 0;
     std::string joined;
     for (size_t i = 0; i + 1 < ids.size(); ++i) {
+      // Byte-fallback tokens never merge (SentencePiece adds them last).
+      if (ids[i] < kFirstPieceToken || ids[i + 1] < kFirstPieceToken) continue;
       joined = pieces_[static_cast<size_t>(ids[i])];
       joined += pieces_[static_cast<size_t>(ids[i + 1])];
       const int32_t id = Find(joined);

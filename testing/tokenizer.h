@@ -6,7 +6,10 @@
 // tokenizer.bin: an int32 maximum piece length, then per token id a float
 // merge score, an int32 byte length and the piece's bytes. Pieces use plain
 // spaces where SentencePiece writes U+2581. Ids 0, 1 and 2 are <unk>, BOS
-// and EOS; ids 3 to 258 are the byte-fallback pieces <0x00> .. <0xFF>.
+// and EOS; ids 3 to 258 are the byte-fallback tokens for bytes 0 to 255,
+// reached only by id: their pieces are "<0x00>" in some exports and the
+// byte itself in others (stories15M's), which then repeats pieces such as
+// " " and "," that text must map to their ordinary ids.
 #ifndef TIERKV_TESTING_TOKENIZER_H_
 #define TIERKV_TESTING_TOKENIZER_H_
 
@@ -26,6 +29,8 @@ class Tokenizer {
   static constexpr TokenId kBos = 1;
   static constexpr TokenId kEos = 2;
   static constexpr TokenId kFirstByteToken = 3;  // <0x00>.
+  // The first ordinary piece, after the 256 byte-fallback tokens.
+  static constexpr int32_t kFirstPieceToken = 3 + 256;
 
   // Reads a tokenizer.bin for a model of `vocab_size` tokens. InvalidArgument
   // (naming the file and the offset) for a file that ends early, has a
@@ -39,9 +44,10 @@ class Tokenizer {
   // leading space (SentencePiece's dummy prefix) when `text` is not empty;
   // each UTF-8 character its own piece, or its bytes as byte-fallback
   // tokens when the vocabulary lacks it (so any bytes encode, malformed
-  // UTF-8 included); then, repeatedly, the adjacent pair whose joined piece
-  // has the highest score (the leftmost on a tie) is merged until none is in
-  // the vocabulary.
+  // UTF-8 included); then, repeatedly, the adjacent pair of ordinary pieces
+  // whose joined piece has the highest score (the leftmost on a tie) is
+  // merged until none is in the vocabulary. Byte-fallback tokens never
+  // merge.
   std::vector<TokenId> Encode(std::string_view text, bool bos) const;
 
   // The text of `token` following `previous`: byte-fallback ids give their

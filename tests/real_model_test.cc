@@ -13,6 +13,7 @@
 #include "testing/real_model.h"
 
 #include <bit>
+#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -171,6 +172,11 @@ TEST(Llama2cFormat, AFileOfAnotherSizeIsRefused) {
   junk.WriteTo(path);
   EXPECT_THAT(ReferenceModel::LoadLlama2c(path),
               StatusIs(StatusCode::kInvalidArgument));
+  FileWriter most_negative;
+  for (int32_t x : {8, 12, 1, 2, 2, INT32_MIN, 16}) most_negative.Put(x);
+  most_negative.WriteTo(path);
+  EXPECT_THAT(ReferenceModel::LoadLlama2c(path),
+              StatusIs(StatusCode::kInvalidArgument));
   EXPECT_THAT(ReferenceModel::LoadLlama2c(dir.path() + "/absent.bin"),
               StatusIs(StatusCode::kNotFound));
 }
@@ -211,8 +217,9 @@ TEST(TokenizerFormat, EncodesMergesAndFallsBackToBytes) {
   EXPECT_THAT(t->Encode("abc", true), ElementsAre(1, 259, 263, 262));
   EXPECT_THAT(t->Encode("a", false), ElementsAre(265));
   EXPECT_THAT(t->Encode("", true), ElementsAre(1));
-  // é is a piece; ü is not, so its two bytes fall back; so does a lone
-  // continuation byte and a character cut short.
+  // é is a piece; ü is not, so its two bytes fall back; a continuation
+  // byte joins the character before it (llama2.c's grouping, so "ü\x80" is
+  // looked up whole and falls back), and a character cut short falls back.
   EXPECT_THAT(
       t->Encode("\xc3\xa9\xc3\xbc\x80\xe2\x82", false),
       ElementsAre(259, 266, 3 + 0xc3, 3 + 0xbc, 3 + 0x80, 3 + 0xe2, 3 + 0x82));
@@ -222,7 +229,34 @@ TEST(TokenizerFormat, EncodesMergesAndFallsBackToBytes) {
   for (const std::string& text : texts) {
     EXPECT_EQ(t->DecodeAll(t->Encode(text, true)), text);
   }
+  EXPECT_THAT(t->Encode("a\x80", false), ElementsAre(259, 3 + 'a', 3 + 0x80));
   EXPECT_EQ(t->Decode(1, 300), "");  // Outside the vocabulary.
+}
+
+// Some exports store each byte-fallback token's piece as the byte itself,
+// so " ", "a" and "," appear twice. Text must map to the ordinary pieces;
+// the byte tokens are only for bytes no piece covers, and never merge.
+TEST(TokenizerFormat, RawBytePiecesAreReachedOnlyById) {
+  FileWriter w;
+  w.Put(int32_t{8});
+  w.PutPiece(0, "<unk>");
+  w.PutPiece(0, "\n<s>\n");
+  w.PutPiece(0, "\n</s>\n");
+  for (int b = 0; b < 256; ++b)
+    w.PutPiece(0, std::string(1, static_cast<char>(b)));
+  w.PutPiece(-1, " ");   // 259
+  w.PutPiece(-2, "a");   // 260
+  w.PutPiece(-3, " a");  // 261
+  TempDir dir("tierkv-tokenizer");
+  const std::string path = dir.path() + "/tokenizer.bin";
+  w.WriteTo(path);
+  StatusOr<Tokenizer> t = Tokenizer::Load(path, 262);
+  ASSERT_THAT(t, IsOk());
+  EXPECT_THAT(t->Encode("a", true), ElementsAre(1, 261));
+  // "b" has no piece: its byte token, which does not merge with " ".
+  EXPECT_THAT(t->Encode("b", false), ElementsAre(259, 3 + 'b'));
+  EXPECT_THAT(t->Encode("ab a", false), ElementsAre(261, 3 + 'b', 261));
+  EXPECT_EQ(t->DecodeAll(t->Encode("ab a", true)), "ab a");
 }
 
 TEST(TokenizerFormat, BrokenFilesAreRefused) {
@@ -245,6 +279,8 @@ TEST(TokenizerFormat, BrokenFilesAreRefused) {
   negative.Put(int32_t{-3});
   negative.WriteTo(path);
   EXPECT_THAT(Tokenizer::Load(path, 1), StatusIs(StatusCode::kInvalidArgument));
+  EXPECT_THAT(Tokenizer::Load(path, -1),
+              StatusIs(StatusCode::kInvalidArgument));
 }
 
 // ---------------------------------------------------------------------------
@@ -312,6 +348,11 @@ TEST_F(RealModel, KnownTokensLogitsAndContinuation) {
   const std::vector<TokenId> prompt =
       tokenizer().Encode("Once upon a time", true);
   ASSERT_THAT(prompt, ElementsAre(1, 9038, 2501, 263, 931));
+  // Punctuation maps to its ordinary pieces (29892 ",", 29889 "."), not to
+  // the byte-fallback tokens whose pieces repeat them in this export.
+  EXPECT_THAT(
+      tokenizer().Encode("Once upon a time, there was a girl.", true),
+      ElementsAre(1, 9038, 2501, 263, 931, 29892, 727, 471, 263, 7826, 29889));
   auto [out, cache] = Full(prompt, 40);
   const std::vector<float>& logits = out.logits;
   std::vector<int> order(logits.size());
@@ -333,14 +374,27 @@ TEST_F(RealModel, KnownTokensLogitsAndContinuation) {
                                "loved to play outside in the sunshine."));
 }
 
-// Every story round-trips through the tokenizer and fits the budget the
-// fidelity prompts rely on.
+// Every story round-trips through the tokenizer, fits the budget the
+// fidelity prompts rely on, and uses byte-fallback tokens only for the
+// newline (which the vocabulary has no piece for); so does text outside
+// the vocabulary's script.
 TEST_F(RealModel, StoriesRoundTripAndFit) {
+  constexpr TokenId kNewline = Tokenizer::kFirstByteToken + '\n';
   for (std::string_view story : ShortStories()) {
     const std::vector<TokenId> ids = tokenizer().Encode(story, true);
     EXPECT_EQ(tokenizer().DecodeAll(ids), story);
     EXPECT_LE(ids.size(), 65u) << story;
-    for (TokenId t : ids) EXPECT_NE(t, kRealModelSeparator);
+    for (TokenId t : ids) {
+      EXPECT_NE(t, kRealModelSeparator);
+      if (t != Tokenizer::kBos && t != kNewline) {
+        EXPECT_GE(t, static_cast<TokenId>(Tokenizer::kFirstPieceToken))
+            << story;
+      }
+    }
+  }
+  for (const char* text :
+       {"\xe6\x97\xa5\xe6\x9c\xac\xe8\xaa\x9e", "I have 2 cats!", " x"}) {
+    EXPECT_EQ(tokenizer().DecodeAll(tokenizer().Encode(text, true)), text);
   }
 }
 
@@ -486,8 +540,8 @@ TEST_F(RealModel, RemappedChunksMatchChunkIsolatedPrefill) {
 // the recompute ratio grows, and ratio 1 is the full prefill exactly.
 TEST_F(RealModel, CacheBlendTableIsMonotone) {
   FidelityOptions options;
-  options.prompts = 4;
-  options.continuation = 16;
+  options.prompts = 3;
+  options.continuation = 8;
   const FidelityReport report = MeasureFidelity(*model_, options).value();
   std::printf("%s", FidelityTable(report).c_str());
   ASSERT_EQ(report.rows.size(), 1 + options.ratios.size());
