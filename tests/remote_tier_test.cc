@@ -24,7 +24,9 @@
 namespace tierkv {
 namespace {
 
+using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::IsEmpty;
 using ::testing::StartsWith;
 
 constexpr size_t kBlockBytes = 256 << 10;
@@ -191,6 +193,11 @@ TEST_F(RedisClusterRemoteTierTest, CapacityTtlRemoveAndRemoveAll) {
   EXPECT_TRUE(tier->Contains(kKey1, kTokens1));
   EXPECT_FALSE(tier->Contains(kKey2, kTokens2));
   EXPECT_TRUE(tier->Contains(kKey3, kTokens3));
+  uint64_t total = 0;
+  EXPECT_THAT(tier->StoredKeys(16, &total), ElementsAre(kKey3, kKey1));
+  EXPECT_EQ(total, 2u);
+  EXPECT_THAT(tier->StoredKeys(1, &total), ElementsAre(kKey3));
+  EXPECT_EQ(total, 2u);
   EXPECT_EQ(tier->stats().evictions, 1u);
   EXPECT_LE(tier->stats().bytes, 2 * value_bytes);
   EXPECT_THAT(raw_->Get(tier->RedisKey(kKey2)),
@@ -216,6 +223,8 @@ TEST_F(RedisClusterRemoteTierTest, CapacityTtlRemoveAndRemoveAll) {
   EXPECT_THAT(Promote(*tier, kKey1, kTokens1, 4),
               StatusIs(StatusCode::kNotFound));
   EXPECT_EQ(tier->stats().bytes, 0u);
+  EXPECT_THAT(tier->StoredKeys(16, &total), IsEmpty());
+  EXPECT_EQ(total, 0u);
 }
 
 TEST(RedisClusterRemoteTierOptionsTest, RefusesMissingOrUnsafeOptions) {

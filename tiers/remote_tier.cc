@@ -270,6 +270,17 @@ uint64_t RemoteTier::RemoveAll() {
   return n;
 }
 
+std::vector<BlockKey> RemoteTier::StoredKeys(size_t max,
+                                             uint64_t* total) const {
+  MutexLock lock(&mu_);
+  *total = index_.size();
+  std::vector<BlockKey> out;
+  for (auto it = lru_.begin(); it != lru_.end() && out.size() < max; ++it) {
+    out.push_back(*it);
+  }
+  return out;
+}
+
 DiskTierStats RemoteTier::stats() const {
   MutexLock lock(&mu_);
   return stats_;

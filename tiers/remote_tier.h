@@ -92,6 +92,9 @@ class RemoteTier final : public LowerTier {
                BlockId slot, PromoteDone done) override;
   bool Remove(const BlockKey& key) override;
   uint64_t RemoveAll() override;
+  // The blocks in this tier's index (those this process spilled), most
+  // recently used first.
+  std::vector<BlockKey> StoredKeys(size_t max, uint64_t* total) const override;
   DiskTierStats stats() const override;
 
   // The Redis key of `key` in this store and tenant.
