@@ -239,12 +239,17 @@ StatusOr<std::vector<SlotRange>> ParseShards(const redisReply& reply,
         slots->type != REDIS_REPLY_ARRAY || nodes->type != REDIS_REPLY_ARRAY) {
       return Status::Internal("CLUSTER SHARDS entry lacks slots or nodes");
     }
+    // After a failover the shard lists two masters until the old one comes
+    // back as a replica: the promoted one, online, and the old one with
+    // health "fail". Take the online one; any master if none is.
     const redisReply* master = nullptr;
     for (size_t n = 0; n < nodes->elements; ++n) {
       const redisReply* role = MapGet(*nodes->element[n], "role");
-      if (role != nullptr && ReplyText(*role) == "master") {
-        master = nodes->element[n];
-      }
+      if (role == nullptr || ReplyText(*role) != "master") continue;
+      const redisReply* health = MapGet(*nodes->element[n], "health");
+      const bool online = health != nullptr && ReplyText(*health) == "online";
+      if (online || master == nullptr) master = nodes->element[n];
+      if (online) break;
     }
     if (master == nullptr || slots->elements == 0) continue;
     const redisReply* port = MapGet(*master, "port");
@@ -373,6 +378,10 @@ RedisClusterClient::Node* RedisClusterClient::NodeFor(const std::string& host,
 Status RedisClusterClient::Connect(Node* node, bool ignore_backoff) {
   if (node->ctx != nullptr) return Status::Ok();
   if (!ignore_backoff && Clock::now() < node->down_until) {
+    // The map still sends keys to a node that is down: read it again on the
+    // next call, or a failover that completes within the backoff would go
+    // unnoticed until a later failure.
+    topology_stale_ = true;
     return Status::Unavailable("Redis node " + node->addr +
                                " is down: " + node->last_error);
   }
