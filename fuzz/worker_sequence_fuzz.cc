@@ -19,6 +19,7 @@
 // also the source or destination of another transfer in flight (a worker
 // would copy torn bytes). After the input both workers disconnect, and
 // then nothing may be pinned and no event in flight.
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -135,7 +136,16 @@ class Harness {
     FUZZ_CHECK(Decode(bytes).ok(), "the %s reply to %s does not decode",
                MessageTypeName(TypeOf(reply)),
                MessageTypeName(TypeOf(request)));
-    if (std::holds_alternative<ErrorReply>(reply)) return;
+    if (std::holds_alternative<ErrorReply>(reply)) {
+      // A ChunkDone applies its completions whatever its Finish says (the
+      // client sends it one-way and never reads the reply), so an error
+      // from the Finish comes back with the events completed. Those the
+      // store no longer lists are done.
+      if (const auto* done = std::get_if<ChunkDoneRequest>(&request)) {
+        ForgetCompletedOutside(slot, done->events);
+      }
+      return;
+    }
     const MessageType expected = ExpectedReply(TypeOf(request));
     FUZZ_CHECK(TypeOf(reply) == expected, "%s answered with %s",
                MessageTypeName(TypeOf(request)),
@@ -179,6 +189,20 @@ class Harness {
         FUZZ_CHECK(events_[slot].erase(Key(e.ref)) == 1,
                    "completed an event never handed out");
       }
+    }
+  }
+
+  // Forgets the tracked events among `completed` that the store no longer
+  // lists.
+  void ForgetCompletedOutside(int slot,
+                              std::span<const CompletedEvent> completed) {
+    std::vector<EventInfo> listed = store_->Lock()->events();
+    for (const CompletedEvent& e : completed) {
+      const bool in_flight =
+          std::any_of(listed.begin(), listed.end(), [&](const EventInfo& i) {
+            return i.worker == workers_[slot] && Key(i.ref) == Key(e.ref);
+          });
+      if (!in_flight) events_[slot].erase(Key(e.ref));
     }
   }
 

@@ -230,7 +230,8 @@ struct PublishChunkRequest {
 };
 // The end of a chunk fetch or publish, which the worker sends without
 // waiting for its answer: Complete(events), then Finish(finish) unless it
-// is 0.
+// is 0. Each applies whatever the other answers; the reply is the first
+// error, so an error from the Finish comes back with the events completed.
 struct ChunkDoneRequest {
   std::vector<CompletedEvent> events;
   RequestId finish = 0;
