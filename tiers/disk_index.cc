@@ -139,7 +139,9 @@ const DiskIndex::Entry* DiskIndex::FindStored(const BlockKey& key) const {
   return it != entries_.end() && it->second.stored ? &it->second : nullptr;
 }
 
-bool DiskIndex::Erase(const BlockKey& key) {
+bool DiskIndex::Erase(const BlockKey& key_ref) {
+  // A copy: callers pass lru_.front(), which the erase below frees.
+  const BlockKey key = key_ref;
   auto it = entries_.find(key);
   if (it == entries_.end()) return false;
   if (it->second.stored) {
