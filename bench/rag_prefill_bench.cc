@@ -269,20 +269,10 @@ struct RealWorkload {
                             AssemblePrompt(w->prompt, w->separator));
     w->sequence = assembled.tokens;
     // The earlier request: the same chunks, stories in reverse order.
-    auto chunk = [&](const TokenRange& r) {
-      return std::vector<TokenId>(assembled.tokens.begin() + r.begin,
-                                  assembled.tokens.begin() + r.end);
-    };
-    std::vector<std::vector<TokenId>> parts = {chunk(assembled.chunks[0])};
-    for (size_t c = assembled.chunks.size(); c-- > 1;) {
-      parts.push_back(chunk(assembled.chunks[c]));
-    }
-    parts.push_back(chunk(assembled.question));
-    for (size_t i = 0; i < parts.size(); ++i) {
-      if (i > 0) w->cached_prompt.push_back(kRealModelSeparator);
-      w->cached_prompt.insert(w->cached_prompt.end(), parts[i].begin(),
-                              parts[i].end());
-    }
+    const std::vector<TokenId> question(
+        assembled.tokens.begin() + assembled.question.begin,
+        assembled.tokens.begin() + assembled.question.end);
+    w->cached_prompt = ReversedStoriesPrompt(assembled, question);
     w->chunks = static_cast<int32_t>(assembled.chunks.size());
     w->slots.resize(w->sequence.size());
     std::iota(w->slots.begin(), w->slots.end(), 0);

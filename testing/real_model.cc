@@ -198,6 +198,20 @@ StatusOr<std::vector<TokenId>> GreedyContinuation(
   return out;
 }
 
+std::vector<TokenId> ReversedStoriesPrompt(const AssembledPrompt& assembled,
+                                           std::span<const TokenId> question) {
+  auto chunk = [&](const TokenRange& r) {
+    return std::vector<TokenId>(assembled.tokens.begin() + r.begin,
+                                assembled.tokens.begin() + r.end);
+  };
+  std::vector<std::vector<TokenId>> parts = {chunk(assembled.chunks.front())};
+  for (size_t c = assembled.chunks.size(); c-- > 1;) {
+    parts.push_back(chunk(assembled.chunks[c]));
+  }
+  parts.emplace_back(question.begin(), question.end());
+  return Join(parts);
+}
+
 StatusOr<std::vector<FidelityPrompt>> MakeFidelityPrompts(
     const TrainedModel& m, const FidelityOptions& options) {
   TIERKV_RETURN_IF_ERROR(CheckOptions(options, m.model.config().num_layers));
@@ -288,18 +302,8 @@ StatusOr<FidelityReport> MeasureFidelity(
     // An earlier request held the same stories in reverse order: every
     // chunk below is a hit.
     {
-      const auto& chunks = assembled.chunks;
-      std::vector<std::vector<TokenId>> parts;
-      auto chunk_tokens = [&](const TokenRange& c) {
-        return std::vector<TokenId>(assembled.tokens.begin() + c.begin,
-                                    assembled.tokens.begin() + c.end);
-      };
-      parts.push_back(chunk_tokens(chunks.front()));
-      for (size_t c = chunks.size(); c-- > 1;) {
-        parts.push_back(chunk_tokens(chunks[c]));
-      }
-      parts.push_back(m.tokenizer.Encode("The end.", false));
-      const std::vector<TokenId> earlier = Join(parts);
+      const std::vector<TokenId> earlier = ReversedStoriesPrompt(
+          assembled, m.tokenizer.Encode("The end.", false));
       TIERKV_ASSIGN_OR_RETURN(
           PagedKvCache scratch,
           NewCache(model, static_cast<int64_t>(earlier.size()),

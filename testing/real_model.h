@@ -20,6 +20,7 @@
 #include <string_view>
 #include <vector>
 
+#include "testing/cached_prefill.h"
 #include "testing/reference_model.h"
 #include "testing/tokenizer.h"
 #include "tierkv/status.h"
@@ -82,6 +83,13 @@ struct FidelityPrompt {
   std::string question;          // The text after the stories.
   std::vector<TokenId> prompt;   // With separators.
 };
+
+// A prompt holding `assembled`'s chunks with the stories in reverse order
+// (the system prompt stays first), then `question`, split by
+// kRealModelSeparator: an earlier request that leaves every chunk of
+// `assembled` in a chunk pool.
+std::vector<TokenId> ReversedStoriesPrompt(const AssembledPrompt& assembled,
+                                           std::span<const TokenId> question);
 
 // Deterministic for options.seed. InvalidArgument for bad options (too many
 // stories per prompt, a prompt that with its continuation would not fit the
