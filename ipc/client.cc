@@ -954,6 +954,10 @@ std::vector<FinishedTransfer> Client::WaitEvents(
     const auto left =
         std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now());
     if (!done.empty() || left.count() <= 0) return done;
+    // About to sleep for copies still queued: an emulated device tier runs
+    // them on this thread now (DeviceTier::RunQueuedCopies), sparing the
+    // hand-off to its copy thread and the wake-up back.
+    if (impl.device->RunQueuedCopies() > 0) continue;
     // Sleep until a copy completes, tierkvd says loads are ready, or
     // tierkvd goes away (its socket closes): pending loads then fail now.
     const bool loads = !impl.pending_loads.empty();

@@ -7,15 +7,19 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <latch>
 #include <limits>
 #include <memory>
+#include <mutex>
 #include <thread>
 #include <vector>
 
 #include "tests/status_matchers.h"
+#include "tiers/copy_engine.h"
 
 namespace tierkv {
 namespace {
@@ -407,6 +411,99 @@ TEST(DeviceTierLifetime, IdleTierIsDestroyedPromptly) {
   for (int i = 0; i < 50; ++i) {
     auto tier = MakeTier(1, 64);
   }
+}
+
+// A caller about to wait runs queued jobs itself (RunQueued), and only
+// while the engine's thread runs none. Made deterministic by holding the
+// thread in the notify callback of job 1: it has finished that job (no job
+// runs) but cannot take the next, so jobs 2 and 3 can only run on the
+// caller's thread.
+TEST(CopyEngineRunQueued, CallerRunsQueuedJobsInOrderWithoutNotify) {
+  std::mutex mu;
+  std::vector<std::pair<uint64_t, std::thread::id>> ran;  // Guarded by mu.
+  std::latch job1_started(1), release_job1(1), release_notify(1);
+  std::latch notified_once(1);
+  auto engine = CopyEngine::Start([&](const CopyJob& job) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      ran.emplace_back(job.tag, std::this_thread::get_id());
+    }
+    if (job.tag == 1) {
+      job1_started.count_down();
+      release_job1.wait();
+    }
+  });
+  ASSERT_THAT(engine, IsOk());
+  int notifies = 0;  // Written by the engine's thread only.
+  (*engine)->SetNotify([&] {
+    if (++notifies == 1) {
+      notified_once.count_down();
+      release_notify.wait();
+    }
+  });
+  (*engine)->Submit(CopyJob{.tag = 1});
+  job1_started.wait();
+  (*engine)->Submit(CopyJob{.tag = 2});
+  (*engine)->Submit(CopyJob{.tag = 3});
+  // The thread runs job 1: nothing runs here.
+  EXPECT_EQ((*engine)->RunQueued(), 0u);
+  release_job1.count_down();
+  notified_once.wait();  // Job 1 done; the thread is held in its notify.
+  EXPECT_EQ((*engine)->RunQueued(), 2u);
+  EXPECT_EQ((*engine)->RunQueued(), 0u);  // Nothing left.
+  release_notify.count_down();
+  std::vector<CopyCompletion> done = (*engine)->Poll();
+  EXPECT_THAT(Tags(done), ElementsAre(1u, 2u, 3u));
+  engine->reset();         // Joins the thread: `notifies` is final.
+  EXPECT_EQ(notifies, 1);  // Jobs a caller ran are polled, not notified.
+  ASSERT_THAT(ran, SizeIs(3));
+  EXPECT_EQ(ran[1].first, 2u);
+  EXPECT_EQ(ran[2].first, 3u);
+  EXPECT_EQ(ran[1].second, std::this_thread::get_id());
+  EXPECT_EQ(ran[2].second, std::this_thread::get_id());
+  EXPECT_NE(ran[0].second, std::this_thread::get_id());
+}
+
+// Callers and the thread share one queue: a chain in which every load reads
+// the host slot the store before it wrote comes out right only if jobs run
+// one at a time in submission order, whoever runs them.
+TEST(CopyEngineRunQueued, CallersAndTheThreadKeepSubmissionOrder) {
+  constexpr int kLinks = 400;
+  constexpr size_t kBytes = 4096;
+  auto tier = MakeTier(kLinks + 1, kBytes);
+  Fill(tier->block(0), 7);
+  std::vector<std::byte> slot(kBytes);
+  std::atomic<bool> done{false};
+  std::atomic<size_t> ran_by_helper{0};
+  std::thread helper([&] {
+    while (!done.load()) ran_by_helper += tier->RunQueuedCopies();
+  });
+  size_t ran_here = 0;
+  std::vector<uint64_t> submitted;
+  for (int i = 0; i < kLinks; ++i) {
+    // Device block i -> slot -> device block i + 1.
+    for (int k = 0; k < 2; ++k) {
+      const auto tag = static_cast<uint64_t>(2 * i + k);
+      submitted.push_back(tag);
+      ASSERT_THAT(tier->Submit(CopyJob{
+                      .tag = tag,
+                      .direction = k == 0 ? CopyDirection::kDeviceToHost
+                                          : CopyDirection::kHostToDevice,
+                      .device_blocks = {static_cast<BlockId>(i + k)},
+                      .host_blocks = {slot.data()}}),
+                  IsOk());
+    }
+    if (i % 3 == 0) ran_here += tier->RunQueuedCopies();
+  }
+  std::vector<CopyCompletion> all = Collect(*tier, 2 * kLinks);
+  done = true;
+  helper.join();
+  EXPECT_EQ(Tags(all), submitted);
+  for (int i = 0; i <= kLinks; ++i) {
+    ASSERT_TRUE(SameBytes(tier->block(i), Pattern(kBytes, 7))) << i;
+  }
+  EXPECT_LE(ran_here + ran_by_helper.load(), 2u * kLinks);
+  EXPECT_EQ(tier->in_flight(), 0u);
 }
 
 }  // namespace

@@ -61,19 +61,47 @@ void CopyEngine::Run() {
     CopyJob job;
     {
       MutexLock lock(&mu_);
-      while (!stopping_ && queue_.empty()) work_cv_.Wait(&mu_);
+      // A job a RunQueued caller runs is waited for, even when stopping.
+      while (running_ || (queue_.empty() && !stopping_)) work_cv_.Wait(&mu_);
       if (queue_.empty()) return;  // Stopping, and every job has run.
       job = std::move(queue_.front());
       queue_.pop_front();
+      running_ = true;
     }
-    execute_(job);  // Without the lock: Submit and Poll stay responsive.
+    Execute(job, /*notify=*/true);
+  }
+}
+
+void CopyEngine::Execute(const CopyJob& job, bool notify) {
+  execute_(job);  // Without the lock: Submit and Poll stay responsive.
+  bool more = false;
+  {
+    MutexLock lock(&mu_);
+    running_ = false;
+    completed_.push_back(CopyCompletion{job.tag, Status::Ok()});
+    more = !queue_.empty() || stopping_;
+  }
+  done_cv_.NotifyAll();
+  // The thread may be waiting for a caller's job to end.
+  if (more) work_cv_.NotifyOne();
+  if (!notify) return;
+  MutexLock lock(&notify_mu_);
+  if (notify_) notify_();
+}
+
+size_t CopyEngine::RunQueued() {
+  size_t ran = 0;
+  for (;;) {
+    CopyJob job;
     {
       MutexLock lock(&mu_);
-      completed_.push_back(CopyCompletion{job.tag, Status::Ok()});
+      if (running_ || queue_.empty()) return ran;
+      job = std::move(queue_.front());
+      queue_.pop_front();
+      running_ = true;
     }
-    done_cv_.NotifyAll();
-    MutexLock lock(&notify_mu_);
-    if (notify_) notify_();
+    Execute(job, /*notify=*/false);  // The caller polls for it.
+    ++ran;
   }
 }
 

@@ -2,7 +2,10 @@
 // "device" memory is host memory (EmulatedDeviceTier, RegisteredDeviceTier).
 // One thread plays the DMA engine: it runs jobs strictly in submission order,
 // as one CUDA stream would, so a load submitted after a store of the same
-// host slot sees the stored bytes, and a job with no blocks is a fence. The
+// host slot sees the stored bytes, and a job with no blocks is a fence. A
+// caller about to wait for its copies may run queued jobs itself
+// (RunQueued) while the thread is idle; one job runs at a time either way,
+// so the order holds. The
 // tier supplies how one job's bytes move (the executor); the engine owns
 // queueing, completion and the drain on destruction.
 // Thread-safety: Submit, Poll, Wait and in_flight may be called from any
@@ -53,12 +56,20 @@ class CopyEngine {
   std::vector<CopyCompletion> Wait(std::chrono::milliseconds timeout)
       TIERKV_EXCLUDES(mu_);
   size_t in_flight() const TIERKV_EXCLUDES(mu_);
+  // DeviceTier::RunQueuedCopies: runs queued jobs on the calling thread
+  // while no job is running, each completed as the thread completes it but
+  // without the notify callback (the caller polls for them); returns how
+  // many ran.
+  size_t RunQueued() TIERKV_EXCLUDES(mu_);
   // DeviceTier::SetCompletionNotify.
   void SetNotify(std::function<void()> notify) TIERKV_EXCLUDES(notify_mu_);
 
  private:
   explicit CopyEngine(Executor execute);
   void Run() TIERKV_EXCLUDES(mu_);
+  // Runs `job` (taken from the queue with running_ set) without the lock,
+  // then completes it, clears running_ and, with `notify`, calls notify_.
+  void Execute(const CopyJob& job, bool notify) TIERKV_EXCLUDES(mu_);
   std::vector<CopyCompletion> TakeCompletedLocked() TIERKV_REQUIRES(mu_);
 
   const Executor execute_;
@@ -69,6 +80,8 @@ class CopyEngine {
   std::deque<CopyJob> queue_ TIERKV_GUARDED_BY(mu_);
   std::vector<CopyCompletion> completed_ TIERKV_GUARDED_BY(mu_);
   size_t in_flight_ TIERKV_GUARDED_BY(mu_) = 0;
+  // A job is being executed (by the thread or a RunQueued caller).
+  bool running_ TIERKV_GUARDED_BY(mu_) = false;
   bool stopping_ TIERKV_GUARDED_BY(mu_) = false;
   // Held while the callback runs, so SetNotify(nullptr) returns only once
   // no call of the old one is running.

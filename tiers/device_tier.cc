@@ -178,4 +178,8 @@ bool EmulatedDeviceTier::SetCompletionNotify(std::function<void()> notify) {
   return true;
 }
 
+size_t EmulatedDeviceTier::RunQueuedCopies() {
+  return impl_->engine->RunQueued();
+}
+
 }  // namespace tierkv

@@ -292,4 +292,8 @@ bool RegisteredDeviceTier::SetCompletionNotify(std::function<void()> notify) {
   return true;
 }
 
+size_t RegisteredDeviceTier::RunQueuedCopies() {
+  return impl_->engine->RunQueued();
+}
+
 }  // namespace tierkv

@@ -199,7 +199,10 @@ class Client {
   // until a copy completes (DeviceTier::SetCompletionNotify), tierkvd
   // signals ready loads, or, with loads pending, tierkvd's socket closes
   // (the loads then come back failed at once); it sends nothing to tierkvd
-  // while it waits.
+  // while it waits. Before it sleeps, copies still queued on a device tier
+  // whose copies are memcpy (emulated, registered) run on the calling
+  // thread (DeviceTier::RunQueuedCopies), so a copy that is long may take
+  // it past `timeout`.
   std::vector<FinishedTransfer> WaitEvents(std::chrono::milliseconds timeout);
   // Reports finished transfers, then unpins their device blocks. A rank
   // client reports its part: tierkvd completes an event once every rank of
