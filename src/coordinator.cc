@@ -299,9 +299,10 @@ bool Coordinator::HostHas(const BlockKey& key,
 
 std::optional<BlockId> Coordinator::FindHostBlock(
     const BlockKey& key, std::span<const TokenId> tokens) const {
-  const std::optional<BlockId> slot = host_pool_.GetCachedBlock(key, tokens);
-  // The pool's token check is a keyed hash, not a MAC: the slot's own token
-  // ids settle it, so a chosen collision is a miss, never another's KV.
+  // By key alone, then the slot's own token ids (kept beside it) settle
+  // it: a collision, chosen or not, is a miss, never another's KV. The
+  // pool's keyed token check would only repeat that at a hash per block.
+  const std::optional<BlockId> slot = host_pool_.FindKeyedBlock(key);
   if (!slot.has_value() || !std::ranges::equal(HostSlotTokens(*slot), tokens)) {
     return std::nullopt;
   }
