@@ -14,6 +14,7 @@
 #include <map>
 #include <optional>
 #include <span>
+#include <unordered_map>
 
 #include "ipc/channel.h"
 #include "ipc/in_process_store.h"
@@ -211,6 +212,17 @@ struct Client::Impl {
   // Loads waiting for promotions, by load id, as Allocate returned them:
   // their device blocks are pinned.
   std::map<uint64_t, TransferEvent> pending_loads;
+  // Attached mode: the tokens the last Lookup of each open request sent
+  // and the tag tierkvd named them with, so that the next Lookup of the
+  // request sends only what changed (ipc::LookupRequest::kept_tokens). At
+  // most kMaxSentLookups requests; forgotten with the request (Finish) or
+  // the attachment.
+  struct SentLookup {
+    std::vector<TokenId> tokens;
+    uint64_t tag = 0;
+  };
+  static constexpr size_t kMaxSentLookups = 4096;
+  std::unordered_map<RequestId, SentLookup> sent_lookups;
   // Finished transfers not handed out yet: loads lost with tierkvd, loads
   // whose copy could not start, and copies that finished while a lost
   // attachment waited for them.
@@ -325,6 +337,7 @@ struct Client::Impl {
                           .session = session});
     }
     pending_loads.clear();
+    sent_lookups.clear();  // The next tierkvd keeps none of them.
     // A tierkvd that is only slow keeps this worker's host pins until the
     // socket closes. Copies still read or write those host slots: let them
     // finish, then close it, so tierkvd releases the pins at once.
@@ -384,6 +397,26 @@ struct Client::Impl {
     request_bytes.clear();
     ipc::Encode(request, &request_bytes);
     return CallEncoded();
+  }
+
+  // Records that tierkvd keeps `tokens` for `request` under `tag` (0: it
+  // keeps none to build on), the first `kept` of them already recorded.
+  void RememberLookup(RequestId request, std::span<const TokenId> tokens,
+                      size_t kept, uint64_t tag) {
+    auto it = sent_lookups.find(request);
+    if (tag == 0) {
+      if (it != sent_lookups.end()) sent_lookups.erase(it);
+      return;
+    }
+    if (it == sent_lookups.end()) {
+      if (sent_lookups.size() >= kMaxSentLookups) return;
+      it = sent_lookups.try_emplace(request).first;
+    }
+    std::vector<TokenId>& sent = it->second.tokens;
+    sent.resize(kept);
+    sent.insert(sent.end(), tokens.begin() + static_cast<std::ptrdiff_t>(kept),
+                tokens.end());
+    it->second.tag = tag;
   }
 
   // Sends request_bytes, an encoded request, over the channel (attached)
@@ -723,15 +756,46 @@ StatusOr<LookupResult> Client::Lookup(RequestId request,
                                       const RequestExtras& extras) {
   Impl& impl = *impl_;
   if (impl.in_process == nullptr) {
-    // Encoded straight from the caller's tokens (a request of 4,096 tokens
-    // is 16 KiB: a copy less matters at a few microseconds per lookup).
-    impl.request_bytes.clear();
-    ipc::EncodeLookup(request, num_computed_tokens, tokens, extras,
-                      &impl.request_bytes);
-    TIERKV_ASSIGN_OR_RETURN(
-        ipc::LookupReply reply,
-        Impl::ReplyAs<ipc::LookupReply>(impl.CallEncoded()));
-    return reply.result;
+    // Asked again (an engine's scheduler asks every step for a request
+    // still waiting): only the tokens after those that did not change go,
+    // named by the tag tierkvd gave the last lookup's. The rest is encoded
+    // straight from the caller's tokens (a request of 4,096 tokens is
+    // 16 KiB: a copy less matters at a few microseconds per lookup).
+    auto sent = impl.sent_lookups.find(request);
+    size_t kept = 0;
+    if (sent != impl.sent_lookups.end()) {
+      const std::vector<TokenId>& before = sent->second.tokens;
+      const size_t n = std::min(before.size(), tokens.size());
+      kept = std::memcmp(before.data(), tokens.data(), n * sizeof(TokenId)) == 0
+                 ? n
+                 : static_cast<size_t>(std::mismatch(before.begin(),
+                                                     before.begin() + n,
+                                                     tokens.begin())
+                                           .first -
+                                       before.begin());
+    }
+    for (;;) {
+      impl.request_bytes.clear();
+      ipc::EncodeLookup(request, num_computed_tokens, tokens.subspan(kept),
+                        extras, static_cast<uint32_t>(kept),
+                        kept > 0 ? sent->second.tag : 0, &impl.request_bytes);
+      impl.counts.lookup_tokens_sent += tokens.size() - kept;
+      StatusOr<ipc::LookupReply> reply =
+          Impl::ReplyAs<ipc::LookupReply>(impl.CallEncoded());
+      if (!reply.ok() && kept > 0 &&
+          reply.status().code() == StatusCode::kAborted) {
+        // tierkvd keeps other tokens for the request by now: send them all.
+        impl.sent_lookups.erase(sent);
+        kept = 0;
+        continue;
+      }
+      if (!reply.ok()) {
+        impl.sent_lookups.erase(request);
+        return reply.status();
+      }
+      impl.RememberLookup(request, tokens, kept, reply->tokens_tag);
+      return reply->result;
+    }
   }
   TIERKV_ASSIGN_OR_RETURN(
       ipc::LookupReply reply,
@@ -783,6 +847,11 @@ StatusOr<std::vector<StatusOr<LookupResult>>> Client::LookupBatch(
       ++end;
     }
     impl.request_bytes.clear();
+    // A batched lookup sends all its tokens: tierkvd then keeps them
+    // under a new tag, which only a plain Lookup learns.
+    for (size_t q = first; q < end; ++q) {
+      impl.sent_lookups.erase(queries[q].request);
+    }
     ipc::EncodeLookupBatch(queries.subspan(first, end - first),
                            &impl.request_bytes);
     TIERKV_ASSIGN_OR_RETURN(
@@ -802,6 +871,7 @@ StatusOr<std::vector<StatusOr<LookupResult>>> Client::LookupBatch(
 
 StatusOr<LookupResult> Client::LookupChunk(RequestId request,
                                            std::span<const TokenId> tokens) {
+  impl_->sent_lookups.erase(request);  // tierkvd keeps the chunk's.
   TIERKV_ASSIGN_OR_RETURN(
       ipc::LookupReply reply,
       impl_->CallFor<ipc::LookupReply>(ipc::LookupChunkRequest{
@@ -1008,6 +1078,7 @@ Status Client::Complete(std::span<const FinishedTransfer> finished) {
 }
 
 Status Client::Finish(RequestId request) {
+  impl_->sent_lookups.erase(request);
   for (auto it = impl_->pending_loads.begin();
        it != impl_->pending_loads.end();) {
     if (it->second.request != request) {

@@ -198,11 +198,13 @@ void Encode(const Message& message, std::vector<std::byte>* out) {
 
 void EncodeLookup(RequestId request, int32_t num_computed_tokens,
                   std::span<const TokenId> tokens, const RequestExtras& extras,
+                  uint32_t kept_tokens, uint64_t kept_tag,
                   std::vector<std::byte>* out) {
   EncodeFrame(
       MessageType::kLookup,
       [&](Writer& w) {
-        PutLookup(w, request, num_computed_tokens, tokens, extras);
+        PutLookup(w, request, num_computed_tokens, tokens, extras, kept_tokens,
+                  kept_tag);
       },
       out);
 }
@@ -214,7 +216,8 @@ void EncodeLookupBatch(std::span<const LookupQuery> queries,
       [&](Writer& w) {
         w.Int<uint32_t>(static_cast<uint32_t>(queries.size()));
         for (const LookupQuery& q : queries) {
-          PutLookup(w, q.request, q.num_computed_tokens, q.tokens, q.extras);
+          PutLookup(w, q.request, q.num_computed_tokens, q.tokens, q.extras,
+                    /*kept_tokens=*/0, /*kept_tag=*/0);
         }
       },
       out);
@@ -222,9 +225,11 @@ void EncodeLookupBatch(std::span<const LookupQuery> queries,
 
 size_t LookupBatchEntryBytes(const LookupQuery& query) {
   // PutLookup: request, computed tokens, token count and tokens, LoRA flag
-  // and id, item count and items, salt length and salt.
+  // and id, item count and items, salt length and salt, kept tokens and
+  // their tag.
   return 8 + 4 + 4 + query.tokens.size_bytes() + 1 + 8 + 4 +
-         query.extras.mm_items.size() * 32 + 4 + query.extras.cache_salt.size();
+         query.extras.mm_items.size() * 32 + 4 +
+         query.extras.cache_salt.size() + 4 + 8;
 }
 
 std::vector<std::byte> Encode(const Message& message) {

@@ -44,7 +44,9 @@ inline constexpr uint32_t kFrameMagic = 0x4D564B54;  // "TKVM"
 //    allocate and commit), and ChunkDone (complete and finish, sent one-way).
 // 11: StatsReply carries the host blocks evicted unspilled and the
 //     write-behind copies kept on host (spills_kept).
-inline constexpr uint16_t kProtocolVersion = 11;
+// 12: a LookupRequest may send only what changed since the request's last
+//     lookup (kept_tokens, kept_tag); LookupReply names the tokens kept.
+inline constexpr uint16_t kProtocolVersion = 12;
 inline constexpr size_t kFrameHeaderBytes = 16;
 // Upper bounds a decoder enforces before allocating anything.
 inline constexpr uint32_t kMaxTokens = 1 << 20;
@@ -124,11 +126,17 @@ struct RegisterReply {
   std::string store_fingerprint;
 };
 
+// With kept_tokens > 0, the request's tokens are the first kept_tokens of
+// those its last lookup left in tierkvd (named kept_tag by that lookup's
+// reply) followed by `tokens`: an engine asking again for a waiting request
+// sends only what changed (Coordinator::LookupAgain).
 struct LookupRequest {
   RequestId request = 0;
   int32_t num_computed_tokens = 0;
   std::vector<TokenId> tokens;
   RequestExtras extras;
+  uint32_t kept_tokens = 0;
+  uint64_t kept_tag = 0;
 };
 // A position-independent chunk, keyed by content (Coordinator::LookupChunk).
 struct LookupChunkRequest {
@@ -137,6 +145,9 @@ struct LookupChunkRequest {
 };
 struct LookupReply {
   LookupResult result;
+  // Names the tokens tierkvd now keeps for the request (a later lookup's
+  // kept_tag); 0 for a chunk lookup, which keeps none to build on.
+  uint64_t tokens_tag = 0;
 };
 struct AllocateRequest {
   RequestId request = 0;
@@ -264,10 +275,11 @@ const char* MessageTypeName(MessageType type);
 void Encode(const Message& message, std::vector<std::byte>* out);
 std::vector<std::byte> Encode(const Message& message);
 // Appends the frame of LookupRequest{request, num_computed_tokens, tokens,
-// extras} (the same bytes) without copying the tokens into one first: a
-// worker's most frequent request.
+// extras, kept_tokens, kept_tag} (the same bytes) without copying the
+// tokens into one first: a worker's most frequent request.
 void EncodeLookup(RequestId request, int32_t num_computed_tokens,
                   std::span<const TokenId> tokens, const RequestExtras& extras,
+                  uint32_t kept_tokens, uint64_t kept_tag,
                   std::vector<std::byte>* out);
 // Appends the frame of a LookupBatchRequest of `queries`, likewise.
 void EncodeLookupBatch(std::span<const LookupQuery> queries,

@@ -48,7 +48,8 @@ void PutPayload(Writer& w, const RegisterReply& m) {
   w.String(m.store_fingerprint);
 }
 void PutLookup(Writer& w, RequestId request, int32_t num_computed_tokens,
-               std::span<const TokenId> tokens, const RequestExtras& extras) {
+               std::span<const TokenId> tokens, const RequestExtras& extras,
+               uint32_t kept_tokens, uint64_t kept_tag) {
   w.Int<uint64_t>(request);
   w.Int<int32_t>(num_computed_tokens);
   w.Ints(tokens);
@@ -62,9 +63,12 @@ void PutLookup(Writer& w, RequestId request, int32_t num_computed_tokens,
     w.Int<int64_t>(item.length);
   }
   w.String(extras.cache_salt);
+  w.Int<uint32_t>(kept_tokens);
+  w.Int<uint64_t>(kept_tag);
 }
 void PutPayload(Writer& w, const LookupRequest& m) {
-  PutLookup(w, m.request, m.num_computed_tokens, m.tokens, m.extras);
+  PutLookup(w, m.request, m.num_computed_tokens, m.tokens, m.extras,
+            m.kept_tokens, m.kept_tag);
 }
 void PutPayload(Writer& w, const LookupChunkRequest& m) {
   w.Int<uint64_t>(m.request);
@@ -73,6 +77,7 @@ void PutPayload(Writer& w, const LookupChunkRequest& m) {
 void PutPayload(Writer& w, const LookupReply& m) {
   w.Int<int32_t>(m.result.hit_tokens);
   w.Int<int32_t>(m.result.disk_hit_tokens);
+  w.Int<uint64_t>(m.tokens_tag);
 }
 void PutPayload(Writer& w, const AllocateRequest& m) {
   w.Int<uint64_t>(m.request);
@@ -137,6 +142,9 @@ void GetPayload(Reader& r, LookupRequest* m) {
     m->extras.mm_items.push_back(item);
   }
   m->extras.cache_salt = r.String();
+  m->kept_tokens = r.Int<uint32_t>();
+  m->kept_tag = r.Int<uint64_t>();
+  if (m->kept_tokens > kMaxTokens) r.Fail("kept tokens past the limit");
 }
 void GetPayload(Reader& r, LookupChunkRequest* m) {
   m->request = r.Int<uint64_t>();
@@ -149,6 +157,7 @@ void GetPayload(Reader& r, LookupReply* m) {
       m->result.disk_hit_tokens > m->result.hit_tokens) {
     r.Fail("disk hit tokens outside the hit");
   }
+  m->tokens_tag = r.Int<uint64_t>();
 }
 void GetPayload(Reader& r, AllocateRequest* m) {
   m->request = r.Int<uint64_t>();

@@ -41,6 +41,17 @@ LookupBatchReply LookupEach(const LookupBatchRequest& batch, LookupOne lookup) {
   return reply;
 }
 
+// One lookup: all its tokens, or what changed since the request's last.
+StatusOr<LookupResult> LookupOne(Coordinator& c, WorkerId worker,
+                                 const LookupRequest& l) {
+  if (l.kept_tokens == 0) {
+    return c.Lookup(worker, l.request, l.tokens, l.num_computed_tokens,
+                    l.extras);
+  }
+  return c.LookupAgain(worker, l.request, l.kept_tokens, l.kept_tag, l.tokens,
+                       l.num_computed_tokens, l.extras);
+}
+
 }  // namespace
 
 Message Dispatch(Coordinator& c, WorkerId worker, const Message& request) {
@@ -48,12 +59,12 @@ Message Dispatch(Coordinator& c, WorkerId worker, const Message& request) {
       [&](const auto& m) -> Message {
         using T = std::decay_t<decltype(m)>;
         if constexpr (std::is_same_v<T, LookupRequest>) {
-          return Wrap<LookupReply>(c.Lookup(worker, m.request, m.tokens,
-                                            m.num_computed_tokens, m.extras));
+          StatusOr<LookupResult> result = LookupOne(c, worker, m);
+          if (!result.ok()) return ErrorReply{result.status()};
+          return LookupReply{*result, c.TokensTag(worker, m.request)};
         } else if constexpr (std::is_same_v<T, LookupBatchRequest>) {
           return LookupEach(m, [&](const LookupRequest& l) {
-            return c.Lookup(worker, l.request, l.tokens, l.num_computed_tokens,
-                            l.extras);
+            return LookupOne(c, worker, l);
           });
         } else if constexpr (std::is_same_v<T, LookupChunkRequest>) {
           return Wrap<LookupReply>(c.LookupChunk(worker, m.request, m.tokens));
@@ -123,8 +134,7 @@ Message DispatchToStore(TieredStore& store, WorkerId worker,
     // One lookup per hold of the store's mutex: a batch of thousands must
     // not stall other workers and the tier thread for its whole length.
     return LookupEach(*batch, [&](const LookupRequest& l) {
-      return store.Lock()->Lookup(worker, l.request, l.tokens,
-                                  l.num_computed_tokens, l.extras);
+      return LookupOne(*store.Lock(), worker, l);
     });
   }
   if (const auto* complete = std::get_if<CompleteRequest>(&request)) {

@@ -180,7 +180,8 @@ void PutPayload(Writer&, const RegisterReply&);
 void PutPayload(Writer&, const LookupRequest&);
 // A LookupRequest's payload, from the caller's tokens.
 void PutLookup(Writer& w, RequestId request, int32_t num_computed_tokens,
-               std::span<const TokenId> tokens, const RequestExtras& extras);
+               std::span<const TokenId> tokens, const RequestExtras& extras,
+               uint32_t kept_tokens, uint64_t kept_tag);
 void PutPayload(Writer&, const LookupChunkRequest&);
 void PutPayload(Writer&, const LookupReply&);
 void PutPayload(Writer&, const AllocateRequest&);

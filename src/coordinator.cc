@@ -437,74 +437,144 @@ void Coordinator::DropCorruptSlot(BlockId slot) {
   }
 }
 
+Status Coordinator::CheckLookup(size_t num_tokens, int32_t num_computed_tokens,
+                                const RequestExtras& extras) const {
+  const int32_t bs = options_.layout.block_size;
+  if (num_tokens == 0 || num_tokens > options_.max_request_tokens) {
+    return Status::InvalidArgument("lookup of " + std::to_string(num_tokens) +
+                                   " tokens; a request has 1.." +
+                                   std::to_string(options_.max_request_tokens));
+  }
+  if (num_computed_tokens < 0 || num_computed_tokens % bs != 0 ||
+      static_cast<size_t>(num_computed_tokens) >= num_tokens) {
+    return Status::InvalidArgument(
+        "num_computed_tokens " + std::to_string(num_computed_tokens) +
+        " must be a multiple of the block size (" + std::to_string(bs) +
+        ") below the request's " + std::to_string(num_tokens) + " tokens");
+  }
+  for (const MultiModalItem& item : extras.mm_items) {
+    if (item.start < 0 || item.length < 1 ||
+        item.start > static_cast<int64_t>(num_tokens) - item.length) {
+      return Status::InvalidArgument(
+          "multimodal item at " + std::to_string(item.start) + " of length " +
+          std::to_string(item.length) + " is outside the request's " +
+          std::to_string(num_tokens) + " tokens");
+    }
+  }
+  return Status::Ok();
+}
+
+namespace {
+bool IsPlain(const RequestExtras& extras) {
+  return !extras.lora_id.has_value() && extras.mm_items.empty() &&
+         extras.cache_salt.empty();
+}
+}  // namespace
+
 StatusOr<LookupResult> Coordinator::Lookup(WorkerId worker, RequestId request,
                                            std::span<const TokenId> tokens,
                                            int32_t num_computed_tokens,
                                            const RequestExtras& extras) {
   TIERKV_ASSIGN_OR_RETURN(WorkerState * w, FindRequestWorker(worker));
-  const int32_t bs = options_.layout.block_size;
-  if (tokens.empty() || tokens.size() > options_.max_request_tokens) {
-    return Status::InvalidArgument("lookup of " +
-                                   std::to_string(tokens.size()) +
-                                   " tokens; a request has 1.." +
-                                   std::to_string(options_.max_request_tokens));
-  }
-  if (num_computed_tokens < 0 || num_computed_tokens % bs != 0 ||
-      static_cast<size_t>(num_computed_tokens) >= tokens.size()) {
-    return Status::InvalidArgument(
-        "num_computed_tokens " + std::to_string(num_computed_tokens) +
-        " must be a multiple of the block size (" + std::to_string(bs) +
-        ") below the request's " + std::to_string(tokens.size()) + " tokens");
-  }
-  for (const MultiModalItem& item : extras.mm_items) {
-    if (item.start < 0 || item.length < 1 ||
-        item.start > static_cast<int64_t>(tokens.size()) - item.length) {
-      return Status::InvalidArgument(
-          "multimodal item at " + std::to_string(item.start) + " of length " +
-          std::to_string(item.length) + " is outside the request's " +
-          std::to_string(tokens.size()) + " tokens");
-    }
-  }
-  const bool plain = !extras.lora_id.has_value() && extras.mm_items.empty() &&
-                     extras.cache_salt.empty();
+  TIERKV_RETURN_IF_ERROR(
+      CheckLookup(tokens.size(), num_computed_tokens, extras));
+  const size_t bs = static_cast<size_t>(options_.layout.block_size);
+  const bool plain = IsPlain(extras);
   TIERKV_ASSIGN_OR_RETURN(
       RequestState * r,
       BeginLookup(worker, w, request,
                   RequestStateBytes(tokens.size(), tokens.size() / bs),
                   /*keep_hits=*/plain));
-  const int32_t first = num_computed_tokens / bs;
+  const int32_t first = num_computed_tokens / static_cast<int32_t>(bs);
   const auto max_blocks =
-      static_cast<int32_t>(tokens.size() - 1 - num_computed_tokens) / bs;
-  if (plain) KeepUnchangedHits(w, r, tokens, first, max_blocks);
-  r->plain_prefix = plain;
-  r->lora_id = extras.lora_id;
+      static_cast<int32_t>((tokens.size() - 1 - num_computed_tokens) / bs);
+  if (plain) {
+    KeepUnchangedHits(w, r, UnchangedBlocks(*r, tokens), first, max_blocks);
+  }
   if (r->keys.size() * bs != tokens.size() ||
       r->tokens.size() != tokens.size()) {
     r->tokens.assign(tokens.begin(), tokens.end());
-  }  // Else KeepUnchangedHits found every token the same.
-  w->hasher.AppendPrefixKeys(r->tokens, bs, extras, &r->keys);
+  }  // Else every token was found the same.
+  return EndLookup(w, r, plain, extras, first, max_blocks);
+}
+
+StatusOr<LookupResult> Coordinator::LookupAgain(
+    WorkerId worker, RequestId request, uint32_t kept_tokens, uint64_t tag,
+    std::span<const TokenId> appended, int32_t num_computed_tokens,
+    const RequestExtras& extras) {
+  TIERKV_ASSIGN_OR_RETURN(WorkerState * w, FindRequestWorker(worker));
+  const auto it = w->requests.find(request);
+  if (it == w->requests.end() || tag == 0 || it->second.tokens_tag != tag) {
+    return Status::Aborted(RequestName(request) +
+                           " keeps no tokens of this lookup's base; send "
+                           "all its tokens");
+  }
+  const RequestState& before = it->second;
+  if (kept_tokens > before.tokens.size()) {
+    return Status::InvalidArgument("a lookup keeping " +
+                                   std::to_string(kept_tokens) + " tokens of " +
+                                   RequestName(request) + ", which keeps " +
+                                   std::to_string(before.tokens.size()));
+  }
+  const size_t num_tokens = kept_tokens + appended.size();
+  TIERKV_RETURN_IF_ERROR(CheckLookup(num_tokens, num_computed_tokens, extras));
+  const size_t bs = static_cast<size_t>(options_.layout.block_size);
+  const bool plain = IsPlain(extras);
+  // The kept tokens are the same by construction: no compare.
+  const size_t same =
+      before.plain_prefix ? std::min(before.keys.size(), kept_tokens / bs) : 0;
+  TIERKV_ASSIGN_OR_RETURN(
+      RequestState * r,
+      BeginLookup(worker, w, request,
+                  RequestStateBytes(num_tokens, num_tokens / bs),
+                  /*keep_hits=*/plain));
+  const int32_t first = num_computed_tokens / static_cast<int32_t>(bs);
+  const auto max_blocks =
+      static_cast<int32_t>((num_tokens - 1 - num_computed_tokens) / bs);
+  if (plain) KeepUnchangedHits(w, r, same, first, max_blocks);
+  r->tokens.resize(kept_tokens);
+  r->tokens.insert(r->tokens.end(), appended.begin(), appended.end());
+  return EndLookup(w, r, plain, extras, first, max_blocks);
+}
+
+LookupResult Coordinator::EndLookup(WorkerState* w, RequestState* r, bool plain,
+                                    const RequestExtras& extras, int32_t first,
+                                    int32_t max_blocks) {
+  r->plain_prefix = plain;
+  r->lora_id = extras.lora_id;
+  r->tokens_tag = ++last_tokens_tag_;
+  w->hasher.AppendPrefixKeys(r->tokens, options_.layout.block_size, extras,
+                             &r->keys);
   return FindHits(w, r, first, max_blocks);
 }
 
-void Coordinator::KeepUnchangedHits(WorkerState* w, RequestState* r,
-                                    std::span<const TokenId> tokens,
-                                    int32_t first, int32_t max_blocks) {
+uint64_t Coordinator::TokensTag(WorkerId worker, RequestId request) const {
+  const auto w = workers_.find(worker);
+  if (w == workers_.end()) return 0;
+  const auto r = w->second.requests.find(request);
+  return r == w->second.requests.end() ? 0 : r->second.tokens_tag;
+}
+
+size_t Coordinator::UnchangedBlocks(const RequestState& r,
+                                    std::span<const TokenId> tokens) const {
+  if (!r.plain_prefix) return 0;
   const size_t bs = static_cast<size_t>(options_.layout.block_size);
-  size_t same = 0;  // Leading full blocks with the same tokens.
-  if (r->plain_prefix) {
-    const size_t n = std::min(r->keys.size() * bs, tokens.size() / bs * bs);
-    // memcmp first: the common case is no change at all, and it is
-    // several times faster than an element-wise search.
-    same =
-        std::memcmp(r->tokens.data(), tokens.data(), n * sizeof(TokenId)) == 0
-            ? n / bs
-            : static_cast<size_t>(std::mismatch(r->tokens.begin(),
-                                                r->tokens.begin() + n,
-                                                tokens.begin())
-                                      .first -
-                                  r->tokens.begin()) /
-                  bs;
+  const size_t n = std::min(r.keys.size() * bs, tokens.size() / bs * bs);
+  // memcmp first: the common case is no change at all, and it is several
+  // times faster than an element-wise search.
+  if (std::memcmp(r.tokens.data(), tokens.data(), n * sizeof(TokenId)) == 0) {
+    return n / bs;
   }
+  return static_cast<size_t>(std::mismatch(r.tokens.begin(),
+                                           r.tokens.begin() + n, tokens.begin())
+                                 .first -
+                             r.tokens.begin()) /
+         bs;
+}
+
+void Coordinator::KeepUnchangedHits(WorkerState* w, RequestState* r,
+                                    size_t same, int32_t first,
+                                    int32_t max_blocks) {
   r->keys.resize(same);
   size_t kept = 0;
   if (r->first_hit_block == first && same > static_cast<size_t>(first)) {
@@ -576,6 +646,7 @@ StatusOr<Coordinator::RequestState*> Coordinator::BeginLookup(
   }
   if (it == w->requests.end()) it = w->requests.try_emplace(request).first;
   RequestState& r = it->second;
+  r.tokens_tag = 0;  // Its tokens change: EndLookup names them anew.
   // A stale lookup's pins (seed 004 step 3) and state.
   if (keep_hits) {
     w->request_bytes -= r.state_bytes;

@@ -322,6 +322,22 @@ class Coordinator {
                                 std::span<const TokenId> tokens,
                                 int32_t num_computed_tokens,
                                 const RequestExtras& extras);
+  // Lookup of a request asked before, sent as what changed (an engine asks
+  // again, every step, for a request still waiting): its tokens are the
+  // first `kept_tokens` of those its last Lookup or LookupAgain left, named
+  // `tag` (TokensTag), followed by `appended`; otherwise as Lookup. Aborted,
+  // nothing changed, when the request keeps no tokens of `tag` (it was
+  // looked up again since, finished, or never asked): the caller then sends
+  // all its tokens in a Lookup. InvalidArgument when kept_tokens exceeds
+  // the tokens kept.
+  StatusOr<LookupResult> LookupAgain(WorkerId worker, RequestId request,
+                                     uint32_t kept_tokens, uint64_t tag,
+                                     std::span<const TokenId> appended,
+                                     int32_t num_computed_tokens,
+                                     const RequestExtras& extras);
+  // Names the tokens the request's last Lookup or LookupAgain left (for a
+  // later LookupAgain); 0 for none (unknown, or a chunk lookup since).
+  uint64_t TokensTag(WorkerId worker, RequestId request) const;
   // Lookup for a position-independent chunk (seed 000): its blocks are keyed
   // by content alone (KeyHasher::ChunkKeys), apart from every prefix key,
   // and its last block may be partial. Every token may hit. The request then
@@ -432,6 +448,9 @@ class Coordinator {
   struct RequestState {
     size_t state_bytes = 0;  // Counted in the worker's request_bytes.
     std::vector<TokenId> tokens;
+    // Names `tokens` as a prefix lookup left them (LookupAgain); 0 after a
+    // chunk lookup or before any lookup finished.
+    uint64_t tokens_tag = 0;
     // Prefix: one per full block. Chunk: one per block, the last one
     // possibly partial.
     std::vector<BlockKey> keys;
@@ -581,13 +600,25 @@ class Coordinator {
   StatusOr<RequestState*> BeginLookup(WorkerId worker, WorkerState* w,
                                       RequestId request, size_t state_bytes,
                                       bool keep_hits = false);
-  // A repeated plain prefix lookup of `r` with `tokens` from block `first`
-  // (an engine asks again for a request that is still waiting): keeps the
-  // keys of the leading full blocks whose tokens did not change and the
-  // pins of the host hits among them (at most max_blocks), which stay
-  // cached while pinned; drops the rest of both.
-  void KeepUnchangedHits(WorkerState* w, RequestState* r,
-                         std::span<const TokenId> tokens, int32_t first,
+  // InvalidArgument unless a prefix lookup of `num_tokens` tokens with
+  // these arguments is well formed.
+  Status CheckLookup(size_t num_tokens, int32_t num_computed_tokens,
+                     const RequestExtras& extras) const;
+  // The leading full blocks of `tokens` whose keys `r` keeps from its
+  // previous plain prefix lookup with the same tokens there.
+  size_t UnchangedBlocks(const RequestState& r,
+                         std::span<const TokenId> tokens) const;
+  // A repeated plain prefix lookup of `r` from block `first` whose leading
+  // `same` full blocks did not change (an engine asks again for a request
+  // that is still waiting): keeps their keys and the pins of the host hits
+  // among them (at most max_blocks), which stay cached while pinned; drops
+  // the rest of both.
+  void KeepUnchangedHits(WorkerState* w, RequestState* r, size_t same,
+                         int32_t first, int32_t max_blocks);
+  // The end of Lookup and LookupAgain, with r->tokens the request's tokens:
+  // keys what is not kept, names the tokens, finds the hits.
+  LookupResult EndLookup(WorkerState* w, RequestState* r, bool plain,
+                         const RequestExtras& extras, int32_t first,
                          int32_t max_blocks);
   // Pins and reports the run of hits from block `first`, at most
   // max_blocks blocks (r->keys must cover them), cut where the worker's
@@ -690,6 +721,8 @@ class Coordinator {
   std::unordered_map<uint32_t, uint32_t> workers_per_uid_;
   // Tenant -> host segment, with max_tenants (CoordinatorOptions), and the
   // workers registered per segment.
+  // The last tokens tag given (RequestState::tokens_tag).
+  uint64_t last_tokens_tag_ = 0;
   std::map<std::string, uint32_t> tenant_segments_;
   std::unordered_map<uint32_t, uint32_t> segment_workers_;
   int64_t worker_pin_cap_ = 1;          // worker_pin_share of the usable slots.

@@ -26,6 +26,14 @@ inline std::vector<TokenId> FillRequestTokens(uint32_t seed, int32_t request,
   return t;
 }
 
+// The prompt of `blocks` 16-token blocks that tierkv_test_worker's store
+// and load modes use under `seed`.
+inline std::vector<TokenId> StorePrompt(uint32_t seed, int32_t blocks) {
+  std::vector<TokenId> t(static_cast<size_t>(blocks) * 16);
+  for (size_t i = 0; i < t.size(); ++i) t[i] = seed * 100003u + i * 7u + 1u;
+  return t;
+}
+
 // Fills `bytes` with an xorshift stream seeded by `first`.
 inline void FillBlock(TokenId first, std::span<std::byte> bytes) {
   uint64_t x = first * 0x9E3779B97F4A7C15ull + 1;

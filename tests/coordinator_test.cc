@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <chrono>
 #include <functional>
+#include <random>
 #include <unordered_map>
 #include <vector>
 
@@ -211,6 +212,171 @@ TEST_F(CoordinatorTest, RepeatedLookupKeepsOnlyWhatDidNotChange) {
   EXPECT_EQ(Ref(slots[0]), 0);
   EXPECT_EQ(c_.stats().host.pinned_slots, 3);
   EXPECT_THAT(c_.host_pool().CheckInvariants(), IsOk());
+}
+
+// A lookup sent as what changed (LookupAgain: the first kept_tokens of the
+// request's last tokens, named by their tag, then the rest) finds what a
+// lookup of all the tokens finds, pins the same slots, and names its
+// tokens anew; a tag that no longer names the request's tokens is Aborted
+// with nothing changed, so the caller can send them all.
+TEST_F(CoordinatorTest, LookupAgainIsALookupOfTheKeptTokensAndTheRest) {
+  const WorkerId w = Register();
+  const std::vector<TokenId> t = SequentialTokens(1, 65);  // 4 blocks + 1.
+  const std::vector<BlockId> slots = StoreAll(w, 1, t);
+  ASSERT_EQ(slots.size(), 4u);
+  EXPECT_EQ(c_.TokensTag(w, 2), 0u);  // Never asked.
+  ASSERT_EQ(c_.Lookup(w, 2, t, 0, {}).value().hit_tokens, 64);
+  const uint64_t tag = c_.TokensTag(w, 2);
+  ASSERT_NE(tag, 0u);
+  auto tail = [&](const std::vector<TokenId>& tokens, size_t kept) {
+    return std::span(tokens).subspan(kept);
+  };
+  // Unchanged, all kept: the same hits and pins.
+  ASSERT_EQ(c_.LookupAgain(w, 2, 65, tag, {}, 0, {}).value().hit_tokens, 64);
+  for (BlockId slot : slots) EXPECT_EQ(Ref(slot), 1);
+  const uint64_t tag2 = c_.TokensTag(w, 2);
+  EXPECT_NE(tag2, tag);
+  // The old tag no longer names them: Aborted, nothing changed.
+  EXPECT_THAT(c_.LookupAgain(w, 2, 65, tag, {}, 0, {}),
+              StatusIs(StatusCode::kAborted));
+  EXPECT_EQ(c_.TokensTag(w, 2), tag2);
+  EXPECT_EQ(c_.stats().host.pinned_slots, 4);
+  // Changed from token 40 (block 2) on: two hits, as a full lookup.
+  std::vector<TokenId> changed = t;
+  changed[40] = 999'999;
+  ASSERT_EQ(c_.LookupAgain(w, 2, 40, tag2, tail(changed, 40), 0, {})
+                .value()
+                .hit_tokens,
+            32);
+  for (int b : {0, 1}) EXPECT_EQ(Ref(slots[b]), 1) << b;
+  for (int b : {2, 3}) EXPECT_EQ(Ref(slots[b]), 0) << b;
+  // Back, kept up to the middle of block 1: four hits again.
+  ASSERT_EQ(c_.LookupAgain(w, 2, 20, c_.TokensTag(w, 2), tail(t, 20), 0, {})
+                .value()
+                .hit_tokens,
+            64);
+  for (BlockId slot : slots) EXPECT_EQ(Ref(slot), 1);
+  // Shorter: 33 tokens kept of 65, nothing appended: two full blocks hit.
+  ASSERT_EQ(c_.LookupAgain(w, 2, 33, c_.TokensTag(w, 2), {}, 0, {})
+                .value()
+                .hit_tokens,
+            32);
+  EXPECT_EQ(c_.stats().host.pinned_slots, 2);
+  // More kept than the request keeps, or a malformed result: refused.
+  EXPECT_THAT(c_.LookupAgain(w, 2, 34, c_.TokensTag(w, 2), {}, 0, {}),
+              StatusIs(StatusCode::kInvalidArgument));
+  EXPECT_THAT(c_.LookupAgain(w, 2, 33, c_.TokensTag(w, 2), {}, 48, {}),
+              StatusIs(StatusCode::kInvalidArgument));
+  // With extra keys (a salt) nothing is kept: a miss, as a full lookup.
+  const RequestExtras salted{
+      .lora_id = std::nullopt, .mm_items = {}, .cache_salt = "salt"};
+  ASSERT_EQ(c_.LookupAgain(w, 2, 33, c_.TokensTag(w, 2), tail(t, 33), 0, salted)
+                .value()
+                .hit_tokens,
+            0);
+  EXPECT_EQ(c_.stats().host.pinned_slots, 0);
+  ASSERT_EQ(c_.LookupAgain(w, 2, 65, c_.TokensTag(w, 2), {}, 0, {})
+                .value()
+                .hit_tokens,
+            64);
+  // A chunk lookup keeps other tokens: no tag, Aborted.
+  const uint64_t before_chunk = c_.TokensTag(w, 2);
+  ASSERT_THAT(c_.LookupChunk(w, 2, t), IsOk());
+  EXPECT_EQ(c_.TokensTag(w, 2), 0u);
+  EXPECT_THAT(c_.LookupAgain(w, 2, 65, before_chunk, {}, 0, {}),
+              StatusIs(StatusCode::kAborted));
+  EXPECT_THAT(c_.LookupAgain(w, 2, 1, 0, {}, 0, {}),
+              StatusIs(StatusCode::kAborted));  // Tag 0 names nothing.
+  // Finished: Aborted.
+  ASSERT_EQ(c_.Lookup(w, 2, t, 0, {}).value().hit_tokens, 64);
+  const uint64_t last = c_.TokensTag(w, 2);
+  ASSERT_THAT(c_.Finish(w, 2), IsOk());
+  EXPECT_THAT(c_.LookupAgain(w, 2, 65, last, {}, 0, {}),
+              StatusIs(StatusCode::kAborted));
+  EXPECT_EQ(c_.stats().host.pinned_slots, 0);
+  EXPECT_THAT(c_.host_pool().CheckInvariants(), IsOk());
+}
+
+// Randomized: a client that sends only what changed (as Client::Lookup
+// does) sees exactly what a client sending all its tokens sees, on two
+// coordinators holding the same blocks.
+TEST(CoordinatorLookupAgainTest, MatchesFullLookupsUnderRandomEdits) {
+  std::mt19937 rng(20261125);
+  auto make = [] {
+    return Coordinator::Create({.layout = Layout(), .host_slots = 64}).value();
+  };
+  Coordinator full = make(), delta = make();
+  auto worker = [](Coordinator& c) {
+    return c
+        .RegisterWorker({.layout = Layout(),
+                         .num_device_blocks = 100,
+                         .tenant = "",
+                         .pid = 1,
+                         .name = "w"})
+        .value();
+  };
+  const WorkerId wf = worker(full), wd = worker(delta);
+  // The same stored prompt in both: 8 blocks.
+  const std::vector<TokenId> stored = SequentialTokens(1, 129);
+  for (auto [c, w] : {std::pair{&full, wf}, std::pair{&delta, wd}}) {
+    ASSERT_THAT(c->Lookup(w, 1, stored, 0, {}), IsOk());
+    const std::vector<BlockId> device = Range(1, 9);
+    ASSERT_THAT(c->Allocate(w, 1, device, 0), IsOk());
+    const CommitResult commit = c->Commit(w, 1, 129, device).value();
+    for (const TransferEvent& e : commit.stores) {
+      const std::vector<CompletedEvent> done{{e.ref, true}};
+      ASSERT_THAT(c->Complete(w, done), IsOk());
+    }
+    ASSERT_THAT(c->Finish(w, 1), IsOk());
+  }
+  std::vector<TokenId> tokens(stored.begin(), stored.begin() + 40);
+  std::vector<TokenId> sent;  // What the delta side's coordinator keeps.
+  uint64_t tag = 0;
+  int with_hits = 0, sent_little = 0;  // That the test covers what it says.
+  for (int step = 0; step < 400; ++step) {
+    switch (rng() % 4) {
+      case 0:  // Grows by stored tokens (a request whose prompt arrives).
+        tokens.resize(
+            std::min<size_t>(stored.size(), tokens.size() + 1 + rng() % 20));
+        std::copy(stored.begin(), stored.begin() + tokens.size(),
+                  tokens.begin());
+        break;
+      case 1:  // One token changed.
+        tokens[rng() % tokens.size()] = static_cast<TokenId>(rng() % 1000);
+        break;
+      case 2:  // Cut.
+        tokens.resize(1 + rng() % tokens.size());
+        break;
+      default:  // Asked again unchanged.
+        break;
+    }
+    const int32_t computed =
+        static_cast<int32_t>(rng() % ((tokens.size() - 1) / 16 + 1)) * 16;
+    const StatusOr<LookupResult> a = full.Lookup(wf, 2, tokens, computed, {});
+    size_t kept = 0;
+    while (kept < std::min(sent.size(), tokens.size()) &&
+           sent[kept] == tokens[kept]) {
+      ++kept;
+    }
+    const StatusOr<LookupResult> b =
+        tag != 0
+            ? delta.LookupAgain(wd, 2, static_cast<uint32_t>(kept), tag,
+                                std::span(tokens).subspan(kept), computed, {})
+            : delta.Lookup(wd, 2, tokens, computed, {});
+    ASSERT_EQ(a.ok(), b.ok()) << step;
+    if (!a.ok()) continue;
+    ASSERT_EQ(a->hit_tokens, b->hit_tokens) << step;
+    with_hits += a->hit_tokens > 0;
+    sent_little += tag != 0 && kept >= tokens.size() / 2;
+    ASSERT_EQ(full.stats().host.pinned_slots, delta.stats().host.pinned_slots)
+        << step;
+    sent = tokens;
+    tag = delta.TokensTag(wd, 2);
+    ASSERT_NE(tag, 0u);
+  }
+  EXPECT_GT(with_hits, 50);
+  EXPECT_GT(sent_little, 100);
+  EXPECT_THAT(delta.host_pool().CheckInvariants(), IsOk());
 }
 
 // The free queue after a repeated lookup is the one a finished lookup and

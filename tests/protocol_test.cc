@@ -80,6 +80,13 @@ std::vector<Message> Samples() {
                     .tokens = {1, 2, 3},
                     .extras = extras},
       LookupReply{{.hit_tokens = 32, .disk_hit_tokens = 16}},
+      LookupRequest{.request = 1,
+                    .num_computed_tokens = 0,
+                    .tokens = {9},
+                    .extras = {},
+                    .kept_tokens = 4096,
+                    .kept_tag = 77},
+      LookupReply{{.hit_tokens = 4080, .disk_hit_tokens = 0}, 78},
       LookupChunkRequest{.request = 7, .tokens = {4, 5, 6, 7}},
       AllocateRequest{
           .request = 1, .num_external_tokens = 16, .device_blocks = {1, 2}},
@@ -167,11 +174,19 @@ TEST(Protocol, LookupsEncodedFromSpansAreTheMessagesBytes) {
       .mm_items = {{.hash = {1, 2}, .start = 0, .length = 2}},
       .cache_salt = "salt"};
   std::vector<std::byte> bytes;
-  EncodeLookup(5, 0, a, extras, &bytes);
+  EncodeLookup(5, 0, a, extras, 0, 0, &bytes);
   EXPECT_EQ(bytes, Encode(LookupRequest{.request = 5,
                                         .num_computed_tokens = 0,
                                         .tokens = a,
                                         .extras = extras}));
+  bytes.clear();
+  EncodeLookup(5, 16, b, {}, 32, 9, &bytes);
+  EXPECT_EQ(bytes, Encode(LookupRequest{.request = 5,
+                                        .num_computed_tokens = 16,
+                                        .tokens = b,
+                                        .extras = {},
+                                        .kept_tokens = 32,
+                                        .kept_tag = 9}));
   const LookupQuery queries[] = {
       {.request = 1, .tokens = a, .num_computed_tokens = 0, .extras = extras},
       {.request = 2, .tokens = b, .num_computed_tokens = 0, .extras = {}}};

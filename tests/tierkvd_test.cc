@@ -140,6 +140,58 @@ TEST_F(TierkvdTest, LookupBatchIsOneRoundTripPerChannelFull) {
   EXPECT_EQ(c->Stats().value().workers[0].requests, 309u);
 }
 
+// A request asked again sends only the tokens after those that did not
+// change (ClientCallCounts::lookup_tokens_sent) and finds what a lookup of
+// all its tokens finds (a second client's); when tierkvd keeps other
+// tokens for the request by then (a chunk lookup under its id), the client
+// sends them all again in the same Lookup call.
+TEST_F(TierkvdTest, LookupAskedAgainSendsOnlyWhatChanged) {
+  StartDaemon();
+  auto store = Worker("store", 7, 8);
+  ASSERT_EQ(store->Wait(), 0) << store->output();
+  std::unique_ptr<Client> c = Attach("scheduler");
+  std::unique_ptr<Client> fresh = Attach("fresh");
+  ASSERT_NE(c, nullptr);
+  ASSERT_NE(fresh, nullptr);
+  std::vector<TokenId> tokens = StorePrompt(7, 8);
+  tokens.resize(100);  // The prompt arrives in parts.
+  RequestId fresh_id = 100;
+  // Looks `tokens` up as request 1 of `c`; expects `sent` tokens to go and
+  // the hits a lookup of all of them by another client gets.
+  auto lookup = [&](uint64_t sent, uint64_t calls) {
+    const ClientCallCounts before = c->call_counts();
+    StatusOr<LookupResult> got = c->Lookup(1, tokens);
+    StatusOr<LookupResult> want = fresh->Lookup(fresh_id, tokens);
+    ASSERT_THAT(got, IsOk());
+    ASSERT_THAT(want, IsOk());
+    ASSERT_THAT(fresh->Finish(fresh_id++), IsOk());  // Its pins go.
+    EXPECT_EQ(got->hit_tokens, want->hit_tokens);
+    EXPECT_EQ(c->call_counts().lookup_tokens_sent - before.lookup_tokens_sent,
+              sent);
+    EXPECT_EQ(c->call_counts().calls - before.calls, calls);
+  };
+  lookup(100, 1);  // First: all.
+  lookup(0, 1);    // Unchanged: none.
+  const std::vector<TokenId> prompt = StorePrompt(7, 8);
+  tokens.assign(prompt.begin(), prompt.end());
+  tokens.push_back(5);
+  lookup(29, 1);  // Grown to 129: the 29 new ones.
+  EXPECT_EQ(c->Lookup(1, tokens).value().hit_tokens, 128);
+  tokens[40] = 999'999;  // Changed in block 2: from there on.
+  lookup(89, 1);
+  EXPECT_EQ(c->Lookup(1, tokens).value().hit_tokens, 32);
+  tokens.resize(50);  // Cut: nothing new to send.
+  lookup(0, 1);
+  // tierkvd keeps a chunk's tokens for request 1 now: refused, sent again.
+  ASSERT_THAT(fresh->LookupChunk(1, tokens), IsOk());  // Another worker's.
+  ASSERT_THAT(c->LookupChunk(1, tokens), IsOk());
+  tokens.assign(prompt.begin(), prompt.end());
+  tokens.push_back(5);
+  lookup(129, 1);  // The client knew: it forgot what it had sent.
+  ASSERT_THAT(c->Finish(1), IsOk());
+  lookup(129, 1);  // Finished: a new request.
+}
+
 TEST_F(TierkvdTest, KilledWorkersPinsAreReleasedWithinOneSecond) {
   StartDaemon();
   std::unique_ptr<Client> observer = Attach("observer");

@@ -37,12 +37,6 @@
 namespace tierkv {
 namespace {
 
-std::vector<TokenId> Prompt(uint32_t seed, int32_t blocks) {
-  std::vector<TokenId> t(static_cast<size_t>(blocks) * 16);
-  for (size_t i = 0; i < t.size(); ++i) t[i] = seed * 100003u + i * 7u + 1u;
-  return t;
-}
-
 uint64_t Checksum(EmulatedDeviceTier& device, int32_t blocks) {
   XXH3_state_t* state = XXH3_createState();
   XXH3_64bits_reset(state);
@@ -224,7 +218,7 @@ int Run(const std::string& model, const std::string& mode,
   std::vector<BlockId> device_blocks;
   for (BlockId b = 1; b <= blocks + 1; ++b) device_blocks.push_back(b);
 
-  std::vector<TokenId> tokens = Prompt(seed, blocks);
+  std::vector<TokenId> tokens = StorePrompt(seed, blocks);
   if (mode == "load") tokens.push_back(7);
   auto hit = c.Lookup(1, tokens);
   if (!hit.ok()) return Fail(hit.status());

@@ -146,6 +146,9 @@ struct ClientCallCounts {
   // Of those, answered with an error (Client::last_post_error says the
   // last one). The call that collected it goes on regardless.
   uint64_t post_errors = 0;
+  // Token ids the lookups sent. Lookup of a request asked before sends
+  // only those after the ones that did not change since its last Lookup.
+  uint64_t lookup_tokens_sent = 0;
 };
 
 class Client {
