@@ -156,6 +156,22 @@ void ProtocolSeeds() {
                            .disk_total = 0,
                            .host = {BlockKey{.lo = 1, .hi = 2}},
                            .disk = {}}}},
+      {"route",
+       ipc::RouteRequest{
+           .tenant = "t",
+           .tokens = {1, 2, 3, 4},
+           .extras = {.lora_id = 2, .mm_items = {}, .cache_salt = ""}}},
+      {"route_reply",
+       ipc::RouteReply{{.prompt_tokens = 32,
+                        .cached_tokens = 32,
+                        .lower_tokens = 16,
+                        .workers = {{.id = 1, .name = "w", .pid = 7}}}}},
+      {"lookup_again", ipc::LookupRequest{.request = 1,
+                                          .num_computed_tokens = 0,
+                                          .tokens = {9},
+                                          .extras = {},
+                                          .kept_tokens = 32,
+                                          .kept_tag = 5}},
   };
   for (const auto& [name, message] : messages) {
     Write("protocol_decode_fuzz", name, ipc::Encode(message));

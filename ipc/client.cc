@@ -869,6 +869,17 @@ StatusOr<std::vector<StatusOr<LookupResult>>> Client::LookupBatch(
   return results;
 }
 
+StatusOr<RouteResult> Client::Route(std::span<const TokenId> tokens,
+                                    const RequestExtras& extras) {
+  TIERKV_ASSIGN_OR_RETURN(
+      ipc::RouteReply reply,
+      impl_->CallFor<ipc::RouteReply>(ipc::RouteRequest{
+          .tenant = impl_->options.tenant,
+          .tokens = std::vector<TokenId>(tokens.begin(), tokens.end()),
+          .extras = extras}));
+  return std::move(reply.result);
+}
+
 StatusOr<LookupResult> Client::LookupChunk(RequestId request,
                                            std::span<const TokenId> tokens) {
   impl_->sent_lookups.erase(request);  // tierkvd keeps the chunk's.

@@ -63,6 +63,8 @@ constexpr MessageType kTypes[] = {
     MessageType::kLookupBatchReply,
     MessageType::kHeldKeys,
     MessageType::kHeldKeysReply,
+    MessageType::kRoute,
+    MessageType::kRouteReply,
 };
 static_assert(std::size(kTypes) == std::variant_size_v<Message>);
 
@@ -161,6 +163,10 @@ const char* MessageTypeName(MessageType type) {
       return "HeldKeys";
     case MessageType::kHeldKeysReply:
       return "HeldKeysReply";
+    case MessageType::kRoute:
+      return "Route";
+    case MessageType::kRouteReply:
+      return "RouteReply";
   }
   return "?";
 }

@@ -45,7 +45,8 @@ inline constexpr uint32_t kFrameMagic = 0x4D564B54;  // "TKVM"
 // 11: StatsReply carries the host blocks evicted unspilled and the
 //     write-behind copies kept on host (spills_kept).
 // 12: a LookupRequest may send only what changed since the request's last
-//     lookup (kept_tokens, kept_tag); LookupReply names the tokens kept.
+//     lookup (kept_tokens, kept_tag); LookupReply names the tokens kept;
+//     Route and RouteReply.
 inline constexpr uint16_t kProtocolVersion = 12;
 inline constexpr size_t kFrameHeaderBytes = 16;
 // Upper bounds a decoder enforces before allocating anything.
@@ -94,6 +95,8 @@ enum class MessageType : uint16_t {
   kWaitIdleReply = 25,
   kHeldKeys = 26,
   kHeldKeysReply = 27,
+  kRoute = 28,
+  kRouteReply = 29,
   kFetchChunk = 40,
   kFetchChunkReply = 41,
   kPublishChunk = 42,  // Answered by a CommitReply.
@@ -212,6 +215,19 @@ struct HeldKeysReply {
   HeldKeys keys;  // At most kMaxHeldKeysListed per tier.
 };
 
+// Where a prompt's prefix is cached on this tierkvd (Coordinator::Route),
+// for a router: over the Unix socket (tierkv-admin route) for `tenant`, or
+// on a worker's channel (Client::Route) for the worker's own tenant, when
+// `tenant` is ignored.
+struct RouteRequest {
+  std::string tenant;
+  std::vector<TokenId> tokens;
+  RequestExtras extras;
+};
+struct RouteReply {
+  RouteResult result;  // At most kMaxWorkersListed workers.
+};
+
 // A worker's channel: wait, at most timeout_ms, until the store's disk tier
 // has nothing in flight (TieredStore::WaitIdle).
 struct WaitIdleRequest {
@@ -257,16 +273,15 @@ struct LookupBatchReply {
   std::vector<StatusOr<LookupResult>> results;  // One per lookup, in order.
 };
 
-using Message =
-    std::variant<ErrorReply, OkReply, RegisterRequest, RegisterReply,
-                 LookupRequest, LookupReply, AllocateRequest, AllocateReply,
-                 CommitRequest, CommitReply, CompleteRequest, FinishRequest,
-                 StatsRequest, StatsReply, ReadyLoadsRequest, ReadyLoadsReply,
-                 LookupChunkRequest, EventsRequest, EventsReply, ClearRequest,
-                 ClearReply, EvictRequest, EvictReply, WaitIdleRequest,
-                 WaitIdleReply, FetchChunkRequest, FetchChunkReply,
-                 PublishChunkRequest, ChunkDoneRequest, LookupBatchRequest,
-                 LookupBatchReply, HeldKeysRequest, HeldKeysReply>;
+using Message = std::variant<
+    ErrorReply, OkReply, RegisterRequest, RegisterReply, LookupRequest,
+    LookupReply, AllocateRequest, AllocateReply, CommitRequest, CommitReply,
+    CompleteRequest, FinishRequest, StatsRequest, StatsReply, ReadyLoadsRequest,
+    ReadyLoadsReply, LookupChunkRequest, EventsRequest, EventsReply,
+    ClearRequest, ClearReply, EvictRequest, EvictReply, WaitIdleRequest,
+    WaitIdleReply, FetchChunkRequest, FetchChunkReply, PublishChunkRequest,
+    ChunkDoneRequest, LookupBatchRequest, LookupBatchReply, HeldKeysRequest,
+    HeldKeysReply, RouteRequest, RouteReply>;
 
 MessageType TypeOf(const Message& message);
 const char* MessageTypeName(MessageType type);

@@ -141,4 +141,44 @@ void GetPayload(Reader& r, HeldKeysReply* m) {
   }
 }
 
+void PutPayload(Writer& w, const RouteRequest& m) {
+  w.String(m.tenant);
+  w.Ints(m.tokens);
+  PutExtras(w, m.extras);
+}
+void PutPayload(Writer& w, const RouteReply& m) {
+  w.Int<int32_t>(m.result.prompt_tokens);
+  w.Int<int32_t>(m.result.cached_tokens);
+  w.Int<int32_t>(m.result.lower_tokens);
+  w.Int<uint32_t>(static_cast<uint32_t>(m.result.workers.size()));
+  for (const RouteWorker& worker : m.result.workers) {
+    w.Int<uint32_t>(worker.id);
+    w.String(worker.name);
+    w.Int<int32_t>(worker.pid);
+  }
+}
+void GetPayload(Reader& r, RouteRequest* m) {
+  m->tenant = r.String();
+  m->tokens = r.Ints<TokenId>(kMaxTokens, "token");
+  GetExtras(r, &m->extras);
+}
+void GetPayload(Reader& r, RouteReply* m) {
+  RouteResult& route = m->result;
+  route.prompt_tokens = r.Int<int32_t>();
+  route.cached_tokens = r.Int<int32_t>();
+  route.lower_tokens = r.Int<int32_t>();
+  if (route.prompt_tokens < 0 || route.cached_tokens < 0 ||
+      route.cached_tokens > route.prompt_tokens || route.lower_tokens < 0 ||
+      route.lower_tokens > route.cached_tokens) {
+    r.Fail("cached tokens outside the prompt");
+  }
+  const uint32_t n = r.Count(kMaxWorkersListed, "worker");
+  for (uint32_t i = 0; i < n && r.ok(); ++i) {
+    RouteWorker& worker = route.workers.emplace_back();
+    worker.id = r.Int<uint32_t>();
+    worker.name = r.String();
+    worker.pid = r.Int<int32_t>();
+  }
+}
+
 }  // namespace tierkv::ipc::wire

@@ -47,12 +47,7 @@ void PutPayload(Writer& w, const RegisterReply& m) {
   w.Int<uint64_t>(m.slot_bytes);
   w.String(m.store_fingerprint);
 }
-void PutLookup(Writer& w, RequestId request, int32_t num_computed_tokens,
-               std::span<const TokenId> tokens, const RequestExtras& extras,
-               uint32_t kept_tokens, uint64_t kept_tag) {
-  w.Int<uint64_t>(request);
-  w.Int<int32_t>(num_computed_tokens);
-  w.Ints(tokens);
+void PutExtras(Writer& w, const RequestExtras& extras) {
   w.Bool(extras.lora_id.has_value());
   w.Int<uint64_t>(extras.lora_id.value_or(0));
   w.Int<uint32_t>(static_cast<uint32_t>(extras.mm_items.size()));
@@ -63,6 +58,29 @@ void PutLookup(Writer& w, RequestId request, int32_t num_computed_tokens,
     w.Int<int64_t>(item.length);
   }
   w.String(extras.cache_salt);
+}
+void GetExtras(Reader& r, RequestExtras* extras) {
+  const bool has_lora = r.Bool();
+  const auto lora = r.Int<uint64_t>();
+  if (has_lora) extras->lora_id = lora;
+  const uint32_t items = r.Count(kMaxTokens, "multimodal item");
+  for (uint32_t i = 0; i < items && r.ok(); ++i) {
+    MultiModalItem item;
+    item.hash.lo = r.Int<uint64_t>();
+    item.hash.hi = r.Int<uint64_t>();
+    item.start = r.Int<int64_t>();
+    item.length = r.Int<int64_t>();
+    extras->mm_items.push_back(item);
+  }
+  extras->cache_salt = r.String();
+}
+void PutLookup(Writer& w, RequestId request, int32_t num_computed_tokens,
+               std::span<const TokenId> tokens, const RequestExtras& extras,
+               uint32_t kept_tokens, uint64_t kept_tag) {
+  w.Int<uint64_t>(request);
+  w.Int<int32_t>(num_computed_tokens);
+  w.Ints(tokens);
+  PutExtras(w, extras);
   w.Int<uint32_t>(kept_tokens);
   w.Int<uint64_t>(kept_tag);
 }
@@ -129,19 +147,7 @@ void GetPayload(Reader& r, LookupRequest* m) {
   m->request = r.Int<uint64_t>();
   m->num_computed_tokens = r.Int<int32_t>();
   r.IntsInto(&m->tokens, kMaxTokens, "token");
-  const bool has_lora = r.Bool();
-  const auto lora = r.Int<uint64_t>();
-  if (has_lora) m->extras.lora_id = lora;
-  const uint32_t items = r.Count(kMaxTokens, "multimodal item");
-  for (uint32_t i = 0; i < items && r.ok(); ++i) {
-    MultiModalItem item;
-    item.hash.lo = r.Int<uint64_t>();
-    item.hash.hi = r.Int<uint64_t>();
-    item.start = r.Int<int64_t>();
-    item.length = r.Int<int64_t>();
-    m->extras.mm_items.push_back(item);
-  }
-  m->extras.cache_salt = r.String();
+  GetExtras(r, &m->extras);
   m->kept_tokens = r.Int<uint32_t>();
   m->kept_tag = r.Int<uint64_t>();
   if (m->kept_tokens > kMaxTokens) r.Fail("kept tokens past the limit");

@@ -1,6 +1,7 @@
 // The orders tierkvd answers on its socket: a registration goes to Register
-// (server_listener.cc); tierkv-admin's stats, events, clear and evict are
-// answered here, and each clear and evict leaves a line in the log.
+// (server_listener.cc); tierkv-admin's stats, events, held, route, clear
+// and evict are answered here, and each clear and evict leaves a line in the
+// log.
 #include <spdlog/spdlog.h>
 
 #include "ipc/server_impl.h"
@@ -42,6 +43,18 @@ bool Server::Impl::Handle(Connection* conn, const Message& message) {
     HeldKeys held;
     { held = store->Lock()->HeldKeysNow(kMaxHeldKeysListed); }
     return Reply(conn, HeldKeysReply{std::move(held)});
+  }
+  if (const auto* route = std::get_if<RouteRequest>(&message)) {
+    StatusOr<RouteResult> result = Status::Internal("unreached");
+    {
+      result =
+          store->Lock()->Route(route->tenant, route->tokens, route->extras);
+    }
+    if (!result.ok()) return Reply(conn, ErrorReply{result.status()});
+    if (result->workers.size() > kMaxWorkersListed) {
+      result->workers.resize(kMaxWorkersListed);
+    }
+    return Reply(conn, RouteReply{std::move(*result)});
   }
   if (std::holds_alternative<ClearRequest>(message) ||
       std::holds_alternative<EvictRequest>(message)) {

@@ -95,6 +95,9 @@ Message Dispatch(Coordinator& c, WorkerId worker, const Message& request) {
           Status s = c.Complete(worker, m.events);
           Status f = m.finish == 0 ? Status::Ok() : c.Finish(worker, m.finish);
           return Wrap(!s.ok() ? std::move(s) : std::move(f));
+        } else if constexpr (std::is_same_v<T, RouteRequest>) {
+          // The worker's own tenant, whatever the message names.
+          return Wrap<RouteReply>(c.Route(worker, m.tokens, m.extras));
         } else if constexpr (std::is_same_v<T, StatsRequest>) {
           return StatsReply{c.stats()};
         } else {

@@ -245,6 +245,13 @@ void PutPayload(Writer&, const HeldKeysRequest&);
 void PutPayload(Writer&, const HeldKeysReply&);
 void GetPayload(Reader&, HeldKeysRequest*);
 void GetPayload(Reader&, HeldKeysReply*);
+void PutPayload(Writer&, const RouteRequest&);
+void PutPayload(Writer&, const RouteReply&);
+void GetPayload(Reader&, RouteRequest*);
+void GetPayload(Reader&, RouteReply*);
+// A request's extra keys (RequestExtras), as a LookupRequest carries them.
+void PutExtras(Writer& w, const RequestExtras& extras);
+void GetExtras(Reader& r, RequestExtras* extras);
 
 }  // namespace tierkv::ipc::wire
 

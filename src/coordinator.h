@@ -431,6 +431,16 @@ class Coordinator {
   std::vector<EvictedBlock> Evict(std::span<const BlockKey> keys);
 
   CoordinatorStats stats() const;
+  // What a prefix lookup of `tokens` by a worker of `tenant` (as
+  // WorkerRegistration::tenant records it) with `extras` would find now,
+  // and the tenant's workers attached now; pins nothing and counts nothing.
+  // InvalidArgument for more than max_request_tokens tokens.
+  StatusOr<RouteResult> Route(const std::string& tenant,
+                              std::span<const TokenId> tokens,
+                              const RequestExtras& extras) const;
+  // Route for the tenant of `worker` (NotFound if unknown).
+  StatusOr<RouteResult> Route(WorkerId worker, std::span<const TokenId> tokens,
+                              const RequestExtras& extras) const;
   // The keys the host tier and the lower tier serve now, at most
   // `max_per_tier` of each: what the cache_events sink has been told.
   HeldKeys HeldKeysNow(size_t max_per_tier) const;

@@ -126,6 +126,59 @@ std::vector<EventInfo> Coordinator::events() const {
   return out;
 }
 
+StatusOr<RouteResult> Coordinator::Route(const std::string& tenant,
+                                         std::span<const TokenId> tokens,
+                                         const RequestExtras& extras) const {
+  if (tokens.size() > options_.max_request_tokens) {
+    return Status::InvalidArgument("a route of " +
+                                   std::to_string(tokens.size()) +
+                                   " tokens; a request has at most " +
+                                   std::to_string(options_.max_request_tokens));
+  }
+  const auto bs = static_cast<size_t>(options_.layout.block_size);
+  std::vector<BlockKey> keys;
+  KeyHasher(
+      {.model_fingerprint = StoreFingerprint(options_.layout, options_.model),
+       .tenant = tenant})
+      .AppendPrefixKeys(tokens, options_.layout.block_size, extras, &keys);
+  RouteResult route;
+  route.prompt_tokens = static_cast<int32_t>(keys.size() * bs);
+  // As FindHits walks a lookup's blocks, without pinning.
+  for (size_t b = 0; b < keys.size(); ++b) {
+    if (!discarded_spills_.empty() && discarded_spills_.contains(keys[b])) {
+      break;
+    }
+    const std::span<const TokenId> block = tokens.subspan(b * bs, bs);
+    const std::optional<BlockId> slot = FindHostBlock(keys[b], block);
+    if (slot.has_value()) {
+      if (slot_checks_[static_cast<size_t>(*slot)].corrupt) break;
+    } else if (options_.lower != nullptr &&
+               options_.lower->Contains(keys[b], block)) {
+      route.lower_tokens += static_cast<int32_t>(bs);
+    } else {
+      break;
+    }
+    route.cached_tokens += static_cast<int32_t>(bs);
+  }
+  for (const auto& [id, w] : workers_) {
+    if (w.registration.tenant != tenant) continue;
+    route.workers.push_back(
+        {.id = id, .name = w.registration.name, .pid = w.registration.pid});
+  }
+  return route;
+}
+
+StatusOr<RouteResult> Coordinator::Route(WorkerId worker,
+                                         std::span<const TokenId> tokens,
+                                         const RequestExtras& extras) const {
+  const auto it = workers_.find(worker);
+  if (it == workers_.end()) {
+    return Status::NotFound("worker " + std::to_string(worker) +
+                            " is not registered");
+  }
+  return Route(it->second.registration.tenant, tokens, extras);
+}
+
 HeldKeys Coordinator::HeldKeysNow(size_t max_per_tier) const {
   HeldKeys held;
   for (BlockId id = 1; id < host_pool_.num_blocks(); ++id) {

@@ -27,6 +27,7 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::ElementsAreArray;
 using ::testing::HasSubstr;
+using ::testing::IsEmpty;
 using Clock = std::chrono::steady_clock;
 using std::chrono::microseconds;
 
@@ -786,6 +787,62 @@ TEST_F(CoordinatorTest, EvictDropsOnlyTheNamedBlocksAndKeepsPinnedOnes) {
   EXPECT_TRUE(c_.Evict(pinned)[0].host_dropped);
   EXPECT_EQ(c_.Lookup(w, 3, WithOneMore(a), 0, {}).value().hit_tokens, 0);
   EXPECT_THAT(c_.host_pool().CheckInvariants(), IsOk());
+}
+
+// Route says what a lookup by a worker of the tenant would find now and
+// which of the tenant's workers are attached, without pinning or counting
+// anything.
+TEST_F(CoordinatorTest, RouteIsALookupThatPinsNothing) {
+  const WorkerId w = Register("", "engine-a");
+  const WorkerId other = Register("t2", "engine-b");
+  const std::vector<TokenId> t = SequentialTokens(1, 65);  // 4 blocks + 1.
+  ASSERT_EQ(StoreAll(w, 1, t).size(), 4u);
+  const CoordinatorStats before = c_.stats();
+  const RouteResult route = c_.Route("", t, {}).value();
+  EXPECT_EQ(route.prompt_tokens, 64);
+  EXPECT_EQ(route.cached_tokens, 64);
+  EXPECT_EQ(route.lower_tokens, 0);
+  EXPECT_THAT(route.workers,
+              ElementsAre(RouteWorker{.id = w, .name = "engine-a", .pid = 1}));
+  EXPECT_EQ(c_.stats().host.pinned_slots, before.host.pinned_slots);
+  EXPECT_EQ(c_.stats().host.lookups, before.host.lookups);
+  // Through a worker: its own tenant's keys.
+  EXPECT_EQ(c_.Route(w, t, {}).value(), route);
+  const RouteResult elsewhere = c_.Route(other, t, {}).value();
+  EXPECT_EQ(elsewhere.cached_tokens, 0);
+  EXPECT_THAT(
+      elsewhere.workers,
+      ElementsAre(RouteWorker{.id = other, .name = "engine-b", .pid = 1}));
+  // A changed block ends the run there; a salt keys every block anew.
+  std::vector<TokenId> changed = t;
+  changed[40] = 999'999;
+  EXPECT_EQ(c_.Route("", changed, {}).value().cached_tokens, 32);
+  EXPECT_EQ(
+      c_.Route("", t,
+               {.lora_id = std::nullopt, .mm_items = {}, .cache_salt = "s"})
+          .value()
+          .cached_tokens,
+      0);
+  EXPECT_EQ(c_.Route("", std::span(t).first(15), {}).value().prompt_tokens, 0);
+  EXPECT_THAT(c_.Route(9999, t, {}), StatusIs(StatusCode::kNotFound));
+  // What a lookup then finds agrees.
+  EXPECT_EQ(c_.Lookup(w, 2, t, 0, {}).value().hit_tokens, 64);
+}
+
+TEST(CoordinatorRouteTest, BlocksOnlyTheLowerTierHoldsAreCountedApart) {
+  ManualLowerTier lower;  // Holds every block.
+  Coordinator c = Coordinator::Create(
+                      {.layout = Layout(), .host_slots = 50, .lower = &lower})
+                      .value();
+  const std::vector<TokenId> t = SequentialTokens(1, 40);  // 2 blocks + 8.
+  const RouteResult route = c.Route("", t, {}).value();
+  EXPECT_EQ(route.prompt_tokens, 32);
+  EXPECT_EQ(route.cached_tokens, 32);
+  EXPECT_EQ(route.lower_tokens, 32);
+  EXPECT_THAT(route.workers, IsEmpty());
+  const std::vector<TokenId> too_long((1 << 20) + 1, 1);
+  EXPECT_THAT(c.Route("", too_long, {}),
+              StatusIs(StatusCode::kInvalidArgument));
 }
 
 TEST(CoordinatorEventsTest, ALoadIsPromotingThenReadyThenCopying) {

@@ -146,6 +146,14 @@ std::vector<Message> Samples() {
       LookupBatchReply{{LookupResult{.hit_tokens = 32, .disk_hit_tokens = 16},
                         Status::ResourceExhausted("past the cap"),
                         LookupResult{}}},
+      RouteRequest{.tenant = "uid1000/t",
+                   .tokens = {1, 2, 3},
+                   .extras = {.lora_id = 4, .mm_items = {}, .cache_salt = "s"}},
+      RouteReply{{.prompt_tokens = 48,
+                  .cached_tokens = 32,
+                  .lower_tokens = 16,
+                  .workers = {{.id = 3, .name = "engine", .pid = 99},
+                              {.id = 4, .name = "", .pid = 100}}}},
       HeldKeysRequest{},
       HeldKeysReply{{.host_total = 3,
                      .disk_total = 1,
@@ -285,6 +293,17 @@ TEST(Protocol, BadEnumValuesAreRefused) {
   bad = bytes;
   bad.back() = std::byte{2};  // Boolean.
   EXPECT_THAT(Decode(bad).status().message(), HasSubstr("boolean"));
+}
+
+TEST(Protocol, ARouteCachingMoreThanItsPromptIsRefused) {
+  for (const RouteResult& r :
+       {RouteResult{.prompt_tokens = 16, .cached_tokens = 32},
+        RouteResult{
+            .prompt_tokens = 32, .cached_tokens = 16, .lower_tokens = 32},
+        RouteResult{.prompt_tokens = -16}}) {
+    EXPECT_THAT(Decode(Encode(RouteReply{r})).status().message(),
+                HasSubstr("cached tokens outside the prompt"));
+  }
 }
 
 TEST(Protocol, InconsistentLoadsAreRefused) {

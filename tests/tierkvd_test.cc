@@ -192,6 +192,64 @@ TEST_F(TierkvdTest, LookupAskedAgainSendsOnlyWhatChanged) {
   lookup(129, 1);  // Finished: a new request.
 }
 
+// A router asks where a prompt is cached: through a worker's client (its
+// own tenant) or tierkv-admin route over several tierkvd sockets, one of
+// which answers nothing. The answer names the node with the longest
+// prefix and the workers that can load it, and pins nothing.
+TEST_F(TierkvdTest, RouteNamesTheNodeAndWorkersHoldingAPrefix) {
+  StartDaemon();
+  auto store = Worker("store", 7, 8);
+  ASSERT_EQ(store->Wait(), 0) << store->output();
+  std::unique_ptr<Client> c = Attach("router-side");
+  ASSERT_NE(c, nullptr);
+  std::vector<TokenId> prompt = StorePrompt(7, 8);
+  prompt.push_back(5);
+  const RouteResult route = c->Route(prompt).value();
+  EXPECT_EQ(route.prompt_tokens, 128);
+  EXPECT_EQ(route.cached_tokens, 128);
+  EXPECT_EQ(route.lower_tokens, 0);
+  ASSERT_EQ(route.workers.size(), 1u);  // The storing worker has exited.
+  EXPECT_EQ(route.workers[0].name, "router-side");
+  EXPECT_EQ(route.workers[0].pid, getpid());
+  EXPECT_EQ(c->Stats().value().host.pinned_slots, 0);
+  EXPECT_EQ(c->Route(StorePrompt(8, 8)).value().cached_tokens, 0);
+
+  std::string tokens;
+  for (TokenId t : prompt) tokens += std::to_string(t) + " ";
+  const std::string missing = socket_ + ".none";
+  auto json = Spawn({TIERKV_ADMIN_PATH, "route", "--json", "--node",
+                     "b=" + missing, "--node", "a=" + socket_, tokens});
+  ASSERT_EQ(json->Wait(), 0) << json->output();
+  EXPECT_THAT(json->output(),
+              HasSubstr("\"node\":\"a\",\"socket\":\"" + socket_ +
+                        "\",\"prompt_tokens\":128,\"cached_tokens\":128,"
+                        "\"host_tokens\":128,\"lower_tokens\":0,"
+                        "\"workers\":[{\"id\":"));
+  EXPECT_THAT(json->output(), HasSubstr("\"name\":\"router-side\""));
+  EXPECT_THAT(json->output(), HasSubstr("{\"node\":\"b\",\"socket\":\"" +
+                                        missing + "\",\"error\":"));
+  EXPECT_THAT(json->output(), HasSubstr("\"best\":\"a\"}"));
+  auto table = Spawn({TIERKV_ADMIN_PATH, "route", "--socket", socket_, tokens});
+  ASSERT_EQ(table->Wait(), 0) << table->output();
+  EXPECT_THAT(table->output(),
+              HasSubstr("longest cached prefix: local (128 tokens)"));
+  EXPECT_THAT(table->output(), HasSubstr("router-side (pid"));
+  // Another tenant's keys differ: cached nowhere for it.
+  auto other = Spawn({TIERKV_ADMIN_PATH, "route", "--tenant", "t2", "--socket",
+                      socket_, tokens});
+  ASSERT_EQ(other->Wait(), 0) << other->output();
+  EXPECT_THAT(other->output(), HasSubstr("cached nowhere"));
+  EXPECT_THAT(other->output(), HasSubstr("none attached"));
+  // No node answers: exit status 3, as for any command without a tierkvd.
+  auto none =
+      Spawn({TIERKV_ADMIN_PATH, "route", "--node", "b=" + missing, tokens});
+  EXPECT_EQ(none->Wait(), 3) << none->output();
+  auto bad = Spawn({TIERKV_ADMIN_PATH, "route", "--node", "nosocket", tokens});
+  EXPECT_EQ(bad->Wait(), 2) << bad->output();
+  EXPECT_THAT(bad->output(), HasSubstr("expected NAME=SOCKET"));
+  EXPECT_EQ(c->Stats().value().host.pinned_slots, 0);
+}
+
 TEST_F(TierkvdTest, KilledWorkersPinsAreReleasedWithinOneSecond) {
   StartDaemon();
   std::unique_ptr<Client> observer = Attach("observer");

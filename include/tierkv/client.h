@@ -198,6 +198,12 @@ class Client {
   // passed at registration): only then, or once a call_timeout has passed
   // without a signal (so a wedged tierkvd is found), is it asked for them.
   std::vector<FinishedTransfer> PollEvents();
+  // Where `tokens` (with `extras`) are cached on this client's tierkvd, for
+  // a router: what a lookup by a worker of this client's tenant would find
+  // now, and that tenant's workers attached. Pins nothing and keeps no
+  // request (tierkv-admin route asks several tierkvd the same).
+  StatusOr<RouteResult> Route(std::span<const TokenId> tokens,
+                              const RequestExtras& extras = {});
   // As PollEvents, waiting up to `timeout` for at least one. It sleeps
   // until a copy completes (DeviceTier::SetCompletionNotify), tierkvd
   // signals ready loads, or, with loads pending, tierkvd's socket closes

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <optional>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "tierkv/block_key.h"
@@ -47,6 +48,30 @@ struct LookupResult {
   // Of hit_tokens, those in blocks only the disk tier holds: loading them
   // waits for a promotion.
   int32_t disk_hit_tokens = 0;
+};
+
+// Where a prompt's prefix is cached on one tierkvd (Client::Route,
+// tierkv-admin route), for a router choosing the node to send it to.
+struct RouteWorker {
+  WorkerId id = 0;
+  std::string name;
+  int32_t pid = 0;
+  friend bool operator==(const RouteWorker&, const RouteWorker&) = default;
+};
+struct RouteResult {
+  // The prompt's full blocks, in tokens (a lookup reports at most one
+  // token fewer: the last is always computed).
+  int32_t prompt_tokens = 0;
+  // Of those, the run cached from the first block on, in tokens: what a
+  // lookup by a worker of the tenant would find now.
+  int32_t cached_tokens = 0;
+  // Of cached_tokens, those in blocks only the lower tier (disk, remote)
+  // holds: a load waits for their promotion to host.
+  int32_t lower_tokens = 0;
+  // The workers of the tenant attached now: any of them can load the run
+  // (the host tier is the tenant's, shared by its workers on this node).
+  std::vector<RouteWorker> workers = {};
+  friend bool operator==(const RouteResult&, const RouteResult&) = default;
 };
 
 // One lookup of a batch (Client::LookupBatch): Lookup's arguments. The

@@ -40,7 +40,7 @@ Status ParseOrderArgs(const std::string& tier,
   } else if (!tier.empty()) {
     return Status::InvalidArgument("--tier is for clear only");
   }
-  if (command->verb == "keys") {
+  if (command->verb == "keys" || command->verb == "route") {
     std::string joined;
     for (const std::string& arg : args) joined += arg + " ";
     TIERKV_ASSIGN_OR_RETURN(command->tokens, ParseTokenIds(joined));
@@ -103,6 +103,7 @@ StatusOr<AdminCommand> ParseAdminFlags(int argc, const char* const* argv) {
   std::string store = "default";
   std::string tier;
   std::vector<std::string> args;
+  std::vector<std::string> nodes;
   po::options_description desc(
       "tierkv-admin: inspect a running tierkvd, or drop its cached blocks.\n\n"
       "usage: tierkv-admin COMMAND [--store NAME | --socket PATH] [options]\n\n"
@@ -148,7 +149,16 @@ StatusOr<AdminCommand> ParseAdminFlags(int argc, const char* const* argv) {
       "          or STORAGE (disk), then the key; what tierkvd's KV cache\n"
       "          events (--kv-events-endpoint) describe. At most 16384 per\n"
       "          tier; a '#' line says when the list is cut (--json:\n"
-      "          machine-readable)\n\n"
+      "          machine-readable)\n"
+      "  route [TOKEN...]\n"
+      "          where a prompt (token ids, as keys takes them) is cached,\n"
+      "          for a router: per tierkvd (--node NAME=SOCKET, repeated;\n"
+      "          default the one --store or --socket names) the tokens of\n"
+      "          the longest cached prefix, how many are on host and how\n"
+      "          many only on the lower tier (disk, remote), and the\n"
+      "          workers of --tenant attached there, which can all load it;\n"
+      "          then the node with the longest prefix. Pins nothing\n"
+      "          (--json: machine-readable)\n\n"
       "Options");
   desc.add_options()("help,h", "show this help and exit")(
       "version", "print tierkv-admin's version and exit")(
@@ -167,13 +177,15 @@ StatusOr<AdminCommand> ParseAdminFlags(int argc, const char* const* argv) {
       "asking tierkvd anything; socket: ask tierkvd; auto: the page when it "
       "is fresh and its tierkvd serves --socket, else the socket")(
       "tier", po::value(&tier), "clear: host, disk or all")(
+      "node", po::value(&nodes),
+      "route: a tierkvd to ask, as NAME=SOCKET (repeat for each node)")(
       "tenant", po::value(&command.tenant),
-      "keys: the worker's tenant as tierkvd records it (another user's "
-      "worker's tenant T is uid<UID>/T). Default: none")(
+      "keys, route: the worker's tenant as tierkvd records it (another "
+      "user's worker's tenant T is uid<UID>/T). Default: none")(
       "lora", po::value<uint64_t>(),
-      "keys: the request's LoRA adapter id. Default: none")(
+      "keys, route: the request's LoRA adapter id. Default: none")(
       "cache-salt", po::value(&command.extras.cache_salt),
-      "keys: the request's cache salt. Default: none")(
+      "keys, route: the request's cache salt. Default: none")(
       "interval", po::value(&command.interval_seconds)->default_value(1.0, "1"),
       "watch: seconds between refreshes")(
       "count", po::value(&command.count)->default_value(0),
@@ -210,11 +222,22 @@ StatusOr<AdminCommand> ParseAdminFlags(int argc, const char* const* argv) {
       command.verb != "metrics" && command.verb != "watch" &&
       command.verb != "events" && command.verb != "clear" &&
       command.verb != "evict" && command.verb != "keys" &&
-      command.verb != "held") {
+      command.verb != "held" && command.verb != "route") {
     return Status::InvalidArgument(
         "unknown command '" + command.verb +
         "' (try: stats, workers, metrics, watch, events, clear, evict, "
-        "keys, held)");
+        "keys, held, route)");
+  }
+  if (!nodes.empty() && command.verb != "route") {
+    return Status::InvalidArgument("--node is for route only");
+  }
+  for (const std::string& node : nodes) {
+    const size_t eq = node.find('=');
+    if (eq == 0 || eq == std::string::npos || eq + 1 == node.size()) {
+      return Status::InvalidArgument("--node '" + node +
+                                     "': expected NAME=SOCKET");
+    }
+    command.nodes.emplace_back(node.substr(0, eq), node.substr(eq + 1));
   }
   TIERKV_RETURN_IF_ERROR(ParseOrderArgs(tier, args, &command));
   if (!(command.interval_seconds >= 0.05) || command.count < 0) {
@@ -397,6 +420,44 @@ int RunAdmin(const AdminCommand& command, std::ostream& out, std::ostream& err,
     out << (command.json ? FormatHeldKeysJson(held->keys)
                          : FormatHeldKeys(held->keys));
     return 0;
+  }
+  if (command.verb == "route") {
+    std::vector<TokenId> tokens = command.tokens;
+    if (command.tokens_from_stdin) {
+      std::ostringstream text;
+      text << in.rdbuf();
+      StatusOr<std::vector<TokenId>> read_tokens = ParseTokenIds(text.str());
+      if (!read_tokens.ok()) {
+        err << "tierkv-admin: standard input: "
+            << read_tokens.status().message() << "\n";
+        return 2;
+      }
+      tokens = std::move(*read_tokens);
+    }
+    std::vector<std::pair<std::string, std::string>> asked = command.nodes;
+    if (asked.empty()) asked.emplace_back("local", command.socket_path);
+    std::vector<NodeRoute> routes;
+    bool any = false;
+    for (const auto& [node, socket] : asked) {
+      NodeRoute& r =
+          routes.emplace_back(NodeRoute{.node = node, .socket = socket});
+      StatusOr<ipc::Message> reply =
+          ipc::SocketCall(socket, ipc::RouteRequest{.tenant = command.tenant,
+                                                    .tokens = tokens,
+                                                    .extras = command.extras});
+      if (!reply.ok()) {
+        r.route = reply.status();
+      } else if (Status s = ipc::StatusOf(*reply); !s.ok()) {
+        r.route = s;
+      } else if (const auto* route = std::get_if<ipc::RouteReply>(&*reply)) {
+        r.route = route->result;
+        any = true;
+      } else {
+        r.route = Status::DataLoss("unexpected reply from tierkvd");
+      }
+    }
+    out << (command.json ? FormatRouteJson(routes) : FormatRoute(routes));
+    return any ? 0 : 3;
   }
   if (command.verb == "events") {
     std::optional<ipc::Message> reply =

@@ -9,6 +9,7 @@
 #include <istream>
 #include <ostream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "src/coordinator.h"
@@ -20,7 +21,7 @@ struct AdminCommand {
   bool show_help = false;
   std::string help_text;
   // "stats", "workers", "metrics", "watch", "events", "clear", "evict",
-  // "keys" or "held".
+  // "keys", "held" or "route".
   std::string verb;
   std::string socket_path;    // Resolved (default from --store).
   bool socket_given = false;  // --socket named it (not derived from --store).
@@ -39,6 +40,16 @@ struct AdminCommand {
   bool tokens_from_stdin = false;
   std::string tenant;
   RequestExtras extras;
+  // route: the tierkvd asked, as NAME=SOCKET (--node); none: the one at
+  // socket_path, named "local".
+  std::vector<std::pair<std::string, std::string>> nodes;
+};
+
+// route: one tierkvd's answer, or why it has none.
+struct NodeRoute {
+  std::string node;
+  std::string socket;
+  StatusOr<RouteResult> route = Status::Unavailable("not asked");
 };
 
 StatusOr<AdminCommand> ParseAdminFlags(int argc, const char* const* argv);
@@ -85,6 +96,12 @@ std::string FormatClear(TierSelection tiers, const ClearResult& result);
 std::string FormatClearJson(TierSelection tiers, const ClearResult& result);
 std::string FormatEvict(const std::vector<EvictedBlock>& blocks);
 std::string FormatEvictJson(const std::vector<EvictedBlock>& blocks);
+// route: a row per node (tokens cached, on host, on the lower tier only,
+// the tenant's workers there), then the node with the longest cached
+// prefix; the first such node when several tie, none when nothing is
+// cached anywhere.
+std::string FormatRoute(const std::vector<NodeRoute>& nodes);
+std::string FormatRouteJson(const std::vector<NodeRoute>& nodes);
 // held: "CPU <key>" and "STORAGE <key>" lines, then a '#' line per tier
 // whose list was cut.
 std::string FormatHeldKeys(const HeldKeys& keys);

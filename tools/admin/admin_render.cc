@@ -1,7 +1,9 @@
 // tierkv-admin's renderings: the stats table, workers, JSON, Prometheus
 // metrics, events by age, and what clear and evict dropped.
+#include <algorithm>
 #include <charconv>
 #include <cstdio>
+#include <iomanip>
 #include <sstream>
 #include <string>
 #include <type_traits>
@@ -636,6 +638,102 @@ std::string FormatHeldKeysJson(const HeldKeys& keys) {
   out << ",\"disk\":";
   list(keys.disk);
   out << "}\n";
+  return out.str();
+}
+
+namespace {
+
+// The node with the longest cached prefix: the first of those that tie,
+// none when no node has any.
+const NodeRoute* BestRoute(const std::vector<NodeRoute>& nodes) {
+  const NodeRoute* best = nullptr;
+  for (const NodeRoute& n : nodes) {
+    if (!n.route.ok() || n.route->cached_tokens == 0) continue;
+    if (best == nullptr ||
+        n.route->cached_tokens > best->route->cached_tokens) {
+      best = &n;
+    }
+  }
+  return best;
+}
+
+std::string RouteWorkers(const std::vector<RouteWorker>& workers) {
+  if (workers.empty()) return "none attached";
+  std::string out;
+  for (const RouteWorker& w : workers) {
+    if (!out.empty()) out += ", ";
+    out += w.name.empty() ? "worker " + std::to_string(w.id) : w.name;
+    out += " (pid " + std::to_string(w.pid) + ")";
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string FormatRoute(const std::vector<NodeRoute>& nodes) {
+  std::ostringstream out;
+  size_t width = 4;
+  for (const NodeRoute& n : nodes) width = std::max(width, n.node.size());
+  out << std::left << std::setw(static_cast<int>(width)) << "node" << std::right
+      << "  " << std::setw(8) << "cached"
+      << "  " << std::setw(8) << "host"
+      << "  " << std::setw(8) << "lower"
+      << "  workers of the tenant\n";
+  int32_t prompt = -1;
+  for (const NodeRoute& n : nodes) {
+    out << std::left << std::setw(static_cast<int>(width)) << n.node
+        << std::right << "  ";
+    if (!n.route.ok()) {
+      out << "no answer from " << n.socket << ": " << n.route.status().message()
+          << "\n";
+      continue;
+    }
+    const RouteResult& r = *n.route;
+    prompt = r.prompt_tokens;
+    out << std::setw(8) << r.cached_tokens << "  " << std::setw(8)
+        << r.cached_tokens - r.lower_tokens << "  " << std::setw(8)
+        << r.lower_tokens << "  " << RouteWorkers(r.workers) << "\n";
+  }
+  if (prompt >= 0) {
+    out << "prompt: " << prompt << " tokens in full blocks; ";
+  }
+  const NodeRoute* best = BestRoute(nodes);
+  if (best == nullptr) {
+    out << "cached nowhere\n";
+  } else {
+    out << "longest cached prefix: " << best->node << " ("
+        << best->route->cached_tokens << " tokens)\n";
+  }
+  return out.str();
+}
+
+std::string FormatRouteJson(const std::vector<NodeRoute>& nodes) {
+  std::ostringstream out;
+  out << "{\"nodes\":[";
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    const NodeRoute& n = nodes[i];
+    out << (i ? "," : "") << "{\"node\":" << JsonString(n.node)
+        << ",\"socket\":" << JsonString(n.socket);
+    if (!n.route.ok()) {
+      out << ",\"error\":" << JsonString(n.route.status().ToString()) << "}";
+      continue;
+    }
+    const RouteResult& r = *n.route;
+    out << ",\"prompt_tokens\":" << r.prompt_tokens
+        << ",\"cached_tokens\":" << r.cached_tokens
+        << ",\"host_tokens\":" << r.cached_tokens - r.lower_tokens
+        << ",\"lower_tokens\":" << r.lower_tokens << ",\"workers\":[";
+    for (size_t k = 0; k < r.workers.size(); ++k) {
+      out << (k ? "," : "") << "{\"id\":" << r.workers[k].id
+          << ",\"name\":" << JsonString(r.workers[k].name)
+          << ",\"pid\":" << r.workers[k].pid << "}";
+    }
+    out << "]}";
+  }
+  const NodeRoute* best = BestRoute(nodes);
+  out << "],\"best\":"
+      << (best == nullptr ? std::string("null") : JsonString(best->node))
+      << "}\n";
   return out.str();
 }
 
