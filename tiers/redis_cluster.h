@@ -120,6 +120,17 @@ class RedisClusterClient {
              std::chrono::milliseconds ttl = {});
   StatusOr<std::string> Get(const std::string& key);
 
+  // SCAN of every master in the slot map, cursor by cursor (`count` keys
+  // asked for a step), of the keys matching `pattern` (SCAN's MATCH glob):
+  // `each` gets each key found, with the client's mutex held (it must not
+  // call the client). A key may come more than once. OK when every master's
+  // scan ran to its end and the map covers every slot: then every key that
+  // existed throughout the call was seen. Otherwise the first error, once
+  // the masters that answered have been scanned whole (the keys of a failed
+  // master are missing); each failed master counts in stats().errors.
+  Status ScanMasters(std::string_view pattern, size_t count,
+                     const std::function<void(std::string_view key)>& each);
+
   // Reads the slot map again now (calls do it themselves when needed).
   Status RefreshTopology();
   // "host:port" of the node this client sends `slot`'s keys to; empty when
@@ -172,6 +183,10 @@ class RedisClusterClient {
       TIERKV_REQUIRES(mu_);
 
   Status RefreshLocked() TIERKV_REQUIRES(mu_);
+  // One master's whole SCAN (see ScanMasters).
+  Status ScanNode(Node* node, std::string_view pattern, size_t count,
+                  const std::function<void(std::string_view key)>& each)
+      TIERKV_REQUIRES(mu_);
   Status QueryTopology(Node* node) TIERKV_REQUIRES(mu_);
   Node* NodeFor(const std::string& host, int port) TIERKV_REQUIRES(mu_);
   // Connects when not connected; refuses a node still within down_backoff
