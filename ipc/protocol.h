@@ -44,7 +44,8 @@ inline constexpr uint32_t kFrameMagic = 0x4D564B54;  // "TKVM"
 //    allocate and commit), and ChunkDone (complete and finish, sent one-way).
 // 11: StatsReply carries the host blocks evicted unspilled and the
 //     write-behind copies kept on host (spills_kept).
-inline constexpr uint16_t kProtocolVersion = 11;
+// 12: StatsReply carries the remote tier's stats.
+inline constexpr uint16_t kProtocolVersion = 12;
 inline constexpr size_t kFrameHeaderBytes = 16;
 // Upper bounds a decoder enforces before allocating anything.
 inline constexpr uint32_t kMaxTokens = 1 << 20;
