@@ -942,6 +942,13 @@ std::vector<StatusOr<size_t>> RedisClusterClient::MultiGetInto(
   return results;
 }
 
+std::vector<Status> RedisClusterClient::MultiGetWith(
+    std::span<const std::string> keys,
+    const std::function<Status(size_t i, std::string_view value)>& take) {
+  MutexLock lock(&mu_);
+  return RunGets(keys, take);
+}
+
 std::vector<StatusOr<bool>> RedisClusterClient::RunCountCommand(
     std::string_view name, std::span<const std::string> keys) {
   std::vector<StatusOr<bool>> results(

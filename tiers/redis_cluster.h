@@ -108,6 +108,14 @@ class RedisClusterClient {
   std::vector<StatusOr<size_t>> MultiGetInto(
       std::span<const std::string> keys,
       std::span<const std::span<char>> buffers);
+  // GET of each key, handing each value found to `take(i, value)` while
+  // its reply is alive (nothing is copied or kept): per key OK when take
+  // accepted it (take's Status otherwise), NotFound for a miss, or the
+  // error. take runs with the client's mutex held: it must not call the
+  // client.
+  std::vector<Status> MultiGetWith(
+      std::span<const std::string> keys,
+      const std::function<Status(size_t i, std::string_view value)>& take);
   // DEL of each key: whether it was there. When a failed connection made
   // the call send a DEL again (see above), a key the first DEL removed
   // reads as false.

@@ -24,6 +24,8 @@ constexpr uint16_t kFormatVersion = 1;
 constexpr size_t kFixedHeaderBytes = 4 + 2 + 2 + 4 + 8 + 8 + 8 + 8;
 constexpr size_t kMaxFingerprintBytes = 0xffff;
 constexpr uint32_t kMaxTokens = 1 << 16;
+// Promotions read in one pipelined batch at most.
+constexpr size_t kPromoteBatch = 64;
 
 size_t HeaderBytes(size_t fingerprint_bytes, size_t tokens) {
   return kFixedHeaderBytes + fingerprint_bytes + 4 * tokens + 8;
@@ -73,6 +75,7 @@ enum class Verdict {
 struct Decoded {
   Verdict verdict = Verdict::kDamaged;
   std::string_view payload;
+  uint64_t payload_sum = 0;  // XXH3-64 of the payload, once verified.
 };
 
 Decoded DecodeValue(std::string_view value, const std::string& fingerprint,
@@ -113,6 +116,7 @@ Decoded DecodeValue(std::string_view value, const std::string& fingerprint,
     return d;
   }
   d.verdict = Verdict::kServe;
+  d.payload_sum = payload_sum;
   return d;
 }
 
@@ -367,6 +371,7 @@ void RemoteTier::Enqueue(Job job) {
 void RemoteTier::RunJobs() {
   for (;;) {
     Job job;
+    std::vector<Job> promotes;
     {
       MutexLock lock(&mu_);
       running_job_ = false;
@@ -376,13 +381,22 @@ void RemoteTier::RunJobs() {
       job = std::move(jobs_.front());
       jobs_.pop_front();
       running_job_ = true;
+      // Promotions queued right behind it go in the same pipeline.
+      if (job.kind == Job::Kind::kPromote) {
+        promotes.push_back(std::move(job));
+        while (!jobs_.empty() && promotes.size() < kPromoteBatch &&
+               jobs_.front().kind == Job::Kind::kPromote) {
+          promotes.push_back(std::move(jobs_.front()));
+          jobs_.pop_front();
+        }
+      }
     }
     switch (job.kind) {
       case Job::Kind::kSpill:
         RunSpill(job);
         break;
       case Job::Kind::kPromote:
-        RunPromote(job);
+        RunPromotes(promotes);
         break;
       case Job::Kind::kDelete:
         (void)client_->MultiDel(job.redis_keys);  // Best effort.
@@ -441,51 +455,72 @@ void RemoteTier::RunSpill(Job& job) {
   job.done(set);
 }
 
-void RemoteTier::RunPromote(Job& job) {
+struct RemoteTier::Read {
+  Status got;  // The GET's: OK (a value), NotFound, or why it failed.
+  Verdict verdict = Verdict::kOtherStore;
+  uint64_t checksum = 0;  // Of the slot's bytes, when kServe.
+};
+
+void RemoteTier::RunPromotes(std::vector<Job>& batch) {
   uint64_t removals_before = 0;
   {
     MutexLock lock(&mu_);
     removals_before = removals_;
-    ++stats_.gets;
+    stats_.gets += batch.size();
   }
-  const std::string redis_key = RedisKey(job.key);
-  scratch_.resize(
-      HeaderBytes(options_.store_fingerprint.size(), job.tokens.size()) +
-      options_.block_bytes);
-  const std::string keys[1] = {redis_key};
-  const std::span<char> buffers[1] = {scratch_};
-  StatusOr<size_t> got = std::move(client_->MultiGetInto(keys, buffers)[0]);
-  // A value longer than this block's can only be another store's or
-  // another block's: a miss like them.
-  const Decoded d =
-      !got.ok() ? Decoded{.verdict = Verdict::kOtherStore, .payload = {}}
-                : DecodeValue(std::string_view(scratch_.data(), *got),
-                              options_.store_fingerprint, job.key, job.tokens,
-                              options_.block_bytes);
+  std::vector<std::string> keys;
+  for (const Job& job : batch) keys.push_back(RedisKey(job.key));
+  std::vector<Read> reads(batch.size());
+  // Verified in the reply's own buffer, then copied into the slot: one
+  // copy, and the payload's verified checksum is the slot's.
+  const std::vector<Status> got =
+      client_->MultiGetWith(keys, [&](size_t i, std::string_view value) {
+        const Job& job = batch[i];
+        const Decoded d =
+            DecodeValue(value, options_.store_fingerprint, job.key, job.tokens,
+                        options_.block_bytes);
+        reads[i].verdict = d.verdict;
+        if (d.verdict == Verdict::kServe) {
+          const std::span<std::byte> slot = options_.slot_memory(job.slot);
+          std::memcpy(slot.data(), d.payload.data(), d.payload.size());
+          reads[i].checksum = d.payload_sum;
+        }
+        return Status::Ok();
+      });
+  for (size_t i = 0; i < batch.size(); ++i) {
+    reads[i].got = got[i];
+    FinishPromote(batch[i], keys[i], reads[i], removals_before);
+  }
+}
+
+void RemoteTier::FinishPromote(Job& job, const std::string& redis_key,
+                               const Read& read, uint64_t removals_before) {
+  const Status& got = read.got;
+  const Verdict verdict = read.verdict;
   Status failure;
   {
     MutexLock lock(&mu_);
-    if (!got.ok() && got.status().code() != StatusCode::kOutOfRange) {
+    if (!got.ok()) {
       ++stats_.misses;  // Not there (NotFound), or Redis failed.
-      failure = got.status();
+      failure = got;
       if (failure.code() == StatusCode::kNotFound) {
         // Expired, or deleted by another machine: no longer known.
         EraseLocked(job.key);
         DropKnownLocked(job.key);
       }
-    } else if (d.verdict == Verdict::kDamaged) {
+    } else if (verdict == Verdict::kDamaged) {
       ++stats_.checksum_failures;
       ++stats_.misses;
       EraseLocked(job.key);
       DropKnownLocked(job.key);
       failure = Status::DataLoss("remote value " + redis_key +
                                  " failed verification; deleted");
-    } else if (d.verdict == Verdict::kOtherStore) {
+    } else if (verdict == Verdict::kOtherStore) {
       ++stats_.misses;
       DropKnownLocked(job.key);
       failure = Status::NotFound("remote value " + redis_key +
                                  " belongs to another store");
-    } else if (d.verdict == Verdict::kOtherBlock) {
+    } else if (verdict == Verdict::kOtherBlock) {
       ++stats_.token_mismatches;
       ++stats_.misses;
       // Until a scan finds the key again: each lookup would fail here.
@@ -498,20 +533,18 @@ void RemoteTier::RunPromote(Job& job) {
       failure = Status::NotFound("block removed while it was being promoted");
     } else {
       ++stats_.hits;
-      bytes_read_ += d.payload.size();
+      bytes_read_ += options_.block_bytes;
       const auto it = index_.find(job.key);
       if (it != index_.end()) lru_.splice(lru_.begin(), lru_, it->second.lru);
     }
   }
   if (!failure.ok()) {
-    if (got.ok() && d.verdict == Verdict::kDamaged) {
-      (void)client_->MultiDel(std::span<const std::string>(keys));
+    if (got.ok() && verdict == Verdict::kDamaged) {
+      (void)client_->MultiDel(std::span<const std::string>(&redis_key, 1));
     }
     return job.promote_done(failure);
   }
-  const std::span<std::byte> slot = options_.slot_memory(job.slot);
-  std::memcpy(slot.data(), d.payload.data(), d.payload.size());
-  job.promote_done(XXH3_64bits(slot.data(), slot.size()));
+  job.promote_done(read.checksum);
 }
 
 void RemoteTier::RunScans() {

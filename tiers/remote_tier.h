@@ -4,8 +4,10 @@
 // this tier keeps. It learns of blocks other machines wrote by scanning the
 // cluster (see Contains).
 // Thread-safety: every method may be called from any thread; Redis I/O and
-// every `done` callback run on the tier's one I/O thread; scans run on a
-// thread of their own, with a client of their own.
+// every `done` callback run on the tier's one I/O thread (jobs in order;
+// promotions queued one behind another are read in one pipeline, each
+// value verified in the reply's buffer and copied once, into its slot);
+// scans run on a thread of their own, with a client of their own.
 //
 // Redis key: "tierkv:<XXH3-64 of the store fingerprint, 16 hex>:<tenant>:
 // <block key, 32 hex>" (no braces, so keys spread over every slot).
@@ -145,7 +147,14 @@ class RemoteTier final : public LowerTier {
   void Enqueue(Job job) TIERKV_EXCLUDES(mu_);
   void RunJobs() TIERKV_EXCLUDES(mu_);
   void RunSpill(Job& job) TIERKV_EXCLUDES(mu_);
-  void RunPromote(Job& job) TIERKV_EXCLUDES(mu_);
+  // Promotions queued one after another, read in one pipelined MultiGet.
+  void RunPromotes(std::vector<Job>& batch) TIERKV_EXCLUDES(mu_);
+  struct Read;
+  // One promotion's outcome (what its GET and the value's verification
+  // found; a value that verified is in its slot already) applied to the
+  // index and the stats, and its `done` called.
+  void FinishPromote(Job& job, const std::string& redis_key, const Read& read,
+                     uint64_t removals_before) TIERKV_EXCLUDES(mu_);
   // Drops `key` from the index; the bytes it held.
   uint64_t EraseLocked(const BlockKey& key) TIERKV_REQUIRES(mu_);
   // Adds `key` to, or drops it from, the known keys.
@@ -164,7 +173,6 @@ class RemoteTier final : public LowerTier {
   const std::unique_ptr<RedisClusterClient> client_;  // Used by the thread.
   // Used by the scan thread; null without scans.
   const std::unique_ptr<RedisClusterClient> scan_client_;
-  std::vector<char> scratch_;  // A value read by Promote; the thread's.
 
   mutable Mutex mu_;
   CondVar work_;
