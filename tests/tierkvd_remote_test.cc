@@ -257,10 +257,13 @@ TEST_F(TierkvdRedisClusterTest, AMasterKilledWhileANodeLoads) {
 }
 
 // While the whole cluster is down B's loads miss (counted, no hang); after
-// it restarts from its snapshots B loads every block bit-exact again.
+// it restarts from its snapshots B loads every block bit-exact again. B has
+// a disk tier of its own here, which holds none of A's blocks: its loads
+// fall through disk to the cluster.
 TEST_F(TierkvdRedisClusterTest, AFullClusterRestart) {
   StartNode(&a_, "a", 128);
-  StartNode(&b_, "b", 8);
+  StartNode(&b_, "b", 8,
+            {"--disk-dir", dir_ + "/b-disk", "--disk-capacity", "64M"});
   ASSERT_FALSE(HasFailure());
   RunWorker(a_, "fill", 9);
   WaitShared();
@@ -282,6 +285,10 @@ TEST_F(TierkvdRedisClusterTest, AFullClusterRestart) {
   const Tally after = RunWorker(b_, "verify", 9);
   EXPECT_EQ(after.hit, kRequests);
   EXPECT_EQ(after.wrong, 0);
+  const CoordinatorStats b = WaitStats(b_, [](const auto&) { return true; });
+  ASSERT_TRUE(b.disk.has_value());
+  EXPECT_EQ(b.disk->hits, 0u);
+  EXPECT_GE(Remote(b).hits, uint64_t{kRequests});
 }
 
 }  // namespace
