@@ -149,6 +149,7 @@ struct RemoteTier::Job {
   Done done;
   PromoteDone promote_done;
   std::vector<std::string> redis_keys;  // kDelete.
+  std::vector<BlockKey> deleted;        // kDelete: redis_keys' blocks.
 };
 
 StatusOr<std::unique_ptr<RemoteTier>> RemoteTier::Open(
@@ -282,11 +283,15 @@ bool RemoteTier::Remove(const BlockKey& key) {
     held = EraseLocked(key) > 0 || known;
     DropKnownLocked(key);
     // Kept until the next scan starts: without scans, never needed.
-    if (scan_client_ != nullptr) removed_in_scan_.insert(key);
+    if (scan_client_ != nullptr) {
+      removed_in_scan_.insert(key);
+      ++deleting_[key];
+    }
   }
   Job job;
   job.kind = Job::Kind::kDelete;
   job.redis_keys.push_back(RedisKey(key));
+  if (scan_client_ != nullptr) job.deleted.push_back(key);
   Enqueue(std::move(job));
   return held;
 }
@@ -300,6 +305,10 @@ uint64_t RemoteTier::RemoveAll() {
     ++removals_;
     for (const auto& [key, entry] : index_) {
       job.redis_keys.push_back(RedisKey(key));
+      if (scan_client_ != nullptr) {
+        job.deleted.push_back(key);
+        ++deleting_[key];
+      }
     }
     forgotten = known_.size() + index_unscanned_;
     index_.clear();
@@ -406,6 +415,12 @@ void RemoteTier::RunJobs() {
     const uint64_t errors = client_->stats().errors;
     MutexLock lock(&mu_);
     io_errors_ = errors;
+    // A moved-from promotion's `deleted` is not read.
+    if (job.kind != Job::Kind::kDelete) continue;
+    for (const BlockKey& key : job.deleted) {
+      const auto it = deleting_.find(key);
+      if (it != deleting_.end() && --it->second == 0) deleting_.erase(it);
+    }
   }
 }
 
@@ -605,7 +620,10 @@ void RemoteTier::ApplyScanLocked(uint64_t scan,
     index_unscanned_ = index_.size();
   }
   for (const BlockKey& key : found) {
-    if (removed_in_scan_.contains(key) || known_.contains(key)) continue;
+    if (removed_in_scan_.contains(key) || deleting_.contains(key) ||
+        known_.contains(key)) {
+      continue;
+    }
     if (known_.size() >= options_.max_known_keys) {
       ++known_keys_dropped_;
       continue;

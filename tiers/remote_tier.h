@@ -38,7 +38,7 @@
 //   Remove / RemoveAll / a Promote finds no value or another block's-->
 //   absent
 // A scan cut short by a failed master only adds keys. Keys removed while a
-// scan runs are not added back by it.
+// scan runs, or whose DEL has not run yet, are not added back by it.
 #ifndef TIERKV_TIERS_REMOTE_TIER_H_
 #define TIERKV_TIERS_REMOTE_TIER_H_
 
@@ -191,6 +191,10 @@ class RemoteTier final : public LowerTier {
   std::unordered_set<BlockKey, BlockKeyHash> removed_in_scan_
       TIERKV_GUARDED_BY(mu_);
   bool cleared_in_scan_ TIERKV_GUARDED_BY(mu_) = false;
+  // Keys whose DEL is queued or running, with how many DELs: a scan that
+  // starts before the DEL lands must not find them again.
+  std::unordered_map<BlockKey, int, BlockKeyHash> deleting_
+      TIERKV_GUARDED_BY(mu_);
   // RemoteTierStats counters that DiskTierStats lacks.
   uint64_t io_errors_ TIERKV_GUARDED_BY(mu_) = 0;    // client_'s errors.
   uint64_t scan_errors_ TIERKV_GUARDED_BY(mu_) = 0;  // scan_client_'s.
