@@ -18,13 +18,23 @@
 //   results; MultiGet copies each value into the std::string it returns.
 // - BM_ClusterClientGetInto: MultiGetInto the same keys, each value copied
 //   into a caller's 2 MiB buffer allocated once (no allocation per value).
+// - BM_RemotePut / BM_RemoteGet: the same bytes through RemoteTier
+//   (tiers/remote_tier.h) as tierkvd drives it: kBlocks Spills of host
+//   slots (each slot checked against its checksum, framed with the
+//   verified header of 16 token ids, SET with one command per block by the
+//   tier's I/O thread), all queued and then waited for; kBlocks Promotes
+//   (GET into the tier's buffer, verified, copied into the slot, its
+//   checksum taken). Scans are off; they run on a thread of their own.
 // Each get benchmark first checks, untimed, that the bytes it reads back
 // are the bytes that were set. The ratios (client / raw) are kept, with
 // the figures and the command, in BENCHMARKS.md.
 #include <benchmark/benchmark.h>
 #include <hiredis/hiredis.h>
+#include <xxhash.h>
 
+#include <atomic>
 #include <cstring>
+#include <latch>
 #include <map>
 #include <memory>
 #include <string>
@@ -32,6 +42,7 @@
 
 #include "testing/redis_cluster_harness.h"
 #include "tiers/redis_cluster.h"
+#include "tiers/remote_tier.h"
 
 namespace tierkv {
 namespace {
@@ -285,6 +296,112 @@ void BM_ClusterClientGetInto(benchmark::State& state) {
 BENCHMARK(BM_ClusterClientGetInto)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
+
+// A remote tier over 2 x kBlocks host slots of 2 MiB: the first kBlocks
+// hold the fixture's values (the blocks spilled), the rest take promotions.
+struct RemoteSlots {
+  std::vector<std::vector<std::byte>> slots;
+  std::vector<BlockKey> keys;
+  std::vector<std::vector<TokenId>> tokens;
+  std::vector<uint64_t> checksums;
+  std::unique_ptr<RemoteTier> tier;
+};
+
+std::unique_ptr<RemoteSlots> OpenRemote(Fixture& f) {
+  auto r = std::make_unique<RemoteSlots>();
+  r->slots.assign(2 * kBlocks, std::vector<std::byte>(kBlockBytes));
+  for (int i = 0; i < kBlocks; ++i) {
+    std::memcpy(r->slots[i].data(), f.values[i].data(), kBlockBytes);
+    r->keys.push_back(
+        BlockKey{.lo = static_cast<uint64_t>(i) + 1, .hi = 0xbe7c4});
+    std::vector<TokenId> tokens(16);
+    for (int t = 0; t < 16; ++t) tokens[t] = i * 16 + t;
+    r->tokens.push_back(std::move(tokens));
+    r->checksums.push_back(XXH3_64bits(r->slots[i].data(), kBlockBytes));
+  }
+  RemoteTierOptions options;
+  options.redis.seeds = f.cluster->Seeds();
+  options.store_fingerprint = "bench-layout,model=bench";
+  options.tenant = "bench";
+  options.block_bytes = kBlockBytes;
+  options.slot_memory = [slots = &r->slots](BlockId slot) {
+    return std::span<std::byte>((*slots)[slot]);
+  };
+  StatusOr<std::unique_ptr<RemoteTier>> tier = RemoteTier::Open(options);
+  if (!tier.ok()) return nullptr;
+  r->tier = std::move(*tier);
+  return r;
+}
+
+// Spills every block (slots 0..kBlocks-1) and waits for them; OK or the
+// first failure.
+Status SpillAll(RemoteSlots& r) {
+  std::latch done(kBlocks);
+  std::atomic<bool> failed{false};
+  for (int i = 0; i < kBlocks; ++i) {
+    r.tier->Spill(r.keys[i], r.tokens[i], static_cast<BlockId>(i),
+                  r.checksums[i], [&](Status s) {
+                    if (!s.ok()) failed = true;
+                    done.count_down();
+                  });
+  }
+  done.wait();
+  return failed ? Status::Unavailable("a spill failed") : Status::Ok();
+}
+
+// Promotes every block into slots kBlocks..2 kBlocks-1 and waits.
+Status PromoteAll(RemoteSlots& r) {
+  std::latch done(kBlocks);
+  std::atomic<bool> failed{false};
+  for (int i = 0; i < kBlocks; ++i) {
+    r.tier->Promote(r.keys[i], r.tokens[i], static_cast<BlockId>(kBlocks + i),
+                    [&](StatusOr<uint64_t> s) {
+                      if (!s.ok()) failed = true;
+                      done.count_down();
+                    });
+  }
+  done.wait();
+  return failed ? Status::Unavailable("a promotion failed") : Status::Ok();
+}
+
+void BM_RemotePut(benchmark::State& state) {
+  Fixture& f = GetFixture();
+  if (!f.error.empty()) return state.SkipWithError(f.error.c_str());
+  std::unique_ptr<RemoteSlots> r = OpenRemote(f);
+  if (r == nullptr) return state.SkipWithError("RemoteTier::Open failed");
+  for (auto _ : state) {
+    if (Status s = SpillAll(*r); !s.ok()) {
+      return state.SkipWithError(s.ToString().c_str());
+    }
+  }
+  state.SetBytesProcessed(state.iterations() * kBlocks *
+                          static_cast<int64_t>(kBlockBytes));
+}
+BENCHMARK(BM_RemotePut)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+void BM_RemoteGet(benchmark::State& state) {
+  Fixture& f = GetFixture();
+  if (!f.error.empty()) return state.SkipWithError(f.error.c_str());
+  std::unique_ptr<RemoteSlots> r = OpenRemote(f);
+  if (r == nullptr) return state.SkipWithError("RemoteTier::Open failed");
+  // Untimed: the bytes promoted are the bytes spilled.
+  if (!SpillAll(*r).ok() || !PromoteAll(*r).ok()) {
+    return state.SkipWithError("spill or promotion failed");
+  }
+  for (int i = 0; i < kBlocks; ++i) {
+    if (r->slots[kBlocks + i] != r->slots[i]) {
+      return state.SkipWithError("promoted other bytes");
+    }
+  }
+  for (auto _ : state) {
+    if (Status s = PromoteAll(*r); !s.ok()) {
+      return state.SkipWithError(s.ToString().c_str());
+    }
+  }
+  state.SetBytesProcessed(state.iterations() * kBlocks *
+                          static_cast<int64_t>(kBlockBytes));
+}
+BENCHMARK(BM_RemoteGet)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 }  // namespace
 }  // namespace tierkv

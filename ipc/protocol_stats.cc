@@ -59,6 +59,8 @@ void PutPayload(Writer& w, const StatsReply& m) {
   w.String(m.stats.key_fingerprint);
   w.Int<uint32_t>(m.stats.block_size);
   w.String(m.stats.version);
+  w.Bool(m.stats.remote.has_value());
+  if (m.stats.remote.has_value()) PutFields(w, *m.stats.remote);
 }
 
 void GetPayload(Reader&, StatsRequest*) {}
@@ -80,6 +82,7 @@ void GetPayload(Reader& r, StatsReply* m) {
   m->stats.key_fingerprint = r.String();
   m->stats.block_size = r.Int<uint32_t>();
   m->stats.version = r.String();
+  if (r.Bool()) GetFields(r, &m->stats.remote.emplace());
 }
 
 }  // namespace tierkv::ipc::wire

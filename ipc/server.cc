@@ -23,6 +23,7 @@
 
 #include "ipc/server_impl.h"
 #include "tierkv/version.h"
+#include "tiers/remote_tier.h"
 
 namespace tierkv::ipc {
 namespace {
@@ -147,6 +148,35 @@ StatusOr<std::unique_ptr<DiskTier>> OpenDisk(const ServerOptions& options) {
         stats.layout_mismatches);
   }
   return tier;
+}
+
+// Opens the remote tier --remote-redis asks for, over the store's host
+// slots.
+std::function<StatusOr<std::unique_ptr<LowerTier>>(
+    std::function<std::span<std::byte>(BlockId)>)>
+RemoteTierFactory(const ServerOptions& options) {
+  RemoteTierOptions remote;
+  remote.redis.seeds = options.remote_redis;
+  remote.store_fingerprint = StoreFingerprint(options.layout, options.model);
+  remote.tenant = options.remote_tenant;
+  remote.block_bytes = options.layout.BlockBytes();
+  remote.ttl = options.remote_ttl;
+  remote.capacity_bytes = options.remote_capacity_bytes;
+  remote.scan_interval = options.remote_scan_interval;
+  return [remote](std::function<std::span<std::byte>(BlockId)> slot_memory)
+             -> StatusOr<std::unique_ptr<LowerTier>> {
+    RemoteTierOptions o = remote;
+    o.slot_memory = std::move(slot_memory);
+    spdlog::info("remote tier: Redis Cluster {}, tenant {}", o.redis.seeds,
+                 o.tenant);
+    StatusOr<std::unique_ptr<RemoteTier>> tier = RemoteTier::Open(o);
+    if (!tier.ok()) {
+      return Status(tier.status().code(), "remote tier (--remote-redis " +
+                                              o.redis.seeds +
+                                              "): " + tier.status().message());
+    }
+    return std::unique_ptr<LowerTier>(std::move(*tier));
+  };
 }
 
 // The socket's directory must exist; /run/tierkv, the default without
@@ -392,6 +422,7 @@ StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& in) {
       .layout_fingerprint = StoreFingerprint(options.layout, options.model),
       .cancelled = options.cancelled};
   store.disk = std::move(disk);
+  if (!options.remote_redis.empty()) store.remote = RemoteTierFactory(options);
   store.spill_high = options.spill_high;
   store.spill_low = options.spill_low;
   store.write_behind_spills = options.write_behind_spills;

@@ -75,6 +75,22 @@ struct ServerOptions {
   // The disk tier's I/O threads (DiskTierOptions::io_threads), 1 to 64.
   // Default: 2.
   int32_t disk_io_threads = 2;
+  // The remote tier (tiers/remote_tier.h) on a Redis Cluster that several
+  // tierkvds share: its seeds, "host:port,host:port,...". With disk_path
+  // too, spills go to both and promotions read disk first
+  // (TieredStoreOptions::remote). Default (empty): none.
+  std::string remote_redis;
+  // Expiry of each value written there; 0: none. Default: none.
+  std::chrono::milliseconds remote_ttl{0};
+  // Bound on the value bytes this tierkvd keeps there (LRU over the blocks
+  // it wrote); 0: none. Default: none.
+  uint64_t remote_capacity_bytes = 0;
+  // Part of every Redis key: tierkvds share blocks only within one tenant
+  // (and one model and layout). Default: "default".
+  std::string remote_tenant = "default";
+  // Between scans of the cluster for blocks other tierkvds wrote
+  // (RemoteTierOptions::scan_interval); 0: none. Default: 1 s.
+  std::chrono::milliseconds remote_scan_interval{1000};
   // Host watermarks for spilling to disk (CoordinatorOptions). Defaults:
   // 0.9 and 0.7.
   double spill_high = 0.9;

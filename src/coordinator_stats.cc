@@ -47,7 +47,10 @@ CoordinatorStats Coordinator::stats() const {
   out.host.promotions_in_flight = static_cast<uint64_t>(promotions_in_flight_);
   out.host.request_state_bytes = request_bytes_;
   out.host.chunk_leases = chunk_leases_.size();
-  if (options_.lower != nullptr) out.disk = options_.lower->stats();
+  if (options_.lower != nullptr) {
+    out.disk = options_.lower->disk_stats();
+    out.remote = options_.lower->remote_stats();
+  }
   out.model = options_.model;
   out.key_fingerprint = StoreFingerprint(options_.layout, options_.model);
   out.block_size = static_cast<uint32_t>(options_.layout.block_size);

@@ -1,8 +1,9 @@
-// LowerTier: the tier below the host DRAM slots (the disk tier), as the
-// coordinator drives it. The coordinator decides what moves and when; a
+// LowerTier: the tiers below the host DRAM slots (disk, remote, or both), as
+// the coordinator drives them. The coordinator decides what moves and when; a
 // LowerTier moves one block between a host slot and its own storage, off the
-// caller's thread. TieredStore's implementation (tiers/tiered_store.cc)
-// moves blocks between host slots and DiskTier values (tiers/disk_tier.h).
+// caller's thread. TieredStore's implementations (tiers/tiered_store.cc)
+// move blocks between host slots and DiskTier values (tiers/disk_tier.h),
+// and stack the disk tier over a remote tier (tiers/remote_tier.h).
 // Thread-safety: every method may be called from any thread; `done`
 // callbacks run on the tier's own threads.
 #ifndef TIERKV_SRC_LOWER_TIER_H_
@@ -61,6 +62,18 @@ class LowerTier {
   virtual std::vector<BlockKey> StoredKeys(size_t max,
                                            uint64_t* total) const = 0;
   virtual DiskTierStats stats() const = 0;
+  // The disk tier's stats, when the tier is or includes a disk tier.
+  // Default: stats().
+  virtual std::optional<DiskTierStats> disk_stats() const { return stats(); }
+  // The remote tier's stats, when the tier is or includes a remote tier.
+  // Default: none.
+  virtual std::optional<RemoteTierStats> remote_stats() const {
+    return std::nullopt;
+  }
+  // Returns once every Spill and Promote called before has run its `done`
+  // (a tier whose callbacks wait on nothing but its own I/O). Default: at
+  // once.
+  virtual void WaitQueued() {}
 };
 
 }  // namespace tierkv

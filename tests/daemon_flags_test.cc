@@ -189,6 +189,47 @@ TEST_F(DaemonFlagsTest, KvEventsOffByDefaultAndSetByFlagOrFile) {
   EXPECT_EQ(command->kv_events.hash_format, "bytes");
 }
 
+TEST_F(DaemonFlagsTest, RemoteTierOffByDefaultAndSetByFlagOrFile) {
+  auto command =
+      Parse({"--layers", "2", "--kv-heads", "4", "--head-dim", "64"});
+  ASSERT_THAT(command, IsOk());
+  EXPECT_EQ(command->server.remote_redis, "");  // No remote tier.
+  EXPECT_EQ(command->server.remote_tenant, "default");
+  EXPECT_EQ(command->server.remote_ttl, std::chrono::milliseconds(0));
+  EXPECT_EQ(command->server.remote_capacity_bytes, 0u);
+  EXPECT_EQ(command->server.remote_scan_interval,
+            std::chrono::milliseconds(1000));
+
+  WriteConfig(std::string(kLayout) +
+              "remote-redis = 127.0.0.1:7000,127.0.0.1:7001\n"
+              "remote-tenant = team-a\n"
+              "remote-ttl = 3600\n"
+              "remote-capacity = 2G\n");
+  command = Parse({"--config", config_, "--remote-scan-interval-ms", "0"});
+  ASSERT_THAT(command, IsOk());
+  EXPECT_EQ(command->server.remote_redis, "127.0.0.1:7000,127.0.0.1:7001");
+  EXPECT_EQ(command->server.remote_tenant, "team-a");
+  EXPECT_EQ(command->server.remote_ttl, std::chrono::hours(1));
+  EXPECT_EQ(command->server.remote_capacity_bytes, uint64_t{2} << 30);
+  EXPECT_EQ(command->server.remote_scan_interval, std::chrono::milliseconds(0));
+
+  const std::vector<std::string> layout = {"--layers",   "2", "--kv-heads", "4",
+                                           "--head-dim", "64"};
+  auto with = [&layout](std::vector<std::string> more) {
+    more.insert(more.begin(), layout.begin(), layout.end());
+    return more;
+  };
+  EXPECT_THAT(Error(with({"--remote-tenant", "a b"})),
+              HasSubstr("--remote-tenant"));
+  EXPECT_THAT(Error(with({"--remote-ttl", "-1"})), HasSubstr("--remote-ttl"));
+  EXPECT_THAT(Error(with({"--remote-capacity", "lots"})),
+              HasSubstr("--remote-capacity"));
+  EXPECT_THAT(Error(with({"--remote-scan-interval-ms", "-5"})),
+              HasSubstr("--remote-scan-interval-ms"));
+  EXPECT_THAT(Error(with({"--remote-redis", "nohost"})),
+              HasSubstr("--remote-redis"));
+}
+
 TEST_F(DaemonFlagsTest, KvEventsBadValuesAreNamed) {
   const std::vector<std::string> layout = {"--layers",   "2", "--kv-heads", "4",
                                            "--head-dim", "64"};

@@ -2,7 +2,8 @@
 // replicas; testing/redis_cluster_harness.h): blocks spilled from and
 // promoted into host slots (here plain memory) bit-exact, and never served
 // when the value is another store's, torn, damaged or another block's;
-// its byte bound, TTL, Remove and RemoveAll.
+// its byte bound, TTL, Remove and RemoveAll; and the scans by which a tier
+// learns of blocks another one wrote, and forgets those that are gone.
 #include "tiers/remote_tier.h"
 
 #include <gmock/gmock.h>
@@ -12,9 +13,11 @@
 #include <chrono>
 #include <cstddef>
 #include <cstring>
+#include <functional>
 #include <future>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "testing/redis_cluster_harness.h"
@@ -52,7 +55,8 @@ class RedisClusterRemoteTierTest : public ::testing::Test {
 
   std::unique_ptr<RemoteTier> OpenTier(const std::string& fingerprint,
                                        uint64_t capacity_bytes = 0,
-                                       std::chrono::milliseconds ttl = {}) {
+                                       std::chrono::milliseconds ttl = {},
+                                       std::chrono::milliseconds scan = {}) {
     RemoteTierOptions options;
     options.redis.seeds = cluster_->Seeds();
     options.store_fingerprint = fingerprint;
@@ -63,6 +67,7 @@ class RedisClusterRemoteTierTest : public ::testing::Test {
     };
     options.ttl = ttl;
     options.capacity_bytes = capacity_bytes;
+    options.scan_interval = scan;
     StatusOr<std::unique_ptr<RemoteTier>> tier = RemoteTier::Open(options);
     EXPECT_THAT(tier, IsOk());
     return tier.ok() ? std::move(*tier) : nullptr;
@@ -101,6 +106,29 @@ class RedisClusterRemoteTierTest : public ::testing::Test {
       return Status::DeadlineExceeded("promote never completed");
     }
     return f.get();
+  }
+
+  // The tier's remote stats once `done` holds; the last ones seen when it
+  // does not within kWait.
+  static RemoteTierStats WaitStats(
+      const RemoteTier& tier,
+      const std::function<bool(const RemoteTierStats&)>& done) {
+    const auto deadline = std::chrono::steady_clock::now() + kWait;
+    for (;;) {
+      const RemoteTierStats s = tier.remote_stats().value();
+      if (done(s) || std::chrono::steady_clock::now() > deadline) return s;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  }
+  // Waits for two more whole scans: the second began after this call.
+  static void WaitTwoScans(const RemoteTier& tier) {
+    const uint64_t now = tier.remote_stats()->scan_passes;
+    EXPECT_GE(WaitStats(tier,
+                        [now](const RemoteTierStats& s) {
+                          return s.scan_passes >= now + 2;
+                        })
+                  .scan_passes,
+              now + 2);
   }
 
   std::unique_ptr<RedisClusterHarness> cluster_;
@@ -243,6 +271,86 @@ TEST(RedisClusterRemoteTierOptionsTest, RefusesMissingOrUnsafeOptions) {
                 StatusIs(StatusCode::kInvalidArgument))
         << tenant;
   }
+}
+
+// A tier that scans learns of the blocks another tier (another machine)
+// wrote, by key, and serves them bit-exact; a forged value under a key it
+// learned is a counted miss, never served; keys that leave the cluster
+// leave Contains at the next whole scan.
+TEST_F(RedisClusterRemoteTierTest, ScansLearnOfOtherWritersBlocksAndForget) {
+  std::unique_ptr<RemoteTier> writer = OpenTier("model-a/layout-1");
+  std::unique_ptr<RemoteTier> reader =
+      OpenTier("model-a/layout-1", 0, {}, std::chrono::milliseconds(20));
+  ASSERT_NE(writer, nullptr);
+  ASSERT_NE(reader, nullptr);
+  ASSERT_THAT(Spill(*writer, kKey1, kTokens1, 0, Checksum(0)), IsOk());
+  ASSERT_THAT(Spill(*writer, kKey2, kTokens2, 1, Checksum(1)), IsOk());
+  // Another store's key and a key that names no block: never known.
+  std::unique_ptr<RemoteTier> other = OpenTier("model-b/layout-1");
+  ASSERT_NE(other, nullptr);
+  ASSERT_THAT(Spill(*other, kKey3, kTokens3, 2, Checksum(2)), IsOk());
+  const std::string prefix =
+      reader->RedisKey(kKey1).substr(0, reader->RedisKey(kKey1).size() - 32);
+  ASSERT_THAT(raw_->Set(prefix + "not-a-block-key", "x"), IsOk());
+
+  RemoteTierStats s = WaitStats(
+      *reader, [](const RemoteTierStats& s) { return s.known_keys >= 2; });
+  EXPECT_EQ(s.known_keys, 2u);
+  EXPECT_EQ(s.keys, 0u);  // It wrote none of them.
+  EXPECT_TRUE(reader->Contains(kKey1, kTokens1));
+  EXPECT_TRUE(reader->Contains(kKey2, kTokens2));
+  EXPECT_FALSE(reader->Contains(kKey3, kTokens3));
+  EXPECT_THAT(Promote(*reader, kKey1, kTokens1, 4), IsOkAndHolds(Checksum(0)));
+  EXPECT_EQ(slots_[4], slots_[0]);
+
+  // Known by key alone: the token ids are checked when the value is read.
+  Fill(5, 55);
+  const std::vector<std::byte> before = slots_[5];
+  EXPECT_TRUE(reader->Contains(kKey2, kTokens1));
+  EXPECT_THAT(Promote(*reader, kKey2, kTokens1, 5),
+              StatusIs(StatusCode::kNotFound));
+  EXPECT_EQ(slots_[5], before);
+  // (Forgotten then, until the next scan finds the key again: a check here
+  // would race the scans, every 20 ms.)
+
+  // A forged value under a known key: a miss, deleted, slot untouched.
+  ASSERT_THAT(raw_->Set(reader->RedisKey(kKey1), std::string(4096, 'f')),
+              IsOk());
+  EXPECT_THAT(Promote(*reader, kKey1, kTokens1, 5),
+              StatusIs(StatusCode::kDataLoss));
+  EXPECT_EQ(slots_[5], before);
+
+  // Gone from the cluster (deleted by the writer here): forgotten by the
+  // next whole scan.
+  EXPECT_TRUE(writer->Remove(kKey2));
+  writer->WaitQueued();
+  WaitTwoScans(*reader);
+  EXPECT_FALSE(reader->Contains(kKey1, kTokens1));
+  EXPECT_FALSE(reader->Contains(kKey2, kTokens2));
+  s = *reader->remote_stats();
+  EXPECT_EQ(s.known_keys, 0u);
+  EXPECT_EQ(s.hits, 1u);
+  EXPECT_EQ(s.misses, 2u);
+  EXPECT_EQ(s.token_mismatches, 1u);
+  EXPECT_EQ(s.checksum_failures, 1u);
+  EXPECT_EQ(s.errors, 0u);
+  EXPECT_EQ(s.scan_failures, 0u);
+}
+
+// The writer's own index drops blocks that expired in the cluster (TTL) at
+// the first whole scan that began after they were written.
+TEST_F(RedisClusterRemoteTierTest, AWholeScanDropsItsOwnExpiredBlocks) {
+  std::unique_ptr<RemoteTier> tier =
+      OpenTier("model-a/layout-1", 0, std::chrono::milliseconds(300),
+               std::chrono::milliseconds(20));
+  ASSERT_NE(tier, nullptr);
+  ASSERT_THAT(Spill(*tier, kKey1, kTokens1, 0, Checksum(0)), IsOk());
+  EXPECT_TRUE(tier->Contains(kKey1, kTokens1));
+  const RemoteTierStats s =
+      WaitStats(*tier, [](const RemoteTierStats& s) { return s.keys == 0; });
+  EXPECT_EQ(s.keys, 0u);
+  EXPECT_EQ(s.known_keys, 0u);
+  EXPECT_FALSE(tier->Contains(kKey1, kTokens1));
 }
 
 }  // namespace

@@ -40,6 +40,7 @@ CoordinatorStats NumberedStats() {
   Number(s.workers.emplace_back(), next);
   Number(s.workers.emplace_back(), next);
   Number(s.attach, next);
+  Number(s.remote.emplace(), next);
   s.model = "m";
   s.store = "s";
   s.version = "v";
@@ -80,6 +81,7 @@ TEST(StatsFields, EveryFieldCrossesTheWire) {
   ASSERT_NE(reply, nullptr);
   EXPECT_EQ(reply->stats.host, sent.host);
   EXPECT_EQ(reply->stats.disk, sent.disk);
+  EXPECT_EQ(reply->stats.remote, sent.remote);
   EXPECT_EQ(reply->stats.workers, sent.workers);
   EXPECT_EQ(reply->stats.attach, sent.attach);
   EXPECT_EQ(reply->stats.spill_latency, sent.spill_latency);
@@ -96,6 +98,9 @@ TEST(StatsFields, EveryFieldIsInTheJson) {
     EXPECT_THAT(json, HasSubstr("\"" + std::string(f.name) + "\":" + v));
   });
   EachField(*s.disk, [&](const StatField& f, const std::string& v) {
+    EXPECT_THAT(json, HasSubstr("\"" + std::string(f.name) + "\":" + v));
+  });
+  EachField(*s.remote, [&](const StatField& f, const std::string& v) {
     EXPECT_THAT(json, HasSubstr("\"" + std::string(f.name) + "\":" + v));
   });
   EachField(s.attach, [&](const StatField& f, const std::string& v) {
@@ -133,6 +138,9 @@ TEST(StatsFields, EveryNumericFieldIsAMetricWithItsHelp) {
   EachField(*s.disk, [&](const StatField& f, const std::string& v) {
     check("disk", f, v, "{" + base + "}");
   });
+  EachField(*s.remote, [&](const StatField& f, const std::string& v) {
+    check("remote", f, v, "{" + base + "}");
+  });
   EachField(s.attach, [&](const StatField& f, const std::string& v) {
     check("workers", f, v, "{" + base + "}");
   });
@@ -154,6 +162,9 @@ TEST(StatsFields, AllListsEveryFieldWithItsHelp) {
     EXPECT_THAT(all, HasSubstr(" " + v + "  " + f.help));
   });
   EachField(*s.disk, [&](const StatField& f, const std::string& v) {
+    EXPECT_THAT(all, HasSubstr(" " + v + "  " + f.help));
+  });
+  EachField(*s.remote, [&](const StatField& f, const std::string& v) {
     EXPECT_THAT(all, HasSubstr(" " + v + "  " + f.help));
   });
   EachField(s.attach, [&](const StatField& f, const std::string& v) {

@@ -9,6 +9,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <xxhash.h>
 
 #include <atomic>
 #include <cstring>
@@ -19,6 +20,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "src/coordinator.h"
@@ -108,6 +110,86 @@ class RefusingStorage : public DiskStorageWrapper {
   }
 };
 
+// A remote tier in memory (TieredStoreOptions::remote): a copy of each
+// block spilled, served back bit-exact; counts what it did.
+class MemoryRemoteTier final : public LowerTier {
+ public:
+  explicit MemoryRemoteTier(
+      std::function<std::span<std::byte>(BlockId)> slot_memory)
+      : slot_memory_(std::move(slot_memory)) {}
+
+  bool Contains(const BlockKey& key,
+                std::span<const TokenId> tokens) const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    const auto it = blocks_.find(key);
+    return it != blocks_.end() &&
+           std::equal(tokens.begin(), tokens.end(), it->second.tokens.begin(),
+                      it->second.tokens.end());
+  }
+  void Spill(const BlockKey& key, std::span<const TokenId> tokens, BlockId slot,
+             std::optional<uint64_t>, Done done) override {
+    const std::span<std::byte> bytes = slot_memory_(slot);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      blocks_[key] = {{tokens.begin(), tokens.end()},
+                      {bytes.begin(), bytes.end()}};
+      ++spills;
+    }
+    done(Status::Ok());
+  }
+  void Promote(const BlockKey& key, std::span<const TokenId> tokens,
+               BlockId slot, PromoteDone done) override {
+    const std::span<std::byte> bytes = slot_memory_(slot);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      const auto it = blocks_.find(key);
+      if (it == blocks_.end() ||
+          !std::equal(tokens.begin(), tokens.end(), it->second.tokens.begin(),
+                      it->second.tokens.end())) {
+        return done(Status::NotFound("not in the remote tier"));
+      }
+      std::memcpy(bytes.data(), it->second.bytes.data(), bytes.size());
+      ++promotions;
+    }
+    done(XXH3_64bits(bytes.data(), bytes.size()));
+  }
+  bool Remove(const BlockKey& key) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return blocks_.erase(key) > 0;
+  }
+  uint64_t RemoveAll() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    const uint64_t n = blocks_.size();
+    blocks_.clear();
+    return n;
+  }
+  std::vector<BlockKey> StoredKeys(size_t, uint64_t* total) const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    *total = blocks_.size();
+    return {};
+  }
+  DiskTierStats stats() const override { return {}; }
+  std::optional<DiskTierStats> disk_stats() const override {
+    return std::nullopt;
+  }
+  std::optional<RemoteTierStats> remote_stats() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return RemoteTierStats{.keys = blocks_.size(), .hits = promotions};
+  }
+
+  uint64_t spills = 0;      // Guarded by mu_.
+  uint64_t promotions = 0;  // Guarded by mu_.
+
+ private:
+  struct Block {
+    std::vector<TokenId> tokens;
+    std::vector<std::byte> bytes;
+  };
+  const std::function<std::span<std::byte>(BlockId)> slot_memory_;
+  mutable std::mutex mu_;
+  std::unordered_map<BlockKey, Block, BlockKeyHash> blocks_;  // Guarded by mu_.
+};
+
 struct LoadOutcome {
   int32_t hit_blocks = 0;
   int32_t disk_hit_blocks = 0;
@@ -122,8 +204,10 @@ class TieredStoreTest : public ::testing::Test {
   // `host_slots` usable slots; a disk bounded to `disk_blocks` values.
   // Write-behind is off unless asked for: most tests count the spills the
   // watermarks make.
+  // With `remote`, a MemoryRemoteTier beside the disk tier (remote_).
   void Open(int32_t host_slots, int64_t disk_blocks, double high = 0.8,
-            double low = 0.5, int32_t write_behind_spills = 0) {
+            double low = 0.5, int32_t write_behind_spills = 0,
+            bool remote = false) {
     const KvLayout layout = TestLayout();
     auto storage = OpenRocksDbStorage(
         {.path = dir_ + "/disk", .write_buffer_bytes = 1 << 20});
@@ -147,6 +231,15 @@ class TieredStoreTest : public ::testing::Test {
     options.spill_high = high;
     options.spill_low = low;
     options.write_behind_spills = write_behind_spills;
+    if (remote) {
+      options.remote =
+          [this](std::function<std::span<std::byte>(BlockId)> slot_memory)
+          -> StatusOr<std::unique_ptr<LowerTier>> {
+        auto tier = std::make_unique<MemoryRemoteTier>(std::move(slot_memory));
+        remote_ = tier.get();
+        return std::unique_ptr<LowerTier>(std::move(tier));
+      };
+    }
     // One worker, alone on the store: it may pin every slot.
     options.caps.worker_pin_share = 1;
     // The test applies the disk tier's results itself (Settle), so spills
@@ -258,6 +351,7 @@ class TieredStoreTest : public ::testing::Test {
   const std::string dir_ = scratch_.path();
   CorruptingStorage* corrupting_ = nullptr;  // Owned by store_'s disk tier.
   RefusingStorage* refusing_ = nullptr;      // Owned by store_'s disk tier.
+  MemoryRemoteTier* remote_ = nullptr;       // Owned by store_, if any.
   std::unique_ptr<TieredStore> store_;
   WorkerId worker_ = 0;
   RequestId next_request_ = 1;
@@ -461,6 +555,47 @@ TEST_F(TieredStoreTest, CorruptedValueIsDroppedCountedAndRecomputed) {
   LoadOutcome after = Load(victim);
   EXPECT_EQ(after.hit_blocks, 2);
   EXPECT_EQ(after.wrong_blocks, 0);
+  EXPECT_THAT(c()->host_pool().CheckInvariants(), IsOk());
+}
+
+// A remote tier beside the disk tier: every spill is written to both, and
+// a block whose disk value fails verification is loaded from the remote
+// tier instead, bit-exact, rather than cut from the load.
+TEST_F(TieredStoreTest, DiskBesideRemoteWritesBothAndFallsBackOnABadRead) {
+  Open(/*host_slots=*/10, /*disk_blocks=*/100, /*high=*/0.5, /*low=*/0.1,
+       /*write_behind_spills=*/0, /*remote=*/true);
+  ASSERT_NE(remote_, nullptr);
+  const std::vector<TokenId> victim = RequestTokens(0, 5);
+  Store(victim);
+  Settle();
+  for (int r = 1; r < 4; ++r) {  // Push the victim's blocks down.
+    Store(RequestTokens(r, 2));
+    Settle();
+  }
+  CoordinatorStats s = c()->stats();
+  ASSERT_TRUE(s.disk.has_value());
+  ASSERT_TRUE(s.remote.has_value());
+  EXPECT_EQ(s.remote->keys, s.disk->keys);  // Written through.
+  EXPECT_GE(s.disk->keys, 5u);
+  EXPECT_EQ(s.host.spill_failures, 0u);
+
+  corrupting_->poison = victim[2 * kBs];
+  LoadOutcome o = Load(victim);
+  EXPECT_EQ(o.hit_blocks, 5);
+  EXPECT_EQ(o.disk_hit_blocks, 5);
+  EXPECT_EQ(o.loaded_blocks, 5);  // Block 2 from the remote tier.
+  EXPECT_EQ(o.failed_blocks, 0);
+  EXPECT_EQ(o.wrong_blocks, 0);
+  s = c()->stats();
+  EXPECT_EQ(s.disk->checksum_failures, 1u);
+  EXPECT_EQ(s.remote->hits, 1u);
+  EXPECT_EQ(s.host.promotion_failures, 0u);
+
+  // The bad disk value is gone: the remote tier still holds the block.
+  corrupting_->poison = 0;
+  o = Load(victim);
+  EXPECT_EQ(o.loaded_blocks, 5);
+  EXPECT_EQ(o.wrong_blocks, 0);
   EXPECT_THAT(c()->host_pool().CheckInvariants(), IsOk());
 }
 

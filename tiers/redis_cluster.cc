@@ -548,6 +548,85 @@ std::string RedisClusterClient::SlotOwner(uint16_t slot) {
   return n == nullptr ? "" : n->addr;
 }
 
+Status RedisClusterClient::ScanMasters(
+    std::string_view pattern, size_t count,
+    const std::function<void(std::string_view key)>& each) {
+  MutexLock lock(&mu_);
+  SigpipeGuard guard;
+  ++call_seq_;
+  if (topology_stale_) TIERKV_RETURN_IF_ERROR(RefreshLocked());
+  std::vector<Node*> masters;
+  bool covered = true;
+  for (Node* n : slot_owner_) {
+    if (n == nullptr) covered = false;
+    if (n != nullptr &&
+        std::find(masters.begin(), masters.end(), n) == masters.end()) {
+      masters.push_back(n);
+    }
+  }
+  Status first =
+      covered
+          ? Status::Ok()
+          : Status::Unavailable("the slot map leaves slots without a master");
+  for (Node* node : masters) {
+    Status s = ScanNode(node, pattern, count, each);
+    if (!s.ok()) {
+      ++stats_.errors;
+      if (first.ok()) first = std::move(s);
+    }
+  }
+  return first;
+}
+
+Status RedisClusterClient::ScanNode(
+    Node* node, std::string_view pattern, size_t count,
+    const std::function<void(std::string_view key)>& each) {
+  const std::string count_text = std::to_string(count);
+  std::string cursor = "0";
+  bool replied = false;
+  for (;;) {
+    TIERKV_RETURN_IF_ERROR(Connect(node));
+    const char* argv[] = {"SCAN",         cursor.data(), "MATCH",
+                          pattern.data(), "COUNT",       count_text.data()};
+    const size_t lens[] = {4, cursor.size(),    5, pattern.size(),
+                           5, count_text.size()};
+    Reply reply(
+        static_cast<redisReply*>(redisCommandArgv(node->ctx, 6, argv, lens)));
+    if (reply == nullptr) {
+      const Status why =
+          ContextError(*node->ctx, node->addr, options_.command_timeout);
+      // A connection idle since an earlier call may have been closed by a
+      // node that restarted meanwhile: once more on a fresh one.
+      const bool stale = !replied && node->connected_in_call != call_seq_ &&
+                         why.code() != StatusCode::kDeadlineExceeded;
+      Disconnect(node, why, /*mark_down=*/!stale);
+      if (stale) {
+        replied = true;
+        continue;
+      }
+      return why;
+    }
+    replied = true;
+    if (reply->type == REDIS_REPLY_ERROR) {
+      if (SuggestsNewTopology(ReplyText(*reply))) topology_stale_ = true;
+      return FromErrorReply(node->addr, ReplyText(*reply));
+    }
+    if (reply->type != REDIS_REPLY_ARRAY || reply->elements != 2 ||
+        reply->element[0]->type != REDIS_REPLY_STRING ||
+        reply->element[1]->type != REDIS_REPLY_ARRAY) {
+      return Status::Internal(node->addr + " sent a malformed SCAN reply");
+    }
+    const redisReply& keys = *reply->element[1];
+    for (size_t i = 0; i < keys.elements; ++i) {
+      if (keys.element[i]->type == REDIS_REPLY_STRING) {
+        each(ReplyText(*keys.element[i]));
+      }
+    }
+    cursor = std::string(ReplyText(*reply->element[0]));
+    if (cursor == "0") return Status::Ok();
+  }
+}
+
 RedisClusterStats RedisClusterClient::stats() {
   MutexLock lock(&mu_);
   return stats_;
@@ -861,6 +940,13 @@ std::vector<StatusOr<size_t>> RedisClusterClient::MultiGetInto(
     }
   }
   return results;
+}
+
+std::vector<Status> RedisClusterClient::MultiGetWith(
+    std::span<const std::string> keys,
+    const std::function<Status(size_t i, std::string_view value)>& take) {
+  MutexLock lock(&mu_);
+  return RunGets(keys, take);
 }
 
 std::vector<StatusOr<bool>> RedisClusterClient::RunCountCommand(

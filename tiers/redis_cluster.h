@@ -108,6 +108,14 @@ class RedisClusterClient {
   std::vector<StatusOr<size_t>> MultiGetInto(
       std::span<const std::string> keys,
       std::span<const std::span<char>> buffers);
+  // GET of each key, handing each value found to `take(i, value)` while
+  // its reply is alive (nothing is copied or kept): per key OK when take
+  // accepted it (take's Status otherwise), NotFound for a miss, or the
+  // error. take runs with the client's mutex held: it must not call the
+  // client.
+  std::vector<Status> MultiGetWith(
+      std::span<const std::string> keys,
+      const std::function<Status(size_t i, std::string_view value)>& take);
   // DEL of each key: whether it was there. When a failed connection made
   // the call send a DEL again (see above), a key the first DEL removed
   // reads as false.
@@ -119,6 +127,17 @@ class RedisClusterClient {
   Status Set(const std::string& key, std::string_view value,
              std::chrono::milliseconds ttl = {});
   StatusOr<std::string> Get(const std::string& key);
+
+  // SCAN of every master in the slot map, cursor by cursor (`count` keys
+  // asked for a step), of the keys matching `pattern` (SCAN's MATCH glob):
+  // `each` gets each key found, with the client's mutex held (it must not
+  // call the client). A key may come more than once. OK when every master's
+  // scan ran to its end and the map covers every slot: then every key that
+  // existed throughout the call was seen. Otherwise the first error, once
+  // the masters that answered have been scanned whole (the keys of a failed
+  // master are missing); each failed master counts in stats().errors.
+  Status ScanMasters(std::string_view pattern, size_t count,
+                     const std::function<void(std::string_view key)>& each);
 
   // Reads the slot map again now (calls do it themselves when needed).
   Status RefreshTopology();
@@ -172,6 +191,10 @@ class RedisClusterClient {
       TIERKV_REQUIRES(mu_);
 
   Status RefreshLocked() TIERKV_REQUIRES(mu_);
+  // One master's whole SCAN (see ScanMasters).
+  Status ScanNode(Node* node, std::string_view pattern, size_t count,
+                  const std::function<void(std::string_view key)>& each)
+      TIERKV_REQUIRES(mu_);
   Status QueryTopology(Node* node) TIERKV_REQUIRES(mu_);
   Node* NodeFor(const std::string& host, int port) TIERKV_REQUIRES(mu_);
   // Connects when not connected; refuses a node still within down_backoff

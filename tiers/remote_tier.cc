@@ -24,6 +24,8 @@ constexpr uint16_t kFormatVersion = 1;
 constexpr size_t kFixedHeaderBytes = 4 + 2 + 2 + 4 + 8 + 8 + 8 + 8;
 constexpr size_t kMaxFingerprintBytes = 0xffff;
 constexpr uint32_t kMaxTokens = 1 << 16;
+// Promotions read in one pipelined batch at most.
+constexpr size_t kPromoteBatch = 64;
 
 size_t HeaderBytes(size_t fingerprint_bytes, size_t tokens) {
   return kFixedHeaderBytes + fingerprint_bytes + 4 * tokens + 8;
@@ -73,6 +75,7 @@ enum class Verdict {
 struct Decoded {
   Verdict verdict = Verdict::kDamaged;
   std::string_view payload;
+  uint64_t payload_sum = 0;  // XXH3-64 of the payload, once verified.
 };
 
 Decoded DecodeValue(std::string_view value, const std::string& fingerprint,
@@ -113,6 +116,7 @@ Decoded DecodeValue(std::string_view value, const std::string& fingerprint,
     return d;
   }
   d.verdict = Verdict::kServe;
+  d.payload_sum = payload_sum;
   return d;
 }
 
@@ -145,6 +149,7 @@ struct RemoteTier::Job {
   Done done;
   PromoteDone promote_done;
   std::vector<std::string> redis_keys;  // kDelete.
+  std::vector<BlockKey> deleted;        // kDelete: redis_keys' blocks.
 };
 
 StatusOr<std::unique_ptr<RemoteTier>> RemoteTier::Open(
@@ -162,22 +167,38 @@ StatusOr<std::unique_ptr<RemoteTier>> RemoteTier::Open(
     return Status::InvalidArgument(
         "RemoteTier: block_bytes and slot_memory are required");
   }
+  if (options.scan_interval.count() < 0 || options.scan_count == 0 ||
+      options.max_known_keys == 0) {
+    return Status::InvalidArgument(
+        "RemoteTier: scan_interval must be >= 0, scan_count and "
+        "max_known_keys > 0");
+  }
   TIERKV_ASSIGN_OR_RETURN(std::unique_ptr<RedisClusterClient> client,
                           RedisClusterClient::Open(options.redis));
-  return std::unique_ptr<RemoteTier>(
-      new RemoteTier(std::move(options), std::move(client)));
+  std::unique_ptr<RedisClusterClient> scan_client;
+  if (options.scan_interval.count() > 0) {
+    TIERKV_ASSIGN_OR_RETURN(scan_client,
+                            RedisClusterClient::Open(options.redis));
+  }
+  return std::unique_ptr<RemoteTier>(new RemoteTier(
+      std::move(options), std::move(client), std::move(scan_client)));
 }
 
 RemoteTier::RemoteTier(RemoteTierOptions options,
-                       std::unique_ptr<RedisClusterClient> client)
+                       std::unique_ptr<RedisClusterClient> client,
+                       std::unique_ptr<RedisClusterClient> scan_client)
     : options_(std::move(options)),
       key_prefix_(KeyPrefix(options_)),
-      client_(std::move(client)) {
+      client_(std::move(client)),
+      scan_client_(std::move(scan_client)) {
   {
     MutexLock lock(&mu_);
     stats_.capacity_bytes = options_.capacity_bytes;
   }
   thread_ = std::thread([this] { RunJobs(); });
+  if (scan_client_ != nullptr) {
+    scan_thread_ = std::thread([this] { RunScans(); });
+  }
 }
 
 RemoteTier::~RemoteTier() {
@@ -186,7 +207,9 @@ RemoteTier::~RemoteTier() {
     stopping_ = true;
   }
   work_.NotifyAll();
+  scan_wake_.NotifyAll();
   thread_.join();
+  if (scan_thread_.joinable()) scan_thread_.join();
 }
 
 std::string RemoteTier::RedisKey(const BlockKey& key) const {
@@ -197,9 +220,12 @@ bool RemoteTier::Contains(const BlockKey& key,
                           std::span<const TokenId> tokens) const {
   MutexLock lock(&mu_);
   const auto it = index_.find(key);
-  return it != index_.end() &&
-         std::equal(tokens.begin(), tokens.end(), it->second.tokens.begin(),
-                    it->second.tokens.end());
+  if (it != index_.end() &&
+      std::equal(tokens.begin(), tokens.end(), it->second.tokens.begin(),
+                 it->second.tokens.end())) {
+    return true;
+  }
+  return known_.contains(key);
 }
 
 void RemoteTier::Spill(const BlockKey& key, std::span<const TokenId> tokens,
@@ -232,9 +258,20 @@ uint64_t RemoteTier::EraseLocked(const BlockKey& key) {
   const uint64_t bytes = it->second.bytes;
   lru_.erase(it->second.lru);
   index_.erase(it);
+  if (!known_.contains(key)) --index_unscanned_;
   stats_.bytes -= bytes;
   stats_.keys = index_.size();
   return bytes;
+}
+
+void RemoteTier::AddKnownLocked(const BlockKey& key) {
+  if (!known_.insert(key).second) return;
+  if (index_.contains(key)) --index_unscanned_;
+}
+
+void RemoteTier::DropKnownLocked(const BlockKey& key) {
+  if (known_.erase(key) == 0) return;
+  if (index_.contains(key)) ++index_unscanned_;
 }
 
 bool RemoteTier::Remove(const BlockKey& key) {
@@ -242,11 +279,19 @@ bool RemoteTier::Remove(const BlockKey& key) {
   {
     MutexLock lock(&mu_);
     ++removals_;
-    held = EraseLocked(key) > 0;
+    const bool known = known_.contains(key);
+    held = EraseLocked(key) > 0 || known;
+    DropKnownLocked(key);
+    // Kept until the next scan starts: without scans, never needed.
+    if (scan_client_ != nullptr) {
+      removed_in_scan_.insert(key);
+      ++deleting_[key];
+    }
   }
   Job job;
   job.kind = Job::Kind::kDelete;
   job.redis_keys.push_back(RedisKey(key));
+  if (scan_client_ != nullptr) job.deleted.push_back(key);
   Enqueue(std::move(job));
   return held;
 }
@@ -254,20 +299,29 @@ bool RemoteTier::Remove(const BlockKey& key) {
 uint64_t RemoteTier::RemoveAll() {
   Job job;
   job.kind = Job::Kind::kDelete;
+  uint64_t forgotten = 0;
   {
     MutexLock lock(&mu_);
     ++removals_;
     for (const auto& [key, entry] : index_) {
       job.redis_keys.push_back(RedisKey(key));
+      if (scan_client_ != nullptr) {
+        job.deleted.push_back(key);
+        ++deleting_[key];
+      }
     }
+    forgotten = known_.size() + index_unscanned_;
     index_.clear();
     lru_.clear();
+    known_.clear();
+    index_unscanned_ = 0;
+    cleared_in_scan_ = true;
     stats_.bytes = 0;
     stats_.keys = 0;
+    if (job.redis_keys.empty()) return forgotten;
   }
-  const uint64_t n = job.redis_keys.size();
-  if (n > 0) Enqueue(std::move(job));
-  return n;
+  Enqueue(std::move(job));
+  return forgotten;
 }
 
 std::vector<BlockKey> RemoteTier::StoredKeys(size_t max,
@@ -286,6 +340,35 @@ DiskTierStats RemoteTier::stats() const {
   return stats_;
 }
 
+std::optional<RemoteTierStats> RemoteTier::remote_stats() const {
+  MutexLock lock(&mu_);
+  RemoteTierStats out;
+  out.capacity_bytes = stats_.capacity_bytes;
+  out.bytes = stats_.bytes;
+  out.keys = stats_.keys;
+  out.known_keys = known_.size() + index_unscanned_;
+  out.puts = stats_.puts;
+  out.put_failures = stats_.put_failures;
+  out.gets = stats_.gets;
+  out.hits = stats_.hits;
+  out.misses = stats_.misses;
+  out.errors = io_errors_ + scan_errors_;
+  out.checksum_failures = stats_.checksum_failures;
+  out.token_mismatches = stats_.token_mismatches;
+  out.evictions = stats_.evictions;
+  out.bytes_written = stats_.stored_bytes_written;
+  out.bytes_read = bytes_read_;
+  out.scan_passes = scan_passes_;
+  out.scan_failures = scan_failures_;
+  out.known_keys_dropped = known_keys_dropped_;
+  return out;
+}
+
+void RemoteTier::WaitQueued() {
+  MutexLock lock(&mu_);
+  while (!jobs_.empty() || running_job_) idle_.Wait(&mu_);
+}
+
 void RemoteTier::Enqueue(Job job) {
   {
     MutexLock lock(&mu_);
@@ -297,23 +380,46 @@ void RemoteTier::Enqueue(Job job) {
 void RemoteTier::RunJobs() {
   for (;;) {
     Job job;
+    std::vector<Job> promotes;
     {
       MutexLock lock(&mu_);
+      running_job_ = false;
+      if (jobs_.empty()) idle_.NotifyAll();
       while (jobs_.empty() && !stopping_) work_.Wait(&mu_);
       if (jobs_.empty()) return;  // Stopping, and every job has run.
       job = std::move(jobs_.front());
       jobs_.pop_front();
+      running_job_ = true;
+      // Promotions queued right behind it go in the same pipeline.
+      if (job.kind == Job::Kind::kPromote) {
+        promotes.push_back(std::move(job));
+        while (!jobs_.empty() && promotes.size() < kPromoteBatch &&
+               jobs_.front().kind == Job::Kind::kPromote) {
+          promotes.push_back(std::move(jobs_.front()));
+          jobs_.pop_front();
+        }
+      }
     }
     switch (job.kind) {
       case Job::Kind::kSpill:
         RunSpill(job);
         break;
       case Job::Kind::kPromote:
-        RunPromote(job);
+        RunPromotes(promotes);
         break;
       case Job::Kind::kDelete:
         (void)client_->MultiDel(job.redis_keys);  // Best effort.
         break;
+    }
+    // Only this thread uses client_: its mutex is free.
+    const uint64_t errors = client_->stats().errors;
+    MutexLock lock(&mu_);
+    io_errors_ = errors;
+    // A moved-from promotion's `deleted` is not read.
+    if (job.kind != Job::Kind::kDelete) continue;
+    for (const BlockKey& key : job.deleted) {
+      const auto it = deleting_.find(key);
+      if (it != deleting_.end() && --it->second == 0) deleting_.erase(it);
     }
   }
 }
@@ -343,7 +449,9 @@ void RemoteTier::RunSpill(Job& job) {
       lru_.push_front(job.key);
       index_[job.key] = Entry{.tokens = std::move(job.tokens),
                               .bytes = value.size(),
-                              .lru = lru_.begin()};
+                              .lru = lru_.begin(),
+                              .scan = scans_started_};
+      if (!known_.contains(job.key)) ++index_unscanned_;
       stats_.bytes += value.size();
       ++stats_.puts;
       stats_.payload_bytes_written += slot.size();
@@ -362,65 +470,167 @@ void RemoteTier::RunSpill(Job& job) {
   job.done(set);
 }
 
-void RemoteTier::RunPromote(Job& job) {
+struct RemoteTier::Read {
+  Status got;  // The GET's: OK (a value), NotFound, or why it failed.
+  Verdict verdict = Verdict::kOtherStore;
+  uint64_t checksum = 0;  // Of the slot's bytes, when kServe.
+};
+
+void RemoteTier::RunPromotes(std::vector<Job>& batch) {
   uint64_t removals_before = 0;
   {
     MutexLock lock(&mu_);
     removals_before = removals_;
-    ++stats_.gets;
+    stats_.gets += batch.size();
   }
-  const std::string redis_key = RedisKey(job.key);
-  scratch_.resize(
-      HeaderBytes(options_.store_fingerprint.size(), job.tokens.size()) +
-      options_.block_bytes);
-  const std::string keys[1] = {redis_key};
-  const std::span<char> buffers[1] = {scratch_};
-  StatusOr<size_t> got = std::move(client_->MultiGetInto(keys, buffers)[0]);
-  // A value longer than this block's can only be another store's or
-  // another block's: a miss like them.
-  const Decoded d =
-      !got.ok() ? Decoded{.verdict = Verdict::kOtherStore, .payload = {}}
-                : DecodeValue(std::string_view(scratch_.data(), *got),
-                              options_.store_fingerprint, job.key, job.tokens,
-                              options_.block_bytes);
+  std::vector<std::string> keys;
+  for (const Job& job : batch) keys.push_back(RedisKey(job.key));
+  std::vector<Read> reads(batch.size());
+  // Verified in the reply's own buffer, then copied into the slot: one
+  // copy, and the payload's verified checksum is the slot's.
+  const std::vector<Status> got =
+      client_->MultiGetWith(keys, [&](size_t i, std::string_view value) {
+        const Job& job = batch[i];
+        const Decoded d =
+            DecodeValue(value, options_.store_fingerprint, job.key, job.tokens,
+                        options_.block_bytes);
+        reads[i].verdict = d.verdict;
+        if (d.verdict == Verdict::kServe) {
+          const std::span<std::byte> slot = options_.slot_memory(job.slot);
+          std::memcpy(slot.data(), d.payload.data(), d.payload.size());
+          reads[i].checksum = d.payload_sum;
+        }
+        return Status::Ok();
+      });
+  for (size_t i = 0; i < batch.size(); ++i) {
+    reads[i].got = got[i];
+    FinishPromote(batch[i], keys[i], reads[i], removals_before);
+  }
+}
+
+void RemoteTier::FinishPromote(Job& job, const std::string& redis_key,
+                               const Read& read, uint64_t removals_before) {
+  const Status& got = read.got;
+  const Verdict verdict = read.verdict;
   Status failure;
   {
     MutexLock lock(&mu_);
-    if (!got.ok() && got.status().code() != StatusCode::kOutOfRange) {
+    if (!got.ok()) {
       ++stats_.misses;  // Not there (NotFound), or Redis failed.
-      failure = got.status();
-    } else if (d.verdict == Verdict::kDamaged) {
+      failure = got;
+      if (failure.code() == StatusCode::kNotFound) {
+        // Expired, or deleted by another machine: no longer known.
+        EraseLocked(job.key);
+        DropKnownLocked(job.key);
+      }
+    } else if (verdict == Verdict::kDamaged) {
       ++stats_.checksum_failures;
+      ++stats_.misses;
       EraseLocked(job.key);
+      DropKnownLocked(job.key);
       failure = Status::DataLoss("remote value " + redis_key +
                                  " failed verification; deleted");
-    } else if (d.verdict == Verdict::kOtherStore) {
+    } else if (verdict == Verdict::kOtherStore) {
       ++stats_.misses;
+      DropKnownLocked(job.key);
       failure = Status::NotFound("remote value " + redis_key +
                                  " belongs to another store");
-    } else if (d.verdict == Verdict::kOtherBlock) {
+    } else if (verdict == Verdict::kOtherBlock) {
       ++stats_.token_mismatches;
       ++stats_.misses;
+      // Until a scan finds the key again: each lookup would fail here.
+      DropKnownLocked(job.key);
       failure = Status::NotFound("remote value " + redis_key +
                                  " holds another block (a key collision)");
-    } else if (removals_ != removals_before && !index_.contains(job.key)) {
+    } else if (removals_ != removals_before && !index_.contains(job.key) &&
+               !known_.contains(job.key)) {
       ++stats_.misses;
       failure = Status::NotFound("block removed while it was being promoted");
     } else {
       ++stats_.hits;
+      bytes_read_ += options_.block_bytes;
       const auto it = index_.find(job.key);
       if (it != index_.end()) lru_.splice(lru_.begin(), lru_, it->second.lru);
     }
   }
   if (!failure.ok()) {
-    if (got.ok() && d.verdict == Verdict::kDamaged) {
-      (void)client_->MultiDel(std::span<const std::string>(keys));
+    if (got.ok() && verdict == Verdict::kDamaged) {
+      (void)client_->MultiDel(std::span<const std::string>(&redis_key, 1));
     }
     return job.promote_done(failure);
   }
-  const std::span<std::byte> slot = options_.slot_memory(job.slot);
-  std::memcpy(slot.data(), d.payload.data(), d.payload.size());
-  job.promote_done(XXH3_64bits(slot.data(), slot.size()));
+  job.promote_done(read.checksum);
+}
+
+void RemoteTier::RunScans() {
+  for (;;) {
+    RunScan();
+    MutexLock lock(&mu_);
+    const auto until =
+        std::chrono::steady_clock::now() + options_.scan_interval;
+    while (!stopping_ && scan_wake_.WaitUntil(&mu_, until)) {
+    }
+    if (stopping_) return;
+  }
+}
+
+void RemoteTier::RunScan() {
+  uint64_t scan = 0;
+  {
+    MutexLock lock(&mu_);
+    scan = ++scans_started_;
+    removed_in_scan_.clear();
+    cleared_in_scan_ = false;
+  }
+  std::vector<BlockKey> found;
+  const Status whole = scan_client_->ScanMasters(
+      key_prefix_ + "*", options_.scan_count, [&](std::string_view redis_key) {
+        if (!redis_key.starts_with(key_prefix_)) return;
+        StatusOr<BlockKey> key =
+            BlockKey::FromHex(redis_key.substr(key_prefix_.size()));
+        if (key.ok()) found.push_back(*key);
+      });
+  const uint64_t errors = scan_client_->stats().errors;
+  MutexLock lock(&mu_);
+  scan_errors_ = errors;
+  ApplyScanLocked(scan, found, whole.ok());
+}
+
+void RemoteTier::ApplyScanLocked(uint64_t scan,
+                                 const std::vector<BlockKey>& found,
+                                 bool whole) {
+  if (!whole) {
+    ++scan_failures_;
+  } else {
+    ++scan_passes_;
+  }
+  // RemoveAll meanwhile: what the scan saw may be deleted by now.
+  if (cleared_in_scan_) return;
+  if (whole) {
+    const std::unordered_set<BlockKey, BlockKeyHash> seen(found.begin(),
+                                                          found.end());
+    // Written before the scan began and not found: expired, deleted by
+    // another machine, or lost with a master.
+    std::vector<BlockKey> gone;
+    for (const auto& [key, entry] : index_) {
+      if (entry.scan < scan && !seen.contains(key)) gone.push_back(key);
+    }
+    for (const BlockKey& key : gone) EraseLocked(key);
+    known_.clear();
+    index_unscanned_ = index_.size();
+  }
+  for (const BlockKey& key : found) {
+    if (removed_in_scan_.contains(key) || deleting_.contains(key) ||
+        known_.contains(key)) {
+      continue;
+    }
+    if (known_.size() >= options_.max_known_keys) {
+      ++known_keys_dropped_;
+      continue;
+    }
+    AddKnownLocked(key);
+  }
+  stats_.keys = index_.size();
 }
 
 }  // namespace tierkv

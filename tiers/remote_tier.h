@@ -1,10 +1,13 @@
-// RemoteTier: a LowerTier on a Redis Cluster that several machines share (a
-// first cut: what it stores and verifies is settled, how it learns of
-// blocks other machines wrote is not, see Contains). Blocks go to Redis as
-// verified values under keys that carry the store fingerprint and the
-// tenant; an optional TTL and a byte bound limit what this tier keeps.
+// RemoteTier: a LowerTier on a Redis Cluster that several machines share.
+// Blocks go to Redis as verified values under keys that carry the store
+// fingerprint and the tenant; an optional TTL and a byte bound limit what
+// this tier keeps. It learns of blocks other machines wrote by scanning the
+// cluster (see Contains).
 // Thread-safety: every method may be called from any thread; Redis I/O and
-// every `done` callback run on the tier's one I/O thread.
+// every `done` callback run on the tier's one I/O thread (jobs in order;
+// promotions queued one behind another are read in one pipeline, each
+// value verified in the reply's buffer and copied once, into its slot);
+// scans run on a thread of their own, with a client of their own.
 //
 // Redis key: "tierkv:<XXH3-64 of the store fingerprint, 16 hex>:<tenant>:
 // <block key, 32 hex>" (no braces, so keys spread over every slot).
@@ -20,13 +23,22 @@
 // torn or damaged value, or a block whose key collides is never copied into
 // a slot. A damaged value is deleted; a colliding one is left alone.
 //
-// A block in this tier's index:
+// What the tier knows, without I/O (Contains):
+//   - its index: the blocks this process wrote, with their token ids;
+//   - the known keys: the keys of its prefix that the last scans found on
+//     the masters (every machine's), by key alone.
+// A block in the index:
 //   absent --Spill (SET acknowledged)--> STORED (most recently used)
 //   STORED --Promote (verified)--> STORED, most recently used
-//   STORED --Remove / evicted past capacity_bytes / found damaged-->
-//          absent (DEL sent)
-// The index knows only blocks this process wrote; a TTL may expire a value
-// the index still lists (Promote then misses).
+//   STORED --Remove / evicted past capacity_bytes / found damaged / found
+//          gone by a Promote / not found by a whole scan that began after
+//          it was written--> absent (DEL sent for the first three)
+// A known key:
+//   absent --a scan finds it--> KNOWN --a whole scan does not find it /
+//   Remove / RemoveAll / a Promote finds no value or another block's-->
+//   absent
+// A scan cut short by a failed master only adds keys. Keys removed while a
+// scan runs, or whose DEL has not run yet, are not added back by it.
 #ifndef TIERKV_TIERS_REMOTE_TIER_H_
 #define TIERKV_TIERS_REMOTE_TIER_H_
 
@@ -37,10 +49,12 @@
 #include <functional>
 #include <list>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "src/lower_tier.h"
@@ -68,21 +82,29 @@ struct RemoteTierOptions {
   // Bound on the value bytes this tier keeps in its index; past it, the
   // least recently used are deleted. 0: unbounded. Default: unbounded.
   uint64_t capacity_bytes = 0;
+  // Between the starts of two scans of every master for the keys of this
+  // store and tenant (the first runs at Open); 0: no scans, Contains knows
+  // only this process's blocks. Default: 0 (tierkvd's default is 1 s).
+  std::chrono::milliseconds scan_interval{0};
+  // Keys a SCAN step asks each master for (SCAN's COUNT). Default: 1000.
+  size_t scan_count = 1000;
+  // Bound on the known keys scans keep (about 64 bytes each); keys past it
+  // are not kept (known_keys_dropped). Default: 1 << 20.
+  size_t max_known_keys = size_t{1} << 20;
 };
 
 class RemoteTier final : public LowerTier {
  public:
   // Connects (RedisClusterClient::Open) and starts the I/O thread.
   static StatusOr<std::unique_ptr<RemoteTier>> Open(RemoteTierOptions options);
-  // Runs every queued job (each `done` is called), then stops.
+  // Runs every queued job (each `done` is called), then stops (a scan in
+  // progress finishes first).
   ~RemoteTier() override;
 
-  // Whether this tier's index holds `key` for these tokens. Never waits on
-  // I/O, so it knows only blocks this process spilled: a block another
-  // machine wrote is in Redis but not here (the open question of a shared
-  // tier: learn of such blocks by a periodic SCAN, by keyspace
-  // notifications, or by a Contains that may answer "maybe" and let
-  // Promote decide).
+  // Whether this tier's index holds `key` for these tokens, or the last
+  // scans found `key` (for tokens unknown: Promote checks them). Never
+  // waits on I/O; a block another machine wrote becomes visible at the
+  // first scan that finds it.
   bool Contains(const BlockKey& key,
                 std::span<const TokenId> tokens) const override;
   void Spill(const BlockKey& key, std::span<const TokenId> tokens, BlockId slot,
@@ -90,12 +112,22 @@ class RemoteTier final : public LowerTier {
   // Reads and verifies the value whether or not the index lists it.
   void Promote(const BlockKey& key, std::span<const TokenId> tokens,
                BlockId slot, PromoteDone done) override;
+  // Forgets the key and deletes its value from the cluster, whoever wrote
+  // it.
   bool Remove(const BlockKey& key) override;
+  // Forgets every key and deletes the values this process wrote; other
+  // machines' blocks come back with the next scan.
   uint64_t RemoveAll() override;
   // The blocks in this tier's index (those this process spilled), most
   // recently used first.
   std::vector<BlockKey> StoredKeys(size_t max, uint64_t* total) const override;
   DiskTierStats stats() const override;
+  // None: this tier is no disk tier.
+  std::optional<DiskTierStats> disk_stats() const override {
+    return std::nullopt;
+  }
+  std::optional<RemoteTierStats> remote_stats() const override;
+  void WaitQueued() override;
 
   // The Redis key of `key` in this store and tenant.
   std::string RedisKey(const BlockKey& key) const;
@@ -106,26 +138,70 @@ class RemoteTier final : public LowerTier {
     std::vector<TokenId> tokens;
     uint64_t bytes = 0;
     std::list<BlockKey>::iterator lru;  // Into lru_.
+    uint64_t scan = 0;                  // scans_started_ when it was written.
   };
 
   RemoteTier(RemoteTierOptions options,
-             std::unique_ptr<RedisClusterClient> client);
+             std::unique_ptr<RedisClusterClient> client,
+             std::unique_ptr<RedisClusterClient> scan_client);
   void Enqueue(Job job) TIERKV_EXCLUDES(mu_);
   void RunJobs() TIERKV_EXCLUDES(mu_);
   void RunSpill(Job& job) TIERKV_EXCLUDES(mu_);
-  void RunPromote(Job& job) TIERKV_EXCLUDES(mu_);
+  // Promotions queued one after another, read in one pipelined MultiGet.
+  void RunPromotes(std::vector<Job>& batch) TIERKV_EXCLUDES(mu_);
+  struct Read;
+  // One promotion's outcome (what its GET and the value's verification
+  // found; a value that verified is in its slot already) applied to the
+  // index and the stats, and its `done` called.
+  void FinishPromote(Job& job, const std::string& redis_key, const Read& read,
+                     uint64_t removals_before) TIERKV_EXCLUDES(mu_);
   // Drops `key` from the index; the bytes it held.
   uint64_t EraseLocked(const BlockKey& key) TIERKV_REQUIRES(mu_);
+  // Adds `key` to, or drops it from, the known keys.
+  void AddKnownLocked(const BlockKey& key) TIERKV_REQUIRES(mu_);
+  void DropKnownLocked(const BlockKey& key) TIERKV_REQUIRES(mu_);
+  // The scan thread: a scan every scan_interval until the tier stops.
+  void RunScans() TIERKV_EXCLUDES(mu_);
+  void RunScan() TIERKV_EXCLUDES(mu_);
+  // Applies scan number `scan`'s keys; `whole`: every master was scanned to
+  // its end.
+  void ApplyScanLocked(uint64_t scan, const std::vector<BlockKey>& found,
+                       bool whole) TIERKV_REQUIRES(mu_);
 
   const RemoteTierOptions options_;
   const std::string key_prefix_;  // "tierkv:<fingerprint hash>:<tenant>:"
   const std::unique_ptr<RedisClusterClient> client_;  // Used by the thread.
-  std::vector<char> scratch_;  // A value read by Promote; the thread's.
+  // Used by the scan thread; null without scans.
+  const std::unique_ptr<RedisClusterClient> scan_client_;
 
   mutable Mutex mu_;
   CondVar work_;
+  CondVar idle_;       // Signalled when the I/O thread has no job left.
+  CondVar scan_wake_;  // Signalled when the tier stops.
   std::deque<Job> jobs_ TIERKV_GUARDED_BY(mu_);
+  bool running_job_ TIERKV_GUARDED_BY(mu_) = false;
   bool stopping_ TIERKV_GUARDED_BY(mu_) = false;
+  // Keys the scans found (see the header comment).
+  std::unordered_set<BlockKey, BlockKeyHash> known_ TIERKV_GUARDED_BY(mu_);
+  // Index keys not in known_: known_keys is known_.size() plus these.
+  uint64_t index_unscanned_ TIERKV_GUARDED_BY(mu_) = 0;
+  // Scans started; keys removed since the latest one started, and whether
+  // RemoveAll ran since.
+  uint64_t scans_started_ TIERKV_GUARDED_BY(mu_) = 0;
+  std::unordered_set<BlockKey, BlockKeyHash> removed_in_scan_
+      TIERKV_GUARDED_BY(mu_);
+  bool cleared_in_scan_ TIERKV_GUARDED_BY(mu_) = false;
+  // Keys whose DEL is queued or running, with how many DELs: a scan that
+  // starts before the DEL lands must not find them again.
+  std::unordered_map<BlockKey, int, BlockKeyHash> deleting_
+      TIERKV_GUARDED_BY(mu_);
+  // RemoteTierStats counters that DiskTierStats lacks.
+  uint64_t io_errors_ TIERKV_GUARDED_BY(mu_) = 0;    // client_'s errors.
+  uint64_t scan_errors_ TIERKV_GUARDED_BY(mu_) = 0;  // scan_client_'s.
+  uint64_t bytes_read_ TIERKV_GUARDED_BY(mu_) = 0;
+  uint64_t scan_passes_ TIERKV_GUARDED_BY(mu_) = 0;
+  uint64_t scan_failures_ TIERKV_GUARDED_BY(mu_) = 0;
+  uint64_t known_keys_dropped_ TIERKV_GUARDED_BY(mu_) = 0;
   std::unordered_map<BlockKey, Entry, BlockKeyHash> index_
       TIERKV_GUARDED_BY(mu_);
   std::list<BlockKey> lru_ TIERKV_GUARDED_BY(mu_);  // Most recent first.
@@ -134,6 +210,7 @@ class RemoteTier final : public LowerTier {
   uint64_t removals_ TIERKV_GUARDED_BY(mu_) = 0;
   DiskTierStats stats_ TIERKV_GUARDED_BY(mu_);
   std::thread thread_;
+  std::thread scan_thread_;  // Not started without scans.
 };
 
 }  // namespace tierkv

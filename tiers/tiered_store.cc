@@ -2,6 +2,8 @@
 
 #include <xxhash.h>
 
+#include <memory>
+#include <mutex>
 #include <utility>
 #include <vector>
 
@@ -65,6 +67,101 @@ class DiskBelowHost final : public LowerTier {
   const HostTier* host_;
 };
 
+// A disk tier over a remote tier, as one LowerTier (see
+// TieredStoreOptions::remote). Neither is owned.
+// Thread-safety: as the two tiers; a spill's two halves finish on their
+// tiers' threads and the later one calls `done`.
+class DiskOverRemote final : public LowerTier {
+ public:
+  DiskOverRemote(LowerTier* disk, LowerTier* remote)
+      : disk_(disk), remote_(remote) {}
+
+  bool Contains(const BlockKey& key,
+                std::span<const TokenId> tokens) const override {
+    return disk_->Contains(key, tokens) || remote_->Contains(key, tokens);
+  }
+  // Both tiers read the slot, so `done` waits for both. OK when either
+  // holds the block now (Contains is then true); else DataLoss when either
+  // found the slot changed, else the disk tier's error.
+  void Spill(const BlockKey& key, std::span<const TokenId> tokens, BlockId slot,
+             std::optional<uint64_t> checksum, Done done) override {
+    auto both = std::make_shared<SpillHalves>();
+    both->done = std::move(done);
+    disk_->Spill(key, tokens, slot, checksum, [both](Status s) {
+      both->Finish(std::move(s), /*disk=*/true);
+    });
+    remote_->Spill(key, tokens, slot, checksum, [both](Status s) {
+      both->Finish(std::move(s), /*disk=*/false);
+    });
+  }
+  // Disk first when it holds the block; the remote tier when it does not,
+  // or when reading it failed.
+  void Promote(const BlockKey& key, std::span<const TokenId> tokens,
+               BlockId slot, PromoteDone done) override {
+    if (!disk_->Contains(key, tokens)) {
+      return remote_->Promote(key, tokens, slot, std::move(done));
+    }
+    disk_->Promote(key, tokens, slot,
+                   [remote = remote_, key, slot,
+                    tokens = std::vector<TokenId>(tokens.begin(), tokens.end()),
+                    done = std::move(done)](StatusOr<uint64_t> got) mutable {
+                     if (got.ok()) return done(std::move(got));
+                     remote->Promote(key, tokens, slot, std::move(done));
+                   });
+  }
+  bool Remove(const BlockKey& key) override {
+    const bool disk = disk_->Remove(key);
+    return remote_->Remove(key) || disk;
+  }
+  uint64_t RemoveAll() override {
+    return disk_->RemoveAll() + remote_->RemoveAll();
+  }
+  // The disk tier's keys, then the remote tier's; a block both hold counts
+  // twice.
+  std::vector<BlockKey> StoredKeys(size_t max, uint64_t* total) const override {
+    uint64_t disk_total = 0, remote_total = 0;
+    std::vector<BlockKey> keys = disk_->StoredKeys(max, &disk_total);
+    std::vector<BlockKey> more =
+        remote_->StoredKeys(max - keys.size(), &remote_total);
+    keys.insert(keys.end(), more.begin(), more.end());
+    *total = disk_total + remote_total;
+    return keys;
+  }
+  DiskTierStats stats() const override { return disk_->stats(); }
+  std::optional<DiskTierStats> disk_stats() const override {
+    return disk_->disk_stats();
+  }
+  std::optional<RemoteTierStats> remote_stats() const override {
+    return remote_->remote_stats();
+  }
+  void WaitQueued() override {
+    disk_->WaitQueued();
+    remote_->WaitQueued();
+  }
+
+ private:
+  struct SpillHalves {
+    Done done;
+    std::mutex mu;
+    int finished = 0;     // Guarded by mu.
+    Status disk, remote;  // Guarded by mu.
+
+    void Finish(Status s, bool is_disk) {
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        (is_disk ? disk : remote) = std::move(s);
+        if (++finished < 2) return;
+      }
+      if (disk.ok() || remote.ok()) return done(Status::Ok());
+      if (remote.code() == StatusCode::kDataLoss) return done(remote);
+      done(disk);
+    }
+  };
+
+  LowerTier* disk_;
+  LowerTier* remote_;
+};
+
 }  // namespace
 
 StatusOr<std::unique_ptr<TieredStore>> TieredStore::Open(
@@ -92,6 +189,19 @@ StatusOr<std::unique_ptr<TieredStore>> TieredStore::Open(
   std::unique_ptr<TieredStore> store(
       new TieredStore(options, std::move(host_tier), std::move(options.disk)));
   TieredStore* raw = store.get();
+  if (options.remote) {
+    TIERKV_ASSIGN_OR_RETURN(
+        raw->remote_, options.remote([host = raw->host_.get()](BlockId slot) {
+          return std::span<std::byte>(host->slot(slot), host->slot_bytes());
+        }));
+    if (raw->disk_lower_ != nullptr) {
+      raw->stack_ = std::make_unique<DiskOverRemote>(raw->disk_lower_.get(),
+                                                     raw->remote_.get());
+      raw->lower_ = raw->stack_.get();
+    } else {
+      raw->lower_ = raw->remote_.get();
+    }
+  }
   std::function<uint64_t(BlockId)> slot_checksum;
   if (options.slot_checksums) {
     slot_checksum = [host = raw->host_.get()](BlockId slot) {
@@ -102,7 +212,7 @@ StatusOr<std::unique_ptr<TieredStore>> TieredStore::Open(
       {.layout = options.layout,
        .model = options.model,
        .host_slots = host.num_slots,
-       .lower = raw->lower_.get(),
+       .lower = raw->lower_,
        .spill_high = options.spill_high,
        .spill_low = options.spill_low,
        .write_behind_spills = options.write_behind_spills,
@@ -137,7 +247,7 @@ StatusOr<std::unique_ptr<TieredStore>> TieredStore::Open(
     MutexLock lock(&raw->mu_);
     raw->coordinator_.emplace(std::move(*coordinator));
   }
-  if (raw->disk_ != nullptr && options.tier_thread) {
+  if (raw->lower_ != nullptr && options.tier_thread) {
     raw->tier_thread_ = std::thread([raw] { raw->RunTierThread(); });
   }
   return store;
@@ -148,7 +258,8 @@ TieredStore::TieredStore(const TieredStoreOptions& options,
                          std::unique_ptr<DiskTier> disk)
     : layout_(options.layout), host_(std::move(host)), disk_(std::move(disk)) {
   if (disk_ != nullptr) {
-    lower_ = std::make_unique<DiskBelowHost>(disk_.get(), host_.get());
+    disk_lower_ = std::make_unique<DiskBelowHost>(disk_.get(), host_.get());
+    lower_ = disk_lower_.get();
   }
 }
 
@@ -163,11 +274,16 @@ TieredStore::~TieredStore() {
   // applied, so the coordinator lets go of every slot they pinned; a
   // result may start a last spill toward the low watermark, which is
   // drained the same way. (tierkvd flushes before this and logs a failure.)
-  if (disk_ != nullptr) (void)DrainWithoutThread(Clock::time_point::max());
-  // The disk tier waits for its I/O into host slots: before the slots go.
-  // Its last callbacks reach the coordinator's inbox, which outlives it.
+  if (lower_ != nullptr) (void)DrainWithoutThread(Clock::time_point::max());
+  // The lower tiers wait for their I/O into host slots: before the slots
+  // go. Their last callbacks reach the coordinator's inbox, which outlives
+  // them.
+  // Disk first: a promotion it fails falls back to the remote tier.
+  lower_ = nullptr;
+  stack_.reset();
   disk_.reset();
-  lower_.reset();
+  disk_lower_.reset();
+  remote_.reset();
   {
     MutexLock lock(&mu_);
     coordinator_.reset();
@@ -205,7 +321,7 @@ void TieredStore::RunTierThread() {
 
 bool TieredStore::WaitIdle(std::chrono::milliseconds timeout) {
   const auto deadline = Clock::now() + timeout;
-  if (disk_ != nullptr && !tier_thread_.joinable()) {
+  if (lower_ != nullptr && !tier_thread_.joinable()) {
     return DrainWithoutThread(deadline);
   }
   MutexLock lock(&mu_);
@@ -230,8 +346,9 @@ bool TieredStore::DrainWithoutThread(Clock::time_point deadline) {
       if (coordinator_->lower_tier_idle()) return true;
     }
     if (Clock::now() >= deadline) return false;
-    // The disk tier's queued I/O finishes; its results wait in the inbox.
-    (void)disk_->Flush();
+    // The lower tiers' queued I/O finishes; results wait in the inbox.
+    if (disk_ != nullptr) (void)disk_->Flush();
+    if (remote_ != nullptr) remote_->WaitQueued();
   }
 }
 
@@ -290,15 +407,16 @@ StatusOr<int> TieredStore::HostSegmentFd(WorkerId worker) {
 }
 
 Status TieredStore::Flush() {
-  if (disk_ == nullptr) return Status::Ok();
-  Status flushed = disk_->Flush();
+  if (lower_ == nullptr) return Status::Ok();
+  Status flushed = disk_ != nullptr ? disk_->Flush() : Status::Ok();
+  if (remote_ != nullptr) remote_->WaitQueued();
   MutexLock lock(&mu_);
   if (coordinator_.has_value()) coordinator_->PumpLowerTier();
   return flushed;
 }
 
 Status TieredStore::SpillAll(std::chrono::milliseconds timeout) {
-  if (disk_ == nullptr) return Status::Ok();
+  if (lower_ == nullptr) return Status::Ok();
   int64_t started = 0;
   {
     MutexLock lock(&mu_);

@@ -1,11 +1,11 @@
 // TieredStore: one store's tiers and the coordinator that drives them, owned
 // together: the host tier (shared-memory or private slots), the disk tier
-// under it (optional), the coordinator (index, ref counts, LRU, transfer
-// events) and the tier thread that applies the disk tier's finished spills
-// and promotions. tierkvd serves one (ipc/server.h); an embedded client
-// (tierkv/embedded.h) runs one in the engine's process; tests open their
-// own. Teardown happens in one place, in one order (see ~TieredStore).
-// Thread-safety: every method may be called from any thread. The
+// and a remote tier under it (each optional), the coordinator (index, ref
+// counts, LRU, transfer events) and the tier thread that applies the lower
+// tiers' finished spills and promotions. tierkvd serves one (ipc/server.h); an
+// embedded client (tierkv/embedded.h) runs one in the engine's process; tests
+// open their own. Teardown happens in one place, in one order (see
+// ~TieredStore). Thread-safety: every method may be called from any thread. The
 // coordinator is reached only through WithCoordinator, under the store's
 // mutex.
 #ifndef TIERKV_TIERS_TIERED_STORE_H_
@@ -18,6 +18,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <thread>
 
@@ -47,6 +48,16 @@ struct TieredStoreOptions {
   // can take long and report progress). Default: none, a block evicted from
   // host is gone.
   std::unique_ptr<DiskTier> disk = nullptr;
+  // Opens the remote tier (tiers/remote_tier.h) once the host slots exist,
+  // given the memory of each host slot; a factory, so that this library
+  // does not link the Redis client. Alone, it is the coordinator's lower
+  // tier. With a disk tier, the two are stacked: a spill is written to both
+  // (done once both are, OK when either is), a promotion reads disk first
+  // and the remote tier when disk misses or fails, Contains is either's,
+  // Remove and RemoveAll go to both. Default: none.
+  std::function<StatusOr<std::unique_ptr<LowerTier>>(
+      std::function<std::span<std::byte>(BlockId)> slot_memory)>
+      remote = {};
   // Spill watermarks (CoordinatorOptions). Defaults: 0.9 and 0.7.
   double spill_high = 0.9;
   double spill_low = 0.7;
@@ -151,8 +162,8 @@ class TieredStore {
   Status Complete(WorkerId worker, std::span<const CompletedEvent> events)
       TIERKV_EXCLUDES(mu_);
 
-  // Finished disk I/O made durable (DiskTier::Flush) and applied. OK
-  // without a disk tier.
+  // Finished disk I/O made durable (DiskTier::Flush), the remote tier's
+  // queued I/O finished, and both applied. OK without either.
   Status Flush() TIERKV_EXCLUDES(mu_);
 
   // For a graceful stop, once no worker pins anything: spills every host
@@ -161,7 +172,8 @@ class TieredStore {
   // finished by then; Unavailable naming how many blocks stayed on host
   // only when some spills failed (the disk tier's errors are logged and
   // counted where they happen). OK at once without a disk tier. Follow it
-  // with Flush to make the spills durable.
+  // with Flush to make the spills durable. With a remote tier too, host
+  // blocks go there as well (alone: only there).
   Status SpillAll(std::chrono::milliseconds timeout) TIERKV_EXCLUDES(mu_);
   // Host blocks the disk tier does not hold (Coordinator::HostOnlyBlocks).
   int64_t HostOnlyBlocks() const TIERKV_EXCLUDES(mu_);
@@ -197,6 +209,8 @@ class TieredStore {
   const HostTier& host() const { return *host_; }
   // Null without a disk tier.
   DiskTier* disk() const { return disk_.get(); }
+  // Whether the store has a tier under host (disk, remote or both).
+  bool has_lower() const { return lower_ != nullptr; }
 
  private:
   TieredStore(const TieredStoreOptions& options, std::unique_ptr<HostTier> host,
@@ -212,9 +226,14 @@ class TieredStore {
   const KvLayout layout_;
   std::unique_ptr<HostTier> host_;
   std::unique_ptr<DiskTier> disk_;
-  // disk_ as the coordinator's LowerTier, moving blocks to and from host
-  // slots. Null without a disk tier.
-  std::unique_ptr<LowerTier> lower_;
+  // disk_ as a LowerTier, moving blocks to and from host slots; null
+  // without a disk tier.
+  std::unique_ptr<LowerTier> disk_lower_;
+  std::unique_ptr<LowerTier> remote_;  // Null without a remote tier.
+  // The coordinator's LowerTier: disk_lower_, remote_, or both stacked.
+  // Null without either.
+  std::unique_ptr<LowerTier> stack_;
+  LowerTier* lower_ = nullptr;
   // Timed: CheckProgress tries it with a deadline.
   mutable Mutex mu_;
   std::optional<Coordinator> coordinator_ TIERKV_GUARDED_BY(mu_);

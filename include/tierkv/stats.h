@@ -156,6 +156,45 @@ struct StatField {
   X(uint64_t, damaged_files, kGauge,                                         \
     "Files the last open found damaged; their values were dropped.")
 
+// The remote tier on a Redis Cluster shared by several machines (tierkvd
+// --remote-redis). Its blocks are those this store wrote (keys, bytes) and
+// those a periodic SCAN found (known_keys counts both).
+#define TIERKV_REMOTE_TIER_STATS_FIELDS(X)                                    \
+  X(uint64_t, capacity_bytes, kGauge,                                         \
+    "The bound on the value bytes this store keeps in the remote tier (0: "   \
+    "none).")                                                                 \
+  X(uint64_t, bytes, kGauge, "Value bytes this store wrote and still lists.") \
+  X(uint64_t, keys, kGauge, "Blocks this store wrote and still lists.")       \
+  X(uint64_t, known_keys, kGauge,                                             \
+    "Blocks lookups see in the remote tier: this store's and those the last " \
+    "scans found, other machines' included.")                                 \
+  X(uint64_t, puts, kCounter, "Values written (SET acknowledged).")           \
+  X(uint64_t, put_failures, kCounter,                                         \
+    "Writes that failed (a node down or silent, or the slot changed).")       \
+  X(uint64_t, gets, kCounter, "Values read for promotions.")                  \
+  X(uint64_t, hits, kCounter, "Reads that found and verified their block.")   \
+  X(uint64_t, misses, kCounter,                                               \
+    "Reads that served nothing: no value, another store's or block's value, " \
+    "or a failed read.")                                                      \
+  X(uint64_t, errors, kCounter,                                               \
+    "Redis operations that failed (keys of a node down or silent, failed "    \
+    "scans of a master).")                                                    \
+  X(uint64_t, checksum_failures, kCounter,                                    \
+    "Values that failed verification (torn or damaged); each was deleted.")   \
+  X(uint64_t, token_mismatches, kCounter,                                     \
+    "Values of another block under the key (a collision or a forgery): a "    \
+    "miss, left alone.")                                                      \
+  X(uint64_t, evictions, kCounter,                                            \
+    "Blocks this store deleted for its byte bound.")                          \
+  X(uint64_t, bytes_written, kCounter, "Value bytes written.")                \
+  X(uint64_t, bytes_read, kCounter, "Payload bytes of the blocks read.")      \
+  X(uint64_t, scan_passes, kCounter,                                          \
+    "Scans of every master that ran to their end.")                           \
+  X(uint64_t, scan_failures, kCounter,                                        \
+    "Scans cut short by a master that failed: they only add keys.")           \
+  X(uint64_t, known_keys_dropped, kCounter,                                   \
+    "Keys a scan found but did not keep: past the bound on known keys.")
+
 // Workers coming and going (tierkvd's socket; zero in embedded mode). Each
 // refused registration counts in `refused` and in one refused_* reason.
 #define TIERKV_ATTACH_STATS_FIELDS(X)                                       \
@@ -207,6 +246,7 @@ struct StatField {
 
 TIERKV_STATS_STRUCT_(HostTierStats, TIERKV_HOST_TIER_STATS_FIELDS);
 TIERKV_STATS_STRUCT_(DiskTierStats, TIERKV_DISK_TIER_STATS_FIELDS);
+TIERKV_STATS_STRUCT_(RemoteTierStats, TIERKV_REMOTE_TIER_STATS_FIELDS);
 TIERKV_STATS_STRUCT_(AttachStats, TIERKV_ATTACH_STATS_FIELDS);
 TIERKV_STATS_STRUCT_(WorkerStats, TIERKV_WORKER_STATS_FIELDS);
 
@@ -242,6 +282,8 @@ struct CoordinatorStats {
   // Age of the oldest transfer event in flight; 0 when none is.
   uint64_t oldest_event_age_us = 0;
   std::optional<DiskTierStats> disk;  // With a disk tier only.
+  // With a remote tier only (tierkvd --remote-redis).
+  std::optional<RemoteTierStats> remote;
   AttachStats attach;
   std::string model = {};  // The model the store serves.
   // The store's name (tierkvd's --store); empty in embedded mode.

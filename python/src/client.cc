@@ -263,6 +263,8 @@ py::dict StatsDict(const CoordinatorStats& s) {
   d["promotion_latency"] = LatencyDict(s.promotion_latency);
   d["oldest_event_age_us"] = s.oldest_event_age_us;
   d["disk"] = s.disk.has_value() ? py::object(FieldsDict(*s.disk)) : py::none();
+  d["remote"] =
+      s.remote.has_value() ? py::object(FieldsDict(*s.remote)) : py::none();
   d["attach"] = FieldsDict(s.attach);
   d["model"] = s.model;
   d["store"] = s.store;

@@ -101,6 +101,36 @@ std::string MeanAge(const EventLatency& latency) {
 
 }  // namespace
 
+namespace {
+
+// The remote tier's row of the stats table, and a line of its details.
+std::string FormatRemoteRow(const RemoteTierStats& r) {
+  char line[256];
+  std::snprintf(
+      line, sizeof(line),
+      "%-6s %11s %11s %11s %8s %10llu %10llu %8s %10llu  %s\n", "remote",
+      r.capacity_bytes == 0 ? "-"
+                            : HumanBytes(double(r.capacity_bytes)).c_str(),
+      HumanBytes(double(r.bytes)).c_str(), "-", "-",
+      static_cast<unsigned long long>(r.hits),
+      static_cast<unsigned long long>(r.misses),
+      Percent(r.hits, r.gets).c_str(),
+      static_cast<unsigned long long>(r.evictions),
+      ("errors " + std::to_string(r.errors)).c_str());
+  std::ostringstream out;
+  out << line;
+  out << "  (" << r.keys << " blocks written here, " << r.known_keys
+      << " known (scans: " << r.scan_passes << " whole, " << r.scan_failures
+      << " cut short); puts " << r.puts << ", failed puts " << r.put_failures
+      << "; read " << HumanBytes(double(r.bytes_read)) << ", written "
+      << HumanBytes(double(r.bytes_written)) << "; checksum failures "
+      << r.checksum_failures << ", other blocks under a key "
+      << r.token_mismatches << ")\n";
+  return out.str();
+}
+
+}  // namespace
+
 std::string FormatStatsTable(const CoordinatorStats& stats) {
   const HostTierStats& h = stats.host;
   const int64_t used = h.used_slots;
@@ -166,6 +196,7 @@ std::string FormatStatsTable(const CoordinatorStats& stats) {
         << d.dropped_on_open << " (of another layout or model "
         << d.layout_mismatches << "))\n";
   }
+  if (stats.remote.has_value()) out << FormatRemoteRow(*stats.remote);
   out << "events in flight: " << h.events_in_flight;
   if (h.loads_cancelled > 0) {
     out << " (loads cancelled by an aborted request: " << h.loads_cancelled
@@ -289,6 +320,11 @@ std::string FormatStatsJson(const CoordinatorStats& stats) {
     JsonFields(out, *stats.disk);
     out << "}";
   }
+  if (stats.remote.has_value()) {
+    out << ",\"remote\":{";
+    JsonFields(out, *stats.remote);
+    out << "}";
+  }
   out << "},\"events\":{\"in_flight\":" << h.events_in_flight
       << ",\"oldest_age_us\":" << stats.oldest_event_age_us
       << ",\"loads_completed\":" << stats.load_latency.count
@@ -321,6 +357,10 @@ std::string FormatStatsFields(const CoordinatorStats& stats) {
   if (stats.disk.has_value()) {
     out << "disk tier:\n";
     FieldLines(out, *stats.disk);
+  }
+  if (stats.remote.has_value()) {
+    out << "remote tier:\n";
+    FieldLines(out, *stats.remote);
   }
   out << "workers attaching:\n";
   FieldLines(out, stats.attach);
@@ -448,10 +488,16 @@ std::string FormatMetrics(const CoordinatorStats& stats) {
   m.Family("tierkv_tier_capacity_bytes", "gauge", "Bytes a tier can hold.");
   m.Sample(double(h.capacity_slots) * slot, "tier=\"host\"");
   if (disk) m.Sample(double(stats.disk->capacity_bytes), "tier=\"disk\"");
+  if (stats.remote.has_value() && stats.remote->capacity_bytes > 0) {
+    m.Sample(double(stats.remote->capacity_bytes), "tier=\"remote\"");
+  }
   m.Family("tierkv_tier_used_bytes", "gauge",
            "Bytes of KV blocks a tier holds (host: keyed or being written).");
   m.Sample(double(h.used_slots) * slot, "tier=\"host\"");
   if (disk) m.Sample(double(stats.disk->bytes), "tier=\"disk\"");
+  if (stats.remote.has_value()) {
+    m.Sample(double(stats.remote->bytes), "tier=\"remote\"");
+  }
   m.Family("tierkv_moved_bytes_total", "counter",
            "Bytes of KV blocks moved between tiers.");
   m.Sample(double(h.stores_completed) * slot, "from=\"device\",to=\"host\"");
@@ -481,6 +527,9 @@ std::string FormatMetrics(const CoordinatorStats& stats) {
   FieldFamilies<AttachStats>(m, "workers", {{"", &stats.attach}});
   FieldFamilies<HostTierStats>(m, "host", {{"", &h}});
   if (disk) FieldFamilies<DiskTierStats>(m, "disk", {{"", &*stats.disk}});
+  if (stats.remote.has_value()) {
+    FieldFamilies<RemoteTierStats>(m, "remote", {{"", &*stats.remote}});
+  }
   std::vector<std::pair<std::string, const WorkerStats*>> workers;
   for (const WorkerStats& w : stats.workers) {
     workers.emplace_back(

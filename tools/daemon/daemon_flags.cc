@@ -101,6 +101,9 @@ struct RawOptions {
   int stats_interval_ms = 100;
   KvEventsFlags kv_events;
   int pending_timeout_ms = 5000;
+  std::string remote_capacity = "0";
+  int64_t remote_ttl = 0;
+  int remote_scan_interval_ms = 1000;
 };
 
 std::string Trim(std::string_view text) {
@@ -410,6 +413,30 @@ po::options_description SettingOptions(DaemonCommand& command,
       "metrics prints) over HTTP at http://ADDR:PORT/metrics. A port alone "
       "listens on 127.0.0.1 only; 0.0.0.0:PORT or [::]:PORT exposes them to "
       "the network. PORT 0: any free port, logged. Default: off")(
+      "remote-redis",
+      po::value(&s.remote_redis)->value_name("HOST:PORT[,HOST:PORT...]"),
+      "a remote tier on this Redis Cluster (any of its nodes as seeds), "
+      "shared with the other tierkvds of this model, layout and "
+      "--remote-tenant: spills go there (and to --disk-dir, which lookups "
+      "read first), and blocks other tierkvds wrote are found by scanning "
+      "it. Default: none")(
+      "remote-tenant",
+      po::value(&s.remote_tenant)->default_value(s.remote_tenant),
+      "part of every Redis key (1 to 64 of A-Z a-z 0-9 _ . -): tierkvds "
+      "share blocks within one tenant")(
+      "remote-ttl", po::value(&raw.remote_ttl)->default_value(raw.remote_ttl),
+      "seconds each block lives in the remote tier; 0: until deleted")(
+      "remote-capacity",
+      po::value(&raw.remote_capacity)->default_value(raw.remote_capacity),
+      "bound on the bytes this tierkvd keeps in the remote tier (the least "
+      "recently used of the blocks it wrote are deleted past it; K, M, G, T "
+      "suffixes); 0: none")(
+      "remote-scan-interval-ms",
+      po::value(&raw.remote_scan_interval_ms)
+          ->default_value(raw.remote_scan_interval_ms),
+      "milliseconds between scans of the remote tier for blocks other "
+      "tierkvds wrote (0 to 3600000; 0: never, only this tierkvd's blocks "
+      "are found there)")(
       "kv-events-endpoint",
       po::value(&raw.kv_events.endpoint)->value_name("ENDPOINT"),
       "publish KV cache events in vLLM's format (ZeroMQ PUB, msgpack) for "
@@ -463,6 +490,49 @@ Status CheckKvEvents(const KvEventsFlags& flags, const Where& where) {
     return Status::InvalidArgument(where("kv-events-queue") + " '" +
                                    std::to_string(flags.max_queue_events) +
                                    "': 1 to 100000000 events");
+  }
+  return Status::Ok();
+}
+
+// The --remote-* flags. Only --remote-redis turns the remote tier on; the
+// rest are checked either way.
+Status FinishRemote(const RawOptions& raw, const Where& where,
+                    ipc::ServerOptions& s) {
+  auto capacity = ParseBytes(raw.remote_capacity);
+  if (!capacity.ok()) {
+    return Status::InvalidArgument(where("remote-capacity") + ": " +
+                                   capacity.status().message());
+  }
+  s.remote_capacity_bytes = *capacity;
+  if (raw.remote_ttl < 0 || raw.remote_ttl > int64_t{1} << 31) {
+    return Status::InvalidArgument(where("remote-ttl") + " '" +
+                                   std::to_string(raw.remote_ttl) +
+                                   "': 0 to 2147483648 seconds");
+  }
+  s.remote_ttl = std::chrono::seconds(raw.remote_ttl);
+  if (raw.remote_scan_interval_ms < 0 ||
+      raw.remote_scan_interval_ms > 3'600'000) {
+    return Status::InvalidArgument(where("remote-scan-interval-ms") + " '" +
+                                   std::to_string(raw.remote_scan_interval_ms) +
+                                   "': 0 to 3600000 milliseconds");
+  }
+  s.remote_scan_interval =
+      std::chrono::milliseconds(raw.remote_scan_interval_ms);
+  const std::string& tenant = s.remote_tenant;
+  const bool tenant_ok = !tenant.empty() && tenant.size() <= 64 &&
+                         std::all_of(tenant.begin(), tenant.end(), [](char c) {
+                           return std::isalnum(static_cast<unsigned char>(c)) ||
+                                  c == '_' || c == '.' || c == '-';
+                         });
+  if (!tenant_ok) {
+    return Status::InvalidArgument(where("remote-tenant") + " '" + tenant +
+                                   "': 1 to 64 of A-Z a-z 0-9 _ . -");
+  }
+  if (!s.remote_redis.empty() &&
+      s.remote_redis.find(':') == std::string::npos) {
+    return Status::InvalidArgument(where("remote-redis") + " '" +
+                                   s.remote_redis +
+                                   "': expected HOST:PORT[,HOST:PORT...]");
   }
   return Status::Ok();
 }
@@ -598,6 +668,7 @@ StatusOr<DaemonCommand> Finish(DaemonCommand command, const RawOptions& raw,
                                    "': 10 to 600000 milliseconds");
   }
   s.pending_timeout = std::chrono::milliseconds(raw.pending_timeout_ms);
+  TIERKV_RETURN_IF_ERROR(FinishRemote(raw, where, s));
   return command;
 }
 
