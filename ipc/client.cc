@@ -209,6 +209,9 @@ struct Client::Impl {
   // again at 0 in every attachment).
   std::map<uint64_t, Copy> in_flight;
   uint64_t next_tag = 1;
+  // A copy went in with SubmitForWaiter and no wait has run it yet
+  // (KickOwedCopies).
+  bool kick_owed = false;
   // Loads waiting for promotions, by load id, as Allocate returned them:
   // their device blocks are pinned.
   std::map<uint64_t, TransferEvent> pending_loads;
@@ -351,6 +354,7 @@ struct Client::Impl {
   // Waits for every copy in flight; their completions wait in `finished`.
   void WaitForCopies() {
     if (device == nullptr) return;  // The engine copies (kCaller, kRanks).
+    KickOwedCopies();
     while (device->in_flight() > 0) {
       Collect(device->WaitCompleted(std::chrono::milliseconds(100)), &finished);
     }
@@ -392,6 +396,7 @@ struct Client::Impl {
   StatusOr<Message> Call(const Message& request) {
     if (in_process != nullptr) {
       ++counts.calls;
+      KickOwedCopies();  // The caller went on without waiting for them.
       return in_process->Call(worker, request);
     }
     request_bytes.clear();
@@ -423,6 +428,7 @@ struct Client::Impl {
   // and waits for its reply.
   StatusOr<Message> CallEncoded() {
     ++counts.calls;
+    KickOwedCopies();  // The caller went on without waiting for them.
     if (!channel_error.ok()) return channel_error;
     TIERKV_RETURN_IF_ERROR(CollectPosted());
     TIERKV_RETURN_IF_ERROR(CheckChannel(channel->Call(
@@ -436,6 +442,7 @@ struct Client::Impl {
   // once: its error is returned now.
   Status Post(const Message& request) {
     ++counts.posts;
+    KickOwedCopies();
     if (in_process != nullptr) {
       Status s = ipc::StatusOf(in_process->Call(worker, request));
       if (!s.ok()) {
@@ -470,10 +477,10 @@ struct Client::Impl {
   }
 
   // Starts the copies of a commit's stores (copies = client).
-  Status StartStores(const CommitResult& commit) {
+  Status StartStores(const CommitResult& commit, bool for_waiter = false) {
     if (options.copies != CopyMode::kClient) return Status::Ok();
     for (const TransferEvent& store : commit.stores) {
-      TIERKV_RETURN_IF_ERROR(PinAndSubmit(store));
+      TIERKV_RETURN_IF_ERROR(PinAndSubmit(store, for_waiter));
     }
     return Status::Ok();
   }
@@ -497,8 +504,10 @@ struct Client::Impl {
     (void)Call(ipc::CompleteRequest{failed});
   }
 
-  // Starts the copy of `event`, whose device blocks the caller pinned.
-  Status Submit(const TransferEvent& event) {
+  // Starts the copy of `event`, whose device blocks the caller pinned;
+  // `for_waiter`: the caller waits for it at once (DeviceTier::
+  // SubmitForWaiter), or the next call kicks the device tier's engine.
+  Status Submit(const TransferEvent& event, bool for_waiter = false) {
     // A lost attachment's host slots are tierkvd's to reuse: no copy may
     // touch them any more.
     if (!channel_error.ok()) return channel_error;
@@ -516,16 +525,29 @@ struct Client::Impl {
       }
       job.host_blocks.push_back(host->slot(slot));
     }
-    TIERKV_RETURN_IF_ERROR(device->Submit(std::move(job)));
+    if (for_waiter) {
+      TIERKV_RETURN_IF_ERROR(device->SubmitForWaiter(std::move(job)));
+      kick_owed = true;
+    } else {
+      TIERKV_RETURN_IF_ERROR(device->Submit(std::move(job)));
+    }
     in_flight.emplace(tag, Copy{event, session});
     return Status::Ok();
   }
 
+  // A copy submitted for a waiter that has not waited: the device tier's
+  // engine is woken for it now.
+  void KickOwedCopies() {
+    if (!kick_owed) return;
+    kick_owed = false;
+    device->KickQueuedCopies();
+  }
+
   // Pins the event's device blocks and starts its copy; on failure unpins
   // them and releases tierkvd's side.
-  Status PinAndSubmit(const TransferEvent& event) {
+  Status PinAndSubmit(const TransferEvent& event, bool for_waiter = false) {
     Pin(event.device_blocks);
-    Status s = Submit(event);
+    Status s = Submit(event, for_waiter);
     if (!s.ok()) {
       Unpin(event.device_blocks);
       ReportFailed(event.ref);
@@ -970,7 +992,10 @@ StatusOr<ChunkFetchResult> Client::FetchChunk(
   }
   load.device_blocks = std::move(*blocks);
   if (impl_->options.copies == CopyMode::kClient) {
-    TIERKV_RETURN_IF_ERROR(impl_->PinAndSubmit(load));
+    // A chunk pool waits for the chunk at once (ClientChunkSource): its
+    // WaitEvents runs the copy, and any other call first wakes the
+    // device tier's engine for it.
+    TIERKV_RETURN_IF_ERROR(impl_->PinAndSubmit(load, /*for_waiter=*/true));
   }
   return result;
 }
@@ -985,7 +1010,8 @@ StatusOr<CommitResult> Client::PublishChunk(
           .tokens = std::vector<TokenId>(tokens.begin(), tokens.end()),
           .device_blocks = std::vector<BlockId>(device_blocks.begin(),
                                                 device_blocks.end())}));
-  TIERKV_RETURN_IF_ERROR(impl_->StartStores(reply.result));
+  // As a fetch's load: a chunk pool waits for its publish at once.
+  TIERKV_RETURN_IF_ERROR(impl_->StartStores(reply.result, /*for_waiter=*/true));
   return reply.result;
 }
 
@@ -1007,6 +1033,7 @@ const ClientCallCounts& Client::call_counts() const { return impl_->counts; }
 const Status& Client::last_post_error() const { return impl_->last_post_error; }
 
 std::vector<FinishedTransfer> Client::PollEvents() {
+  impl_->KickOwedCopies();
   impl_->StartReadyLoads();
   std::vector<FinishedTransfer> out = impl_->TakeFinished();
   if (impl_->device != nullptr) {
@@ -1038,7 +1065,10 @@ std::vector<FinishedTransfer> Client::WaitEvents(
     // About to sleep for copies still queued: an emulated device tier runs
     // them on this thread now (DeviceTier::RunQueuedCopies), sparing the
     // hand-off to its copy thread and the wake-up back.
-    if (impl.device->RunQueuedCopies() > 0) continue;
+    const size_t ran = impl.device->RunQueuedCopies();
+    // Whatever it left queued, the engine's thread runs after its job.
+    impl.kick_owed = false;
+    if (ran > 0) continue;
     // Sleep until a copy completes, tierkvd says loads are ready, or
     // tierkvd goes away (its socket closes): pending loads then fail now.
     const bool loads = !impl.pending_loads.empty();

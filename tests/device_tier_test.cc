@@ -464,6 +464,58 @@ TEST(CopyEngineRunQueued, CallerRunsQueuedJobsInOrderWithoutNotify) {
   EXPECT_NE(ran[0].second, std::this_thread::get_id());
 }
 
+// A job queued without waking the thread (SubmitForWaiter) runs once the
+// thread is kicked, or is waited for, or a later job wakes the thread.
+TEST(CopyEngineRunQueued, AJobForAWaiterRunsOnAKickAWaitOrTheNextSubmit) {
+  constexpr size_t kBytes = 4096;
+  auto tier = MakeTier(1, kBytes);
+  Fill(tier->block(0), 11);
+  std::vector<std::byte> host(kBytes);
+  ASSERT_THAT(
+      tier->SubmitForWaiter(CopyJob{.tag = 1,
+                                    .direction = CopyDirection::kDeviceToHost,
+                                    .device_blocks = {0},
+                                    .host_blocks = {host.data()}}),
+      IsOk());
+  // Polled, never waited for: only the kick gets it run.
+  auto poll = [&](size_t count) {
+    std::vector<CopyCompletion> all;
+    const auto fail_after = std::chrono::steady_clock::now() + kFailAfter;
+    while (all.size() < count &&
+           std::chrono::steady_clock::now() < fail_after) {
+      std::vector<CopyCompletion> got = tier->PollCompleted();
+      all.insert(all.end(), got.begin(), got.end());
+      std::this_thread::yield();
+    }
+    return all;
+  };
+  tier->KickQueuedCopies();
+  EXPECT_THAT(Tags(poll(1)), ElementsAre(1u));
+  EXPECT_TRUE(SameBytes(host, Pattern(kBytes, 11)));
+  // WaitCompleted alone: it wakes the thread for the job.
+  ASSERT_THAT(
+      tier->SubmitForWaiter(CopyJob{
+          .tag = 2, .device_blocks = {0}, .host_blocks = {host.data()}}),
+      IsOk());
+  EXPECT_THAT(Tags(tier->WaitCompleted(kFailAfter)), ElementsAre(2u));
+  // A plain Submit behind it wakes the thread for both, in order.
+  ASSERT_THAT(
+      tier->SubmitForWaiter(CopyJob{
+          .tag = 3, .device_blocks = {0}, .host_blocks = {host.data()}}),
+      IsOk());
+  ASSERT_THAT(
+      tier->Submit(CopyJob{
+          .tag = 4, .device_blocks = {0}, .host_blocks = {host.data()}}),
+      IsOk());
+  EXPECT_THAT(Tags(poll(2)), ElementsAre(3u, 4u));
+  // Invalid jobs are refused as Submit refuses them.
+  EXPECT_THAT(
+      tier->SubmitForWaiter(CopyJob{
+          .tag = 5, .device_blocks = {3}, .host_blocks = {host.data()}}),
+      StatusIs(StatusCode::kInvalidArgument));
+  EXPECT_EQ(tier->in_flight(), 0u);
+}
+
 // Callers and the thread share one queue: a chain in which every load reads
 // the host slot the store before it wrote comes out right only if jobs run
 // one at a time in submission order, whoever runs them.

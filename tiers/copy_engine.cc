@@ -110,14 +110,16 @@ void CopyEngine::SetNotify(std::function<void()> notify) {
   notify_ = std::move(notify);
 }
 
-void CopyEngine::Submit(CopyJob job) {
+void CopyEngine::Submit(CopyJob job, bool wake) {
   {
     MutexLock lock(&mu_);
     queue_.push_back(std::move(job));
     ++in_flight_;
   }
-  work_cv_.NotifyOne();
+  if (wake) work_cv_.NotifyOne();
 }
+
+void CopyEngine::Kick() { work_cv_.NotifyOne(); }
 
 std::vector<CopyCompletion> CopyEngine::TakeCompletedLocked() {
   std::vector<CopyCompletion> out;
@@ -133,6 +135,7 @@ std::vector<CopyCompletion> CopyEngine::Poll() {
 
 std::vector<CopyCompletion> CopyEngine::Wait(
     std::chrono::milliseconds timeout) {
+  Kick();  // Jobs queued without waking the thread are waited for too.
   using Clock = std::chrono::steady_clock;
   MutexLock lock(&mu_);
   const Clock::time_point now = Clock::now();

@@ -49,8 +49,12 @@ class CopyEngine {
   CopyEngine(const CopyEngine&) = delete;
   CopyEngine& operator=(const CopyEngine&) = delete;
 
-  // Queues a job the caller has validated.
-  void Submit(CopyJob job) TIERKV_EXCLUDES(mu_);
+  // Queues a job the caller has validated; with `wake` false the thread is
+  // not woken for it (DeviceTier::SubmitForWaiter): a RunQueued caller,
+  // Kick, Wait, a later Submit or the destructor gets it run.
+  void Submit(CopyJob job, bool wake = true) TIERKV_EXCLUDES(mu_);
+  // Wakes the thread for jobs queued without waking it.
+  void Kick();
   // DeviceTier::PollCompleted, WaitCompleted and in_flight.
   std::vector<CopyCompletion> Poll() TIERKV_EXCLUDES(mu_);
   std::vector<CopyCompletion> Wait(std::chrono::milliseconds timeout)

@@ -182,4 +182,12 @@ size_t EmulatedDeviceTier::RunQueuedCopies() {
   return impl_->engine->RunQueued();
 }
 
+Status EmulatedDeviceTier::SubmitForWaiter(CopyJob job) {
+  TIERKV_RETURN_IF_ERROR(ValidateCopyJob(job, impl_->num_blocks));
+  impl_->engine->Submit(std::move(job), /*wake=*/false);
+  return Status::Ok();
+}
+
+void EmulatedDeviceTier::KickQueuedCopies() { impl_->engine->Kick(); }
+
 }  // namespace tierkv

@@ -296,4 +296,12 @@ size_t RegisteredDeviceTier::RunQueuedCopies() {
   return impl_->engine->RunQueued();
 }
 
+Status RegisteredDeviceTier::SubmitForWaiter(CopyJob job) {
+  TIERKV_RETURN_IF_ERROR(ValidateCopyJob(job, impl_->options.num_blocks));
+  impl_->engine->Submit(std::move(job), /*wake=*/false);
+  return Status::Ok();
+}
+
+void RegisteredDeviceTier::KickQueuedCopies() { impl_->engine->Kick(); }
+
 }  // namespace tierkv

@@ -251,7 +251,11 @@ class Client {
   // result.lease says whether this worker is the one to compute and
   // publish it; a miss while another worker computes it waits for that
   // worker's publish, at most `wait` (and half of call_timeout).
-  // An error from `allocate` is returned, the load released.
+  // An error from `allocate` is returned, the load released. The copies of
+  // FetchChunk and PublishChunk are for a caller that waits for them at
+  // once (DeviceTier::SubmitForWaiter): WaitEvents runs them on the
+  // calling thread; any other call (PollEvents included) first wakes the
+  // device tier's copy thread for them.
   using AllocateDeviceBlocks =
       std::function<StatusOr<std::vector<BlockId>>(int32_t n)>;
   StatusOr<ChunkFetchResult> FetchChunk(RequestId request,

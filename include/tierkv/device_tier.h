@@ -82,6 +82,14 @@ class DeviceTier {
   // the SetCompletionNotify callback is not called for them: the caller
   // polls. The default runs none (a DMA engine cannot be helped).
   virtual size_t RunQueuedCopies() { return 0; }
+  // Submit for a caller that waits for the job at once: the tier's engine
+  // is not woken for it, so the caller's RunQueuedCopies runs it without
+  // another thread taking it first. The caller must then call
+  // RunQueuedCopies or KickQueuedCopies (a later Submit, WaitCompleted and
+  // the destructor run it too). The default is Submit.
+  virtual Status SubmitForWaiter(CopyJob job) { return Submit(std::move(job)); }
+  // Wakes the tier's engine for jobs SubmitForWaiter left queued.
+  virtual void KickQueuedCopies() {}
 };
 
 // Emulated device: a private, page-aligned arena in the worker's memory (or
@@ -109,6 +117,8 @@ class EmulatedDeviceTier final : public DeviceTier {
   size_t in_flight() const override;
   bool SetCompletionNotify(std::function<void()> notify) override;
   size_t RunQueuedCopies() override;
+  Status SubmitForWaiter(CopyJob job) override;
+  void KickQueuedCopies() override;
 
   // The memory of one device block. On a real GPU this is device memory the
   // engine's kernels write; here the engine (and tests) write it directly.
@@ -188,6 +198,8 @@ class RegisteredDeviceTier final : public DeviceTier {
   size_t in_flight() const override;
   bool SetCompletionNotify(std::function<void()> notify) override;
   size_t RunQueuedCopies() override;
+  Status SubmitForWaiter(CopyJob job) override;
+  void KickQueuedCopies() override;
 
   // The options as given, with num_heads and each layer's token_stride
   // resolved (never 0).
