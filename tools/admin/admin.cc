@@ -285,6 +285,23 @@ std::optional<ipc::Message> Ask(const std::string& socket_path,
   return std::move(*reply);
 }
 
+// keys, route: the token ids given, or read from `in` when none were;
+// nullopt after saying on `err` why they cannot be read.
+std::optional<std::vector<TokenId>> CommandTokens(const AdminCommand& command,
+                                                  std::istream& in,
+                                                  std::ostream& err) {
+  if (!command.tokens_from_stdin) return command.tokens;
+  std::ostringstream text;
+  text << in.rdbuf();
+  StatusOr<std::vector<TokenId>> tokens = ParseTokenIds(text.str());
+  if (!tokens.ok()) {
+    err << "tierkv-admin: standard input: " << tokens.status().message()
+        << "\n";
+    return std::nullopt;
+  }
+  return std::move(*tokens);
+}
+
 int Unexpected(std::ostream& err) {
   err << "tierkv-admin: unexpected reply from tierkvd\n";
   return 1;
@@ -422,18 +439,9 @@ int RunAdmin(const AdminCommand& command, std::ostream& out, std::ostream& err,
     return 0;
   }
   if (command.verb == "route") {
-    std::vector<TokenId> tokens = command.tokens;
-    if (command.tokens_from_stdin) {
-      std::ostringstream text;
-      text << in.rdbuf();
-      StatusOr<std::vector<TokenId>> read_tokens = ParseTokenIds(text.str());
-      if (!read_tokens.ok()) {
-        err << "tierkv-admin: standard input: "
-            << read_tokens.status().message() << "\n";
-        return 2;
-      }
-      tokens = std::move(*read_tokens);
-    }
+    std::optional<std::vector<TokenId>> tokens =
+        CommandTokens(command, in, err);
+    if (!tokens.has_value()) return 2;
     std::vector<std::pair<std::string, std::string>> asked = command.nodes;
     if (asked.empty()) asked.emplace_back("local", command.socket_path);
     std::vector<NodeRoute> routes;
@@ -443,7 +451,7 @@ int RunAdmin(const AdminCommand& command, std::ostream& out, std::ostream& err,
           routes.emplace_back(NodeRoute{.node = node, .socket = socket});
       StatusOr<ipc::Message> reply =
           ipc::SocketCall(socket, ipc::RouteRequest{.tenant = command.tenant,
-                                                    .tokens = tokens,
+                                                    .tokens = *tokens,
                                                     .extras = command.extras});
       if (!reply.ok()) {
         r.route = reply.status();
@@ -473,19 +481,10 @@ int RunAdmin(const AdminCommand& command, std::ostream& out, std::ostream& err,
   std::optional<StatsRead> read = ReadStats(command, err, &code);
   if (!read.has_value()) return code;
   if (command.verb == "keys") {
-    std::vector<TokenId> tokens = command.tokens;
-    if (command.tokens_from_stdin) {
-      std::ostringstream text;
-      text << in.rdbuf();
-      StatusOr<std::vector<TokenId>> read_tokens = ParseTokenIds(text.str());
-      if (!read_tokens.ok()) {
-        err << "tierkv-admin: standard input: "
-            << read_tokens.status().message() << "\n";
-        return 2;
-      }
-      tokens = std::move(*read_tokens);
-    }
-    out << FormatKeys(read->stats, command.tenant, command.extras, tokens);
+    std::optional<std::vector<TokenId>> tokens =
+        CommandTokens(command, in, err);
+    if (!tokens.has_value()) return 2;
+    out << FormatKeys(read->stats, command.tenant, command.extras, *tokens);
   } else if (command.verb == "workers") {
     out << FormatWorkers(read->stats);
   } else if (command.verb == "metrics") {
