@@ -46,7 +46,8 @@ inline constexpr uint32_t kFrameMagic = 0x4D564B54;  // "TKVM"
 //     write-behind copies kept on host (spills_kept).
 // 12: a LookupRequest may send only what changed since the request's last
 //     lookup (kept_tokens, kept_tag); LookupReply names the tokens kept;
-//     Route and RouteReply; StatsReply carries the remote tier's stats.
+//     Route and RouteReply; StatsReply carries the remote tier's stats; a
+//     Status may be Aborted.
 inline constexpr uint16_t kProtocolVersion = 12;
 inline constexpr size_t kFrameHeaderBytes = 16;
 // Upper bounds a decoder enforces before allocating anything.

@@ -76,7 +76,7 @@ void Put(Writer& w, const Status& s) {
 Status GetStatus(Reader& r) {
   const auto code = r.Int<uint8_t>();
   std::string message = r.String();
-  if (code > static_cast<uint8_t>(StatusCode::kDeadlineExceeded)) {
+  if (code > static_cast<uint8_t>(StatusCode::kAborted)) {
     r.Fail("unknown status code");
     return Status::Internal("bad status");
   }

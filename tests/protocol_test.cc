@@ -159,6 +159,7 @@ std::vector<Message> Samples() {
                      .disk_total = 1,
                      .host = {BlockKey{.lo = 1, .hi = 2}},
                      .disk = {BlockKey{.lo = 3, .hi = 4}}}},
+      ErrorReply{Status::Aborted("send it whole")},
   };
 }
 

@@ -27,8 +27,9 @@ enum class StatusCode : uint8_t {
   kUnimplemented,       // Not supported by this build or backend.
   kInternal,            // An invariant broke; a bug in tierkv.
   kDeadlineExceeded,    // A peer did not answer in time (wedged or slow).
-  kAborted,  // Cancelled before it took effect (a disk write whose block was
-             // removed first); local to a process, never sent over the wire.
+  kAborted,  // Cancelled before it took effect, nothing changed (a disk
+             // write whose block was removed first; a lookup asked again
+             // whose base tierkvd no longer keeps: send it whole).
 };
 
 std::string_view StatusCodeName(StatusCode code);
