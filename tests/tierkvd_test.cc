@@ -188,6 +188,16 @@ TEST_F(TierkvdTest, LookupAskedAgainSendsOnlyWhatChanged) {
   tokens.assign(prompt.begin(), prompt.end());
   tokens.push_back(5);
   lookup(129, 1);  // The client knew: it forgot what it had sent.
+  // tierkvd forgets request 1 behind the client's back (a chunk fetch
+  // under its id, a miss, finishes it): the change alone is refused
+  // (Aborted, nothing changed) and the same call sends every token.
+  ASSERT_THAT(c->FetchChunk(1, StorePrompt(9, 1), std::chrono::milliseconds(0),
+                            [](int32_t) -> StatusOr<std::vector<BlockId>> {
+                              return Status::Internal("a miss allocates none");
+                            }),
+              IsOk());
+  lookup(129, 2);
+  lookup(0, 1);
   ASSERT_THAT(c->Finish(1), IsOk());
   lookup(129, 1);  // Finished: a new request.
 }
