@@ -218,14 +218,16 @@ struct Client::Impl {
   // Attached mode: the tokens the last Lookup of each open request sent
   // and the tag tierkvd named them with, so that the next Lookup of the
   // request sends only what changed (ipc::LookupRequest::kept_tokens). At
-  // most kMaxSentLookups requests; forgotten with the request (Finish) or
-  // the attachment.
+  // most kMaxSentLookups requests and kMaxSentTokens tokens in all;
+  // forgotten with the request (Finish) or the attachment.
   struct SentLookup {
     std::vector<TokenId> tokens;
     uint64_t tag = 0;
   };
   static constexpr size_t kMaxSentLookups = 4096;
+  static constexpr size_t kMaxSentTokens = size_t{1} << 24;  // 64 MiB.
   std::unordered_map<RequestId, SentLookup> sent_lookups;
+  size_t sent_tokens = 0;  // Of every sent_lookups entry.
   // Finished transfers not handed out yet: loads lost with tierkvd, loads
   // whose copy could not start, and copies that finished while a lost
   // attachment waited for them.
@@ -340,7 +342,7 @@ struct Client::Impl {
                           .session = session});
     }
     pending_loads.clear();
-    sent_lookups.clear();  // The next tierkvd keeps none of them.
+    ForgetAllLookups();  // The next tierkvd keeps none of them.
     // A tierkvd that is only slow keeps this worker's host pins until the
     // socket closes. Copies still read or write those host slots: let them
     // finish, then close it, so tierkvd releases the pins at once.
@@ -409,8 +411,10 @@ struct Client::Impl {
   void RememberLookup(RequestId request, std::span<const TokenId> tokens,
                       size_t kept, uint64_t tag) {
     auto it = sent_lookups.find(request);
-    if (tag == 0) {
-      if (it != sent_lookups.end()) sent_lookups.erase(it);
+    const size_t before =
+        it == sent_lookups.end() ? 0 : it->second.tokens.size();
+    if (tag == 0 || sent_tokens - before + tokens.size() > kMaxSentTokens) {
+      ForgetLookup(request);
       return;
     }
     if (it == sent_lookups.end()) {
@@ -421,7 +425,18 @@ struct Client::Impl {
     sent.resize(kept);
     sent.insert(sent.end(), tokens.begin() + static_cast<std::ptrdiff_t>(kept),
                 tokens.end());
+    sent_tokens = sent_tokens - before + sent.size();
     it->second.tag = tag;
+  }
+  void ForgetLookup(RequestId request) {
+    const auto it = sent_lookups.find(request);
+    if (it == sent_lookups.end()) return;
+    sent_tokens -= it->second.tokens.size();
+    sent_lookups.erase(it);
+  }
+  void ForgetAllLookups() {
+    sent_lookups.clear();
+    sent_tokens = 0;
   }
 
   // Sends request_bytes, an encoded request, over the channel (attached)
@@ -807,12 +822,12 @@ StatusOr<LookupResult> Client::Lookup(RequestId request,
       if (!reply.ok() && kept > 0 &&
           reply.status().code() == StatusCode::kAborted) {
         // tierkvd keeps other tokens for the request by now: send them all.
-        impl.sent_lookups.erase(sent);
+        impl.ForgetLookup(request);
         kept = 0;
         continue;
       }
       if (!reply.ok()) {
-        impl.sent_lookups.erase(request);
+        impl.ForgetLookup(request);
         return reply.status();
       }
       impl.RememberLookup(request, tokens, kept, reply->tokens_tag);
@@ -872,7 +887,7 @@ StatusOr<std::vector<StatusOr<LookupResult>>> Client::LookupBatch(
     // A batched lookup sends all its tokens: tierkvd then keeps them
     // under a new tag, which only a plain Lookup learns.
     for (size_t q = first; q < end; ++q) {
-      impl.sent_lookups.erase(queries[q].request);
+      impl.ForgetLookup(queries[q].request);
     }
     ipc::EncodeLookupBatch(queries.subspan(first, end - first),
                            &impl.request_bytes);
@@ -904,7 +919,7 @@ StatusOr<RouteResult> Client::Route(std::span<const TokenId> tokens,
 
 StatusOr<LookupResult> Client::LookupChunk(RequestId request,
                                            std::span<const TokenId> tokens) {
-  impl_->sent_lookups.erase(request);  // tierkvd keeps the chunk's.
+  impl_->ForgetLookup(request);  // tierkvd keeps the chunk's.
   TIERKV_ASSIGN_OR_RETURN(
       ipc::LookupReply reply,
       impl_->CallFor<ipc::LookupReply>(ipc::LookupChunkRequest{
@@ -1017,6 +1032,7 @@ StatusOr<CommitResult> Client::PublishChunk(
 
 Status Client::CompleteOneWay(std::span<const FinishedTransfer> finished,
                               RequestId finish) {
+  if (finish != 0) impl_->ForgetLookup(finish);
   if (impl_->options.copies == CopyMode::kRanks) {
     return Status::FailedPrecondition(
         "a scheduler with ranks (copies = ranks) does not complete events");
@@ -1061,7 +1077,10 @@ std::vector<FinishedTransfer> Client::WaitEvents(
     impl.Collect(impl.device->PollCompleted(), &done);
     const auto left =
         std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now());
-    if (!done.empty() || left.count() <= 0) return done;
+    if (!done.empty() || left.count() <= 0) {
+      impl.KickOwedCopies();  // Not waited for here: the engine runs them.
+      return done;
+    }
     // About to sleep for copies still queued: an emulated device tier runs
     // them on this thread now (DeviceTier::RunQueuedCopies), sparing the
     // hand-off to its copy thread and the wake-up back.
@@ -1119,7 +1138,7 @@ Status Client::Complete(std::span<const FinishedTransfer> finished) {
 }
 
 Status Client::Finish(RequestId request) {
-  impl_->sent_lookups.erase(request);
+  impl_->ForgetLookup(request);
   for (auto it = impl_->pending_loads.begin();
        it != impl_->pending_loads.end();) {
     if (it->second.request != request) {

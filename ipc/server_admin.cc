@@ -45,11 +45,13 @@ bool Server::Impl::Handle(Connection* conn, const Message& message) {
     return Reply(conn, HeldKeysReply{std::move(held)});
   }
   if (const auto* route = std::get_if<RouteRequest>(&message)) {
+    // Another user asks about its own tenants only, as its workers are
+    // confined to them; an operator names any tenant as tierkvd records it.
+    const std::string tenant =
+        MayOperate(conn->peer) ? route->tenant
+                               : EffectiveTenant(route->tenant, conn->peer.uid);
     StatusOr<RouteResult> result = Status::Internal("unreached");
-    {
-      result =
-          store->Lock()->Route(route->tenant, route->tokens, route->extras);
-    }
+    { result = store->Lock()->Route(tenant, route->tokens, route->extras); }
     if (!result.ok()) return Reply(conn, ErrorReply{result.status()});
     if (result->workers.size() > kMaxWorkersListed) {
       result->workers.resize(kMaxWorkersListed);

@@ -452,6 +452,10 @@ Status Coordinator::CheckLookup(size_t num_tokens, int32_t num_computed_tokens,
         " must be a multiple of the block size (" + std::to_string(bs) +
         ") below the request's " + std::to_string(num_tokens) + " tokens");
   }
+  return CheckItems(num_tokens, extras);
+}
+
+Status Coordinator::CheckItems(size_t num_tokens, const RequestExtras& extras) {
   for (const MultiModalItem& item : extras.mm_items) {
     if (item.start < 0 || item.length < 1 ||
         item.start > static_cast<int64_t>(num_tokens) - item.length) {

@@ -434,7 +434,8 @@ class Coordinator {
   // What a prefix lookup of `tokens` by a worker of `tenant` (as
   // WorkerRegistration::tenant records it) with `extras` would find now,
   // and the tenant's workers attached now; pins nothing and counts nothing.
-  // InvalidArgument for more than max_request_tokens tokens.
+  // InvalidArgument for more than max_request_tokens tokens or a multimodal
+  // item outside them.
   StatusOr<RouteResult> Route(const std::string& tenant,
                               std::span<const TokenId> tokens,
                               const RequestExtras& extras) const;
@@ -614,6 +615,9 @@ class Coordinator {
   // these arguments is well formed.
   Status CheckLookup(size_t num_tokens, int32_t num_computed_tokens,
                      const RequestExtras& extras) const;
+  // InvalidArgument unless every multimodal item of `extras` lies within
+  // `num_tokens` tokens (so that its key's encoding cannot overflow).
+  static Status CheckItems(size_t num_tokens, const RequestExtras& extras);
   // The leading full blocks of `tokens` whose keys `r` keeps from its
   // previous plain prefix lookup with the same tokens there.
   size_t UnchangedBlocks(const RequestState& r,

@@ -138,6 +138,7 @@ StatusOr<RouteResult> Coordinator::Route(const std::string& tenant,
                                    " tokens; a request has at most " +
                                    std::to_string(options_.max_request_tokens));
   }
+  TIERKV_RETURN_IF_ERROR(CheckItems(tokens.size(), extras));
   const auto bs = static_cast<size_t>(options_.layout.block_size);
   std::vector<BlockKey> keys;
   KeyHasher(

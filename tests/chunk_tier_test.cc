@@ -149,35 +149,39 @@ TEST_F(ChunkTierTest, ChunkEvictedFromThePoolComesBackFromHost) {
 
 // A fetch's copy is queued for a caller that waits for it at once
 // (DeviceTier::SubmitForWaiter: the device tier's thread is not woken for
-// it). An engine that only polls still gets it: its next call wakes that
-// thread.
+// it). An engine that only polls, with PollEvents or WaitEvents(0), still
+// gets it: those calls wake that thread.
 TEST_F(ChunkTierTest, AFetchCopiesForAnEngineThatOnlyPolls) {
   Open(/*pool_blocks=*/64, /*host_slots=*/64, /*disk=*/false);
   const std::vector<TokenId> chunk = Tokens(3, 40);  // 3 blocks, 1 partial.
   Compute(chunk);
   const std::vector<BlockId> target = {61, 62, 63};
-  for (BlockId b : target) {
-    std::memset(device_->block(b).data(), 0, device_->block(b).size());
+  for (bool wait_events : {false, true}) {
+    SCOPED_TRACE(wait_events ? "WaitEvents(0)" : "PollEvents");
+    for (BlockId b : target) {
+      std::memset(device_->block(b).data(), 0, device_->block(b).size());
+    }
+    StatusOr<ChunkFetchResult> fetch = client_->FetchChunk(
+        wait_events ? 1001 : 1000, chunk, std::chrono::milliseconds(0),
+        [&](int32_t n) -> StatusOr<std::vector<BlockId>> {
+          EXPECT_EQ(n, 3);
+          return target;
+        });
+    ASSERT_THAT(fetch, IsOk());
+    ASSERT_TRUE(fetch->load.has_value());
+    std::vector<FinishedTransfer> done;
+    const auto fail_after =
+        std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (done.empty() && std::chrono::steady_clock::now() < fail_after) {
+      done = wait_events ? client_->WaitEvents(std::chrono::milliseconds(0))
+                         : client_->PollEvents();
+      std::this_thread::yield();
+    }
+    ASSERT_EQ(done.size(), 1u);
+    EXPECT_THAT(done[0].status, IsOk());
+    ASSERT_THAT(client_->Complete(done), IsOk());
+    ExpectChunkKv(chunk, target);
   }
-  StatusOr<ChunkFetchResult> fetch =
-      client_->FetchChunk(1000, chunk, std::chrono::milliseconds(0),
-                          [&](int32_t n) -> StatusOr<std::vector<BlockId>> {
-                            EXPECT_EQ(n, 3);
-                            return target;
-                          });
-  ASSERT_THAT(fetch, IsOk());
-  ASSERT_TRUE(fetch->load.has_value());
-  std::vector<FinishedTransfer> done;
-  const auto fail_after =
-      std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (done.empty() && std::chrono::steady_clock::now() < fail_after) {
-    done = client_->PollEvents();
-    std::this_thread::yield();
-  }
-  ASSERT_EQ(done.size(), 1u);
-  EXPECT_THAT(done[0].status, IsOk());
-  ASSERT_THAT(client_->Complete(done), IsOk());
-  ExpectChunkKv(chunk, target);
 }
 
 TEST_F(ChunkTierTest, FullPoolIsNotATierError) {

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <random>
 #include <unordered_map>
@@ -825,6 +826,18 @@ TEST_F(CoordinatorTest, RouteIsALookupThatPinsNothing) {
       0);
   EXPECT_EQ(c_.Route("", std::span(t).first(15), {}).value().prompt_tokens, 0);
   EXPECT_THAT(c_.Route(9999, t, {}), StatusIs(StatusCode::kNotFound));
+  // Multimodal items outside the prompt are refused as a lookup refuses
+  // them (their keys' encoding would overflow).
+  for (const MultiModalItem& item :
+       {MultiModalItem{.hash = {1, 2}, .start = 10, .length = INT64_MAX},
+        MultiModalItem{.hash = {1, 2}, .start = -1, .length = INT64_MIN},
+        MultiModalItem{.hash = {1, 2}, .start = 60, .length = 6}}) {
+    EXPECT_THAT(
+        c_.Route(
+            "", t,
+            {.lora_id = std::nullopt, .mm_items = {item}, .cache_salt = ""}),
+        StatusIs(StatusCode::kInvalidArgument));
+  }
   // What a lookup then finds agrees.
   EXPECT_EQ(c_.Lookup(w, 2, t, 0, {}).value().hit_tokens, 64);
 }
