@@ -167,6 +167,12 @@ def wait_for_match(routers, admin, socket_path, what):
             router.drain()
         if all(router.index == held for router in routers):
             return held
+        # A router that joined late misses the batches published between
+        # its replay and its subscription taking effect (ZeroMQ subscribes
+        # asynchronously), and sees no gap while no later batch comes: it
+        # asks the replay socket again from the next number it needs.
+        for router in routers:
+            router.catch_up()
         if time.monotonic() > end:
             for router in routers:
                 for medium in held:
