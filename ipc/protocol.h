@@ -48,7 +48,9 @@ inline constexpr uint32_t kFrameMagic = 0x4D564B54;  // "TKVM"
 //     lookup (kept_tokens, kept_tag); LookupReply names the tokens kept;
 //     Route and RouteReply; StatsReply carries the remote tier's stats; a
 //     Status may be Aborted.
-inline constexpr uint16_t kProtocolVersion = 12;
+// 13: HeldKeysReply lists the remote tier's keys apart from the disk
+//     tier's.
+inline constexpr uint16_t kProtocolVersion = 13;
 inline constexpr size_t kFrameHeaderBytes = 16;
 // Upper bounds a decoder enforces before allocating anything.
 inline constexpr uint32_t kMaxTokens = 1 << 20;
@@ -65,7 +67,7 @@ inline constexpr size_t kMaxBatchResultBytes = 1 + 4 + kMaxBatchErrorBytes;
 inline constexpr uint32_t kMaxWorkersListed = 4096;
 inline constexpr uint32_t kMaxEventsListed = 1024;
 // Keys listed per tier by a HeldKeysReply: 16 bytes each, so that a reply
-// stays under the 1 MiB a client reads.
+// of three tiers' lists stays under the 1 MiB a client reads.
 inline constexpr uint32_t kMaxHeldKeysListed = 16384;
 
 enum class MessageType : uint16_t {

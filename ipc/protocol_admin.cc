@@ -124,7 +124,9 @@ void PutPayload(Writer&, const HeldKeysRequest&) {}
 void PutPayload(Writer& w, const HeldKeysReply& m) {
   w.Int<uint64_t>(m.keys.host_total);
   w.Int<uint64_t>(m.keys.disk_total);
-  for (const std::vector<BlockKey>* keys : {&m.keys.host, &m.keys.disk}) {
+  w.Int<uint64_t>(m.keys.remote_total);
+  for (const std::vector<BlockKey>* keys :
+       {&m.keys.host, &m.keys.disk, &m.keys.remote}) {
     w.Int<uint32_t>(static_cast<uint32_t>(keys->size()));
     for (const BlockKey& key : *keys) Put(w, key);
   }
@@ -133,8 +135,11 @@ void GetPayload(Reader&, HeldKeysRequest*) {}
 void GetPayload(Reader& r, HeldKeysReply* m) {
   m->keys.host_total = r.Int<uint64_t>();
   m->keys.disk_total = r.Int<uint64_t>();
-  for (auto [keys, total] : {std::pair{&m->keys.host, m->keys.host_total},
-                             std::pair{&m->keys.disk, m->keys.disk_total}}) {
+  m->keys.remote_total = r.Int<uint64_t>();
+  for (auto [keys, total] :
+       {std::pair{&m->keys.host, m->keys.host_total},
+        std::pair{&m->keys.disk, m->keys.disk_total},
+        std::pair{&m->keys.remote, m->keys.remote_total}}) {
     const uint32_t n = r.Count(kMaxHeldKeysListed, "held key");
     if (n > total) r.Fail("more keys listed than held");
     for (uint32_t i = 0; i < n && r.ok(); ++i) keys->push_back(GetKey(r));

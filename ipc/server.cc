@@ -163,6 +163,8 @@ RemoteTierFactory(const ServerOptions& options) {
   remote.ttl = options.remote_ttl;
   remote.capacity_bytes = options.remote_capacity_bytes;
   remote.scan_interval = options.remote_scan_interval;
+  remote.cache_events = options.cache_events;
+  remote.block_size = options.layout.block_size;
   return [remote](std::function<std::span<std::byte>(BlockId)> slot_memory)
              -> StatusOr<std::unique_ptr<LowerTier>> {
     RemoteTierOptions o = remote;

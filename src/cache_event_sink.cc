@@ -9,6 +9,8 @@ const char* CacheMediumName(CacheMedium medium) {
       return "CPU";
     case CacheMedium::kStorage:
       return "STORAGE";
+    case CacheMedium::kRemote:
+      return "REMOTE";
   }
   return "?";
 }

@@ -2,11 +2,12 @@
 // in the terms of vLLM's KV cache events (BlockStored, BlockRemoved,
 // AllBlocksCleared), so that a cache-aware router can follow tierkv. The
 // coordinator reports its host tier (CacheMedium::kCpu); the disk tier
-// reports itself (kStorage). Per medium the calls come in the order the
-// tier's index changed, so replaying them rebuilds the index exactly.
-// Thread-safety: implementations must be thread-safe. Calls come from the
-// coordinator's owner thread and from the disk tier's I/O threads, with
-// those components' locks held: an implementation must never block (queue
+// reports itself (kStorage), and so does the remote tier (kRemote: the
+// blocks this tierkvd wrote to the shared Redis Cluster). Per medium the calls
+// come in the order the tier's index changed, so replaying them rebuilds the
+// index exactly. Thread-safety: implementations must be thread-safe. Calls come
+// from the coordinator's owner thread and from the disk tier's I/O threads,
+// with those components' locks held: an implementation must never block (queue
 // and return) and never call back into a tier.
 #ifndef TIERKV_SRC_CACHE_EVENT_SINK_H_
 #define TIERKV_SRC_CACHE_EVENT_SINK_H_
@@ -24,8 +25,13 @@ namespace tierkv {
 enum class CacheMedium : uint8_t {
   kCpu = 1,      // The host tier's shared-memory slots.
   kStorage = 2,  // The disk tier.
+  // The remote tier on a Redis Cluster that several tierkvds share: a
+  // block one of them reports there can be loaded through any of them (of
+  // the same model, layout and remote tenant).
+  kRemote = 3,
 };
-const char* CacheMediumName(CacheMedium medium);  // "CPU", "STORAGE"
+// "CPU", "STORAGE", "REMOTE".
+const char* CacheMediumName(CacheMedium medium);
 
 // One block a tier now serves.
 struct StoredBlockEvent {
@@ -33,7 +39,7 @@ struct StoredBlockEvent {
   BlockKey key;
   // The previous block's key in the request that stored it; none for a
   // request's first block, or where the tier does not know it (the disk
-  // tier keeps no parents).
+  // and remote tiers keep no parents).
   std::optional<BlockKey> parent;
   std::span<const TokenId> tokens;  // Valid during the call only.
   int32_t block_size = 0;           // Tokens per full block of the layout.

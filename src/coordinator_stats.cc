@@ -192,7 +192,10 @@ HeldKeys Coordinator::HeldKeysNow(size_t max_per_tier) const {
     if (held.host.size() < max_per_tier) held.host.push_back(b.key);
   }
   if (options_.lower != nullptr) {
-    held.disk = options_.lower->StoredKeys(max_per_tier, &held.disk_total);
+    held.disk = options_.lower->KeysOn(CacheMedium::kStorage, max_per_tier,
+                                       &held.disk_total);
+    held.remote = options_.lower->KeysOn(CacheMedium::kRemote, max_per_tier,
+                                         &held.remote_total);
   }
   return held;
 }

@@ -67,13 +67,16 @@ struct EvictedBlock {
 std::string EvictedBlockSummary(const EvictedBlock& block);
 
 // The keys each tier serves (Coordinator::HeldKeys): the host tier's keyed
-// slots and the lower tier's stored blocks, each list in no set order and
-// cut at a bound; the totals count them all.
+// slots, the disk tier's stored blocks and the remote tier's (those this
+// store wrote), each list in no set order and cut at a bound; the totals
+// count them all.
 struct HeldKeys {
   uint64_t host_total = 0;
   uint64_t disk_total = 0;
+  uint64_t remote_total = 0;
   std::vector<BlockKey> host;
   std::vector<BlockKey> disk;
+  std::vector<BlockKey> remote = {};
 };
 
 // Where a transfer event in flight stands (see the state list above).

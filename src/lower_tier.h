@@ -15,6 +15,7 @@
 #include <span>
 #include <vector>
 
+#include "src/cache_event_sink.h"
 #include "tierkv/block_key.h"
 #include "tierkv/stats.h"
 #include "tierkv/status.h"
@@ -61,6 +62,15 @@ class LowerTier {
   // them, and how many it holds in all.
   virtual std::vector<BlockKey> StoredKeys(size_t max,
                                            uint64_t* total) const = 0;
+  // StoredKeys of one medium: kStorage, the disk tier's; kRemote, the
+  // remote tier's (those this process wrote), for a tier that is or
+  // includes one. Default: every stored key under kStorage.
+  virtual std::vector<BlockKey> KeysOn(CacheMedium medium, size_t max,
+                                       uint64_t* total) const {
+    if (medium == CacheMedium::kStorage) return StoredKeys(max, total);
+    *total = 0;
+    return {};
+  }
   virtual DiskTierStats stats() const = 0;
   // The disk tier's stats, when the tier is or includes a disk tier.
   // Default: stats().

@@ -98,7 +98,7 @@ class Router:
         self.replay = context.socket(zmq.DEALER)
         self.replay.connect(replay_endpoint)
         self.next_seq = 0
-        self.index = {"CPU": set(), "STORAGE": set()}
+        self.index = {"CPU": set(), "STORAGE": set(), "REMOTE": set()}
         self.replayed = 0
 
     def apply(self, seq, payload):
@@ -150,7 +150,7 @@ def held_keys(admin, socket_path, hash_format=None):
     int form is a key's low word, its last 16 hex digits), or whole."""
     out = subprocess.run([admin, "--socket", socket_path, "held"],
                          check=True, capture_output=True, text=True).stdout
-    index = {"CPU": set(), "STORAGE": set()}
+    index = {"CPU": set(), "STORAGE": set(), "REMOTE": set()}
     for line in out.splitlines():
         check(not line.startswith("#"), f"held list cut: {line}")
         medium, key = line.split()

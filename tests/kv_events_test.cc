@@ -226,6 +226,130 @@ TEST(KvEventsEncoding, MergingStopsAtTheCap) {
 }
 
 // One message as a subscriber receives it.
+// What DecodeKvEventBatch gives back of an event, for comparisons.
+std::string Describe(const KvEvent& e) {
+  std::string out = e.type == KvEvent::Type::kBlockStored    ? "stored"
+                    : e.type == KvEvent::Type::kBlockRemoved ? "removed"
+                                                             : "cleared";
+  if (e.type == KvEvent::Type::kAllBlocksCleared) return out;
+  out += std::string(" ") + CacheMediumName(e.medium);
+  for (const BlockKey& k : e.keys) out += " " + k.ToHex();
+  if (e.type == KvEvent::Type::kBlockRemoved) return out;
+  out += " parent " + (e.parent ? e.parent->ToHex() : std::string("-"));
+  out += " tokens";
+  for (TokenId t : e.tokens) out += " " + std::to_string(t);
+  out += " size " + std::to_string(e.block_size) + " lora " +
+         (e.lora_id ? std::to_string(*e.lora_id) : std::string("-"));
+  return out;
+}
+
+std::vector<KvEvent> EveryKindOfEvent() {
+  return {Stored(CacheMedium::kCpu, 1, std::nullopt, 100, 7),
+          Stored(CacheMedium::kStorage, 2, 1, 200),
+          Stored(CacheMedium::kRemote, 3, std::nullopt, 300),
+          Removed(CacheMedium::kRemote, 3),
+          Removed(CacheMedium::kCpu, 1),
+          {.type = KvEvent::Type::kAllBlocksCleared,
+           .medium = CacheMedium::kCpu,
+           .keys = {},
+           .parent = std::nullopt,
+           .tokens = {},
+           .block_size = 0,
+           .lora_id = std::nullopt}};
+}
+
+TEST(KvEventsDecoding, BytesHashesGiveBackEveryEventWhole) {
+  const std::vector<KvEvent> events = EveryKindOfEvent();
+  StatusOr<DecodedKvEventBatch> back = DecodeKvEventBatch(
+      EncodeKvEventBatch(12.5, events, KvEventHashFormat::kBytes));
+  ASSERT_THAT(back, IsOk());
+  EXPECT_EQ(back->ts, 12.5);
+  ASSERT_EQ(back->events.size(), events.size());
+  for (size_t i = 0; i < events.size(); ++i) {
+    EXPECT_EQ(Describe(back->events[i]), Describe(events[i])) << i;
+  }
+}
+
+TEST(KvEventsDecoding, IntegerHashesGiveBackTheKeysLowWords) {
+  std::vector<KvEvent> events = EveryKindOfEvent();
+  StatusOr<DecodedKvEventBatch> back =
+      DecodeKvEventBatch(EncodeKvEventBatch(1, events));
+  ASSERT_THAT(back, IsOk());
+  ASSERT_EQ(back->events.size(), events.size());
+  for (KvEvent& e : events) {
+    for (BlockKey& k : e.keys) k.hi = 0;
+    if (e.parent) e.parent->hi = 0;
+  }
+  for (size_t i = 0; i < events.size(); ++i) {
+    EXPECT_EQ(Describe(back->events[i]), Describe(events[i])) << i;
+  }
+}
+
+// vLLM's BlockStored has grown fields at its end over releases; a decoder
+// reads the ones it knows by position and skips the rest.
+TEST(KvEventsDecoding, ReadsVllmsShorterAndLongerBlockStored) {
+  for (int fields : {7, 8, 11}) {
+    msgpack::sbuffer buffer;
+    msgpack::packer<msgpack::sbuffer> pk(&buffer);
+    pk.pack_array(2);
+    pk.pack_double(3.0);
+    pk.pack_array(1);
+    pk.pack_array(static_cast<uint32_t>(fields));
+    pk.pack(std::string("BlockStored"));
+    pk.pack_array(1);
+    pk.pack_uint64(42);
+    pk.pack_nil();
+    pk.pack_array(2);
+    pk.pack_uint32(5);
+    pk.pack_uint32(6);
+    pk.pack_int32(16);
+    pk.pack_nil();
+    pk.pack(std::string("CPU"));
+    for (int extra = 7; extra < fields; ++extra) pk.pack_nil();
+    StatusOr<DecodedKvEventBatch> back =
+        DecodeKvEventBatch({buffer.data(), buffer.size()});
+    ASSERT_THAT(back, IsOk()) << fields;
+    ASSERT_EQ(back->events.size(), 1u);
+    const std::string key = BlockKey{.lo = 42, .hi = 0}.ToHex();
+    EXPECT_EQ(Describe(back->events[0]),
+              "stored CPU " + key + " parent - tokens 5 6 size 16 lora -");
+  }
+}
+
+// Anything malformed is an error, never a crash nor a half-decoded batch:
+// every cut of a real batch, every single-byte change of it, a medium
+// tierkv does not name, and bytes that are no msgpack at all.
+TEST(KvEventsDecoding, RefusesWhatIsMalformed) {
+  const std::string good =
+      EncodeKvEventBatch(1, EveryKindOfEvent(), KvEventHashFormat::kBytes);
+  for (size_t cut = 0; cut < good.size(); ++cut) {
+    EXPECT_THAT(DecodeKvEventBatch(good.substr(0, cut)),
+                StatusIs(StatusCode::kInvalidArgument))
+        << cut;
+  }
+  for (size_t i = 0; i < good.size(); ++i) {
+    for (unsigned char flip : {0x01, 0x80, 0xff}) {
+      std::string bad = good;
+      bad[i] = static_cast<char>(bad[i] ^ flip);
+      StatusOr<DecodedKvEventBatch> back = DecodeKvEventBatch(bad);
+      if (!back.ok()) {
+        EXPECT_EQ(back.status().code(), StatusCode::kInvalidArgument);
+      }
+    }
+  }
+  KvEvent gpu = Stored(CacheMedium::kCpu, 1, std::nullopt, 1);
+  std::string bytes = EncodeKvEventBatch(1, {&gpu, 1});
+  const size_t at = bytes.find("CPU");
+  ASSERT_NE(at, std::string::npos);
+  bytes.replace(at, 3, "GPU");
+  StatusOr<DecodedKvEventBatch> gpu_batch = DecodeKvEventBatch(bytes);
+  EXPECT_THAT(gpu_batch, StatusIs(StatusCode::kInvalidArgument));
+  EXPECT_THAT(gpu_batch.status().message(), testing::HasSubstr("GPU"));
+  EXPECT_THAT(DecodeKvEventBatch("not msgpack \xc1"),
+              StatusIs(StatusCode::kInvalidArgument));
+  EXPECT_THAT(DecodeKvEventBatch(""), StatusIs(StatusCode::kInvalidArgument));
+}
+
 struct Received {
   std::string topic;
   int64_t seq = 0;

@@ -157,8 +157,10 @@ std::vector<Message> Samples() {
       HeldKeysRequest{},
       HeldKeysReply{{.host_total = 3,
                      .disk_total = 1,
+                     .remote_total = 2,
                      .host = {BlockKey{.lo = 1, .hi = 2}},
-                     .disk = {BlockKey{.lo = 3, .hi = 4}}}},
+                     .disk = {BlockKey{.lo = 3, .hi = 4}},
+                     .remote = {BlockKey{.lo = 5, .hi = 6}}}},
       ErrorReply{Status::Aborted("send it whole")},
   };
 }

@@ -16,8 +16,10 @@
 #include <functional>
 #include <future>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "testing/redis_cluster_harness.h"
@@ -68,6 +70,8 @@ class RedisClusterRemoteTierTest : public ::testing::Test {
     options.ttl = ttl;
     options.capacity_bytes = capacity_bytes;
     options.scan_interval = scan;
+    options.cache_events = events_;
+    options.block_size = 4;
     StatusOr<std::unique_ptr<RemoteTier>> tier = RemoteTier::Open(options);
     EXPECT_THAT(tier, IsOk());
     return tier.ok() ? std::move(*tier) : nullptr;
@@ -133,6 +137,7 @@ class RedisClusterRemoteTierTest : public ::testing::Test {
 
   std::unique_ptr<RedisClusterHarness> cluster_;
   std::unique_ptr<RedisClusterClient> raw_;  // To read and damage values.
+  CacheEventSink* events_ = nullptr;  // Given to the tiers OpenTier opens.
   std::vector<std::vector<std::byte>> slots_;
 };
 
@@ -354,4 +359,67 @@ TEST_F(RedisClusterRemoteTierTest, AWholeScanDropsItsOwnExpiredBlocks) {
 }
 
 }  // namespace
+// The KV events of the remote tier: what this tier's index gains and loses,
+// each key once, so a router's copy of the index stays exact.
+class EventLog final : public CacheEventSink {
+ public:
+  void BlockStored(const StoredBlockEvent& b) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    EXPECT_EQ(b.medium, CacheMedium::kRemote);
+    EXPECT_EQ(b.block_size, 4);
+    EXPECT_FALSE(b.parent.has_value());
+    log_.push_back("stored " + std::to_string(b.key.lo) + " tokens " +
+                   std::to_string(b.tokens.size()));
+  }
+  void BlockRemoved(CacheMedium medium, const BlockKey& key) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    EXPECT_EQ(medium, CacheMedium::kRemote);
+    log_.push_back("removed " + std::to_string(key.lo));
+  }
+  void AllBlocksCleared() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    log_.push_back("cleared");
+  }
+  std::vector<std::string> Take() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return std::exchange(log_, {});
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<std::string> log_;
+};
+
+TEST_F(RedisClusterRemoteTierTest, ReportsTheBlocksItWroteAsKvEvents) {
+  EventLog log;
+  events_ = &log;
+  const uint64_t value_bytes = kBlockBytes + 200;
+  std::unique_ptr<RemoteTier> tier =
+      OpenTier("model-a/layout-1", 2 * value_bytes);
+  ASSERT_NE(tier, nullptr);
+  ASSERT_THAT(Spill(*tier, kKey1, kTokens1, 0), IsOk());
+  ASSERT_THAT(Spill(*tier, kKey2, kTokens2, 1), IsOk());
+  EXPECT_THAT(log.Take(),
+              ElementsAre("stored 4369 tokens 4", "stored 8738 tokens 4"));
+  // Written again: still one entry, no second BlockStored; key 2 is now the
+  // least recently used, and goes for the byte bound.
+  ASSERT_THAT(Spill(*tier, kKey1, kTokens1, 0), IsOk());
+  ASSERT_THAT(Spill(*tier, kKey3, kTokens3, 2), IsOk());
+  EXPECT_THAT(log.Take(), ElementsAre("stored 13107 tokens 4", "removed 8738"));
+  EXPECT_TRUE(tier->Remove(kKey1));
+  EXPECT_THAT(log.Take(), ElementsAre("removed 4369"));
+  // A value deleted behind the tier's back: the promotion that finds it gone
+  // drops it from the index, and says so.
+  const std::string key3[] = {tier->RedisKey(kKey3)};
+  ASSERT_THAT(raw_->MultiDel(key3), ElementsAre(IsOkAndHolds(true)));
+  EXPECT_THAT(Promote(*tier, kKey3, kTokens3, 4),
+              StatusIs(StatusCode::kNotFound));
+  EXPECT_THAT(log.Take(), ElementsAre("removed 13107"));
+  ASSERT_THAT(Spill(*tier, kKey2, kTokens2, 1), IsOk());
+  EXPECT_EQ(tier->RemoveAll(), 1u);
+  EXPECT_THAT(log.Take(), ElementsAre("stored 8738 tokens 4", "removed 8738"));
+  tier.reset();
+  EXPECT_THAT(log.Take(), IsEmpty());
+}
+
 }  // namespace tierkv

@@ -261,6 +261,9 @@ uint64_t RemoteTier::EraseLocked(const BlockKey& key) {
   if (!known_.contains(key)) --index_unscanned_;
   stats_.bytes -= bytes;
   stats_.keys = index_.size();
+  if (options_.cache_events != nullptr) {
+    options_.cache_events->BlockRemoved(CacheMedium::kRemote, key);
+  }
   return bytes;
 }
 
@@ -311,6 +314,11 @@ uint64_t RemoteTier::RemoveAll() {
       }
     }
     forgotten = known_.size() + index_unscanned_;
+    if (options_.cache_events != nullptr) {
+      for (const auto& [key, entry] : index_) {
+        options_.cache_events->BlockRemoved(CacheMedium::kRemote, key);
+      }
+    }
     index_.clear();
     lru_.clear();
     known_.clear();
@@ -445,7 +453,20 @@ void RemoteTier::RunSpill(Job& job) {
     if (!set.ok()) {
       ++stats_.put_failures;
     } else {
-      EraseLocked(job.key);
+      // A block written again stays one entry (and one BlockStored).
+      if (auto it = index_.find(job.key); it != index_.end()) {
+        lru_.erase(it->second.lru);
+        stats_.bytes -= it->second.bytes;
+        if (!known_.contains(job.key)) --index_unscanned_;
+        index_.erase(it);
+      } else if (options_.cache_events != nullptr) {
+        options_.cache_events->BlockStored({.medium = CacheMedium::kRemote,
+                                            .key = job.key,
+                                            .parent = std::nullopt,
+                                            .tokens = job.tokens,
+                                            .block_size = options_.block_size,
+                                            .lora_id = std::nullopt});
+      }
       lru_.push_front(job.key);
       index_[job.key] = Entry{.tokens = std::move(job.tokens),
                               .bytes = value.size(),

@@ -57,6 +57,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "src/cache_event_sink.h"
 #include "src/lower_tier.h"
 #include "src/mutex.h"
 #include "tiers/redis_cluster.h"
@@ -91,6 +92,14 @@ struct RemoteTierOptions {
   // Bound on the known keys scans keep (about 64 bytes each); keys past it
   // are not kept (known_keys_dropped). Default: 1 << 20.
   size_t max_known_keys = size_t{1} << 20;
+  // Told of every block this tier's index gains or loses
+  // (CacheMedium::kRemote): the blocks this process wrote, as a router
+  // follows them; others' blocks are their writers' to report. Called with
+  // the tier's lock held, from the I/O and scan threads and from Remove.
+  // Default: none.
+  CacheEventSink* cache_events = nullptr;
+  // Tokens per full block, for BlockStored events. Default: 0.
+  int32_t block_size = 0;
 };
 
 class RemoteTier final : public LowerTier {
@@ -121,6 +130,13 @@ class RemoteTier final : public LowerTier {
   // The blocks in this tier's index (those this process spilled), most
   // recently used first.
   std::vector<BlockKey> StoredKeys(size_t max, uint64_t* total) const override;
+  // kRemote: StoredKeys; none on any other medium.
+  std::vector<BlockKey> KeysOn(CacheMedium medium, size_t max,
+                               uint64_t* total) const override {
+    if (medium == CacheMedium::kRemote) return StoredKeys(max, total);
+    *total = 0;
+    return {};
+  }
   DiskTierStats stats() const override;
   // None: this tier is no disk tier.
   std::optional<DiskTierStats> disk_stats() const override {
@@ -155,7 +171,7 @@ class RemoteTier final : public LowerTier {
   // index and the stats, and its `done` called.
   void FinishPromote(Job& job, const std::string& redis_key, const Read& read,
                      uint64_t removals_before) TIERKV_EXCLUDES(mu_);
-  // Drops `key` from the index; the bytes it held.
+  // Drops `key` from the index (a BlockRemoved event); the bytes it held.
   uint64_t EraseLocked(const BlockKey& key) TIERKV_REQUIRES(mu_);
   // Adds `key` to, or drops it from, the known keys.
   void AddKnownLocked(const BlockKey& key) TIERKV_REQUIRES(mu_);

@@ -127,6 +127,11 @@ class DiskOverRemote final : public LowerTier {
     *total = disk_total + remote_total;
     return keys;
   }
+  std::vector<BlockKey> KeysOn(CacheMedium medium, size_t max,
+                               uint64_t* total) const override {
+    return (medium == CacheMedium::kRemote ? remote_ : disk_)
+        ->KeysOn(medium, max, total);
+  }
   DiskTierStats stats() const override { return disk_->stats(); }
   std::optional<DiskTierStats> disk_stats() const override {
     return disk_->disk_stats();

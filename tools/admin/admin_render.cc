@@ -661,12 +661,19 @@ std::string FormatHeldKeys(const HeldKeys& keys) {
   for (const BlockKey& key : keys.disk) {
     out << "STORAGE " << key.ToHex() << "\n";
   }
+  for (const BlockKey& key : keys.remote) {
+    out << "REMOTE " << key.ToHex() << "\n";
+  }
   if (keys.host.size() < keys.host_total) {
     out << "# host: " << keys.host.size() << " of " << keys.host_total
         << " keys listed\n";
   }
   if (keys.disk.size() < keys.disk_total) {
     out << "# disk: " << keys.disk.size() << " of " << keys.disk_total
+        << " keys listed\n";
+  }
+  if (keys.remote.size() < keys.remote_total) {
+    out << "# remote: " << keys.remote.size() << " of " << keys.remote_total
         << " keys listed\n";
   }
   return out.str();
@@ -682,10 +689,13 @@ std::string FormatHeldKeysJson(const HeldKeys& keys) {
     out << "]";
   };
   out << "{\"host_total\":" << keys.host_total
-      << ",\"disk_total\":" << keys.disk_total << ",\"host\":";
+      << ",\"disk_total\":" << keys.disk_total
+      << ",\"remote_total\":" << keys.remote_total << ",\"host\":";
   list(keys.host);
   out << ",\"disk\":";
   list(keys.disk);
+  out << ",\"remote\":";
+  list(keys.remote);
   out << "}\n";
   return out.str();
 }

@@ -9,8 +9,10 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <climits>
 #include <deque>
 #include <msgpack.hpp>
+#include <optional>
 #include <string_view>
 #include <thread>
 #include <utility>
@@ -158,6 +160,160 @@ std::string EncodeKvEventBatch(double ts, std::span<const KvEvent> events,
   pk.pack_array(static_cast<uint32_t>(events.size()));
   for (const KvEvent& e : events) PackEvent(pk, e, hashes);
   return {buffer.data(), buffer.size()};
+}
+
+namespace {
+
+// Reads msgpack objects of a batch; each getter fails with what it expected.
+class BatchReader {
+ public:
+  Status error;
+
+  bool ok() const { return error.ok(); }
+  std::span<const msgpack::object> Array(const msgpack::object& o,
+                                         const char* what) {
+    if (o.type != msgpack::type::ARRAY) return Fail(what, "an array"), Empty();
+    return {o.via.array.ptr, o.via.array.size};
+  }
+  std::string_view String(const msgpack::object& o, const char* what) {
+    if (o.type != msgpack::type::STR) return Fail(what, "a string"), "";
+    return {o.via.str.ptr, o.via.str.size};
+  }
+  std::optional<uint64_t> Unsigned(const msgpack::object& o, const char* what) {
+    if (o.type == msgpack::type::NIL) return std::nullopt;
+    if (o.type != msgpack::type::POSITIVE_INTEGER) {
+      return Fail(what, "a non-negative integer or nil"), std::nullopt;
+    }
+    return o.via.u64;
+  }
+  BlockKey Hash(const msgpack::object& o) {
+    if (o.type == msgpack::type::POSITIVE_INTEGER) {
+      return BlockKey{.lo = o.via.u64, .hi = 0};
+    }
+    if (o.type != msgpack::type::BIN || o.via.bin.size != kHashBytes) {
+      return Fail("block hash", "an unsigned integer or 16 bytes"), BlockKey{};
+    }
+    const auto* b = reinterpret_cast<const unsigned char*>(o.via.bin.ptr);
+    auto word = [b](int at) {
+      uint64_t v = 0;
+      for (int i = 0; i < 8; ++i) v = (v << 8) | b[at + i];
+      return v;
+    };
+    return BlockKey{.lo = word(8), .hi = word(0)};
+  }
+  std::vector<BlockKey> Hashes(const msgpack::object& o) {
+    std::vector<BlockKey> keys;
+    for (const msgpack::object& h : Array(o, "block_hashes")) {
+      keys.push_back(Hash(h));
+    }
+    return keys;
+  }
+  CacheMedium Medium(const msgpack::object& o) {
+    const std::string_view name = String(o, "medium");
+    for (CacheMedium m :
+         {CacheMedium::kCpu, CacheMedium::kStorage, CacheMedium::kRemote}) {
+      if (name == CacheMediumName(m)) return m;
+    }
+    if (ok()) {
+      error =
+          Status::InvalidArgument("KV event batch: medium \"" +
+                                  std::string(name) + "\" is none of tierkv's");
+    }
+    return CacheMedium::kCpu;
+  }
+
+ private:
+  static std::span<const msgpack::object> Empty() { return {}; }
+  void Fail(const char* what, const char* expected) {
+    if (ok()) {
+      error = Status::InvalidArgument(std::string("KV event batch: ") + what +
+                                      " is not " + expected);
+    }
+  }
+};
+
+std::optional<KvEvent> DecodeEvent(BatchReader& r, const msgpack::object& o) {
+  const std::span<const msgpack::object> f = r.Array(o, "event");
+  if (!r.ok()) return std::nullopt;
+  if (f.empty()) {
+    r.error = Status::InvalidArgument("KV event batch: an empty event");
+    return std::nullopt;
+  }
+  const std::string_view tag = r.String(f[0], "event tag");
+  KvEvent e;
+  if (tag == "BlockStored" && f.size() >= 7) {
+    e.type = KvEvent::Type::kBlockStored;
+    e.keys = r.Hashes(f[1]);
+    if (f[2].type != msgpack::type::NIL) e.parent = r.Hash(f[2]);
+    for (const msgpack::object& t : r.Array(f[3], "token_ids")) {
+      const std::optional<uint64_t> v = r.Unsigned(t, "token id");
+      if (!v.has_value() || *v > uint64_t{INT32_MAX}) {
+        if (r.ok()) {
+          r.error = Status::InvalidArgument("KV event batch: a bad token id");
+        }
+        return std::nullopt;
+      }
+      e.tokens.push_back(static_cast<TokenId>(*v));
+    }
+    const std::optional<uint64_t> block_size = r.Unsigned(f[4], "block_size");
+    if (!block_size.has_value() || *block_size == 0 ||
+        *block_size > uint64_t{INT32_MAX}) {
+      if (r.ok()) {
+        r.error = Status::InvalidArgument("KV event batch: a bad block_size");
+      }
+      return std::nullopt;
+    }
+    e.block_size = static_cast<int32_t>(*block_size);
+    e.lora_id = r.Unsigned(f[5], "lora_id");
+    e.medium = r.Medium(f[6]);
+  } else if (tag == "BlockRemoved" && f.size() >= 3) {
+    e.type = KvEvent::Type::kBlockRemoved;
+    e.keys = r.Hashes(f[1]);
+    e.medium = r.Medium(f[2]);
+  } else if (tag == "AllBlocksCleared") {
+    e.type = KvEvent::Type::kAllBlocksCleared;
+  } else if (r.ok()) {
+    r.error = Status::InvalidArgument("KV event batch: an event \"" +
+                                      std::string(tag) + "\" of " +
+                                      std::to_string(f.size()) + " fields");
+  }
+  if (!r.ok()) return std::nullopt;
+  return e;
+}
+
+}  // namespace
+
+StatusOr<DecodedKvEventBatch> DecodeKvEventBatch(std::string_view bytes) {
+  msgpack::object_handle handle;
+  try {
+    handle = msgpack::unpack(bytes.data(), bytes.size());
+  } catch (const std::exception& e) {
+    return Status::InvalidArgument(
+        std::string("KV event batch: not msgpack: ") + e.what());
+  }
+  BatchReader r;
+  const std::span<const msgpack::object> batch =
+      r.Array(handle.get(), "the batch");
+  if (!r.ok()) return r.error;
+  if (batch.size() < 2) {
+    return Status::InvalidArgument("KV event batch: fewer than 2 fields");
+  }
+  DecodedKvEventBatch out;
+  if (batch[0].type == msgpack::type::FLOAT64 ||
+      batch[0].type == msgpack::type::FLOAT32) {
+    out.ts = batch[0].via.f64;
+  } else if (batch[0].type == msgpack::type::POSITIVE_INTEGER) {
+    out.ts = static_cast<double>(batch[0].via.u64);
+  } else {
+    return Status::InvalidArgument("KV event batch: ts is not a number");
+  }
+  for (const msgpack::object& o : r.Array(batch[1], "events")) {
+    std::optional<KvEvent> e = DecodeEvent(r, o);
+    if (!e.has_value()) return r.error;
+    out.events.push_back(std::move(*e));
+  }
+  if (!r.ok()) return r.error;
+  return out;
 }
 
 void AppendKvEvent(KvEvent event, size_t max_keys,

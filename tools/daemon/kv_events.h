@@ -72,6 +72,20 @@ std::string EncodeKvEventBatch(
     double ts, std::span<const KvEvent> events,
     KvEventHashFormat hashes = KvEventHashFormat::kInt64);
 
+// A KVEventBatch as a subscriber reads it (DecodeKvEventBatch).
+struct DecodedKvEventBatch {
+  double ts = 0;
+  std::vector<KvEvent> events;
+};
+// The inverse of EncodeKvEventBatch, for routers written in C++ and for
+// tests: a batch of either hash format (an integer hash becomes a key whose
+// `lo` is the integer and `hi` 0; 16 bytes, the whole key) and of vLLM's
+// own BlockStored forms (ending at `medium`, at `lora_name`, or with later
+// trailing fields, which are skipped). A medium tierkv does not name
+// ("GPU", ...) is InvalidArgument, as is anything malformed: never a crash,
+// whatever the bytes.
+StatusOr<DecodedKvEventBatch> DecodeKvEventBatch(std::string_view bytes);
+
 // Appends `event` to `events`, merging it into the last event when it
 // continues it: a BlockStored of the same medium and LoRA whose parent is
 // the last one's last block (which is full), or a BlockRemoved of the same
