@@ -3,7 +3,8 @@
 // that split into system prompt, documents and question), bad flags are
 // refused by name, and a small run with a real tierkvd and two real worker
 // processes serves chunks across workers from host and disk, bit-identical
-// to what each worker computes alone.
+// to what each worker computes alone; with --nodes 2, across two tierkvds
+// through a real Redis Cluster.
 #include "tools/demo/rag_demo.h"
 
 #include <gmock/gmock.h>
@@ -96,6 +97,15 @@ TEST(RagDemo, BadFlagsAreRefusedByName) {
               HasSubstr("--progress"));
   EXPECT_THAT(parse({"--socket", "/tmp/x"}).status().message(),
               HasSubstr("worker processes only"));
+  EXPECT_THAT(parse({"--nodes", "0"}).status().message(), HasSubstr("--nodes"));
+  EXPECT_THAT(parse({"--nodes", "9"}).status().message(), HasSubstr("--nodes"));
+  EXPECT_THAT(parse({"--nodes", "4", "--requests", "3"}).status().message(),
+              HasSubstr("--requests"));
+  EXPECT_THAT(parse({"--redis", "127.0.0.1:7000"}).status().message(),
+              HasSubstr("--nodes"));
+  StatusOr<RagDemoCommand> nodes = parse({"--nodes", "2"});
+  ASSERT_THAT(nodes, IsOk());
+  EXPECT_TRUE(nodes->options.verify);
   EXPECT_FALSE(parse({"--no-such-flag"}).ok());
   StatusOr<RagDemoCommand> help = parse({"--help"});
   ASSERT_THAT(help, IsOk());
@@ -145,6 +155,73 @@ TEST(RagDemo, TwoWorkersShareChunksThroughHostAndDisk) {
        {"Chunks served", "disk (tierkvd)", "host -> disk    (spills)",
         "no cache (full prefill)", "speedup",
         "tierkv-admin stats:", "16 of 16 requests bit-identical"}) {
+    EXPECT_THAT(out.str(), HasSubstr(text));
+  }
+}
+
+// --nodes 2: two tierkvds, each with its own host and disk tiers, on one
+// Redis Cluster (started for the demo). Node b runs after node a and loads
+// the chunks a computed from the remote tier, bit-identical; a router that
+// follows both nodes' KV events rebuilds each node's index exactly.
+TEST(RagDemo, TwoNodesShareChunksThroughRedisCluster) {
+  RagDemoOptions o = Small();
+  o.nodes = 2;
+  o.verify = true;
+  o.tierkvd_path = TIERKVD_PATH;
+  o.worker_path = TIERKV_DEMO_PATH;
+  std::ostringstream out, progress;
+  StatusOr<RagDemoReport> report = RunRagDemo(o, out, progress);
+  ASSERT_THAT(report, IsOk()) << report.status().ToString() << "\n"
+                              << progress.str();
+  const RagDemoReport& r = *report;
+  ASSERT_EQ(r.requests.size(), 16u);
+  ASSERT_EQ(r.nodes.size(), 2u);
+  EXPECT_EQ(r.tier_errors, 0);
+  EXPECT_EQ(r.verified, 16);
+  EXPECT_EQ(r.mismatches, 0);
+  const RagNodeReport& a = r.nodes[0];
+  const RagNodeReport& b = r.nodes[1];
+  EXPECT_EQ(a.first_request, 0);
+  EXPECT_EQ(a.end_request, 8);
+  EXPECT_EQ(b.first_request, 8);
+  EXPECT_EQ(b.end_request, 16);
+  ASSERT_TRUE(a.stats.remote.has_value());
+  ASSERT_TRUE(b.stats.remote.has_value());
+  EXPECT_GT(a.stats.remote->puts, 0u);
+  // b read blocks its own tiers never had: a's.
+  EXPECT_GT(b.stats.remote->hits, 0u);
+  EXPECT_GT(b.lower_hits, 0);
+  EXPECT_EQ(b.stats.remote->checksum_failures, 0u);
+  EXPECT_EQ(b.stats.remote->token_mismatches, 0u);
+  // b computes only documents no request of a's had, each at most once per
+  // worker (two workers can miss one at once), and chunks a block of which
+  // was evicted from a host tier before it was copied down.
+  const RagWorkload w = GenerateRagWorkload(o);
+  std::set<int32_t> seen_by_a, new_for_b;
+  for (const RagRequest& q : w.requests) {
+    for (int32_t d : q.documents) {
+      if (q.id < 8) {
+        seen_by_a.insert(d);
+      } else if (!seen_by_a.contains(d)) {
+        new_for_b.insert(d);
+      }
+    }
+  }
+  EXPECT_LE(b.computed, static_cast<int64_t>(2 * new_for_b.size() +
+                                             a.stats.host.evicted_unspilled +
+                                             b.stats.host.evicted_unspilled));
+  // The router saw every node's blocks on every medium, and its index is
+  // each node's.
+  for (const RagNodeReport& n : r.nodes) {
+    EXPECT_TRUE(n.index_matches) << n.name;
+    EXPECT_GT(n.batches, 0u) << n.name;
+    EXPECT_GT(n.stored[static_cast<size_t>(CacheMedium::kCpu)], 0u) << n.name;
+    EXPECT_GT(n.stored[static_cast<size_t>(CacheMedium::kRemote)], 0u)
+        << n.name;
+  }
+  for (const char* text : {"Requests node by node", "What a router saw",
+                           "Where the router would send a request now",
+                           "16 of 16 requests bit-identical"}) {
     EXPECT_THAT(out.str(), HasSubstr(text));
   }
 }

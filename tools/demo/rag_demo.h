@@ -55,10 +55,26 @@ struct RagDemoOptions {
   // Where tierkvd's socket, log and disk tier go. Default (empty): a fresh
   // directory under /tmp, removed at the end.
   std::string work_dir;
+  // Machines to play (--nodes): each node is a tierkvd of its own (its own
+  // store, host and disk tiers) with `workers` workers, all of them on one
+  // remote tier, a Redis Cluster. The requests run node by node, in equal
+  // shares, each node once every earlier node's blocks are visible to it in
+  // the remote tier; a router follows every node's KV events. Default: 1
+  // (one tierkvd, no Redis).
+  int32_t nodes = 1;
+  // With nodes > 1: an existing Redis Cluster (HOST:PORT,...) to use, with
+  // a tenant of the demo's own. Default (empty): a cluster of 3 masters
+  // started on loopback ports (redis-server, redis-cli) and stopped at the
+  // end.
+  std::string redis_seeds;
 
-  // Set for a worker process (tierkv-demo worker ...).
+  // Set for a worker process (tierkv-demo worker ...): it runs the requests
+  // with ids in [request_begin, request_end) that are its by
+  // id % workers == worker_index. request_end -1: to the last.
   std::string socket_path;
   int32_t worker_index = -1;
+  int32_t request_begin = 0;
+  int32_t request_end = -1;
 };
 
 // The model the demo runs: 4 layers, hidden 128, 4 query heads and 2 KV
@@ -107,6 +123,27 @@ struct Percentiles {
   double p50 = 0, p90 = 0, p99 = 0, mean = 0;
 };
 
+// One node of a --nodes run: its tierkvd's stats at the end, and what a
+// router that followed its KV events saw.
+struct RagNodeReport {
+  std::string name;           // "a", "b", ...
+  int32_t first_request = 0;  // The requests its workers ran,
+  int32_t end_request = 0;    // [first_request, end_request).
+  // Chunks its workers took from the lower tier (disk or the remote tier).
+  int64_t lower_hits = 0;
+  int64_t computed = 0;
+  CoordinatorStats stats;
+  // Event batches and events by kind and medium the router received.
+  uint64_t batches = 0;
+  uint64_t stored[4] = {};  // By CacheMedium (1 CPU, 2 STORAGE, 3 REMOTE).
+  uint64_t removed[4] = {};
+  uint64_t cleared = 0;
+  // Blocks the router's index holds per medium at the end, and whether it
+  // equals what the node's tierkv-admin held lists.
+  uint64_t held[4] = {};
+  bool index_matches = false;
+};
+
 struct RagDemoReport {
   std::vector<RagRequestResult> requests;  // By id.
   Percentiles cached_ms;
@@ -114,13 +151,22 @@ struct RagDemoReport {
   int64_t pool_hits = 0, host_hits = 0, disk_hits = 0, computed = 0;
   int64_t tier_errors = 0;
   int64_t verified = 0, mismatches = 0;
-  CoordinatorStats stats;  // tierkvd's, at the end.
+  CoordinatorStats stats;  // tierkvd's, at the end (the first node's).
+  std::vector<RagNodeReport> nodes;  // With --nodes 2 or more.
 };
 
 // Starts tierkvd and the workers, shows progress, waits, prints the report
-// and tierkv-admin's stats table to `out`, stops tierkvd.
+// and tierkv-admin's stats table to `out`, stops tierkvd. With nodes > 1,
+// RunNodesDemo.
 StatusOr<RagDemoReport> RunRagDemo(const RagDemoOptions& options,
                                    std::ostream& out, std::ostream& progress);
+
+// RunRagDemo with nodes > 1 (nodes_demo.cc): a Redis Cluster (or
+// redis_seeds), one tierkvd per node with the remote tier and KV events
+// on, the workers node by node, and a router that follows the events.
+// Prints the per-node report and the router's view.
+StatusOr<RagDemoReport> RunNodesDemo(const RagDemoOptions& options,
+                                     std::ostream& out, std::ostream& progress);
 
 // A worker process's body: attaches to options.socket_path and runs the
 // requests with id % workers == worker_index, one result line each on

@@ -26,6 +26,7 @@
 
 #include "ipc/socket_call.h"
 #include "tools/admin/admin.h"
+#include "tools/demo/demo_process.h"
 #include "tools/demo/demo_util.h"
 #include "tools/demo/rag_demo.h"
 #include "tools/demo/rag_demo_internal.h"
@@ -34,109 +35,6 @@ namespace tierkv::demo {
 
 // ---------------------------------------------------------------------------
 // The parent: tierkvd, the workers, the report.
-
-namespace {
-
-// A child process; killed (SIGKILL) and reaped on destruction if still
-// running. stdout and stderr go to `output_fd` (a pipe) or /dev/null.
-class Child {
- public:
-  static StatusOr<std::unique_ptr<Child>> Spawn(std::vector<std::string> argv,
-                                                bool capture) {
-    int fds[2] = {-1, -1};
-    if (capture && pipe2(fds, O_CLOEXEC) != 0) {
-      return Status::Internal(std::string("pipe2: ") + std::strerror(errno));
-    }
-    std::vector<char*> args;
-    for (std::string& a : argv) args.push_back(a.data());
-    args.push_back(nullptr);
-    const pid_t pid = fork();
-    if (pid < 0) {
-      return Status::Internal(std::string("fork: ") + std::strerror(errno));
-    }
-    if (pid == 0) {
-      prctl(PR_SET_PDEATHSIG, SIGTERM);  // Never outlive the demo.
-      const int out = capture ? fds[1] : open("/dev/null", O_WRONLY);
-      dup2(out, STDOUT_FILENO);
-      dup2(out, STDERR_FILENO);
-      execv(args[0], args.data());
-      const char msg[] = "tierkv-demo: cannot execute the program\n";
-      (void)!write(STDERR_FILENO, msg, sizeof msg - 1);
-      _exit(127);
-    }
-    if (capture) close(fds[1]);
-    return std::unique_ptr<Child>(new Child(pid, fds[0]));
-  }
-  ~Child() {
-    if (!reaped_) {
-      kill(pid_, SIGKILL);
-      Wait();
-    }
-    if (fd_ >= 0) close(fd_);
-  }
-  pid_t pid() const { return pid_; }
-  int fd() const { return fd_; }
-  void CloseOutput() {
-    close(fd_);
-    fd_ = -1;
-  }
-  // Exit code, or 128 + signal.
-  int Wait() {
-    if (reaped_) return code_;
-    int status = 0;
-    while (waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
-    }
-    reaped_ = true;
-    code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    return code_;
-  }
-  // Like Wait, without blocking: nullopt while it runs.
-  std::optional<int> Poll() {
-    if (reaped_) return code_;
-    int status = 0;
-    if (waitpid(pid_, &status, WNOHANG) != pid_) return std::nullopt;
-    reaped_ = true;
-    code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    return code_;
-  }
-
- private:
-  Child(pid_t pid, int fd) : pid_(pid), fd_(fd) {}
-  pid_t pid_;
-  int fd_;
-  bool reaped_ = false;
-  int code_ = 0;
-};
-
-std::string SelfPath() {
-  char buf[PATH_MAX];
-  const ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
-  if (n <= 0) return "tierkv-demo";
-  return std::string(buf, static_cast<size_t>(n));
-}
-
-std::string LastLines(const std::string& path, int lines) {
-  std::ifstream in(path);
-  std::vector<std::string> all;
-  for (std::string line; std::getline(in, line);) all.push_back(line);
-  std::string out;
-  for (size_t i = all.size() > static_cast<size_t>(lines)
-                      ? all.size() - static_cast<size_t>(lines)
-                      : 0;
-       i < all.size(); ++i) {
-    out += "  " + all[i] + "\n";
-  }
-  return out;
-}
-
-StatusOr<CoordinatorStats> FetchStats(const std::string& socket) {
-  TIERKV_ASSIGN_OR_RETURN(ipc::Message reply,
-                          ipc::SocketCall(socket, ipc::StatsRequest{}));
-  TIERKV_RETURN_IF_ERROR(ipc::StatusOf(reply));
-  const auto* stats = std::get_if<ipc::StatsReply>(&reply);
-  if (stats == nullptr) return Status::Internal("unexpected reply to stats");
-  return stats->stats;
-}
 
 // Parses a worker's "result k=v ..." line.
 StatusOr<RagRequestResult> ParseResult(const std::string& line) {
@@ -217,10 +115,16 @@ std::vector<std::string> WorkerArgs(const RagDemoOptions& o) {
       num(o.blend_ratio),
       "--host-capacity",
       num(o.host_bytes),
+      "--request-begin",
+      num(o.request_begin),
+      "--request-end",
+      num(o.request_end),
   };
   if (o.verify) a.push_back("--verify");
   return a;
 }
+
+namespace {
 
 void PrintReport(const RagDemoOptions& o, const RagDemoReport& r,
                  std::ostream& out) {
@@ -310,114 +214,17 @@ void PrintReport(const RagDemoOptions& o, const RagDemoReport& r,
 
 }  // namespace
 
-StatusOr<RagDemoReport> RunRagDemo(const RagDemoOptions& o, std::ostream& out,
-                                   std::ostream& progress) {
-  TIERKV_RETURN_IF_ERROR(ValidateRagOptions(o));
-  const std::string self = SelfPath();
-  const std::string tierkvd =
-      o.tierkvd_path.empty()
-          ? (std::filesystem::path(self).parent_path() / "tierkvd").string()
-          : o.tierkvd_path;
-  const std::string worker = o.worker_path.empty() ? self : o.worker_path;
-  std::string dir = o.work_dir;
-  bool remove_dir = false;
-  if (dir.empty()) {
-    std::string pattern = "/tmp/tierkv-demo.XXXXXX";
-    if (mkdtemp(pattern.data()) == nullptr) {
-      return Status::Internal(std::string("mkdtemp: ") + std::strerror(errno));
-    }
-    dir = pattern;
-    remove_dir = true;
-  }
-  struct Cleanup {
-    std::string dir;
-    bool remove;
-    ~Cleanup() {
-      std::error_code ignored;
-      if (remove) std::filesystem::remove_all(dir, ignored);
-    }
-  } cleanup{dir, remove_dir};
-  std::filesystem::create_directories(dir);
-  const std::string socket = dir + "/tierkvd.sock";
-  const std::string log = dir + "/tierkvd.log";
-  const std::string store = "demo-" + std::to_string(getpid());
-  const KvLayout layout = RagLayout();
-  const RagWorkload workload = GenerateRagWorkload(o);
-
-  const double block = static_cast<double>(layout.BlockBytes());
-  const int32_t doc_blocks = (o.document_tokens + kBlockSize - 1) / kBlockSize;
-  const int32_t sys_blocks = (o.system_tokens + kBlockSize - 1) / kBlockSize;
-  out << "tierkv RAG demo: " << o.workers << " workers, " << o.requests
-      << " requests. " << o.documents << " documents of " << o.document_tokens
-      << " tokens, " << o.docs_per_prompt
-      << " per prompt in random order, Zipf " << o.zipf << "; system prompt "
-      << o.system_tokens << ", question " << o.question_tokens << " tokens.\n"
-      << "Model: " << layout.ToString() << "; " << admin::HumanBytes(block)
-      << " per " << kBlockSize << "-token block.\n"
-      << "Chunk working set "
-      << admin::HumanBytes((int64_t{o.documents} * doc_blocks + sys_blocks) *
-                           block)
-      << "; device chunk pool "
-      << admin::HumanBytes((o.chunk_pool_blocks - 1) * block)
-      << " per worker; host tier "
-      << admin::HumanBytes(static_cast<double>(o.host_bytes))
-      << "; disk tier (RocksDB) in " << dir << "/disk.\n"
-      << std::flush;
-
-  std::vector<std::string> daemon_argv = {tierkvd,
-                                          "--store",
-                                          store,
-                                          "--socket",
-                                          socket,
-                                          "--host-capacity",
-                                          std::to_string(o.host_bytes),
-                                          "--layers",
-                                          std::to_string(layout.num_layers),
-                                          "--kv-heads",
-                                          std::to_string(layout.num_kv_heads),
-                                          "--head-dim",
-                                          std::to_string(layout.head_dim),
-                                          "--block-size",
-                                          std::to_string(layout.block_size),
-                                          "--dtype",
-                                          "f32",
-                                          "--disk-dir",
-                                          dir + "/disk",
-                                          "--disk-capacity",
-                                          std::to_string(o.disk_bytes),
-                                          "--log-file",
-                                          log};
-  TIERKV_ASSIGN_OR_RETURN(std::unique_ptr<Child> daemon,
-                          Child::Spawn(daemon_argv, /*capture=*/false));
-  const auto deadline =
-      std::chrono::steady_clock::now() + std::chrono::seconds(20);
-  while (!FetchStats(socket).ok()) {
-    if (std::optional<int> code = daemon->Poll(); code.has_value()) {
-      return Status::Unavailable("tierkvd (" + tierkvd + ") exited with " +
-                                 std::to_string(*code) + " before serving:\n" +
-                                 LastLines(log, 10));
-    }
-    if (std::chrono::steady_clock::now() > deadline) {
-      return Status::Unavailable("tierkvd did not answer on " + socket +
-                                 " within 20 s:\n" + LastLines(log, 10));
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-
+Status RunWorkers(const std::vector<std::vector<std::string>>& argvs,
+                  ProgressReporter& bar, uint64_t done_before,
+                  std::vector<RagRequestResult>* results,
+                  std::ostream& progress) {
   std::vector<std::unique_ptr<Child>> workers;
-  for (int32_t i = 0; i < o.workers; ++i) {
-    std::vector<std::string> argv = {worker,           "worker",
-                                     "--socket",       socket,
-                                     "--worker-index", std::to_string(i)};
-    for (std::string& a : WorkerArgs(o)) argv.push_back(std::move(a));
+  for (const std::vector<std::string>& argv : argvs) {
     TIERKV_ASSIGN_OR_RETURN(std::unique_ptr<Child> child,
                             Child::Spawn(argv, /*capture=*/true));
     workers.push_back(std::move(child));
   }
-
-  RagDemoReport report;
-  ProgressReporter bar(o.progress, static_cast<uint64_t>(o.requests),
-                       "requests", progress);
+  uint64_t done = done_before;
   std::vector<std::string> partial(workers.size());
   std::string worker_errors;
   size_t open = workers.size();
@@ -448,15 +255,14 @@ StatusOr<RagDemoReport> RunRagDemo(const RagDemoOptions& o, std::ostream& out,
         partial[i].erase(0, eol + 1);
         if (line.starts_with("result ")) {
           TIERKV_ASSIGN_OR_RETURN(RagRequestResult r, ParseResult(line));
-          report.requests.push_back(r);
-          bar.Update(report.requests.size());
+          results->push_back(r);
+          bar.Update(++done);
         } else {
           worker_errors += "worker " + std::to_string(i) + ": " + line + "\n";
         }
       }
     }
   }
-  bar.Done();
   for (size_t i = 0; i < workers.size(); ++i) {
     if (int code = workers[i]->Wait(); code != 0) {
       return Status::Internal("worker " + std::to_string(i) + " exited with " +
@@ -464,36 +270,130 @@ StatusOr<RagDemoReport> RunRagDemo(const RagDemoOptions& o, std::ostream& out,
     }
   }
   if (!worker_errors.empty()) progress << worker_errors;
+  return Status::Ok();
+}
+
+void TallyRequests(RagDemoReport* report) {
+  std::sort(report->requests.begin(), report->requests.end(),
+            [](const auto& a, const auto& b) { return a.id < b.id; });
+  std::vector<double> cached, cold;
+  for (const RagRequestResult& r : report->requests) {
+    cached.push_back(r.cached_ms);
+    cold.push_back(r.cold_ms);
+    report->pool_hits += r.pool_hits;
+    report->host_hits += r.host_hits;
+    report->disk_hits += r.disk_hits;
+    report->computed += r.computed;
+    report->tier_errors += r.tier_errors;
+    if (r.verified.has_value()) {
+      ++report->verified;
+      if (!*r.verified) ++report->mismatches;
+    }
+  }
+  report->cached_ms = Summarise(cached);
+  report->cold_ms = Summarise(cold);
+}
+
+std::vector<std::string> TierkvdArgs(const RagDemoOptions& o,
+                                     const std::string& tierkvd,
+                                     const std::string& store,
+                                     const std::string& dir) {
+  const KvLayout layout = RagLayout();
+  return {tierkvd,
+          "--store",
+          store,
+          "--socket",
+          dir + "/tierkvd.sock",
+          "--host-capacity",
+          std::to_string(o.host_bytes),
+          "--layers",
+          std::to_string(layout.num_layers),
+          "--kv-heads",
+          std::to_string(layout.num_kv_heads),
+          "--head-dim",
+          std::to_string(layout.head_dim),
+          "--block-size",
+          std::to_string(layout.block_size),
+          "--dtype",
+          "f32",
+          "--disk-dir",
+          dir + "/disk",
+          "--disk-capacity",
+          std::to_string(o.disk_bytes),
+          "--log-file",
+          dir + "/tierkvd.log"};
+}
+
+std::string TierkvdPath(const RagDemoOptions& o) {
+  return o.tierkvd_path.empty()
+             ? (std::filesystem::path(SelfPath()).parent_path() / "tierkvd")
+                   .string()
+             : o.tierkvd_path;
+}
+
+StatusOr<RagDemoReport> RunRagDemo(const RagDemoOptions& o, std::ostream& out,
+                                   std::ostream& progress) {
+  TIERKV_RETURN_IF_ERROR(ValidateRagOptions(o));
+  if (o.nodes > 1) return RunNodesDemo(o, out, progress);
+  const std::string tierkvd = TierkvdPath(o);
+  const std::string worker = o.worker_path.empty() ? SelfPath() : o.worker_path;
+  DirRemover cleanup{o.work_dir, false};
+  if (cleanup.dir.empty()) {
+    TIERKV_ASSIGN_OR_RETURN(cleanup.dir, MakeTempDir());
+    cleanup.remove = true;
+  }
+  const std::string& dir = cleanup.dir;
+  std::filesystem::create_directories(dir);
+  const std::string socket = dir + "/tierkvd.sock";
+  const std::string log = dir + "/tierkvd.log";
+  const std::string store = "demo-" + std::to_string(getpid());
+  const KvLayout layout = RagLayout();
+
+  const double block = static_cast<double>(layout.BlockBytes());
+  const int32_t doc_blocks = (o.document_tokens + kBlockSize - 1) / kBlockSize;
+  const int32_t sys_blocks = (o.system_tokens + kBlockSize - 1) / kBlockSize;
+  out << "tierkv RAG demo: " << o.workers << " workers, " << o.requests
+      << " requests. " << o.documents << " documents of " << o.document_tokens
+      << " tokens, " << o.docs_per_prompt
+      << " per prompt in random order, Zipf " << o.zipf << "; system prompt "
+      << o.system_tokens << ", question " << o.question_tokens << " tokens.\n"
+      << "Model: " << layout.ToString() << "; " << admin::HumanBytes(block)
+      << " per " << kBlockSize << "-token block.\n"
+      << "Chunk working set "
+      << admin::HumanBytes((int64_t{o.documents} * doc_blocks + sys_blocks) *
+                           block)
+      << "; device chunk pool "
+      << admin::HumanBytes((o.chunk_pool_blocks - 1) * block)
+      << " per worker; host tier "
+      << admin::HumanBytes(static_cast<double>(o.host_bytes))
+      << "; disk tier (RocksDB) in " << dir << "/disk.\n"
+      << std::flush;
+
+  TIERKV_ASSIGN_OR_RETURN(
+      std::unique_ptr<Child> daemon,
+      StartTierkvd(TierkvdArgs(o, tierkvd, store, dir), socket, log));
+
+  std::vector<std::vector<std::string>> argvs;
+  for (int32_t i = 0; i < o.workers; ++i) {
+    std::vector<std::string> argv = {worker,           "worker",
+                                     "--socket",       socket,
+                                     "--worker-index", std::to_string(i)};
+    for (std::string& a : WorkerArgs(o)) argv.push_back(std::move(a));
+    argvs.push_back(std::move(argv));
+  }
+  RagDemoReport report;
+  ProgressReporter bar(o.progress, static_cast<uint64_t>(o.requests),
+                       "requests", progress);
+  TIERKV_RETURN_IF_ERROR(RunWorkers(argvs, bar, 0, &report.requests, progress));
+  bar.Done();
   if (report.requests.size() != static_cast<size_t>(o.requests)) {
     return Status::Internal("the workers reported " +
                             std::to_string(report.requests.size()) + " of " +
                             std::to_string(o.requests) + " requests");
   }
   TIERKV_ASSIGN_OR_RETURN(report.stats, FetchStats(socket));
-  kill(daemon->pid(), SIGTERM);
-  if (int code = daemon->Wait(); code != 0) {
-    return Status::Internal("tierkvd exited with " + std::to_string(code) +
-                            " on SIGTERM:\n" + LastLines(log, 10));
-  }
-
-  std::sort(report.requests.begin(), report.requests.end(),
-            [](const auto& a, const auto& b) { return a.id < b.id; });
-  std::vector<double> cached, cold;
-  for (const RagRequestResult& r : report.requests) {
-    cached.push_back(r.cached_ms);
-    cold.push_back(r.cold_ms);
-    report.pool_hits += r.pool_hits;
-    report.host_hits += r.host_hits;
-    report.disk_hits += r.disk_hits;
-    report.computed += r.computed;
-    report.tier_errors += r.tier_errors;
-    if (r.verified.has_value()) {
-      ++report.verified;
-      if (!*r.verified) ++report.mismatches;
-    }
-  }
-  report.cached_ms = Summarise(cached);
-  report.cold_ms = Summarise(cold);
+  TIERKV_RETURN_IF_ERROR(StopTierkvd(*daemon, log));
+  TallyRequests(&report);
   PrintReport(o, report, out);
   return report;
 }

@@ -104,7 +104,10 @@ Status RunRagWorker(const RagDemoOptions& o, std::ostream& out) {
   if (o.blend_ratio > 0) chunked.blend = BlendOptions{o.blend_ratio, 1};
 
   for (const RagRequest& r : w.requests) {
-    if (r.id % o.workers != o.worker_index) continue;
+    if (r.id % o.workers != o.worker_index || r.id < o.request_begin ||
+        (o.request_end >= 0 && r.id >= o.request_end)) {
+      continue;
+    }
     const ChunkStoreStats before = store.stats();
     const ClientChunkSourceStats tier_before = tier.stats();
     const auto t0 = std::chrono::steady_clock::now();
