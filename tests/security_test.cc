@@ -686,5 +686,36 @@ TEST_F(OperatorRightsTest, TheAdminGroupMayClear) {
   EXPECT_EQ(clear->Wait(), 0) << clear->output();
 }
 
+// A route is read-only, but what is cached names a tenant's prompts: a user
+// other than tierkvd's own asks only about its own tenants, as its workers
+// see them. "acme" means uid<UID>/acme for that user.
+TEST_F(OperatorRightsTest, AnotherUsersRouteSeesOnlyItsOwnTenants) {
+  StartDaemon("1M", {"--group", TestUsers::kGroup, "--mode", "0660"});
+  auto fill = Spawn({TEST_WORKER_PATH, "--model", "", "--tenant", "acme",
+                     "fill", socket_, "21", "4"});
+  ASSERT_EQ(fill->Wait(), 0) << fill->output();
+  // fill's first one-block request (tests/fill_worker.h's tokens).
+  std::string tokens;
+  for (uint32_t i = 0; i < 16; ++i) {
+    tokens += std::to_string((21u * 1000003u) * 16u + i) + " ";
+  }
+  auto own = Admin("", {"route", "--tenant", "acme", tokens});
+  ASSERT_EQ(own->Wait(), 0) << own->output();
+  EXPECT_THAT(own->output(),
+              HasSubstr("longest cached prefix: local (16 tokens)"));
+  auto theirs =
+      Admin(TestUsers::kMember, {"route", "--tenant", "acme", tokens});
+  ASSERT_EQ(theirs->Wait(), 0) << theirs->output();
+  EXPECT_THAT(theirs->output(), HasSubstr("cached nowhere"));
+  // Naming the owner's tenant in full does not reach it either.
+  const uid_t owner = geteuid();
+  auto spelled = Admin(
+      TestUsers::kMember,
+      {"route", "--tenant", "uid" + std::to_string(owner) + "/acme", tokens});
+  spelled->Wait();
+  EXPECT_THAT(spelled->output(), Not(HasSubstr("longest cached prefix")))
+      << spelled->output();
+}
+
 }  // namespace
 }  // namespace tierkv
