@@ -332,7 +332,7 @@ void Coordinator::StartWriteBehind() {
         slot_checks_[static_cast<size_t>(slot)].spilling) {
       continue;
     }
-    if (options_.lower->Contains(key, HostSlotTokens(slot))) continue;
+    if (options_.lower->Covers(key, HostSlotTokens(slot))) continue;
     LowerOp op;
     op.spill = true;
     op.keep = true;
@@ -349,7 +349,7 @@ int64_t Coordinator::SpillBlocks(std::span<const BlockId> victims) {
   int64_t started = 0;
   for (BlockId slot : victims) {
     const BlockPool::Block& b = host_pool_.block(slot);
-    if (options_.lower->Contains(b.key, HostSlotTokens(slot))) {
+    if (options_.lower->Covers(b.key, HostSlotTokens(slot))) {
       const BlockKey key = b.key;  // Demoting drops it.
       if (host_pool_.DemoteCachedBlock(slot)) {
         ++stats_.spill_drops;

@@ -36,6 +36,15 @@ class LowerTier {
   // on I/O: a lookup calls it for every block past the host hits.
   virtual bool Contains(const BlockKey& key,
                         std::span<const TokenId> tokens) const = 0;
+  // Whether a Spill of the block would copy it nowhere new, so a host slot
+  // may drop it without one. A tier that stacks a local tier over a shared
+  // one (a disk tier over a remote tier) answers for the local one: a block
+  // read from the shared tier is kept locally once the host evicts it.
+  // Default: Contains.
+  virtual bool Covers(const BlockKey& key,
+                      std::span<const TokenId> tokens) const {
+    return Contains(key, tokens);
+  }
   // Copies host slot `slot` (the block of `key` and `tokens`) into the
   // tier and returns at once. The caller keeps the slot pinned and
   // unchanged until `done` runs; OK means Contains(key, tokens) is true.

@@ -179,6 +179,7 @@ class MemoryRemoteTier final : public LowerTier {
 
   uint64_t spills = 0;      // Guarded by mu_.
   uint64_t promotions = 0;  // Guarded by mu_.
+  std::mutex& mu() const { return mu_; }
 
  private:
   struct Block {
@@ -595,6 +596,58 @@ TEST_F(TieredStoreTest, DiskBesideRemoteWritesBothAndFallsBackOnABadRead) {
   corrupting_->poison = 0;
   o = Load(victim);
   EXPECT_EQ(o.loaded_blocks, 5);
+  EXPECT_EQ(o.wrong_blocks, 0);
+  EXPECT_THAT(c()->host_pool().CheckInvariants(), IsOk());
+}
+
+// A block read from the remote tier is kept on the local disk once the
+// host evicts it again (the disk tier is the nearer copy), and that spill
+// does not write the block to the remote tier a second time.
+TEST_F(TieredStoreTest, ABlockReadFromTheRemoteTierGoesToDiskWhenEvicted) {
+  Open(/*host_slots=*/10, /*disk_blocks=*/100, /*high=*/0.5, /*low=*/0.1,
+       /*write_behind_spills=*/0, /*remote=*/true);
+  ASSERT_NE(remote_, nullptr);
+  const std::vector<TokenId> victim = RequestTokens(0, 5);
+  Store(victim);
+  Settle();
+  for (int r = 1; r < 4; ++r) {  // Push the victim's blocks down.
+    Store(RequestTokens(r, 2));
+    Settle();
+  }
+  // Block 2's disk value fails verification and is deleted: the load takes
+  // it from the remote tier, which alone holds it now.
+  corrupting_->poison = victim[2 * kBs];
+  LoadOutcome o = Load(victim);
+  ASSERT_EQ(o.loaded_blocks, 5);
+  ASSERT_EQ(o.wrong_blocks, 0);
+  corrupting_->poison = 0;
+  CoordinatorStats s = c()->stats();
+  ASSERT_EQ(s.disk->checksum_failures, 1u);
+  ASSERT_EQ(s.remote->hits, 1u);
+  const uint64_t disk_keys = s.disk->keys;
+  uint64_t remote_spills = 0;
+  {
+    std::lock_guard<std::mutex> lock(remote_->mu());
+    remote_spills = remote_->spills;
+  }
+  for (int r = 4; r < 8; ++r) {  // Push the victim down again.
+    Store(RequestTokens(r, 2));
+    Settle();
+  }
+  s = c()->stats();
+  // Block 2 went to disk again, and to disk alone: every other block spilled
+  // since is one of the new requests', written to both tiers.
+  ASSERT_GT(s.disk->keys, disk_keys);
+  {
+    std::lock_guard<std::mutex> lock(remote_->mu());
+    EXPECT_EQ(remote_->spills - remote_spills, s.disk->keys - disk_keys - 1);
+  }
+  // With the remote tier emptied, the whole victim comes from disk.
+  remote_->RemoveAll();
+  o = Load(victim);
+  EXPECT_EQ(o.hit_blocks, 5);
+  EXPECT_EQ(o.loaded_blocks, 5);
+  EXPECT_EQ(o.failed_blocks, 0);
   EXPECT_EQ(o.wrong_blocks, 0);
   EXPECT_THAT(c()->host_pool().CheckInvariants(), IsOk());
 }

@@ -80,11 +80,22 @@ class DiskOverRemote final : public LowerTier {
                 std::span<const TokenId> tokens) const override {
     return disk_->Contains(key, tokens) || remote_->Contains(key, tokens);
   }
+  // The disk tier's copy decides whether a spill would add one: a block
+  // read from the remote tier goes to disk when the host evicts it.
+  bool Covers(const BlockKey& key,
+              std::span<const TokenId> tokens) const override {
+    return disk_->Contains(key, tokens);
+  }
   // Both tiers read the slot, so `done` waits for both. OK when either
   // holds the block now (Contains is then true); else DataLoss when either
-  // found the slot changed, else the disk tier's error.
+  // found the slot changed, else the disk tier's error. A block the remote
+  // tier holds already (read from it, or written by another node) goes to
+  // disk alone.
   void Spill(const BlockKey& key, std::span<const TokenId> tokens, BlockId slot,
              std::optional<uint64_t> checksum, Done done) override {
+    if (remote_->Contains(key, tokens)) {
+      return disk_->Spill(key, tokens, slot, checksum, std::move(done));
+    }
     auto both = std::make_shared<SpillHalves>();
     both->done = std::move(done);
     disk_->Spill(key, tokens, slot, checksum, [both](Status s) {
