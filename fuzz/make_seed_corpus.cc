@@ -154,8 +154,10 @@ void ProtocolSeeds() {
       {"held_keys_reply",
        ipc::HeldKeysReply{{.host_total = 1,
                            .disk_total = 0,
+                           .remote_total = 1,
                            .host = {BlockKey{.lo = 1, .hi = 2}},
-                           .disk = {}}}},
+                           .disk = {},
+                           .remote = {BlockKey{.lo = 3, .hi = 4}}}}},
       {"route",
        ipc::RouteRequest{
            .tenant = "t",

@@ -3,11 +3,13 @@
 // AllBlocksCleared), so that a cache-aware router can follow tierkv. The
 // coordinator reports its host tier (CacheMedium::kCpu); the disk tier
 // reports itself (kStorage), and so does the remote tier (kRemote: the
-// blocks this tierkvd wrote to the shared Redis Cluster). Per medium the calls
-// come in the order the tier's index changed, so replaying them rebuilds the
-// index exactly. Thread-safety: implementations must be thread-safe. Calls come
-// from the coordinator's owner thread and from the disk tier's I/O threads,
-// with those components' locks held: an implementation must never block (queue
+// blocks this tierkvd wrote to the shared Redis Cluster). Per medium the
+// calls come in the order the tier's index changed, so replaying them
+// rebuilds the index exactly.
+// Thread-safety: implementations must be thread-safe. Calls come from the
+// coordinator's owner thread, the disk tier's I/O threads, and the remote
+// tier's I/O and scan threads and its Remove / RemoveAll callers, with
+// those components' locks held: an implementation must never block (queue
 // and return) and never call back into a tier.
 #ifndef TIERKV_SRC_CACHE_EVENT_SINK_H_
 #define TIERKV_SRC_CACHE_EVENT_SINK_H_

@@ -225,7 +225,6 @@ TEST(KvEventsEncoding, MergingStopsAtTheCap) {
   EXPECT_THAT(events[1].keys, ElementsAre(Key(3)));
 }
 
-// One message as a subscriber receives it.
 // What DecodeKvEventBatch gives back of an event, for comparisons.
 std::string Describe(const KvEvent& e) {
   std::string out = e.type == KvEvent::Type::kBlockStored    ? "stored"
@@ -317,16 +316,32 @@ TEST(KvEventsDecoding, ReadsVllmsShorterAndLongerBlockStored) {
 }
 
 // Anything malformed is an error, never a crash nor a half-decoded batch:
-// every cut of a real batch, every single-byte change of it, a medium
-// tierkv does not name, and bytes that are no msgpack at all.
+// every cut of a real batch, bytes after it, an events array that claims
+// fewer or more events than follow, a container longer than the batch, a
+// medium tierkv does not name, and bytes that are no msgpack at all. Every
+// single-byte change decodes to an error or to a whole batch.
 TEST(KvEventsDecoding, RefusesWhatIsMalformed) {
+  const std::vector<KvEvent> events = EveryKindOfEvent();
   const std::string good =
-      EncodeKvEventBatch(1, EveryKindOfEvent(), KvEventHashFormat::kBytes);
+      EncodeKvEventBatch(12.5, events, KvEventHashFormat::kBytes);
   for (size_t cut = 0; cut < good.size(); ++cut) {
     EXPECT_THAT(DecodeKvEventBatch(good.substr(0, cut)),
                 StatusIs(StatusCode::kInvalidArgument))
         << cut;
   }
+  EXPECT_THAT(DecodeKvEventBatch(good + "garbage"),
+              StatusIs(StatusCode::kInvalidArgument));
+  // [ts, [events]]: the events array's header follows the 9-byte float64.
+  ASSERT_EQ(static_cast<unsigned char>(good[10]), 0x90 | events.size());
+  for (int n : {-1, +1}) {
+    std::string bad = good;
+    bad[10] = static_cast<char>(0x90 | (events.size() + n));
+    EXPECT_THAT(DecodeKvEventBatch(bad), StatusIs(StatusCode::kInvalidArgument))
+        << n;
+  }
+  std::string huge = good.substr(0, 10);
+  huge += std::string("\xdd\xff\xff\xff\xff", 5);  // array32 of 2^32-1.
+  EXPECT_THAT(DecodeKvEventBatch(huge), StatusIs(StatusCode::kInvalidArgument));
   for (size_t i = 0; i < good.size(); ++i) {
     for (unsigned char flip : {0x01, 0x80, 0xff}) {
       std::string bad = good;
@@ -334,6 +349,16 @@ TEST(KvEventsDecoding, RefusesWhatIsMalformed) {
       StatusOr<DecodedKvEventBatch> back = DecodeKvEventBatch(bad);
       if (!back.ok()) {
         EXPECT_EQ(back.status().code(), StatusCode::kInvalidArgument);
+      } else {
+        // A change that still parses changed a value (the time, a token id,
+        // a hash byte), never the batch's shape.
+        ASSERT_EQ(back->events.size(), events.size()) << i;
+        for (size_t e = 0; e < events.size(); ++e) {
+          EXPECT_EQ(back->events[e].type, events[e].type) << i;
+          EXPECT_EQ(back->events[e].keys.size(), events[e].keys.size()) << i;
+          EXPECT_EQ(back->events[e].tokens.size(), events[e].tokens.size())
+              << i;
+        }
       }
     }
   }
@@ -350,6 +375,7 @@ TEST(KvEventsDecoding, RefusesWhatIsMalformed) {
   EXPECT_THAT(DecodeKvEventBatch(""), StatusIs(StatusCode::kInvalidArgument));
 }
 
+// One message as a subscriber receives it.
 struct Received {
   std::string topic;
   int64_t seq = 0;

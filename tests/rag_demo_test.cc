@@ -11,12 +11,14 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <memory>
 #include <set>
 #include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "testing/redis_cluster_harness.h"
 #include "tests/status_matchers.h"
 
 namespace tierkv::demo {
@@ -160,12 +162,18 @@ TEST(RagDemo, TwoWorkersShareChunksThroughHostAndDisk) {
 }
 
 // --nodes 2: two tierkvds, each with its own host and disk tiers, on one
-// Redis Cluster (started for the demo). Node b runs after node a and loads
-// the chunks a computed from the remote tier, bit-identical; a router that
-// follows both nodes' KV events rebuilds each node's index exactly.
+// Redis Cluster (here the test's, as --redis gives it). Node b runs after
+// node a and loads the chunks a computed from the remote tier,
+// bit-identical; a router that follows both nodes' KV events rebuilds each
+// node's index exactly; the demo leaves nothing in the cluster.
 TEST(RagDemo, TwoNodesShareChunksThroughRedisCluster) {
+  StatusOr<std::unique_ptr<RedisClusterHarness>> cluster =
+      RedisClusterHarness::Start(
+          {.masters = 3, .replicas_per_master = 0, .persistence = false});
+  ASSERT_THAT(cluster, IsOk());
   RagDemoOptions o = Small();
   o.nodes = 2;
+  o.redis_seeds = (*cluster)->Seeds();
   o.verify = true;
   o.tierkvd_path = TIERKVD_PATH;
   o.worker_path = TIERKV_DEMO_PATH;
@@ -218,6 +226,11 @@ TEST(RagDemo, TwoNodesShareChunksThroughRedisCluster) {
     EXPECT_GT(n.stored[static_cast<size_t>(CacheMedium::kCpu)], 0u) << n.name;
     EXPECT_GT(n.stored[static_cast<size_t>(CacheMedium::kRemote)], 0u)
         << n.name;
+  }
+  // What the nodes wrote is deleted when the demo ends.
+  for (int node = 0; node < (*cluster)->num_nodes(); ++node) {
+    EXPECT_THAT((*cluster)->Command(node, {"DBSIZE"}), IsOkAndHolds("0"))
+        << "node " << node;
   }
   for (const char* text : {"Requests node by node", "What a router saw",
                            "Where the router would send a request now",

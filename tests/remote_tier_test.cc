@@ -358,7 +358,6 @@ TEST_F(RedisClusterRemoteTierTest, AWholeScanDropsItsOwnExpiredBlocks) {
   EXPECT_FALSE(tier->Contains(kKey1, kTokens1));
 }
 
-}  // namespace
 // The KV events of the remote tier: what this tier's index gains and loses,
 // each key once, so a router's copy of the index stays exact.
 class EventLog final : public CacheEventSink {
@@ -422,4 +421,5 @@ TEST_F(RedisClusterRemoteTierTest, ReportsTheBlocksItWroteAsKvEvents) {
   EXPECT_THAT(log.Take(), IsEmpty());
 }
 
+}  // namespace
 }  // namespace tierkv

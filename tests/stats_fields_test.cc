@@ -221,5 +221,25 @@ TEST(AdminKeys, ParsesTokenIdsInCommonShapes) {
   }
 }
 
+// tierkv-admin held: one line per key and tier, the remote tier's apart
+// from the disk tier's, and a '#' line for each list cut at the bound.
+TEST(AdminHeld, ListsEachTierAndSaysWhereAListIsCut) {
+  const BlockKey a{.lo = 1, .hi = 2}, b{.lo = 3, .hi = 4}, c{.lo = 5, .hi = 6};
+  const HeldKeys held{.host_total = 1,
+                      .disk_total = 3,
+                      .remote_total = 1,
+                      .host = {a},
+                      .disk = {b},
+                      .remote = {c}};
+  EXPECT_EQ(admin::FormatHeldKeys(held),
+            "CPU " + a.ToHex() + "\nSTORAGE " + b.ToHex() + "\nREMOTE " +
+                c.ToHex() + "\n# disk: 1 of 3 keys listed\n");
+  EXPECT_EQ(admin::FormatHeldKeysJson(held),
+            "{\"host_total\":1,\"disk_total\":3,\"remote_total\":1,"
+            "\"host\":[\"" +
+                a.ToHex() + "\"],\"disk\":[\"" + b.ToHex() +
+                "\"],\"remote\":[\"" + c.ToHex() + "\"]}\n");
+}
+
 }  // namespace
 }  // namespace tierkv

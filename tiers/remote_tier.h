@@ -95,8 +95,8 @@ struct RemoteTierOptions {
   // Told of every block this tier's index gains or loses
   // (CacheMedium::kRemote): the blocks this process wrote, as a router
   // follows them; others' blocks are their writers' to report. Called with
-  // the tier's lock held, from the I/O and scan threads and from Remove.
-  // Default: none.
+  // the tier's lock held, from the I/O and scan threads and from Remove and
+  // RemoveAll. Default: none.
   CacheEventSink* cache_events = nullptr;
   // Tokens per full block, for BlockStored events. Default: 0.
   int32_t block_size = 0;

@@ -285,11 +285,24 @@ std::optional<KvEvent> DecodeEvent(BatchReader& r, const msgpack::object& o) {
 
 StatusOr<DecodedKvEventBatch> DecodeKvEventBatch(std::string_view bytes) {
   msgpack::object_handle handle;
+  size_t used = 0;
+  // No container can hold more elements than the batch has bytes, nor nest
+  // deeper than a BlockStored's hashes: a forged length fails here, before
+  // anything is allocated for it.
+  const msgpack::unpack_limit limit(/*array=*/bytes.size(), /*map=*/0,
+                                    /*str=*/bytes.size(), /*bin=*/bytes.size(),
+                                    /*ext=*/0, /*depth=*/4);
   try {
-    handle = msgpack::unpack(bytes.data(), bytes.size());
+    handle = msgpack::unpack(bytes.data(), bytes.size(), used, nullptr, nullptr,
+                             limit);
   } catch (const std::exception& e) {
     return Status::InvalidArgument(
         std::string("KV event batch: not msgpack: ") + e.what());
+  }
+  if (used != bytes.size()) {
+    return Status::InvalidArgument(
+        "KV event batch: " + std::to_string(bytes.size() - used) +
+        " bytes after the batch");
   }
   BatchReader r;
   const std::span<const msgpack::object> batch =

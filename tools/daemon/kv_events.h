@@ -82,8 +82,10 @@ struct DecodedKvEventBatch {
 // `lo` is the integer and `hi` 0; 16 bytes, the whole key) and of vLLM's
 // own BlockStored forms (ending at `medium`, at `lora_name`, or with later
 // trailing fields, which are skipped). A medium tierkv does not name
-// ("GPU", ...) is InvalidArgument, as is anything malformed: never a crash,
-// whatever the bytes.
+// ("GPU", ...) or none, a hash that is neither an unsigned integer nor 16
+// bytes (a negative one, as vLLM releases that hashed with Python's hash()
+// sent), bytes after the batch and anything malformed are
+// InvalidArgument: never a crash, whatever the bytes.
 StatusOr<DecodedKvEventBatch> DecodeKvEventBatch(std::string_view bytes);
 
 // Appends `event` to `events`, merging it into the last event when it

@@ -161,4 +161,11 @@ StatusOr<HeldKeys> FetchHeldKeys(const std::string& socket) {
   return held->keys;
 }
 
+Status ClearTiers(const std::string& socket) {
+  TIERKV_ASSIGN_OR_RETURN(
+      ipc::Message reply,
+      ipc::SocketCall(socket, ipc::ClearRequest{.tiers = TierSelection::kAll}));
+  return ipc::StatusOf(reply);
+}
+
 }  // namespace tierkv::demo

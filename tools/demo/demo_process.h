@@ -74,6 +74,9 @@ Status StopTierkvd(Child& daemon, const std::string& log);
 
 StatusOr<CoordinatorStats> FetchStats(const std::string& socket);
 StatusOr<HeldKeys> FetchHeldKeys(const std::string& socket);
+// tierkv-admin clear --tier all: every tier's unpinned blocks dropped (the
+// remote tier's values this tierkvd wrote deleted).
+Status ClearTiers(const std::string& socket);
 
 }  // namespace tierkv::demo
 

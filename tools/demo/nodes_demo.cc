@@ -76,16 +76,20 @@ class Router {
   explicit Router(const std::vector<Node>& nodes)
       : catch_up_(nodes.size()), views_(nodes.size()) {
     for (const Node& n : nodes) {
+      // No linger: a replay request queued for a tierkvd that has stopped
+      // must not hold up the context's end.
       zmq::socket_t sub(context_, zmq::socket_type::sub);
+      sub.set(zmq::sockopt::linger, 0);
       sub.set(zmq::sockopt::subscribe, "");
       sub.connect(n.events);
       zmq::socket_t dealer(context_, zmq::socket_type::dealer);
+      dealer.set(zmq::sockopt::linger, 0);
       dealer.connect(n.replay);
       subs_.push_back(std::move(sub));
       dealers_.push_back(std::move(dealer));
     }
     for (auto& c : catch_up_) c.store(true);
-    pending_.assign(nodes.size(), false);
+    pending_.assign(nodes.size(), std::nullopt);
     thread_ = std::thread([this] { Run(); });
   }
   ~Router() {
@@ -149,6 +153,9 @@ class Router {
     return views_[i].next_seq;
   }
 
+  // A replay whose end marker has not come within this is asked again.
+  static constexpr auto kReplayTimeout = std::chrono::seconds(1);
+
   void AskReplay(size_t i) {
     const uint64_t from = static_cast<uint64_t>(NextSeq(i));
     std::array<unsigned char, 8> seq{};
@@ -156,13 +163,28 @@ class Router {
       seq[k] = static_cast<unsigned char>(from >> (56 - 8 * k));
     dealers_[i].send(zmq::message_t(), zmq::send_flags::sndmore);
     dealers_[i].send(zmq::buffer(seq));
-    pending_[i] = true;
+    pending_[i] = Clock::now() + kReplayTimeout;
   }
 
   void Run() {
+    try {
+      Serve();
+    } catch (const zmq::error_t& e) {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (NodeView& v : views_) v.error = std::string("ZeroMQ: ") + e.what();
+    }
+  }
+
+  void Serve() {
     while (!stop_.load()) {
       for (size_t i = 0; i < subs_.size(); ++i) {
-        if (!pending_[i] && catch_up_[i].exchange(false)) AskReplay(i);
+        if (pending_[i].has_value() && Clock::now() > *pending_[i]) {
+          pending_[i].reset();
+          catch_up_[i].store(true);
+        }
+        if (!pending_[i].has_value() && catch_up_[i].exchange(false)) {
+          AskReplay(i);
+        }
       }
       std::vector<zmq::pollitem_t> items;
       for (size_t i = 0; i < subs_.size(); ++i) {
@@ -199,7 +221,7 @@ class Router {
     if (frames.size() != 3) return;
     const int64_t seq = Seq(frames[1]);
     if (seq == -1) {
-      pending_[i] = false;
+      pending_[i].reset();
       return;
     }
     Apply(i, seq, frames[2]);
@@ -209,7 +231,8 @@ class Router {
   std::vector<zmq::socket_t> subs_;
   std::vector<zmq::socket_t> dealers_;
   std::vector<std::atomic<bool>> catch_up_;
-  std::vector<bool> pending_;  // The router thread's own.
+  // When a replay asked for is given up on; the router thread's own.
+  std::vector<std::optional<Clock::time_point>> pending_;
   mutable std::mutex mu_;
   std::vector<NodeView> views_;
   std::atomic<bool> stop_{false};
@@ -236,15 +259,20 @@ Status WaitFor(F done, std::chrono::seconds timeout, const std::string& what) {
 StatusOr<bool> IndexMatches(Router& router, size_t i, const Node& node) {
   TIERKV_ASSIGN_OR_RETURN(HeldKeys held, FetchHeldKeys(node.socket));
   const NodeView view = router.View(i);
-  auto same = [](const std::vector<BlockKey>& keys,
+  // A list cut at the reply's bound (tierkv-admin held's "#" line) cannot
+  // be checked whole: not a match.
+  auto same = [](const std::vector<BlockKey>& keys, uint64_t total,
                  const std::unordered_set<uint64_t>& index) {
-    if (keys.size() != index.size()) return false;
+    if (keys.size() != total || keys.size() != index.size()) return false;
     return std::all_of(keys.begin(), keys.end(),
                        [&](const BlockKey& k) { return index.contains(k.lo); });
   };
-  return same(held.host, view.held[Index(CacheMedium::kCpu)]) &&
-         same(held.disk, view.held[Index(CacheMedium::kStorage)]) &&
-         same(held.remote, view.held[Index(CacheMedium::kRemote)]);
+  return same(held.host, held.host_total,
+              view.held[Index(CacheMedium::kCpu)]) &&
+         same(held.disk, held.disk_total,
+              view.held[Index(CacheMedium::kStorage)]) &&
+         same(held.remote, held.remote_total,
+              view.held[Index(CacheMedium::kRemote)]);
 }
 
 // Where a router following the events would find a request's chunks: per
@@ -312,10 +340,11 @@ void PrintNodes(const RagDemoOptions& o, const RagDemoReport& r,
     const RagNodeReport& n = r.nodes[k];
     const RemoteTierStats remote = n.stats.remote.value_or(RemoteTierStats{});
     out << "Node " << n.name << ": " << n.lower_hits
-        << " chunks from the lower tier, " << remote.hits << " blocks ("
+        << " chunks from the lower tier, with " << remote.hits
+        << " block reads ("
         << admin::HumanBytes(static_cast<double>(remote.hits) * block)
-        << ") of them read from the remote tier, where its own disk lacked "
-           "them: earlier nodes' work.\n  It computed "
+        << ") from the remote tier of blocks its own disk lacked.\n  It "
+           "computed "
         << n.computed << " chunks that no tier held.\n";
   }
   if (o.verify) {
@@ -401,10 +430,18 @@ StatusOr<RagDemoReport> RunNodesDemo(const RagDemoOptions& o, std::ostream& out,
     progress << "tierkv-demo: starting a Redis Cluster of 3 masters on "
                 "loopback ports...\n"
              << std::flush;
-    TIERKV_ASSIGN_OR_RETURN(
-        cluster,
+    StatusOr<std::unique_ptr<RedisClusterHarness>> started =
         RedisClusterHarness::Start(
-            {.masters = 3, .replicas_per_master = 0, .persistence = false}));
+            {.masters = 3, .replicas_per_master = 0, .persistence = false});
+    if (!started.ok()) {
+      return Status(started.status().code(),
+                    "--nodes needs a Redis Cluster: either redis-server and "
+                    "redis-cli here (Debian: redis-server, redis-tools; "
+                    "tools/run deps installs them) or --redis "
+                    "HOST:PORT,...\n  " +
+                        started.status().message());
+    }
+    cluster = std::move(*started);
     seeds = cluster->Seeds();
   }
   out << "tierkv multi-node RAG demo: " << o.nodes << " nodes, each a tierkvd "
@@ -438,6 +475,9 @@ StatusOr<RagDemoReport> RunNodesDemo(const RagDemoOptions& o, std::ostream& out,
          std::initializer_list<std::pair<const char*, std::string>>{
              {"--remote-redis", seeds},
              {"--remote-tenant", tenant},
+             // The demo deletes what it wrote at the end; should it not get
+             // there, an hour on, Redis does.
+             {"--remote-ttl", "3600"},
              // Often, so that a node finds the earlier ones' blocks soon.
              {"--remote-scan-interval-ms", "100"},
              {"--kv-events-endpoint", n.events},
@@ -448,7 +488,7 @@ StatusOr<RagDemoReport> RunNodesDemo(const RagDemoOptions& o, std::ostream& out,
     TIERKV_ASSIGN_OR_RETURN(n.daemon, StartTierkvd(argv, n.socket, n.log));
     nodes.push_back(std::move(n));
   }
-  Router router(nodes);
+  std::optional<Router> router(std::in_place, nodes);
 
   RagDemoReport report;
   ProgressReporter bar(o.progress, static_cast<uint64_t>(o.requests),
@@ -521,14 +561,15 @@ StatusOr<RagDemoReport> RunNodesDemo(const RagDemoOptions& o, std::ostream& out,
         std::chrono::seconds(60), "node " + n.name + "'s spills"));
     Status matched = WaitFor(
         [&]() -> StatusOr<bool> {
-          TIERKV_ASSIGN_OR_RETURN(bool same, IndexMatches(router, i, nodes[i]));
-          if (!same) router.CatchUp(i);
+          TIERKV_ASSIGN_OR_RETURN(bool same,
+                                  IndexMatches(*router, i, nodes[i]));
+          if (!same) router->CatchUp(i);
           return same;
         },
         std::chrono::seconds(10), "the router to match node " + n.name);
     n.index_matches = matched.ok();
     TIERKV_ASSIGN_OR_RETURN(n.stats, FetchStats(nodes[i].socket));
-    NodeView v = router.View(i);
+    NodeView v = router->View(i);
     if (!v.error.empty()) {
       return Status::DataLoss("node " + n.name +
                               ": a KV event batch did not decode: " + v.error);
@@ -543,7 +584,12 @@ StatusOr<RagDemoReport> RunNodesDemo(const RagDemoOptions& o, std::ostream& out,
     views.push_back(std::move(v));
   }
   report.stats = report.nodes.front().stats;
+  router.reset();
+  // What the nodes wrote to the remote tier goes with them (a cluster of
+  // --redis keeps nothing of the demo's); tierkvd runs the deletes queued
+  // before it exits.
   for (Node& node : nodes) {
+    TIERKV_RETURN_IF_ERROR(ClearTiers(node.socket));
     TIERKV_RETURN_IF_ERROR(StopTierkvd(*node.daemon, node.log));
   }
   TallyRequests(&report);
