@@ -6,8 +6,9 @@
 // Thread-safety: every method may be called from any thread; Redis I/O and
 // every `done` callback run on the tier's one I/O thread (jobs in order;
 // promotions queued one behind another are read in one pipeline, each
-// value verified in the reply's buffer and copied once, into its slot);
-// scans run on a thread of their own, with a client of their own.
+// value read off the socket straight into its slot, header aside, and
+// verified there before it is served); scans run on a thread of their own,
+// with a client of their own.
 //
 // Redis key: "tierkv:<XXH3-64 of the store fingerprint, 16 hex>:<tenant>:
 // <block key, 32 hex>" (no braces, so keys spread over every slot).
