@@ -355,6 +355,13 @@ TEST(RedisClusterRepliesTest, ValuesNilsErrorsAndOtherRepliesInOnePipeline) {
   EXPECT_THAT(into[0], StatusIs(StatusCode::kOutOfRange));
   EXPECT_THAT(into[1], IsOkAndHolds(300u));
   EXPECT_EQ(std::string(large.data(), 300), Block(2, 300));
+
+  // A sink without take: a value it gives no buffers for fails its key.
+  ValueSink place_only = sink.sink();
+  place_only.take = nullptr;
+  const std::vector<std::string> other = {"other_length"};
+  EXPECT_THAT(client->MultiGetInPlace(other, place_only)[0],
+              StatusIs(StatusCode::kOutOfRange));
 }
 
 TEST(RedisClusterRepliesTest, MovedAndAskAmongLargeValues) {

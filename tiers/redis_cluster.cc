@@ -1091,8 +1091,16 @@ std::vector<Status> RedisClusterClient::RunGets(
               results[i] = Status::NotFound("no key " + keys[i]);
               return;
             }
-            results[i] =
-                bulk.placed ? sink.placed(i) : sink.take(i, bulk.value);
+            if (bulk.placed) {
+              results[i] = sink.placed ? sink.placed(i) : Status::Ok();
+            } else if (sink.take) {
+              results[i] = sink.take(i, bulk.value);
+            } else {
+              results[i] = Status::OutOfRange(
+                  "value of " + keys[i] + " is " +
+                  std::to_string(bulk.value.size()) +
+                  " bytes, and no buffers were given for it");
+            }
             if (results[i].ok()) taken_bytes[i] = bulk.length;
           },
   };

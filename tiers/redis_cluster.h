@@ -147,9 +147,10 @@ class RedisClusterClient {
   // handed to sink.placed (or, without buffers, to sink.take): per key OK
   // when accepted (the sink's Status otherwise), NotFound for a miss, or
   // the error. A key whose value was not read whole (its connection failed
-  // or timed out mid-value) fails, and its buffers' bytes are unspecified;
-  // so are they when the call follows a redirect for a key and reads its
-  // value again.
+  // or timed out mid-value) fails, and its buffers' bytes are unspecified.
+  // place may run more than once for a key (a key sent again on a fresh
+  // connection, see above); only a value read whole reaches sink.placed.
+  // Without sink.take, a value with no buffers fails its key (OutOfRange).
   std::vector<Status> MultiGetInPlace(std::span<const std::string> keys,
                                       const ValueSink& sink);
   // DEL of each key: whether it was there. When a failed connection made
