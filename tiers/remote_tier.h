@@ -21,8 +21,11 @@
 //   | payload (one host slot's bytes)
 // A value is served only when all of it verifies and it names this store's
 // fingerprint, this block key and these token ids: another model's value, a
-// torn or damaged value, or a block whose key collides is never copied into
-// a slot. A damaged value is deleted; a colliding one is left alone.
+// torn or damaged value, or a block whose key collides is never served. (A
+// value exactly as long as this block's is read into the slot and verified
+// there, so after such a miss the slot holds garbage, as Promote allows; a
+// value of any other length never reaches the slot.) A damaged value is
+// deleted; a colliding one is left alone.
 //
 // What the tier knows, without I/O (Contains):
 //   - its index: the blocks this process wrote, with their token ids;
