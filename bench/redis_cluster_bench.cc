@@ -16,15 +16,18 @@
 //   the same keys and values through RedisClusterClient: slot per key,
 //   grouping, per-node pipelines written out every 256 KiB, per-key
 //   results; MultiGet copies each value into the std::string it returns.
-// - BM_ClusterClientGetInto: MultiGetInto the same keys, each value copied
-//   into a caller's 2 MiB buffer allocated once (no allocation per value).
+// - BM_ClusterClientGetInto: MultiGetInto the same keys, each value read
+//   off the socket into a caller's 2 MiB buffer allocated once (no
+//   allocation per value, no copy through hiredis).
 // - BM_RemotePut / BM_RemoteGet: the same bytes through RemoteTier
 //   (tiers/remote_tier.h) as tierkvd drives it: kBlocks Spills of host
 //   slots (each slot checked against its checksum, framed with the
 //   verified header of 16 token ids, SET with one command per block by the
 //   tier's I/O thread), all queued and then waited for; kBlocks Promotes
-//   (GET into the tier's buffer, verified, copied into the slot, its
-//   checksum taken). Scans are off; they run on a thread of their own.
+//   (pipelined GETs, each value read off the socket into its slot, header
+//   aside, then verified there: header, fingerprint, key, token ids and
+//   the payload's checksum). Scans are off; they run on a thread of their
+//   own.
 // Each get benchmark first checks, untimed, that the bytes it reads back
 // are the bytes that were set. The ratios (client / raw) are kept, with
 // the figures and the command, in BENCHMARKS.md.

@@ -9,11 +9,14 @@
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/time.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <charconv>
 #include <cstring>
 #include <functional>
+#include <optional>
 #include <utility>
 
 namespace tierkv {
@@ -336,6 +339,19 @@ struct RedisClusterClient::Command {
   std::function<bool(size_t i, const redisReply& reply)> on_reply;
   // Key i failed.
   std::function<void(size_t i, Status why)> on_error;
+  // Set for GETs: bulk string replies are read by ReplyStream, each value
+  // into the buffers place(i, length) gives for it (or, without any, into
+  // the stream's scratch buffer), and handed to on_bulk, not on_reply.
+  std::function<std::optional<ValueBuffers>(size_t i, size_t length)> place =
+      nullptr;
+  std::function<void(size_t i, const BulkValue& value)> on_bulk = nullptr;
+};
+
+// A bulk string reply read by ReplyStream.
+struct RedisClusterClient::BulkValue {
+  int64_t length = -1;       // -1: nil (no such key).
+  bool placed = false;       // In the buffers Command::place gave.
+  std::string_view value{};  // Else the value, alive until the next reply.
 };
 
 RedisClusterClient::RedisClusterClient(const RedisClusterOptions& options)
@@ -421,6 +437,13 @@ void RedisClusterClient::Disconnect(Node* node, const Status& why,
 
 namespace {
 
+Status TimeoutError(const std::string& addr,
+                    std::chrono::milliseconds timeout) {
+  return Status::DeadlineExceeded("Redis node " + addr +
+                                  " did not answer within " +
+                                  std::to_string(timeout.count()) + " ms");
+}
+
 // Why a context failed: a timeout (hiredis reports EAGAIN from a socket
 // timeout as an I/O error) or anything else.
 Status ContextError(const redisContext& ctx, const std::string& addr,
@@ -428,18 +451,9 @@ Status ContextError(const redisContext& ctx, const std::string& addr,
   const std::string what(ctx.errstr);
   if (ctx.err == REDIS_ERR_IO &&
       what.find("temporarily unavailable") != std::string::npos) {
-    return Status::DeadlineExceeded("Redis node " + addr +
-                                    " did not answer within " +
-                                    std::to_string(timeout.count()) + " ms");
+    return TimeoutError(addr, timeout);
   }
   return Status::Unavailable("Redis node " + addr + ": " + what);
-}
-
-// Reads one reply; nullptr after a failure (ctx.err says which).
-Reply ReadReply(redisContext* ctx) {
-  void* raw = nullptr;
-  if (redisGetReply(ctx, &raw) != REDIS_OK) return nullptr;
-  return Reply(static_cast<redisReply*>(raw));
 }
 
 Status Flush(redisContext* ctx) {
@@ -453,6 +467,169 @@ Status Flush(redisContext* ctx) {
 }
 
 }  // namespace
+
+// One connection's pipelined replies, read in order. A bulk string reply
+// ("$<length>\r\n<bytes>\r\n") is parsed here and its bytes read from the
+// socket straight into the caller's buffer: hiredis would read them through
+// its reader buffer into a reply object, two copies of every byte. Any other
+// reply (an error, a redirect, ASKING's +OK) goes to hiredis's parser. Bytes
+// read past a reply wait in `buffer_`; hiredis gets them before it parses a
+// reply, and what it reads past that reply comes back to `buffer_`, so the
+// two never disagree on where the next reply starts.
+class RedisClusterClient::ReplyStream {
+ public:
+  // Past this, a bulk header is malformed: "$", a length of at most 19
+  // digits (or -1), "\r\n".
+  static constexpr size_t kMaxHeaderBytes = 24;
+  // The most read at a time into buffer_: a header and the first bytes of
+  // its value. The rest of a value is read into the caller's buffer.
+  static constexpr size_t kBufferBytes = 16 << 10;
+
+  ReplyStream(redisContext* ctx, const std::string& addr,
+              std::chrono::milliseconds timeout)
+      : ctx_(ctx), addr_(addr), timeout_(timeout) {
+    TakeBackFromHiredis();
+  }
+  ReplyStream(const ReplyStream&) = delete;
+  ReplyStream& operator=(const ReplyStream&) = delete;
+
+  // Hands bytes read but not parsed back to hiredis's reader, which owns
+  // the connection's later replies. Only for a connection that did not
+  // fail (a failed one is dropped with its reader).
+  void GiveBackToHiredis() {
+    if (end_ > begin_) {
+      redisReaderFeed(ctx_->reader, buffer_.data() + begin_, end_ - begin_);
+    }
+    begin_ = end_ = 0;
+  }
+
+  // The buffer a value is read into when its caller has none for it.
+  std::string* scratch() { return &scratch_; }
+
+  // When the next reply is a bulk string: its header consumed, its length
+  // (-1 for nil). Otherwise nullopt, nothing consumed.
+  StatusOr<std::optional<int64_t>> ReadBulkHeader() {
+    TIERKV_RETURN_IF_ERROR(Fill(1));
+    if (buffer_[begin_] != '$') return std::optional<int64_t>();
+    for (;;) {
+      const std::string_view held(buffer_.data() + begin_, end_ - begin_);
+      const size_t newline = held.find("\r\n");
+      if (newline != std::string_view::npos) {
+        int64_t length = 0;
+        const char* first = held.data() + 1;
+        const char* last = held.data() + newline;
+        const auto [stop, ec] = std::from_chars(first, last, length);
+        if (ec != std::errc() || stop != last || length < -1) break;
+        begin_ += newline + 2;
+        return std::optional<int64_t>(length);
+      }
+      if (held.size() >= kMaxHeaderBytes) break;
+      TIERKV_RETURN_IF_ERROR(Fill(held.size() + 1));
+    }
+    return Status::Unavailable("Redis node " + addr_ +
+                               " sent a malformed bulk reply header");
+  }
+
+  // Reads a bulk value's bytes into `to`, and the "\r\n" after it once
+  // `last` (the value's final part) is true.
+  Status ReadValue(std::span<char> to, bool last) {
+    const size_t held = std::min(end_ - begin_, to.size());
+    if (held > 0) std::memcpy(to.data(), buffer_.data() + begin_, held);
+    begin_ += held;
+    for (size_t done = held; done < to.size();) {
+      TIERKV_ASSIGN_OR_RETURN(const size_t got,
+                              ReadSome(to.data() + done, to.size() - done));
+      done += got;
+    }
+    if (!last) return Status::Ok();
+    TIERKV_RETURN_IF_ERROR(Fill(2));
+    if (buffer_[begin_] != '\r' || buffer_[begin_ + 1] != '\n') {
+      return Status::Unavailable("Redis node " + addr_ +
+                                 " sent a bulk reply longer than its header");
+    }
+    begin_ += 2;
+    return Status::Ok();
+  }
+
+  // The next reply, parsed by hiredis.
+  StatusOr<Reply> ReadReply() {
+    if (end_ > begin_) {
+      redisReaderFeed(ctx_->reader, buffer_.data() + begin_, end_ - begin_);
+      begin_ = end_ = 0;
+    }
+    void* raw = nullptr;
+    if (redisGetReply(ctx_, &raw) != REDIS_OK) {
+      return ContextError(*ctx_, addr_, timeout_);
+    }
+    Reply reply(static_cast<redisReply*>(raw));
+    TakeBackFromHiredis();
+    return reply;
+  }
+
+ private:
+  // Moves the bytes hiredis's reader holds past its last reply into
+  // buffer_ (the reader is between replies: ridx is -1).
+  void TakeBackFromHiredis() {
+    redisReader* reader = ctx_->reader;
+    const size_t left = reader->len - reader->pos;
+    if (left == 0) return;
+    Compact();
+    if (buffer_.size() < end_ + left) buffer_.resize(end_ + left);
+    std::memcpy(buffer_.data() + end_, reader->buf + reader->pos, left);
+    end_ += left;
+    // Consumed: hiredis drops consumed bytes at its next parse.
+    reader->pos = reader->len;
+  }
+
+  void Compact() {
+    if (begin_ == 0) return;
+    std::memmove(buffer_.data(), buffer_.data() + begin_, end_ - begin_);
+    end_ -= begin_;
+    begin_ = 0;
+  }
+
+  // Until buffer_ holds at least `bytes` unread bytes.
+  Status Fill(size_t bytes) {
+    while (end_ - begin_ < bytes) {
+      if (buffer_.size() < kBufferBytes) buffer_.resize(kBufferBytes);
+      // `bytes` is at most a header's, far less than the buffer.
+      if (buffer_.size() - begin_ < bytes) Compact();
+      TIERKV_ASSIGN_OR_RETURN(
+          const size_t got,
+          ReadSome(buffer_.data() + end_, buffer_.size() - end_));
+      end_ += got;
+    }
+    return Status::Ok();
+  }
+
+  // One read(2) of at most `size` bytes (at least one): the socket's
+  // timeout (SO_RCVTIMEO, set by Connect) is DeadlineExceeded, as hiredis's
+  // own reads report it.
+  StatusOr<size_t> ReadSome(char* to, size_t size) {
+    for (;;) {
+      const ssize_t got = read(ctx_->fd, to, size);
+      if (got > 0) return static_cast<size_t>(got);
+      if (got == 0) {
+        return Status::Unavailable("Redis node " + addr_ +
+                                   ": Server closed the connection");
+      }
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        return TimeoutError(addr_, timeout_);
+      }
+      return Status::Unavailable("Redis node " + addr_ + ": " +
+                                 std::strerror(errno));
+    }
+  }
+
+  redisContext* const ctx_;
+  const std::string& addr_;
+  const std::chrono::milliseconds timeout_;
+  std::vector<char> buffer_;
+  size_t begin_ = 0;  // buffer_[begin_, end_) is read and not yet parsed.
+  size_t end_ = 0;
+  std::string scratch_;
+};
 
 Status RedisClusterClient::QueryTopology(Node* node) {
   TIERKV_RETURN_IF_ERROR(Connect(node, /*ignore_backoff=*/true));
@@ -726,29 +903,72 @@ Status RedisClusterClient::SendGroup(Node* node, const Command& command,
 void RedisClusterClient::ReadGroup(Node* node, const Command& command,
                                    std::vector<PendingOp>& group,
                                    std::vector<PendingOp>* next) {
+  ReplyStream stream(node->ctx, node->addr, options_.command_timeout);
   bool replied = false;
   for (size_t i = 0; i < group.size(); ++i) {
-    PendingOp& op = group[i];
-    Reply asking = op.asking ? ReadReply(node->ctx) : nullptr;
-    Reply reply =
-        op.asking && asking == nullptr ? nullptr : ReadReply(node->ctx);
-    if (reply == nullptr) {
-      const Status why =
-          ContextError(*node->ctx, node->addr, options_.command_timeout);
-      FailGroup(node, std::span<PendingOp>(group).subspan(i), replied, why,
+    const Status read = ReadOne(stream, node, command, group[i], next);
+    if (!read.ok()) {
+      FailGroup(node, std::span<PendingOp>(group).subspan(i), replied, read,
                 command, next);
       return;
     }
     replied = true;
-    if (reply->type == REDIS_REPLY_ERROR) {
-      HandleErrorReply(node, ReplyText(*reply), op, command, next);
-    } else if (!command.on_reply(op.index, *reply)) {
-      FailKey(command, op.index,
-              Status::Internal(node->addr + " sent a reply of type " +
-                               std::to_string(reply->type) +
-                               " that the command never returns"));
+  }
+  stream.GiveBackToHiredis();
+}
+
+Status RedisClusterClient::ReadOne(ReplyStream& stream, Node* node,
+                                   const Command& command, const PendingOp& op,
+                                   std::vector<PendingOp>* next) {
+  if (op.asking) TIERKV_RETURN_IF_ERROR(stream.ReadReply().status());
+  if (command.on_bulk) {
+    TIERKV_ASSIGN_OR_RETURN(const std::optional<int64_t> length,
+                            stream.ReadBulkHeader());
+    if (length.has_value()) {
+      return ReadBulk(stream, command, op.index, *length, stream.scratch());
     }
   }
+  TIERKV_ASSIGN_OR_RETURN(const Reply reply, stream.ReadReply());
+  if (reply->type == REDIS_REPLY_ERROR) {
+    HandleErrorReply(node, ReplyText(*reply), op, command, next);
+  } else if (!command.on_reply(op.index, *reply)) {
+    FailKey(command, op.index,
+            Status::Internal(node->addr + " sent a reply of type " +
+                             std::to_string(reply->type) +
+                             " that the command never returns"));
+  }
+  return Status::Ok();
+}
+
+Status RedisClusterClient::ReadBulk(ReplyStream& stream, const Command& command,
+                                    size_t index, int64_t length,
+                                    std::string* scratch) {
+  if (length < 0) {
+    command.on_bulk(index, BulkValue{});
+    return Status::Ok();
+  }
+  const size_t size = static_cast<size_t>(length);
+  const std::optional<ValueBuffers> buffers = command.place(index, size);
+  if (buffers.has_value() &&
+      buffers->head.size() + buffers->body.size() == size) {
+    TIERKV_RETURN_IF_ERROR(stream.ReadValue(buffers->head, /*last=*/false));
+    TIERKV_RETURN_IF_ERROR(stream.ReadValue(buffers->body, /*last=*/true));
+    command.on_bulk(index, BulkValue{.length = length, .placed = true});
+    return Status::Ok();
+  }
+  // Grown as the bytes arrive: a length that no bytes back up costs no
+  // more than one step of memory.
+  constexpr size_t kStep = 1 << 20;
+  scratch->clear();
+  do {
+    const size_t at = scratch->size();
+    const size_t part = std::min(kStep, size - at);
+    scratch->resize(at + part);
+    TIERKV_RETURN_IF_ERROR(stream.ReadValue(
+        std::span<char>(scratch->data() + at, part), at + part == size));
+  } while (scratch->size() < size);
+  command.on_bulk(index, BulkValue{.length = length, .value = *scratch});
+  return Status::Ok();
 }
 
 void RedisClusterClient::HandleErrorReply(Node* node, std::string_view message,
@@ -846,8 +1066,7 @@ std::vector<Status> RedisClusterClient::MultiSet(
 }
 
 std::vector<Status> RedisClusterClient::RunGets(
-    std::span<const std::string> keys,
-    const std::function<Status(size_t i, std::string_view value)>& take) {
+    std::span<const std::string> keys, const ValueSink& sink) {
   std::vector<Status> results(keys.size());
   std::vector<uint64_t> taken_bytes(keys.size(), 0);
   Command command{
@@ -857,18 +1076,33 @@ std::vector<Status> RedisClusterClient::RunGets(
             *argv = {"GET", keys[i].data()};
             *lens = {3, keys[i].size()};
           },
-      .on_reply =
-          [&](size_t i, const redisReply& reply) {
-            if (reply.type == REDIS_REPLY_NIL) {
-              results[i] = Status::NotFound("no key " + keys[i]);
-              return true;
-            }
-            if (reply.type != REDIS_REPLY_STRING) return false;
-            results[i] = take(i, ReplyText(reply));
-            if (results[i].ok()) taken_bytes[i] = reply.len;
-            return true;
-          },
+      // Values and nil are bulk replies (on_bulk): anything else that is
+      // no error is a reply GET never sends.
+      .on_reply = [](size_t, const redisReply&) { return false; },
       .on_error = [&](size_t i, Status why) { results[i] = std::move(why); },
+      .place =
+          [&](size_t i, size_t length) {
+            return sink.place ? sink.place(i, length)
+                              : std::optional<ValueBuffers>();
+          },
+      .on_bulk =
+          [&](size_t i, const BulkValue& bulk) {
+            if (bulk.length < 0) {
+              results[i] = Status::NotFound("no key " + keys[i]);
+              return;
+            }
+            if (bulk.placed) {
+              results[i] = sink.placed ? sink.placed(i) : Status::Ok();
+            } else if (sink.take) {
+              results[i] = sink.take(i, bulk.value);
+            } else {
+              results[i] = Status::OutOfRange(
+                  "value of " + keys[i] + " is " +
+                  std::to_string(bulk.value.size()) +
+                  " bytes, and no buffers were given for it");
+            }
+            if (results[i].ok()) taken_bytes[i] = bulk.length;
+          },
   };
   RunBatch(keys, command);
   for (size_t i = 0; i < keys.size(); ++i) {
@@ -888,10 +1122,11 @@ std::vector<StatusOr<std::string>> RedisClusterClient::MultiGet(
   std::vector<Status> outcomes;
   {
     MutexLock lock(&mu_);
-    outcomes = RunGets(keys, [&values](size_t i, std::string_view value) {
-      values[i].assign(value);
-      return Status::Ok();
-    });
+    outcomes = RunGets(
+        keys, ValueSink{.take = [&values](size_t i, std::string_view value) {
+          values[i].assign(value);
+          return Status::Ok();
+        }});
   }
   std::vector<StatusOr<std::string>> results;
   results.reserve(keys.size());
@@ -919,16 +1154,24 @@ std::vector<StatusOr<size_t>> RedisClusterClient::MultiGetInto(
   std::vector<Status> outcomes;
   {
     MutexLock lock(&mu_);
-    outcomes = RunGets(keys, [&](size_t i, std::string_view value) {
-      if (value.size() > buffers[i].size()) {
-        return Status::OutOfRange(
-            "value of " + keys[i] + " is " + std::to_string(value.size()) +
-            " bytes, its buffer " + std::to_string(buffers[i].size()));
-      }
-      std::memcpy(buffers[i].data(), value.data(), value.size());
-      lengths[i] = value.size();
-      return Status::Ok();
-    });
+    // A value that fits is read straight into its buffer; one that does
+    // not is read whole and refused.
+    const ValueSink sink{
+        .place = [&](size_t i, size_t length) -> std::optional<ValueBuffers> {
+          if (length > buffers[i].size()) return std::nullopt;
+          lengths[i] = length;
+          return ValueBuffers{.head = {}, .body = buffers[i].first(length)};
+        },
+        .placed = [](size_t) { return Status::Ok(); },
+        .take =
+            [&](size_t i, std::string_view value) {
+              return Status::OutOfRange("value of " + keys[i] + " is " +
+                                        std::to_string(value.size()) +
+                                        " bytes, its buffer " +
+                                        std::to_string(buffers[i].size()));
+            },
+    };
+    outcomes = RunGets(keys, sink);
   }
   std::vector<StatusOr<size_t>> results;
   results.reserve(keys.size());
@@ -946,7 +1189,13 @@ std::vector<Status> RedisClusterClient::MultiGetWith(
     std::span<const std::string> keys,
     const std::function<Status(size_t i, std::string_view value)>& take) {
   MutexLock lock(&mu_);
-  return RunGets(keys, take);
+  return RunGets(keys, ValueSink{.take = take});
+}
+
+std::vector<Status> RedisClusterClient::MultiGetInPlace(
+    std::span<const std::string> keys, const ValueSink& sink) {
+  MutexLock lock(&mu_);
+  return RunGets(keys, sink);
 }
 
 std::vector<StatusOr<bool>> RedisClusterClient::RunCountCommand(

@@ -2,7 +2,9 @@
 // CLUSTER SLOTS) on hiredis's synchronous API, for tierkv's remote tier of
 // about 2 MiB KV blocks shared by several machines. It learns the slot map
 // from its seeds, keeps one connection per node (made on first use), follows
-// MOVED and ASK redirects, and pipelines batches per node.
+// MOVED and ASK redirects, and pipelines batches per node. GET values are
+// read off the socket by the client itself, straight into the caller's
+// buffers (MultiGetInPlace); every other reply is parsed by hiredis.
 //
 // Thread-safety: every method may be called from any thread; calls serialize
 // on one mutex per client (a batch holds it while it waits on the network).
@@ -37,6 +39,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -79,6 +82,29 @@ struct RedisClusterStats {
 // any), mod 16384, as Redis Cluster computes it.
 uint16_t RedisKeySlot(std::string_view key);
 
+// Where a GET's value is read to, straight from the socket: its first
+// head.size() bytes into `head`, the rest into `body`.
+struct ValueBuffers {
+  std::span<char> head;
+  std::span<char> body;
+};
+
+// What RedisClusterClient::MultiGetInPlace does with each value found. The
+// functions run with the client's mutex held: they must not call the
+// client.
+struct ValueSink {
+  // Buffers for key i's value of `length` bytes (head.size() + body.size()
+  // == length), or none: the value is then read into a buffer of the
+  // client's and handed to `take`.
+  std::function<std::optional<ValueBuffers>(size_t i, size_t length)> place =
+      nullptr;
+  // Key i's value is in the buffers `place` gave, whole: OK when accepted.
+  std::function<Status(size_t i)> placed = nullptr;
+  // Key i's value when `place` gave no buffers, alive for this call only:
+  // OK when accepted.
+  std::function<Status(size_t i, std::string_view value)> take = nullptr;
+};
+
 class RedisClusterClient {
  public:
   static constexpr int kSlots = 16384;
@@ -116,6 +142,17 @@ class RedisClusterClient {
   std::vector<Status> MultiGetWith(
       std::span<const std::string> keys,
       const std::function<Status(size_t i, std::string_view value)>& take);
+  // GET of each key, each value found read from the socket straight into
+  // the buffers sink.place gives for it (no copy through hiredis), then
+  // handed to sink.placed (or, without buffers, to sink.take): per key OK
+  // when accepted (the sink's Status otherwise), NotFound for a miss, or
+  // the error. A key whose value was not read whole (its connection failed
+  // or timed out mid-value) fails, and its buffers' bytes are unspecified.
+  // place may run more than once for a key (a key sent again on a fresh
+  // connection, see above); only a value read whole reaches sink.placed.
+  // Without sink.take, a value with no buffers fails its key (OutOfRange).
+  std::vector<Status> MultiGetInPlace(std::span<const std::string> keys,
+                                      const ValueSink& sink);
   // DEL of each key: whether it was there. When a failed connection made
   // the call send a DEL again (see above), a key the first DEL removed
   // reads as false.
@@ -153,13 +190,14 @@ class RedisClusterClient {
 
   explicit RedisClusterClient(const RedisClusterOptions& options);
 
-  // GETs of every key: `take(i, value)` keeps a value found (or refuses it
-  // with its Status). Per key: OK (taken), NotFound, or why not. Counts
-  // hits, misses and bytes read.
-  std::vector<Status> RunGets(
-      std::span<const std::string> keys,
-      const std::function<Status(size_t i, std::string_view value)>& take)
-      TIERKV_REQUIRES(mu_);
+  class ReplyStream;
+  struct BulkValue;
+
+  // GETs of every key, each value found handed to `sink` (MultiGetInPlace).
+  // Per key: OK (accepted), NotFound, or why not. Counts hits, misses and
+  // bytes read.
+  std::vector<Status> RunGets(std::span<const std::string> keys,
+                              const ValueSink& sink) TIERKV_REQUIRES(mu_);
   // A one-key command answered with a count (DEL, EXISTS): count > 0.
   std::vector<StatusOr<bool>> RunCountCommand(std::string_view name,
                                               std::span<const std::string> keys)
@@ -177,6 +215,16 @@ class RedisClusterClient {
   void ReadGroup(Node* node, const Command& command,
                  std::vector<PendingOp>& group, std::vector<PendingOp>* next)
       TIERKV_REQUIRES(mu_);
+  // Reads op's reply (after ASKING's, when it sent one) and hands it to the
+  // command. Not OK when the connection failed before the reply was read
+  // whole: op then has no result yet.
+  Status ReadOne(ReplyStream& stream, Node* node, const Command& command,
+                 const PendingOp& op, std::vector<PendingOp>* next)
+      TIERKV_REQUIRES(mu_);
+  // Reads a bulk string reply's value (its header read already) into the
+  // buffers command.place gives, else into `scratch`.
+  Status ReadBulk(ReplyStream& stream, const Command& command, size_t index,
+                  int64_t length, std::string* scratch) TIERKV_REQUIRES(mu_);
   void HandleErrorReply(Node* node, std::string_view message, PendingOp op,
                         const Command& command, std::vector<PendingOp>* next)
       TIERKV_REQUIRES(mu_);

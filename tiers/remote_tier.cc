@@ -78,11 +78,25 @@ struct Decoded {
   uint64_t payload_sum = 0;  // XXH3-64 of the payload, once verified.
 };
 
-Decoded DecodeValue(std::string_view value, const std::string& fingerprint,
-                    const BlockKey& key, std::span<const TokenId> tokens,
-                    size_t block_bytes) {
+// The header's length as its own fields give it; 0 when `value` is too
+// short to hold them.
+size_t StatedHeaderBytes(std::string_view value) {
+  if (value.size() < kFixedHeaderBytes) return 0;
+  uint16_t fp_bytes;
+  uint32_t n_tokens;
+  std::memcpy(&fp_bytes, value.data() + 6, sizeof(fp_bytes));
+  std::memcpy(&n_tokens, value.data() + 8, sizeof(n_tokens));
+  return HeaderBytes(fp_bytes, n_tokens);
+}
+
+// The verdict on a value whose header (as long as its fields say) is
+// `header` and whose payload is `payload`: the two need not be adjacent in
+// memory, so a value read into two buffers is judged where it lies.
+Decoded DecodeParts(std::string_view header, std::string_view payload,
+                    const std::string& fingerprint, const BlockKey& key,
+                    std::span<const TokenId> tokens, size_t block_bytes) {
   Decoded d;
-  std::string_view in = value;
+  std::string_view in = header;
   if (in.size() < kFixedHeaderBytes) return d;
   const uint32_t magic = Take<uint32_t>(&in);
   const uint16_t version = Take<uint16_t>(&in);
@@ -95,14 +109,16 @@ Decoded DecodeValue(std::string_view value, const std::string& fingerprint,
   if (magic != kMagic || version != kFormatVersion || n_tokens > kMaxTokens) {
     return d;
   }
-  const size_t header = HeaderBytes(fp_bytes, n_tokens);
-  if (value.size() < header || value.size() - header != payload_bytes) return d;
+  if (header.size() != HeaderBytes(fp_bytes, n_tokens) ||
+      payload.size() != payload_bytes) {
+    return d;
+  }
   uint64_t header_sum;
-  std::memcpy(&header_sum, value.data() + header - 8, 8);
-  if (XXH3_64bits(value.data(), header - 8) != header_sum) return d;
+  std::memcpy(&header_sum, header.data() + header.size() - 8, 8);
+  if (XXH3_64bits(header.data(), header.size() - 8) != header_sum) return d;
   const std::string_view stored_fp = in.substr(0, fp_bytes);
   in.remove_prefix(fp_bytes);
-  d.payload = value.substr(header);
+  d.payload = payload;
   if (XXH3_64bits(d.payload.data(), d.payload.size()) != payload_sum) {
     return d;
   }
@@ -117,6 +133,34 @@ Decoded DecodeValue(std::string_view value, const std::string& fingerprint,
   }
   d.verdict = Verdict::kServe;
   d.payload_sum = payload_sum;
+  return d;
+}
+
+// The verdict on a whole value.
+Decoded DecodeValue(std::string_view value, const std::string& fingerprint,
+                    const BlockKey& key, std::span<const TokenId> tokens,
+                    size_t block_bytes) {
+  const size_t header = StatedHeaderBytes(value);
+  if (header == 0 || value.size() < header) return Decoded{};
+  return DecodeParts(value.substr(0, header), value.substr(header), fingerprint,
+                     key, tokens, block_bytes);
+}
+
+// The verdict on a value read as `head` (as long as this store's header for
+// these tokens) and `body` (the rest, in a slot): DecodeValue's on the two
+// joined. Only a value whose own header is as long as `head` can be served;
+// any other is joined in a copy to be judged (damaged, or another store's
+// or block's), its payload not kept.
+Decoded DecodeSplit(std::string_view head, std::string_view body,
+                    const std::string& fingerprint, const BlockKey& key,
+                    std::span<const TokenId> tokens, size_t block_bytes) {
+  if (StatedHeaderBytes(head) == head.size()) {
+    return DecodeParts(head, body, fingerprint, key, tokens, block_bytes);
+  }
+  std::string whole(head);
+  whole.append(body);
+  Decoded d = DecodeValue(whole, fingerprint, key, tokens, block_bytes);
+  d.payload = {};
   return d;
 }
 
@@ -495,6 +539,9 @@ struct RemoteTier::Read {
   Status got;  // The GET's: OK (a value), NotFound, or why it failed.
   Verdict verdict = Verdict::kOtherStore;
   uint64_t checksum = 0;  // Of the slot's bytes, when kServe.
+  // The value's header, when the value was read in place (its payload is
+  // then in the slot).
+  std::string header;
 };
 
 void RemoteTier::RunPromotes(std::vector<Job>& batch) {
@@ -507,22 +554,53 @@ void RemoteTier::RunPromotes(std::vector<Job>& batch) {
   std::vector<std::string> keys;
   for (const Job& job : batch) keys.push_back(RedisKey(job.key));
   std::vector<Read> reads(batch.size());
-  // Verified in the reply's own buffer, then copied into the slot: one
-  // copy, and the payload's verified checksum is the slot's.
-  const std::vector<Status> got =
-      client_->MultiGetWith(keys, [&](size_t i, std::string_view value) {
-        const Job& job = batch[i];
-        const Decoded d =
-            DecodeValue(value, options_.store_fingerprint, job.key, job.tokens,
-                        options_.block_bytes);
-        reads[i].verdict = d.verdict;
-        if (d.verdict == Verdict::kServe) {
-          const std::span<std::byte> slot = options_.slot_memory(job.slot);
-          std::memcpy(slot.data(), d.payload.data(), d.payload.size());
-          reads[i].checksum = d.payload_sum;
-        }
-        return Status::Ok();
-      });
+  auto slot_chars = [&](size_t i) {
+    const std::span<std::byte> slot = options_.slot_memory(batch[i].slot);
+    return std::span<char>(reinterpret_cast<char*>(slot.data()),
+                           options_.block_bytes);
+  };
+  // A value as long as one of this block's is read straight from the
+  // socket: its header into reads[i].header, its payload into the slot, no
+  // copy on the way. It is verified there, all of it, before the promotion
+  // may succeed (the slot holds garbage until then, which Promote allows).
+  // A value of any other length is read whole and judged: it is never
+  // served.
+  const ValueSink sink{
+      .place = [&](size_t i, size_t length) -> std::optional<ValueBuffers> {
+        const size_t header = HeaderBytes(options_.store_fingerprint.size(),
+                                          batch[i].tokens.size());
+        if (length != header + options_.block_bytes) return std::nullopt;
+        reads[i].header.resize(header);
+        return ValueBuffers{.head = reads[i].header, .body = slot_chars(i)};
+      },
+      .placed =
+          [&](size_t i) {
+            const Job& job = batch[i];
+            const std::span<char> slot = slot_chars(i);
+            const Decoded d = DecodeSplit(
+                reads[i].header, std::string_view(slot.data(), slot.size()),
+                options_.store_fingerprint, job.key, job.tokens,
+                options_.block_bytes);
+            reads[i].verdict = d.verdict;
+            if (d.verdict == Verdict::kServe) reads[i].checksum = d.payload_sum;
+            return Status::Ok();
+          },
+      .take =
+          [&](size_t i, std::string_view value) {
+            const Job& job = batch[i];
+            const Decoded d =
+                DecodeValue(value, options_.store_fingerprint, job.key,
+                            job.tokens, options_.block_bytes);
+            reads[i].verdict = d.verdict;
+            if (d.verdict == Verdict::kServe) {
+              std::memcpy(slot_chars(i).data(), d.payload.data(),
+                          d.payload.size());
+              reads[i].checksum = d.payload_sum;
+            }
+            return Status::Ok();
+          },
+  };
+  const std::vector<Status> got = client_->MultiGetInPlace(keys, sink);
   for (size_t i = 0; i < batch.size(); ++i) {
     reads[i].got = got[i];
     FinishPromote(batch[i], keys[i], reads[i], removals_before);

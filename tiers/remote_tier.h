@@ -6,8 +6,9 @@
 // Thread-safety: every method may be called from any thread; Redis I/O and
 // every `done` callback run on the tier's one I/O thread (jobs in order;
 // promotions queued one behind another are read in one pipeline, each
-// value verified in the reply's buffer and copied once, into its slot);
-// scans run on a thread of their own, with a client of their own.
+// value read off the socket straight into its slot, header aside, and
+// verified there before it is served); scans run on a thread of their own,
+// with a client of their own.
 //
 // Redis key: "tierkv:<XXH3-64 of the store fingerprint, 16 hex>:<tenant>:
 // <block key, 32 hex>" (no braces, so keys spread over every slot).
@@ -20,8 +21,11 @@
 //   | payload (one host slot's bytes)
 // A value is served only when all of it verifies and it names this store's
 // fingerprint, this block key and these token ids: another model's value, a
-// torn or damaged value, or a block whose key collides is never copied into
-// a slot. A damaged value is deleted; a colliding one is left alone.
+// torn or damaged value, or a block whose key collides is never served. (A
+// value exactly as long as this block's is read into the slot and verified
+// there, so after such a miss the slot holds garbage, as Promote allows; a
+// value of any other length never reaches the slot.) A damaged value is
+// deleted; a colliding one is left alone.
 //
 // What the tier knows, without I/O (Contains):
 //   - its index: the blocks this process wrote, with their token ids;
