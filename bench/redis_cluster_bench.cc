@@ -35,12 +35,14 @@
 #include <hiredis/hiredis.h>
 #include <xxhash.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <latch>
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "testing/redis_cluster_harness.h"
@@ -409,7 +411,27 @@ BENCHMARK(BM_RemoteGet)->Unit(benchmark::kMillisecond)->UseRealTime();
 }  // namespace
 }  // namespace tierkv
 
+// The cluster shares the machine's cores with the benchmark: a load that
+// comes and goes (another build, a scan) moves a whole benchmark's figure.
+// Unless the command line says otherwise, each benchmark runs 5 times, the
+// runs of all of them in a random interleaved order, and the median is the
+// figure, so a client and its raw baseline see the same load.
 int main(int argc, char** argv) {
+  std::vector<char*> args(argv, argv + argc);
+  auto given = [&](std::string_view flag) {
+    return std::any_of(args.begin(), args.end(), [&](const char* a) {
+      return std::string_view(a).starts_with(flag);
+    });
+  };
+  char repetitions[] = "--benchmark_repetitions=5";
+  char interleave[] = "--benchmark_enable_random_interleaving=true";
+  if (!given("--benchmark_repetitions")) args.push_back(repetitions);
+  if (!given("--benchmark_enable_random_interleaving")) {
+    args.push_back(interleave);
+  }
+  argc = static_cast<int>(args.size());
+  args.push_back(nullptr);
+  argv = args.data();
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   benchmark::RunSpecifiedBenchmarks();
