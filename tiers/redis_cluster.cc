@@ -485,11 +485,14 @@ class RedisClusterClient::ReplyStream {
   // its value. The rest of a value is read into the caller's buffer.
   static constexpr size_t kBufferBytes = 16 << 10;
 
+  // Bytes read ahead are held by one side at a time: by buffer_ while the
+  // stream reads values itself, by hiredis's reader from ReadReply until the
+  // stream next reads (TakeBackFromHiredis at the start of Fill and
+  // ReadValue), so replies hiredis parses one after another (a pipeline of
+  // SETs or DELs) never cross between the two.
   ReplyStream(redisContext* ctx, const std::string& addr,
               std::chrono::milliseconds timeout)
-      : ctx_(ctx), addr_(addr), timeout_(timeout) {
-    TakeBackFromHiredis();
-  }
+      : ctx_(ctx), addr_(addr), timeout_(timeout) {}
   ReplyStream(const ReplyStream&) = delete;
   ReplyStream& operator=(const ReplyStream&) = delete;
 
@@ -533,6 +536,7 @@ class RedisClusterClient::ReplyStream {
   // Reads a bulk value's bytes into `to`, and the "\r\n" after it once
   // `last` (the value's final part) is true.
   Status ReadValue(std::span<char> to, bool last) {
+    TakeBackFromHiredis();
     const size_t held = std::min(end_ - begin_, to.size());
     if (held > 0) std::memcpy(to.data(), buffer_.data() + begin_, held);
     begin_ += held;
@@ -561,9 +565,7 @@ class RedisClusterClient::ReplyStream {
     if (redisGetReply(ctx_, &raw) != REDIS_OK) {
       return ContextError(*ctx_, addr_, timeout_);
     }
-    Reply reply(static_cast<redisReply*>(raw));
-    TakeBackFromHiredis();
-    return reply;
+    return Reply(static_cast<redisReply*>(raw));
   }
 
  private:
@@ -590,6 +592,7 @@ class RedisClusterClient::ReplyStream {
 
   // Until buffer_ holds at least `bytes` unread bytes.
   Status Fill(size_t bytes) {
+    TakeBackFromHiredis();
     while (end_ - begin_ < bytes) {
       if (buffer_.size() < kBufferBytes) buffer_.resize(kBufferBytes);
       // `bytes` is at most a header's, far less than the buffer.
@@ -950,7 +953,13 @@ Status RedisClusterClient::ReadBulk(ReplyStream& stream, const Command& command,
   const size_t size = static_cast<size_t>(length);
   const std::optional<ValueBuffers> buffers = command.place(index, size);
   if (buffers.has_value() &&
-      buffers->head.size() + buffers->body.size() == size) {
+      buffers->head.size() + buffers->body.size() != size) {
+    return Status::Internal(
+        "a value sink placed " +
+        std::to_string(buffers->head.size() + buffers->body.size()) +
+        " bytes for a value of " + std::to_string(size));
+  }
+  if (buffers.has_value()) {
     TIERKV_RETURN_IF_ERROR(stream.ReadValue(buffers->head, /*last=*/false));
     TIERKV_RETURN_IF_ERROR(stream.ReadValue(buffers->body, /*last=*/true));
     command.on_bulk(index, BulkValue{.length = length, .placed = true});

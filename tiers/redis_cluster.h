@@ -94,8 +94,9 @@ struct ValueBuffers {
 // client.
 struct ValueSink {
   // Buffers for key i's value of `length` bytes (head.size() + body.size()
-  // == length), or none: the value is then read into a buffer of the
-  // client's and handed to `take`.
+  // must be `length`: buffers of another size fail the group with Internal
+  // and drop the connection), or none: the value is then read into a buffer
+  // of the client's and handed to `take`.
   std::function<std::optional<ValueBuffers>(size_t i, size_t length)> place =
       nullptr;
   // Key i's value is in the buffers `place` gave, whole: OK when accepted.

@@ -160,6 +160,9 @@ Decoded DecodeSplit(std::string_view head, std::string_view body,
   std::string whole(head);
   whole.append(body);
   Decoded d = DecodeValue(whole, fingerprint, key, tokens, block_bytes);
+  // Its payload is not where the slot's bytes are: never served, even
+  // should a format ever let such a value verify.
+  if (d.verdict == Verdict::kServe) d.verdict = Verdict::kOtherBlock;
   d.payload = {};
   return d;
 }
@@ -554,8 +557,11 @@ void RemoteTier::RunPromotes(std::vector<Job>& batch) {
   std::vector<std::string> keys;
   for (const Job& job : batch) keys.push_back(RedisKey(job.key));
   std::vector<Read> reads(batch.size());
-  auto slot_chars = [&](size_t i) {
+  // A slot shorter than a block (slot_memory broke its contract) is never
+  // written: the value is read aside and not served.
+  auto slot_chars = [&](size_t i) -> std::optional<std::span<char>> {
     const std::span<std::byte> slot = options_.slot_memory(batch[i].slot);
+    if (slot.size() < options_.block_bytes) return std::nullopt;
     return std::span<char>(reinterpret_cast<char*>(slot.data()),
                            options_.block_bytes);
   };
@@ -569,14 +575,17 @@ void RemoteTier::RunPromotes(std::vector<Job>& batch) {
       .place = [&](size_t i, size_t length) -> std::optional<ValueBuffers> {
         const size_t header = HeaderBytes(options_.store_fingerprint.size(),
                                           batch[i].tokens.size());
-        if (length != header + options_.block_bytes) return std::nullopt;
+        const std::optional<std::span<char>> slot = slot_chars(i);
+        if (length != header + options_.block_bytes || !slot.has_value()) {
+          return std::nullopt;
+        }
         reads[i].header.resize(header);
-        return ValueBuffers{.head = reads[i].header, .body = slot_chars(i)};
+        return ValueBuffers{.head = reads[i].header, .body = *slot};
       },
       .placed =
           [&](size_t i) {
             const Job& job = batch[i];
-            const std::span<char> slot = slot_chars(i);
+            const std::span<char> slot = *slot_chars(i);  // Placed there.
             const Decoded d = DecodeSplit(
                 reads[i].header, std::string_view(slot.data(), slot.size()),
                 options_.store_fingerprint, job.key, job.tokens,
@@ -591,10 +600,12 @@ void RemoteTier::RunPromotes(std::vector<Job>& batch) {
             const Decoded d =
                 DecodeValue(value, options_.store_fingerprint, job.key,
                             job.tokens, options_.block_bytes);
+            const std::optional<std::span<char>> slot = slot_chars(i);
             reads[i].verdict = d.verdict;
-            if (d.verdict == Verdict::kServe) {
-              std::memcpy(slot_chars(i).data(), d.payload.data(),
-                          d.payload.size());
+            if (d.verdict == Verdict::kServe && !slot.has_value()) {
+              reads[i].verdict = Verdict::kOtherBlock;
+            } else if (d.verdict == Verdict::kServe) {
+              std::memcpy(slot->data(), d.payload.data(), d.payload.size());
               reads[i].checksum = d.payload_sum;
             }
             return Status::Ok();
