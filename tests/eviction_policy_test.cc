@@ -63,9 +63,10 @@ TEST(EvictionPolicy, NamesParseBackAndBadOnesAreRefused) {
   EXPECT_THAT(bad.status().message(), ::testing::HasSubstr("lru or arc"));
 }
 
-// The block used twice outlives blocks used once that came after it; LRU
-// evicts it first, being the oldest.
-TEST(EvictionPolicy, ArcEvictsABlockUsedOnceBeforeOneUsedAgain) {
+// ARC starts in LRU order: a block used twice goes first when it is the
+// oldest, until a frequent block's ghost says frequency pays (the next
+// test).
+TEST(EvictionPolicy, ArcStartsInLruOrder) {
   for (EvictionPolicy policy : {EvictionPolicy::kLru, EvictionPolicy::kArc}) {
     BlockPool pool = MakePool(3, policy);
     Store(&pool, 1);
@@ -73,14 +74,83 @@ TEST(EvictionPolicy, ArcEvictsABlockUsedOnceBeforeOneUsedAgain) {
     Store(&pool, 2);
     Store(&pool, 3);
     Store(&pool, 4);  // Needs room.
-    if (policy == EvictionPolicy::kLru) {
-      EXPECT_FALSE(Cached(pool, 1));
-      EXPECT_TRUE(Cached(pool, 2));
-    } else {
-      EXPECT_TRUE(Cached(pool, 1));
-      EXPECT_FALSE(Cached(pool, 2));
-    }
+    EXPECT_FALSE(Cached(pool, 1)) << EvictionPolicyName(policy);
+    EXPECT_TRUE(Cached(pool, 2)) << EvictionPolicyName(policy);
     EXPECT_TRUE(Cached(pool, 3));
+    EXPECT_THAT(pool.CheckInvariants(), IsOk());
+  }
+}
+
+// A hot key used once every few requests among keys used once, further
+// apart than the pool holds: LRU never keeps it; under ARC its ghost sends
+// it to the frequent list, whose returns then lower the recent list's
+// target until the hot key outlives the keys used once.
+TEST(EvictionPolicy, ArcLearnsToKeepAKeyThatComesBack) {
+  constexpr uint64_t kHot = 0;
+  for (EvictionPolicy policy : {EvictionPolicy::kLru, EvictionPolicy::kArc}) {
+    BlockPool pool = MakePool(4, policy);
+    uint64_t next = 1;
+    int hits = 0;
+    for (int round = 0; round < 50; ++round) {
+      if (Cached(pool, kHot)) {
+        Hit(&pool, kHot);
+        ++hits;
+      } else {
+        Store(&pool, kHot);
+      }
+      for (int i = 0; i < 5; ++i) Store(&pool, next++);
+    }
+    EXPECT_THAT(pool.CheckInvariants(), IsOk());
+    if (policy == EvictionPolicy::kLru) {
+      EXPECT_EQ(hits, 0);
+    } else {
+      EXPECT_GE(hits, 40);
+    }
+  }
+}
+
+// Until a block of the frequent list comes back from its ghost, ARC takes
+// exactly LRU's victims, whatever the hits (a recent block's ghost only
+// raises the target, which starts at the whole pool).
+TEST(EvictionPolicy, ArcMatchesLruUntilAFrequentBlockComesBack) {
+  BlockPool lru = MakePool(12, EvictionPolicy::kLru, /*uncached_first=*/true);
+  BlockPool arc = MakePool(12, EvictionPolicy::kArc);
+  std::mt19937 rng(11);
+  uint64_t next = 0;
+  std::vector<uint64_t> seen;  // Keys stored so far, never stored again.
+  for (int step = 0; step < 20000; ++step) {
+    if (!seen.empty() && rng() % 3 != 0) {
+      const uint64_t n = seen[rng() % seen.size()];
+      ASSERT_EQ(Cached(lru, n), Cached(arc, n)) << step;
+      if (Cached(lru, n)) {
+        Hit(&lru, n);
+        Hit(&arc, n);
+      }
+    } else {
+      ASSERT_EQ(lru.NextFreeBlock(), arc.NextFreeBlock()) << step;
+      Store(&lru, next);
+      Store(&arc, next);
+      seen.push_back(next++);
+    }
+  }
+  EXPECT_THAT(arc.CheckInvariants(), IsOk());
+}
+
+// Free blocks keep their order however long they wait: a block freed
+// long before tens of thousands of others is still the older one (the
+// free clock's 15-bit ticks are clamped, never compared across a wrap).
+TEST(EvictionPolicy, ArcOrderSurvivesTheFreeClockWrapping) {
+  // Frees that put the two blocks' raw ticks in either half of 2^15 apart.
+  for (const int frees : {20000, 50000, 70000}) {
+    BlockPool pool = MakePool(4, EvictionPolicy::kArc);
+    Store(&pool, 1);  // Recent, and the oldest block from here on.
+    Store(&pool, 2);
+    for (int i = 0; i < frees; ++i) Hit(&pool, 2);  // Frequent, ever newer.
+    Store(&pool, 3);
+    Store(&pool, 4);
+    Store(&pool, 5);  // Needs room: 1, the oldest.
+    EXPECT_FALSE(Cached(pool, 1)) << frees;
+    EXPECT_TRUE(Cached(pool, 2)) << frees;
     EXPECT_THAT(pool.CheckInvariants(), IsOk());
   }
 }
