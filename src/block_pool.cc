@@ -88,11 +88,14 @@ BlockPool::BlockPool(const BlockPoolOptions& options, const CheckSecret& secret)
       uncached_first_(options.free_uncached_first),
       free_queue_(options.num_blocks,
                   options.eviction == EvictionPolicy::kLru ? 1 : 3),
-      index_(options.num_blocks),
+      // Under kArc the ghosts' bytes come out of the index's headroom, to
+      // keep a block's metadata within a cache line.
+      index_(options.num_blocks, options.eviction == EvictionPolicy::kArc),
       check_secret_(secret) {
   usable_blocks_ = options.num_blocks - (options.reserve_null_block ? 1 : 0);
   if (eviction_ == EvictionPolicy::kArc) {
-    // ARC remembers as many evicted keys as the cache holds.
+    // ARC remembers as many evicted keys as the cache holds; GhostKeys
+    // remembers each for at least half as many evictions.
     ghosts_.emplace(usable_blocks_);
     recent_target_ = usable_blocks_;
     free_tick_blocks_ = std::max<uint64_t>(

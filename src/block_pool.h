@@ -5,8 +5,9 @@
 // coordinator thread for a tier's pool).
 //
 // Metadata per block: the Block below (32 bytes), the free queue's links
-// and list tag (9), the key index's slots (16), under kArc the ghosts (a
-// 4-byte ring entry and two 4-byte table slots, 12), and with keep_tokens
+// and list tag (9), the key index's slots (16; 14 under kArc), under kArc
+// the ghosts (three tables of 4-byte slots, each for half the pool's
+// blocks and at most three quarters full: 8), and with keep_tokens
 // the token ids (4 x block_size). Without keep_tokens a hit is checked
 // against a secret hash of the tokens instead of the tokens themselves
 // (BlockPoolOptions); the owner may compare the tokens it keeps.

@@ -259,34 +259,41 @@ TEST(EvictionPolicy, NextFreeBlockIsTheNextVictimUnderRandomUse) {
   }
 }
 
-TEST(GhostKeys, RemembersTheLastKeysWithTheirTags) {
-  GhostKeys ghosts(3);
+TEST(GhostKeys, RemembersEachKeyForAtLeastItsCapacityInAdds) {
+  GhostKeys ghosts(4);  // Generations of two Adds; the last 4 to 6 Adds.
+  ASSERT_EQ(ghosts.generation_capacity(), 2);
   ghosts.Add(Key(1), 1);
   ghosts.Add(Key(2), 2);
   ghosts.Add(Key(3), 1);
   EXPECT_EQ(ghosts.count(1), 2);
   EXPECT_EQ(ghosts.count(2), 1);
-  ghosts.Add(Key(4), 2);  // Forgets 1, the oldest.
-  EXPECT_EQ(ghosts.Take(Key(1)), 0);
   EXPECT_EQ(ghosts.Take(Key(2)), 2);
   EXPECT_EQ(ghosts.Take(Key(2)), 0);  // Taken once.
-  EXPECT_EQ(ghosts.size(), 2);
-  ghosts.Add(Key(3), 2);  // Again: now the newest, with the new tag.
-  EXPECT_EQ(ghosts.count(1), 0);
-  EXPECT_EQ(ghosts.Take(Key(3)), 2);
+  ghosts.Add(Key(4), 2);
+  ghosts.Add(Key(5), 3);
+  ghosts.Add(Key(6), 1);
+  EXPECT_EQ(ghosts.size(), 5);  // 1 and 3 to 6: 1 is 5 Adds old.
+  ghosts.Add(Key(7), 1);        // A fourth generation: forgets 1 (and 2).
+  EXPECT_EQ(ghosts.Take(Key(1)), 0);
+  EXPECT_EQ(ghosts.count(1), 3);
+  EXPECT_EQ(ghosts.Take(Key(3)), 1);
   EXPECT_EQ(ghosts.Take(Key(4)), 2);
+  EXPECT_EQ(ghosts.Take(Key(5)), 3);
+  EXPECT_EQ(ghosts.Take(Key(6)), 1);
+  EXPECT_EQ(ghosts.Take(Key(7)), 1);
   EXPECT_EQ(ghosts.size(), 0);
+  EXPECT_EQ(ghosts.count(1), 0);
 }
 
 // Keys that share their home slot, forgotten out of order, stay findable
 // (the table's deletion shifts the cluster back, leaving no holes).
 TEST(GhostKeys, CollidingKeysSurviveDeletionsInTheirCluster) {
-  GhostKeys ghosts(8);
+  GhostKeys ghosts(16);
   std::vector<BlockKey> keys;
   for (uint64_t i = 0; i < 8; ++i) {
-    // Fingerprints (the low 32 bits of lo ^ hi) that differ only above the
+    // Fingerprints (the low 32 bits of lo ^ hi) that differ only below the
     // bits that pick the home slot.
-    keys.push_back({(i << 20) | 0x5, 0});
+    keys.push_back({(i << 2) | 0x40000000, 0});
     ghosts.Add(keys.back(), 1);
   }
   for (size_t i : {3u, 0u, 6u}) EXPECT_EQ(ghosts.Take(keys[i]), 1) << i;
@@ -296,37 +303,47 @@ TEST(GhostKeys, CollidingKeysSurviveDeletionsInTheirCluster) {
   EXPECT_EQ(ghosts.size(), 0);
 }
 
-// The model: the last kCapacity Adds, oldest first; a key taken, or added
-// again, leaves a hole where it was (GhostKeys remembers keys among the
-// last N evictions, not the last N distinct keys).
+// The model: the Adds of the last kGenerations generations (each of
+// generation_capacity() Adds), the newest maybe part full; a key taken
+// leaves a hole. Keys are added only when not remembered, as a pool does.
 TEST(GhostKeys, MatchesAModelUnderRandomUse) {
-  constexpr int32_t kCapacity = 50;
-  struct Add {
-    uint64_t n;
-    uint8_t tag;
-    bool live;
-  };
-  GhostKeys ghosts(kCapacity);
-  std::deque<Add> model;
-  std::mt19937 rng(3);
-  for (int step = 0; step < 20000; ++step) {
-    const uint64_t n = rng() % 200;
-    auto it = std::find_if(model.begin(), model.end(),
-                           [&](const Add& a) { return a.live && a.n == n; });
-    if (rng() % 2 == 0) {
-      const auto tag = static_cast<uint8_t>(1 + rng() % 2);
-      if (it != model.end()) it->live = false;
-      if (static_cast<int32_t>(model.size()) == kCapacity) model.pop_front();
-      model.push_back({n, tag, true});
-      ghosts.Add(Key(n), tag);
-    } else {
-      const uint8_t want = it == model.end() ? 0 : it->tag;
-      if (it != model.end()) it->live = false;
-      ASSERT_EQ(ghosts.Take(Key(n)), want) << step;
+  for (const int32_t capacity : {1, 7, 50}) {
+    struct Add {
+      uint64_t n;
+      uint8_t tag;
+      bool live;
+    };
+    GhostKeys ghosts(capacity);
+    const int32_t generation = ghosts.generation_capacity();
+    std::deque<Add> model;
+    int64_t adds = 0;
+    std::mt19937 rng(3);
+    for (int step = 0; step < 20000; ++step) {
+      const uint64_t n = rng() % 200;
+      auto it = std::find_if(model.begin(), model.end(),
+                             [&](const Add& a) { return a.live && a.n == n; });
+      if (rng() % 2 == 0 && it == model.end()) {
+        const auto tag = static_cast<uint8_t>(1 + rng() % 3);
+        if (adds % generation == 0 &&
+            adds >= GhostKeys::kGenerations * generation) {
+          // A new generation: the oldest one's Adds are forgotten.
+          model.erase(model.begin(), model.begin() + generation);
+        }
+        model.push_back({n, tag, true});
+        ++adds;
+        ghosts.Add(Key(n), tag);
+      } else {
+        const uint8_t want = it == model.end() ? 0 : it->tag;
+        if (it != model.end()) it->live = false;
+        ASSERT_EQ(ghosts.Take(Key(n)), want) << capacity << " " << step;
+      }
+      int32_t live[4] = {};
+      for (const Add& a : model) live[a.tag] += a.live ? 1 : 0;
+      ASSERT_EQ(ghosts.size(), live[1] + live[2] + live[3]) << step;
+      for (uint8_t tag = 1; tag <= 3; ++tag) {
+        ASSERT_EQ(ghosts.count(tag), live[tag]) << step;
+      }
     }
-    const auto live = std::count_if(model.begin(), model.end(),
-                                    [](const Add& a) { return a.live; });
-    ASSERT_EQ(ghosts.size(), live) << step;
   }
 }
 
