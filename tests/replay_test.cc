@@ -232,7 +232,7 @@ std::vector<std::vector<int64_t>> Conversations(uint32_t seed) {
   return requests;
 }
 
-// Before, ARC fell below LRU at 5 of these 7 capacities with seed 17 and at
+// Before, ARC fell below LRU at 4 of these 7 capacities with seed 17 and at
 // 5 with seed 18 (by up to 3.6 %). Now it is at or above LRU at all of them
 // with seed 17, and with seed 18 at all but 5 % and 10 %, where it is
 // below by 0.08 % and 0.002 % (94,447 hit blocks against 94,527; 137,084
