@@ -88,12 +88,18 @@ BlockPool::BlockPool(const BlockPoolOptions& options, const CheckSecret& secret)
       uncached_first_(options.free_uncached_first),
       free_queue_(options.num_blocks,
                   options.eviction == EvictionPolicy::kLru ? 1 : 3),
-      index_(options.num_blocks),
+      // Under kArc the ghosts' bytes come out of the index's headroom, to
+      // keep a block's metadata within a cache line.
+      index_(options.num_blocks, options.eviction == EvictionPolicy::kArc),
       check_secret_(secret) {
   usable_blocks_ = options.num_blocks - (options.reserve_null_block ? 1 : 0);
   if (eviction_ == EvictionPolicy::kArc) {
-    // ARC remembers as many evicted keys as the cache holds.
+    // ARC remembers as many evicted keys as the cache holds; GhostKeys
+    // remembers each for at least half as many evictions.
     ghosts_.emplace(usable_blocks_);
+    recent_target_ = usable_blocks_;
+    free_tick_blocks_ = std::max<uint64_t>(
+        1, static_cast<uint64_t>(usable_blocks_) / kTicksPerPool);
   }
   BlockId first = 0;
   if (options.reserve_null_block) {
@@ -193,6 +199,7 @@ bool BlockPool::MarkReused(BlockId id) {
   if (eviction_ != EvictionPolicy::kLru && free_queue_.Contains(id) &&
       free_queue_.ListOf(id) == kRecent) {
     free_queue_.Remove(id);
+    StampFreed(&blocks_[Index(id)]);
     free_queue_.Append(id, kFrequent);
   }
   return true;
@@ -200,7 +207,7 @@ bool BlockPool::MarkReused(BlockId id) {
 
 void BlockPool::MarkUsedAgain(Block* b) {
   if (b->has_key() && !b->reused()) {
-    b->policy_state = 1;
+    b->used_again = 1;
     ++frequent_blocks_;
   }
 }
@@ -224,25 +231,58 @@ void BlockPool::Enqueue(BlockId id) {
   } else if (eviction_ == EvictionPolicy::kLru) {
     free_queue_.Append(id);
   } else {
+    StampFreed(&blocks_[Index(id)]);
     free_queue_.Append(id, b.reused() ? kFrequent : kRecent);
   }
+}
+
+void BlockPool::StampFreed(Block* b) {
+  if (++frees_ % free_tick_blocks_ == 0) {
+    ++free_ticks_;
+    if (free_ticks_ % kAgeClampTicks == 0) ClampFreedTicks();
+  }
+  b->freed_tick = free_ticks_ & kTickMask;
+}
+
+void BlockPool::ClampFreedTicks() {
+  // Every waiting block older than kMaxAgeTicks is as old as the oldest
+  // (they compare equal), so none is ever older than kMaxAgeTicks +
+  // kAgeClampTicks < 2^14 ticks: the difference of two never wraps.
+  const uint32_t oldest = (free_ticks_ - kMaxAgeTicks) & kTickMask;
+  for (BlockId id = 0; id < num_blocks(); ++id) {
+    Block& b = blocks_[Index(id)];
+    if (b.ref_cnt == 0 &&
+        ((free_ticks_ - b.freed_tick) & kTickMask) > kMaxAgeTicks) {
+      b.freed_tick = oldest;
+    }
+  }
+}
+
+bool BlockPool::FreedBefore(BlockId a, BlockId b) const {
+  const uint32_t diff =
+      (blocks_[Index(b)].freed_tick - blocks_[Index(a)].freed_tick) & kTickMask;
+  return diff != 0 && diff < kTickMask / 2;
 }
 
 int32_t BlockPool::VictimList() const {
   if (eviction_ == EvictionPolicy::kLru) return kReuseFirst;
   if (free_queue_.size(kReuseFirst) > 0) return kReuseFirst;
-  // ARC's REPLACE: the recent list gives up a block while it is over its
-  // target, the frequent list otherwise; either, when the other has none.
   // ARC's lists count blocks in use too: a request's fresh blocks (keyed
   // or not yet) are recent, its hits frequent; only free ones can go.
-  const int32_t recent_free = free_queue_.size(kRecent);
-  const int32_t frequent_free = free_queue_.size(kFrequent);
-  const int32_t recent =
-      usable_blocks_ - free_queue_.size(kReuseFirst) - frequent_blocks_;
-  if (recent_free > 0 && (recent > recent_target_ || frequent_free == 0)) {
-    return kRecent;
-  }
-  return frequent_free > 0 ? kFrequent : kRecent;
+  return ArcVictimList(free_queue_.First(kRecent), free_queue_.First(kFrequent),
+                       usable_blocks_ - frequent_blocks_);
+}
+
+int32_t BlockPool::ArcVictimList(BlockId r, BlockId f, double recent) const {
+  if (r == FreeBlockQueue::kNone) return kFrequent;
+  if (f == FreeBlockQueue::kNone) return kRecent;
+  // ARC's REPLACE: the recent list gives up a block while it is over its
+  // target. Otherwise ARC takes the frequent list's oldest; the pool
+  // does so only when it is older than the recent list's oldest too, as
+  // a block used more often and more recently is no better a victim by
+  // either of ARC's measures.
+  if (recent > recent_target_) return kRecent;
+  return FreedBefore(r, f) ? kRecent : kFrequent;
 }
 
 int32_t BlockPool::TakeEvicted(const BlockKey& key) {
@@ -298,14 +338,14 @@ Status BlockPool::CacheBlock(BlockId id, const BlockKey& key,
     reused = o.reused();
     if (o.reused()) --frequent_blocks_;
     o.num_tokens = 0;
-    o.policy_state = 0;
+    o.used_again = 0;
     LeaveKeptLists(*older);
   } else {
     reused = TakeEvicted(key) != 0;
   }
   b.key = key;
   b.num_tokens = static_cast<uint16_t>(tokens.size());
-  b.policy_state = reused ? 1 : 0;
+  b.used_again = reused ? 1 : 0;
   if (reused) ++frequent_blocks_;
   if (keep_tokens_) {
     std::copy(
@@ -378,7 +418,7 @@ bool BlockPool::MoveToFront(BlockId id) {
   // Next to go, it is no longer among ARC's frequent blocks (a hit before
   // then makes it one again).
   if (b.reused()) --frequent_blocks_;
-  b.policy_state = 0;
+  b.used_again = 0;
   free_queue_.Remove(id);
   free_queue_.PushFront(id);
   return true;
@@ -396,7 +436,7 @@ void BlockPool::DropKey(BlockId id) {
   if (key_dropped_) key_dropped_(b.key);
   b.num_tokens = 0;
   if (b.reused()) --frequent_blocks_;
-  b.policy_state = 0;
+  b.used_again = 0;
   LeaveKeptLists(id);
 }
 

@@ -5,8 +5,9 @@
 // coordinator thread for a tier's pool).
 //
 // Metadata per block: the Block below (32 bytes), the free queue's links
-// and list tag (9), the key index's slots (16), under kArc the ghosts (a
-// 4-byte ring entry and two 4-byte table slots, 12), and with keep_tokens
+// and list tag (9), the key index's slots (16; 14 under kArc), under kArc
+// the ghosts (three tables of 4-byte slots, each for half the pool's
+// blocks and at most three quarters full: 8), and with keep_tokens
 // the token ids (4 x block_size). Without keep_tokens a hit is checked
 // against a secret hash of the tokens instead of the tokens themselves
 // (BlockPoolOptions); the owner may compare the tokens it keeps.
@@ -32,10 +33,19 @@
 // dropped) first, then ARC's recent list (keyed blocks used once) and its
 // frequent list (hit at least once, or keyed again soon after an eviction:
 // its ghost). A victim comes from the first list while it has any, then
-// from the recent list while it is over its adaptive target, else from the
-// frequent list. Both are in free order, and a request frees its blocks
-// tail first, so a block goes before the blocks that extend it unless they
-// are in the frequent list and it is not (they were used more).
+// from the recent list while it is over its adaptive target, else from
+// whichever of the two lists' oldest blocks was freed first: the frequent
+// list gives up a block only when it is older than the recent list's
+// oldest. So with the target at the whole pool, where it starts, the pool
+// evicts in LRU order; frequent blocks that come back soon after leaving
+// (their ghosts) lower the target and earn the frequent list protection,
+// recent ones raise it again. (Plain ARC evicts the frequent list's oldest
+// whenever the recent list is under target, even a block used both more
+// often and more recently than the recent list's oldest; on prefix
+// workloads where reuse is mostly recent that put it below LRU.) Both
+// lists are in free order, and a request frees its blocks tail first, so a
+// block goes before the blocks that extend it unless they are in the
+// frequent list and it is not (they were used more).
 //
 // Free blocks keep their key until popped for reuse (lazy eviction), so a
 // freed block can still be hit. When a block is keyed with a key that another
@@ -75,13 +85,18 @@ class BlockPool {
     uint64_t token_check = 0;  // Without keep_tokens: the tokens' hash.
     int32_t ref_cnt = 0;
     uint16_t num_tokens = 0;  // Tokens recorded with the key; 0: no key.
-    // The eviction policy's per-block state; kArc: 1 when the block was
+    // The eviction policy's per-block state. kArc: 1 when the block was
     // hit since it was keyed, or keyed again from a ghost (it is freed into
     // the frequent list, not the recent one).
-    uint16_t policy_state = 0;
+    uint16_t used_again : 1 = 0;
+    // kArc, while the block waits in the recent or frequent list: when it
+    // was freed, in ticks of the pool's free clock, modulo 2^15 (the pool
+    // keeps every waiting block's tick within 2^14 of now, so two compare
+    // by their difference).
+    uint16_t freed_tick : 15 = 0;
 
     bool has_key() const { return num_tokens != 0; }
-    bool reused() const { return policy_state != 0; }
+    bool reused() const { return used_again != 0; }
   };
   static_assert(sizeof(Block) == 32);
   // num_tokens is 16 bits wide.
@@ -203,9 +218,7 @@ class BlockPool {
     BlockId r = free_queue_.First(kRecent);
     BlockId f = free_queue_.First(kFrequent);
     while (r != FreeBlockQueue::kNone || f != FreeBlockQueue::kNone) {
-      const bool from_recent =
-          r != FreeBlockQueue::kNone &&
-          (recent > recent_target_ || f == FreeBlockQueue::kNone);
+      const bool from_recent = ArcVictimList(r, f, recent) == kRecent;
       const BlockId id = from_recent ? r : f;
       if (from_recent) {
         r = free_queue_.After(r);
@@ -249,6 +262,15 @@ class BlockPool {
   static constexpr int32_t kReuseFirst = 0;
   static constexpr int32_t kRecent = 1;
   static constexpr int32_t kFrequent = 2;
+  // kArc's free clock: a tick is 1/kTicksPerPool of the pool's blocks
+  // freed (at least one). Blocks freed more than kMaxAgeTicks ago (8 pool
+  // turnovers) count as freed then; Block::freed_tick's 15 bits hold any
+  // difference below 2^14 ticks.
+  static constexpr uint32_t kTicksPerPool = 1024;
+  static constexpr uint32_t kMaxAgeTicks = 8 * kTicksPerPool;
+  static constexpr uint32_t kAgeClampTicks = 4 * kTicksPerPool;
+  static constexpr uint32_t kTickMask = (1u << 15) - 1;
+  static_assert(kMaxAgeTicks + kAgeClampTicks < kTickMask / 2);
 
   BlockPool(const BlockPoolOptions& options, const CheckSecret& secret);
   static size_t Index(BlockId id) { return static_cast<size_t>(id); }
@@ -266,6 +288,19 @@ class BlockPool {
   void LeaveKeptLists(BlockId id);
   // The list the next victim comes from. REQUIRES: a free block.
   int32_t VictimList() const;
+  // kArc's choice between the recent list's oldest block `r` and the
+  // frequent list's `f` (either kNone when its list is empty, not both),
+  // with `recent` blocks counted in the recent list.
+  int32_t ArcVictimList(BlockId r, BlockId f, double recent) const;
+  // Whether block `a` was freed before block `b`, both waiting in the
+  // recent or frequent list; false within one tick.
+  bool FreedBefore(BlockId a, BlockId b) const;
+  // Stamps a block entering the recent or frequent list with the free
+  // clock, advancing it.
+  void StampFreed(Block* b);
+  // Makes every free block older than kMaxAgeTicks that old. O(num_blocks),
+  // once every kAgeClampTicks ticks.
+  void ClampFreedTicks();
   // A second use of a keyed block: it belongs in the frequent list.
   void MarkUsedAgain(Block* b);
   // Queues a block whose ref count reached 0.
@@ -285,8 +320,15 @@ class BlockPool {
   std::function<void(const BlockKey&)> key_dropped_;
   bool uncached_first_;
   FreeBlockQueue free_queue_;
-  // kArc: the recent list's target size in blocks (ARC's p).
+  // kArc: the recent list's target size in blocks (ARC's p). Starts at
+  // the whole pool: LRU order until the ghosts say otherwise.
   double recent_target_ = 0;
+  // kArc's free clock: blocks entered into the recent or frequent list,
+  // and that count in ticks of free_tick_blocks_ (so a tick is a fixed
+  // share of the pool, and 15 bits of ticks span many pool turnovers).
+  uint64_t frees_ = 0;
+  uint64_t free_tick_blocks_ = 1;
+  uint32_t free_ticks_ = 0;
   // kArc's ghost lists: the evicted keys, tagged with the list each left.
   std::optional<GhostKeys> ghosts_;
   int32_t usable_blocks_ = 0;    // All but the null block.

@@ -4,8 +4,9 @@
 
 namespace tierkv {
 
-KeyIndex::KeyIndex(int32_t max_entries)
-    : slots_(2 * static_cast<size_t>(std::max(max_entries, 1)),
+KeyIndex::KeyIndex(int32_t max_entries, bool compact)
+    : slots_(compact ? static_cast<size_t>(std::max(max_entries, 1)) * 7 / 4 + 1
+                     : 2 * static_cast<size_t>(std::max(max_entries, 1)),
              Slot{.id = kEmpty, .tag = 0}) {}
 
 bool KeyIndex::Erase(const BlockKey& key, BlockId id) {

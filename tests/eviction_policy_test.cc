@@ -63,9 +63,10 @@ TEST(EvictionPolicy, NamesParseBackAndBadOnesAreRefused) {
   EXPECT_THAT(bad.status().message(), ::testing::HasSubstr("lru or arc"));
 }
 
-// The block used twice outlives blocks used once that came after it; LRU
-// evicts it first, being the oldest.
-TEST(EvictionPolicy, ArcEvictsABlockUsedOnceBeforeOneUsedAgain) {
+// ARC starts in LRU order: a block used twice goes first when it is the
+// oldest, until a frequent block's ghost says frequency pays (the next
+// test).
+TEST(EvictionPolicy, ArcStartsInLruOrder) {
   for (EvictionPolicy policy : {EvictionPolicy::kLru, EvictionPolicy::kArc}) {
     BlockPool pool = MakePool(3, policy);
     Store(&pool, 1);
@@ -73,14 +74,83 @@ TEST(EvictionPolicy, ArcEvictsABlockUsedOnceBeforeOneUsedAgain) {
     Store(&pool, 2);
     Store(&pool, 3);
     Store(&pool, 4);  // Needs room.
-    if (policy == EvictionPolicy::kLru) {
-      EXPECT_FALSE(Cached(pool, 1));
-      EXPECT_TRUE(Cached(pool, 2));
-    } else {
-      EXPECT_TRUE(Cached(pool, 1));
-      EXPECT_FALSE(Cached(pool, 2));
-    }
+    EXPECT_FALSE(Cached(pool, 1)) << EvictionPolicyName(policy);
+    EXPECT_TRUE(Cached(pool, 2)) << EvictionPolicyName(policy);
     EXPECT_TRUE(Cached(pool, 3));
+    EXPECT_THAT(pool.CheckInvariants(), IsOk());
+  }
+}
+
+// A hot key used once every few requests among keys used once, further
+// apart than the pool holds: LRU never keeps it; under ARC its ghost sends
+// it to the frequent list, whose returns then lower the recent list's
+// target until the hot key outlives the keys used once.
+TEST(EvictionPolicy, ArcLearnsToKeepAKeyThatComesBack) {
+  constexpr uint64_t kHot = 0;
+  for (EvictionPolicy policy : {EvictionPolicy::kLru, EvictionPolicy::kArc}) {
+    BlockPool pool = MakePool(4, policy);
+    uint64_t next = 1;
+    int hits = 0;
+    for (int round = 0; round < 50; ++round) {
+      if (Cached(pool, kHot)) {
+        Hit(&pool, kHot);
+        ++hits;
+      } else {
+        Store(&pool, kHot);
+      }
+      for (int i = 0; i < 5; ++i) Store(&pool, next++);
+    }
+    EXPECT_THAT(pool.CheckInvariants(), IsOk());
+    if (policy == EvictionPolicy::kLru) {
+      EXPECT_EQ(hits, 0);
+    } else {
+      EXPECT_GE(hits, 40);
+    }
+  }
+}
+
+// Until a block of the frequent list comes back from its ghost, ARC takes
+// exactly LRU's victims, whatever the hits (a recent block's ghost only
+// raises the target, which starts at the whole pool).
+TEST(EvictionPolicy, ArcMatchesLruUntilAFrequentBlockComesBack) {
+  BlockPool lru = MakePool(12, EvictionPolicy::kLru, /*uncached_first=*/true);
+  BlockPool arc = MakePool(12, EvictionPolicy::kArc);
+  std::mt19937 rng(11);
+  uint64_t next = 0;
+  std::vector<uint64_t> seen;  // Keys stored so far, never stored again.
+  for (int step = 0; step < 20000; ++step) {
+    if (!seen.empty() && rng() % 3 != 0) {
+      const uint64_t n = seen[rng() % seen.size()];
+      ASSERT_EQ(Cached(lru, n), Cached(arc, n)) << step;
+      if (Cached(lru, n)) {
+        Hit(&lru, n);
+        Hit(&arc, n);
+      }
+    } else {
+      ASSERT_EQ(lru.NextFreeBlock(), arc.NextFreeBlock()) << step;
+      Store(&lru, next);
+      Store(&arc, next);
+      seen.push_back(next++);
+    }
+  }
+  EXPECT_THAT(arc.CheckInvariants(), IsOk());
+}
+
+// Free blocks keep their order however long they wait: a block freed
+// long before tens of thousands of others is still the older one (the
+// free clock's 15-bit ticks are clamped, never compared across a wrap).
+TEST(EvictionPolicy, ArcOrderSurvivesTheFreeClockWrapping) {
+  // Frees that put the two blocks' raw ticks in either half of 2^15 apart.
+  for (const int frees : {20000, 50000, 70000}) {
+    BlockPool pool = MakePool(4, EvictionPolicy::kArc);
+    Store(&pool, 1);  // Recent, and the oldest block from here on.
+    Store(&pool, 2);
+    for (int i = 0; i < frees; ++i) Hit(&pool, 2);  // Frequent, ever newer.
+    Store(&pool, 3);
+    Store(&pool, 4);
+    Store(&pool, 5);  // Needs room: 1, the oldest.
+    EXPECT_FALSE(Cached(pool, 1)) << frees;
+    EXPECT_TRUE(Cached(pool, 2)) << frees;
     EXPECT_THAT(pool.CheckInvariants(), IsOk());
   }
 }
@@ -189,34 +259,41 @@ TEST(EvictionPolicy, NextFreeBlockIsTheNextVictimUnderRandomUse) {
   }
 }
 
-TEST(GhostKeys, RemembersTheLastKeysWithTheirTags) {
-  GhostKeys ghosts(3);
+TEST(GhostKeys, RemembersEachKeyForAtLeastItsCapacityInAdds) {
+  GhostKeys ghosts(4);  // Generations of two Adds; the last 4 to 6 Adds.
+  ASSERT_EQ(ghosts.generation_capacity(), 2);
   ghosts.Add(Key(1), 1);
   ghosts.Add(Key(2), 2);
   ghosts.Add(Key(3), 1);
   EXPECT_EQ(ghosts.count(1), 2);
   EXPECT_EQ(ghosts.count(2), 1);
-  ghosts.Add(Key(4), 2);  // Forgets 1, the oldest.
-  EXPECT_EQ(ghosts.Take(Key(1)), 0);
   EXPECT_EQ(ghosts.Take(Key(2)), 2);
   EXPECT_EQ(ghosts.Take(Key(2)), 0);  // Taken once.
-  EXPECT_EQ(ghosts.size(), 2);
-  ghosts.Add(Key(3), 2);  // Again: now the newest, with the new tag.
-  EXPECT_EQ(ghosts.count(1), 0);
-  EXPECT_EQ(ghosts.Take(Key(3)), 2);
+  ghosts.Add(Key(4), 2);
+  ghosts.Add(Key(5), 3);
+  ghosts.Add(Key(6), 1);
+  EXPECT_EQ(ghosts.size(), 5);  // 1 and 3 to 6: 1 is 5 Adds old.
+  ghosts.Add(Key(7), 1);        // A fourth generation: forgets 1 (and 2).
+  EXPECT_EQ(ghosts.Take(Key(1)), 0);
+  EXPECT_EQ(ghosts.count(1), 3);
+  EXPECT_EQ(ghosts.Take(Key(3)), 1);
   EXPECT_EQ(ghosts.Take(Key(4)), 2);
+  EXPECT_EQ(ghosts.Take(Key(5)), 3);
+  EXPECT_EQ(ghosts.Take(Key(6)), 1);
+  EXPECT_EQ(ghosts.Take(Key(7)), 1);
   EXPECT_EQ(ghosts.size(), 0);
+  EXPECT_EQ(ghosts.count(1), 0);
 }
 
 // Keys that share their home slot, forgotten out of order, stay findable
 // (the table's deletion shifts the cluster back, leaving no holes).
 TEST(GhostKeys, CollidingKeysSurviveDeletionsInTheirCluster) {
-  GhostKeys ghosts(8);
+  GhostKeys ghosts(16);
   std::vector<BlockKey> keys;
   for (uint64_t i = 0; i < 8; ++i) {
-    // Fingerprints (the low 32 bits of lo ^ hi) that differ only above the
+    // Fingerprints (the low 32 bits of lo ^ hi) that differ only below the
     // bits that pick the home slot.
-    keys.push_back({(i << 20) | 0x5, 0});
+    keys.push_back({(i << 2) | 0x40000000, 0});
     ghosts.Add(keys.back(), 1);
   }
   for (size_t i : {3u, 0u, 6u}) EXPECT_EQ(ghosts.Take(keys[i]), 1) << i;
@@ -226,37 +303,47 @@ TEST(GhostKeys, CollidingKeysSurviveDeletionsInTheirCluster) {
   EXPECT_EQ(ghosts.size(), 0);
 }
 
-// The model: the last kCapacity Adds, oldest first; a key taken, or added
-// again, leaves a hole where it was (GhostKeys remembers keys among the
-// last N evictions, not the last N distinct keys).
+// The model: the Adds of the last kGenerations generations (each of
+// generation_capacity() Adds), the newest maybe part full; a key taken
+// leaves a hole. Keys are added only when not remembered, as a pool does.
 TEST(GhostKeys, MatchesAModelUnderRandomUse) {
-  constexpr int32_t kCapacity = 50;
-  struct Add {
-    uint64_t n;
-    uint8_t tag;
-    bool live;
-  };
-  GhostKeys ghosts(kCapacity);
-  std::deque<Add> model;
-  std::mt19937 rng(3);
-  for (int step = 0; step < 20000; ++step) {
-    const uint64_t n = rng() % 200;
-    auto it = std::find_if(model.begin(), model.end(),
-                           [&](const Add& a) { return a.live && a.n == n; });
-    if (rng() % 2 == 0) {
-      const auto tag = static_cast<uint8_t>(1 + rng() % 2);
-      if (it != model.end()) it->live = false;
-      if (static_cast<int32_t>(model.size()) == kCapacity) model.pop_front();
-      model.push_back({n, tag, true});
-      ghosts.Add(Key(n), tag);
-    } else {
-      const uint8_t want = it == model.end() ? 0 : it->tag;
-      if (it != model.end()) it->live = false;
-      ASSERT_EQ(ghosts.Take(Key(n)), want) << step;
+  for (const int32_t capacity : {1, 7, 50}) {
+    struct Add {
+      uint64_t n;
+      uint8_t tag;
+      bool live;
+    };
+    GhostKeys ghosts(capacity);
+    const int32_t generation = ghosts.generation_capacity();
+    std::deque<Add> model;
+    int64_t adds = 0;
+    std::mt19937 rng(3);
+    for (int step = 0; step < 20000; ++step) {
+      const uint64_t n = rng() % 200;
+      auto it = std::find_if(model.begin(), model.end(),
+                             [&](const Add& a) { return a.live && a.n == n; });
+      if (rng() % 2 == 0 && it == model.end()) {
+        const auto tag = static_cast<uint8_t>(1 + rng() % 3);
+        if (adds % generation == 0 &&
+            adds >= GhostKeys::kGenerations * generation) {
+          // A new generation: the oldest one's Adds are forgotten.
+          model.erase(model.begin(), model.begin() + generation);
+        }
+        model.push_back({n, tag, true});
+        ++adds;
+        ghosts.Add(Key(n), tag);
+      } else {
+        const uint8_t want = it == model.end() ? 0 : it->tag;
+        if (it != model.end()) it->live = false;
+        ASSERT_EQ(ghosts.Take(Key(n)), want) << capacity << " " << step;
+      }
+      int32_t live[4] = {};
+      for (const Add& a : model) live[a.tag] += a.live ? 1 : 0;
+      ASSERT_EQ(ghosts.size(), live[1] + live[2] + live[3]) << step;
+      for (uint8_t tag = 1; tag <= 3; ++tag) {
+        ASSERT_EQ(ghosts.count(tag), live[tag]) << step;
+      }
     }
-    const auto live = std::count_if(model.begin(), model.end(),
-                                    [](const Add& a) { return a.live; });
-    ASSERT_EQ(ghosts.size(), live) << step;
   }
 }
 
