@@ -343,9 +343,10 @@ po::options_description SettingOptions(DaemonCommand& command,
       "evicting them later loses nothing); 0 spills only past spill-high")(
       "eviction-policy", po::value(&raw.eviction)->default_value(raw.eviction),
       "which cached block the host tier evicts first: arc (adaptive "
-      "replacement: blocks used once leave before blocks used again, in "
-      "shares that adapt to the load) or lru (the least recently used); "
-      "see BENCHMARKS.md, \"Eviction\"")(
+      "replacement: LRU order until blocks used again come back after their "
+      "eviction, then blocks used once leave first, in shares that adapt to "
+      "the load) or lru (the least recently used); see BENCHMARKS.md, "
+      "\"Eviction\"")(
       "max-workers", po::value(&s.max_workers)->default_value(s.max_workers),
       "most workers attached at once (1 to 4096)")(
       "max-tenants", po::value(&s.max_tenants)->default_value(s.max_tenants),
