@@ -346,9 +346,9 @@ po::options_description SettingOptions(DaemonCommand& command,
       "replacement: LRU order until blocks used again come back after their "
       "eviction, then blocks used once leave first, in shares that adapt to "
       "the load) or lru (the least recently used); see BENCHMARKS.md, "
-      "\"Eviction\"")(
-      "max-workers", po::value(&s.max_workers)->default_value(s.max_workers),
-      "most workers attached at once (1 to 4096)")(
+      "\"Eviction\"")("max-workers",
+                      po::value(&s.max_workers)->default_value(s.max_workers),
+                      "most workers attached at once (1 to 4096)")(
       "max-tenants", po::value(&s.max_tenants)->default_value(s.max_tenants),
       "most tenants the store serves in its life (1 to 1024); each gets host "
       "memory of its own that only its workers map")(
