@@ -105,6 +105,22 @@ StatusOr<std::string> MakeTempDir() {
   return pattern;
 }
 
+Status MakeWorkDir(const std::string& given, DirRemover* dir) {
+  dir->dir = given;
+  dir->remove = false;
+  if (given.empty()) {
+    TIERKV_ASSIGN_OR_RETURN(dir->dir, MakeTempDir());
+    dir->remove = true;
+  }
+  std::error_code error;
+  std::filesystem::create_directories(dir->dir, error);
+  if (error) {
+    return Status::InvalidArgument("--work-dir " + dir->dir + ": " +
+                                   error.message());
+  }
+  return Status::Ok();
+}
+
 DirRemover::~DirRemover() {
   std::error_code ignored;
   if (remove) std::filesystem::remove_all(dir, ignored);

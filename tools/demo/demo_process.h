@@ -60,6 +60,9 @@ struct DirRemover {
   bool remove = false;
   ~DirRemover();
 };
+// Makes `given` (kept at the end), or a fresh directory under /tmp when it
+// is empty (removed at the end), and points `dir` at it.
+Status MakeWorkDir(const std::string& given, DirRemover* dir);
 
 // Starts tierkvd (argv[0] is its path) and returns once it answers on
 // `socket`; Unavailable, with the end of its log, when it exits first or

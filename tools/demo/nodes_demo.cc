@@ -414,12 +414,8 @@ StatusOr<RagDemoReport> RunNodesDemo(const RagDemoOptions& o, std::ostream& out,
   TIERKV_RETURN_IF_ERROR(ValidateRagOptions(o));
   const std::string tierkvd = TierkvdPath(o);
   const std::string worker = o.worker_path.empty() ? SelfPath() : o.worker_path;
-  DirRemover cleanup{o.work_dir, false};
-  if (cleanup.dir.empty()) {
-    TIERKV_ASSIGN_OR_RETURN(cleanup.dir, MakeTempDir());
-    cleanup.remove = true;
-  }
-  std::filesystem::create_directories(cleanup.dir);
+  DirRemover cleanup;
+  TIERKV_RETURN_IF_ERROR(MakeWorkDir(o.work_dir, &cleanup));
   const KvLayout layout = RagLayout();
   const RagWorkload workload = GenerateRagWorkload(o);
   const std::string tenant = DemoTenant();

@@ -337,13 +337,9 @@ StatusOr<RagDemoReport> RunRagDemo(const RagDemoOptions& o, std::ostream& out,
   if (o.nodes > 1) return RunNodesDemo(o, out, progress);
   const std::string tierkvd = TierkvdPath(o);
   const std::string worker = o.worker_path.empty() ? SelfPath() : o.worker_path;
-  DirRemover cleanup{o.work_dir, false};
-  if (cleanup.dir.empty()) {
-    TIERKV_ASSIGN_OR_RETURN(cleanup.dir, MakeTempDir());
-    cleanup.remove = true;
-  }
+  DirRemover cleanup;
+  TIERKV_RETURN_IF_ERROR(MakeWorkDir(o.work_dir, &cleanup));
   const std::string& dir = cleanup.dir;
-  std::filesystem::create_directories(dir);
   const std::string socket = dir + "/tierkvd.sock";
   const std::string log = dir + "/tierkvd.log";
   const std::string store = "demo-" + std::to_string(getpid());
