@@ -280,9 +280,11 @@ int32_t BlockPool::ArcVictimList(BlockId r, BlockId f, double recent) const {
   // target. Otherwise ARC takes the frequent list's oldest; the pool
   // does so only when it is older than the recent list's oldest too, as
   // a block used more often and more recently is no better a victim by
-  // either of ARC's measures.
+  // either of ARC's measures. Ticks are coarser than one free in pools of
+  // 2048 blocks and more: two blocks freed in one tick tie, and the block
+  // used once goes.
   if (recent > recent_target_) return kRecent;
-  return FreedBefore(r, f) ? kRecent : kFrequent;
+  return FreedBefore(f, r) ? kFrequent : kRecent;
 }
 
 int32_t BlockPool::TakeEvicted(const BlockKey& key) {

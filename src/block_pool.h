@@ -36,11 +36,12 @@
 // from the recent list while it is over its adaptive target, else from
 // whichever of the two lists' oldest blocks was freed first: the frequent
 // list gives up a block only when it is older than the recent list's
-// oldest. So with the target at the whole pool, where it starts, the pool
-// evicts in LRU order; frequent blocks that come back soon after leaving
-// (their ghosts) lower the target and earn the frequent list protection,
-// recent ones raise it again. (Plain ARC evicts the frequent list's oldest
-// whenever the recent list is under target, even a block used both more
+// oldest (of two freed in one tick, 1/1024 of the pool's frees, the block
+// used once goes). So with the target at the whole pool, where it starts,
+// the pool evicts in LRU order to within a tick; frequent blocks that come back
+// soon after leaving (their ghosts) lower the target and earn the frequent list
+// protection, recent ones raise it again. (Plain ARC evicts the frequent list's
+// oldest whenever the recent list is under target, even a block used both more
 // often and more recently than the recent list's oldest; on prefix
 // workloads where reuse is mostly recent that put it below LRU.) Both
 // lists are in free order, and a request frees its blocks tail first, so a
@@ -306,7 +307,8 @@ class BlockPool {
   // Queues a block whose ref count reached 0.
   void Enqueue(BlockId id);
   // The list `key` was evicted from (kRecent, kFrequent) within the last
-  // usable_blocks_ evictions, forgetting it and adapting the recent list's
+  // usable_blocks_ to 3/2 x usable_blocks_ evictions (GhostKeys'
+  // generations), forgetting it and adapting the recent list's
   // target as ARC does; 0 when none.
   int32_t TakeEvicted(const BlockKey& key);
 

@@ -60,7 +60,7 @@ class GhostKeys {
   // The Adds each generation takes.
   int32_t generation_capacity() const { return generation_capacity_; }
   static constexpr int32_t kGenerations = 3;
-  // The two tables, in bytes.
+  // The tables of every generation, in bytes.
   size_t MemoryBytes() const;
 
  private:

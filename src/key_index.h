@@ -3,7 +3,8 @@
 // Not thread-safe; owned by its BlockPool.
 //
 // Layout: 2 x max_entries slots (load factor at most 0.5), or 1.75 x when
-// compact (at most 0.57: about a tenth more probing), each 8 bytes: the
+// compact (at most 0.57: about a tenth more probing for a hit, a quarter
+// more for a miss), each 8 bytes: the
 // block id and the low 32 bits of the key (the tag). The key itself lives in
 // the owner's block array; lookups reach it through a `key_of(id)` callable
 // only when a slot's tag matches, so a probe past other keys reads nothing

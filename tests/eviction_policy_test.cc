@@ -136,6 +136,49 @@ TEST(EvictionPolicy, ArcMatchesLruUntilAFrequentBlockComesBack) {
   EXPECT_THAT(arc.CheckInvariants(), IsOk());
 }
 
+// In a pool large enough that a free tick spans several frees (4096
+// blocks: 4 frees a tick), ARC with no ghost returns still never evicts a
+// block used again while a block used once, freed no later, stays cached:
+// two blocks freed within one tick tie, and the block used once goes.
+TEST(EvictionPolicy, ArcNeverEvictsAReusedBlockBeforeAnOlderOnceUsedOne) {
+  constexpr int32_t kBlocks = 4096;
+  BlockPool arc = MakePool(kBlocks, EvictionPolicy::kArc);
+  std::mt19937 rng(12);
+  uint64_t next = 0, clock = 0;
+  std::vector<uint64_t> seen;       // Keys stored so far, never again.
+  std::vector<uint64_t> last_free;  // By key: when it was last freed.
+  std::vector<bool> reused;         // By key: hit since it was stored.
+  std::vector<uint64_t> key_in(kBlocks, UINT64_MAX);  // By block.
+  for (int step = 0; step < 40000; ++step) {
+    if (!seen.empty() && rng() % 3 != 0) {
+      const uint64_t n = seen[rng() % seen.size()];
+      if (Cached(arc, n)) {
+        Hit(&arc, n);
+        last_free[n] = ++clock;
+        reused[n] = true;
+      }
+      continue;
+    }
+    const std::optional<BlockId> victim = arc.NextFreeBlock();
+    ASSERT_TRUE(victim.has_value());
+    const uint64_t gone = key_in[static_cast<size_t>(*victim)];
+    if (gone != UINT64_MAX && reused[gone]) {
+      for (uint64_t n : seen) {
+        if (n == gone || reused[n] || !Cached(arc, n)) continue;
+        ASSERT_GT(last_free[n], last_free[gone])
+            << "step " << step << ": reused key " << gone
+            << " evicted before once-used key " << n;
+      }
+    }
+    const BlockId id = Store(&arc, next);
+    key_in[static_cast<size_t>(id)] = next;
+    seen.push_back(next++);
+    last_free.push_back(++clock);
+    reused.push_back(false);
+  }
+  EXPECT_THAT(arc.CheckInvariants(), IsOk());
+}
+
 // Free blocks keep their order however long they wait: a block freed
 // long before tens of thousands of others is still the older one (the
 // free clock's 15-bit ticks are clamped, never compared across a wrap).

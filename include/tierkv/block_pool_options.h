@@ -19,8 +19,9 @@ enum class EvictionPolicy : uint8_t {
   // pool whose blocks in use are in no list: keyed blocks used once wait
   // in a recent list, blocks used again in a frequent one, and the recent
   // list's share adapts to which of the two lost the keys that come back.
-  // It starts in LRU order and never evicts a reused block freed after the
-  // oldest block used once; once reused blocks come back after eviction,
+  // It starts in LRU order (to within 1/1024 of the pool's frees) and
+  // never evicts a reused block freed no earlier than the oldest block used
+  // once; once reused blocks come back after eviction,
   // blocks used once (most of a real trace's) leave before them.
   kArc,
 };
