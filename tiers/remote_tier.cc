@@ -299,7 +299,7 @@ void RemoteTier::Promote(const BlockKey& key, std::span<const TokenId> tokens,
   Enqueue(std::move(job));
 }
 
-uint64_t RemoteTier::EraseLocked(const BlockKey& key) {
+uint64_t RemoteTier::EraseLocked(const BlockKey& key, bool report) {
   const auto it = index_.find(key);
   if (it == index_.end()) return 0;
   const uint64_t bytes = it->second.bytes;
@@ -308,7 +308,7 @@ uint64_t RemoteTier::EraseLocked(const BlockKey& key) {
   if (!known_.contains(key)) --index_unscanned_;
   stats_.bytes -= bytes;
   stats_.keys = index_.size();
-  if (options_.cache_events != nullptr) {
+  if (report && options_.cache_events != nullptr) {
     options_.cache_events->BlockRemoved(CacheMedium::kRemote, key);
   }
   return bytes;
@@ -501,12 +501,8 @@ void RemoteTier::RunSpill(Job& job) {
       ++stats_.put_failures;
     } else {
       // A block written again stays one entry (and one BlockStored).
-      if (auto it = index_.find(job.key); it != index_.end()) {
-        lru_.erase(it->second.lru);
-        stats_.bytes -= it->second.bytes;
-        if (!known_.contains(job.key)) --index_unscanned_;
-        index_.erase(it);
-      } else if (options_.cache_events != nullptr) {
+      if (EraseLocked(job.key, /*report=*/false) == 0 &&
+          options_.cache_events != nullptr) {
         options_.cache_events->BlockStored({.medium = CacheMedium::kRemote,
                                             .key = job.key,
                                             .parent = std::nullopt,

@@ -175,8 +175,10 @@ class RemoteTier final : public LowerTier {
   // index and the stats, and its `done` called.
   void FinishPromote(Job& job, const std::string& redis_key, const Read& read,
                      uint64_t removals_before) TIERKV_EXCLUDES(mu_);
-  // Drops `key` from the index (a BlockRemoved event); the bytes it held.
-  uint64_t EraseLocked(const BlockKey& key) TIERKV_REQUIRES(mu_);
+  // Drops `key` from the index (a BlockRemoved event when `report`); the
+  // bytes it held, 0 when it held none.
+  uint64_t EraseLocked(const BlockKey& key, bool report = true)
+      TIERKV_REQUIRES(mu_);
   // Adds `key` to, or drops it from, the known keys.
   void AddKnownLocked(const BlockKey& key) TIERKV_REQUIRES(mu_);
   void DropKnownLocked(const BlockKey& key) TIERKV_REQUIRES(mu_);

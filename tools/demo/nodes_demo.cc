@@ -255,6 +255,17 @@ Status WaitFor(F done, std::chrono::seconds timeout, const std::string& what) {
   }
 }
 
+// Until the node has no spill (write-behind copy included) and no transfer
+// in flight: what it stored is on its lower tiers, the remote one too.
+Status WaitCopiesDone(const Node& node) {
+  return WaitFor(
+      [&]() -> StatusOr<bool> {
+        TIERKV_ASSIGN_OR_RETURN(CoordinatorStats s, FetchStats(node.socket));
+        return s.host.spills_in_flight == 0 && s.host.events_in_flight == 0;
+      },
+      std::chrono::seconds(60), "node " + node.name + "'s spills");
+}
+
 // Whether the router's index of node `i` is what the node lists.
 StatusOr<bool> IndexMatches(Router& router, size_t i, const Node& node) {
   TIERKV_ASSIGN_OR_RETURN(HeldKeys held, FetchHeldKeys(node.socket));
@@ -518,12 +529,7 @@ StatusOr<RagDemoReport> RunNodesDemo(const RagDemoOptions& o, std::ostream& out,
     if (k + 1 == o.nodes) break;
     // The next node starts once this node's copies to the lower tiers are
     // done and a scan of the next node's that began after them has ended.
-    TIERKV_RETURN_IF_ERROR(WaitFor(
-        [&]() -> StatusOr<bool> {
-          TIERKV_ASSIGN_OR_RETURN(CoordinatorStats s, FetchStats(node.socket));
-          return s.host.spills_in_flight == 0 && s.host.events_in_flight == 0;
-        },
-        std::chrono::seconds(60), "node " + node.name + "'s spills"));
+    TIERKV_RETURN_IF_ERROR(WaitCopiesDone(node));
     const Node& next = nodes[static_cast<size_t>(k) + 1];
     TIERKV_ASSIGN_OR_RETURN(CoordinatorStats before, FetchStats(next.socket));
     const uint64_t passes =
@@ -548,13 +554,7 @@ StatusOr<RagDemoReport> RunNodesDemo(const RagDemoOptions& o, std::ostream& out,
   std::vector<NodeView> views;
   for (size_t i = 0; i < nodes.size(); ++i) {
     RagNodeReport& n = report.nodes[i];
-    TIERKV_RETURN_IF_ERROR(WaitFor(
-        [&]() -> StatusOr<bool> {
-          TIERKV_ASSIGN_OR_RETURN(CoordinatorStats s,
-                                  FetchStats(nodes[i].socket));
-          return s.host.spills_in_flight == 0 && s.host.events_in_flight == 0;
-        },
-        std::chrono::seconds(60), "node " + n.name + "'s spills"));
+    TIERKV_RETURN_IF_ERROR(WaitCopiesDone(nodes[i]));
     Status matched = WaitFor(
         [&]() -> StatusOr<bool> {
           TIERKV_ASSIGN_OR_RETURN(bool same,
