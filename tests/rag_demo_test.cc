@@ -20,6 +20,7 @@
 
 #include "testing/redis_cluster_harness.h"
 #include "tests/status_matchers.h"
+#include "tools/admin/admin.h"
 
 namespace tierkv::demo {
 namespace {
@@ -38,6 +39,19 @@ RagDemoOptions Small() {
   o.host_bytes = 12 * RagLayout().BlockBytes();
   o.progress = ProgressMode::kNone;
   return o;
+}
+
+// Blocks a node counted as kept from its tiers or refused to a load: a
+// store with no free host slot, a block evicted before any lower tier had
+// it, a promotion that found no free slot, a pin over a worker's share.
+// Each can make a worker compute a chunk a tier would otherwise have
+// served; in a host tier this small, with two workers pinning at once,
+// they happen.
+uint64_t BlocksKeptFromATier(const CoordinatorStats& s) {
+  const HostTierStats& h = s.host;
+  return h.store_skipped + h.stores_failed + h.evicted_unspilled +
+         h.promotion_failures + h.quota_pin_refusals + h.quota_event_refusals +
+         h.slot_reserve_failures;
 }
 
 TEST(RagDemo, WorkloadHasTheShapeItPromises) {
@@ -132,9 +146,12 @@ TEST(RagDemo, TwoWorkersShareChunksThroughHostAndDisk) {
   EXPECT_EQ(r.pool_hits + r.host_hits + r.disk_hits + r.computed, 16 * 4);
   EXPECT_EQ(r.tier_errors, 0);
   // Nine distinct chunks; a chunk two workers miss at once is computed by
-  // both, so a few more than nine may be computed, but far fewer than all.
+  // both, and one whose blocks a tier could not keep or hand back (counted)
+  // is computed again, but nothing else is.
   EXPECT_GE(r.computed, 9);
-  EXPECT_LT(r.computed, 24);
+  EXPECT_LE(r.computed,
+            static_cast<int64_t>(2 * 9 + BlocksKeptFromATier(r.stats)))
+      << admin::FormatStatsTable(r.stats);
   // Chunks come back from tierkvd's tiers. Which tier serves one depends on
   // how the two workers' requests interleave with the spills, so the split
   // between host and disk is not asserted here: ChunkTierTest's
@@ -203,7 +220,9 @@ TEST(RagDemo, TwoNodesShareChunksThroughRedisCluster) {
   EXPECT_EQ(b.stats.remote->token_mismatches, 0u);
   // b computes only documents no request of a's had, each at most once per
   // worker (two workers can miss one at once), and chunks a block of which
-  // was evicted from a host tier before it was copied down.
+  // a node counted as kept from a tier: never stored or evicted before it
+  // was copied down on a, or not promoted into b's host tier for want of a
+  // free slot.
   const RagWorkload w = GenerateRagWorkload(o);
   std::set<int32_t> seen_by_a, new_for_b;
   for (const RagRequest& q : w.requests) {
@@ -216,8 +235,11 @@ TEST(RagDemo, TwoNodesShareChunksThroughRedisCluster) {
     }
   }
   EXPECT_LE(b.computed, static_cast<int64_t>(2 * new_for_b.size() +
-                                             a.stats.host.evicted_unspilled +
-                                             b.stats.host.evicted_unspilled));
+                                             BlocksKeptFromATier(a.stats) +
+                                             BlocksKeptFromATier(b.stats)))
+      << "node a:\n"
+      << admin::FormatStatsTable(a.stats) << "node b:\n"
+      << admin::FormatStatsTable(b.stats);
   // The router saw every node's blocks on every medium, and its index is
   // each node's.
   for (const RagNodeReport& n : r.nodes) {
