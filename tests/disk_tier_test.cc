@@ -13,7 +13,9 @@
 #include <condition_variable>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <future>
+#include <iterator>
 #include <map>
 #include <mutex>
 #include <random>
@@ -629,9 +631,6 @@ std::unique_ptr<DiskTier> OpenGated(const DiskTierOptions& options,
   return tier.ok() ? std::move(tier).value() : nullptr;
 }
 
-// Gets queued together are read in runs of adjacent slots (one vectored
-// read each), yet each block is verified on its own: one damaged block in
-// the middle of a run fails alone.
 TEST_F(DiskTierTest, GetsQueuedTogetherAreReadInRunsAndVerifiedEach) {
   DiskTierOptions options = Options(DiskCodec::kNone);
   options.io_threads = 1;
@@ -830,6 +829,114 @@ TEST_F(DiskTierTest, ValuesCorruptedOnDiskAreDroppedOnOpen) {
   EXPECT_EQ(tier->stats().keys, 3u);
 }
 
+// --- Eviction sink ----------------------------------------------------------
+
+// What a disk tier's eviction sink was handed, in order.
+class EvictedBlocks {
+ public:
+  struct Block {
+    BlockKey key;
+    std::vector<TokenId> tokens;
+    std::vector<std::byte> payload;
+  };
+  DiskTier::EvictionSink Sink() {
+    return [this](const BlockKey& key, std::span<const TokenId> tokens,
+                  std::span<const std::byte> payload) {
+      std::lock_guard<std::mutex> lock(mu_);
+      got_.push_back({key,
+                      {tokens.begin(), tokens.end()},
+                      {payload.begin(), payload.end()}});
+    };
+  }
+  std::vector<Block> got() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return got_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<Block> got_;
+};
+
+// A tier below the disk tier keeps what it evicts: every block evicted for
+// room reaches the sink once, in LRU order, with its tokens, bit for bit
+// (through the codec), before its value is deleted. A block removed or
+// replaced is not evicted and reaches nothing.
+TEST_F(DiskTierTest, EvictedBlocksReachTheSinkBitExactAndNothingElseDoes) {
+  for (DiskCodec codec : {DiskCodec::kNone, DiskCodec::kLz4BytePlanes}) {
+    SCOPED_TRACE(DiskCodecName(codec));
+    TempDir dir("disk_tier_test");
+    DiskTierOptions options = Options(codec);
+    options.storage.path = dir.path();
+    options.capacity_bytes = 3 * ValueBytes(DiskCodec::kNone) + 4096;
+    std::unique_ptr<DiskTier> tier = OpenTier(options);
+    EvictedBlocks sink;
+    tier->SetEvictionSink(sink.Sink());
+    for (int i = 0; i < 12; ++i) ASSERT_THAT(Put(*tier, i), IsOk());
+    const uint64_t evictions = tier->stats().evictions;
+    ASSERT_GT(evictions, 0u);
+    std::vector<EvictedBlocks::Block> got = sink.got();
+    ASSERT_EQ(got.size(), evictions);
+    for (size_t i = 0; i < got.size(); ++i) {
+      const int block = static_cast<int>(i);  // Written, so evicted, in order.
+      EXPECT_EQ(got[i].key, KeyOf(block)) << i;
+      EXPECT_EQ(got[i].tokens, TokensOf(block)) << i;
+      EXPECT_TRUE(got[i].payload == Block(block)) << i;
+      EXPECT_FALSE(tier->Contains(KeyOf(block))) << i;
+    }
+    // The newest block: removed. The next newest: written again, the same
+    // size. Neither is an eviction.
+    EXPECT_TRUE(tier->Remove(KeyOf(11)));
+    ASSERT_THAT(Put(*tier, 10), IsOk());
+    ASSERT_THAT(tier->Flush(), IsOk());
+    EXPECT_EQ(tier->stats().evictions, evictions);
+    EXPECT_EQ(sink.got().size(), evictions);
+    // Turned off: evictions go on, the sink hears of none.
+    tier->SetEvictionSink({});
+    for (int i = 20; i < 24; ++i) ASSERT_THAT(Put(*tier, i), IsOk());
+    EXPECT_GT(tier->stats().evictions, evictions);
+    EXPECT_EQ(sink.got().size(), evictions);
+  }
+}
+
+// The offset in the value file of the bytes `block` starts with.
+uint64_t FindInValueFile(const std::string& store,
+                         std::span<const std::byte> block) {
+  const std::string file = store + "/" + std::string(kDiskValueFileName);
+  std::ifstream in(file, std::ios::binary);
+  const std::string data((std::istreambuf_iterator<char>(in)),
+                         std::istreambuf_iterator<char>());
+  const std::string needle(reinterpret_cast<const char*>(block.data()), 64);
+  const size_t at = data.find(needle);
+  EXPECT_NE(at, std::string::npos) << "not in " << file;
+  return at;
+}
+
+// A value damaged on disk is read back before it goes: it is counted and
+// handed to nobody, so a tier below never receives bad bytes.
+TEST_F(DiskTierTest, AnEvictedValueThatFailsVerificationReachesNoSink) {
+  DiskTierOptions options = Options(DiskCodec::kNone);
+  options.capacity_bytes = 3 * ValueBytes(DiskCodec::kNone) + 4096;
+  std::unique_ptr<DiskTier> tier = OpenTier(options);
+  EvictedBlocks sink;
+  tier->SetEvictionSink(sink.Sink());
+  for (int i = 0; i < 3; ++i) ASSERT_THAT(Put(*tier, i), IsOk());
+  ASSERT_EQ(tier->stats().evictions, 0u);
+  FlipValueFileByte(options.storage.path,
+                    FindInValueFile(options.storage.path, Block(0)) + 100);
+  ASSERT_THAT(Put(*tier, 3), IsOk());  // Evicts block 0, damaged.
+  ASSERT_THAT(Put(*tier, 4), IsOk());  // Evicts block 1, whole.
+  EXPECT_EQ(tier->stats().evictions, 2u);
+  EXPECT_EQ(tier->stats().checksum_failures, 1u);
+  const std::vector<EvictedBlocks::Block> got = sink.got();
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].key, KeyOf(1));
+  EXPECT_TRUE(got[0].payload == Block(1));
+}
+
+// Gets queued together are read in runs of adjacent slots (one vectored
+// read each), yet each block is verified on its own: one damaged block in
+// the middle of a run fails alone.
 // --- Another layout or model ------------------------------------------------
 
 TEST_F(DiskTierTest, ModelMismatchRefusesToOpenAndKeepsTheValues) {

@@ -12,7 +12,8 @@ namespace tierkv::disk_internal {
 StatusOr<bool> DiskIndex::Reserve(const BlockKey& key, uint64_t generation,
                                   uint64_t bytes,
                                   std::span<const TokenId> tokens,
-                                  std::vector<BlockKey>* victims) {
+                                  std::vector<BlockKey>* victims,
+                                  std::vector<Evicted>* evicted) {
   auto existing = entries_.find(key);
   if (existing != entries_.end() && existing->second.generation > generation) {
     return false;
@@ -30,9 +31,7 @@ StatusOr<bool> DiskIndex::Reserve(const BlockKey& key, uint64_t generation,
       return Status::ResourceExhausted(
           "disk tier full: its capacity is taken by writes in flight");
     }
-    victims->push_back(lru_.front());
-    Erase(lru_.front());
-    ++evictions_;
+    EvictOldest(victims, evicted);
   }
   // The key's old value, if any, is overwritten rather than deleted.
   Entry& entry = entries_[key];
@@ -126,12 +125,23 @@ void DiskIndex::InsertStored(const BlockKey& key, uint64_t bytes,
   ReportStored(key, entry);
 }
 
-void DiskIndex::EvictToCapacity(std::vector<BlockKey>* victims) {
-  while (bytes_ > capacity_ && !lru_.empty()) {
-    victims->push_back(lru_.front());
-    Erase(lru_.front());
-    ++evictions_;
+void DiskIndex::EvictToCapacity(std::vector<BlockKey>* victims,
+                                std::vector<Evicted>* evicted) {
+  while (bytes_ > capacity_ && !lru_.empty()) EvictOldest(victims, evicted);
+}
+
+void DiskIndex::EvictOldest(std::vector<BlockKey>* victims,
+                            std::vector<Evicted>* evicted) {
+  const BlockKey key = lru_.front();
+  if (evicted != nullptr) {
+    Entry& entry = entries_.at(key);
+    evicted->push_back({.key = key,
+                        .tokens = std::move(entry.tokens),
+                        .location = entry.location});
   }
+  victims->push_back(key);
+  Erase(key);
+  ++evictions_;
 }
 
 const DiskIndex::Entry* DiskIndex::FindStored(const BlockKey& key) const {

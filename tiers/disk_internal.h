@@ -171,6 +171,13 @@ class DiskIndex {
     std::list<BlockKey>::iterator lru;  // Valid iff stored.
   };
 
+  // A STORED entry evicted for room, as an eviction sink needs it.
+  struct Evicted {
+    BlockKey key;
+    std::vector<TokenId> tokens;
+    ValueLocation location;
+  };
+
   // `events`, when set, hears of every key that becomes STORED (with no
   // parent: the tier keeps none) and every STORED key that leaves, in the
   // index's order (its owner's lock held), as medium kStorage.
@@ -182,10 +189,12 @@ class DiskIndex {
   // STORED keys until the bound holds. False (nothing changed) when the
   // key's entry belongs to a later Put: this one is stale. `victims` gets
   // every key that left the index (also on failure, when the key itself may
-  // be one): their values must be deleted.
+  // be one): their values must be deleted. `evicted`, when given, also gets
+  // the entries evicted for room.
   StatusOr<bool> Reserve(const BlockKey& key, uint64_t generation,
                          uint64_t bytes, std::span<const TokenId> tokens,
-                         std::vector<BlockKey>* victims);
+                         std::vector<BlockKey>* victims,
+                         std::vector<Evicted>* evicted = nullptr);
 
   // WRITING -> STORED at `location` (most recently used). False if
   // `generation` is no longer the key's: the write was superseded or
@@ -200,7 +209,8 @@ class DiskIndex {
   void InsertStored(const BlockKey& key, uint64_t bytes,
                     std::vector<TokenId> tokens, const ValueLocation& location);
 
-  void EvictToCapacity(std::vector<BlockKey>* victims);
+  void EvictToCapacity(std::vector<BlockKey>* victims,
+                       std::vector<Evicted>* evicted = nullptr);
 
   const Entry* FindStored(const BlockKey& key) const;
 
@@ -222,6 +232,10 @@ class DiskIndex {
 
  private:
   void ReportStored(const BlockKey& key, const Entry& entry) const;
+  // Evicts the least recently used STORED key into `victims` (and
+  // `evicted`).
+  void EvictOldest(std::vector<BlockKey>* victims,
+                   std::vector<Evicted>* evicted);
 
   const uint64_t capacity_;
   CacheEventSink* const events_;

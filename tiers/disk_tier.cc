@@ -276,6 +276,11 @@ class DiskTierImpl final : public DiskTier {
     return stored;
   }
 
+  void SetEvictionSink(EvictionSink sink) TIERKV_EXCLUDES(mu_) override {
+    MutexLock lock(&mu_);
+    eviction_sink_ = std::move(sink);
+  }
+
   std::vector<BlockKey> StoredKeys(size_t max, uint64_t* total) const
       TIERKV_EXCLUDES(mu_) override {
     MutexLock lock(&mu_);
@@ -418,6 +423,13 @@ class DiskTierImpl final : public DiskTier {
       TIERKV_EXCLUDES(mu_) {
     for (const BlockKey& victim : victims) DeleteIfAbsent(victim);
   }
+  // Reads back each block evicted for room and hands the ones that verify
+  // to `sink`, before DeleteVictims gives their slots back. Each slot must
+  // have a reader (SlotAllocator::AddReader), taken where the block was
+  // evicted; this drops it.
+  void PassOnEvicted(const EvictionSink& sink,
+                     std::span<const DiskIndex::Evicted> evicted)
+      TIERKV_EXCLUDES(mu_);
   // Deletes the keys' records (in one storage write) unless the tier is
   // degraded (RocksDB is not written after a write error), then gives back
   // the slots they pointed at; a failure degrades the tier. The keys must
@@ -477,6 +489,7 @@ class DiskTierImpl final : public DiskTier {
   mutable std::atomic<bool> file_bytes_reading_{false};
   // The filesystem was short of free space at the last write tried.
   bool low_space_ TIERKV_GUARDED_BY(mu_) = false;
+  EvictionSink eviction_sink_ TIERKV_GUARDED_BY(mu_);  // SetEvictionSink.
   std::unique_ptr<IoThreads> io_;
   std::vector<std::string> damaged_files_;  // Set by Rebuild, then constant.
 };
@@ -554,6 +567,8 @@ Status DiskTierImpl::EncodeAndWrite(const BlockKey& key, uint64_t generation,
                      tokens.size()) -
       SlotBytes(payload.size()) + SlotBytes(stored.size());
   std::vector<BlockKey> victims;
+  std::vector<DiskIndex::Evicted> evicted;
+  EvictionSink sink;
   StatusOr<bool> reserved = false;
   {
     MutexLock lock(&mu_);
@@ -561,9 +576,20 @@ Status DiskTierImpl::EncodeAndWrite(const BlockKey& key, uint64_t generation,
     // cancels the Put here) or after (and finds the entry).
     *dequeued = true;
     if (DequeueLocked(key, generation)) return Cancelled(key);
-    reserved = index_.Reserve(key, generation, bytes, tokens, &victims);
+    reserved = index_.Reserve(key, generation, bytes, tokens, &victims,
+                              eviction_sink_ ? &evicted : nullptr);
     if (!reserved.ok()) ++counters_.put_failures;
+    if (!evicted.empty()) {
+      sink = eviction_sink_;
+      // An evicted block's slot stays its own until DeleteVictims gives it
+      // back, or a Put of the same key that lands first: read back, it is
+      // held as a Get holds its slot.
+      for (const DiskIndex::Evicted& e : evicted) {
+        slots_.AddReader(e.location.slot);
+      }
+    }
   }
+  PassOnEvicted(sink, evicted);
   DeleteVictims(victims);
   if (!reserved.ok()) return reserved.status();
   if (!*reserved) return Status::Ok();  // A later Put of the key won.
@@ -901,6 +927,23 @@ void DiskTierImpl::DeleteIfAbsent(const BlockKey& key) {
   // until the next Open verifies and indexes it again.
   if (absent) DeleteNow({&key, 1});
   ReleaseKeys({&key, 1});
+}
+
+void DiskTierImpl::PassOnEvicted(const EvictionSink& sink,
+                                 std::span<const DiskIndex::Evicted> evicted) {
+  if (evicted.empty()) return;
+  thread_local ScratchBuffer buffer;
+  const std::span<std::byte> payload(buffer.Get(options_.block_bytes),
+                                     options_.block_bytes);
+  for (const DiskIndex::Evicted& e : evicted) {
+    const Status read = ReadValue(e.location, payload);
+    {
+      MutexLock lock(&mu_);
+      slots_.DropReader(e.location.slot);
+      if (read.code() == StatusCode::kDataLoss) ++counters_.checksum_failures;
+    }
+    if (read.ok()) sink(e.key, e.tokens, payload);
+  }
 }
 
 void DiskTierImpl::DropIfCurrent(const BlockKey& key, uint64_t generation) {

@@ -387,6 +387,12 @@ class DiskTier {
   // tier's methods except Flush; it must not block for long, since it holds
   // one of the I/O threads.
   using Done = std::function<void(Status)>;
+  // Receives a block the tier evicted to make room (see SetEvictionSink):
+  // its key, token ids and payload, read back and verified. The payload is
+  // valid only during the call.
+  using EvictionSink =
+      std::function<void(const BlockKey& key, std::span<const TokenId> tokens,
+                         std::span<const std::byte> payload)>;
 
   // Opens the RocksDB storage at options.storage.path and rebuilds the
   // index (see the Open below).
@@ -474,6 +480,15 @@ class DiskTier {
   virtual DiskTierStats stats() const = 0;
   // The files Open found damaged (paths): their values were dropped.
   virtual std::vector<std::string> damaged_files() const = 0;
+  // From now on, each block evicted to make room (not one removed, replaced
+  // or found corrupt) is read back, verified and handed to `sink` before
+  // its value is deleted, on the I/O thread that evicted it, so that a tier
+  // below can keep what this one gives up. A block that does not read back
+  // verified is not handed on (a failed verification counts in
+  // checksum_failures). `sink` must not call this tier and should not block:
+  // it holds an I/O thread, and each eviction costs one read. An empty sink
+  // turns this off. Default: off, an evicted block is gone.
+  virtual void SetEvictionSink(EvictionSink sink) = 0;
 };
 
 }  // namespace tierkv
