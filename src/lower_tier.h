@@ -54,6 +54,17 @@ class LowerTier {
   virtual void Spill(const BlockKey& key, std::span<const TokenId> tokens,
                      BlockId slot, std::optional<uint64_t> checksum,
                      Done done) = 0;
+  // Copies a block that a tier above this one gave up (a disk tier's
+  // eviction), handed over as its verified bytes rather than a host slot,
+  // and returns at once; OK in `done` means Contains(key, tokens) is true.
+  // Default: Unimplemented, for a tier that only takes host slots.
+  virtual void Demote(const BlockKey& key, std::span<const TokenId> tokens,
+                      std::vector<std::byte> payload, Done done) {
+    (void)key;
+    (void)tokens;
+    (void)payload;
+    done(Status::Unimplemented("this tier takes blocks from host slots only"));
+  }
   // Copies the block of `key` and `tokens` into host slot `slot` and
   // returns at once. The caller keeps the slot pinned and unkeyed until
   // `done` runs. Non-OK (the value is gone, or failed verification): the

@@ -137,6 +137,15 @@ class MemoryRemoteTier final : public LowerTier {
     }
     done(Status::Ok());
   }
+  void Demote(const BlockKey& key, std::span<const TokenId> tokens,
+              std::vector<std::byte> payload, Done done) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      blocks_[key] = {{tokens.begin(), tokens.end()}, std::move(payload)};
+      ++demotions;
+    }
+    done(Status::Ok());
+  }
   void Promote(const BlockKey& key, std::span<const TokenId> tokens,
                BlockId slot, PromoteDone done) override {
     const std::span<std::byte> bytes = slot_memory_(slot);
@@ -177,7 +186,13 @@ class MemoryRemoteTier final : public LowerTier {
     return RemoteTierStats{.keys = blocks_.size(), .hits = promotions};
   }
 
+  bool HasKey(const BlockKey& key) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return blocks_.contains(key);
+  }
+
   uint64_t spills = 0;      // Guarded by mu_.
+  uint64_t demotions = 0;   // Guarded by mu_.
   uint64_t promotions = 0;  // Guarded by mu_.
   std::mutex& mu() const { return mu_; }
 
@@ -205,10 +220,12 @@ class TieredStoreTest : public ::testing::Test {
   // `host_slots` usable slots; a disk bounded to `disk_blocks` values.
   // Write-behind is off unless asked for: most tests count the spills the
   // watermarks make.
-  // With `remote`, a MemoryRemoteTier beside the disk tier (remote_).
+  // With `remote`, a MemoryRemoteTier beside (or under) the disk tier
+  // (remote_).
   void Open(int32_t host_slots, int64_t disk_blocks, double high = 0.8,
             double low = 0.5, int32_t write_behind_spills = 0,
-            bool remote = false) {
+            bool remote = false,
+            RemotePlacement placement = RemotePlacement::kBeside) {
     const KvLayout layout = TestLayout();
     auto storage = OpenRocksDbStorage(
         {.path = dir_ + "/disk", .write_buffer_bytes = 1 << 20});
@@ -240,6 +257,7 @@ class TieredStoreTest : public ::testing::Test {
         remote_ = tier.get();
         return std::unique_ptr<LowerTier>(std::move(tier));
       };
+      options.remote_placement = placement;
     }
     // One worker, alone on the store: it may pin every slot.
     options.caps.worker_pin_share = 1;
@@ -649,6 +667,52 @@ TEST_F(TieredStoreTest, ABlockReadFromTheRemoteTierGoesToDiskWhenEvicted) {
   EXPECT_EQ(o.loaded_blocks, 5);
   EXPECT_EQ(o.failed_blocks, 0);
   EXPECT_EQ(o.wrong_blocks, 0);
+  EXPECT_THAT(c()->host_pool().CheckInvariants(), IsOk());
+}
+
+// A remote tier under the disk tier: spills go to disk alone, and what the
+// disk tier evicts for room goes on to the remote tier, from which it loads
+// back bit-exact; blocks the disk still holds are not written there.
+TEST_F(TieredStoreTest, DiskOverRemoteHandsDownWhatTheDiskEvicts) {
+  Open(/*host_slots=*/8, /*disk_blocks=*/6, /*high=*/0.5, /*low=*/0.25,
+       /*write_behind_spills=*/0, /*remote=*/true, RemotePlacement::kUnder);
+  ASSERT_NE(remote_, nullptr);
+  constexpr int kRequests = 12;
+  for (int r = 0; r < kRequests; ++r) {
+    Store(RequestTokens(r, 2));
+    Settle();
+  }
+  CoordinatorStats s = c()->stats();
+  ASSERT_TRUE(s.disk.has_value());
+  ASSERT_TRUE(s.remote.has_value());
+  ASSERT_GT(s.disk->evictions, 0u);
+  {
+    std::lock_guard<std::mutex> lock(remote_->mu());
+    EXPECT_EQ(remote_->spills, 0u);  // Nothing from host directly.
+    EXPECT_EQ(remote_->demotions, s.disk->evictions);
+  }
+  EXPECT_EQ(s.remote->keys, s.disk->evictions);
+  EXPECT_EQ(s.host.evicted_unspilled, 0u);
+  // The blocks the disk holds are not in the remote tier.
+  const HeldKeys held = c()->HeldKeysNow(1000);
+  ASSERT_FALSE(held.disk.empty());
+  for (const BlockKey& key : held.disk) {
+    EXPECT_FALSE(remote_->HasKey(key)) << key.ToHex();
+  }
+  // The first request left host, then disk: it loads from the remote tier.
+  LoadOutcome o = Load(RequestTokens(0, 2));
+  EXPECT_EQ(o.hit_blocks, 2);
+  EXPECT_EQ(o.disk_hit_blocks, 2);
+  EXPECT_EQ(o.loaded_blocks, 2);
+  EXPECT_EQ(o.failed_blocks, 0);
+  EXPECT_EQ(o.wrong_blocks, 0);
+  EXPECT_EQ(c()->stats().remote->hits, 2u);
+  // Every request is still somewhere, whole and bit-exact.
+  for (int r = 0; r < kRequests; ++r) {
+    o = Load(RequestTokens(r, 2));
+    EXPECT_EQ(o.hit_blocks, 2) << r;
+    EXPECT_EQ(o.wrong_blocks, 0) << r;
+  }
   EXPECT_THAT(c()->host_pool().CheckInvariants(), IsOk());
 }
 

@@ -193,6 +193,7 @@ struct RemoteTier::Job {
   std::vector<TokenId> tokens;
   BlockId slot = 0;
   std::optional<uint64_t> checksum;
+  std::vector<std::byte> payload;  // kSpill of a Demote: the block's bytes.
   Done done;
   PromoteDone promote_done;
   std::vector<std::string> redis_keys;  // kDelete.
@@ -284,6 +285,22 @@ void RemoteTier::Spill(const BlockKey& key, std::span<const TokenId> tokens,
   job.tokens.assign(tokens.begin(), tokens.end());
   job.slot = slot;
   job.checksum = checksum;
+  job.done = std::move(done);
+  Enqueue(std::move(job));
+}
+
+void RemoteTier::Demote(const BlockKey& key, std::span<const TokenId> tokens,
+                        std::vector<std::byte> payload, Done done) {
+  if (payload.size() != options_.block_bytes) {
+    return done(Status::InvalidArgument(
+        "remote tier: a demoted block of " + std::to_string(payload.size()) +
+        " bytes, a block is " + std::to_string(options_.block_bytes)));
+  }
+  Job job;
+  job.kind = Job::Kind::kSpill;
+  job.key = key;
+  job.tokens.assign(tokens.begin(), tokens.end());
+  job.payload = std::move(payload);
   job.done = std::move(done);
   Enqueue(std::move(job));
 }
@@ -480,7 +497,9 @@ void RemoteTier::RunJobs() {
 }
 
 void RemoteTier::RunSpill(Job& job) {
-  const std::span<std::byte> slot = options_.slot_memory(job.slot);
+  const std::span<const std::byte> slot =
+      job.payload.empty() ? options_.slot_memory(job.slot)
+                          : std::span<const std::byte>(job.payload);
   if (job.checksum.has_value() &&
       XXH3_64bits(slot.data(), slot.size()) != *job.checksum) {
     {

@@ -122,6 +122,9 @@ class RemoteTier final : public LowerTier {
                 std::span<const TokenId> tokens) const override;
   void Spill(const BlockKey& key, std::span<const TokenId> tokens, BlockId slot,
              std::optional<uint64_t> checksum, Done done) override;
+  // As Spill, from `payload` (block_bytes) instead of a host slot.
+  void Demote(const BlockKey& key, std::span<const TokenId> tokens,
+              std::vector<std::byte> payload, Done done) override;
   // Reads and verifies the value whether or not the index lists it.
   void Promote(const BlockKey& key, std::span<const TokenId> tokens,
                BlockId slot, PromoteDone done) override;

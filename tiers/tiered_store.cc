@@ -68,13 +68,13 @@ class DiskBelowHost final : public LowerTier {
 };
 
 // A disk tier over a remote tier, as one LowerTier (see
-// TieredStoreOptions::remote). Neither is owned.
+// TieredStoreOptions::remote and remote_placement). Neither is owned.
 // Thread-safety: as the two tiers; a spill's two halves finish on their
 // tiers' threads and the later one calls `done`.
 class DiskOverRemote final : public LowerTier {
  public:
-  DiskOverRemote(LowerTier* disk, LowerTier* remote)
-      : disk_(disk), remote_(remote) {}
+  DiskOverRemote(LowerTier* disk, LowerTier* remote, RemotePlacement placement)
+      : disk_(disk), remote_(remote), placement_(placement) {}
 
   bool Contains(const BlockKey& key,
                 std::span<const TokenId> tokens) const override {
@@ -86,14 +86,16 @@ class DiskOverRemote final : public LowerTier {
               std::span<const TokenId> tokens) const override {
     return disk_->Contains(key, tokens);
   }
-  // Both tiers read the slot, so `done` waits for both. OK when either
-  // holds the block now (Contains is then true); else DataLoss when either
-  // found the slot changed, else the disk tier's error. A block the remote
-  // tier holds already (read from it, or written by another node) goes to
-  // disk alone.
+  // Beside: both tiers read the slot, so `done` waits for both. OK when
+  // either holds the block now (Contains is then true); else DataLoss when
+  // either found the slot changed, else the disk tier's error. A block the
+  // remote tier holds already (read from it, or written by another node)
+  // goes to disk alone, as every block does under (the disk tier's
+  // evictions go on to the remote tier: see TieredStore::Open).
   void Spill(const BlockKey& key, std::span<const TokenId> tokens, BlockId slot,
              std::optional<uint64_t> checksum, Done done) override {
-    if (remote_->Contains(key, tokens)) {
+    if (placement_ == RemotePlacement::kUnder ||
+        remote_->Contains(key, tokens)) {
       return disk_->Spill(key, tokens, slot, checksum, std::move(done));
     }
     auto both = std::make_shared<SpillHalves>();
@@ -176,6 +178,7 @@ class DiskOverRemote final : public LowerTier {
 
   LowerTier* disk_;
   LowerTier* remote_;
+  const RemotePlacement placement_;
 };
 
 }  // namespace
@@ -211,9 +214,22 @@ StatusOr<std::unique_ptr<TieredStore>> TieredStore::Open(
           return std::span<std::byte>(host->slot(slot), host->slot_bytes());
         }));
     if (raw->disk_lower_ != nullptr) {
-      raw->stack_ = std::make_unique<DiskOverRemote>(raw->disk_lower_.get(),
-                                                     raw->remote_.get());
+      raw->stack_ = std::make_unique<DiskOverRemote>(
+          raw->disk_lower_.get(), raw->remote_.get(), options.remote_placement);
       raw->lower_ = raw->stack_.get();
+      if (options.remote_placement == RemotePlacement::kUnder) {
+        // The remote tier outlives the disk tier (~TieredStore), so no
+        // eviction reaches it after it is gone.
+        raw->disk_->SetEvictionSink(
+            [remote = raw->remote_.get()](const BlockKey& key,
+                                          std::span<const TokenId> tokens,
+                                          std::span<const std::byte> payload) {
+              if (remote->Contains(key, tokens)) return;
+              // A failed write is counted by the remote tier.
+              remote->Demote(key, tokens, {payload.begin(), payload.end()},
+                             [](const Status&) {});
+            });
+      }
     } else {
       raw->lower_ = raw->remote_.get();
     }

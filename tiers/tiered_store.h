@@ -35,6 +35,18 @@
 
 namespace tierkv {
 
+// Where a remote tier sits when the store has a disk tier too.
+enum class RemotePlacement {
+  // Beside the disk tier: each spill is written to both, so another machine
+  // can load a block as soon as this one spills it from host.
+  kBeside,
+  // Under the disk tier: spills go to disk only, and the blocks the disk
+  // tier evicts for room go on to the remote tier (LowerTier::Demote), so
+  // the shared tier holds what this machine's disk gave up and takes only
+  // that traffic.
+  kUnder,
+};
+
 struct TieredStoreOptions {
   KvLayout layout;  // Required: the one layout the store serves.
   // The one model it serves (ValidateModelName). Default: "" (unnamed).
@@ -51,13 +63,18 @@ struct TieredStoreOptions {
   // Opens the remote tier (tiers/remote_tier.h) once the host slots exist,
   // given the memory of each host slot; a factory, so that this library
   // does not link the Redis client. Alone, it is the coordinator's lower
-  // tier. With a disk tier, the two are stacked: a spill is written to both
-  // (done once both are, OK when either is), a promotion reads disk first
-  // and the remote tier when disk misses or fails, Contains is either's,
-  // Remove and RemoveAll go to both. Default: none.
+  // tier. With a disk tier, the two are stacked as remote_placement says:
+  // a promotion reads disk first and the remote tier when disk misses or
+  // fails, Contains is either's, Remove and RemoveAll go to both. Default:
+  // none.
   std::function<StatusOr<std::unique_ptr<LowerTier>>(
       std::function<std::span<std::byte>(BlockId)> slot_memory)>
       remote = {};
+  // Beside: a spill is written to both tiers (done once both are, OK when
+  // either is). Under: a spill is written to disk only, and each block the
+  // disk tier evicts for room is written to the remote tier unless it holds
+  // the block already. Only with both tiers. Default: kBeside.
+  RemotePlacement remote_placement = RemotePlacement::kBeside;
   // Spill watermarks (CoordinatorOptions). Defaults: 0.9 and 0.7.
   double spill_high = 0.9;
   double spill_low = 0.7;
