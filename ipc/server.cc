@@ -424,7 +424,16 @@ StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& in) {
       .layout_fingerprint = StoreFingerprint(options.layout, options.model),
       .cancelled = options.cancelled};
   store.disk = std::move(disk);
-  if (!options.remote_redis.empty()) store.remote = RemoteTierFactory(options);
+  if (!options.remote_redis.empty()) {
+    store.remote = RemoteTierFactory(options);
+    if (store.disk != nullptr) {
+      spdlog::info("remote tier: {} the disk tier",
+                   options.remote_placement == RemotePlacement::kUnder
+                       ? "under (it takes what the disk evicts)"
+                       : "beside (spills are written to both)");
+    }
+  }
+  store.remote_placement = options.remote_placement;
   store.spill_high = options.spill_high;
   store.spill_low = options.spill_low;
   store.write_behind_spills = options.write_behind_spills;

@@ -29,6 +29,7 @@
 #include "tierkv/kv_layout.h"
 #include "tierkv/status.h"
 #include "tiers/disk_tier.h"
+#include "tiers/tiered_store.h"
 
 namespace tierkv::ipc {
 
@@ -77,9 +78,14 @@ struct ServerOptions {
   int32_t disk_io_threads = 2;
   // The remote tier (tiers/remote_tier.h) on a Redis Cluster that several
   // tierkvds share: its seeds, "host:port,host:port,...". With disk_path
-  // too, spills go to both and promotions read disk first
-  // (TieredStoreOptions::remote). Default (empty): none.
+  // too, it sits beside or under the disk tier (remote_placement) and
+  // promotions read disk first (TieredStoreOptions::remote). Default
+  // (empty): none.
   std::string remote_redis;
+  // With disk_path: spills written to both tiers (kBeside), or to disk only
+  // with the disk tier's evictions going on to the remote tier (kUnder).
+  // Default: kBeside.
+  RemotePlacement remote_placement = RemotePlacement::kBeside;
   // Expiry of each value written there; 0: none. Default: none.
   std::chrono::milliseconds remote_ttl{0};
   // Bound on the value bytes this tierkvd keeps there (LRU over the blocks

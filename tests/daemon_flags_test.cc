@@ -199,12 +199,15 @@ TEST_F(DaemonFlagsTest, RemoteTierOffByDefaultAndSetByFlagOrFile) {
   EXPECT_EQ(command->server.remote_capacity_bytes, 0u);
   EXPECT_EQ(command->server.remote_scan_interval,
             std::chrono::milliseconds(1000));
+  EXPECT_EQ(command->server.remote_placement, RemotePlacement::kBeside);
 
   WriteConfig(std::string(kLayout) +
               "remote-redis = 127.0.0.1:7000,127.0.0.1:7001\n"
               "remote-tenant = team-a\n"
               "remote-ttl = 3600\n"
-              "remote-capacity = 2G\n");
+              "remote-capacity = 2G\n"
+              "remote-placement = under\n"
+              "disk-dir = /var/lib/tierkv/x\n");
   command = Parse({"--config", config_, "--remote-scan-interval-ms", "0"});
   ASSERT_THAT(command, IsOk());
   EXPECT_EQ(command->server.remote_redis, "127.0.0.1:7000,127.0.0.1:7001");
@@ -212,6 +215,7 @@ TEST_F(DaemonFlagsTest, RemoteTierOffByDefaultAndSetByFlagOrFile) {
   EXPECT_EQ(command->server.remote_ttl, std::chrono::hours(1));
   EXPECT_EQ(command->server.remote_capacity_bytes, uint64_t{2} << 30);
   EXPECT_EQ(command->server.remote_scan_interval, std::chrono::milliseconds(0));
+  EXPECT_EQ(command->server.remote_placement, RemotePlacement::kUnder);
 
   const std::vector<std::string> layout = {"--layers",   "2", "--kv-heads", "4",
                                            "--head-dim", "64"};
@@ -228,6 +232,12 @@ TEST_F(DaemonFlagsTest, RemoteTierOffByDefaultAndSetByFlagOrFile) {
               HasSubstr("--remote-scan-interval-ms"));
   EXPECT_THAT(Error(with({"--remote-redis", "nohost"})),
               HasSubstr("--remote-redis"));
+  EXPECT_THAT(Error(with({"--remote-placement", "over"})),
+              HasSubstr("--remote-placement 'over': beside or under"));
+  // Under a disk tier that is not there.
+  EXPECT_THAT(Error(with({"--remote-redis", "127.0.0.1:7000",
+                          "--remote-placement", "under"})),
+              HasSubstr("--disk-dir"));
 }
 
 TEST_F(DaemonFlagsTest, KvEventsBadValuesAreNamed) {
@@ -519,6 +529,7 @@ TEST_F(DaemonFlagsTest, ExampleConfigShowsEveryOptionWithItsDefault) {
   EXPECT_EQ(a.spill_high, b.spill_high);
   EXPECT_EQ(a.spill_low, b.spill_low);
   EXPECT_EQ(a.write_behind_spills, b.write_behind_spills);
+  EXPECT_EQ(a.remote_placement, b.remote_placement);
   EXPECT_EQ(a.caps.worker_pin_share, b.caps.worker_pin_share);
   EXPECT_EQ(a.caps.max_requests_per_worker, b.caps.max_requests_per_worker);
   EXPECT_EQ(a.caps.max_request_bytes_per_worker,

@@ -5,7 +5,8 @@
 // by write-behind; B's scans find them and a worker on B loads them
 // bit-exact. A master killed while B loads costs misses and counted errors,
 // never a wrong byte, and loads resume once its replica has taken over;
-// after a full cluster restart B serves the blocks again.
+// after a full cluster restart B serves the blocks again. With the remote
+// tier under A's disk tier, only what that disk evicts reaches B.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -244,6 +245,51 @@ TEST_F(TierkvdRedisClusterTest, BlocksStoredThroughOneNodeLoadThroughAnother) {
   const std::string metrics = Admin(b_, {"metrics"});
   EXPECT_THAT(metrics, HasSubstr("tierkv_remote_hits_total"));
   EXPECT_THAT(metrics, HasSubstr("tierkv_remote_known_keys"));
+}
+
+// --remote-placement under: A copies blocks to its disk alone, and only
+// the blocks its small disk tier evicts go on to the cluster; B loads
+// exactly those, bit-exact, and misses the ones only A's disk still holds.
+TEST_F(TierkvdRedisClusterTest, UnderTheDiskOnlyWhatTheDiskEvictsIsShared) {
+  // RocksDB's reserve at this size (3 MiB: tiers/disk_storage.cc) and room
+  // for about 16 values of a block.
+  const uint64_t disk_bytes =
+      (uint64_t{3} << 20) + 16 * (TestLayout().BlockBytes() + 1024);
+  // A's host holds every block; write-behind copies each to the disk tier,
+  // which holds a third of them.
+  StartNode(&a_, "a", 64,
+            {"--disk-dir", dir_ + "/a-disk", "--disk-capacity",
+             std::to_string(disk_bytes), "--remote-placement", "under"});
+  StartNode(&b_, "b", 8);
+  ASSERT_FALSE(HasFailure());
+  RunWorker(a_, "fill", 11);
+  // Until A's copies have settled: every disk eviction written on.
+  const CoordinatorStats a = WaitStats(a_, [](const CoordinatorStats& s) {
+    return s.disk.has_value() && s.remote.has_value() &&
+           s.host.spills_in_flight == 0 && s.disk->evictions > 0 &&
+           s.remote->puts + s.remote->put_failures == s.disk->evictions;
+  });
+  ASSERT_TRUE(a.disk.has_value());
+  const RemoteTierStats ar = Remote(a);
+  ASSERT_GT(a.disk->evictions, 0u) << Admin(a_, {"stats"});
+  EXPECT_EQ(ar.put_failures, 0u);
+  EXPECT_EQ(ar.puts, a.disk->evictions);
+  EXPECT_EQ(ar.keys, a.disk->evictions);
+  EXPECT_LT(ar.puts, uint64_t{kRequests});  // Not written through.
+  EXPECT_EQ(a.host.evicted_unspilled, 0u);
+
+  const RemoteTierStats br = Remote(WaitStats(b_, [&ar](const auto& s) {
+    return s.remote.has_value() && s.remote->known_keys >= ar.keys;
+  }));
+  ASSERT_EQ(br.known_keys, ar.keys);
+  const Tally t = RunWorker(b_, "verify", 11);
+  EXPECT_EQ(t.hit, static_cast<long long>(ar.keys));
+  EXPECT_EQ(t.missed, kRequests - t.hit);
+  EXPECT_EQ(t.wrong, 0);
+  // A itself still serves every block, from host, disk or the cluster.
+  const Tally own = RunWorker(a_, "verify", 11);
+  EXPECT_EQ(own.hit, kRequests);
+  EXPECT_EQ(own.wrong, 0);
 }
 
 // B loads while a master is SIGKILLed: failed reads are misses and counted

@@ -104,6 +104,7 @@ struct RawOptions {
   std::string remote_capacity = "0";
   int64_t remote_ttl = 0;
   int remote_scan_interval_ms = 1000;
+  std::string remote_placement = "beside";
 };
 
 std::string Trim(std::string_view text) {
@@ -418,15 +419,22 @@ po::options_description SettingOptions(DaemonCommand& command,
       po::value(&s.remote_redis)->value_name("HOST:PORT[,HOST:PORT...]"),
       "a remote tier on this Redis Cluster (any of its nodes as seeds), "
       "shared with the other tierkvds of this model, layout and "
-      "--remote-tenant: spills go there (and to --disk-dir, which lookups "
-      "read first), and blocks other tierkvds wrote are found by scanning "
-      "it. Default: none")(
+      "--remote-tenant: spills go there (with --disk-dir, which lookups "
+      "read first, as --remote-placement says), and blocks other tierkvds "
+      "wrote are found by scanning it. Default: none")(
       "remote-tenant",
       po::value(&s.remote_tenant)->default_value(s.remote_tenant),
       "part of every Redis key (1 to 64 of A-Z a-z 0-9 _ . -): tierkvds "
       "share blocks within one tenant")(
       "remote-ttl", po::value(&raw.remote_ttl)->default_value(raw.remote_ttl),
       "seconds each block lives in the remote tier; 0: until deleted")(
+      "remote-placement",
+      po::value(&raw.remote_placement)->default_value(raw.remote_placement),
+      "with --disk-dir, where the remote tier sits: beside (each spill from "
+      "host goes to disk and to Redis, so other tierkvds can load a block as "
+      "soon as this one spills it) or under (spills go to disk only; the "
+      "blocks the disk tier evicts for room go on to Redis, which then "
+      "holds what this machine's disk gave up)")(
       "remote-capacity",
       po::value(&raw.remote_capacity)->default_value(raw.remote_capacity),
       "bound on the bytes this tierkvd keeps in the remote tier (the least "
@@ -528,6 +536,22 @@ Status FinishRemote(const RawOptions& raw, const Where& where,
   if (!tenant_ok) {
     return Status::InvalidArgument(where("remote-tenant") + " '" + tenant +
                                    "': 1 to 64 of A-Z a-z 0-9 _ . -");
+  }
+  if (raw.remote_placement == "beside") {
+    s.remote_placement = RemotePlacement::kBeside;
+  } else if (raw.remote_placement == "under") {
+    s.remote_placement = RemotePlacement::kUnder;
+  } else {
+    return Status::InvalidArgument(where("remote-placement") + " '" +
+                                   raw.remote_placement + "': beside or under");
+  }
+  if (s.remote_placement == RemotePlacement::kUnder &&
+      !s.remote_redis.empty() && s.disk_path.empty()) {
+    return Status::InvalidArgument(
+        where("remote-placement") +
+        " under: the remote tier goes under the disk tier, and there is "
+        "none (--disk-dir); without one the remote tier is under host "
+        "already");
   }
   if (!s.remote_redis.empty() &&
       s.remote_redis.find(':') == std::string::npos) {
