@@ -31,6 +31,7 @@
 namespace tierkv {
 namespace {
 
+using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
@@ -631,6 +632,9 @@ std::unique_ptr<DiskTier> OpenGated(const DiskTierOptions& options,
   return tier.ok() ? std::move(tier).value() : nullptr;
 }
 
+// Gets queued together are read in runs of adjacent slots (one vectored
+// read each), yet each block is verified on its own: one damaged block in
+// the middle of a run fails alone.
 TEST_F(DiskTierTest, GetsQueuedTogetherAreReadInRunsAndVerifiedEach) {
   DiskTierOptions options = Options(DiskCodec::kNone);
   options.io_threads = 1;
@@ -934,9 +938,42 @@ TEST_F(DiskTierTest, AnEvictedValueThatFailsVerificationReachesNoSink) {
   EXPECT_TRUE(got[0].payload == Block(1));
 }
 
-// Gets queued together are read in runs of adjacent slots (one vectored
-// read each), yet each block is verified on its own: one damaged block in
-// the middle of a run fails alone.
+// A Remove of a block being handed on returns only once the sink has it,
+// so a tier below hears of the Remove after the block (and drops it), never
+// before (and keeps it).
+TEST_F(DiskTierTest, ARemoveOfABlockBeingHandedOnWaitsForIt) {
+  DiskTierOptions options = Options(DiskCodec::kNone);
+  options.capacity_bytes = 3 * ValueBytes(DiskCodec::kNone) + 4096;
+  GatedStorage* gated = nullptr;
+  std::unique_ptr<DiskTier> tier = OpenGated(options, &gated);
+  ASSERT_NE(tier, nullptr);
+  std::mutex mu;
+  std::vector<std::string> order;
+  tier->SetEvictionSink([&](const BlockKey& key, std::span<const TokenId>,
+                            std::span<const std::byte>) {
+    std::lock_guard<std::mutex> lock(mu);
+    order.push_back("handed on " + key.ToHex());
+  });
+  for (int i = 0; i < 3; ++i) ASSERT_THAT(Put(*tier, i), IsOk());
+  gated->Arm();
+  std::promise<Status> put;
+  tier->Put(KeyOf(3), TokensOf(3), Block(3),
+            [&put](Status s) { put.set_value(std::move(s)); });
+  gated->AwaitHeldRead();  // Block 0, evicted, being read back.
+  std::promise<void> removing;
+  std::thread remover([&] {
+    removing.set_value();
+    const bool was_stored = tier->Remove(KeyOf(0));
+    std::lock_guard<std::mutex> lock(mu);
+    order.push_back(was_stored ? "removed a stored block" : "removed");
+  });
+  removing.get_future().wait();  // Released with the Remove under way.
+  gated->Release();
+  remover.join();
+  EXPECT_THAT(put.get_future().get(), IsOk());
+  EXPECT_THAT(order, ElementsAre("handed on " + KeyOf(0).ToHex(), "removed"));
+}
+
 // --- Another layout or model ------------------------------------------------
 
 TEST_F(DiskTierTest, ModelMismatchRefusesToOpenAndKeepsTheValues) {

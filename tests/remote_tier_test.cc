@@ -11,6 +11,7 @@
 #include <xxhash.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <cstddef>
 #include <cstring>
 #include <functional>
@@ -65,8 +66,10 @@ class RedisClusterRemoteTierTest : public ::testing::Test {
     options.tenant = "tenant-a";
     options.block_bytes = kBlockBytes;
     options.slot_memory = [this](BlockId slot) {
+      if (on_slot_read_) on_slot_read_(slot);
       return std::span<std::byte>(slots_[slot]);
     };
+    options.max_demotion_backlog_bytes = max_demotion_backlog_bytes_;
     options.ttl = ttl;
     options.capacity_bytes = capacity_bytes;
     options.scan_interval = scan;
@@ -138,6 +141,10 @@ class RedisClusterRemoteTierTest : public ::testing::Test {
   std::unique_ptr<RedisClusterHarness> cluster_;
   std::unique_ptr<RedisClusterClient> raw_;  // To read and damage values.
   CacheEventSink* events_ = nullptr;  // Given to the tiers OpenTier opens.
+  // Called on the I/O thread as a spill reads a slot, for the tiers OpenTier
+  // opens; and their bound on demotions waiting.
+  std::function<void(BlockId)> on_slot_read_;
+  uint64_t max_demotion_backlog_bytes_ = uint64_t{64} << 20;
   std::vector<std::vector<std::byte>> slots_;
 };
 
@@ -212,6 +219,60 @@ TEST_F(RedisClusterRemoteTierTest, ServesOnlyVerifiedValuesOfItsBlock) {
   EXPECT_EQ(stats.token_mismatches, 1u);
   EXPECT_EQ(stats.checksum_failures, 2u);
   EXPECT_EQ(stats.keys, 0u);
+}
+
+// A block handed down as bytes (what a disk tier above evicts) is written
+// as a spill is and reads back bit-exact. Demotions wait in a bounded queue:
+// past the bound one is refused at once and counted, never queued without
+// end behind a slow cluster; a block of the wrong size is refused too.
+TEST_F(RedisClusterRemoteTierTest,
+       DemotedBlocksAreWrittenAndTheirQueueBounded) {
+  // The I/O thread is held in a spill of slot 5 until released.
+  std::mutex mu;
+  std::condition_variable cv;
+  bool holding = false, released = false;
+  on_slot_read_ = [&](BlockId slot) {
+    if (slot != 5) return;
+    std::unique_lock<std::mutex> lock(mu);
+    holding = true;
+    cv.notify_all();
+    cv.wait(lock, [&] { return released; });
+  };
+  max_demotion_backlog_bytes_ = kBlockBytes;  // One demotion waits at most.
+  std::unique_ptr<RemoteTier> tier = OpenTier("model-a/layout-1");
+  ASSERT_NE(tier, nullptr);
+  std::promise<Status> held;
+  tier->Spill(kKey3, kTokens3, 5, std::nullopt,
+              [&held](Status s) { held.set_value(std::move(s)); });
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return holding; });
+  }
+  std::promise<Status> first;
+  tier->Demote(kKey1, kTokens1, slots_[1],
+               [&first](Status s) { first.set_value(std::move(s)); });
+  Status second, wrong_size;
+  tier->Demote(kKey2, kTokens2, slots_[2],
+               [&second](Status s) { second = std::move(s); });
+  tier->Demote(kKey2, kTokens2, std::vector<std::byte>(kBlockBytes - 1),
+               [&wrong_size](Status s) { wrong_size = std::move(s); });
+  EXPECT_THAT(second, StatusIs(StatusCode::kResourceExhausted));
+  EXPECT_THAT(wrong_size, StatusIs(StatusCode::kInvalidArgument));
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    released = true;
+  }
+  cv.notify_all();
+  EXPECT_THAT(held.get_future().get(), IsOk());
+  EXPECT_THAT(first.get_future().get(), IsOk());
+  EXPECT_TRUE(tier->Contains(kKey1, kTokens1));
+  EXPECT_FALSE(tier->Contains(kKey2, kTokens2));
+  EXPECT_THAT(Promote(*tier, kKey1, kTokens1, 0), IsOkAndHolds(Checksum(1)));
+  EXPECT_EQ(slots_[0], slots_[1]);
+  const RemoteTierStats stats = tier->remote_stats().value();
+  EXPECT_EQ(stats.puts, 2u);
+  EXPECT_EQ(stats.put_failures, 2u);
+  EXPECT_EQ(stats.keys, 2u);
 }
 
 TEST_F(RedisClusterRemoteTierTest, CapacityTtlRemoveAndRemoveAll) {

@@ -716,6 +716,55 @@ TEST_F(TieredStoreTest, DiskOverRemoteHandsDownWhatTheDiskEvicts) {
   EXPECT_THAT(c()->host_pool().CheckInvariants(), IsOk());
 }
 
+// Under a disk tier that takes no writes (degraded), the remote tier is no
+// longer only what the disk gives up: spills the disk fails go to it, so
+// the host still evicts nothing no tier holds.
+TEST_F(TieredStoreTest, DiskOverRemoteSpillsToRemoteWhenTheDiskRefuses) {
+  Open(/*host_slots=*/8, /*disk_blocks=*/100, /*high=*/0.5, /*low=*/0.25,
+       /*write_behind_spills=*/0, /*remote=*/true, RemotePlacement::kUnder);
+  ASSERT_NE(remote_, nullptr);
+  refusing_->refuse = true;
+  constexpr int kRequests = 8;
+  for (int r = 0; r < kRequests; ++r) {
+    Store(RequestTokens(r, 2));
+    Settle();
+  }
+  const CoordinatorStats s = c()->stats();
+  ASSERT_TRUE(s.disk.has_value());
+  EXPECT_EQ(s.disk->degraded, 1u);
+  EXPECT_EQ(s.disk->keys, 0u);
+  EXPECT_GT(s.host.spills, 0u);
+  EXPECT_EQ(s.host.spill_failures, 0u);
+  EXPECT_EQ(s.host.evicted_unspilled, 0u);
+  {
+    std::lock_guard<std::mutex> lock(remote_->mu());
+    EXPECT_EQ(remote_->spills, s.host.spills);
+  }
+  for (int r = 0; r < kRequests; ++r) {
+    const LoadOutcome o = Load(RequestTokens(r, 2));
+    EXPECT_EQ(o.hit_blocks, 2) << r;
+    EXPECT_EQ(o.wrong_blocks, 0) << r;
+  }
+  EXPECT_THAT(c()->host_pool().CheckInvariants(), IsOk());
+}
+
+// A remote tier under no disk tier is a mistake in the options, not a
+// remote tier silently under host.
+TEST_F(TieredStoreTest, RemoteUnderNoDiskIsRefused) {
+  const KvLayout layout = TestLayout();
+  TieredStoreOptions options;
+  options.layout = layout;
+  options.host.num_slots = 9;
+  options.remote = [](std::function<std::span<std::byte>(BlockId)> slot_memory)
+      -> StatusOr<std::unique_ptr<LowerTier>> {
+    return std::unique_ptr<LowerTier>(
+        std::make_unique<MemoryRemoteTier>(std::move(slot_memory)));
+  };
+  options.remote_placement = RemotePlacement::kUnder;
+  EXPECT_THAT(TieredStore::Open(std::move(options)),
+              StatusIs(StatusCode::kInvalidArgument));
+}
+
 TEST_F(TieredStoreTest, DiskBoundEvictsLeastRecentlyUsedBlocks) {
   Open(/*host_slots=*/8, /*disk_blocks=*/6, /*high=*/0.5, /*low=*/0.25);
   constexpr int kRequests = 30;

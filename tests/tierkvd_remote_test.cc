@@ -266,12 +266,13 @@ TEST_F(TierkvdRedisClusterTest, UnderTheDiskOnlyWhatTheDiskEvictsIsShared) {
   // Until A's copies have settled: every disk eviction written on.
   const CoordinatorStats a = WaitStats(a_, [](const CoordinatorStats& s) {
     return s.disk.has_value() && s.remote.has_value() &&
-           s.host.spills_in_flight == 0 && s.disk->evictions > 0 &&
+           s.disk->puts >= kRequests && s.host.spills_in_flight == 0 &&
            s.remote->puts + s.remote->put_failures == s.disk->evictions;
   });
   ASSERT_TRUE(a.disk.has_value());
   const RemoteTierStats ar = Remote(a);
-  ASSERT_GT(a.disk->evictions, 0u) << Admin(a_, {"stats"});
+  ASSERT_GE(a.disk->puts, uint64_t{kRequests}) << Admin(a_, {"stats"});
+  ASSERT_GT(a.disk->evictions, 0u);
   EXPECT_EQ(ar.put_failures, 0u);
   EXPECT_EQ(ar.puts, a.disk->evictions);
   EXPECT_EQ(ar.keys, a.disk->evictions);
@@ -286,10 +287,15 @@ TEST_F(TierkvdRedisClusterTest, UnderTheDiskOnlyWhatTheDiskEvictsIsShared) {
   EXPECT_EQ(t.hit, static_cast<long long>(ar.keys));
   EXPECT_EQ(t.missed, kRequests - t.hit);
   EXPECT_EQ(t.wrong, 0);
-  // A itself still serves every block, from host, disk or the cluster.
+  // A itself still serves every block: with its host tier cleared, from
+  // its disk or from the cluster.
+  EXPECT_THAT(Admin(a_, {"clear", "--tier", "host"}), HasSubstr("host"));
   const Tally own = RunWorker(a_, "verify", 11);
   EXPECT_EQ(own.hit, kRequests);
   EXPECT_EQ(own.wrong, 0);
+  const CoordinatorStats after =
+      WaitStats(a_, [](const auto&) { return true; });
+  EXPECT_GE(Remote(after).hits, ar.keys);
 }
 
 // B loads while a master is SIGKILLed: failed reads are misses and counted

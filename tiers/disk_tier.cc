@@ -189,6 +189,9 @@ class SpaceGuard {
 // in the index or after a crash, before the bytes it points at are written.
 // A slot is given back only once no record points at it (record_slots_,
 // changed with the key busy).
+// A block evicted while an eviction sink is set keeps its key busy until
+// the sink has it (PassOnEvicted), so its slot stays its own while it is
+// read back, and a Remove of it returns only after the tier below has it.
 // Remove and RemoveAll delete with their keys busy, before they return, so a
 // write of the key has either landed (and is deleted) or finds its entry
 // gone; Remove also cancels the key's Puts not yet reserved (queued_: a Put
@@ -279,6 +282,8 @@ class DiskTierImpl final : public DiskTier {
   void SetEvictionSink(EvictionSink sink) TIERKV_EXCLUDES(mu_) override {
     MutexLock lock(&mu_);
     eviction_sink_ = std::move(sink);
+    // The old sink may be gone once this returns.
+    while (passing_on_ > 0) busy_cv_.Wait(&mu_);
   }
 
   std::vector<BlockKey> StoredKeys(size_t max, uint64_t* total) const
@@ -296,9 +301,11 @@ class DiskTierImpl final : public DiskTier {
       MutexLock lock(&mu_);
       // A stored key is busy only for a moment (an operation that finds it
       // stored again and leaves it alone).
+      // Nor does it overtake a block evicted before it that is still being
+      // handed on: the tier below would keep that one.
       while (true) {
         keys = index_.StoredKeys();
-        bool busy = false;
+        bool busy = passing_on_ > 0;
         for (const BlockKey& key : keys) busy = busy || busy_.contains(key);
         if (!busy) break;
         busy_cv_.Wait(&mu_);
@@ -424,9 +431,11 @@ class DiskTierImpl final : public DiskTier {
     for (const BlockKey& victim : victims) DeleteIfAbsent(victim);
   }
   // Reads back each block evicted for room and hands the ones that verify
-  // to `sink`, before DeleteVictims gives their slots back. Each slot must
-  // have a reader (SlotAllocator::AddReader), taken where the block was
-  // evicted; this drops it.
+  // to `sink`, before DeleteVictims deletes them. The blocks' keys must be
+  // busy (AcquireKey, in the section that evicted them, counted in
+  // passing_on_): their slots stay theirs, and a Remove of one returns only
+  // once it has been handed on, so the tier below hears of the Remove
+  // after the block. Releases the keys.
   void PassOnEvicted(const EvictionSink& sink,
                      std::span<const DiskIndex::Evicted> evicted)
       TIERKV_EXCLUDES(mu_);
@@ -490,6 +499,8 @@ class DiskTierImpl final : public DiskTier {
   // The filesystem was short of free space at the last write tried.
   bool low_space_ TIERKV_GUARDED_BY(mu_) = false;
   EvictionSink eviction_sink_ TIERKV_GUARDED_BY(mu_);  // SetEvictionSink.
+  // PassOnEvicted calls running (busy_cv_ signals each end).
+  int passing_on_ TIERKV_GUARDED_BY(mu_) = 0;
   std::unique_ptr<IoThreads> io_;
   std::vector<std::string> damaged_files_;  // Set by Rebuild, then constant.
 };
@@ -581,12 +592,8 @@ Status DiskTierImpl::EncodeAndWrite(const BlockKey& key, uint64_t generation,
     if (!reserved.ok()) ++counters_.put_failures;
     if (!evicted.empty()) {
       sink = eviction_sink_;
-      // An evicted block's slot stays its own until DeleteVictims gives it
-      // back, or a Put of the same key that lands first: read back, it is
-      // held as a Get holds its slot.
-      for (const DiskIndex::Evicted& e : evicted) {
-        slots_.AddReader(e.location.slot);
-      }
+      ++passing_on_;
+      for (const DiskIndex::Evicted& e : evicted) AcquireKey(e.key);
     }
   }
   PassOnEvicted(sink, evicted);
@@ -937,13 +944,14 @@ void DiskTierImpl::PassOnEvicted(const EvictionSink& sink,
                                      options_.block_bytes);
   for (const DiskIndex::Evicted& e : evicted) {
     const Status read = ReadValue(e.location, payload);
-    {
-      MutexLock lock(&mu_);
-      slots_.DropReader(e.location.slot);
-      if (read.code() == StatusCode::kDataLoss) ++counters_.checksum_failures;
-    }
     if (read.ok()) sink(e.key, e.tokens, payload);
+    MutexLock lock(&mu_);
+    if (read.code() == StatusCode::kDataLoss) ++counters_.checksum_failures;
+    ReleaseKeyLocked(e.key);
   }
+  MutexLock lock(&mu_);
+  --passing_on_;
+  busy_cv_.NotifyAll();
 }
 
 void DiskTierImpl::DropIfCurrent(const BlockKey& key, uint64_t generation) {

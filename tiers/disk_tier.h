@@ -480,14 +480,18 @@ class DiskTier {
   virtual DiskTierStats stats() const = 0;
   // The files Open found damaged (paths): their values were dropped.
   virtual std::vector<std::string> damaged_files() const = 0;
-  // From now on, each block evicted to make room (not one removed, replaced
-  // or found corrupt) is read back, verified and handed to `sink` before
-  // its value is deleted, on the I/O thread that evicted it, so that a tier
-  // below can keep what this one gives up. A block that does not read back
-  // verified is not handed on (a failed verification counts in
-  // checksum_failures). `sink` must not call this tier and should not block:
-  // it holds an I/O thread, and each eviction costs one read. An empty sink
-  // turns this off. Default: off, an evicted block is gone.
+  // From now on, each block a Put evicts to make room (not one removed,
+  // replaced or found corrupt, nor one Open drops for a smaller capacity)
+  // is read back, verified and handed to `sink` before its value is
+  // deleted, on the I/O thread that evicted it, so that a tier below can
+  // keep what this one gives up. Its key stays busy meanwhile: a Remove of
+  // it, or a RemoveAll, returns only after the sink has it. A block that
+  // does not read back verified is not handed on (a failed verification
+  // counts in checksum_failures). `sink` must not call this tier and should
+  // not block: it holds an I/O thread, and each eviction costs one read. An
+  // empty sink turns this off. Returns once no call of the previous sink is
+  // under way, so its target may go then. Default: off, an evicted block is
+  // gone.
   virtual void SetEvictionSink(EvictionSink sink) = 0;
 };
 

@@ -291,18 +291,35 @@ void RemoteTier::Spill(const BlockKey& key, std::span<const TokenId> tokens,
 
 void RemoteTier::Demote(const BlockKey& key, std::span<const TokenId> tokens,
                         std::vector<std::byte> payload, Done done) {
-  if (payload.size() != options_.block_bytes) {
-    return done(Status::InvalidArgument(
-        "remote tier: a demoted block of " + std::to_string(payload.size()) +
-        " bytes, a block is " + std::to_string(options_.block_bytes)));
+  Status refused;
+  {
+    MutexLock lock(&mu_);
+    if (payload.size() != options_.block_bytes) {
+      refused = Status::InvalidArgument(
+          "remote tier: a demoted block of " + std::to_string(payload.size()) +
+          " bytes, a block is " + std::to_string(options_.block_bytes));
+    } else if (demotion_backlog_bytes_ > 0 &&
+               demotion_backlog_bytes_ + payload.size() >
+                   options_.max_demotion_backlog_bytes) {
+      refused = Status::ResourceExhausted(
+          "remote tier: " + std::to_string(demotion_backlog_bytes_) +
+          " bytes of demoted blocks are waiting for Redis already");
+    }
+    if (!refused.ok()) {
+      ++stats_.put_failures;
+    } else {
+      demotion_backlog_bytes_ += payload.size();
+      Job job;
+      job.kind = Job::Kind::kSpill;
+      job.key = key;
+      job.tokens.assign(tokens.begin(), tokens.end());
+      job.payload = std::move(payload);
+      job.done = std::move(done);
+      jobs_.push_back(std::move(job));
+    }
   }
-  Job job;
-  job.kind = Job::Kind::kSpill;
-  job.key = key;
-  job.tokens.assign(tokens.begin(), tokens.end());
-  job.payload = std::move(payload);
-  job.done = std::move(done);
-  Enqueue(std::move(job));
+  if (!refused.ok()) return done(refused);
+  work_.NotifyOne();
 }
 
 void RemoteTier::Promote(const BlockKey& key, std::span<const TokenId> tokens,
@@ -461,6 +478,7 @@ void RemoteTier::RunJobs() {
       if (jobs_.empty()) return;  // Stopping, and every job has run.
       job = std::move(jobs_.front());
       jobs_.pop_front();
+      demotion_backlog_bytes_ -= job.payload.size();
       running_job_ = true;
       // Promotions queued right behind it go in the same pipeline.
       if (job.kind == Job::Kind::kPromote) {

@@ -32,7 +32,7 @@
 //   - the known keys: the keys of its prefix that the last scans found on
 //     the masters (every machine's), by key alone.
 // A block in the index:
-//   absent --Spill (SET acknowledged)--> STORED (most recently used)
+//   absent --Spill or Demote (SET acknowledged)--> STORED (most recently used)
 //   STORED --Promote (verified)--> STORED, most recently used
 //   STORED --Remove / evicted past capacity_bytes / found damaged / found
 //          gone by a Promote / not found by a whole scan that began after
@@ -104,6 +104,12 @@ struct RemoteTierOptions {
   CacheEventSink* cache_events = nullptr;
   // Tokens per full block, for BlockStored events. Default: 0.
   int32_t block_size = 0;
+  // Bound on the bytes of demoted blocks (Demote) waiting for the I/O
+  // thread: past it a Demote fails at once (ResourceExhausted, counted in
+  // put_failures) rather than queue without bound while Redis takes blocks
+  // slower than the tier above evicts them; one block is always taken.
+  // Default: 64 MiB.
+  uint64_t max_demotion_backlog_bytes = uint64_t{64} << 20;
 };
 
 class RemoteTier final : public LowerTier {
@@ -122,7 +128,8 @@ class RemoteTier final : public LowerTier {
                 std::span<const TokenId> tokens) const override;
   void Spill(const BlockKey& key, std::span<const TokenId> tokens, BlockId slot,
              std::optional<uint64_t> checksum, Done done) override;
-  // As Spill, from `payload` (block_bytes) instead of a host slot.
+  // As Spill, from `payload` (block_bytes) instead of a host slot; fails at
+  // once past options.max_demotion_backlog_bytes.
   void Demote(const BlockKey& key, std::span<const TokenId> tokens,
               std::vector<std::byte> payload, Done done) override;
   // Reads and verifies the value whether or not the index lists it.
@@ -204,6 +211,8 @@ class RemoteTier final : public LowerTier {
   CondVar idle_;       // Signalled when the I/O thread has no job left.
   CondVar scan_wake_;  // Signalled when the tier stops.
   std::deque<Job> jobs_ TIERKV_GUARDED_BY(mu_);
+  // Payload bytes of the demotions in jobs_.
+  uint64_t demotion_backlog_bytes_ TIERKV_GUARDED_BY(mu_) = 0;
   bool running_job_ TIERKV_GUARDED_BY(mu_) = false;
   bool stopping_ TIERKV_GUARDED_BY(mu_) = false;
   // Keys the scans found (see the header comment).

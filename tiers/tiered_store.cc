@@ -90,12 +90,26 @@ class DiskOverRemote final : public LowerTier {
   // either holds the block now (Contains is then true); else DataLoss when
   // either found the slot changed, else the disk tier's error. A block the
   // remote tier holds already (read from it, or written by another node)
-  // goes to disk alone, as every block does under (the disk tier's
-  // evictions go on to the remote tier: see TieredStore::Open).
+  // goes to disk alone. Under: to disk alone (the disk tier's evictions go
+  // on to the remote tier: see TieredStore::Open), and to the remote tier
+  // only when the disk fails it for a reason of its own (full, degraded).
   void Spill(const BlockKey& key, std::span<const TokenId> tokens, BlockId slot,
              std::optional<uint64_t> checksum, Done done) override {
-    if (placement_ == RemotePlacement::kUnder ||
-        remote_->Contains(key, tokens)) {
+    if (placement_ == RemotePlacement::kUnder) {
+      return disk_->Spill(
+          key, tokens, slot, checksum,
+          [remote = remote_, key, slot, checksum,
+           tokens = std::vector<TokenId>(tokens.begin(), tokens.end()),
+           done = std::move(done)](Status s) mutable {
+            // Not for a slot that changed, nor a block removed meanwhile.
+            if (s.ok() || s.code() == StatusCode::kDataLoss ||
+                s.code() == StatusCode::kAborted) {
+              return done(s);
+            }
+            remote->Spill(key, tokens, slot, checksum, std::move(done));
+          });
+    }
+    if (remote_->Contains(key, tokens)) {
       return disk_->Spill(key, tokens, slot, checksum, std::move(done));
     }
     auto both = std::make_shared<SpillHalves>();
@@ -208,6 +222,11 @@ StatusOr<std::unique_ptr<TieredStore>> TieredStore::Open(
   std::unique_ptr<TieredStore> store(
       new TieredStore(options, std::move(host_tier), std::move(options.disk)));
   TieredStore* raw = store.get();
+  if (options.remote_placement == RemotePlacement::kUnder && options.remote &&
+      raw->disk_ == nullptr) {
+    return Status::InvalidArgument(
+        "a remote tier under the disk tier needs a disk tier");
+  }
   if (options.remote) {
     TIERKV_ASSIGN_OR_RETURN(
         raw->remote_, options.remote([host = raw->host_.get()](BlockId slot) {
@@ -225,7 +244,7 @@ StatusOr<std::unique_ptr<TieredStore>> TieredStore::Open(
                                           std::span<const TokenId> tokens,
                                           std::span<const std::byte> payload) {
               if (remote->Contains(key, tokens)) return;
-              // A failed write is counted by the remote tier.
+              // RemoteTier counts a failed or refused write (put_failures).
               remote->Demote(key, tokens, {payload.begin(), payload.end()},
                              [](const Status&) {});
             });

@@ -170,7 +170,8 @@ struct StatField {
     "scans found, other machines' included.")                                 \
   X(uint64_t, puts, kCounter, "Values written (SET acknowledged).")           \
   X(uint64_t, put_failures, kCounter,                                         \
-    "Writes that failed (a node down or silent, or the slot changed).")       \
+    "Writes that failed (a node down or silent, the slot changed, or a "      \
+    "demoted block refused: too many were waiting to be written).")           \
   X(uint64_t, gets, kCounter, "Values read for promotions.")                  \
   X(uint64_t, hits, kCounter, "Reads that found and verified their block.")   \
   X(uint64_t, misses, kCounter,                                               \
