@@ -86,6 +86,7 @@ StatusOr<std::unique_ptr<DiskTier>> OpenDisk(const ServerOptions& options) {
   DiskTierOptions disk{
       .storage = DiskStorageOptions(options),
       .capacity_bytes = options.disk_capacity_bytes,
+      .eviction = options.eviction,
       .layout_fingerprint = StoreFingerprint(options.layout, options.model),
       .reset = options.disk_reset,
       .on_degraded = LogDegraded,
@@ -129,9 +130,10 @@ StatusOr<std::unique_ptr<DiskTier>> OpenDisk(const ServerOptions& options) {
   TIERKV_ASSIGN_OR_RETURN(std::unique_ptr<DiskTier> tier, DiskTier::Open(disk));
   const DiskTierStats stats = tier->stats();
   spdlog::info(
-      "disk tier: {} blocks, {} of {} bytes; dropped {} bad values ({} of "
-      "another layout or model)",
-      stats.keys, stats.bytes, stats.capacity_bytes, stats.dropped_on_open,
+      "disk tier: {} blocks, {} of {} bytes, evicting in {} order; dropped "
+      "{} bad values ({} of another layout or model)",
+      stats.keys, stats.bytes, stats.capacity_bytes,
+      EvictionPolicyName(options.eviction), stats.dropped_on_open,
       stats.layout_mismatches);
   if (stats.damaged_files > 0) {
     std::string files;

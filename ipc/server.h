@@ -62,9 +62,9 @@ struct ServerOptions {
   // The disk tier: a RocksDB directory (created if missing) under the host
   // slots. Default (empty): none; blocks evicted from host are gone.
   std::string disk_path;
-  // Bound on the disk tier's bytes on disk (LRU eviction): its values and
-  // what RocksDB writes besides (write-ahead log, memtables, about 1/8 of
-  // it). At least 4 MiB. Default: 16 GiB.
+  // Bound on the disk tier's bytes on disk (evicting as `eviction` says):
+  // its values and what RocksDB writes besides (write-ahead log, memtables,
+  // about 1/8 of it). At least 4 MiB. Default: 16 GiB.
   uint64_t disk_capacity_bytes = uint64_t{16} << 30;
   // Start with an empty disk tier when the one at disk_path holds another
   // model's or layout's blocks, or RocksDB cannot open it; without it
@@ -104,8 +104,8 @@ struct ServerOptions {
   // Write-behind copies to disk in flight at most (TieredStoreOptions::
   // write_behind_spills); 0 turns write-behind off. Default: 16.
   int32_t write_behind_spills = 16;
-  // The tiers' eviction policy (TieredStoreOptions::eviction). Default:
-  // kDefaultTierEviction.
+  // The host and disk tiers' eviction policy (TieredStoreOptions::eviction,
+  // DiskTierOptions::eviction). Default: kDefaultTierEviction.
   EvictionPolicy eviction = kDefaultTierEviction;
   uint32_t max_workers = 64;  // Default: 64.
   // Tenants (ClientOptions::tenant) this store serves in its life. Each

@@ -427,6 +427,52 @@ TEST_F(DiskTierTest, CapacityReachedEvictsLeastRecentlyUsed) {
   EXPECT_EQ(tier->stats().keys, 4u);
 }
 
+// The disk tier's ARC: a block that was read (promoted) and comes back
+// soon after its eviction earns the frequent list's protection, so a flood
+// of blocks written once no longer pushes it out, as it does under LRU.
+TEST_F(DiskTierTest, UnderArcAReadBlockBackAfterEvictionOutlastsAFlood) {
+  for (EvictionPolicy policy : {EvictionPolicy::kLru, EvictionPolicy::kArc}) {
+    SCOPED_TRACE(std::string(EvictionPolicyName(policy)));
+    const uint64_t value_bytes = ValueBytes(DiskCodec::kNone);
+    DiskTierOptions options = Options(DiskCodec::kNone);
+    options.capacity_bytes = 4 * value_bytes + value_bytes / 2;  // 4 blocks.
+    options.eviction = policy;
+    std::unique_ptr<DiskTier> tier = OpenTier(options);
+    for (int i = 0; i < 4; ++i) ASSERT_THAT(Put(*tier, i), IsOk());
+    ASSERT_THAT(GetAndCheck(*tier, 0), IsOk());  // Read: used again.
+    // With no evidence yet both evict in LRU order: 1, 2, 3, then 0.
+    for (int i = 4; i < 8; ++i) ASSERT_THAT(Put(*tier, i), IsOk());
+    for (int i = 0; i < 4; ++i) EXPECT_FALSE(tier->Contains(KeyOf(i))) << i;
+    // 0 is computed and spilled again soon after: ARC's frequent ghost.
+    ASSERT_THAT(Put(*tier, 0), IsOk());
+    for (int i = 8; i < 12; ++i) ASSERT_THAT(Put(*tier, i), IsOk());
+    EXPECT_EQ(tier->Contains(KeyOf(0)), policy == EvictionPolicy::kArc);
+    for (int i = 9; i < 12; ++i) EXPECT_TRUE(tier->Contains(KeyOf(i))) << i;
+    EXPECT_THAT(GetAndCheck(*tier, policy == EvictionPolicy::kArc ? 0 : 8),
+                IsOk());
+    EXPECT_EQ(tier->stats().keys, 4u);
+    EXPECT_LE(tier->stats().bytes, options.capacity_bytes);
+  }
+}
+
+// Under ARC a rewrite of a stored block keeps its standing: a block in the
+// frequent list stays there, and outlasts the flood as above.
+TEST_F(DiskTierTest, UnderArcARewriteKeepsABlocksStanding) {
+  const uint64_t value_bytes = ValueBytes(DiskCodec::kNone);
+  DiskTierOptions options = Options(DiskCodec::kNone);
+  options.capacity_bytes = 4 * value_bytes + value_bytes / 2;
+  options.eviction = EvictionPolicy::kArc;
+  std::unique_ptr<DiskTier> tier = OpenTier(options);
+  for (int i = 0; i < 4; ++i) ASSERT_THAT(Put(*tier, i), IsOk());
+  ASSERT_THAT(GetAndCheck(*tier, 0), IsOk());
+  for (int i = 4; i < 8; ++i) ASSERT_THAT(Put(*tier, i), IsOk());
+  ASSERT_THAT(Put(*tier, 0), IsOk());  // Back from its frequent ghost.
+  ASSERT_THAT(Put(*tier, 0), IsOk());  // Rewritten: still frequent.
+  for (int i = 8; i < 12; ++i) ASSERT_THAT(Put(*tier, i), IsOk());
+  EXPECT_TRUE(tier->Contains(KeyOf(0)));
+  ASSERT_THAT(GetAndCheck(*tier, 0), IsOk());
+}
+
 TEST_F(DiskTierTest, ValueLargerThanCapacityIsResourceExhausted) {
   DiskTierOptions options = Options(DiskCodec::kNone);
   options.capacity_bytes = layout_.BlockBytes() / 2;

@@ -1,13 +1,34 @@
 // The disk tier's in-memory index (DiskIndex, declared in disk_internal.h):
-// which keys the tier holds, their sizes, tokens, value locations and LRU
-// order, and the byte bound; and the value file's slots (SlotAllocator).
+// which keys the tier holds, their sizes, tokens, value locations and
+// eviction order, and the byte bound; and the value file's slots
+// (SlotAllocator).
 #include <algorithm>
+#include <cassert>
 #include <string>
 #include <utility>
 
 #include "tiers/disk_internal.h"
 
 namespace tierkv::disk_internal {
+
+DiskIndex::DiskIndex(uint64_t capacity, CacheEventSink* events,
+                     int32_t block_size, EvictionPolicy policy,
+                     uint64_t value_bytes)
+    : capacity_(capacity),
+      events_(events),
+      block_size_(block_size),
+      policy_(policy == EvictionPolicy::kLru ? EvictionPolicy::kLru
+                                             : EvictionPolicy::kArc),
+      recent_target_(capacity) {
+  if (policy_ == EvictionPolicy::kArc) {
+    // As many ghosts as the tier holds values (ARC's |B1| + |B2| <= c), up
+    // to kMaxGhosts: their tables (8 bytes a ghost) are allocated at once,
+    // and a disk of millions of blocks needs no longer a memory to adapt.
+    const uint64_t values = capacity / std::max<uint64_t>(1, value_bytes);
+    ghosts_.emplace(
+        static_cast<int32_t>(std::clamp<uint64_t>(values, 1, kMaxGhosts)));
+  }
+}
 
 StatusOr<bool> DiskIndex::Reserve(const BlockKey& key, uint64_t generation,
                                   uint64_t bytes,
@@ -24,17 +45,22 @@ StatusOr<bool> DiskIndex::Reserve(const BlockKey& key, uint64_t generation,
         "-byte value is larger than the disk tier's capacity of " +
         std::to_string(capacity_) + " bytes");
   }
+  // A rewrite keeps the key's standing with the policy; a key stored again
+  // soon after its eviction earns it (a second use).
+  const bool reused = existing != entries_.end() ? existing->second.reused
+                                                 : TakeEvicted(key, bytes);
   const bool replaced = Erase(key);
   while (bytes_ + bytes > capacity_) {
-    if (lru_.empty()) {
+    if (stored_keys() == 0) {
       if (replaced) victims->push_back(key);
       return Status::ResourceExhausted(
           "disk tier full: its capacity is taken by writes in flight");
     }
-    EvictOldest(victims, evicted);
+    EvictOne(victims, evicted);
   }
   // The key's old value, if any, is overwritten rather than deleted.
   Entry& entry = entries_[key];
+  entry.reused = reused;
   entry.generation = generation;
   entry.bytes = bytes;
   entry.tokens.assign(tokens.begin(), tokens.end());
@@ -90,9 +116,76 @@ bool DiskIndex::Commit(const BlockKey& key, uint64_t generation,
   }
   it->second.stored = true;
   it->second.location = location;
-  it->second.lru = lru_.insert(lru_.end(), key);
+  Link(key, &it->second);
   ReportStored(key, it->second);
   return true;
+}
+
+void DiskIndex::Link(const BlockKey& key, Entry* entry) {
+  const bool frequent = policy_ == EvictionPolicy::kArc && entry->reused;
+  std::list<BlockKey>& list = frequent ? frequent_ : recent_;
+  entry->lru = list.insert(list.end(), key);
+  entry->used_at = ++clock_;
+  list_bytes_[frequent ? 1 : 0] += entry->bytes;
+}
+
+void DiskIndex::Unlink(const Entry& entry) {
+  const bool frequent = policy_ == EvictionPolicy::kArc && entry.reused;
+  (frequent ? frequent_ : recent_).erase(entry.lru);
+  list_bytes_[frequent ? 1 : 0] -= entry.bytes;
+}
+
+void DiskIndex::Touch(const BlockKey& key) {
+  auto it = entries_.find(key);
+  if (it == entries_.end() || !it->second.stored) return;
+  Unlink(it->second);
+  it->second.reused = true;
+  Link(key, &it->second);
+}
+
+bool DiskIndex::TakeEvicted(const BlockKey& key, uint64_t bytes) {
+  if (!ghosts_.has_value()) return false;
+  const double recent_ghosts = std::max(1, ghosts_->count(kRecentGhost));
+  const double frequent_ghosts = std::max(1, ghosts_->count(kFrequentGhost));
+  const uint8_t list = ghosts_->Take(key);
+  if (list == 0) return false;
+  // ARC's adaptation, in bytes: a key back soon after leaving the recent
+  // list says that list was too short, one from the frequent list that the
+  // frequent one was; each moves the target by the ratio of the ghost
+  // lists' sizes, at least one value.
+  const auto step = [&](double ratio) {
+    return static_cast<uint64_t>(static_cast<double>(bytes) *
+                                 std::max(1.0, ratio));
+  };
+  if (list == kRecentGhost) {
+    recent_target_ = std::min(
+        capacity_, recent_target_ + step(frequent_ghosts / recent_ghosts));
+  } else {
+    const uint64_t down = step(recent_ghosts / frequent_ghosts);
+    recent_target_ = recent_target_ > down ? recent_target_ - down : 0;
+  }
+  return true;
+}
+
+bool DiskIndex::EvictFromRecent() const {
+  if (frequent_.empty()) return true;
+  if (recent_.empty()) return false;
+  if (list_bytes_[0] > recent_target_) return true;
+  // Under the target: the older of the two oldest goes (the host pool's
+  // ARC, BlockPool::ArcVictimList).
+  return entries_.at(recent_.front()).used_at <
+         entries_.at(frequent_.front()).used_at;
+}
+
+std::vector<BlockKey> DiskIndex::StoredKeys() const {
+  std::vector<BlockKey> keys;
+  keys.reserve(stored_keys());
+  std::merge(recent_.begin(), recent_.end(), frequent_.begin(), frequent_.end(),
+             std::back_inserter(keys),
+             [this](const BlockKey& a, const BlockKey& b) {
+               return entries_.at(a).used_at < entries_.at(b).used_at;
+             });
+  return keys;
 }
 
 void DiskIndex::ReportStored(const BlockKey& key, const Entry& entry) const {
@@ -120,27 +213,31 @@ void DiskIndex::InsertStored(const BlockKey& key, uint64_t bytes,
   entry.tokens = std::move(tokens);
   entry.location = location;
   entry.stored = true;
-  entry.lru = lru_.insert(lru_.end(), key);
+  Link(key, &entry);
   bytes_ += bytes;
   ReportStored(key, entry);
 }
 
 void DiskIndex::EvictToCapacity(std::vector<BlockKey>* victims,
                                 std::vector<Evicted>* evicted) {
-  while (bytes_ > capacity_ && !lru_.empty()) EvictOldest(victims, evicted);
+  while (bytes_ > capacity_ && stored_keys() > 0) EvictOne(victims, evicted);
 }
 
-void DiskIndex::EvictOldest(std::vector<BlockKey>* victims,
-                            std::vector<Evicted>* evicted) {
-  const BlockKey key = lru_.front();
+void DiskIndex::EvictOne(std::vector<BlockKey>* victims,
+                         std::vector<Evicted>* evicted) {
+  const bool from_recent = EvictFromRecent();
+  const BlockKey key = from_recent ? recent_.front() : frequent_.front();
+  Entry& entry = entries_.at(key);
   if (evicted != nullptr) {
-    Entry& entry = entries_.at(key);
     evicted->push_back({.key = key,
                         .tokens = std::move(entry.tokens),
                         .location = entry.location});
   }
   victims->push_back(key);
   Erase(key);
+  if (ghosts_.has_value()) {
+    ghosts_->Add(key, from_recent ? kRecentGhost : kFrequentGhost);
+  }
   ++evictions_;
 }
 
@@ -150,12 +247,12 @@ const DiskIndex::Entry* DiskIndex::FindStored(const BlockKey& key) const {
 }
 
 bool DiskIndex::Erase(const BlockKey& key_ref) {
-  // A copy: callers pass lru_.front(), which the erase below frees.
+  // A copy: callers pass a list's front, which the erase below frees.
   const BlockKey key = key_ref;
   auto it = entries_.find(key);
   if (it == entries_.end()) return false;
   if (it->second.stored) {
-    lru_.erase(it->second.lru);
+    Unlink(it->second);
     if (events_ != nullptr) events_->BlockRemoved(CacheMedium::kStorage, key);
   }
   bytes_ -= it->second.bytes;

@@ -21,6 +21,8 @@
 #include <vector>
 
 #include "src/cache_event_sink.h"
+#include "src/ghost_keys.h"
+#include "tierkv/block_pool_options.h"
 #include "tiers/disk_tier.h"
 
 namespace tierkv {
@@ -158,14 +160,31 @@ class SlotAllocator {
 
 // ---------------------------------------------------------------------------
 // The index (disk_index.cc): which keys the tier holds, their sizes, tokens,
-// value locations and LRU order, and the byte bound. Not thread-safe;
+// value locations and eviction order, and the byte bound. Not thread-safe;
 // DiskTierImpl guards it with mu_.
+//
+// Eviction order (DiskTierOptions::eviction). kLru: one list, least
+// recently stored or read first. kArc: the host pool's ARC (BlockPool,
+// src/block_pool.h) in bytes: keys never read since stored wait in a
+// recent list, keys read (promoted) at least once, or stored again soon
+// after their eviction (a ghost), in a frequent one. A victim comes from
+// the recent list while its bytes exceed an adaptive target, else it is
+// the older of the two lists' oldest keys. The target starts at the whole
+// capacity, so the tier evicts in LRU order until a key evicted from the
+// frequent list comes back (it lowers the target: blocks written once then
+// leave first); one from the recent list raises it again.
 class DiskIndex {
  public:
   struct Entry {
     uint64_t generation = 0;  // The Put it belongs to (0: found by Open).
     uint64_t bytes = 0;
     bool stored = false;  // false: WRITING.
+    // kArc: read since stored, or stored again soon after an eviction; it
+    // waits in the frequent list.
+    bool reused = false;
+    // The index's use clock when the key was last stored or read: which of
+    // the two lists' oldest keys is older.
+    uint64_t used_at = 0;
     std::vector<TokenId> tokens;
     ValueLocation location;             // Valid iff stored.
     std::list<BlockKey>::iterator lru;  // Valid iff stored.
@@ -180,13 +199,16 @@ class DiskIndex {
 
   // `events`, when set, hears of every key that becomes STORED (with no
   // parent: the tier keeps none) and every STORED key that leaves, in the
-  // index's order (its owner's lock held), as medium kStorage.
-  DiskIndex(uint64_t capacity, CacheEventSink* events, int32_t block_size)
-      : capacity_(capacity), events_(events), block_size_(block_size) {}
+  // index's order (its owner's lock held), as medium kStorage. Under kArc
+  // the ghosts remember as many evicted keys as `capacity` holds values of
+  // `value_bytes` (at most kMaxGhosts).
+  DiskIndex(uint64_t capacity, CacheEventSink* events, int32_t block_size,
+            EvictionPolicy policy = EvictionPolicy::kLru,
+            uint64_t value_bytes = 1);
 
   // Records `key` as WRITING `bytes` for the Put numbered `generation`,
-  // replacing any entry of the key, after evicting least recently used
-  // STORED keys until the bound holds. False (nothing changed) when the
+  // replacing any entry of the key, after evicting STORED keys (in the
+  // policy's order) until the bound holds. False (nothing changed) when the
   // key's entry belongs to a later Put: this one is stale. `victims` gets
   // every key that left the index (also on failure, when the key itself may
   // be one): their values must be deleted. `evicted`, when given, also gets
@@ -214,7 +236,9 @@ class DiskIndex {
 
   const Entry* FindStored(const BlockKey& key) const;
 
-  void Touch(const Entry& entry) { lru_.splice(lru_.end(), lru_, entry.lru); }
+  // A read of STORED `key`: it becomes the most recently used (under kArc,
+  // in the frequent list). No-op for a key not STORED.
+  void Touch(const BlockKey& key);
 
   // Any state. True if the key was there.
   bool Erase(const BlockKey& key);
@@ -224,26 +248,53 @@ class DiskIndex {
   bool Contains(const BlockKey& key) const { return entries_.contains(key); }
 
   uint64_t bytes() const { return bytes_; }
-  uint64_t stored_keys() const { return lru_.size(); }
-  std::vector<BlockKey> StoredKeys() const {
-    return {lru_.begin(), lru_.end()};
-  }
+  uint64_t stored_keys() const { return recent_.size() + frequent_.size(); }
+  // STORED keys, least recently stored or read first (under kArc not
+  // always the order they would be evicted in: the recent list's keys go
+  // first while it is over its target).
+  std::vector<BlockKey> StoredKeys() const;
   uint64_t evictions() const { return evictions_; }
+  // kArc: the recent list's target in bytes, and the bytes in each list.
+  uint64_t recent_target() const { return recent_target_; }
+  uint64_t recent_bytes() const { return list_bytes_[0]; }
+  uint64_t frequent_bytes() const { return list_bytes_[1]; }
 
  private:
   void ReportStored(const BlockKey& key, const Entry& entry) const;
-  // Evicts the least recently used STORED key into `victims` (and
+  // Puts STORED `entry` of `key` at the tail of its list.
+  void Link(const BlockKey& key, Entry* entry);
+  void Unlink(const Entry& entry);
+  // Whether the next victim is the recent list's oldest key.
+  bool EvictFromRecent() const;
+  // Evicts one STORED key, as the policy chooses, into `victims` (and
   // `evicted`).
-  void EvictOldest(std::vector<BlockKey>* victims,
-                   std::vector<Evicted>* evicted);
+  void EvictOne(std::vector<BlockKey>* victims, std::vector<Evicted>* evicted);
+  // kArc: whether `key` was evicted lately, forgetting it and adapting the
+  // recent list's target as ARC does for a value of `bytes`.
+  bool TakeEvicted(const BlockKey& key, uint64_t bytes);
+
+  static constexpr uint64_t kMaxGhosts = uint64_t{1} << 21;
+  static constexpr uint8_t kRecentGhost = 1;
+  static constexpr uint8_t kFrequentGhost = 2;
 
   const uint64_t capacity_;
   CacheEventSink* const events_;
   const int32_t block_size_;
+  const EvictionPolicy policy_;
   uint64_t bytes_ = 0;
   uint64_t evictions_ = 0;
+  uint64_t clock_ = 0;
   std::unordered_map<BlockKey, Entry, BlockKeyHash> entries_;
-  std::list<BlockKey> lru_;  // STORED keys, least recently used first.
+  // STORED keys, least recently used first: under kLru all of them in
+  // recent_; under kArc those never read in recent_, the others in
+  // frequent_.
+  std::list<BlockKey> recent_;
+  std::list<BlockKey> frequent_;
+  uint64_t list_bytes_[2] = {0, 0};
+  // kArc: ARC's p, in bytes, and the keys evicted lately (tagged with the
+  // list each left).
+  uint64_t recent_target_ = 0;
+  std::optional<GhostKeys> ghosts_;
 };
 
 }  // namespace disk_internal

@@ -206,7 +206,8 @@ class DiskTierImpl final : public DiskTier {
         space_(storage_.get()),
         slot_bytes_(SlotBytes(options.block_bytes)),
         index_(options.capacity_bytes - options.reserved_bytes,
-               options.cache_events, options.block_size) {}
+               options.cache_events, options.block_size, options.eviction,
+               slot_bytes_) {}
 
   ~DiskTierImpl() override {
     if (io_ == nullptr) return;  // Open failed before starting threads.
@@ -784,7 +785,7 @@ void DiskTierImpl::ResolveLocked(Read* read) {
                                     " is on disk for other token ids");
     return;
   }
-  index_.Touch(*entry);
+  index_.Touch(read->key);
   read->generation = entry->generation;
   read->location = entry->location;
   slots_.AddReader(read->location.slot);

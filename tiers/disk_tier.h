@@ -2,7 +2,8 @@
 // a value file of fixed-size slots with the blocks' bytes (optionally
 // LZ4-compressed over byte planes), and a RocksDB database, the index of
 // record, with one small verified record per block (its header, token ids
-// and slot); the tier is bounded in bytes with LRU eviction over its keys.
+// and slot); the tier is bounded in bytes, evicting keys in LRU or ARC order
+// (DiskTierOptions::eviction).
 // Owned by the coordinator (tierkvd, or an embedded store). Thread-safety:
 // every method may be called from any thread. Disk I/O runs on the tier's own
 // I/O threads and completion callbacks run there too, so the caller's thread
@@ -78,6 +79,7 @@
 #include "src/cache_event_sink.h"
 #include "src/lower_tier.h"
 #include "tierkv/block_key.h"
+#include "tierkv/block_pool_options.h"
 #include "tierkv/status.h"
 
 namespace tierkv {
@@ -323,10 +325,17 @@ struct DiskTierOptions {
   RocksDbStorageOptions storage;
   // Required. Bound on the bytes the tier takes on disk: the values held
   // (header + stored payload) are bounded by capacity_bytes less
-  // reserved_bytes. Least recently used keys are evicted to stay under it.
+  // reserved_bytes. Keys are evicted to stay under it, in the order
+  // `eviction` says.
   // Files can still exceed it by RocksDB's space amplification until
   // compaction reclaims deleted values (DiskTierStats::file_bytes shows it).
   uint64_t capacity_bytes = 0;
+  // Which stored block goes first when room is needed. kLru: the least
+  // recently stored or read. kArc: the host pool's ARC, in bytes: blocks
+  // read at least once (promoted) are kept ahead of blocks only ever
+  // written, in shares that adapt to which of the two come back after their
+  // eviction; in LRU order until they do. Default: kDefaultTierEviction.
+  EvictionPolicy eviction = kDefaultTierEviction;
   // The part of capacity_bytes kept for what the storage writes beyond the
   // values (RocksDbReservedBytes: its write-ahead log and memtables); less
   // than capacity_bytes. Default: 0 (capacity_bytes bounds the values).

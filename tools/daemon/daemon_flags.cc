@@ -343,10 +343,11 @@ po::options_description SettingOptions(DaemonCommand& command,
       "copies of newly stored blocks to disk in flight at most (write-behind: "
       "evicting them later loses nothing); 0 spills only past spill-high")(
       "eviction-policy", po::value(&raw.eviction)->default_value(raw.eviction),
-      "which cached block the host tier evicts first: arc (adaptive "
-      "replacement: LRU order until blocks used again come back after their "
-      "eviction, then blocks used once leave first, in shares that adapt to "
-      "the load) or lru (the least recently used); see BENCHMARKS.md, "
+      "which cached block the host and disk tiers evict first: arc "
+      "(adaptive replacement: LRU order until blocks used again come back "
+      "after their eviction, then blocks used once leave first, in shares "
+      "that adapt to the load; on disk, a block read back counts as used "
+      "again) or lru (the least recently used); see BENCHMARKS.md, "
       "\"Eviction\"")("max-workers",
                       po::value(&s.max_workers)->default_value(s.max_workers),
                       "most workers attached at once (1 to 4096)")(
