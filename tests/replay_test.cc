@@ -200,6 +200,76 @@ TEST(Replay, OptimumBoundsEveryPolicyOnRandomTraces) {
   }
 }
 
+// A disk tier below the host pool: what the host evicted is still found on
+// disk, promoted, and counted as a hit from disk.
+TEST(Replay, ADiskTierServesWhatTheHostEvicted) {
+  // A, then B and C (the host holds 3 blocks), then A again, and A
+  // extended.
+  const BlockTrace t = Blocks({{1, 2}, {3, 4}, {5, 6}, {1, 2}, {1, 2, 7}});
+  auto host_only = ReplayPool(t, 3, EvictionPolicy::kLru);
+  ASSERT_THAT(host_only, IsOk());
+  EXPECT_EQ(host_only->hit_blocks, 2);  // The last request's 1, 2.
+  EXPECT_EQ(host_only->disk_hit_blocks, 0);
+  for (EvictionPolicy p : {EvictionPolicy::kLru, EvictionPolicy::kArc}) {
+    SCOPED_TRACE(std::string(EvictionPolicyName(p)));
+    auto tiers = ReplayTiers(t, 3, 6, p);
+    ASSERT_THAT(tiers, IsOk());
+    // A's blocks come back from disk once, then are on host: 1 and 2 hit
+    // twice, from disk and then from host.
+    EXPECT_EQ(tiers->disk_hit_blocks, 2);
+    EXPECT_EQ(tiers->hit_blocks, 4);
+    // Six blocks written behind, and 7: the disk, full, evicted one.
+    EXPECT_EQ(tiers->disk_evictions, 1);
+    // 0 disk blocks: the host pool alone, exactly.
+    auto none = ReplayTiers(t, 2, 0, p);
+    auto pool = ReplayPool(t, 2, p);
+    ASSERT_THAT(none, IsOk());
+    EXPECT_EQ(none->hit_blocks, pool->hit_blocks);
+    EXPECT_EQ(none->evictions, pool->evictions);
+  }
+  // A disk too small for A, B and C: written-behind blocks push A out.
+  auto small = ReplayTiers(t, 2, 2, EvictionPolicy::kLru);
+  ASSERT_THAT(small, IsOk());
+  EXPECT_EQ(small->disk_hit_blocks, 0);
+  EXPECT_GT(small->disk_evictions, 0);
+  EXPECT_FALSE(ReplayTiers(t, 2, -1, EvictionPolicy::kLru).ok());
+}
+
+// Hits in either tier never beat the optimum of one cache holding both
+// tiers' blocks.
+TEST(Replay, OptimumOfBothTiersBoundsTwoTierReplays) {
+  std::mt19937 rng(5);
+  std::vector<std::vector<int64_t>> ids;
+  int64_t next_id = 1000;
+  for (int r = 0; r < 400; ++r) {
+    std::vector<int64_t> req;
+    const auto doc = static_cast<int64_t>(rng() % 20);
+    for (auto i = rng() % 8; i > 0; --i) req.push_back(doc * 100 + (7 - i));
+    for (auto own = rng() % 4; own > 0; --own) req.push_back(next_id++);
+    if (req.empty()) req.push_back(next_id++);
+    ids.push_back(req);
+  }
+  const BlockTrace t = Blocks(ids);
+  int64_t disk_hits = 0;
+  for (const int32_t host : {8, 20}) {
+    for (const int32_t disk : {10, 40, 120}) {
+      auto best = ReplayOptimum(t, host + disk);
+      ASSERT_THAT(best, IsOk());
+      for (EvictionPolicy p : {EvictionPolicy::kLru, EvictionPolicy::kArc}) {
+        auto got = ReplayTiers(t, host, disk, p);
+        ASSERT_THAT(got, IsOk());
+        EXPECT_LE(got->hit_blocks, best->hit_blocks)
+            << EvictionPolicyName(p) << " " << host << " + " << disk;
+        auto alone = ReplayPool(t, host, p);
+        EXPECT_GE(got->hit_blocks, alone->hit_blocks)
+            << EvictionPolicyName(p) << " " << host << " + " << disk;
+        disk_hits += got->disk_hit_blocks;
+      }
+    }
+  }
+  EXPECT_GT(disk_hits, 0);
+}
+
 // Conversations: each turn sends the previous turn's prompt again plus an
 // answer and a new question (a growing prefix), after one of a few system
 // prompts; about 60 are live at once, a turn picks one at random. Reuse is
@@ -308,6 +378,15 @@ TEST_F(ReplayTool, PrintsOneJsonObjectWithAResultPerCapacity) {
       trace_ + " --policy all --capacities 1 --progress none", &status);
   EXPECT_THAT(both, HasSubstr(" lru "));
   EXPECT_THAT(both, HasSubstr(" arc "));
+  // With a disk tier: its share of the hits, and the table says so.
+  const std::string disk = RunReplay(
+      trace_ + " --capacities 0.5 --disk 0.5 --json --progress none", &status);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << disk;
+  EXPECT_THAT(disk, HasSubstr("\"disk_capacity\": 0.5, \"disk_hit_ratio\": "));
+  const std::string table = RunReplay(
+      trace_ + " --capacities 0.5 --disk 0.5 --progress none", &status);
+  EXPECT_THAT(table, HasSubstr("from disk"));
+  EXPECT_THAT(table, HasSubstr("with a disk tier of 50.0 %"));
 }
 
 TEST_F(ReplayTool, BadArgumentsAreClearErrors) {
@@ -318,6 +397,9 @@ TEST_F(ReplayTool, BadArgumentsAreClearErrors) {
   out = RunReplay(trace_ + " --capacities 0,2", &status);
   EXPECT_EQ(WEXITSTATUS(status), 2);
   EXPECT_THAT(out, HasSubstr("--capacities takes shares"));
+  out = RunReplay(trace_ + " --disk 2", &status);
+  EXPECT_EQ(WEXITSTATUS(status), 2);
+  EXPECT_THAT(out, HasSubstr("--disk takes a share"));
   out = RunReplay(dir_ + "/missing.jsonl", &status);
   EXPECT_EQ(WEXITSTATUS(status), 1);
   EXPECT_THAT(out, HasSubstr("cannot open trace"));

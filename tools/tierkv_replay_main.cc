@@ -3,10 +3,12 @@
 // optimum's (tools/replay/replay.h).
 #include <unistd.h>
 
+#include <algorithm>
 #include <boost/program_options.hpp>
 #include <cmath>
 #include <cstdio>
 #include <iostream>
+#include <limits>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -43,12 +45,19 @@ constexpr char kUsage[] =
     "k ids share their first k blocks). Each request looks up its longest\n"
     "cached prefix, adds the rest, and frees its blocks.\n"
     "\n"
+    "With --disk, a disk tier lies below the host pool, evicting by the same\n"
+    "policy as tierkvd's: a request's prefix goes on from disk where the host\n"
+    "misses (those blocks are promoted), every block it computes is written\n"
+    "to disk (write-behind), and hits count in either tier; the optimum is\n"
+    "then one cache of both tiers' blocks, a bound on any two tiers.\n"
+    "\n"
     "Flags";
 
 struct Flags {
   std::string trace;
   std::string capacities = "0.01,0.02,0.05,0.1,0.2,0.5,1";
   std::string policy;
+  double disk = 0;
   int32_t block_tokens = 512;
   int32_t trace_block_tokens = 512;
   bool json = false;
@@ -137,8 +146,15 @@ void PrintJson(const Flags& flags, const BlockTrace& trace,
         << ", \"evictions\": " << row.result.evictions
         << ", \"optimum_evictions\": " << row.optimum.evictions
         << ", \"oversized_requests\": " << row.result.oversized_requests
-        << ", \"block_ops_per_second\": " << Fixed(OpsPerSecond(row.result), 0)
-        << "}";
+        << ", \"block_ops_per_second\": " << Fixed(OpsPerSecond(row.result), 0);
+    if (flags.disk > 0) {
+      out << ", \"disk_capacity\": " << flags.disk << ", \"disk_hit_ratio\": "
+          << Fixed(static_cast<double>(row.result.disk_hit_blocks) /
+                       static_cast<double>(row.result.requested_blocks),
+                   6)
+          << ", \"disk_evictions\": " << row.result.disk_evictions;
+    }
+    out << "}";
   }
   out << "]}\n";
 }
@@ -149,19 +165,32 @@ void PrintTable(const Flags& flags, const BlockTrace& trace,
   out << flags.trace << ": " << trace.num_requests() << " requests, "
       << trace.requested_blocks() << " blocks of " << trace.block_tokens()
       << " tokens requested, " << trace.unique_blocks() << " distinct\n\n";
-  std::printf("%9s %9s %-7s %9s %9s %10s %10s %13s\n", "capacity", "blocks",
+  if (flags.disk > 0) {
+    out << "with a disk tier of " << Fixed(flags.disk * 100, 1)
+        << " % of the distinct blocks below each host pool; the optimum holds "
+           "both tiers' blocks\n\n";
+  }
+  std::printf("%9s %9s %-7s %9s %9s %10s %10s %13s", "capacity", "blocks",
               "policy", "hit ratio", "optimum", "/ optimum", "evictions",
               "block ops/s");
+  if (flags.disk > 0) std::printf(" %9s", "from disk");
+  std::printf("\n");
   std::fflush(stdout);
   int64_t oversized = 0;
   for (const Row& row : rows) {
     std::printf(
-        "%8s%% %9d %-7s %9.3f %9.3f %10.2f %10lld %13.0f\n",
+        "%8s%% %9d %-7s %9.3f %9.3f %10.2f %10lld %13.0f",
         Fixed(row.capacity * 100, row.capacity < 0.1 ? 1 : 0).c_str(),
         row.result.capacity_blocks,
         std::string(tierkv::EvictionPolicyName(row.policy)).c_str(),
         row.result.hit_ratio(), row.optimum.hit_ratio(), ShareOfOptimum(row),
         static_cast<long long>(row.result.evictions), OpsPerSecond(row.result));
+    if (flags.disk > 0) {
+      std::printf(" %9.3f",
+                  static_cast<double>(row.result.disk_hit_blocks) /
+                      static_cast<double>(row.result.requested_blocks));
+    }
+    std::printf("\n");
     oversized += row.result.oversized_requests;
   }
   std::fflush(stdout);
@@ -206,16 +235,27 @@ int Run(const Flags& flags) {
   auto report = [&](int64_t done) {
     progress.Update(static_cast<uint64_t>(done_before + done));
   };
+  if (!(flags.disk >= 0 && flags.disk <= 1)) {
+    return fail(Status::InvalidArgument(
+        "--disk takes a share of the trace's distinct blocks in [0, 1], got " +
+        std::to_string(flags.disk)));
+  }
+  const auto blocks_of = [&](double share) {
+    return static_cast<int32_t>(std::clamp<int64_t>(
+        std::llround(share * static_cast<double>(trace->unique_blocks())), 1,
+        std::numeric_limits<int32_t>::max() / 2));
+  };
+  const int32_t disk_blocks = flags.disk > 0 ? blocks_of(flags.disk) : 0;
   std::vector<Row> rows;
   for (const double capacity : *capacities) {
-    const auto blocks = static_cast<int32_t>(std::max<int64_t>(
-        1,
-        std::llround(capacity * static_cast<double>(trace->unique_blocks()))));
-    auto optimum = tierkv::replay::ReplayOptimum(*trace, blocks, report);
+    const int32_t blocks = blocks_of(capacity);
+    auto optimum =
+        tierkv::replay::ReplayOptimum(*trace, blocks + disk_blocks, report);
     if (!optimum.ok()) return fail(optimum.status());
     done_before += per_replay;
     for (const EvictionPolicy policy : *policies) {
-      auto result = tierkv::replay::ReplayPool(*trace, blocks, policy, report);
+      auto result = tierkv::replay::ReplayTiers(*trace, blocks, disk_blocks,
+                                                policy, report);
       if (!result.ok()) return fail(result.status());
       if (result->hit_blocks > optimum->hit_blocks) {
         return fail(Status::Internal(
@@ -251,6 +291,10 @@ int main(int argc, char** argv) {
       po::value(&flags.capacities)->default_value(flags.capacities),
       "cache sizes to replay, as shares of the trace's distinct blocks, "
       "comma-separated")(
+      "disk", po::value(&flags.disk)->default_value(flags.disk),
+      "a disk tier below each host pool, of this share of the trace's "
+      "distinct blocks (0: none), evicting by the same policy; hits then "
+      "count in either tier")(
       "policy", po::value(&flags.policy),
       "eviction policies to replay, comma-separated: lru, arc, or all "
       "(default: tierkvd's default)")(

@@ -3,12 +3,14 @@
 #include <algorithm>
 #include <chrono>
 #include <limits>
+#include <optional>
 #include <set>
 #include <string>
 #include <unordered_map>
 #include <utility>
 
 #include "src/block_pool.h"
+#include "tiers/disk_internal.h"
 
 namespace tierkv::replay {
 namespace {
@@ -103,6 +105,16 @@ StatusOr<ReplayResult> ReplayPool(const BlockTrace& trace,
                                   int32_t capacity_blocks,
                                   EvictionPolicy policy,
                                   const ReplayProgress& progress) {
+  return ReplayTiers(trace, capacity_blocks, 0, policy, progress);
+}
+
+StatusOr<ReplayResult> ReplayTiers(const BlockTrace& trace,
+                                   int32_t capacity_blocks, int32_t disk_blocks,
+                                   EvictionPolicy policy,
+                                   const ReplayProgress& progress) {
+  if (disk_blocks < 0) {
+    return Status::InvalidArgument("a disk tier of at least 0 blocks");
+  }
   if (capacity_blocks < 1 ||
       capacity_blocks == std::numeric_limits<int32_t>::max()) {
     return Status::InvalidArgument("a cache of 1 to 2^31 - 2 blocks");
@@ -122,6 +134,33 @@ StatusOr<ReplayResult> ReplayPool(const BlockTrace& trace,
   std::vector<TokenId> tokens(static_cast<size_t>(trace.block_tokens()));
   std::vector<BlockId> blocks;
   std::vector<BlockId> fresh;
+  // The disk tier's index, each block one unit of its bound; the tokens
+  // are not kept (the keys alone tell blocks apart here).
+  std::optional<disk_internal::DiskIndex> disk;
+  uint64_t disk_writes = 0;
+  std::vector<BlockKey> disk_victims;
+  auto write_to_disk = [&](const BlockKey& key) -> Status {
+    if (!disk.has_value() || disk->FindStored(key) != nullptr) {
+      return Status::Ok();
+    }
+    disk_victims.clear();
+    TIERKV_ASSIGN_OR_RETURN(
+        const bool reserved,
+        disk->Reserve(key, ++disk_writes, 1, {}, &disk_victims));
+    if (!reserved || !disk->Commit(key, disk_writes, {})) {
+      return Status::Internal("the disk index refused a write");
+    }
+    return Status::Ok();
+  };
+  Status spilled = Status::Ok();
+  if (disk_blocks > 0) {
+    disk.emplace(static_cast<uint64_t>(disk_blocks), nullptr,
+                 trace.block_tokens(), policy, 1);
+    // A block the host evicts goes to disk unless the disk holds it.
+    pool.set_key_dropped([&](const BlockKey& key) {
+      if (spilled.ok()) spilled = write_to_disk(key);
+    });
+  }
   const Clock::time_point start = Clock::now();
   for (int64_t r = 0; r < trace.num_requests(); ++r) {
     const int64_t begin = trace.begin(r);
@@ -142,15 +181,32 @@ StatusOr<ReplayResult> ReplayPool(const BlockTrace& trace,
     }
     pool.Touch(blocks);
     const auto hits = static_cast<int64_t>(blocks.size());
+    // The prefix goes on from disk: each block found there is read
+    // (promoted) before the request's new blocks take room.
+    int64_t promoted = 0;
+    if (disk.has_value()) {
+      for (int64_t i = begin + hits; i < end; ++i) {
+        if (disk->FindStored(trace.key(i)) == nullptr) break;
+        disk->Touch(trace.key(i));
+        ++promoted;
+      }
+    }
     fresh.clear();
     // Nothing else is pinned, so a request that fits always finds room.
     TIERKV_RETURN_IF_ERROR(
         pool.GetNewBlocks(static_cast<int32_t>(end - begin - hits), &fresh));
-    result.hit_blocks += hits;
+    TIERKV_RETURN_IF_ERROR(spilled);
+    result.hit_blocks += hits + promoted;
+    result.disk_hit_blocks += promoted;
     for (size_t j = 0; j < fresh.size(); ++j) {
       const int64_t i = begin + hits + static_cast<int64_t>(j);
       trace.Tokens(i, tokens);
       TIERKV_RETURN_IF_ERROR(pool.CacheBlock(fresh[j], trace.key(i), tokens));
+      if (static_cast<int64_t>(j) < promoted) {
+        pool.MarkReused(fresh[j]);  // A use, found in a lower tier.
+      } else {
+        TIERKV_RETURN_IF_ERROR(write_to_disk(trace.key(i)));  // Write-behind.
+      }
     }
     blocks.insert(blocks.end(), fresh.begin(), fresh.end());
     std::reverse(blocks.begin(), blocks.end());  // Tail first, as vLLM.
@@ -159,6 +215,9 @@ StatusOr<ReplayResult> ReplayPool(const BlockTrace& trace,
   }
   result.seconds = Seconds(Clock::now() - start);
   result.evictions = static_cast<int64_t>(pool.stats().evictions);
+  if (disk.has_value()) {
+    result.disk_evictions = static_cast<int64_t>(disk->evictions());
+  }
   if (progress) progress(trace.num_requests());
   return result;
 }

@@ -74,8 +74,12 @@ class BlockTrace {
 struct ReplayResult {
   int32_t capacity_blocks = 0;
   int64_t requested_blocks = 0;
-  int64_t hit_blocks = 0;          // Prefix hits.
-  int64_t evictions = 0;           // Keyed blocks dropped for room.
+  int64_t hit_blocks = 0;  // Prefix hits, in any tier.
+  int64_t evictions = 0;   // Keyed blocks dropped for room.
+  // With a disk tier (ReplayTiers): of hit_blocks, those found on disk
+  // (promoted), and the disk's evictions for room.
+  int64_t disk_hit_blocks = 0;
+  int64_t disk_evictions = 0;
   int64_t oversized_requests = 0;  // Larger than the cache: skipped.
   double seconds = 0;              // The replay alone.
 
@@ -95,6 +99,19 @@ StatusOr<ReplayResult> ReplayPool(const BlockTrace& trace,
                                   int32_t capacity_blocks,
                                   EvictionPolicy policy,
                                   const ReplayProgress& progress = {});
+
+// The trace through a host pool of `host_blocks` over a disk tier of
+// `disk_blocks`, both evicting by `policy`, as tierkvd runs them: the
+// host pool is ReplayPool's; the disk is the disk tier's index
+// (DiskTierOptions::eviction), each block one unit of its bound. A request
+// looks up its longest prefix on host, then continues it on disk: each
+// block found there is promoted (a read of it on disk, a use on host). Its
+// other blocks are computed, and each is written to disk at once
+// (write-behind). A block the host evicts that the disk no longer holds is
+// written to disk then (a spill). With no disk (0 blocks), ReplayPool.
+StatusOr<ReplayResult> ReplayTiers(const BlockTrace& trace, int32_t host_blocks,
+                                   int32_t disk_blocks, EvictionPolicy policy,
+                                   const ReplayProgress& progress = {});
 
 // The offline optimum for the same model (Belady with bypass): when room
 // is needed, evict the cached block whose next use is furthest away (a
