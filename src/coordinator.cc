@@ -927,6 +927,10 @@ bool Coordinator::TakeFreeSlot(std::vector<BlockId>* slot) {
                     !options_.lower->Contains(*evicted, HostSlotTokens(*front));
   if (!host_pool_.GetNewBlocks(1, slot).ok()) return false;
   if (lost) ++stats_.evicted_unspilled;
+  // The lower tier's copy is now the closest one.
+  if (evicted.has_value() && options_.lower != nullptr && !lost) {
+    options_.lower->HostDropped(*evicted);
+  }
   if (evicted.has_value()) TraceBlock("evicted", *evicted, slot->back());
   return true;
 }

@@ -353,6 +353,7 @@ int64_t Coordinator::SpillBlocks(std::span<const BlockId> victims) {
       const BlockKey key = b.key;  // Demoting drops it.
       if (host_pool_.DemoteCachedBlock(slot)) {
         ++stats_.spill_drops;
+        options_.lower->HostDropped(key);
         TraceBlock("dropped (on disk already)", key, slot);
       }
       continue;

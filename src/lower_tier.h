@@ -54,6 +54,12 @@ class LowerTier {
   virtual void Spill(const BlockKey& key, std::span<const TokenId> tokens,
                      BlockId slot, std::optional<uint64_t> checksum,
                      Done done) = 0;
+  // The host dropped its copy of a block this tier holds (evicted its
+  // slot, or let it go as covered here). A tier ordered by use may count
+  // the block as recent: its copy is now the one closest to the engine.
+  // Not a use (an adaptive policy does not count it as a reuse). Never
+  // waits on I/O. Default: nothing.
+  virtual void HostDropped(const BlockKey& key) { (void)key; }
   // Copies a block that a tier above this one gave up (a disk tier's
   // eviction), handed over as its verified bytes rather than a host slot,
   // and returns at once; OK in `done` means Contains(key, tokens) is true.

@@ -930,6 +930,71 @@ TEST(CoordinatorEventsTest, APromotedBlockCountsAsUsedAgain) {
   EXPECT_THAT(c.host_pool().CheckInvariants(), IsOk());
 }
 
+// The host tells the lower tier each block it drops that the tier holds,
+// whether evicted for a slot or let go by a spill (covered below), so the
+// tier can keep it as recent: its copy is now the closest one.
+TEST(CoordinatorEventsTest, TheLowerTierHearsOfEveryBlockTheHostDrops) {
+  ManualLowerTier lower;  // Holds every block.
+  Coordinator c = Coordinator::Create(
+                      {.layout = Layout(), .host_slots = 5, .lower = &lower})
+                      .value();
+  const WorkerId w = c.RegisterWorker({.layout = Layout(),
+                                       .num_device_blocks = 10,
+                                       .tenant = "",
+                                       .pid = 1,
+                                       .name = "w"})
+                         .value();
+  auto host_keys = [&c] {
+    std::set<std::string> keys;
+    for (BlockId id = 1; id < c.host_pool().num_blocks(); ++id) {
+      const BlockPool::Block& b = c.host_pool().block(id);
+      if (b.has_key()) keys.insert(b.key.ToHex());
+    }
+    return keys;
+  };
+  auto load = [&](RequestId r, TokenId first) {
+    const std::vector<TokenId> t = SequentialTokens(first, 33);
+    ASSERT_EQ(c.Lookup(w, r, t, 0, {}).value().disk_hit_tokens, 32);
+    ASSERT_TRUE(c.Allocate(w, r, Range(1, 3), 32).value().load_pending);
+    for (auto& done : lower.promotions) done(uint64_t{0});
+    lower.promotions.clear();
+    ASSERT_EQ(c.PumpLowerTier(), 1u);
+    const std::vector<TransferEvent> ready = c.TakeReadyLoads(w).value();
+    ASSERT_EQ(ready.size(), 1u);
+    const std::vector<CompletedEvent> copied{{ready[0].ref, true}};
+    ASSERT_THAT(c.Complete(w, copied), IsOk());
+    ASSERT_THAT(c.Finish(w, r), IsOk());
+  };
+  // Four slots, a worker pinning two at a time: the loads evict each
+  // other's blocks, and the watermark spills (covered: dropped without a
+  // copy). Every key that leaves the host is heard of, once, when it
+  // leaves.
+  std::set<std::string> on_host;
+  size_t heard = 0;
+  for (RequestId r = 1; r <= 6; ++r) {
+    load(r, static_cast<TokenId>(100 * r));
+    const std::set<std::string> now = host_keys();
+    std::multiset<std::string> left;
+    for (const std::string& k : on_host) {
+      if (!now.contains(k)) left.insert(k);
+    }
+    std::multiset<std::string> told;
+    for (; heard < lower.host_dropped.size(); ++heard) {
+      told.insert(lower.host_dropped[heard].ToHex());
+    }
+    EXPECT_EQ(told, left) << "load " << r;
+    on_host = now;
+  }
+  EXPECT_GE(heard, 8u);  // Twelve blocks through four slots.
+  c.SpillAll();
+  std::multiset<std::string> told;
+  for (; heard < lower.host_dropped.size(); ++heard) {
+    told.insert(lower.host_dropped[heard].ToHex());
+  }
+  EXPECT_EQ(told, std::multiset<std::string>(on_host.begin(), on_host.end()));
+  EXPECT_TRUE(host_keys().empty());
+}
+
 // loads_ready tells the worker its loads are ready once per batch: when
 // the first of them becomes ready, not for promotions still under way, and
 // again only after TakeReadyLoads has emptied the list. A failed

@@ -1,8 +1,9 @@
 // The disk tier's index (tiers/disk_internal.h) against a model of its
 // eviction order written from the rule alone: random Reserves, Commits,
-// reads, rewrites and erases of values of random sizes, every victim
-// checked against the victim the rule names, and the byte counts against
-// the model's.
+// reads, renewals, rewrites and erases of values of random sizes. Every
+// victim is checked against the victim the rule names, every key's
+// standing (back from a ghost, kept through a rewrite) and ARC's target
+// against ARC's adaptation, and the byte counts against the model's.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -67,8 +68,37 @@ class Model {
     return oldest;
   }
 
+  // ARC's adaptation of the recent list's target when key `k` is stored
+  // anew: the ghost list it left (0: none), after which it is forgotten.
+  uint8_t TakeGhost(int k, uint64_t bytes, uint64_t capacity) {
+    const auto it = ghosts_.find(k);
+    if (it == ghosts_.end()) return 0;
+    double recent = 0;
+    double frequent = 0;
+    for (const auto& [key, tag] : ghosts_) (tag == 1 ? recent : frequent) += 1;
+    recent = std::max(1.0, recent);
+    frequent = std::max(1.0, frequent);
+    const uint8_t tag = it->second;
+    ghosts_.erase(it);
+    const auto step = [&](double ratio) {
+      return static_cast<uint64_t>(static_cast<double>(bytes) *
+                                   std::max(1.0, ratio));
+    };
+    if (tag == 1) {
+      target_ = std::min(capacity, target_ + step(frequent / recent));
+    } else {
+      const uint64_t down = step(recent / frequent);
+      target_ = target_ > down ? target_ - down : 0;
+    }
+    return tag;
+  }
+
   std::map<int, ModelEntry> entries_;
   uint64_t clock_ = 0;
+  // Under ARC: the keys evicted for room and not stored since, with the
+  // list each left (1 recent, 2 frequent); the recent list's target.
+  std::map<int, uint8_t> ghosts_;
+  uint64_t target_ = 0;
 
  private:
   EvictionPolicy policy_;
@@ -81,14 +111,17 @@ void RandomOpsMatchTheModel(EvictionPolicy policy, uint32_t seed) {
                std::to_string(seed));
   constexpr uint64_t kValue = 1000;
   constexpr uint64_t kCapacity = 12 * kValue;
-  DiskIndex index(kCapacity, nullptr, 16, policy, kValue);
+  // Ghosts for a value of one byte: 12,000 of them, more than the run
+  // evicts, so every evicted key is remembered until it comes back.
+  DiskIndex index(kCapacity, nullptr, 16, policy, 1);
   Model model(policy);
+  model.target_ = kCapacity;
   std::mt19937 rng(seed);
   // A small key space, so keys come back after their eviction (ghosts) and
   // are read while stored.
   std::uniform_int_distribution<int> key_of(0, 39);
   std::uniform_int_distribution<uint64_t> bytes_of(kValue / 2, 2 * kValue);
-  std::uniform_int_distribution<int> op_of(0, 9);
+  std::uniform_int_distribution<int> op_of(0, 10);
   uint64_t generation = 0;
   int evictions = 0;
   int reused_evicted = 0;  // Keys read, or back from a ghost, evicted.
@@ -104,41 +137,64 @@ void RandomOpsMatchTheModel(EvictionPolicy policy, uint32_t seed) {
       std::vector<BlockKey> victims;
       const StatusOr<bool> reserved =
           index.Reserve(Key(k), ++generation, bytes, {}, &victims);
-      // The target the victims were chosen under: set before any eviction.
-      const uint64_t target = index.recent_target();
-      if (model.entries_.contains(k)) {
-        model.entries_.erase(k);  // Replaced (a rewrite), or left on failure.
+      // A rewrite keeps the key's standing; a key back from its ghost
+      // gains it and moves the target, before any eviction.
+      const uint64_t target_before = model.target_;
+      uint8_t ghost = 0;
+      bool reused = false;
+      if (const auto it = model.entries_.find(k); it != model.entries_.end()) {
+        reused = it->second.reused;
+        model.entries_.erase(it);  // Replaced (a rewrite).
         std::erase_if(writing, [k](const auto& w) { return w.first == k; });
+      } else if (policy == EvictionPolicy::kArc) {
+        ghost = model.TakeGhost(k, bytes, kCapacity);
+        reused = ghost != 0;
       }
+      auto model_bytes = [&model] {
+        uint64_t n = 0;
+        for (const auto& [key, e] : model.entries_) n += e.bytes;
+        return n;
+      };
       for (const BlockKey& v : victims) {
         const int got = KeyIndexOf(v);
         if (got == k) continue;  // Only on failure: the key itself.
-        const std::optional<int> want = model.Victim(target);
+        // Only while the new value does not fit.
+        ASSERT_GT(model_bytes() + bytes, kCapacity);
+        const std::optional<int> want = model.Victim(model.target_);
         ASSERT_TRUE(want.has_value());
         ASSERT_EQ(got, *want);
         ++evictions;
-        if (model.entries_.at(got).reused) ++reused_evicted;
+        const bool was_reused = model.entries_.at(got).reused;
+        if (was_reused) ++reused_evicted;
         // LRU would have taken another: the least recently used of all.
         const std::optional<int> lru = model.LeastRecentlyUsed();
         if (*lru != got) ++not_lru;
         model.entries_.erase(got);
+        if (policy == EvictionPolicy::kArc) {
+          model.ghosts_[got] = was_reused ? 2 : 1;
+        }
       }
       if (!reserved.ok()) {
         ASSERT_EQ(reserved.status().code(), StatusCode::kResourceExhausted);
+        // Nothing stored: the key keeps its ghost, the target its value.
+        if (ghost != 0) {
+          model.ghosts_[k] = ghost;
+          model.target_ = target_before;
+        }
+        ASSERT_EQ(index.recent_target(), model.target_);
         continue;
       }
       ASSERT_TRUE(*reserved);
-      model.entries_[k] = {.stored = false, .bytes = bytes};
+      ASSERT_LE(model_bytes() + bytes, kCapacity);
+      ASSERT_EQ(index.recent_target(), model.target_);
+      model.entries_[k] = {.stored = false, .bytes = bytes, .reused = reused};
       if (op < 4) {
         ASSERT_TRUE(index.Commit(Key(k), generation, {}));
         const DiskIndex::Entry* e = index.FindStored(Key(k));
         ASSERT_NE(e, nullptr);
-        // Whether it came back from a ghost is the index's to say (the
-        // ghosts are GhostKeys'); the order that follows is checked here.
-        model.entries_[k] = {.stored = true,
-                             .bytes = bytes,
-                             .used_at = ++model.clock_,
-                             .reused = e->reused};
+        ASSERT_EQ(e->reused, reused);
+        model.entries_[k].stored = true;
+        model.entries_[k].used_at = ++model.clock_;
       } else {
         writing.emplace_back(k, generation);  // Lands later, or is replaced.
       }
@@ -148,9 +204,9 @@ void RandomOpsMatchTheModel(EvictionPolicy policy, uint32_t seed) {
       ASSERT_TRUE(index.Commit(Key(k), gen, {}));
       const DiskIndex::Entry* e = index.FindStored(Key(k));
       ASSERT_NE(e, nullptr);
+      ASSERT_EQ(e->reused, model.entries_[k].reused);
       model.entries_[k].stored = true;
       model.entries_[k].used_at = ++model.clock_;
-      model.entries_[k].reused = e->reused;
     } else if (op < 9) {  // A read (a promotion).
       const int k = key_of(rng);
       index.Touch(Key(k));
@@ -158,6 +214,13 @@ void RandomOpsMatchTheModel(EvictionPolicy policy, uint32_t seed) {
       if (it != model.entries_.end() && it->second.stored) {
         it->second.used_at = ++model.clock_;
         it->second.reused = true;
+      }
+    } else if (op == 9) {  // The host dropped its copy: renewed, not used.
+      const int k = key_of(rng);
+      index.Renew(Key(k));
+      auto it = model.entries_.find(k);
+      if (it != model.entries_.end() && it->second.stored) {
+        it->second.used_at = ++model.clock_;
       }
     } else {  // A remove.
       const int k = key_of(rng);

@@ -455,6 +455,29 @@ TEST_F(DiskTierTest, UnderArcAReadBlockBackAfterEvictionOutlastsAFlood) {
   }
 }
 
+// A block the host let go (Renew) becomes the most recently used. (That
+// it is not counted as a use under ARC is DiskIndex's test.)
+TEST_F(DiskTierTest, ARenewedBlockIsEvictedLast) {
+  for (EvictionPolicy policy : {EvictionPolicy::kLru, EvictionPolicy::kArc}) {
+    SCOPED_TRACE(std::string(EvictionPolicyName(policy)));
+    const uint64_t value_bytes = ValueBytes(DiskCodec::kNone);
+    DiskTierOptions options = Options(DiskCodec::kNone);
+    options.capacity_bytes = 4 * value_bytes + value_bytes / 2;
+    options.eviction = policy;
+    std::unique_ptr<DiskTier> tier = OpenTier(options);
+    for (int i = 0; i < 4; ++i) ASSERT_THAT(Put(*tier, i), IsOk());
+    tier->Renew(KeyOf(0));
+    tier->Renew(KeyOf(99));              // Not stored: nothing happens.
+    ASSERT_THAT(Put(*tier, 4), IsOk());  // Evicts 1, not 0.
+    EXPECT_TRUE(tier->Contains(KeyOf(0)));
+    EXPECT_FALSE(tier->Contains(KeyOf(1)));
+    EXPECT_FALSE(tier->Contains(KeyOf(99)));
+    for (int i = 5; i < 8; ++i) ASSERT_THAT(Put(*tier, i), IsOk());
+    EXPECT_FALSE(tier->Contains(KeyOf(0)));  // Its turn came.
+    EXPECT_EQ(tier->stats().keys, 4u);
+  }
+}
+
 // Under ARC a rewrite of a stored block keeps its standing: a block in the
 // frequent list stays there, and outlasts the flood as above.
 TEST_F(DiskTierTest, UnderArcARewriteKeepsABlocksStanding) {

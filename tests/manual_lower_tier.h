@@ -31,8 +31,13 @@ class ManualLowerTier : public LowerTier {
     return {};
   }
   DiskTierStats stats() const override { return {}; }
+  void HostDropped(const BlockKey& key) override {
+    host_dropped.push_back(key);
+  }
 
   std::vector<PromoteDone> promotions;
+  // The keys the host told it it dropped, in order.
+  std::vector<BlockKey> host_dropped;
 };
 
 }  // namespace tierkv

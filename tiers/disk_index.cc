@@ -47,12 +47,20 @@ StatusOr<bool> DiskIndex::Reserve(const BlockKey& key, uint64_t generation,
   }
   // A rewrite keeps the key's standing with the policy; a key stored again
   // soon after its eviction earns it (a second use).
-  const bool reused = existing != entries_.end() ? existing->second.reused
-                                                 : TakeEvicted(key, bytes);
+  const uint64_t target_before = recent_target_;
+  const uint8_t ghost =
+      existing != entries_.end() ? 0 : TakeEvicted(key, bytes);
+  const bool reused =
+      existing != entries_.end() ? existing->second.reused : ghost != 0;
   const bool replaced = Erase(key);
   while (bytes_ + bytes > capacity_) {
     if (stored_keys() == 0) {
       if (replaced) victims->push_back(key);
+      // Nothing was stored: the key keeps its ghost, the target its value.
+      if (ghost != 0) {
+        recent_target_ = target_before;
+        ghosts_->Add(key, ghost);
+      }
       return Status::ResourceExhausted(
           "disk tier full: its capacity is taken by writes in flight");
     }
@@ -143,12 +151,19 @@ void DiskIndex::Touch(const BlockKey& key) {
   Link(key, &it->second);
 }
 
-bool DiskIndex::TakeEvicted(const BlockKey& key, uint64_t bytes) {
-  if (!ghosts_.has_value()) return false;
+void DiskIndex::Renew(const BlockKey& key) {
+  auto it = entries_.find(key);
+  if (it == entries_.end() || !it->second.stored) return;
+  Unlink(it->second);
+  Link(key, &it->second);
+}
+
+uint8_t DiskIndex::TakeEvicted(const BlockKey& key, uint64_t bytes) {
+  if (!ghosts_.has_value()) return 0;
   const double recent_ghosts = std::max(1, ghosts_->count(kRecentGhost));
   const double frequent_ghosts = std::max(1, ghosts_->count(kFrequentGhost));
   const uint8_t list = ghosts_->Take(key);
-  if (list == 0) return false;
+  if (list == 0) return 0;
   // ARC's adaptation, in bytes: a key back soon after leaving the recent
   // list says that list was too short, one from the frequent list that the
   // frequent one was; each moves the target by the ratio of the ghost
@@ -164,7 +179,7 @@ bool DiskIndex::TakeEvicted(const BlockKey& key, uint64_t bytes) {
     const uint64_t down = step(recent_ghosts / frequent_ghosts);
     recent_target_ = recent_target_ > down ? recent_target_ - down : 0;
   }
-  return true;
+  return list;
 }
 
 bool DiskIndex::EvictFromRecent() const {

@@ -239,6 +239,10 @@ class DiskIndex {
   // A read of STORED `key`: it becomes the most recently used (under kArc,
   // in the frequent list). No-op for a key not STORED.
   void Touch(const BlockKey& key);
+  // STORED `key` becomes the most recently used without counting as a use
+  // (its list is kept): the host dropped its copy, so this one is now the
+  // closest. No-op for a key not STORED.
+  void Renew(const BlockKey& key);
 
   // Any state. True if the key was there.
   bool Erase(const BlockKey& key);
@@ -269,9 +273,10 @@ class DiskIndex {
   // Evicts one STORED key, as the policy chooses, into `victims` (and
   // `evicted`).
   void EvictOne(std::vector<BlockKey>* victims, std::vector<Evicted>* evicted);
-  // kArc: whether `key` was evicted lately, forgetting it and adapting the
-  // recent list's target as ARC does for a value of `bytes`.
-  bool TakeEvicted(const BlockKey& key, uint64_t bytes);
+  // kArc: the ghost list `key` was evicted from lately (kRecentGhost,
+  // kFrequentGhost; 0 when none), forgetting it and adapting the recent
+  // list's target as ARC does for a value of `bytes`.
+  uint8_t TakeEvicted(const BlockKey& key, uint64_t bytes);
 
   static constexpr uint64_t kMaxGhosts = uint64_t{1} << 21;
   static constexpr uint8_t kRecentGhost = 1;

@@ -207,7 +207,11 @@ class DiskTierImpl final : public DiskTier {
         slot_bytes_(SlotBytes(options.block_bytes)),
         index_(options.capacity_bytes - options.reserved_bytes,
                options.cache_events, options.block_size, options.eviction,
-               slot_bytes_) {}
+               // A compressed value takes fewer bytes than a slot, so the
+               // tier may hold more values than slots' worth: ghosts for
+               // twice as many.
+               options.codec == DiskCodec::kNone ? slot_bytes_
+                                                 : slot_bytes_ / 2) {}
 
   ~DiskTierImpl() override {
     if (io_ == nullptr) return;  // Open failed before starting threads.
@@ -254,6 +258,11 @@ class DiskTierImpl final : public DiskTier {
     MutexLock lock(&mu_);
     const DiskIndex::Entry* entry = index_.FindStored(key);
     return entry != nullptr && std::ranges::equal(entry->tokens, tokens);
+  }
+
+  void Renew(const BlockKey& key) TIERKV_EXCLUDES(mu_) override {
+    MutexLock lock(&mu_);
+    index_.Renew(key);
   }
 
   bool Remove(const BlockKey& key) TIERKV_EXCLUDES(mu_) override {

@@ -461,6 +461,12 @@ class DiskTier {
   // confirm a disk hit without touching the disk.
   virtual bool Contains(const BlockKey& key,
                         std::span<const TokenId> tokens) const = 0;
+  // The tier above let its copy of stored `key` go (the host evicted it):
+  // the key becomes the most recently used here, without counting as a
+  // use, so the tier keeps the blocks nearest to the engine's working set
+  // rather than those the host was holding anyway. No disk access; no-op
+  // for a key not stored.
+  virtual void Renew(const BlockKey& key) = 0;
   // Forgets `key` and deletes its value before returning, through the
   // write-ahead log: a removal survives the process being killed right
   // after. A Put of the key in flight is cancelled (it never writes; its

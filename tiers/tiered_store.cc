@@ -51,6 +51,7 @@ class DiskBelowHost final : public LowerTier {
                  done(SlotChecksumOf(*host, slot));
                });
   }
+  void HostDropped(const BlockKey& key) override { disk_->Renew(key); }
   bool Remove(const BlockKey& key) override { return disk_->Remove(key); }
   uint64_t RemoveAll() override { return disk_->RemoveAll(); }
   std::vector<BlockKey> StoredKeys(size_t max, uint64_t* total) const override {
@@ -136,6 +137,8 @@ class DiskOverRemote final : public LowerTier {
                      remote->Promote(key, tokens, slot, std::move(done));
                    });
   }
+  // The disk tier's order; the remote tier, shared, keeps its own.
+  void HostDropped(const BlockKey& key) override { disk_->HostDropped(key); }
   bool Remove(const BlockKey& key) override {
     const bool disk = disk_->Remove(key);
     return remote_->Remove(key) || disk;

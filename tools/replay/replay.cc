@@ -156,9 +156,14 @@ StatusOr<ReplayResult> ReplayTiers(const BlockTrace& trace,
   if (disk_blocks > 0) {
     disk.emplace(static_cast<uint64_t>(disk_blocks), nullptr,
                  trace.block_tokens(), policy, 1);
-    // A block the host evicts goes to disk unless the disk holds it.
+    // A block the host evicts goes to disk, or, when the disk holds it,
+    // becomes the disk's most recently used (LowerTier::HostDropped).
     pool.set_key_dropped([&](const BlockKey& key) {
-      if (spilled.ok()) spilled = write_to_disk(key);
+      if (disk->FindStored(key) != nullptr) {
+        disk->Renew(key);
+      } else if (spilled.ok()) {
+        spilled = write_to_disk(key);
+      }
     });
   }
   const Clock::time_point start = Clock::now();

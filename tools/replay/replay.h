@@ -107,8 +107,9 @@ StatusOr<ReplayResult> ReplayPool(const BlockTrace& trace,
 // looks up its longest prefix on host, then continues it on disk: each
 // block found there is promoted (a read of it on disk, a use on host). Its
 // other blocks are computed, and each is written to disk at once
-// (write-behind). A block the host evicts that the disk no longer holds is
-// written to disk then (a spill). With no disk (0 blocks), ReplayPool.
+// (write-behind). A block the host evicts is renewed on disk when the disk
+// holds it (LowerTier::HostDropped), else written there (a spill). With
+// no disk (0 blocks), ReplayPool.
 StatusOr<ReplayResult> ReplayTiers(const BlockTrace& trace, int32_t host_blocks,
                                    int32_t disk_blocks, EvictionPolicy policy,
                                    const ReplayProgress& progress = {});
