@@ -932,11 +932,26 @@ TEST(CoordinatorEventsTest, APromotedBlockCountsAsUsedAgain) {
 
 // The host tells the lower tier each block it drops that the tier holds,
 // whether evicted for a slot or let go by a spill (covered below), so the
-// tier can keep it as recent: its copy is now the closest one.
+// tier can keep it as recent: its copy is now the closest one. A block the
+// tier does not hold is lost when evicted, and not told of.
+class ForgetfulLowerTier : public ManualLowerTier {
+ public:
+  bool Contains(const BlockKey& key,
+                std::span<const TokenId> tokens) const override {
+    (void)tokens;
+    return !forgotten.contains(key.ToHex());
+  }
+  std::set<std::string> forgotten;
+};
+
 TEST(CoordinatorEventsTest, TheLowerTierHearsOfEveryBlockTheHostDrops) {
-  ManualLowerTier lower;  // Holds every block.
-  Coordinator c = Coordinator::Create(
-                      {.layout = Layout(), .host_slots = 5, .lower = &lower})
+  ForgetfulLowerTier lower;
+  // No watermark: slots are freed by eviction alone.
+  Coordinator c = Coordinator::Create({.layout = Layout(),
+                                       .host_slots = 5,
+                                       .lower = &lower,
+                                       .spill_high = 1,
+                                       .spill_low = 1})
                       .value();
   const WorkerId w = c.RegisterWorker({.layout = Layout(),
                                        .num_device_blocks = 10,
@@ -965,33 +980,48 @@ TEST(CoordinatorEventsTest, TheLowerTierHearsOfEveryBlockTheHostDrops) {
     ASSERT_THAT(c.Complete(w, copied), IsOk());
     ASSERT_THAT(c.Finish(w, r), IsOk());
   };
-  // Four slots, a worker pinning two at a time: the loads evict each
-  // other's blocks, and the watermark spills (covered: dropped without a
-  // copy). Every key that leaves the host is heard of, once, when it
-  // leaves.
+  auto told_since = [&lower](size_t* heard) {
+    std::multiset<std::string> told;
+    for (; *heard < lower.host_dropped.size(); ++*heard) {
+      told.insert(lower.host_dropped[*heard].ToHex());
+    }
+    return told;
+  };
+  // Four slots, a worker pinning two at a time: twelve blocks, so eight
+  // evictions. The tier forgets the second load's two blocks before they
+  // are evicted: those two are lost, not told of.
   std::set<std::string> on_host;
   size_t heard = 0;
+  size_t lost = 0;
   for (RequestId r = 1; r <= 6; ++r) {
     load(r, static_cast<TokenId>(100 * r));
+    if (r == 2) {
+      for (const std::string& k : host_keys()) {
+        if (!on_host.contains(k)) lower.forgotten.insert(k);
+      }
+      ASSERT_EQ(lower.forgotten.size(), 2u);
+    }
     const std::set<std::string> now = host_keys();
     std::multiset<std::string> left;
     for (const std::string& k : on_host) {
-      if (!now.contains(k)) left.insert(k);
+      if (now.contains(k)) continue;
+      if (lower.forgotten.contains(k)) {
+        ++lost;
+      } else {
+        left.insert(k);
+      }
     }
-    std::multiset<std::string> told;
-    for (; heard < lower.host_dropped.size(); ++heard) {
-      told.insert(lower.host_dropped[heard].ToHex());
-    }
-    EXPECT_EQ(told, left) << "load " << r;
+    EXPECT_EQ(told_since(&heard), left) << "load " << r;
     on_host = now;
   }
-  EXPECT_GE(heard, 8u);  // Twelve blocks through four slots.
+  EXPECT_EQ(heard, 6u);
+  EXPECT_EQ(lost, 2u);
+  EXPECT_EQ(c.stats().host.evicted_unspilled, 2u);
+  // A spill of blocks the lower tier holds drops them without a copy, and
+  // tells it.
   c.SpillAll();
-  std::multiset<std::string> told;
-  for (; heard < lower.host_dropped.size(); ++heard) {
-    told.insert(lower.host_dropped[heard].ToHex());
-  }
-  EXPECT_EQ(told, std::multiset<std::string>(on_host.begin(), on_host.end()));
+  EXPECT_EQ(told_since(&heard),
+            std::multiset<std::string>(on_host.begin(), on_host.end()));
   EXPECT_TRUE(host_keys().empty());
 }
 

@@ -789,6 +789,42 @@ TEST_F(TieredStoreTest, DiskBoundEvictsLeastRecentlyUsedBlocks) {
   EXPECT_EQ(newest.wrong_blocks, 0);
 }
 
+// A host eviction of a block the disk holds renews it there: written
+// behind first, evicted from host later, it is then the disk's most
+// recently used, after blocks written since.
+TEST_F(TieredStoreTest, AHostEvictionRenewsTheBlockOnDisk) {
+  // Eight slots, no watermark (evictions alone), every block written
+  // behind; the disk holds them all.
+  Open(/*host_slots=*/8, /*disk_blocks=*/100, 1.0, 1.0,
+       /*write_behind_spills=*/16);
+  Store(RequestTokens(0, 4));
+  Settle();
+  Store(RequestTokens(1, 4));
+  Settle();
+  const std::vector<BlockKey> first = PrefixKeys(RequestTokens(0, 4));
+  const std::vector<BlockKey> second = PrefixKeys(RequestTokens(1, 4));
+  uint64_t total = 0;
+  auto position = [&](const BlockKey& key) {
+    const std::vector<BlockKey> order =
+        store_->disk()->StoredKeys(1000, &total);
+    const auto it = std::find(order.begin(), order.end(), key);
+    EXPECT_NE(it, order.end());
+    return it - order.begin();
+  };
+  EXPECT_LT(position(first[0]), position(second[0]));  // Written first.
+  // Four more blocks: the host evicts the first request's.
+  Store(RequestTokens(2, 4));
+  Settle();
+  EXPECT_GT(c()->stats().host.evictions, 0u);
+  int renewed = 0;
+  for (const BlockKey& k : first) {
+    if (c()->host_pool().FindKeyedBlock(k).has_value()) continue;
+    EXPECT_GT(position(k), position(second[3])) << k.ToHex();
+    ++renewed;
+  }
+  EXPECT_GT(renewed, 0);
+}
+
 // Lost and kept blocks of requests 0..requests-1 (blocks_each blocks
 // each, as RequestTokens): on host, on disk, or on neither.
 struct Whereabouts {

@@ -11,6 +11,7 @@
 
 #include "src/block_pool.h"
 #include "tiers/disk_internal.h"
+#include "tiers/tiered_store.h"
 
 namespace tierkv::replay {
 namespace {
@@ -27,6 +28,9 @@ uint64_t Mix(uint64_t z) {
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
   return z ^ (z >> 31);
 }
+
+// tierkvd's spill watermarks, as its options default them.
+const TieredStoreOptions kSpill{};
 
 // A vocabulary the size of Llama 2's.
 constexpr uint64_t kVocabulary = 32000;
@@ -216,6 +220,26 @@ StatusOr<ReplayResult> ReplayTiers(const BlockTrace& trace,
     blocks.insert(blocks.end(), fresh.begin(), fresh.end());
     std::reverse(blocks.begin(), blocks.end());  // Tail first, as vLLM.
     pool.FreeBlocks(blocks);
+    if (disk.has_value()) {
+      // tierkvd's spill watermarks (Coordinator::MaybeSpill): past the high
+      // one, the host's next victims go down to the low one, dropped when
+      // the disk holds them (renewed there), written there first if not.
+      const auto cached = static_cast<int64_t>(pool.num_cached_blocks());
+      if (cached > static_cast<int64_t>(kSpill.spill_high * capacity_blocks)) {
+        const int64_t excess =
+            cached - static_cast<int64_t>(kSpill.spill_low * capacity_blocks);
+        blocks.clear();
+        pool.VisitFreeQueue([&](BlockId id) {
+          if (pool.block(id).has_key()) blocks.push_back(id);
+          return static_cast<int64_t>(blocks.size()) < excess;
+        });
+        for (const BlockId id : blocks) {
+          TIERKV_RETURN_IF_ERROR(write_to_disk(pool.block(id).key));
+          pool.DemoteCachedBlock(id);
+        }
+        TIERKV_RETURN_IF_ERROR(spilled);
+      }
+    }
     if (progress && r % kProgressEvery == 0) progress(r);
   }
   result.seconds = Seconds(Clock::now() - start);
