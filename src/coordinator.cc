@@ -348,7 +348,6 @@ void Coordinator::ReleaseSlots(std::span<const BlockId> slots) {
   std::vector<BlockId> reversed(slots.rbegin(), slots.rend());
   host_pool_.FreeBlocks(reversed);
   for (BlockId slot : slots) {
-    if (host_pool_.block(slot).ref_cnt == 0) CountQueueChange();
     SlotCheck& check = slot_checks_[static_cast<size_t>(slot)];
     if (!check.corrupt || host_pool_.block(slot).ref_cnt > 0) continue;
     check.corrupt = false;
@@ -927,7 +926,6 @@ bool Coordinator::TakeFreeSlot(std::vector<BlockId>* slot) {
   const bool lost = evicted.has_value() && options_.lower != nullptr &&
                     !options_.lower->Contains(*evicted, HostSlotTokens(*front));
   if (!host_pool_.GetNewBlocks(1, slot).ok()) return false;
-  CountQueueChange();
   if (lost) ++stats_.evicted_unspilled;
   // The lower tier's copy is now the closest one.
   if (evicted.has_value() && options_.lower != nullptr && !lost) {

@@ -50,22 +50,16 @@
 //            before that block: failed_blocks says how many the engine
 //            recomputes. A promoted block is keyed on host like a stored one.
 //   Spills   past the high watermark (slots keyed or being written), the
-//            next unpinned host blocks to be evicted, as many as would
-//            bring the host down to the low watermark, are looked at: those
-//            the lower tier lacks are spilled (pinned while it copies them,
-//            then dropped from host); those it holds stay on host, where
-//            they can still be hit, until their slots are needed (their
-//            eviction loses nothing). The look is repeated once a quarter of
-//            that many slots have been taken or freed, or at once when the
-//            next eviction would lose a block. Each block the host evicts or
-//            drops while the lower tier holds it is reported to it
-//            (LowerTier::HostDropped), which makes it recent there.
+//            least recently used unpinned host blocks are spilled: pinned
+//            while the lower tier copies them, then dropped from host, until
+//            the low watermark is reached. A block the lower tier holds
+//            already is dropped at once.
 //   Write-behind (options.write_behind_spills): each block a store keys
 //            is also copied to the lower tier soon after and stays on host,
 //            pinned only while its copy runs (lookups hit it as ever), so
 //            that the free queue's head is mostly blocks the lower tier
-//            holds: evicting one loses nothing, and the watermark leaves it
-//            be. Spilling at the watermark alone lags
+//            holds: evicting one loses nothing, and the watermark drops it
+//            without waiting for I/O. Spilling at the watermark alone lags
 //            a burst: stores and promotions take slots from the free
 //            queue's head, evicting blocks whose spills have not started.
 //            A finished copy's block goes back to the free queue's back
@@ -141,7 +135,6 @@
 #include <deque>
 #include <functional>
 #include <iterator>
-#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -706,8 +699,7 @@ class Coordinator {
   // and FinishSpill drops both its host slot and what the spill wrote.
   void DiscardSpill(LowerOp* spill);
   int64_t UsedSlots() const;
-  // Starts write-behind copies; past the high watermark, also copies
-  // down the next victims the lower tier lacks.
+  // Spills past the high watermark, then starts write-behind copies.
   void MaybeSpill();
   // Starts write-behind copies of the blocks waiting for one, up to
   // options.write_behind_spills in flight.
@@ -779,16 +771,6 @@ class Coordinator {
   int32_t promotions_in_flight_ = 0;
   // After a failed spill, spilling rests a while instead of retrying hot.
   std::chrono::steady_clock::time_point spill_resume_{};
-  // Host slots taken or freed since MaybeSpill last walked the next
-  // victims (it walks again after a share of them, see there): at first,
-  // at once.
-  int64_t queue_changes_since_walk_ = std::numeric_limits<int64_t>::max();
-  // Counts one change for queue_changes_since_walk_.
-  void CountQueueChange() {
-    if (queue_changes_since_walk_ < std::numeric_limits<int64_t>::max()) {
-      ++queue_changes_since_walk_;
-    }
-  }
 };
 
 }  // namespace tierkv

@@ -300,28 +300,10 @@ void Coordinator::MaybeSpill() {
   if (Now() < spill_resume_) return;
   const int64_t excess =
       staying - static_cast<int64_t>(options_.spill_low * usable);
-  // The next `excess` keyed blocks to be evicted must be on the lower tier
-  // by the time their slots are taken: those it lacks are copied down now.
-  // Those it holds stay on host (evicting one later loses nothing, and it
-  // may be hit meanwhile; dropping them early would leave the host below
-  // the watermark, holding less). Past the watermark the walk is repeated
-  // once a quarter of that many slots have been taken or freed since, or
-  // at once when the next eviction would lose a block, so its cost per
-  // slot taken or freed stays constant.
-  if (queue_changes_since_walk_ < std::max<int64_t>(1, excess / 4) &&
-      !NextEvictionLoses()) {
-    return;
-  }
-  queue_changes_since_walk_ = 0;
   std::vector<BlockId> victims;
-  int64_t walked = 0;
   host_pool_.VisitFreeQueue([&](BlockId id) {
-    const BlockPool::Block& b = host_pool_.block(id);
-    if (!b.has_key()) return true;
-    if (!options_.lower->Covers(b.key, HostSlotTokens(id))) {
-      victims.push_back(id);
-    }
-    return ++walked < excess;
+    if (host_pool_.block(id).has_key()) victims.push_back(id);
+    return static_cast<int64_t>(victims.size()) < excess;
   });
   SpillBlocks(victims);
 }

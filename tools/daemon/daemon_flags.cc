@@ -335,12 +335,9 @@ po::options_description SettingOptions(DaemonCommand& command,
       "BENCHMARKS.md")(
       "spill-high",
       po::value(&s.spill_high)->default_value(s.spill_high, "0.9"),
-      "once this fraction of host slots is in use, spill to disk the next "
-      "blocks to be evicted that it lacks (blocks on disk already stay on "
-      "host until their slots are needed)")(
+      "spill to disk once this fraction of host slots is in use")(
       "spill-low", po::value(&s.spill_low)->default_value(s.spill_low, "0.7"),
-      "how far ahead of eviction spilling reaches: the blocks that would "
-      "bring the host down to this fraction")(
+      "spilling stops once at most this fraction is in use")(
       "write-behind-spills",
       po::value(&s.write_behind_spills)->default_value(s.write_behind_spills),
       "copies of newly stored blocks to disk in flight at most (write-behind: "

@@ -222,9 +222,8 @@ StatusOr<ReplayResult> ReplayTiers(const BlockTrace& trace,
     pool.FreeBlocks(blocks);
     if (disk.has_value()) {
       // tierkvd's spill watermarks (Coordinator::MaybeSpill): past the high
-      // one, those of the host's next victims (down to the low one) that
-      // the disk lacks are written there and leave host; those it holds
-      // stay.
+      // one, the host's next victims go down to the low one, dropped when
+      // the disk holds them (renewed there), written there first if not.
       const auto cached = static_cast<int64_t>(pool.num_cached_blocks());
       if (cached > static_cast<int64_t>(kSpill.spill_high * capacity_blocks)) {
         const int64_t excess =
@@ -235,7 +234,6 @@ StatusOr<ReplayResult> ReplayTiers(const BlockTrace& trace,
           return static_cast<int64_t>(blocks.size()) < excess;
         });
         for (const BlockId id : blocks) {
-          if (disk->FindStored(pool.block(id).key) != nullptr) continue;
           TIERKV_RETURN_IF_ERROR(write_to_disk(pool.block(id).key));
           pool.DemoteCachedBlock(id);
         }

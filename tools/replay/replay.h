@@ -109,10 +109,9 @@ StatusOr<ReplayResult> ReplayPool(const BlockTrace& trace,
 // other blocks are computed, and each is written to disk at once
 // (write-behind). A block the host evicts is renewed on disk when the disk
 // holds it (LowerTier::HostDropped), else written there (a spill); and
-// past tierkvd's high spill watermark (TieredStoreOptions::spill_high),
-// those of the host's next victims (down to the low one) that the disk
-// lacks are written there and leave host. With no disk (0 blocks),
-// ReplayPool.
+// past tierkvd's high spill watermark (TieredStoreOptions::spill_high) the
+// host lets its next victims go the same way, down to the low one. With no
+// disk (0 blocks), ReplayPool.
 StatusOr<ReplayResult> ReplayTiers(const BlockTrace& trace, int32_t host_blocks,
                                    int32_t disk_blocks, EvictionPolicy policy,
                                    const ReplayProgress& progress = {});
