@@ -3,7 +3,6 @@
 // eviction order, and the byte bound; and the value file's slots
 // (SlotAllocator).
 #include <algorithm>
-#include <cassert>
 #include <string>
 #include <utility>
 
@@ -22,8 +21,8 @@ DiskIndex::DiskIndex(uint64_t capacity, CacheEventSink* events,
       recent_target_(capacity) {
   if (policy_ == EvictionPolicy::kArc) {
     // As many ghosts as the tier holds values (ARC's |B1| + |B2| <= c), up
-    // to kMaxGhosts: their tables (8 bytes a ghost) are allocated at once,
-    // and a disk of millions of blocks needs no longer a memory to adapt.
+    // to kMaxGhosts: their tables (8 bytes a ghost) are allocated at once.
+    // Past that, a ghost is remembered for fewer evictions than ARC's.
     const uint64_t values = capacity / std::max<uint64_t>(1, value_bytes);
     ghosts_.emplace(
         static_cast<int32_t>(std::clamp<uint64_t>(values, 1, kMaxGhosts)));
