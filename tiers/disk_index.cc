@@ -142,18 +142,15 @@ void DiskIndex::Unlink(const Entry& entry) {
   list_bytes_[frequent ? 1 : 0] -= entry.bytes;
 }
 
-void DiskIndex::Touch(const BlockKey& key) {
-  auto it = entries_.find(key);
-  if (it == entries_.end() || !it->second.stored) return;
-  Unlink(it->second);
-  it->second.reused = true;
-  Link(key, &it->second);
-}
+void DiskIndex::Touch(const BlockKey& key) { Relink(key, /*used=*/true); }
 
-void DiskIndex::Renew(const BlockKey& key) {
+void DiskIndex::Renew(const BlockKey& key) { Relink(key, /*used=*/false); }
+
+void DiskIndex::Relink(const BlockKey& key, bool used) {
   auto it = entries_.find(key);
   if (it == entries_.end() || !it->second.stored) return;
   Unlink(it->second);
+  if (used) it->second.reused = true;
   Link(key, &it->second);
 }
 

@@ -268,6 +268,9 @@ class DiskIndex {
   // Puts STORED `entry` of `key` at the tail of its list.
   void Link(const BlockKey& key, Entry* entry);
   void Unlink(const Entry& entry);
+  // Makes STORED `key` the most recently used (Touch, Renew); `used`: a
+  // use, so under kArc it joins the frequent list.
+  void Relink(const BlockKey& key, bool used);
   // Whether the next victim is the recent list's oldest key.
   bool EvictFromRecent() const;
   // Evicts one STORED key, as the policy chooses, into `victims` (and

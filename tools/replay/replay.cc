@@ -29,9 +29,6 @@ uint64_t Mix(uint64_t z) {
   return z ^ (z >> 31);
 }
 
-// tierkvd's spill watermarks, as its options default them.
-const TieredStoreOptions kSpill{};
-
 // A vocabulary the size of Llama 2's.
 constexpr uint64_t kVocabulary = 32000;
 
@@ -157,7 +154,13 @@ StatusOr<ReplayResult> ReplayTiers(const BlockTrace& trace,
     return Status::Ok();
   };
   Status spilled = Status::Ok();
+  // tierkvd's spill watermarks, as its options default them.
+  double spill_high = 0;
+  double spill_low = 0;
   if (disk_blocks > 0) {
+    const TieredStoreOptions defaults;
+    spill_high = defaults.spill_high;
+    spill_low = defaults.spill_low;
     disk.emplace(static_cast<uint64_t>(disk_blocks), nullptr,
                  trace.block_tokens(), policy, 1);
     // A block the host evicts goes to disk, or, when the disk holds it,
@@ -225,9 +228,9 @@ StatusOr<ReplayResult> ReplayTiers(const BlockTrace& trace,
       // one, the host's next victims go down to the low one, dropped when
       // the disk holds them (renewed there), written there first if not.
       const auto cached = static_cast<int64_t>(pool.num_cached_blocks());
-      if (cached > static_cast<int64_t>(kSpill.spill_high * capacity_blocks)) {
+      if (cached > static_cast<int64_t>(spill_high * capacity_blocks)) {
         const int64_t excess =
-            cached - static_cast<int64_t>(kSpill.spill_low * capacity_blocks);
+            cached - static_cast<int64_t>(spill_low * capacity_blocks);
         blocks.clear();
         pool.VisitFreeQueue([&](BlockId id) {
           if (pool.block(id).has_key()) blocks.push_back(id);
