@@ -150,8 +150,11 @@ TEST_F(TierkvdDiskTest, TombstoneEvictionsSurviveTierkvdKilledRightAfter) {
   std::vector<std::string> args = {"evict"};
   args.insert(args.end(), evicted.begin(), evicted.end());
   const std::string out = Admin(args);
+  // Each is on disk; the oldest are usually off host too, but one whose
+  // write-behind copy finished late went back to the host's newest end.
   for (const std::string& key : evicted) {
-    ASSERT_THAT(out, HasSubstr(key + "  dropped from disk"));
+    ASSERT_THAT(out, ::testing::ContainsRegex(
+                         key + "  dropped from (host and )?disk\n"));
   }
   Kill();
 
