@@ -44,27 +44,29 @@ StatusOr<bool> DiskIndex::Reserve(const BlockKey& key, uint64_t generation,
         "-byte value is larger than the disk tier's capacity of " +
         std::to_string(capacity_) + " bytes");
   }
+  // Room is what is stored (it can be evicted) and what is free; values
+  // being written stay, the key's own one but for its rewrite. Checked
+  // before anything changes: a Reserve that cannot succeed evicts nothing
+  // and leaves the key's entry, its ghost and ARC's target as they were.
+  const uint64_t own_writing =
+      existing != entries_.end() && !existing->second.stored
+          ? existing->second.bytes
+          : 0;
+  const uint64_t writing =
+      bytes_ - list_bytes_[0] - list_bytes_[1] - own_writing;
+  if (writing + bytes > capacity_) {
+    return Status::ResourceExhausted(
+        "disk tier full: its capacity is taken by writes in flight");
+  }
   // A rewrite keeps the key's standing with the policy; a key stored again
   // soon after its eviction earns it (a second use).
-  const uint64_t target_before = recent_target_;
   const uint8_t ghost =
       existing != entries_.end() ? 0 : TakeEvicted(key, bytes);
   const bool reused =
       existing != entries_.end() ? existing->second.reused : ghost != 0;
-  const bool replaced = Erase(key);
-  while (bytes_ + bytes > capacity_) {
-    if (stored_keys() == 0) {
-      if (replaced) victims->push_back(key);
-      // Nothing was stored: the key keeps its ghost, the target its value.
-      if (ghost != 0) {
-        recent_target_ = target_before;
-        ghosts_->Add(key, ghost);
-      }
-      return Status::ResourceExhausted(
-          "disk tier full: its capacity is taken by writes in flight");
-    }
-    EvictOne(victims, evicted);
-  }
+  Erase(key);
+  // Stored values remain while the bound does not hold (checked above).
+  while (bytes_ + bytes > capacity_) EvictOne(victims, evicted);
   // The key's old value, if any, is overwritten rather than deleted.
   Entry& entry = entries_[key];
   entry.reused = reused;

@@ -209,10 +209,12 @@ class DiskIndex {
   // Records `key` as WRITING `bytes` for the Put numbered `generation`,
   // replacing any entry of the key, after evicting STORED keys (in the
   // policy's order) until the bound holds. False (nothing changed) when the
-  // key's entry belongs to a later Put: this one is stale. `victims` gets
-  // every key that left the index (also on failure, when the key itself may
-  // be one): their values must be deleted. `evicted`, when given, also gets
-  // the entries evicted for room.
+  // key's entry belongs to a later Put: this one is stale.
+  // ResourceExhausted (nothing changed) when the value does not fit beside
+  // the values being written. `victims` gets every key that left the index
+  // (the key's own replaced value is overwritten, not listed): their values
+  // must be deleted. `evicted`, when given, also gets the entries evicted
+  // for room.
   StatusOr<bool> Reserve(const BlockKey& key, uint64_t generation,
                          uint64_t bytes, std::span<const TokenId> tokens,
                          std::vector<BlockKey>* victims,
