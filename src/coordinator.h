@@ -695,6 +695,9 @@ class Coordinator {
   // The spill in flight from keyed `slot` when nothing else pins the slot;
   // null otherwise.
   LowerOp* OnlyPinIsSpill(BlockId slot);
+  // Whether a promotion of `key` is in flight (it keys a host slot when it
+  // lands).
+  bool PromotionOf(const BlockKey& key) const;
   // An operator drops a block being spilled: lookups miss it from now on,
   // and FinishSpill drops both its host slot and what the spill wrote.
   void DiscardSpill(LowerOp* spill);

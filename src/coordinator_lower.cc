@@ -2,6 +2,7 @@
 // loads waiting for them, spills past the high watermark, the lower tier's
 // results (PumpLowerTier), and the operator orders (Clear, Evict) that drop
 // blocks from host and the lower tier, spills in flight included.
+#include <algorithm>
 #include <chrono>
 #include <memory>
 #include <optional>
@@ -146,6 +147,9 @@ void Coordinator::FinishSpill(const LowerOp& op, const Status& status) {
   if (op.keep) --copies_in_flight_;
   slot_checks_[static_cast<size_t>(op.slot)].spilling = false;
   const bool ok = status.ok();
+  // Found changed while pinned: releasing the last pin drops it (and
+  // forgets that it was corrupt).
+  const bool found_corrupt = slot_checks_[static_cast<size_t>(op.slot)].corrupt;
   const BlockId slot[] = {op.slot};
   ReleaseSlots(slot);
   const BlockPool::Block& b = host_pool_.block(op.slot);
@@ -156,11 +160,12 @@ void Coordinator::FinishSpill(const LowerOp& op, const Status& status) {
     if (NextEvictionLoses()) (void)host_pool_.MoveToFront(op.slot);
     return;
   }
-  if (!ok && keyed && status.code() == StatusCode::kDataLoss &&
-      !SlotIntact(op.slot)) {
+  if (!ok && status.code() == StatusCode::kDataLoss &&
+      (found_corrupt || (keyed && !SlotIntact(op.slot)))) {
     // Its bytes changed since its store completed (a worker wrote into a
-    // slot it did not own): the lower tier kept nothing, and host drops it.
-    DropCorruptSlot(op.slot);
+    // slot it did not own): the lower tier kept nothing, and host drops it
+    // (counted once; not a failure of the lower tier).
+    if (keyed) DropCorruptSlot(op.slot);
     if (op.discard) {
       discarded_spills_.erase(op.key);
       options_.lower->Remove(op.key);
@@ -267,13 +272,20 @@ std::vector<EvictedBlock> Coordinator::Evict(std::span<const BlockKey> keys) {
       if (spill != nullptr) DiscardSpill(spill);
       e.host_dropped = spill != nullptr || host_pool_.DropCachedBlock(*slot);
       e.host_pinned = !e.host_dropped;
-    } else if (keys_being_stored_.contains(key)) {
-      e.host_pinned = true;  // A store keys it when it completes.
+    } else if (keys_being_stored_.contains(key) || PromotionOf(key)) {
+      // A store or a promotion keys it when it completes.
+      e.host_pinned = true;
     }
     if (options_.lower != nullptr) e.disk_dropped = options_.lower->Remove(key);
     out.push_back(e);
   }
   return out;
+}
+
+bool Coordinator::PromotionOf(const BlockKey& key) const {
+  return std::ranges::any_of(lower_ops_, [&key](const auto& entry) {
+    return !entry.second.spill && entry.second.key == key;
+  });
 }
 
 Coordinator::LowerOp* Coordinator::OnlyPinIsSpill(BlockId slot) {
@@ -326,10 +338,12 @@ void Coordinator::StartWriteBehind() {
     const auto [slot, key] = write_behind_.front();
     write_behind_.pop_front();
     const BlockPool::Block& b = host_pool_.block(slot);
-    // Reused or dropped since, or already on its way down (a spill pins
-    // it; a lookup's pin alone does not stop a copy).
-    if (!b.has_key() || !(b.key == key) ||
-        slot_checks_[static_cast<size_t>(slot)].spilling) {
+    // Reused or dropped since, already on its way down (a spill pins it; a
+    // lookup's pin alone does not stop a copy), or found changed and
+    // dropped once its pins go: never copied, the tier would keep the
+    // changed bytes under the key.
+    const SlotCheck& check = slot_checks_[static_cast<size_t>(slot)];
+    if (!b.has_key() || !(b.key == key) || check.spilling || check.corrupt) {
       continue;
     }
     if (options_.lower->Covers(key, HostSlotTokens(slot))) continue;

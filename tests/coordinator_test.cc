@@ -1406,6 +1406,145 @@ TEST(CoordinatorWriteBehindTest, DiskSlowerThanStoresEvictsAndCountsEachLoss) {
   EXPECT_THAT(c.host_pool().CheckInvariants(), IsOk());
 }
 
+// A slot a verified load found changed while another lookup still pins it
+// (DropCorruptSlot marks it; the last release drops it).
+class CorruptSlotTest : public ::testing::Test {
+ protected:
+  class ChecksumSeenTier : public SlowSpillTier {
+   public:
+    void Spill(const BlockKey& key, std::span<const TokenId> tokens,
+               BlockId slot, std::optional<uint64_t> checksum,
+               Done done) override {
+      checksums.push_back(checksum);
+      SlowSpillTier::Spill(key, tokens, slot, checksum, std::move(done));
+    }
+    std::vector<std::optional<uint64_t>> checksums;
+  };
+
+  explicit CorruptSlotTest(int32_t copies = 1)
+      : sums_(10, 7),
+        c_(Coordinator::Create(
+               {.layout = Layout(),
+                .host_slots = 10,
+                .lower = &lower_,
+                .write_behind_spills = copies,
+                .clock = [this] { return now_; },
+                .slot_checksum =
+                    [this](BlockId s) { return sums_[static_cast<size_t>(s)]; },
+                .verify_on_load = true})
+               .value()),
+        w_(c_.RegisterWorker({.layout = Layout(),
+                              .num_device_blocks = 10,
+                              .tenant = "",
+                              .pid = 1,
+                              .name = "w"})
+               .value()) {}
+
+  // Stores the one full block of `t` as request `id`; its host slot.
+  BlockId Store(RequestId id, const std::vector<TokenId>& t) {
+    EXPECT_THAT(c_.Lookup(w_, id, t, 0, {}), IsOk());
+    EXPECT_THAT(c_.Allocate(w_, id, kDevice, 0), IsOk());
+    const CommitResult commit = c_.Commit(w_, id, 16, kDevice).value();
+    const CompletedEvent done[] = {{commit.stores.at(0).ref, true}};
+    EXPECT_THAT(c_.Complete(w_, done), IsOk());
+    EXPECT_THAT(c_.Finish(w_, id), IsOk());
+    return commit.stores.at(0).host_blocks.at(0);
+  }
+
+  // Request `id`, whose lookup hit `slot`, loads it after a worker wrote
+  // into it: the verified load is cut and the slot marked corrupt.
+  void LoadFindsItChanged(RequestId id, BlockId slot) {
+    sums_[static_cast<size_t>(slot)] = 8;
+    const AllocateResult a = c_.Allocate(w_, id, kDevice, 16).value();
+    ASSERT_TRUE(a.load.has_value());
+    EXPECT_TRUE(a.load->host_blocks.empty());
+    EXPECT_EQ(c_.stats().host.corrupt_slots_dropped, 1u);
+  }
+
+  static constexpr BlockId kDevice[] = {1, 2};
+  Clock::time_point now_ = Clock::time_point() + std::chrono::hours(1);
+  ChecksumSeenTier lower_;
+  std::vector<uint64_t> sums_;
+  Coordinator c_;
+  WorkerId w_;
+};
+
+// Its write-behind copy, still waiting, never starts: without the checksum
+// (dropped with the slot's standing) the tier would keep the changed bytes
+// under the key and a later lookup would promote them.
+TEST_F(CorruptSlotTest, AWaitingCopyOfAChangedSlotNeverStarts) {
+  Store(1, SequentialTokens(1000, 17));  // Its copy takes the one copy slot.
+  const std::vector<TokenId> t = SequentialTokens(1, 17);
+  const BlockId slot = Store(2, t);  // Its copy waits.
+  ASSERT_EQ(lower_.writes.size(), 1u);
+  ASSERT_EQ(c_.Lookup(w_, 3, t, 0, {}).value().hit_tokens, 16);
+  ASSERT_EQ(c_.Lookup(w_, 4, t, 0, {}).value().hit_tokens, 16);
+  LoadFindsItChanged(3, slot);
+
+  lower_.Land(0);
+  c_.PumpLowerTier();  // Would start the waiting copy.
+  EXPECT_EQ(lower_.writes.size(), 1u);
+  EXPECT_TRUE(std::ranges::all_of(
+      lower_.checksums, [](const auto& sum) { return sum.has_value(); }));
+  ASSERT_THAT(c_.Finish(w_, 3), IsOk());
+  ASSERT_THAT(c_.Finish(w_, 4), IsOk());  // The last pin: host drops it.
+  EXPECT_FALSE(c_.host_pool().block(slot).has_key());
+  const LookupResult again = c_.Lookup(w_, 5, t, 0, {}).value();
+  EXPECT_EQ(again.hit_tokens, 0);
+  EXPECT_EQ(again.disk_hit_tokens, 0);
+}
+
+// A copy already reading it when the load found it changed fails its
+// checksum (DataLoss): the block was dropped as corrupt, once, and the
+// lower tier did not fail, so spilling does not rest.
+TEST_F(CorruptSlotTest, ACopyOfAChangedSlotIsNotASpillFailure) {
+  const std::vector<TokenId> t = SequentialTokens(1, 17);
+  const BlockId slot = Store(1, t);
+  ASSERT_EQ(lower_.writes.size(), 1u);  // Its copy is reading it.
+  ASSERT_EQ(c_.Lookup(w_, 2, t, 0, {}).value().hit_tokens, 16);
+  LoadFindsItChanged(2, slot);
+  ASSERT_THAT(c_.Finish(w_, 2), IsOk());
+
+  lower_.writes[0].done(Status::DataLoss("bytes changed"));
+  c_.PumpLowerTier();  // The copy's pin was the last.
+  EXPECT_FALSE(c_.host_pool().block(slot).has_key());
+  EXPECT_EQ(c_.stats().host.corrupt_slots_dropped, 1u);
+  EXPECT_EQ(c_.stats().host.spill_failures, 0u);
+  Store(3, SequentialTokens(500, 17));
+  EXPECT_EQ(lower_.writes.size(), 2u);  // The next copy starts at once.
+}
+
+// An operator's evict of a block whose promotion is landing: the promotion
+// keys it on host, so the answer says so ("pinned, kept"), as for a block
+// a store is writing.
+TEST(CoordinatorEvictTest, ABlockBeingPromotedIsReportedKept) {
+  ManualLowerTier lower;
+  Coordinator c = Coordinator::Create(
+                      {.layout = Layout(), .host_slots = 10, .lower = &lower})
+                      .value();
+  const WorkerId w = c.RegisterWorker({.layout = Layout(),
+                                       .num_device_blocks = 10,
+                                       .tenant = "",
+                                       .pid = 1,
+                                       .name = "w"})
+                         .value();
+  const std::vector<TokenId> t = SequentialTokens(1, 17);
+  ASSERT_EQ(c.Lookup(w, 1, t, 0, {}).value().disk_hit_tokens, 16);
+  ASSERT_TRUE(c.Allocate(w, 1, Range(1, 2), 16).value().load_pending);
+  ASSERT_EQ(lower.promotions.size(), 1u);
+  lower.promotions[0](uint64_t{0});  // Read; the result waits to be pumped.
+  std::vector<BlockKey> keys;
+  KeyHasher({.model_fingerprint = StoreFingerprint(Layout(), ""), .tenant = ""})
+      .AppendPrefixKeys(t, 16, {}, &keys);
+  const BlockKey key[] = {keys.at(0)};
+  const EvictedBlock e = c.Evict(key)[0];
+  EXPECT_FALSE(e.host_dropped);
+  EXPECT_TRUE(e.host_pinned);
+  EXPECT_EQ(EvictedBlockSummary(e), "pinned, kept");
+  c.PumpLowerTier();
+  EXPECT_TRUE(c.host_pool().FindKeyedBlock(key[0]).has_value());
+}
+
 TEST_F(CoordinatorTest, AnotherLayoutIsRefusedNamingBoth) {
   KvLayout other = Layout();
   other.head_dim = 128;
