@@ -323,6 +323,74 @@ TEST_F(RedisClusterRemoteTierTest, CapacityTtlRemoveAndRemoveAll) {
   EXPECT_EQ(total, 0u);
 }
 
+// A Remove while the key's write is queued: the write lands, but the DEL
+// queued behind it deletes the value, so the index must not hold the key
+// (the spill answers Aborted, as the disk tier's does). A later spill of
+// the key is stored as ever.
+TEST_F(RedisClusterRemoteTierTest, ARemoveBehindAQueuedWriteLeavesNothing) {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool holding = false, released = false;
+  on_slot_read_ = [&](BlockId slot) {
+    if (slot != 5) return;
+    std::unique_lock<std::mutex> lock(mu);
+    holding = true;
+    cv.notify_all();
+    cv.wait(lock, [&] { return released; });
+  };
+  std::unique_ptr<RemoteTier> tier = OpenTier("model-a/layout-1");
+  ASSERT_NE(tier, nullptr);
+  std::promise<Status> spilled;
+  tier->Spill(kKey1, kTokens1, 5, std::nullopt,
+              [&spilled](Status s) { spilled.set_value(std::move(s)); });
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return holding; });
+  }
+  EXPECT_FALSE(tier->Remove(kKey1));  // Not stored yet.
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    released = true;
+  }
+  cv.notify_all();
+  EXPECT_THAT(spilled.get_future().get(), StatusIs(StatusCode::kAborted));
+  tier->WaitQueued();
+  EXPECT_FALSE(tier->Contains(kKey1, kTokens1));
+  uint64_t total = 1;
+  EXPECT_THAT(tier->StoredKeys(16, &total), IsEmpty());
+  EXPECT_EQ(total, 0u);
+  EXPECT_EQ(tier->stats().bytes, 0u);
+  EXPECT_THAT(raw_->Get(tier->RedisKey(kKey1)),
+              StatusIs(StatusCode::kNotFound));
+  on_slot_read_ = nullptr;
+  ASSERT_THAT(Spill(*tier, kKey1, kTokens1, 5), IsOk());
+  EXPECT_TRUE(tier->Contains(kKey1, kTokens1));
+  EXPECT_THAT(Promote(*tier, kKey1, kTokens1, 4), IsOkAndHolds(Checksum(5)));
+}
+
+// A block the tier evicts past capacity_bytes is deleted as a Remove is:
+// after scans had found it, it is no longer held, and later scans do not
+// bring it back.
+TEST_F(RedisClusterRemoteTierTest, AnEvictedBlockIsForgottenByScansToo) {
+  const uint64_t value_bytes = kBlockBytes + 200;  // Room for two values.
+  std::unique_ptr<RemoteTier> tier = OpenTier(
+      "model-a/layout-1", 2 * value_bytes, {}, std::chrono::milliseconds(20));
+  ASSERT_NE(tier, nullptr);
+  ASSERT_THAT(Spill(*tier, kKey1, kTokens1, 0), IsOk());
+  WaitTwoScans(*tier);  // Key 1 is known to the scans as well.
+  ASSERT_GE(tier->remote_stats()->known_keys, 1u);
+  ASSERT_THAT(Spill(*tier, kKey2, kTokens2, 1), IsOk());
+  ASSERT_THAT(Spill(*tier, kKey3, kTokens3, 2), IsOk());  // Evicts key 1.
+  EXPECT_EQ(tier->stats().evictions, 1u);
+  EXPECT_FALSE(tier->Contains(kKey1, kTokens1));
+  WaitTwoScans(*tier);
+  EXPECT_FALSE(tier->Contains(kKey1, kTokens1));
+  EXPECT_TRUE(tier->Contains(kKey2, kTokens2));
+  EXPECT_TRUE(tier->Contains(kKey3, kTokens3));
+  EXPECT_THAT(raw_->Get(tier->RedisKey(kKey1)),
+              StatusIs(StatusCode::kNotFound));
+}
+
 // A value exactly as long as one of this block's, whose own header is
 // longer (one more token id) and payload shorter: read into the slot as any
 // value of that length is, then judged whole. Another store's (its payload

@@ -367,15 +367,15 @@ bool RemoteTier::Remove(const BlockKey& key) {
     held = EraseLocked(key) > 0 || known;
     DropKnownLocked(key);
     // Kept until the next scan starts: without scans, never needed.
-    if (scan_client_ != nullptr) {
-      removed_in_scan_.insert(key);
-      ++deleting_[key];
-    }
+    if (scan_client_ != nullptr) removed_in_scan_.insert(key);
+    // Until its DEL runs: a write of the key queued before it does not
+    // enter the index (RunSpill), nor does a scan find it again.
+    ++deleting_[key];
   }
   Job job;
   job.kind = Job::Kind::kDelete;
   job.redis_keys.push_back(RedisKey(key));
-  if (scan_client_ != nullptr) job.deleted.push_back(key);
+  job.deleted.push_back(key);
   Enqueue(std::move(job));
   return held;
 }
@@ -389,10 +389,8 @@ uint64_t RemoteTier::RemoveAll() {
     ++removals_;
     for (const auto& [key, entry] : index_) {
       job.redis_keys.push_back(RedisKey(key));
-      if (scan_client_ != nullptr) {
-        job.deleted.push_back(key);
-        ++deleting_[key];
-      }
+      job.deleted.push_back(key);
+      ++deleting_[key];
     }
     forgotten = known_.size() + index_unscanned_;
     if (options_.cache_events != nullptr) {
@@ -530,12 +528,17 @@ void RemoteTier::RunSpill(Job& job) {
   }
   const std::string value =
       EncodeValue(options_.store_fingerprint, job.key, job.tokens, slot);
-  const Status set = client_->Set(RedisKey(job.key), value, options_.ttl);
-  std::vector<std::string> evicted;
+  Status set = client_->Set(RedisKey(job.key), value, options_.ttl);
+  std::vector<BlockKey> evicted;
   {
     MutexLock lock(&mu_);
     if (!set.ok()) {
       ++stats_.put_failures;
+    } else if (deleting_.contains(job.key)) {
+      // Removed after this write was queued: the DEL queued behind it
+      // deletes what it wrote, and the index must not say otherwise.
+      set = Status::Aborted("remote tier: block " + job.key.ToHex() +
+                            " removed while its write was queued");
     } else {
       // A block written again stays one entry (and one BlockStored).
       if (EraseLocked(job.key, /*report=*/false) == 0 &&
@@ -561,13 +564,28 @@ void RemoteTier::RunSpill(Job& job) {
              stats_.bytes > options_.capacity_bytes && lru_.size() > 1) {
         const BlockKey victim = lru_.back();
         EraseLocked(victim);
-        evicted.push_back(RedisKey(victim));
+        // Deleted as Remove deletes: no longer known, and not found again
+        // by a scan that listed it before the DEL.
+        DropKnownLocked(victim);
+        if (scan_client_ != nullptr) removed_in_scan_.insert(victim);
+        ++deleting_[victim];
+        evicted.push_back(victim);
         ++stats_.evictions;
       }
       stats_.keys = index_.size();
     }
   }
-  if (!evicted.empty()) (void)client_->MultiDel(evicted);
+  if (!evicted.empty()) {
+    std::vector<std::string> redis_keys;
+    redis_keys.reserve(evicted.size());
+    for (const BlockKey& key : evicted) redis_keys.push_back(RedisKey(key));
+    (void)client_->MultiDel(redis_keys);
+    MutexLock lock(&mu_);
+    for (const BlockKey& key : evicted) {
+      const auto it = deleting_.find(key);
+      if (it != deleting_.end() && --it->second == 0) deleting_.erase(it);
+    }
+  }
   job.done(set);
 }
 

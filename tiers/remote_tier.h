@@ -32,15 +32,17 @@
 //   - the known keys: the keys of its prefix that the last scans found on
 //     the masters (every machine's), by key alone.
 // A block in the index:
-//   absent --Spill or Demote (SET acknowledged)--> STORED (most recently used)
+//   absent --Spill or Demote (SET acknowledged, and no Remove of the key
+//          since it was queued: then Aborted, and the DEL queued behind it
+//          deletes the value)--> STORED (most recently used)
 //   STORED --Promote (verified)--> STORED, most recently used
 //   STORED --Remove / evicted past capacity_bytes / found damaged / found
 //          gone by a Promote / not found by a whole scan that began after
 //          it was written--> absent (DEL sent for the first three)
 // A known key:
 //   absent --a scan finds it--> KNOWN --a whole scan does not find it /
-//   Remove / RemoveAll / a Promote finds no value or another block's-->
-//   absent
+//   Remove / RemoveAll / evicted past capacity_bytes / a Promote finds no
+//   value or another block's--> absent
 // A scan cut short by a failed master only adds keys. Keys removed while a
 // scan runs, or whose DEL has not run yet, are not added back by it.
 #ifndef TIERKV_TIERS_REMOTE_TIER_H_
@@ -225,8 +227,10 @@ class RemoteTier final : public LowerTier {
   std::unordered_set<BlockKey, BlockKeyHash> removed_in_scan_
       TIERKV_GUARDED_BY(mu_);
   bool cleared_in_scan_ TIERKV_GUARDED_BY(mu_) = false;
-  // Keys whose DEL is queued or running, with how many DELs: a scan that
-  // starts before the DEL lands must not find them again.
+  // Keys whose DEL is queued or running (Remove, RemoveAll, evictions past
+  // capacity_bytes), with how many DELs: a scan that starts before the DEL
+  // lands must not find them again, and a write of the key queued before
+  // it must not enter the index.
   std::unordered_map<BlockKey, int, BlockKeyHash> deleting_
       TIERKV_GUARDED_BY(mu_);
   // RemoteTierStats counters that DiskTierStats lacks.
