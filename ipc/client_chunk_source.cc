@@ -10,14 +10,15 @@ ClientChunkSource::ClientChunkSource(Client* client,
     : client_(client), options_(options) {}
 
 StatusOr<bool> ClientChunkSource::Fetch(std::span<const TokenId> chunk,
+                                        int64_t virtual_start,
                                         const AllocateBlocks& allocate) {
   TIERKV_RETURN_IF_ERROR(ReattachIfLost());
   const RequestId request = next_request_++;
   ++stats_.fetches;
   TIERKV_ASSIGN_OR_RETURN(
       ChunkFetchResult fetch,
-      client_->FetchChunk(request, chunk, options_.single_flight_wait,
-                          allocate));
+      client_->FetchChunk(request, chunk, options_.single_flight_wait, allocate,
+                          virtual_start));
   if (fetch.lease) ++stats_.leases;
   if (fetch.waited) ++stats_.waited;
   // Part of a chunk is of no use to the pool, which holds whole chunks.
@@ -69,12 +70,14 @@ StatusOr<bool> ClientChunkSource::FetchFromDisk(
 }
 
 Status ClientChunkSource::Publish(std::span<const TokenId> chunk,
+                                  int64_t virtual_start,
                                   std::span<const BlockId> blocks) {
   TIERKV_RETURN_IF_ERROR(ReattachIfLost());
   const RequestId request = next_request_++;
   ++stats_.publishes;
-  TIERKV_ASSIGN_OR_RETURN(CommitResult commit,
-                          client_->PublishChunk(request, chunk, blocks));
+  TIERKV_ASSIGN_OR_RETURN(
+      CommitResult commit,
+      client_->PublishChunk(request, chunk, blocks, virtual_start));
   Status status;
   for (const TransferEvent& store : commit.stores) {
     if (Status s = WaitFor(store.ref, 0); !s.ok() && status.ok()) status = s;

@@ -50,13 +50,17 @@ inline constexpr uint32_t kFrameMagic = 0x4D564B54;  // "TKVM"
 //     Status may be Aborted.
 // 13: HeldKeysReply lists the remote tier's keys apart from the disk
 //     tier's.
-inline constexpr uint16_t kProtocolVersion = 13;
+// 14: LookupChunkRequest, FetchChunkRequest and PublishChunkRequest carry
+//     the chunk's virtual start, part of its keys.
+inline constexpr uint16_t kProtocolVersion = 14;
 inline constexpr size_t kFrameHeaderBytes = 16;
 // Upper bounds a decoder enforces before allocating anything.
 inline constexpr uint32_t kMaxTokens = 1 << 20;
 inline constexpr uint32_t kMaxBlocks = 1 << 20;
 inline constexpr uint32_t kMaxEvents = 1 << 16;
 inline constexpr uint32_t kMaxString = 4096;
+// A chunk's virtual start is a RoPE position tierkv can remap from.
+inline constexpr int64_t kMaxChunkVirtualStart = int64_t{1} << 48;
 // Lookups in one LookupBatchRequest: a scheduler step's waiting requests
 // (a worker has at most max_requests_per_worker open, 4096 by default).
 inline constexpr uint32_t kMaxBatchLookups = 4096;
@@ -148,6 +152,8 @@ struct LookupRequest {
 struct LookupChunkRequest {
   RequestId request = 0;
   std::vector<TokenId> tokens;
+  // The RoPE position the chunk's KV is computed at: part of its keys.
+  int64_t virtual_start = 0;
 };
 struct LookupReply {
   LookupResult result;
@@ -247,6 +253,7 @@ struct FetchChunkRequest {
   RequestId request = 0;
   uint32_t wait_ms = 0;
   std::vector<TokenId> tokens;
+  int64_t virtual_start = 0;  // As in LookupChunkRequest.
 };
 struct FetchChunkReply {
   ChunkFetchResult result;  // result.load's device_blocks are empty.
@@ -257,6 +264,7 @@ struct PublishChunkRequest {
   RequestId request = 0;
   std::vector<TokenId> tokens;
   std::vector<BlockId> device_blocks;
+  int64_t virtual_start = 0;  // As in LookupChunkRequest.
 };
 // The end of a chunk fetch or publish, which the worker sends without
 // waiting for its answer: Complete(events), then Finish(finish) unless it

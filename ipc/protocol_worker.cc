@@ -88,9 +88,18 @@ void PutPayload(Writer& w, const LookupRequest& m) {
   PutLookup(w, m.request, m.num_computed_tokens, m.tokens, m.extras,
             m.kept_tokens, m.kept_tag);
 }
+// A chunk's virtual start: a RoPE position, 0 .. kMaxChunkVirtualStart - 1.
+int64_t GetVirtualStart(Reader& r) {
+  const auto v = r.Int<int64_t>();
+  if (v < 0 || v >= kMaxChunkVirtualStart) {
+    r.Fail("chunk virtual start " + std::to_string(v) + " out of range");
+  }
+  return v;
+}
 void PutPayload(Writer& w, const LookupChunkRequest& m) {
   w.Int<uint64_t>(m.request);
   w.Ints(m.tokens);
+  w.Int<int64_t>(m.virtual_start);
 }
 void PutPayload(Writer& w, const LookupReply& m) {
   w.Int<int32_t>(m.result.hit_tokens);
@@ -155,6 +164,7 @@ void GetPayload(Reader& r, LookupRequest* m) {
 void GetPayload(Reader& r, LookupChunkRequest* m) {
   m->request = r.Int<uint64_t>();
   m->tokens = r.Ints<TokenId>(kMaxTokens, "token");
+  m->virtual_start = GetVirtualStart(r);
 }
 void GetPayload(Reader& r, LookupReply* m) {
   m->result.hit_tokens = r.Int<int32_t>();
@@ -230,11 +240,13 @@ void PutPayload(Writer& w, const FetchChunkRequest& m) {
   w.Int<uint64_t>(m.request);
   w.Int<uint32_t>(m.wait_ms);
   w.Ints(m.tokens);
+  w.Int<int64_t>(m.virtual_start);
 }
 void GetPayload(Reader& r, FetchChunkRequest* m) {
   m->request = r.Int<uint64_t>();
   m->wait_ms = r.Int<uint32_t>();
   m->tokens = r.Ints<TokenId>(kMaxTokens, "token");
+  m->virtual_start = GetVirtualStart(r);
 }
 void PutPayload(Writer& w, const FetchChunkReply& m) {
   const ChunkFetchResult& f = m.result;
@@ -279,11 +291,13 @@ void PutPayload(Writer& w, const PublishChunkRequest& m) {
   w.Int<uint64_t>(m.request);
   w.Ints(m.tokens);
   w.Ints(m.device_blocks);
+  w.Int<int64_t>(m.virtual_start);
 }
 void GetPayload(Reader& r, PublishChunkRequest* m) {
   m->request = r.Int<uint64_t>();
   m->tokens = r.Ints<TokenId>(kMaxTokens, "token");
   m->device_blocks = r.Ints<BlockId>(kMaxBlocks, "device block");
+  m->virtual_start = GetVirtualStart(r);
 }
 void PutPayload(Writer& w, const ChunkDoneRequest& m) {
   PutCompleted(w, m.events);

@@ -257,11 +257,19 @@ void KeyHasher::AppendPlainKeys(std::span<const TokenId> tokens,
 }
 
 std::vector<BlockKey> KeyHasher::ChunkKeys(std::span<const TokenId> tokens,
-                                           int32_t block_size) const {
+                                           int32_t block_size,
+                                           int64_t virtual_start) const {
   std::vector<BlockKey> keys;
   if (block_size < 1) return keys;
   keys.reserve((tokens.size() + block_size - 1) / block_size);
   BlockKey parent = chunk_root_;
+  if (virtual_start != 0) {
+    // A block of no tokens, which no chunk block is (each has at least
+    // one, and the count is encoded), carrying the position.
+    std::array<std::byte, sizeof(int64_t)> position;
+    PutLe(static_cast<uint64_t>(virtual_start), position.data());
+    parent = HashBlock(parent, {}, position);
+  }
   for (size_t start = 0; start < tokens.size(); start += block_size) {
     const size_t len = std::min<size_t>(block_size, tokens.size() - start);
     parent = HashBlock(parent, tokens.subspan(start, len));

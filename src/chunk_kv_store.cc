@@ -145,7 +145,7 @@ std::vector<BlockId> ChunkKvStore::FetchFromTier(
     }
     return blocks;
   };
-  StatusOr<bool> fetched = s_->tier->Fetch(chunk, allocate);
+  StatusOr<bool> fetched = s_->tier->Fetch(chunk, s_->virtual_start, allocate);
   const int32_t bs = s_->pool.block_size();
   Status status = fetched.status();
   if (status.ok() && *fetched) {
@@ -209,7 +209,8 @@ StatusOr<std::vector<BlockId>> ChunkKvStore::ComputeAndInsert(
   }
   ++s_->stats.computed;
   if (s_->tier != nullptr) {
-    if (Status published = s_->tier->Publish(chunk, blocks); published.ok()) {
+    if (Status published = s_->tier->Publish(chunk, s_->virtual_start, blocks);
+        published.ok()) {
       ++s_->stats.published;
     } else {
       CountTierError(std::move(published));

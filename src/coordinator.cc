@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "src/printable.h"
+#include "src/rope_remap.h"
 
 namespace tierkv {
 namespace {
@@ -600,14 +601,22 @@ void Coordinator::KeepUnchangedHits(WorkerState* w, RequestState* r,
   r->pending_hits.resize(kept);
 }
 
-StatusOr<LookupResult> Coordinator::LookupChunk(
-    WorkerId worker, RequestId request, std::span<const TokenId> tokens) {
+StatusOr<LookupResult> Coordinator::LookupChunk(WorkerId worker,
+                                                RequestId request,
+                                                std::span<const TokenId> tokens,
+                                                int64_t virtual_start) {
   TIERKV_ASSIGN_OR_RETURN(WorkerState * w, FindRequestWorker(worker));
   if (tokens.empty() || tokens.size() > options_.max_request_tokens) {
     return Status::InvalidArgument("chunk lookup of " +
                                    std::to_string(tokens.size()) +
                                    " tokens; a chunk has 1.." +
                                    std::to_string(options_.max_request_tokens));
+  }
+  if (virtual_start < 0 || virtual_start >= kMaxRopePosition) {
+    return Status::InvalidArgument("chunk lookup at virtual start " +
+                                   std::to_string(virtual_start) +
+                                   "; a chunk's virtual start is 0.." +
+                                   std::to_string(kMaxRopePosition - 1));
   }
   const size_t bs = static_cast<size_t>(options_.layout.block_size);
   TIERKV_ASSIGN_OR_RETURN(
@@ -616,7 +625,8 @@ StatusOr<LookupResult> Coordinator::LookupChunk(
           worker, w, request,
           RequestStateBytes(tokens.size(), (tokens.size() + bs - 1) / bs)));
   r->tokens.assign(tokens.begin(), tokens.end());
-  r->keys = w->hasher.ChunkKeys(r->tokens, options_.layout.block_size);
+  r->keys =
+      w->hasher.ChunkKeys(r->tokens, options_.layout.block_size, virtual_start);
   return FindHits(w, r, 0, static_cast<int32_t>(r->keys.size()));
 }
 

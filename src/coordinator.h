@@ -338,14 +338,18 @@ class Coordinator {
   // Names the tokens the request's last Lookup or LookupAgain left (for a
   // later LookupAgain); 0 for none (unknown, or a chunk lookup since).
   uint64_t TokensTag(WorkerId worker, RequestId request) const;
-  // Lookup for a position-independent chunk (seed 000): its blocks are keyed
-  // by content alone (KeyHasher::ChunkKeys), apart from every prefix key,
-  // and its last block may be partial. Every token may hit. The request then
-  // goes on as any other: Allocate may load the whole chunk
+  // Lookup for a position-independent chunk: its blocks are keyed by
+  // content and virtual start alone (KeyHasher::ChunkKeys), apart from every
+  // prefix key, and its last block may be partial. Every token may hit. The
+  // request then goes on as any other: Allocate may load the whole chunk
   // (num_external_tokens = the hit, partial block included) and Commit
   // stores the chunk's blocks once all of a block's tokens are computed.
+  // `virtual_start` is the RoPE position the chunk's KV is computed at
+  // (0 .. 2^48 - 1): part of its keys, so KV computed at one position is
+  // never served to a worker that computes at another.
   StatusOr<LookupResult> LookupChunk(WorkerId worker, RequestId request,
-                                     std::span<const TokenId> tokens);
+                                     std::span<const TokenId> tokens,
+                                     int64_t virtual_start = 0);
   // A chunk fetch in one call: LookupChunk, then with every block on host
   // Allocate of the whole chunk and Finish, so the result's load (its
   // device_blocks empty: the worker copies into blocks of its choosing)
@@ -358,13 +362,15 @@ class Coordinator {
     bool busy = false;
   };
   StatusOr<ChunkFetch> FetchChunk(WorkerId worker, RequestId request,
-                                  std::span<const TokenId> tokens);
+                                  std::span<const TokenId> tokens,
+                                  int64_t virtual_start = 0);
   // A chunk publish in one call: LookupChunk, Allocate (no load), Commit of
   // the whole chunk from `device_blocks` and Finish. A lease the worker
   // holds on this chunk lasts until the store completes.
   StatusOr<CommitResult> PublishChunk(WorkerId worker, RequestId request,
                                       std::span<const TokenId> tokens,
-                                      std::span<const BlockId> device_blocks);
+                                      std::span<const BlockId> device_blocks,
+                                      int64_t virtual_start = 0);
   // Chunk compute leases held (see "Chunks in one call").
   size_t chunk_leases() const { return chunk_leases_.size(); }
 

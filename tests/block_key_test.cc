@@ -179,6 +179,29 @@ TEST(BlockKey, ChunkKeysAreContentOnlyAndNeverPrefixKeys) {
   EXPECT_NE(shorter[2], chunk[2]);
 }
 
+// A chunk's KV depends on the position it was computed at (RoPE): each
+// virtual start keys it apart, at every block; start 0 is the chunk root's
+// own chain.
+TEST(BlockKey, ChunkKeysDependOnTheVirtualStart) {
+  const KeyHasher h(kNs);
+  const auto doc = SequentialTokens(500, 40);
+  const auto at0 = h.ChunkKeys(doc, 16);
+  EXPECT_EQ(h.ChunkKeys(doc, 16, 0), at0);
+  EXPECT_EQ(at0[0],
+            KeyHasher::HashBlock(h.chunk_root(), std::span(doc).first(16)));
+  std::vector<std::vector<BlockKey>> seen = {at0};
+  for (int64_t start :
+       {int64_t{1}, int64_t{100}, int64_t{1} << 32, (int64_t{1} << 48) - 1}) {
+    const auto keys = h.ChunkKeys(doc, 16, start);
+    ASSERT_EQ(keys.size(), 3u);
+    EXPECT_EQ(keys, h.ChunkKeys(doc, 16, start));
+    for (const auto& other : seen) {
+      for (size_t i = 0; i < keys.size(); ++i) EXPECT_NE(keys[i], other[i]);
+    }
+    seen.push_back(keys);
+  }
+}
+
 TEST(BlockKey, EncodingIsInjective) {
   // [1, 2] with no extras must not equal [1] followed by bytes that spell 2.
   const BlockKey parent{9, 9};

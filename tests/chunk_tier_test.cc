@@ -80,18 +80,22 @@ class ChunkTierTest : public ::testing::Test {
   // positions, every token of every layer, K and V.
   void ExpectChunkKv(const std::vector<TokenId>& chunk,
                      const std::vector<BlockId>& blocks) {
+    ExpectChunkKvIn(store_.get(), chunk, blocks);
+  }
+  void ExpectChunkKvIn(ChunkKvStore* store, const std::vector<TokenId>& chunk,
+                       const std::vector<BlockId>& blocks) {
     const auto n = static_cast<int64_t>(chunk.size());
     PagedKvCache own =
-        PagedKvCache::Create(store_->layout(), (n + kBs - 1) / kBs).value();
+        PagedKvCache::Create(store->layout(), (n + kBs - 1) / kBs).value();
     std::vector<int64_t> slots(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) slots[i] = i;
     ASSERT_THAT(model_.Prefill({.tokens = chunk,
                                 .slots = slots,
-                                .start_position = store_->virtual_start(),
+                                .start_position = store->virtual_start(),
                                 .num_logits = 0},
                                &own),
                 IsOk());
-    const PagedKvCache pool = ChunkPoolView(store_.get()).value();
+    const PagedKvCache pool = ChunkPoolView(store).value();
     const size_t stride = own.layout().TokenStride();
     for (int64_t t = 0; t < n; ++t) {
       const int64_t slot = int64_t{blocks[t / kBs]} * kBs + t % kBs;
@@ -166,7 +170,8 @@ TEST_F(ChunkTierTest, AFetchCopiesForAnEngineThatOnlyPolls) {
         [&](int32_t n) -> StatusOr<std::vector<BlockId>> {
           EXPECT_EQ(n, 3);
           return target;
-        });
+        },
+        store_->virtual_start());
     ASSERT_THAT(fetch, IsOk());
     ASSERT_TRUE(fetch->load.has_value());
     std::vector<FinishedTransfer> done;
@@ -237,6 +242,82 @@ TEST_F(ChunkTierTest, ChunksSpilledToDiskComeBackBitExact) {
   EXPECT_EQ(s.tier_errors, 0u);
   EXPECT_EQ(s.pool_hits + s.tier_hits, 8u);
   EXPECT_GT(client_->Stats().value().host.promotions, 0u);
+}
+
+// Pools whose chunks are computed at different virtual starts share one
+// tierkvd: a chunk's KV depends on its start (RoPE), so one pool's chunk
+// is never another's hit; a pool at the same start does load it.
+TEST_F(ChunkTierTest, AChunkComputedAtAnotherVirtualStartIsAMiss) {
+  const std::string store = "cv" + std::to_string(getpid());
+  const std::string socket = dir_.path() + "/tierkvd.sock";
+  const KvLayout layout = model_.config().CacheLayout(kBs, DType::kF32);
+  auto daemon =
+      ChildProcess::Spawn({TIERKVD_PATH, "--store", store, "--socket", socket,
+                           "--layers", std::to_string(layout.num_layers),
+                           "--kv-heads", std::to_string(layout.num_kv_heads),
+                           "--head-dim", std::to_string(layout.head_dim),
+                           "--dtype", "f32", "--host-capacity", "1M"});
+  ASSERT_THAT(daemon, IsOk());
+  ASSERT_TRUE((*daemon)->WaitForOutput("serving store")) << (*daemon)->output();
+  struct Pool {
+    std::unique_ptr<ChunkKvStore> store;
+    std::unique_ptr<EmulatedDeviceTier> device;
+    std::unique_ptr<Client> client;
+    std::unique_ptr<ClientChunkSource> source;
+  };
+  constexpr int32_t kPoolBlocks = 8;
+  const auto open = [&](int64_t virtual_start) {
+    Pool p;
+    p.store = std::make_unique<ChunkKvStore>(
+        CreateChunkKvStore(model_, {.num_blocks = kPoolBlocks,
+                                    .block_size = kBs,
+                                    .virtual_start = virtual_start})
+            .value());
+    p.device = EmulatedDeviceTier::CreateOver(
+                   {p.store->memory(),
+                    static_cast<size_t>(kPoolBlocks) * layout.BlockBytes()},
+                   kPoolBlocks, layout.BlockBytes())
+                   .value();
+    ClientOptions options;
+    options.socket_path = socket;
+    options.layout = layout;
+    options.num_device_blocks = kPoolBlocks;
+    options.device = p.device.get();
+    p.client = Client::Open(options).value();
+    p.source = std::make_unique<ClientChunkSource>(p.client.get());
+    p.store->SetTier(p.source.get());
+    return p;
+  };
+  const std::vector<TokenId> chunk = Tokens(7, 40);  // 3 blocks, 1 partial.
+  Pool a = open(100);
+  Pool b = open(1000);
+  Pool c = open(100);
+  const std::vector<BlockId> computed =
+      a.store->ComputeAndInsert(chunk).value();
+  a.store->Release(computed);
+  ASSERT_EQ(a.store->stats().published, 1u);
+  // The publish's completion went one-way: a call on A's attachment
+  // collects its answer, so tierkvd has keyed the chunk.
+  ASSERT_THAT(a.client->Stats(), IsOk());
+
+  // At another start: a miss below (not an error), computed at its own.
+  EXPECT_TRUE(b.store->Acquire(chunk).empty());
+  EXPECT_EQ(b.store->stats().tier_hits, 0u);
+  EXPECT_EQ(b.store->stats().tier_errors, 0u);
+  const std::vector<BlockId> own = b.store->ComputeAndInsert(chunk).value();
+  ExpectChunkKvIn(b.store.get(), chunk, own);
+  b.store->Release(own);
+  ASSERT_THAT(b.client->Stats(), IsOk());
+
+  // At the same start: loaded, A's KV, and B's publish changed nothing.
+  const std::vector<BlockId> loaded = c.store->Acquire(chunk);
+  ASSERT_EQ(loaded.size(), 3u);
+  EXPECT_EQ(c.store->stats().tier_hits, 1u);
+  ExpectChunkKvIn(c.store.get(), chunk, loaded);
+  c.store->Release(loaded);
+  for (Pool* p : {&a, &b, &c}) p->client.reset();
+  (*daemon)->Stop();
+  RemoveStoreSegments(store);
 }
 
 TEST_F(ChunkTierTest, DeadTierkvdIsCountedThenReattached) {

@@ -488,6 +488,29 @@ TEST_F(CoordinatorTest, ChunkShorterThanABlockIsOneBlock) {
             StatusCode::kInvalidArgument);
 }
 
+// A chunk published at one virtual start is a miss at another (its KV
+// holds other rotations) and a hit at its own; a start outside the RoPE
+// positions tierkv remaps is refused.
+TEST_F(CoordinatorTest, ChunksAtAnotherVirtualStartAreMisses) {
+  const WorkerId w = Register();
+  const std::vector<TokenId> chunk = SequentialTokens(5, 20);
+  const CommitResult commit =
+      c_.PublishChunk(w, 1, chunk, Range(1, 2), /*virtual_start=*/100).value();
+  ASSERT_EQ(commit.stores.size(), 1u);
+  ASSERT_EQ(commit.stores[0].host_blocks.size(), 2u);  // One partial.
+  const std::vector<CompletedEvent> done{{commit.stores[0].ref, true}};
+  ASSERT_THAT(c_.Complete(w, done), IsOk());
+  EXPECT_EQ(c_.LookupChunk(w, 2, chunk, 100).value().hit_tokens, 20);
+  EXPECT_EQ(c_.LookupChunk(w, 3, chunk, 0).value().hit_tokens, 0);
+  EXPECT_EQ(c_.LookupChunk(w, 4, chunk, 101).value().hit_tokens, 0);
+  EXPECT_FALSE(c_.FetchChunk(w, 5, chunk, 0).value().result.load.has_value());
+  EXPECT_TRUE(c_.FetchChunk(w, 6, chunk, 100).value().result.load.has_value());
+  for (int64_t bad : {int64_t{-1}, int64_t{1} << 48}) {
+    EXPECT_EQ(c_.LookupChunk(w, 7, chunk, bad).status().code(),
+              StatusCode::kInvalidArgument);
+  }
+}
+
 TEST_F(CoordinatorTest, TenantsDoNotShareBlocks) {
   const WorkerId a = Register("tenant-a");
   const WorkerId b = Register("tenant-b");

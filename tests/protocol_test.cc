@@ -88,6 +88,8 @@ std::vector<Message> Samples() {
                     .kept_tag = 77},
       LookupReply{{.hit_tokens = 4080, .disk_hit_tokens = 0}, 78},
       LookupChunkRequest{.request = 7, .tokens = {4, 5, 6, 7}},
+      LookupChunkRequest{
+          .request = 8, .tokens = {4}, .virtual_start = (int64_t{1} << 48) - 1},
       AllocateRequest{
           .request = 1, .num_external_tokens = 16, .device_blocks = {1, 2}},
       AllocateReply{{.load = event,
@@ -117,6 +119,8 @@ std::vector<Message> Samples() {
                   {.key = {3, 4}, .host_pinned = true},
                   {.key = {5, 6}}}},
       FetchChunkRequest{.request = 3, .wait_ms = 250, .tokens = {4, 5, 6}},
+      FetchChunkRequest{
+          .request = 3, .wait_ms = 0, .tokens = {4}, .virtual_start = 100},
       FetchChunkReply{{.lookup = {.hit_tokens = 3},
                        .load = TransferEvent{.ref = {EventKind::kLoad, 2},
                                              .request = 3,
@@ -131,6 +135,10 @@ std::vector<Message> Samples() {
                        .waited = false}},
       PublishChunkRequest{
           .request = 4, .tokens = {4, 5, 6}, .device_blocks = {1}},
+      PublishChunkRequest{.request = 4,
+                          .tokens = {4},
+                          .device_blocks = {1},
+                          .virtual_start = 4096},
       ChunkDoneRequest{.events = {{{EventKind::kStore, 3}, true},
                                   {{EventKind::kLoad, 2}, false}},
                        .finish = 4},
@@ -371,6 +379,22 @@ TEST(Protocol, InconsistentChunkFetchesAreRefused) {
   const uint32_t huge = kMaxTokens + 1;
   std::memcpy(bytes.data() + kFrameHeaderBytes + 12, &huge, sizeof(huge));
   EXPECT_THAT(Decode(bytes).status().message(), HasSubstr("token"));
+  // A chunk's virtual start outside the RoPE positions tierkv remaps.
+  for (int64_t start : {int64_t{-1}, kMaxChunkVirtualStart}) {
+    EXPECT_THAT(
+        Decode(Encode(LookupChunkRequest{
+                   .request = 1, .tokens = {1}, .virtual_start = start}))
+            .status()
+            .message(),
+        HasSubstr("virtual start"));
+    EXPECT_THAT(Decode(Encode(PublishChunkRequest{.request = 1,
+                                                  .tokens = {1},
+                                                  .device_blocks = {1},
+                                                  .virtual_start = start}))
+                    .status()
+                    .message(),
+                HasSubstr("virtual start"));
+  }
 }
 
 TEST(Protocol, InconsistentEventListsAreRefused) {

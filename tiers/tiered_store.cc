@@ -427,7 +427,8 @@ Status TieredStore::Complete(WorkerId worker,
 
 StatusOr<ChunkFetchResult> TieredStore::FetchChunk(
     WorkerId worker, RequestId request, std::span<const TokenId> tokens,
-    std::chrono::milliseconds wait, const std::atomic<bool>* stop) {
+    int64_t virtual_start, std::chrono::milliseconds wait,
+    const std::atomic<bool>* stop) {
   // How often a waiting fetch checks `stop` (a stop or its worker gone).
   constexpr auto kStopCheck = std::chrono::milliseconds(100);
   const auto deadline = std::chrono::steady_clock::now() + wait;
@@ -435,7 +436,7 @@ StatusOr<ChunkFetchResult> TieredStore::FetchChunk(
   MutexLock lock(&mu_);
   for (;;) {
     StatusOr<Coordinator::ChunkFetch> fetch =
-        coordinator_->FetchChunk(worker, request, tokens);
+        coordinator_->FetchChunk(worker, request, tokens, virtual_start);
     if (!fetch.ok()) return fetch.status();
     const auto now = std::chrono::steady_clock::now();
     if (!fetch->busy || now >= deadline ||

@@ -211,6 +211,7 @@ class TieredStore {
   // a miss without a lease (waited set): the caller computes the chunk.
   StatusOr<ChunkFetchResult> FetchChunk(WorkerId worker, RequestId request,
                                         std::span<const TokenId> tokens,
+                                        int64_t virtual_start,
                                         std::chrono::milliseconds wait,
                                         const std::atomic<bool>* stop)
       TIERKV_EXCLUDES(mu_);

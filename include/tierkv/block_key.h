@@ -100,10 +100,13 @@ class KeyHasher {
                         std::vector<BlockKey>* keys) const;
 
   // Keys of a position-independent chunk: chained from the chunk root, by
-  // content only, including the trailing partial block (its token count is
-  // part of the encoding).
+  // content and the virtual position its KV was computed at (its first
+  // token's RoPE position; the same chunk computed elsewhere holds other
+  // keys), including the trailing partial block (its token count is part
+  // of the encoding). Virtual start 0 chains from the chunk root itself.
   std::vector<BlockKey> ChunkKeys(std::span<const TokenId> tokens,
-                                  int32_t block_size) const;
+                                  int32_t block_size,
+                                  int64_t virtual_start = 0) const;
 
  private:
   // Blocks up to this many tokens take the allocation-free fast path.

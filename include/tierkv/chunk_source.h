@@ -32,6 +32,10 @@ class ChunkSource {
 
   virtual ~ChunkSource() = default;
 
+  // `virtual_start` is the RoPE position the chunk's KV is computed at
+  // (ChunkKvStoreOptions::virtual_start): part of what the tiers key it by,
+  // so a chunk computed at another position is a miss.
+  //
   // When the tiers hold every block of `chunk`: calls `allocate` once, for
   // one pool block per chunk block, and copies the chunk into them; true
   // once the copy is done. False on a miss (`allocate` not called) or when
@@ -39,12 +43,13 @@ class ChunkSource {
   // contents are then undefined. An error when the tiers cannot be reached
   // or `allocate` fails.
   virtual StatusOr<bool> Fetch(std::span<const TokenId> chunk,
+                               int64_t virtual_start,
                                const AllocateBlocks& allocate) = 0;
 
   // Copies the chunk's blocks (one per chunk block, in order) down and
   // returns when the copy is done, so the blocks may be reused at once.
   // Blocks the tiers hold already are not copied again.
-  virtual Status Publish(std::span<const TokenId> chunk,
+  virtual Status Publish(std::span<const TokenId> chunk, int64_t virtual_start,
                          std::span<const BlockId> blocks) = 0;
 };
 

@@ -179,8 +179,12 @@ class Client {
   // cannot be reached (then some lookups may have been done).
   StatusOr<std::vector<StatusOr<LookupResult>>> LookupBatch(
       std::span<const LookupQuery> queries);
+  // A chunk's keys include the RoPE position its KV is computed at
+  // (`virtual_start`, ChunkKvStoreOptions::virtual_start): KV computed at
+  // one is never served to a worker that asks at another.
   StatusOr<LookupResult> LookupChunk(RequestId request,
-                                     std::span<const TokenId> tokens);
+                                     std::span<const TokenId> tokens,
+                                     int64_t virtual_start = 0);
   // Also pins the load's device blocks and starts its copy, or, when the
   // load is pending (promotions from disk), keeps it until tierkvd reports
   // it ready: PollEvents and WaitEvents start it then (and unpin the blocks
@@ -261,13 +265,15 @@ class Client {
   StatusOr<ChunkFetchResult> FetchChunk(RequestId request,
                                         std::span<const TokenId> tokens,
                                         std::chrono::milliseconds wait,
-                                        const AllocateDeviceBlocks& allocate);
+                                        const AllocateDeviceBlocks& allocate,
+                                        int64_t virtual_start = 0);
   // Stores the chunk's blocks tierkvd lacks from `device_blocks` (one per
   // chunk block): LookupChunk, Allocate, Commit and Finish in one round
   // trip; starts the stores' copies (copies = client).
   StatusOr<CommitResult> PublishChunk(RequestId request,
                                       std::span<const TokenId> tokens,
-                                      std::span<const BlockId> device_blocks);
+                                      std::span<const BlockId> device_blocks,
+                                      int64_t virtual_start = 0);
   // Complete, then Finish(finish) unless it is 0, in one message sent
   // without waiting for the answer: the next call collects it first. An
   // error in it is counted (post_errors) and kept (last_post_error), but

@@ -56,9 +56,9 @@ class ClientChunkSource final : public ChunkSource {
   explicit ClientChunkSource(Client* client,
                              const ClientChunkSourceOptions& options = {});
 
-  StatusOr<bool> Fetch(std::span<const TokenId> chunk,
+  StatusOr<bool> Fetch(std::span<const TokenId> chunk, int64_t virtual_start,
                        const AllocateBlocks& allocate) override;
-  Status Publish(std::span<const TokenId> chunk,
+  Status Publish(std::span<const TokenId> chunk, int64_t virtual_start,
                  std::span<const BlockId> blocks) override;
 
   const ClientChunkSourceStats& stats() const { return stats_; }

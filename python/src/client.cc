@@ -296,13 +296,15 @@ void RegisterMethods(py::class_<PyClient>& cls) {
          py::arg("num_computed_tokens") = 0)
       .def(
           "lookup_chunk",
-          [](const PyClient& c, RequestId request, const py::handle& tokens) {
+          [](const PyClient& c, RequestId request, const py::handle& tokens,
+             int64_t virtual_start) {
             std::vector<TokenId> t = Tokens(tokens);
             return ValueOrRaise(c.Call([&](Client& client) {
-              return client.LookupChunk(request, t);
+              return client.LookupChunk(request, t, virtual_start);
             }));
           },
-          py::arg("request_id"), py::arg("tokens"))
+          py::arg("request_id"), py::arg("tokens"),
+          py::arg("virtual_start") = 0)
       .def(
           "allocate",
           [](const PyClient& c, RequestId request,
