@@ -115,6 +115,7 @@ bool ChunkKvStore::Contains(std::span<const TokenId> chunk) const {
 std::vector<BlockId> ChunkKvStore::Acquire(std::span<const TokenId> chunk) {
   const int32_t bs = s_->pool.block_size();
   const std::vector<BlockKey> keys = s_->hasher.ChunkKeys(chunk, bs);
+  if (keys.empty()) return {};  // No chunk: neither a hit nor a miss.
   std::vector<BlockId> blocks;
   for (size_t j = 0; j < keys.size(); ++j) {
     std::optional<BlockId> hit =

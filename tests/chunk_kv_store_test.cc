@@ -101,6 +101,9 @@ TEST(ChunkKvStore, ComputeFillsTheBlocksItIsGiven) {
   store.Release(blocks);
   EXPECT_EQ(store.stats().computed, 1u);
   EXPECT_EQ(store.stats().pool_hits, 1u);
+  // No tokens is no chunk: nothing acquired, and not counted as a hit.
+  EXPECT_TRUE(store.Acquire({}).empty());
+  EXPECT_EQ(store.stats().pool_hits, 1u);
   EXPECT_THAT(PoolOf(store).CheckInvariants(), IsOk());
 }
 
