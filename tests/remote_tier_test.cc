@@ -368,6 +368,52 @@ TEST_F(RedisClusterRemoteTierTest, ARemoveBehindAQueuedWriteLeavesNothing) {
   EXPECT_THAT(Promote(*tier, kKey1, kTokens1, 4), IsOkAndHolds(Checksum(5)));
 }
 
+// A RemoveAll (an operator's clear) while a demotion waits behind another
+// write: the disk tier evicted that block before the clear, so it must not
+// land in the cluster after it. A host slot's spill in flight does land.
+TEST_F(RedisClusterRemoteTierTest, ADemotionQueuedBeforeRemoveAllIsNotKept) {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool holding = false, released = false;
+  on_slot_read_ = [&](BlockId slot) {
+    if (slot != 5) return;
+    std::unique_lock<std::mutex> lock(mu);
+    holding = true;
+    cv.notify_all();
+    cv.wait(lock, [&] { return released; });
+  };
+  std::unique_ptr<RemoteTier> tier = OpenTier("model-a/layout-1");
+  ASSERT_NE(tier, nullptr);
+  std::promise<Status> spilled, demoted;
+  tier->Spill(kKey3, kTokens3, 5, std::nullopt,
+              [&spilled](Status s) { spilled.set_value(std::move(s)); });
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return holding; });
+  }
+  tier->Demote(kKey1, kTokens1, slots_[1],
+               [&demoted](Status s) { demoted.set_value(std::move(s)); });
+  EXPECT_EQ(tier->RemoveAll(), 0u);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    released = true;
+  }
+  cv.notify_all();
+  EXPECT_THAT(spilled.get_future().get(), IsOk());
+  EXPECT_THAT(demoted.get_future().get(), StatusIs(StatusCode::kAborted));
+  tier->WaitQueued();
+  EXPECT_TRUE(tier->Contains(kKey3, kTokens3));
+  EXPECT_FALSE(tier->Contains(kKey1, kTokens1));
+  EXPECT_THAT(raw_->Get(tier->RedisKey(kKey1)),
+              StatusIs(StatusCode::kNotFound));
+  // A demotion queued after the clear is kept.
+  std::promise<Status> again;
+  tier->Demote(kKey1, kTokens1, slots_[1],
+               [&again](Status s) { again.set_value(std::move(s)); });
+  EXPECT_THAT(again.get_future().get(), IsOk());
+  EXPECT_TRUE(tier->Contains(kKey1, kTokens1));
+}
+
 // A block the tier evicts past capacity_bytes is deleted as a Remove is:
 // after scans had found it, it is no longer held, and later scans do not
 // bring it back.

@@ -194,6 +194,7 @@ struct RemoteTier::Job {
   BlockId slot = 0;
   std::optional<uint64_t> checksum;
   std::vector<std::byte> payload;  // kSpill of a Demote: the block's bytes.
+  uint64_t clears = 0;             // A Demote's: clears_ when it was queued.
   Done done;
   PromoteDone promote_done;
   std::vector<std::string> redis_keys;  // kDelete.
@@ -314,6 +315,7 @@ void RemoteTier::Demote(const BlockKey& key, std::span<const TokenId> tokens,
       job.key = key;
       job.tokens.assign(tokens.begin(), tokens.end());
       job.payload = std::move(payload);
+      job.clears = clears_;
       job.done = std::move(done);
       jobs_.push_back(std::move(job));
     }
@@ -387,6 +389,7 @@ uint64_t RemoteTier::RemoveAll() {
   {
     MutexLock lock(&mu_);
     ++removals_;
+    ++clears_;
     for (const auto& [key, entry] : index_) {
       job.redis_keys.push_back(RedisKey(key));
       job.deleted.push_back(key);
@@ -530,6 +533,7 @@ void RemoteTier::RunSpill(Job& job) {
       EncodeValue(options_.store_fingerprint, job.key, job.tokens, slot);
   Status set = client_->Set(RedisKey(job.key), value, options_.ttl);
   std::vector<BlockKey> evicted;
+  bool cleared = false;
   {
     MutexLock lock(&mu_);
     if (!set.ok()) {
@@ -539,6 +543,15 @@ void RemoteTier::RunSpill(Job& job) {
       // deletes what it wrote, and the index must not say otherwise.
       set = Status::Aborted("remote tier: block " + job.key.ToHex() +
                             " removed while its write was queued");
+    } else if (!job.payload.empty() && job.clears != clears_) {
+      // A block the disk tier evicted before a RemoveAll: what the
+      // operator cleared does not come back (deleted below). A host
+      // slot's spill lands as RemoveAll promises.
+      cleared = true;
+      ++deleting_[job.key];
+      if (scan_client_ != nullptr) removed_in_scan_.insert(job.key);
+      set = Status::Aborted("remote tier: block " + job.key.ToHex() +
+                            " cleared while its demotion was queued");
     } else {
       // A block written again stays one entry (and one BlockStored).
       if (EraseLocked(job.key, /*report=*/false) == 0 &&
@@ -575,6 +588,7 @@ void RemoteTier::RunSpill(Job& job) {
       stats_.keys = index_.size();
     }
   }
+  if (cleared) evicted.push_back(job.key);
   if (!evicted.empty()) {
     std::vector<std::string> redis_keys;
     redis_keys.reserve(evicted.size());

@@ -141,7 +141,9 @@ class RemoteTier final : public LowerTier {
   // it.
   bool Remove(const BlockKey& key) override;
   // Forgets every key and deletes the values this process wrote; other
-  // machines' blocks come back with the next scan.
+  // machines' blocks come back with the next scan. Spills of host slots
+  // in flight land (LowerTier's contract); demotions queued before it (the
+  // disk tier's evictions) are not kept: Aborted, their values deleted.
   uint64_t RemoveAll() override;
   // The blocks in this tier's index (those this process spilled), most
   // recently used first.
@@ -227,6 +229,8 @@ class RemoteTier final : public LowerTier {
   std::unordered_set<BlockKey, BlockKeyHash> removed_in_scan_
       TIERKV_GUARDED_BY(mu_);
   bool cleared_in_scan_ TIERKV_GUARDED_BY(mu_) = false;
+  // RemoveAll calls: a demotion queued before one is not kept.
+  uint64_t clears_ TIERKV_GUARDED_BY(mu_) = 0;
   // Keys whose DEL is queued or running (Remove, RemoveAll, evictions past
   // capacity_bytes), with how many DELs: a scan that starts before the DEL
   // lands must not find them again, and a write of the key queued before
