@@ -357,6 +357,25 @@ def test_tierkvd_lost_before_allocation_fails_the_whole_load(
     assert engine.verify("r2", len(PREFIX) + 1) == {0: [], 1: []}
 
 
+def test_a_failed_allocation_finishes_its_request_in_tierkvd(engine, daemon):
+    _store_prefix(engine, "r1", PREFIX + [1])
+    assert engine.lookup("r2", PREFIX + [2]) == (64, True)
+    side = engine.scheduler._scheduler
+    tid = side._requests["r2"].tid
+    # tierkvd no longer knows the request (as after a refused lookup): its
+    # allocation fails, the load with it, and nothing of it is kept.
+    engine.scheduler.tierkv_client.finish(tid)
+    engine.allocate("r2")
+    assert tid not in side._by_tid
+    assert side._requests["r2"].tid is None
+    engine.run_until(lambda: "r2" in engine.received)
+    # The blocks the load was to fill: the 64 tokens of the hit.
+    assert engine.load_errors == set(list(engine.requests["r2"].blocks)[:4])
+    engine.step()
+    assert engine.finish("r2") is False
+    assert _observer(daemon).stats()["host"]["pinned_slots"] == 0
+
+
 def test_worker_killed_mid_load_releases_slots_and_a_new_rank_serves(
         engine, daemon):
     _store_prefix(engine, "r1", PREFIX + [1])

@@ -30,7 +30,12 @@ Not for MLA models (their host pool has no separate K and V).
 
 HiCache calls the backend from its prefetch and backup threads at once; the
 backend serializes its batches with a lock (one tierkv client is driven by
-one thread at a time).
+one thread at a time). Those threads stop for good on an exception, so a
+tierkvd out of reach, too slow (batch_timeout) or refusing for lack of room
+is a miss, or nothing stored, logged (at most every 30 s, with how many
+calls failed meanwhile); the next call attaches again. A call HiCache
+makes wrongly (before register_mem_pool_host, a page outside the pool)
+raises.
 """
 
 from __future__ import annotations
@@ -48,6 +53,12 @@ import tierkv
 from tierkv._engines import config_value, layout_dtype
 
 logger = logging.getLogger(__name__)
+
+# What a batch answers as a miss (or as nothing stored) instead of raising.
+_TRANSIENT = (tierkv.UnavailableError, tierkv.DeadlineExceededError,
+              tierkv.ResourceExhaustedError)
+# Seconds between two warnings about them.
+_WARN_EVERY = 30.0
 
 try:  # SGLang's interface when SGLang is installed.
     from sglang.srt.mem_cache.hicache_storage import (  # type: ignore
@@ -149,6 +160,10 @@ class TierkvStorage(HiCacheStorage):
         self._layout: Any = None
         self._page_size = 0
         self._next_request = 1
+        # Calls failed for want of tierkvd since the last warning, and when
+        # that was (see _degraded).
+        self._failed_calls = 0
+        self._last_warning = float("-inf")
 
     # -- set-up ---------------------------------------------------------------
 
@@ -210,20 +225,41 @@ class TierkvStorage(HiCacheStorage):
     # -- HiCacheStorage -------------------------------------------------------
 
     def batch_exists(self, keys: List[str], extra_info: Any = None) -> int:
-        """How many keys, from the first, tierkvd holds (host or disk)."""
+        """How many keys, from the first, tierkvd holds (host or disk); 0
+        while tierkvd cannot answer."""
         with self._lock:
-            client = self._ready()
-            hits = 0
-            for key in keys:
-                rid = self._request()
-                try:
-                    found = client.lookup_chunk(rid, self._tokens(key))
-                finally:
-                    client.finish(rid)
-                if found.hit_tokens < self._page_size:
-                    break
-                hits += 1
-            return hits
+            try:
+                return self._exists(keys)
+            except _TRANSIENT as e:
+                self._degraded("batch_exists", e)
+                return 0
+
+    def _exists(self, keys: List[str]) -> int:
+        client = self._ready()
+        hits = 0
+        for key in keys:
+            rid = self._request()
+            try:
+                found = client.lookup_chunk(rid, self._tokens(key))
+            finally:
+                client.finish(rid)
+            if found.hit_tokens < self._page_size:
+                break
+            hits += 1
+        return hits
+
+    def _degraded(self, what: str, error: Exception) -> None:
+        """Logs a call that failed for want of tierkvd, at most every
+        _WARN_EVERY seconds."""
+        self._failed_calls += 1
+        now = time.monotonic()
+        if now - self._last_warning < _WARN_EVERY:
+            return
+        logger.warning("tierkv: %s: %s (%d call(s) failed so; HiCache goes "
+                       "on without tierkv until it answers)", what, error,
+                       self._failed_calls)
+        self._last_warning = now
+        self._failed_calls = 0
 
     def exists(self, key: str) -> bool:
         return self.batch_exists([key]) == 1
@@ -233,14 +269,22 @@ class TierkvStorage(HiCacheStorage):
         """Loads each key's page into its host pool page; per key, whether
         the page now holds it (False: not stored, or its load failed)."""
         with self._lock:
-            return self._batch(keys, host_indices, self._start_get)
+            try:
+                return self._batch(keys, host_indices, self._start_get)
+            except _TRANSIENT as e:
+                self._degraded("batch_get_v1", e)
+                return [False] * len(keys)
 
     def batch_set_v1(self, keys: List[str], host_indices: Any,
                      extra_info: Any = None) -> List[bool]:
         """Stores each key's host pool page; per key, whether tierkvd holds
         it now (True also for a key it held already)."""
         with self._lock:
-            return self._batch(keys, host_indices, self._start_set)
+            try:
+                return self._batch(keys, host_indices, self._start_set)
+            except _TRANSIENT as e:
+                self._degraded("batch_set_v1", e)
+                return [False] * len(keys)
 
     def _start_get(self, client: Any, rid: int, key: str, page: int
                    ) -> Optional[bool]:

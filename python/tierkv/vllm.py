@@ -475,7 +475,13 @@ class _SchedulerSide:
         result = self._call("allocate", self._client.allocate, req.tid,
                             block_ids, num_external_tokens)
         if result is None:
-            req.tid = None  # Not allocated in tierkv: nothing to commit.
+            # Not allocated in tierkv: nothing to commit. Its request there
+            # is finished (the lookup's pins go, and it stops counting
+            # against the worker's request cap) and forgotten here.
+            if self._connected:
+                self._call("finish", self._client.finish, req.tid)
+            self._by_tid.pop(req.tid, None)
+            req.tid = None
             if req.recving:
                 self._failed_recvs.append(FailedRecv(rid, req.load_blocks))
             return
