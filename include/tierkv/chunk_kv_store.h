@@ -63,8 +63,11 @@ struct ChunkKvStoreOptions {
   KvLayout layout;
   // How the model turns K; head_dim as the layout's. Required.
   RopeConfig rope;
-  int32_t num_blocks = 0;     // Pool size, null block included. Required.
-  int64_t virtual_start = 0;  // Where every chunk is computed. Default: 0.
+  int32_t num_blocks = 0;  // Pool size, null block included. Required.
+  // Where every chunk is computed (0 .. 2^48 - 1). Default: 0. Part of a
+  // chunk's keys in the tiers below (ChunkSource): pools at other starts
+  // never share a chunk's KV.
+  int64_t virtual_start = 0;
   KeyNamespace key_namespace = {};  // Default: model "", tenant "".
   // Computes a chunk into pool blocks (the engine's model). Required.
   ChunkComputeFn compute;
