@@ -138,6 +138,29 @@ class RedisClusterRemoteTierTest : public ::testing::Test {
               now + 2);
   }
 
+  // Holds the I/O thread in every spill of `slot` (as it reads the slot)
+  // until ReleaseHeld; WaitUntilHeld returns once it is held.
+  void HoldSpillsOfSlot(BlockId held) {
+    on_slot_read_ = [this, held](BlockId slot) {
+      if (slot != held) return;
+      std::unique_lock<std::mutex> lock(hold_mu_);
+      holding_ = true;
+      hold_cv_.notify_all();
+      hold_cv_.wait(lock, [this] { return released_; });
+    };
+  }
+  void WaitUntilHeld() {
+    std::unique_lock<std::mutex> lock(hold_mu_);
+    hold_cv_.wait(lock, [this] { return holding_; });
+  }
+  void ReleaseHeld() {
+    {
+      std::lock_guard<std::mutex> lock(hold_mu_);
+      released_ = true;
+    }
+    hold_cv_.notify_all();
+  }
+
   std::unique_ptr<RedisClusterHarness> cluster_;
   std::unique_ptr<RedisClusterClient> raw_;  // To read and damage values.
   CacheEventSink* events_ = nullptr;  // Given to the tiers OpenTier opens.
@@ -146,6 +169,10 @@ class RedisClusterRemoteTierTest : public ::testing::Test {
   std::function<void(BlockId)> on_slot_read_;
   uint64_t max_demotion_backlog_bytes_ = uint64_t{64} << 20;
   std::vector<std::vector<std::byte>> slots_;
+  std::mutex hold_mu_;
+  std::condition_variable hold_cv_;
+  bool holding_ = false;   // Guarded by hold_mu_.
+  bool released_ = false;  // Guarded by hold_mu_.
 };
 
 const BlockKey kKey1{.lo = 0x1111, .hi = 0xaaaa};
@@ -227,27 +254,14 @@ TEST_F(RedisClusterRemoteTierTest, ServesOnlyVerifiedValuesOfItsBlock) {
 // end behind a slow cluster; a block of the wrong size is refused too.
 TEST_F(RedisClusterRemoteTierTest,
        DemotedBlocksAreWrittenAndTheirQueueBounded) {
-  // The I/O thread is held in a spill of slot 5 until released.
-  std::mutex mu;
-  std::condition_variable cv;
-  bool holding = false, released = false;
-  on_slot_read_ = [&](BlockId slot) {
-    if (slot != 5) return;
-    std::unique_lock<std::mutex> lock(mu);
-    holding = true;
-    cv.notify_all();
-    cv.wait(lock, [&] { return released; });
-  };
+  HoldSpillsOfSlot(5);  // The I/O thread waits there until released.
   max_demotion_backlog_bytes_ = kBlockBytes;  // One demotion waits at most.
   std::unique_ptr<RemoteTier> tier = OpenTier("model-a/layout-1");
   ASSERT_NE(tier, nullptr);
   std::promise<Status> held;
   tier->Spill(kKey3, kTokens3, 5, std::nullopt,
               [&held](Status s) { held.set_value(std::move(s)); });
-  {
-    std::unique_lock<std::mutex> lock(mu);
-    cv.wait(lock, [&] { return holding; });
-  }
+  WaitUntilHeld();
   std::promise<Status> first;
   tier->Demote(kKey1, kTokens1, slots_[1],
                [&first](Status s) { first.set_value(std::move(s)); });
@@ -258,11 +272,7 @@ TEST_F(RedisClusterRemoteTierTest,
                [&wrong_size](Status s) { wrong_size = std::move(s); });
   EXPECT_THAT(second, StatusIs(StatusCode::kResourceExhausted));
   EXPECT_THAT(wrong_size, StatusIs(StatusCode::kInvalidArgument));
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    released = true;
-  }
-  cv.notify_all();
+  ReleaseHeld();
   EXPECT_THAT(held.get_future().get(), IsOk());
   EXPECT_THAT(first.get_future().get(), IsOk());
   EXPECT_TRUE(tier->Contains(kKey1, kTokens1));
@@ -328,31 +338,15 @@ TEST_F(RedisClusterRemoteTierTest, CapacityTtlRemoveAndRemoveAll) {
 // (the spill answers Aborted, as the disk tier's does). A later spill of
 // the key is stored as ever.
 TEST_F(RedisClusterRemoteTierTest, ARemoveBehindAQueuedWriteLeavesNothing) {
-  std::mutex mu;
-  std::condition_variable cv;
-  bool holding = false, released = false;
-  on_slot_read_ = [&](BlockId slot) {
-    if (slot != 5) return;
-    std::unique_lock<std::mutex> lock(mu);
-    holding = true;
-    cv.notify_all();
-    cv.wait(lock, [&] { return released; });
-  };
+  HoldSpillsOfSlot(5);
   std::unique_ptr<RemoteTier> tier = OpenTier("model-a/layout-1");
   ASSERT_NE(tier, nullptr);
   std::promise<Status> spilled;
   tier->Spill(kKey1, kTokens1, 5, std::nullopt,
               [&spilled](Status s) { spilled.set_value(std::move(s)); });
-  {
-    std::unique_lock<std::mutex> lock(mu);
-    cv.wait(lock, [&] { return holding; });
-  }
+  WaitUntilHeld();
   EXPECT_FALSE(tier->Remove(kKey1));  // Not stored yet.
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    released = true;
-  }
-  cv.notify_all();
+  ReleaseHeld();
   EXPECT_THAT(spilled.get_future().get(), StatusIs(StatusCode::kAborted));
   tier->WaitQueued();
   EXPECT_FALSE(tier->Contains(kKey1, kTokens1));
@@ -372,33 +366,17 @@ TEST_F(RedisClusterRemoteTierTest, ARemoveBehindAQueuedWriteLeavesNothing) {
 // write: the disk tier evicted that block before the clear, so it must not
 // land in the cluster after it. A host slot's spill in flight does land.
 TEST_F(RedisClusterRemoteTierTest, ADemotionQueuedBeforeRemoveAllIsNotKept) {
-  std::mutex mu;
-  std::condition_variable cv;
-  bool holding = false, released = false;
-  on_slot_read_ = [&](BlockId slot) {
-    if (slot != 5) return;
-    std::unique_lock<std::mutex> lock(mu);
-    holding = true;
-    cv.notify_all();
-    cv.wait(lock, [&] { return released; });
-  };
+  HoldSpillsOfSlot(5);
   std::unique_ptr<RemoteTier> tier = OpenTier("model-a/layout-1");
   ASSERT_NE(tier, nullptr);
   std::promise<Status> spilled, demoted;
   tier->Spill(kKey3, kTokens3, 5, std::nullopt,
               [&spilled](Status s) { spilled.set_value(std::move(s)); });
-  {
-    std::unique_lock<std::mutex> lock(mu);
-    cv.wait(lock, [&] { return holding; });
-  }
+  WaitUntilHeld();
   tier->Demote(kKey1, kTokens1, slots_[1],
                [&demoted](Status s) { demoted.set_value(std::move(s)); });
   EXPECT_EQ(tier->RemoveAll(), 0u);
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    released = true;
-  }
-  cv.notify_all();
+  ReleaseHeld();
   EXPECT_THAT(spilled.get_future().get(), IsOk());
   EXPECT_THAT(demoted.get_future().get(), StatusIs(StatusCode::kAborted));
   tier->WaitQueued();
