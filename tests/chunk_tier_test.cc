@@ -38,36 +38,63 @@ std::vector<TokenId> Tokens(uint32_t seed, int n) {
 
 class ChunkTierTest : public ::testing::Test {
  protected:
-  // A pool of `pool_blocks` (the null block included) over a client whose
-  // host tier has host_slots usable slots, with a disk tier when asked;
-  // attached to the tierkvd at `socket`, or embedded.
-  void Open(int32_t pool_blocks, int32_t host_slots, bool disk,
-            const std::string& socket = "") {
-    store_ = std::make_unique<ChunkKvStore>(
+  // A device chunk pool and the tiers below it, released in this order's
+  // reverse.
+  struct Pool {
+    std::unique_ptr<ChunkKvStore> store;
+    std::unique_ptr<EmulatedDeviceTier> device;
+    std::unique_ptr<Client> client;
+    std::unique_ptr<ClientChunkSource> source;
+  };
+  // A pool of `pool_blocks` (the null block included) computing chunks at
+  // `virtual_start`, over a client attached to the tierkvd at `socket`, or
+  // embedded (with `embedded`'s tiers) when it is empty. Null members when
+  // the client cannot be opened (a test failure).
+  Pool MakePool(int32_t pool_blocks, int64_t virtual_start,
+                const std::string& socket,
+                const EmbeddedOptions& embedded = {}) {
+    Pool p;
+    p.store = std::make_unique<ChunkKvStore>(
         CreateChunkKvStore(model_, {.num_blocks = pool_blocks,
                                     .block_size = kBs,
-                                    .virtual_start = 100})
+                                    .virtual_start = virtual_start})
             .value());
-    const KvLayout& layout = store_->layout();
+    const KvLayout& layout = p.store->layout();
     const size_t bytes = static_cast<size_t>(pool_blocks) * layout.BlockBytes();
-    device_ = EmulatedDeviceTier::CreateOver({store_->memory(), bytes},
-                                             pool_blocks, layout.BlockBytes())
-                  .value();
+    p.device = EmulatedDeviceTier::CreateOver({p.store->memory(), bytes},
+                                              pool_blocks, layout.BlockBytes())
+                   .value();
     ClientOptions options;
     options.socket_path = socket;
     options.layout = layout;
     options.num_device_blocks = pool_blocks;
-    options.device = device_.get();
+    options.device = p.device.get();
+    auto client = socket.empty() ? OpenEmbedded(options, embedded)
+                                 : Client::Open(options);
+    EXPECT_THAT(client, IsOk());
+    if (!client.ok()) return p;
+    p.client = std::move(*client);
+    p.source = std::make_unique<ClientChunkSource>(p.client.get());
+    p.store->SetTier(p.source.get());
+    return p;
+  }
+
+  // The fixture's pool (virtual start 100) over a client whose host tier
+  // has host_slots usable slots, with a disk tier when asked; attached to
+  // the tierkvd at `socket`, or embedded.
+  void Open(int32_t pool_blocks, int32_t host_slots, bool disk,
+            const std::string& socket = "") {
+    const KvLayout layout = model_.config().CacheLayout(kBs, DType::kF32);
     EmbeddedOptions embedded;
     embedded.host_bytes =
         static_cast<size_t>(host_slots + 1) * layout.BlockBytes();
     if (disk) embedded.disk_path = dir_.path() + "/disk";
-    auto client = socket.empty() ? OpenEmbedded(options, embedded)
-                                 : Client::Open(options);
-    ASSERT_THAT(client, IsOk());
-    client_ = std::move(*client);
-    tier_ = std::make_unique<ClientChunkSource>(client_.get());
-    store_->SetTier(tier_.get());
+    Pool p = MakePool(pool_blocks, 100, socket, embedded);
+    ASSERT_NE(p.client, nullptr);
+    store_ = std::move(p.store);
+    device_ = std::move(p.device);
+    client_ = std::move(p.client);
+    tier_ = std::move(p.source);
   }
 
   void Compute(const std::vector<TokenId>& chunk) {
@@ -259,39 +286,15 @@ TEST_F(ChunkTierTest, AChunkComputedAtAnotherVirtualStartIsAMiss) {
                            "--dtype", "f32", "--host-capacity", "1M"});
   ASSERT_THAT(daemon, IsOk());
   ASSERT_TRUE((*daemon)->WaitForOutput("serving store")) << (*daemon)->output();
-  struct Pool {
-    std::unique_ptr<ChunkKvStore> store;
-    std::unique_ptr<EmulatedDeviceTier> device;
-    std::unique_ptr<Client> client;
-    std::unique_ptr<ClientChunkSource> source;
-  };
   constexpr int32_t kPoolBlocks = 8;
   const auto open = [&](int64_t virtual_start) {
-    Pool p;
-    p.store = std::make_unique<ChunkKvStore>(
-        CreateChunkKvStore(model_, {.num_blocks = kPoolBlocks,
-                                    .block_size = kBs,
-                                    .virtual_start = virtual_start})
-            .value());
-    p.device = EmulatedDeviceTier::CreateOver(
-                   {p.store->memory(),
-                    static_cast<size_t>(kPoolBlocks) * layout.BlockBytes()},
-                   kPoolBlocks, layout.BlockBytes())
-                   .value();
-    ClientOptions options;
-    options.socket_path = socket;
-    options.layout = layout;
-    options.num_device_blocks = kPoolBlocks;
-    options.device = p.device.get();
-    p.client = Client::Open(options).value();
-    p.source = std::make_unique<ClientChunkSource>(p.client.get());
-    p.store->SetTier(p.source.get());
-    return p;
+    return MakePool(kPoolBlocks, virtual_start, socket);
   };
   const std::vector<TokenId> chunk = Tokens(7, 40);  // 3 blocks, 1 partial.
   Pool a = open(100);
   Pool b = open(1000);
   Pool c = open(100);
+  for (const Pool* p : {&a, &b, &c}) ASSERT_NE(p->client, nullptr);
   const std::vector<BlockId> computed =
       a.store->ComputeAndInsert(chunk).value();
   a.store->Release(computed);

@@ -34,6 +34,15 @@ using std::chrono::microseconds;
 
 KvLayout Layout() { return TestLayout(); }
 
+// Worker "w" of the test layout, with `device_blocks` device blocks.
+WorkerRegistration TestWorker(int32_t device_blocks) {
+  return {.layout = Layout(),
+          .num_device_blocks = device_blocks,
+          .tenant = "",
+          .pid = 1,
+          .name = "w"};
+}
+
 std::vector<BlockId> Range(BlockId first, BlockId last) {
   std::vector<BlockId> v;
   for (BlockId b = first; b <= last; ++b) v.push_back(b);
@@ -309,13 +318,7 @@ TEST(CoordinatorLookupAgainTest, MatchesFullLookupsUnderRandomEdits) {
   };
   Coordinator full = make(), delta = make();
   auto worker = [](Coordinator& c) {
-    return c
-        .RegisterWorker({.layout = Layout(),
-                         .num_device_blocks = 100,
-                         .tenant = "",
-                         .pid = 1,
-                         .name = "w"})
-        .value();
+    return c.RegisterWorker(TestWorker(100)).value();
   };
   const WorkerId wf = worker(full), wd = worker(delta);
   // The same stored prompt in both: 8 blocks.
@@ -390,12 +393,7 @@ TEST(CoordinatorRepeatedLookupTest, LeavesTheFreeQueueAsAFreshOne) {
   auto free_queue_after = [&](bool repeated) {
     Coordinator c =
         Coordinator::Create({.layout = Layout(), .host_slots = 50}).value();
-    const WorkerId w = c.RegisterWorker({.layout = Layout(),
-                                         .num_device_blocks = 100,
-                                         .tenant = "",
-                                         .pid = 1,
-                                         .name = "w"})
-                           .value();
+    const WorkerId w = c.RegisterWorker(TestWorker(100)).value();
     EXPECT_THAT(c.Lookup(w, 1, t, 0, {}), IsOk());
     const std::vector<BlockId> device = Range(1, 7);
     EXPECT_THAT(c.Allocate(w, 1, device, 0), IsOk());
@@ -889,12 +887,7 @@ TEST(CoordinatorEventsTest, ALoadIsPromotingThenReadyThenCopying) {
                                        .lower = &lower,
                                        .clock = [&now] { return now; }})
                       .value();
-  const WorkerId w = c.RegisterWorker({.layout = Layout(),
-                                       .num_device_blocks = 10,
-                                       .tenant = "",
-                                       .pid = 1,
-                                       .name = "w"})
-                         .value();
+  const WorkerId w = c.RegisterWorker(TestWorker(10)).value();
   const std::vector<TokenId> t = SequentialTokens(1, 33);
   ASSERT_EQ(c.Lookup(w, 4, t, 0, {}).value().disk_hit_tokens, 32);
   const AllocateResult alloc = c.Allocate(w, 4, Range(1, 3), 32).value();
@@ -929,12 +922,7 @@ TEST(CoordinatorEventsTest, APromotedBlockCountsAsUsedAgain) {
                                        .lower = &lower,
                                        .host_eviction = EvictionPolicy::kArc})
                       .value();
-  const WorkerId w = c.RegisterWorker({.layout = Layout(),
-                                       .num_device_blocks = 10,
-                                       .tenant = "",
-                                       .pid = 1,
-                                       .name = "w"})
-                         .value();
+  const WorkerId w = c.RegisterWorker(TestWorker(10)).value();
   const std::vector<TokenId> t = SequentialTokens(1, 33);
   ASSERT_EQ(c.Lookup(w, 4, t, 0, {}).value().disk_hit_tokens, 32);
   ASSERT_TRUE(c.Allocate(w, 4, Range(1, 3), 32).value().load_pending);
@@ -976,12 +964,7 @@ TEST(CoordinatorEventsTest, TheLowerTierHearsOfEveryBlockTheHostDrops) {
                                        .spill_high = 1,
                                        .spill_low = 1})
                       .value();
-  const WorkerId w = c.RegisterWorker({.layout = Layout(),
-                                       .num_device_blocks = 10,
-                                       .tenant = "",
-                                       .pid = 1,
-                                       .name = "w"})
-                         .value();
+  const WorkerId w = c.RegisterWorker(TestWorker(10)).value();
   auto host_keys = [&c] {
     std::set<std::string> keys;
     for (BlockId id = 1; id < c.host_pool().num_blocks(); ++id) {
@@ -1179,12 +1162,7 @@ class SpillTest : public ::testing::Test {
                                 .spill_low = 0.2,
                                 .clock = [this] { return now_; }})
                .value()),
-        w_(c_.RegisterWorker({.layout = Layout(),
-                              .num_device_blocks = 10,
-                              .tenant = "",
-                              .pid = 1,
-                              .name = "w"})
-               .value()) {}
+        w_(c_.RegisterWorker(TestWorker(10)).value()) {}
 
   // Stores one block of `tokens` as request `id`; returns its key. Its
   // spill is then in flight, and nothing else pins it.
@@ -1370,12 +1348,7 @@ TEST(CoordinatorWriteBehindTest, DiskSlowerThanStoresEvictsAndCountsEachLoss) {
                                        .write_behind_spills = 1,
                                        .caps = {.worker_pin_share = 1}})
                       .value();
-  const WorkerId w = c.RegisterWorker({.layout = Layout(),
-                                       .num_device_blocks = 10,
-                                       .tenant = "",
-                                       .pid = 1,
-                                       .name = "w"})
-                         .value();
+  const WorkerId w = c.RegisterWorker(TestWorker(10)).value();
   struct Stored {
     BlockKey key;
     std::vector<TokenId> tokens;
@@ -1456,12 +1429,7 @@ class CorruptSlotTest : public ::testing::Test {
                     [this](BlockId s) { return sums_[static_cast<size_t>(s)]; },
                 .verify_on_load = true})
                .value()),
-        w_(c_.RegisterWorker({.layout = Layout(),
-                              .num_device_blocks = 10,
-                              .tenant = "",
-                              .pid = 1,
-                              .name = "w"})
-               .value()) {}
+        w_(c_.RegisterWorker(TestWorker(10)).value()) {}
 
   // Stores the one full block of `t` as request `id`; its host slot.
   BlockId Store(RequestId id, const std::vector<TokenId>& t) {
@@ -1545,12 +1513,7 @@ TEST(CoordinatorEvictTest, ABlockBeingPromotedIsReportedKept) {
   Coordinator c = Coordinator::Create(
                       {.layout = Layout(), .host_slots = 10, .lower = &lower})
                       .value();
-  const WorkerId w = c.RegisterWorker({.layout = Layout(),
-                                       .num_device_blocks = 10,
-                                       .tenant = "",
-                                       .pid = 1,
-                                       .name = "w"})
-                         .value();
+  const WorkerId w = c.RegisterWorker(TestWorker(10)).value();
   const std::vector<TokenId> t = SequentialTokens(1, 17);
   ASSERT_EQ(c.Lookup(w, 1, t, 0, {}).value().disk_hit_tokens, 16);
   ASSERT_TRUE(c.Allocate(w, 1, Range(1, 2), 16).value().load_pending);
