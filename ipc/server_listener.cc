@@ -441,7 +441,8 @@ void Server::Impl::Serve(Session* session) {
     } else if (std::holds_alternative<StatsRequest>(message)) {
       reply = StatsReply{Stats()};  // With what only the server counts.
     } else {
-      reply = DispatchToStore(*store, session->worker, message, &session->stop);
+      reply = DispatchToStore(*store, session->worker, message, &session->stop,
+                              session->channel.capacity());
     }
     response.clear();
     Encode(reply, &response);

@@ -52,9 +52,32 @@ StatusOr<LookupResult> LookupOne(Coordinator& c, WorkerId worker,
                        l.num_computed_tokens, l.extras);
 }
 
+// Bytes an event takes in a reply (wire.cc's Put: kind, id, request, its
+// device and host block lists, failed blocks) for `blocks` blocks.
+size_t EventReplyBytes(size_t blocks) { return 33 + 8 * blocks; }
+
+// Room kept in every reply for the rest of it: frame header, counts, a
+// status message.
+inline constexpr size_t kReplyReserveBytes = 8192;
+
+// A reply to a call of `blocks` device blocks (one event of that many at
+// most) fits in `max_reply_bytes`; else the call is refused before it
+// changes anything: a reply that does not fit could not tell the worker
+// of the events it made.
+Status CheckReplyRoom(size_t blocks, size_t max_reply_bytes) {
+  if (EventReplyBytes(blocks) + kReplyReserveBytes <= max_reply_bytes) {
+    return Status::Ok();
+  }
+  return Status::ResourceExhausted(
+      "a call of " + std::to_string(blocks) +
+      " blocks needs a reply larger than the control channel's " +
+      std::to_string(max_reply_bytes) + " bytes");
+}
+
 }  // namespace
 
-Message Dispatch(Coordinator& c, WorkerId worker, const Message& request) {
+Message Dispatch(Coordinator& c, WorkerId worker, const Message& request,
+                 size_t max_reply_bytes) {
   return std::visit(
       [&](const auto& m) -> Message {
         using T = std::decay_t<decltype(m)>;
@@ -70,9 +93,19 @@ Message Dispatch(Coordinator& c, WorkerId worker, const Message& request) {
           return Wrap<LookupReply>(
               c.LookupChunk(worker, m.request, m.tokens, m.virtual_start));
         } else if constexpr (std::is_same_v<T, AllocateRequest>) {
+          if (Status room =
+                  CheckReplyRoom(m.device_blocks.size(), max_reply_bytes);
+              !room.ok()) {
+            return ErrorReply{std::move(room)};
+          }
           return Wrap<AllocateReply>(c.Allocate(
               worker, m.request, m.device_blocks, m.num_external_tokens));
         } else if constexpr (std::is_same_v<T, CommitRequest>) {
+          if (Status room =
+                  CheckReplyRoom(m.device_blocks.size(), max_reply_bytes);
+              !room.ok()) {
+            return ErrorReply{std::move(room)};
+          }
           return Wrap<CommitReply>(c.Commit(
               worker, m.request, m.num_computed_tokens, m.device_blocks));
         } else if constexpr (std::is_same_v<T, CompleteRequest>) {
@@ -80,7 +113,13 @@ Message Dispatch(Coordinator& c, WorkerId worker, const Message& request) {
         } else if constexpr (std::is_same_v<T, FinishRequest>) {
           return Wrap(c.Finish(worker, m.request));
         } else if constexpr (std::is_same_v<T, ReadyLoadsRequest>) {
-          return Wrap<ReadyLoadsReply>(c.TakeReadyLoads(worker));
+          // As many as one reply holds; the worker is told of the rest.
+          size_t bytes = kReplyReserveBytes;
+          return Wrap<ReadyLoadsReply>(c.TakeReadyLoads(
+              worker, [&bytes, max_reply_bytes](const TransferEvent& e) {
+                bytes += EventReplyBytes(e.host_blocks.size());
+                return bytes <= max_reply_bytes;
+              }));
         } else if constexpr (std::is_same_v<T, FetchChunkRequest>) {
           // No one to wait for here: a busy lease is a miss (waited).
           StatusOr<Coordinator::ChunkFetch> fetch =
@@ -89,6 +128,11 @@ Message Dispatch(Coordinator& c, WorkerId worker, const Message& request) {
           fetch->result.waited = fetch->busy;
           return FetchChunkReply{std::move(fetch->result)};
         } else if constexpr (std::is_same_v<T, PublishChunkRequest>) {
+          if (Status room =
+                  CheckReplyRoom(m.device_blocks.size(), max_reply_bytes);
+              !room.ok()) {
+            return ErrorReply{std::move(room)};
+          }
           return Wrap<CommitReply>(c.PublishChunk(
               worker, m.request, m.tokens, m.device_blocks, m.virtual_start));
         } else if constexpr (std::is_same_v<T, ChunkDoneRequest>) {
@@ -111,8 +155,14 @@ Message Dispatch(Coordinator& c, WorkerId worker, const Message& request) {
 }
 
 Message DispatchToStore(TieredStore& store, WorkerId worker,
-                        const Message& request, const std::atomic<bool>* stop) {
+                        const Message& request, const std::atomic<bool>* stop,
+                        size_t max_reply_bytes) {
   if (const auto* fetch = std::get_if<FetchChunkRequest>(&request)) {
+    // Its load has a block per chunk block: at most one per token.
+    if (Status room = CheckReplyRoom(fetch->tokens.size(), max_reply_bytes);
+        !room.ok()) {
+      return ErrorReply{std::move(room)};
+    }
     const auto wait = std::chrono::milliseconds(
         std::min<uint32_t>(fetch->wait_ms, kMaxChunkWaitMs));
     return Wrap<FetchChunkReply>(
@@ -146,7 +196,7 @@ Message DispatchToStore(TieredStore& store, WorkerId worker,
     // Checksums of the stored slots are taken without the mutex.
     return Wrap(store.Complete(worker, complete->events));
   }
-  return Dispatch(*store.Lock(), worker, request);
+  return Dispatch(*store.Lock(), worker, request, max_reply_bytes);
 }
 
 }  // namespace tierkv::ipc

@@ -7,6 +7,8 @@
 #define TIERKV_IPC_SERVICE_H_
 
 #include <atomic>
+#include <cstddef>
+#include <cstdint>
 
 #include "ipc/protocol.h"
 #include "src/coordinator.h"
@@ -14,8 +16,12 @@
 
 namespace tierkv::ipc {
 
+// `max_reply_bytes`: what the worker's channel holds. A call whose reply
+// could exceed it (Allocate, Commit, PublishChunk of that many blocks) is
+// refused, ResourceExhausted, before it changes anything; ReadyLoads hands
+// out what fits and the worker is told of the rest (loads_ready).
 Message Dispatch(Coordinator& coordinator, WorkerId worker,
-                 const Message& request);
+                 const Message& request, size_t max_reply_bytes = SIZE_MAX);
 
 // The longest one WaitIdle message waits, whatever it asks.
 inline constexpr uint32_t kMaxWaitIdleMs = 1000;
@@ -33,7 +39,8 @@ inline constexpr uint32_t kMaxChunkWaitMs = 10'000;
 // Thread-safe.
 Message DispatchToStore(TieredStore& store, WorkerId worker,
                         const Message& request,
-                        const std::atomic<bool>* stop = nullptr);
+                        const std::atomic<bool>* stop = nullptr,
+                        size_t max_reply_bytes = SIZE_MAX);
 
 }  // namespace tierkv::ipc
 

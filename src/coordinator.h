@@ -409,7 +409,13 @@ class Coordinator {
   size_t PumpLowerTier();
   // The worker's pending loads whose promotions are done, in the order
   // they became ready; from now on each is an ordinary load in flight.
-  StatusOr<std::vector<TransferEvent>> TakeReadyLoads(WorkerId worker);
+  // With `fits`, asked for each load in turn (and counting what it is
+  // asked: a reply has room for so many), loads are handed out until it
+  // refuses one, the first whatever it answers; the others stay ready, and
+  // options.loads_ready is called again for them.
+  StatusOr<std::vector<TransferEvent>> TakeReadyLoads(
+      WorkerId worker,
+      const std::function<bool(const TransferEvent&)>& fits = {});
 
   // A graceful stop: starts a spill of every keyed host block nothing pins
   // (the free queue's) that the lower tier does not hold yet, whatever the

@@ -195,22 +195,27 @@ void Coordinator::FinishSpill(const LowerOp& op, const Status& status) {
 }
 
 StatusOr<std::vector<TransferEvent>> Coordinator::TakeReadyLoads(
-    WorkerId worker) {
+    WorkerId worker, const std::function<bool(const TransferEvent&)>& fits) {
   TIERKV_ASSIGN_OR_RETURN(WorkerState * w, FindRequestWorker(worker));
   std::vector<TransferEvent> out;
   std::vector<CompletedEvent> unranked;
-  for (uint64_t id : w->ready_loads) {
-    InFlight& load = w->loads.at(id);
-    load.pending = false;
+  while (!w->ready_loads.empty()) {
+    InFlight& load = w->loads.at(w->ready_loads.front());
     // Every rank that was to copy it was dropped meanwhile: no one will.
-    if (w->registration.ranks > 0 &&
-        load.ranks_done == AllRanks(w->registration.ranks)) {
+    const bool no_rank = w->registration.ranks > 0 &&
+                         load.ranks_done == AllRanks(w->registration.ranks);
+    if (!no_rank && fits && !fits(load.event) && !out.empty()) break;
+    w->ready_loads.pop_front();
+    load.pending = false;
+    if (no_rank) {
       unranked.push_back({load.event.ref, /*ok=*/false});
-      continue;
+    } else {
+      out.push_back(load.event);
     }
-    out.push_back(load.event);
   }
-  w->ready_loads.clear();
+  if (!w->ready_loads.empty() && options_.loads_ready) {
+    options_.loads_ready(worker);  // The rest, in another reply.
+  }
   ApplyCompletions(w, unranked, {});
   return out;
 }

@@ -1087,6 +1087,50 @@ TEST(CoordinatorEventsTest, LoadsReadySignalsOncePerBatch) {
   ASSERT_EQ(c.TakeReadyLoads(other).value().size(), 1u);
 }
 
+// Ready loads are handed out as one reply holds them (`fits`): the rest
+// stay ready, the worker is told again, and the next take gets them, in
+// order. The first is handed out whatever `fits` says.
+TEST(CoordinatorEventsTest, ReadyLoadsPastWhatOneReplyHoldsComeNextTime) {
+  ManualLowerTier lower;
+  std::vector<WorkerId> signals;
+  Coordinator c =
+      Coordinator::Create(
+          {.layout = Layout(),
+           .host_slots = 50,
+           .lower = &lower,
+           .loads_ready = [&signals](WorkerId w) { signals.push_back(w); }})
+          .value();
+  const WorkerId w = c.RegisterWorker(TestWorker(10)).value();
+  for (RequestId r = 1; r <= 3; ++r) {
+    const std::vector<TokenId> t = SequentialTokens(100 * r, 17);
+    ASSERT_EQ(c.Lookup(w, r, t, 0, {}).value().disk_hit_tokens, 16);
+    ASSERT_TRUE(c.Allocate(w, r, Range(r, r + 1), 16).value().load_pending);
+  }
+  for (auto& promotion : lower.promotions) promotion(uint64_t{0});
+  ASSERT_EQ(c.PumpLowerTier(), 3u);
+  ASSERT_EQ(signals.size(), 1u);
+
+  int asked = 0;
+  const auto none_fit = [&asked](const TransferEvent&) {
+    ++asked;
+    return false;
+  };
+  std::vector<TransferEvent> first = c.TakeReadyLoads(w, none_fit).value();
+  ASSERT_EQ(first.size(), 1u);
+  EXPECT_EQ(first[0].request, 1u);
+  EXPECT_EQ(asked, 2);            // The first, counted, and the one refused.
+  EXPECT_EQ(signals.size(), 2u);  // Told of the two left.
+  const auto two_fit = [n = 0](const TransferEvent&) mutable {
+    return ++n <= 2;
+  };
+  std::vector<TransferEvent> rest = c.TakeReadyLoads(w, two_fit).value();
+  ASSERT_EQ(rest.size(), 2u);
+  EXPECT_EQ(rest[0].request, 2u);
+  EXPECT_EQ(rest[1].request, 3u);
+  EXPECT_EQ(signals.size(), 2u);  // Nothing left to tell of.
+  EXPECT_TRUE(c.TakeReadyLoads(w).value().empty());
+}
+
 // A disk tier in memory whose spills land only when the test says so.
 // Remove forgets what is stored; with cancel_writes it also cancels the
 // writes in flight (DiskTier's WRITING entry), without it a queued write

@@ -19,6 +19,8 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <numeric>
+#include <span>
 #include <sstream>
 #include <stop_token>
 #include <string>
@@ -474,6 +476,77 @@ TEST(OutputQueueTest, RefusesWhatItCannotSendAndReportsAGonePeer) {
   close(pair[1]);
   ASSERT_THAT(queue.Push({.bytes = {std::byte{1}}, .fds = {}}), IsOk());
   EXPECT_EQ(queue.Flush(sender.get()).code(), StatusCode::kUnavailable);
+}
+
+// A call whose reply could not fit the worker's control channel is refused
+// before it changes anything: a reply that does not fit could never tell
+// the worker of the events the call made, whose slots would stay pinned.
+// The same blocks store in calls whose replies fit.
+TEST(ReplyRoomTest, ACallWhoseReplyCannotFitIsRefusedAndLeavesNothing) {
+  const TempDir dir{"reply_room_test"};
+  const std::string store = "rr" + std::to_string(getpid());
+  const KvLayout layout{.num_layers = 1,
+                        .num_kv_heads = 1,
+                        .head_dim = 8,
+                        .block_size = 1,
+                        .dtype = DType::kF32};
+  ipc::ServerOptions options;
+  options.store = store;
+  options.socket_path = dir.path() + "/tierkvd.sock";
+  options.layout = layout;
+  options.host_capacity_bytes = 4096 * layout.BlockBytes();
+  options.channel_bytes = 16384;  // Replies of about 1,000 blocks.
+  auto server = ipc::Server::Start(options);
+  ASSERT_THAT(server, IsOk());
+  ClientOptions client_options;
+  client_options.socket_path = options.socket_path;
+  client_options.layout = layout;
+  client_options.num_device_blocks = 4096;
+  client_options.copies = CopyMode::kCaller;
+  client_options.name = "worker";
+  auto client = Client::Open(client_options);
+  ASSERT_THAT(client, IsOk());
+  Client& c = **client;
+
+  // 2,500 blocks: a store event of 20 KB, past the channel.
+  std::vector<TokenId> tokens(2500);
+  std::iota(tokens.begin(), tokens.end(), 1);
+  std::vector<BlockId> device(tokens.size());
+  std::iota(device.begin(), device.end(), 1);
+  ASSERT_THAT(c.Lookup(1, tokens, 0), IsOk());
+  const StatusOr<AllocateResult> allocated = c.Allocate(1, device, 0);
+  const Status committed =
+      allocated.ok() ? c.Commit(1, 2500, device).status() : allocated.status();
+  EXPECT_THAT(committed, StatusIs(StatusCode::kResourceExhausted));
+  EXPECT_THAT(committed.message(), HasSubstr("control channel"));
+  ASSERT_THAT(c.Finish(1), IsOk());
+  CoordinatorStats s = c.Stats().value();
+  EXPECT_EQ(s.host.pinned_slots, 0);
+  EXPECT_EQ(s.host.events_in_flight, 0u);
+  EXPECT_THAT(allocated, StatusIs(StatusCode::kResourceExhausted));
+
+  // In five requests of 500 blocks, each reply fits.
+  for (RequestId r = 2; r <= 6; ++r) {
+    const size_t from = static_cast<size_t>(r - 2) * 500;
+    const std::span<const TokenId> part(tokens.data() + from, 500);
+    const std::span<const BlockId> blocks(device.data() + from, 500);
+    ASSERT_THAT(c.Lookup(r, part, 0), IsOk());
+    ASSERT_THAT(c.Allocate(r, blocks, 0), IsOk());
+    const CommitResult commit = c.Commit(r, 500, blocks).value();
+    ASSERT_EQ(commit.stores.size(), 1u);
+    EXPECT_EQ(commit.stores[0].host_blocks.size(), 500u);
+    std::vector<FinishedTransfer> done = {{.event = commit.stores[0],
+                                           .status = Status::Ok(),
+                                           .session = c.session()}};
+    ASSERT_THAT(c.Complete(done), IsOk());
+    ASSERT_THAT(c.Finish(r), IsOk());
+  }
+  s = c.Stats().value();
+  EXPECT_EQ(s.host.pinned_slots, 0);
+  EXPECT_EQ(s.host.cached_slots, 2500);
+  client->reset();
+  server->reset();
+  RemoveStoreSegments(store);
 }
 
 }  // namespace
