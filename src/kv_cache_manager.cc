@@ -1,6 +1,7 @@
 #include "tierkv/kv_cache_manager.h"
 
 #include <algorithm>
+#include <limits>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -46,7 +47,8 @@ bool KVCacheManager::EvictCachedBlock(BlockId id) {
   return s_->pool.EvictCachedBlock(id);
 }
 void KVCacheManager::PinBlocks(std::span<const BlockId> ids) {
-  s_->pool.Touch(ids);
+  // A transfer's pin, not a use: the eviction policy does not count it.
+  s_->pool.Pin(ids);
 }
 void KVCacheManager::UnpinBlocks(std::span<const BlockId> ids) {
   s_->pool.FreeBlocks(ids);
@@ -166,12 +168,17 @@ StatusOr<std::vector<BlockId>> KVCacheManager::AllocateSlots(
   const size_t have_blocks = is_new ? 0 : it->second.blocks.size();
   const int64_t total =
       have_tokens + int64_t{computed.num_tokens} + int64_t{num_new_tokens};
-  if (CeilDiv(total, bs) > s_->pool.num_blocks()) {
-    return Status::InvalidArgument("request " + std::to_string(request.id()) +
-                                   " would hold " + std::to_string(total) +
-                                   " tokens, more than the whole pool (" +
-                                   std::to_string(s_->pool.num_blocks()) +
-                                   " blocks of " + std::to_string(bs) + ")");
+  // The null block is never handed out. Past int32 tokens a request could
+  // not count its own (RequestState), whatever the pool holds.
+  const int64_t usable =
+      s_->pool.num_blocks() - (s_->pool.null_block().has_value() ? 1 : 0);
+  if (CeilDiv(total, bs) > usable ||
+      total > std::numeric_limits<int32_t>::max()) {
+    return Status::InvalidArgument(
+        "request " + std::to_string(request.id()) + " would hold " +
+        std::to_string(total) + " tokens, more than the whole pool (" +
+        std::to_string(usable) + " usable blocks of " + std::to_string(bs) +
+        ") or a request's 2^31 - 1");
   }
   const auto needed = static_cast<int32_t>(
       BlocksShort(total, have_blocks + computed.blocks.size()));

@@ -66,12 +66,17 @@ TEST_F(KVCacheManagerTest, AllocationIsAllOrNothing) {
 }
 
 TEST_F(KVCacheManagerTest, FreeHitsDoNotCountAsAvailableNewBlocks) {
-  KVCacheManager m = Make(4);  // 3 usable.
+  KVCacheManager m = Make(5);  // 4 usable.
   Request a(1, SequentialTokens(1, 9), 4, hasher_);
   ASSERT_THAT(m.AllocateSlots(a, 9), IsOk());
   ASSERT_THAT(m.Free(1), IsOk());
+  // Another request holds one block: 3 free, two of them a's cached
+  // blocks.
+  Request other(3, SequentialTokens(500, 4), 4, hasher_);
+  ASSERT_THAT(m.AllocateSlots(other, 4), IsOk());
   // b hits a's two cached blocks (both free) and needs 2 new ones: 3 free
-  // blocks minus the 2 hits it will pin leave 1, so it must be refused.
+  // blocks minus the 2 hits it will pin leave 1, so it must be refused,
+  // for now (it fits the pool).
   Request b(2, SequentialTokens(1, 16), 4, hasher_);
   ComputedBlocks c = m.GetComputedBlocks(b);
   ASSERT_EQ(c.blocks.size(), 2u);
@@ -171,6 +176,34 @@ TEST_F(KVCacheManagerTest, HugeRequestsAreRefusedWithoutOverflow) {
   r = m.AllocateSlots(a, std::numeric_limits<int32_t>::max());
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
   EXPECT_THAT(m.blocks(1), ElementsAre(1, 2));
+}
+
+// The null block is never handed out: a request of every block, null
+// included, can never fit (InvalidArgument), not "try later"
+// (ResourceExhausted). One block fewer fits.
+TEST_F(KVCacheManagerTest, ARequestOfEveryBlockNeverFits) {
+  KVCacheManager m = Make(4);  // The null block and 3 of 4 tokens.
+  Request a(1, SequentialTokens(1, 16), 4, hasher_);
+  auto r = m.AllocateSlots(a, 16);
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(r.status().message(), ::testing::HasSubstr("3 usable blocks"));
+  Request b(2, SequentialTokens(1, 12), 4, hasher_);
+  EXPECT_THAT(m.AllocateSlots(b, 12), IsOk());
+}
+
+// A pool holding more than 2^31 tokens: a request past int32 tokens is
+// refused, not counted wrapped.
+TEST_F(KVCacheManagerTest, ARequestPastInt32TokensIsRefusedInAHugePool) {
+  KVCacheManager m = KVCacheManager::Create({.pool = {.num_blocks = 40000,
+                                                      .block_size = 65535,
+                                                      .keep_tokens = false}})
+                         .value();
+  Request a(1, SequentialTokens(1, 8), 65535, hasher_);
+  ASSERT_THAT(m.AllocateSlots(a, 8), IsOk());
+  auto r = m.AllocateSlots(a, std::numeric_limits<int32_t>::max());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(m.blocks(1).size(), 1u);
+  EXPECT_EQ(m.num_free_blocks(), 40000 - 2);
 }
 
 TEST_F(KVCacheManagerTest, RequestsKeyedForAnotherBlockSizeAreRefused) {

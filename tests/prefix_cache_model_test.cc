@@ -144,9 +144,10 @@ class Model {
     const Req before = is_new ? Req{} : requests_.at(r.id());
     const int32_t total = before.slots + computed.num_tokens + num_new;
     const int32_t blocks_for_total = (total + block_size_ - 1) / block_size_;
-    // More blocks than the pool has: it can never fit, so it is not a
-    // "try again later".
-    if (blocks_for_total > num_blocks()) return StatusCode::kInvalidArgument;
+    // More blocks than the pool hands out (never the null block): it can
+    // never fit, so it is not a "try again later".
+    const int32_t usable = num_blocks() - (null_block_.has_value() ? 1 : 0);
+    if (blocks_for_total > usable) return StatusCode::kInvalidArgument;
     const int32_t needed =
         std::max(0, blocks_for_total -
                         static_cast<int32_t>(before.blocks.size()) - num_hits);
