@@ -1043,6 +1043,97 @@ TEST_F(DiskTierTest, ARemoveOfABlockBeingHandedOnWaitsForIt) {
   EXPECT_THAT(order, ElementsAre("handed on " + KeyOf(0).ToHex(), "removed"));
 }
 
+// Records the storage keys deleted, and who deleted them first.
+class DeleteLog : public DiskStorageWrapper {
+ public:
+  using DiskStorageWrapper::DiskStorageWrapper;
+  bool Deleted(const std::string& key) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return deleted_.contains(key);
+  }
+  Status Delete(std::string_view key) override {
+    Record({std::string(key)});
+    return DiskStorageWrapper::Delete(key);
+  }
+  Status DeleteBatch(std::span<const std::string> keys) override {
+    Record({keys.begin(), keys.end()});
+    return DiskStorageWrapper::DeleteBatch(keys);
+  }
+
+ private:
+  void Record(std::vector<std::string> keys) {
+    std::lock_guard<std::mutex> lock(mu_);
+    deleted_.insert(keys.begin(), keys.end());
+  }
+  std::mutex mu_;
+  std::set<std::string> deleted_;
+};
+
+// One Put evicts two blocks (a small compressed one, then a large one);
+// while the second is being handed on, the first is evicted from the index
+// but its record is deleted only after. A Remove of it then deletes the
+// record itself before it returns: tierkvd killed right after would
+// otherwise find the block again.
+TEST_F(DiskTierTest, ARemoveOfAnEvictedBlockNotYetDeletedDeletesIt) {
+  DiskTierOptions options = Options(DiskCodec::kLz4);
+  blocks_[10] = std::vector<std::byte>(layout_.BlockBytes());  // Compresses.
+  const uint64_t big = ValueBytes(DiskCodec::kLz4);
+  uint64_t small = 0;
+  {
+    TempDir dir("disk_tier_test");
+    DiskTierOptions probe = Options(DiskCodec::kLz4);
+    probe.storage.path = dir.path();
+    std::unique_ptr<DiskTier> tier = OpenTier(probe);
+    ASSERT_THAT(Put(*tier, 10), IsOk());
+    small = tier->stats().bytes;
+  }
+  ASSERT_LT(2 * small, big);
+  options.capacity_bytes = big + small + options.reserved_bytes + 1;
+  StatusOr<std::unique_ptr<DiskStorage>> rocks =
+      OpenRocksDbStorage(options.storage);
+  ASSERT_THAT(rocks, IsOk());
+  auto log = std::make_unique<DeleteLog>(std::move(rocks).value());
+  DeleteLog* deletes = log.get();
+  std::unique_ptr<DiskTier> tier =
+      DiskTier::Open(options, std::move(log)).value();
+  ASSERT_THAT(Put(*tier, 10), IsOk());  // Small, oldest.
+  ASSERT_THAT(Put(*tier, 0), IsOk());   // Large.
+  ASSERT_EQ(tier->stats().keys, 2u);
+
+  std::mutex mu;
+  std::condition_variable cv;
+  bool holding = false, released = false;
+  tier->SetEvictionSink([&](const BlockKey& key, std::span<const TokenId>,
+                            std::span<const std::byte>) {
+    if (!(key == KeyOf(0))) return;
+    std::unique_lock<std::mutex> lock(mu);
+    holding = true;
+    cv.notify_all();
+    cv.wait(lock, [&] { return released; });
+  });
+  std::promise<Status> put;
+  tier->Put(KeyOf(1), TokensOf(1), Block(1),
+            [&put](Status s) { put.set_value(std::move(s)); });
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return holding; });
+  }
+  // Block 10 is evicted and handed on; block 0 is being handed on.
+  EXPECT_FALSE(tier->Contains(KeyOf(10), TokensOf(10)));
+  EXPECT_FALSE(tier->Remove(KeyOf(10)));
+  EXPECT_TRUE(deletes->Deleted(DiskStorageKey(KeyOf(10))));
+  EXPECT_FALSE(deletes->Deleted(DiskStorageKey(KeyOf(0))));
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    released = true;
+  }
+  cv.notify_all();
+  EXPECT_THAT(put.get_future().get(), IsOk());
+  tier->SetEvictionSink({});
+  EXPECT_TRUE(tier->Contains(KeyOf(1), TokensOf(1)));
+  EXPECT_EQ(tier->stats().keys, 1u);
+}
+
 // --- Another layout or model ------------------------------------------------
 
 TEST_F(DiskTierTest, ModelMismatchRefusesToOpenAndKeepsTheValues) {

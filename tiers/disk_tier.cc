@@ -281,8 +281,12 @@ class DiskTierImpl final : public DiskTier {
       }
       AcquireKey(key);
       // Unless a Put queued after this Remove wrote the key meanwhile (its
-      // write ran before this one got the key).
-      erase_value = erased && index_.FindStored(key) == nullptr;
+      // write ran before this one got the key). A block evicted whose
+      // record is not deleted yet (its Put deletes victims once they are
+      // handed on) is deleted here too: once Remove returns, no restart
+      // brings the key back.
+      erase_value = (erased || record_slots_.contains(key)) &&
+                    index_.FindStored(key) == nullptr;
     }
     if (erase_value) DeleteNow({&key, 1});
     ReleaseKeys({&key, 1});
@@ -307,27 +311,36 @@ class DiskTierImpl final : public DiskTier {
 
   uint64_t RemoveAll() TIERKV_EXCLUDES(mu_) override {
     std::vector<BlockKey> keys;
+    uint64_t stored = 0;
     {
       MutexLock lock(&mu_);
       // A stored key is busy only for a moment (an operation that finds it
       // stored again and leaves it alone).
       // Nor does it overtake a block evicted before it that is still being
       // handed on: the tier below would keep that one.
+      // Blocks evicted whose records are not deleted yet go too, so that
+      // no restart brings them back.
+      std::vector<BlockKey> evicted;
       while (true) {
         keys = index_.StoredKeys();
+        evicted.clear();
+        for (const auto& [key, slot] : record_slots_) {
+          if (!index_.Contains(key)) evicted.push_back(key);
+        }
         bool busy = passing_on_ > 0;
         for (const BlockKey& key : keys) busy = busy || busy_.contains(key);
+        for (const BlockKey& key : evicted) busy = busy || busy_.contains(key);
         if (!busy) break;
         busy_cv_.Wait(&mu_);
       }
-      for (const BlockKey& key : keys) {
-        index_.Erase(key);
-        busy_.insert(key);
-      }
+      stored = keys.size();
+      for (const BlockKey& key : keys) index_.Erase(key);
+      keys.insert(keys.end(), evicted.begin(), evicted.end());
+      for (const BlockKey& key : keys) busy_.insert(key);
     }
     DeleteNow(keys);
     ReleaseKeys(keys);
-    return keys.size();
+    return stored;
   }
 
   Status Flush() TIERKV_EXCLUDES(mu_) override {
