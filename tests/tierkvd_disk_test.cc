@@ -6,6 +6,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/mount.h>
 
 #include <cerrno>
 #include <cstdio>
@@ -208,6 +209,23 @@ TEST_F(TierkvdDiskTest, DiskFullOnASmallFilesystemDegradesAndRestarts) {
   const Tally t = ParseTally(verify->output());
   EXPECT_EQ(t.wrong, 0) << verify->output();
   EXPECT_GE(t.hit, static_cast<long long>(full.keys)) << verify->output();
+}
+
+// A --disk-dir on a read-only filesystem (a tmpfs remounted read-only in a
+// private mount namespace): permission refused (exit 5, which systemd does
+// not restart), naming the filesystem, not "store busy" (exit 3).
+TEST_F(TierkvdDiskTest, ADiskDirOnAReadOnlyFilesystemIsRefusedNotBusy) {
+  const std::string mnt = dir_ + "/mnt";
+  const std::string why = MountTmpfs(mnt, 16 << 20);
+  if (!why.empty()) GTEST_SKIP() << why;
+  std::filesystem::create_directories(mnt + "/disk");
+  ASSERT_EQ(
+      mount(nullptr, mnt.c_str(), nullptr, MS_REMOUNT | MS_RDONLY, nullptr), 0)
+      << strerror(errno);
+  auto refused = Spawn(DiskArgs(mnt + "/disk", "64M", {}));
+  EXPECT_EQ(refused->Wait(), 5) << refused->output();
+  EXPECT_THAT(refused->output(), HasSubstr("Read-only file system"));
+  EXPECT_THAT(refused->output(), ::testing::Not(HasSubstr("another process")));
 }
 
 // The disk tier's directory removed under a running tierkvd: spills fail,

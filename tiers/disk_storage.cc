@@ -81,13 +81,22 @@ Status FromRocks(const rocksdb::Status& s, std::string_view what,
         msg + "; free disk space or lower the disk tier's capacity");
   }
   if (s.IsIOError()) {
-    if (msg.find("lock") != std::string::npos) {
+    // RocksDB's own words (ours name blocks, which contain "lock").
+    const std::string rocks = s.ToString();
+    // First: opening the LOCK file fails this way too.
+    if (rocks.find("ermission denied") != std::string::npos ||
+        rocks.find("Read-only file system") != std::string::npos) {
+      return Status::PermissionDenied(
+          msg +
+          "; check the directory's owner and mode, and that tierkvd may "
+          "write there (systemd: ReadWritePaths= for a --disk-dir outside "
+          "its StateDirectory)");
+    }
+    // Taking the LOCK file's lock: another process holds it.
+    if (rocks.find("While lock file") != std::string::npos ||
+        rocks.find("lock hold by current process") != std::string::npos) {
       return Status::AlreadyExists(
           msg + "; another process (a running tierkvd?) has this store open");
-    }
-    if (msg.find("ermission denied") != std::string::npos) {
-      return Status::PermissionDenied(msg +
-                                      "; check the directory's owner and mode");
     }
     return Status::Unavailable(msg + "; check the disk and the filesystem");
   }
