@@ -7,6 +7,7 @@
 #include <spdlog/spdlog.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/sysinfo.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -230,6 +231,14 @@ std::optional<uint64_t> MemAvailable() {
   return std::nullopt;
 }
 
+// The machine's physical memory (sysinfo(2)), in bytes: the bound where
+// /proc/meminfo cannot be read (systemd's ProcSubset=pid hides it).
+std::optional<uint64_t> PhysicalMemory() {
+  struct sysinfo si {};
+  if (sysinfo(&si) != 0) return std::nullopt;
+  return uint64_t{si.totalram} * si.mem_unit;
+}
+
 // The room left under this process's memory cgroup limit (cgroup v2's
 // memory.max or v1's memory.limit_in_bytes), in bytes; nullopt without a
 // limit. Looked up by the path /proc/self/cgroup gives, then at the root
@@ -274,10 +283,16 @@ std::string Mib(uint64_t bytes) { return std::to_string(bytes >> 20) + " MiB"; }
 
 Status CheckHostMemory(size_t bytes) {
   const std::optional<uint64_t> available = MemAvailable();
+  // 0: not looked at (MemAvailable was read) or unknown.
+  const uint64_t physical =
+      available.has_value() ? 0 : PhysicalMemory().value_or(0);
   const std::optional<uint64_t> room = CgroupRoom();
   std::string over;
   if (available.has_value() && bytes > *available) {
     over = Mib(*available) + " available (MemAvailable in /proc/meminfo)";
+  } else if (physical > 0 && bytes > physical) {
+    over = Mib(physical) +
+           " of physical memory (sysinfo; /proc/meminfo cannot be read)";
   } else if (room.has_value() && bytes > *room) {
     over = Mib(*room) + " left under this process's memory cgroup limit";
   }

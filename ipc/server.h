@@ -159,10 +159,11 @@ struct ServerOptions {
 inline constexpr std::chrono::milliseconds kDefaultStopSpillTime{7500};
 
 // OK when `bytes` of host tier fit in the memory this process may take:
-// MemAvailable in /proc/meminfo, and the room left under its memory
-// cgroup's limit (v2 memory.max, v1 memory.limit_in_bytes) when one is
-// set. ResourceExhausted giving both numbers and naming --host-capacity
-// otherwise.
+// MemAvailable in /proc/meminfo (where it cannot be read, as under
+// systemd's ProcSubset=pid, the machine's physical memory), and the room
+// left under its memory cgroup's limit (v2 memory.max, v1
+// memory.limit_in_bytes) when one is set. ResourceExhausted giving the
+// number and naming --host-capacity otherwise.
 Status CheckHostMemory(size_t bytes);
 
 // The tenant a worker of `uid` that asked for `tenant` is put in. A name is

@@ -7,10 +7,14 @@
 // tiny tmpfs on /dev/shm where the machine allows one.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sched.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 
 #include <atomic>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -116,6 +120,24 @@ TEST_F(ShmFullTest, HostCapacityOverMemoryIsRefusedNamingTheFlag) {
   EXPECT_THAT(daemon->output(), HasSubstr("--host-capacity of 20971520 MiB"));
   EXPECT_THAT(daemon->output(), HasSubstr("MemAvailable"));
   EXPECT_THAT(Entries(dir_), IsEmpty());  // Nothing taken, nothing left.
+}
+
+// The same where /proc/meminfo cannot be read (systemd's ProcSubset=pid
+// hides it; here an empty file is bound over it in a private mount
+// namespace): the machine's physical memory bounds the host tier instead.
+TEST_F(ShmFullTest, HostCapacityOverMemoryIsRefusedWithoutProcMeminfo) {
+  const std::string empty = dir_ + "/empty-meminfo";
+  std::ofstream(empty).close();
+  if (unshare(CLONE_NEWNS) != 0 ||
+      mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0 ||
+      mount(empty.c_str(), "/proc/meminfo", nullptr, MS_BIND, nullptr) != 0) {
+    GTEST_SKIP() << "cannot hide /proc/meminfo here: " << strerror(errno);
+  }
+  auto daemon = Run(DaemonArgs("20T"));
+  EXPECT_EQ(daemon->Wait(), 4) << daemon->output();
+  EXPECT_THAT(daemon->output(), HasSubstr("--host-capacity of 20971520 MiB"));
+  EXPECT_THAT(daemon->output(), HasSubstr("of physical memory"));
+  EXPECT_THAT(Entries(dir_), ::testing::ElementsAre("empty-meminfo"));
 }
 
 // Worker memory reserved slot by slot: a tenant's slot whose memory cannot
