@@ -160,6 +160,19 @@ TEST_F(DaemonFlagsTest, WorkerCapsAndVerifyLoads) {
   EXPECT_THAT(Error({"--layers", "2", "--kv-heads", "4", "--head-dim", "64",
                      "--max-request-bytes-per-worker", "0"}),
               HasSubstr("at least 1 byte"));
+  // A negative count parses as a huge one: refused, not a lifted cap.
+  for (const char* flag :
+       {"--max-requests-per-worker", "--max-events-per-worker",
+        "--max-workers-per-uid", "--max-pending-connections"}) {
+    SCOPED_TRACE(flag);
+    const std::string error = Error(
+        {"--layers", "2", "--kv-heads", "4", "--head-dim", "64", flag, "-1"});
+    EXPECT_THAT(error, HasSubstr(std::string(flag) + " '"));
+    EXPECT_THAT(error, HasSubstr("' must be "));
+  }
+  EXPECT_THAT(Error({"--layers", "2", "--kv-heads", "4", "--head-dim", "64",
+                     "--max-requests-per-worker", "0"}),
+              HasSubstr("must be 1 to 1048576"));
 }
 
 TEST_F(DaemonFlagsTest, KvEventsOffByDefaultAndSetByFlagOrFile) {

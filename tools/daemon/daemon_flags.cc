@@ -363,8 +363,8 @@ po::options_description SettingOptions(DaemonCommand& command,
       "max-requests-per-worker",
       po::value(&s.caps.max_requests_per_worker)
           ->default_value(s.caps.max_requests_per_worker),
-      "requests one worker may have open (looked up, not finished); "
-      "lookups past it are refused")(
+      "requests one worker may have open (looked up, not finished; 1 to "
+      "1048576); lookups past it are refused")(
       "max-request-bytes-per-worker",
       po::value(&raw.request_bytes)->default_value(raw.request_bytes),
       "bytes of state (token ids, block keys) one worker's open requests may "
@@ -372,12 +372,12 @@ po::options_description SettingOptions(DaemonCommand& command,
       "max-events-per-worker",
       po::value(&s.caps.max_events_per_worker)
           ->default_value(s.caps.max_events_per_worker),
-      "transfer events one worker may have in flight; it stores nothing "
-      "more until some complete")(
+      "transfer events one worker may have in flight (1 to 1048576); it "
+      "stores nothing more until some complete")(
       "max-workers-per-uid",
       po::value(&s.caps.max_workers_per_uid)
           ->default_value(s.caps.max_workers_per_uid),
-      "workers one user (uid) may have attached at once")(
+      "workers one user (uid) may have attached at once (1 to 65536)")(
       "verify-loads",
       po::value(&s.verify_on_load)
           ->default_value(s.verify_on_load, "false")
@@ -391,7 +391,7 @@ po::options_description SettingOptions(DaemonCommand& command,
           ->default_value(s.max_pending_connections),
       "most socket connections not registered as workers (tierkv-admin, "
       "workers about to register) open at once; past it the one idle "
-      "longest is closed (0: 4 x max-workers + 16)")(
+      "longest is closed (0 to 65536; 0: 4 x max-workers + 16)")(
       "pending-timeout-ms",
       po::value(&raw.pending_timeout_ms)->default_value(raw.pending_timeout_ms),
       "an unregistered connection that goes this long without a request "
@@ -602,12 +602,26 @@ StatusOr<DaemonCommand> Finish(DaemonCommand command, const RawOptions& raw,
     return Status::InvalidArgument(where("worker-pin-share") +
                                    " must be in (0, 1]");
   }
-  if (s.caps.max_requests_per_worker < 1 || s.caps.max_events_per_worker < 1 ||
-      s.caps.max_workers_per_uid < 1) {
-    return Status::InvalidArgument(where("max-requests-per-worker") + ", " +
-                                   where("max-events-per-worker") + " and " +
-                                   where("max-workers-per-uid") +
-                                   " must be at least 1");
+  // Bounded above too: a negative value ("-1") parses as a huge unsigned
+  // one, which would lift the cap it sets.
+  const struct {
+    const char* flag;
+    uint64_t value, min, max;
+  } counts[] = {
+      {"max-requests-per-worker", s.caps.max_requests_per_worker, 1,
+       uint64_t{1} << 20},
+      {"max-events-per-worker", s.caps.max_events_per_worker, 1,
+       uint64_t{1} << 20},
+      {"max-workers-per-uid", s.caps.max_workers_per_uid, 1, uint64_t{1} << 16},
+      {"max-pending-connections", s.max_pending_connections, 0,
+       uint64_t{1} << 16},
+  };
+  for (const auto& c : counts) {
+    if (c.value < c.min || c.value > c.max) {
+      return Status::InvalidArgument(
+          where(c.flag) + " '" + std::to_string(c.value) + "' must be " +
+          std::to_string(c.min) + " to " + std::to_string(c.max));
+    }
   }
   if (s.disk_io_threads < 1 || s.disk_io_threads > 64) {
     return Status::InvalidArgument(where("disk-io-threads") +
