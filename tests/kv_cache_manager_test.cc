@@ -206,6 +206,29 @@ TEST_F(KVCacheManagerTest, ARequestPastInt32TokensIsRefusedInAHugePool) {
   EXPECT_EQ(m.num_free_blocks(), 40000 - 2);
 }
 
+// A transfer's pin is not a use: under ARC a block pinned for a copy and
+// unpinned stays in the recent list, where a hit would move it.
+TEST_F(KVCacheManagerTest, TransferPinsAreNotUsesUnderArc) {
+  KVCacheManager m =
+      KVCacheManager::Create({.pool = {.num_blocks = 10,
+                                       .block_size = 4,
+                                       .eviction = EvictionPolicy::kArc}})
+          .value();
+  Request a(1, SequentialTokens(1, 8), 4, hasher_);
+  ASSERT_THAT(m.AllocateSlots(a, 8), IsOk());
+  const std::vector<BlockId> blocks(m.blocks(1).begin(), m.blocks(1).end());
+  ASSERT_THAT(m.Free(1), IsOk());
+  m.PinBlocks(blocks);  // Copied to a lower tier.
+  m.UnpinBlocks(blocks);
+  for (BlockId id : blocks) EXPECT_FALSE(PoolOf(m).block(id).reused()) << id;
+  Request b(2, SequentialTokens(1, 8), 4, hasher_);
+  const ComputedBlocks hit = m.GetComputedBlocks(b);
+  ASSERT_EQ(hit.blocks.size(), 1u);  // The last token is computed.
+  ASSERT_THAT(m.AllocateSlots(b, 8 - hit.num_tokens, hit), IsOk());
+  EXPECT_TRUE(PoolOf(m).block(blocks[0]).reused());  // A hit is a use.
+  EXPECT_THAT(PoolOf(m).CheckInvariants(), IsOk());
+}
+
 TEST_F(KVCacheManagerTest, RequestsKeyedForAnotherBlockSizeAreRefused) {
   KVCacheManager m = Make(10);  // 4-token blocks.
   Request eight(1, SequentialTokens(1, 17), 8, hasher_);
