@@ -81,7 +81,8 @@ size_t EncodeHead(const BlockKey& parent, std::span<const TokenId> tokens,
   PutLe(static_cast<uint32_t>(tokens.size()), dst + 16);
   std::byte* p = dst + 20;
   if constexpr (std::endian::native == std::endian::little) {
-    std::memcpy(p, tokens.data(), tokens.size_bytes());
+    // No tokens (a chunk's virtual start) may come with no pointer at all.
+    if (!tokens.empty()) std::memcpy(p, tokens.data(), tokens.size_bytes());
   } else {
     for (size_t i = 0; i < tokens.size(); ++i) PutLe(tokens[i], p + 4 * i);
   }
