@@ -60,11 +60,33 @@ size_t EventReplyBytes(size_t blocks) { return 33 + 8 * blocks; }
 // status message.
 inline constexpr size_t kReplyReserveBytes = 8192;
 
-// A reply to a call of `blocks` device blocks (one event of that many at
-// most) fits in `max_reply_bytes`; else the call is refused before it
-// changes anything: a reply that does not fit could not tell the worker
-// of the events it made.
-Status CheckReplyRoom(size_t blocks, size_t max_reply_bytes) {
+// The most blocks the one event a reply to `request` can carry names: an
+// Allocate's, Commit's or PublishChunk's device blocks; a chunk fetch's
+// tokens (a block per chunk block, at most one per token). 0 for calls
+// whose replies carry no event, or whose events are bounded apart
+// (ReadyLoads).
+size_t ReplyBlocksBound(const Message& request) {
+  return std::visit(
+      [](const auto& m) -> size_t {
+        using T = std::decay_t<decltype(m)>;
+        if constexpr (std::is_same_v<T, AllocateRequest> ||
+                      std::is_same_v<T, CommitRequest> ||
+                      std::is_same_v<T, PublishChunkRequest>) {
+          return m.device_blocks.size();
+        } else if constexpr (std::is_same_v<T, FetchChunkRequest>) {
+          return m.tokens.size();
+        } else {
+          return 0;
+        }
+      },
+      request);
+}
+
+// OK when a reply to `request` fits in `max_reply_bytes`; else the call is
+// refused before it changes anything: a reply that does not fit could not
+// tell the worker of the events it made.
+Status CheckReplyRoom(const Message& request, size_t max_reply_bytes) {
+  const size_t blocks = ReplyBlocksBound(request);
   if (EventReplyBytes(blocks) + kReplyReserveBytes <= max_reply_bytes) {
     return Status::Ok();
   }
@@ -74,10 +96,9 @@ Status CheckReplyRoom(size_t blocks, size_t max_reply_bytes) {
       std::to_string(max_reply_bytes) + " bytes");
 }
 
-}  // namespace
-
-Message Dispatch(Coordinator& c, WorkerId worker, const Message& request,
-                 size_t max_reply_bytes) {
+// Dispatch once the reply's room is checked.
+Message DispatchChecked(Coordinator& c, WorkerId worker, const Message& request,
+                        size_t max_reply_bytes) {
   return std::visit(
       [&](const auto& m) -> Message {
         using T = std::decay_t<decltype(m)>;
@@ -93,19 +114,9 @@ Message Dispatch(Coordinator& c, WorkerId worker, const Message& request,
           return Wrap<LookupReply>(
               c.LookupChunk(worker, m.request, m.tokens, m.virtual_start));
         } else if constexpr (std::is_same_v<T, AllocateRequest>) {
-          if (Status room =
-                  CheckReplyRoom(m.device_blocks.size(), max_reply_bytes);
-              !room.ok()) {
-            return ErrorReply{std::move(room)};
-          }
           return Wrap<AllocateReply>(c.Allocate(
               worker, m.request, m.device_blocks, m.num_external_tokens));
         } else if constexpr (std::is_same_v<T, CommitRequest>) {
-          if (Status room =
-                  CheckReplyRoom(m.device_blocks.size(), max_reply_bytes);
-              !room.ok()) {
-            return ErrorReply{std::move(room)};
-          }
           return Wrap<CommitReply>(c.Commit(
               worker, m.request, m.num_computed_tokens, m.device_blocks));
         } else if constexpr (std::is_same_v<T, CompleteRequest>) {
@@ -128,11 +139,6 @@ Message Dispatch(Coordinator& c, WorkerId worker, const Message& request,
           fetch->result.waited = fetch->busy;
           return FetchChunkReply{std::move(fetch->result)};
         } else if constexpr (std::is_same_v<T, PublishChunkRequest>) {
-          if (Status room =
-                  CheckReplyRoom(m.device_blocks.size(), max_reply_bytes);
-              !room.ok()) {
-            return ErrorReply{std::move(room)};
-          }
           return Wrap<CommitReply>(c.PublishChunk(
               worker, m.request, m.tokens, m.device_blocks, m.virtual_start));
         } else if constexpr (std::is_same_v<T, ChunkDoneRequest>) {
@@ -154,15 +160,23 @@ Message Dispatch(Coordinator& c, WorkerId worker, const Message& request,
       request);
 }
 
+}  // namespace
+
+Message Dispatch(Coordinator& c, WorkerId worker, const Message& request,
+                 size_t max_reply_bytes) {
+  if (Status room = CheckReplyRoom(request, max_reply_bytes); !room.ok()) {
+    return ErrorReply{std::move(room)};
+  }
+  return DispatchChecked(c, worker, request, max_reply_bytes);
+}
+
 Message DispatchToStore(TieredStore& store, WorkerId worker,
                         const Message& request, const std::atomic<bool>* stop,
                         size_t max_reply_bytes) {
+  if (Status room = CheckReplyRoom(request, max_reply_bytes); !room.ok()) {
+    return ErrorReply{std::move(room)};
+  }
   if (const auto* fetch = std::get_if<FetchChunkRequest>(&request)) {
-    // Its load has a block per chunk block: at most one per token.
-    if (Status room = CheckReplyRoom(fetch->tokens.size(), max_reply_bytes);
-        !room.ok()) {
-      return ErrorReply{std::move(room)};
-    }
     const auto wait = std::chrono::milliseconds(
         std::min<uint32_t>(fetch->wait_ms, kMaxChunkWaitMs));
     return Wrap<FetchChunkReply>(
@@ -196,7 +210,7 @@ Message DispatchToStore(TieredStore& store, WorkerId worker,
     // Checksums of the stored slots are taken without the mutex.
     return Wrap(store.Complete(worker, complete->events));
   }
-  return Dispatch(*store.Lock(), worker, request, max_reply_bytes);
+  return DispatchChecked(*store.Lock(), worker, request, max_reply_bytes);
 }
 
 }  // namespace tierkv::ipc
