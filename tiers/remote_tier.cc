@@ -360,6 +360,20 @@ void RemoteTier::DropKnownLocked(const BlockKey& key) {
   if (index_.contains(key)) ++index_unscanned_;
 }
 
+void RemoteTier::BeginDeleteLocked(const BlockKey& key) {
+  DropKnownLocked(key);
+  // Kept until the next scan starts: without scans, never needed.
+  if (scan_client_ != nullptr) removed_in_scan_.insert(key);
+  ++deleting_[key];
+}
+
+void RemoteTier::EndDeletesLocked(std::span<const BlockKey> keys) {
+  for (const BlockKey& key : keys) {
+    const auto it = deleting_.find(key);
+    if (it != deleting_.end() && --it->second == 0) deleting_.erase(it);
+  }
+}
+
 bool RemoteTier::Remove(const BlockKey& key) {
   bool held = false;
   {
@@ -367,12 +381,7 @@ bool RemoteTier::Remove(const BlockKey& key) {
     ++removals_;
     const bool known = known_.contains(key);
     held = EraseLocked(key) > 0 || known;
-    DropKnownLocked(key);
-    // Kept until the next scan starts: without scans, never needed.
-    if (scan_client_ != nullptr) removed_in_scan_.insert(key);
-    // Until its DEL runs: a write of the key queued before it does not
-    // enter the index (RunSpill), nor does a scan find it again.
-    ++deleting_[key];
+    BeginDeleteLocked(key);
   }
   Job job;
   job.kind = Job::Kind::kDelete;
@@ -508,10 +517,7 @@ void RemoteTier::RunJobs() {
     io_errors_ = errors;
     // A moved-from promotion's `deleted` is not read.
     if (job.kind != Job::Kind::kDelete) continue;
-    for (const BlockKey& key : job.deleted) {
-      const auto it = deleting_.find(key);
-      if (it != deleting_.end() && --it->second == 0) deleting_.erase(it);
-    }
+    EndDeletesLocked(job.deleted);
   }
 }
 
@@ -548,8 +554,7 @@ void RemoteTier::RunSpill(Job& job) {
       // operator cleared does not come back (deleted below). A host
       // slot's spill lands as RemoveAll promises.
       cleared = true;
-      ++deleting_[job.key];
-      if (scan_client_ != nullptr) removed_in_scan_.insert(job.key);
+      BeginDeleteLocked(job.key);
       set = Status::Aborted("remote tier: block " + job.key.ToHex() +
                             " cleared while its demotion was queued");
     } else {
@@ -577,11 +582,7 @@ void RemoteTier::RunSpill(Job& job) {
              stats_.bytes > options_.capacity_bytes && lru_.size() > 1) {
         const BlockKey victim = lru_.back();
         EraseLocked(victim);
-        // Deleted as Remove deletes: no longer known, and not found again
-        // by a scan that listed it before the DEL.
-        DropKnownLocked(victim);
-        if (scan_client_ != nullptr) removed_in_scan_.insert(victim);
-        ++deleting_[victim];
+        BeginDeleteLocked(victim);  // Deleted as Remove deletes.
         evicted.push_back(victim);
         ++stats_.evictions;
       }
@@ -595,10 +596,7 @@ void RemoteTier::RunSpill(Job& job) {
     for (const BlockKey& key : evicted) redis_keys.push_back(RedisKey(key));
     (void)client_->MultiDel(redis_keys);
     MutexLock lock(&mu_);
-    for (const BlockKey& key : evicted) {
-      const auto it = deleting_.find(key);
-      if (it != deleting_.end() && --it->second == 0) deleting_.erase(it);
-    }
+    EndDeletesLocked(evicted);
   }
   job.done(set);
 }

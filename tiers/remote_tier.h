@@ -196,6 +196,12 @@ class RemoteTier final : public LowerTier {
   // Adds `key` to, or drops it from, the known keys.
   void AddKnownLocked(const BlockKey& key) TIERKV_REQUIRES(mu_);
   void DropKnownLocked(const BlockKey& key) TIERKV_REQUIRES(mu_);
+  // `key`'s value is to be deleted (its DEL queued or about to run): no
+  // longer known, not found again by a scan that listed it before, and a
+  // write of it queued before the DEL does not enter the index (RunSpill),
+  // until EndDeletesLocked says the DEL has run.
+  void BeginDeleteLocked(const BlockKey& key) TIERKV_REQUIRES(mu_);
+  void EndDeletesLocked(std::span<const BlockKey> keys) TIERKV_REQUIRES(mu_);
   // The scan thread: a scan every scan_interval until the tier stops.
   void RunScans() TIERKV_EXCLUDES(mu_);
   void RunScan() TIERKV_EXCLUDES(mu_);
