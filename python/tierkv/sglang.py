@@ -227,12 +227,7 @@ class TierkvStorage(HiCacheStorage):
     def batch_exists(self, keys: List[str], extra_info: Any = None) -> int:
         """How many keys, from the first, tierkvd holds (host or disk); 0
         while tierkvd cannot answer."""
-        with self._lock:
-            try:
-                return self._exists(keys)
-            except _TRANSIENT as e:
-                self._degraded("batch_exists", e)
-                return 0
+        return self._or_miss("batch_exists", lambda: self._exists(keys), 0)
 
     def _exists(self, keys: List[str]) -> int:
         client = self._ready()
@@ -248,9 +243,17 @@ class TierkvStorage(HiCacheStorage):
             hits += 1
         return hits
 
+    def _or_miss(self, what: str, call, miss: Any) -> Any:
+        """call() under the lock; `miss` when it fails for want of tierkvd
+        (logged, at most every _WARN_EVERY seconds)."""
+        with self._lock:
+            try:
+                return call()
+            except _TRANSIENT as e:
+                self._degraded(what, e)
+                return miss
+
     def _degraded(self, what: str, error: Exception) -> None:
-        """Logs a call that failed for want of tierkvd, at most every
-        _WARN_EVERY seconds."""
         self._failed_calls += 1
         now = time.monotonic()
         if now - self._last_warning < _WARN_EVERY:
@@ -268,23 +271,19 @@ class TierkvStorage(HiCacheStorage):
                      extra_info: Any = None) -> List[bool]:
         """Loads each key's page into its host pool page; per key, whether
         the page now holds it (False: not stored, or its load failed)."""
-        with self._lock:
-            try:
-                return self._batch(keys, host_indices, self._start_get)
-            except _TRANSIENT as e:
-                self._degraded("batch_get_v1", e)
-                return [False] * len(keys)
+        return self._or_miss(
+            "batch_get_v1",
+            lambda: self._batch(keys, host_indices, self._start_get),
+            [False] * len(keys))
 
     def batch_set_v1(self, keys: List[str], host_indices: Any,
                      extra_info: Any = None) -> List[bool]:
         """Stores each key's host pool page; per key, whether tierkvd holds
         it now (True also for a key it held already)."""
-        with self._lock:
-            try:
-                return self._batch(keys, host_indices, self._start_set)
-            except _TRANSIENT as e:
-                self._degraded("batch_set_v1", e)
-                return [False] * len(keys)
+        return self._or_miss(
+            "batch_set_v1",
+            lambda: self._batch(keys, host_indices, self._start_set),
+            [False] * len(keys))
 
     def _start_get(self, client: Any, rid: int, key: str, page: int
                    ) -> Optional[bool]:
