@@ -1031,6 +1031,29 @@ TEST(CoordinatorEventsTest, TheLowerTierHearsOfEveryBlockTheHostDrops) {
   EXPECT_TRUE(host_keys().empty());
 }
 
+// A coordinator over `lower` that records in `signals` each worker told
+// its loads are ready.
+Coordinator SignallingCoordinator(ManualLowerTier* lower,
+                                  std::vector<WorkerId>* signals) {
+  return Coordinator::Create(
+             {.layout = Layout(),
+              .host_slots = 50,
+              .lower = lower,
+              .loads_ready = [signals](WorkerId w) { signals->push_back(w); }})
+      .value();
+}
+
+// Requests first..last of `w`: one-block loads waiting for their
+// promotions from the lower tier.
+void StartOneBlockLoads(Coordinator& c, WorkerId w, RequestId first,
+                        RequestId last) {
+  for (RequestId r = first; r <= last; ++r) {
+    const std::vector<TokenId> t = SequentialTokens(100 * r, 17);
+    ASSERT_EQ(c.Lookup(w, r, t, 0, {}).value().disk_hit_tokens, 16);
+    ASSERT_TRUE(c.Allocate(w, r, Range(r, r + 1), 16).value().load_pending);
+  }
+}
+
 // loads_ready tells the worker its loads are ready once per batch: when
 // the first of them becomes ready, not for promotions still under way, and
 // again only after TakeReadyLoads has emptied the list. A failed
@@ -1038,13 +1061,7 @@ TEST(CoordinatorEventsTest, TheLowerTierHearsOfEveryBlockTheHostDrops) {
 TEST(CoordinatorEventsTest, LoadsReadySignalsOncePerBatch) {
   ManualLowerTier lower;
   std::vector<WorkerId> signals;
-  Coordinator c =
-      Coordinator::Create(
-          {.layout = Layout(),
-           .host_slots = 50,
-           .lower = &lower,
-           .loads_ready = [&signals](WorkerId w) { signals.push_back(w); }})
-          .value();
+  Coordinator c = SignallingCoordinator(&lower, &signals);
   auto worker = [&c](const char* name) {
     return c
         .RegisterWorker({.layout = Layout(),
@@ -1057,11 +1074,7 @@ TEST(CoordinatorEventsTest, LoadsReadySignalsOncePerBatch) {
   const WorkerId w = worker("w");
   const WorkerId other = worker("other");
   // Three one-block loads of w (requests 1..3) and one of `other`.
-  for (RequestId r = 1; r <= 3; ++r) {
-    const std::vector<TokenId> t = SequentialTokens(100 * r, 17);
-    ASSERT_EQ(c.Lookup(w, r, t, 0, {}).value().disk_hit_tokens, 16);
-    ASSERT_TRUE(c.Allocate(w, r, Range(r, r + 1), 16).value().load_pending);
-  }
+  ASSERT_NO_FATAL_FAILURE(StartOneBlockLoads(c, w, 1, 3));
   ASSERT_EQ(c.Lookup(other, 1, SequentialTokens(900, 17), 0, {})
                 .value()
                 .disk_hit_tokens,
@@ -1093,19 +1106,9 @@ TEST(CoordinatorEventsTest, LoadsReadySignalsOncePerBatch) {
 TEST(CoordinatorEventsTest, ReadyLoadsPastWhatOneReplyHoldsComeNextTime) {
   ManualLowerTier lower;
   std::vector<WorkerId> signals;
-  Coordinator c =
-      Coordinator::Create(
-          {.layout = Layout(),
-           .host_slots = 50,
-           .lower = &lower,
-           .loads_ready = [&signals](WorkerId w) { signals.push_back(w); }})
-          .value();
+  Coordinator c = SignallingCoordinator(&lower, &signals);
   const WorkerId w = c.RegisterWorker(TestWorker(10)).value();
-  for (RequestId r = 1; r <= 3; ++r) {
-    const std::vector<TokenId> t = SequentialTokens(100 * r, 17);
-    ASSERT_EQ(c.Lookup(w, r, t, 0, {}).value().disk_hit_tokens, 16);
-    ASSERT_TRUE(c.Allocate(w, r, Range(r, r + 1), 16).value().load_pending);
-  }
+  ASSERT_NO_FATAL_FAILURE(StartOneBlockLoads(c, w, 1, 3));
   for (auto& promotion : lower.promotions) promotion(uint64_t{0});
   ASSERT_EQ(c.PumpLowerTier(), 3u);
   ASSERT_EQ(signals.size(), 1u);
