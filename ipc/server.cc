@@ -534,6 +534,16 @@ Status Server::Stop(std::chrono::milliseconds spill_time) {
     // The listener also polls with a timeout; it will notice.
   }
   if (s.listener.joinable()) s.listener.join();
+  // Every session stops serving before any is closed: closing one drops
+  // its worker (pins, chunk leases), and a session still serving could
+  // answer what that drop freed, a lease handed over mid-stop, with a
+  // request served after the stop began.
+  for (auto& [fd, connection] : s.connections) {
+    if (const std::unique_ptr<Session>& session = connection.session) {
+      session->stop.store(true);
+      session->channel.WakeReceiver();
+    }
+  }
   while (!s.connections.empty()) s.Close(s.connections.begin()->first);
   {
     MutexLock reap(&s.reap_mu);

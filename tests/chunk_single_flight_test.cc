@@ -265,15 +265,24 @@ TEST_F(ChunkSingleFlightTest, AWaiterThatDiesStopsWaiting) {
   EXPECT_EQ(SettledStats(*observer_).host.chunk_leases, 0u);
 }
 
-TEST_F(ChunkSingleFlightTest, AStopEndsAWaitingFetch) {
+// A stop serves nothing new: the holder's session closing first releases
+// the lease, and a waiter then handed it must not get its publish served.
+// Several waiters, so that some close well after the holder.
+TEST_F(ChunkSingleFlightTest, AStopEndsEveryWaitingFetch) {
+  constexpr int kWaiters = 4;
   auto first = ChunkWorker(6, 20000, "hold");
   ASSERT_TRUE(first->WaitForOutput("lease")) << first->output();
-  auto second = ChunkWorker(6, 20000, "compute");
-  WaitForWaiters(1);
+  std::vector<std::unique_ptr<ChildProcess>> waiters;
+  for (int i = 0; i < kWaiters; ++i) {
+    waiters.push_back(ChunkWorker(6, 20000, "compute"));
+  }
+  WaitForWaiters(kWaiters);
   observer_.reset();
-  StopDaemon();  // Exits 0, the waiting session thread ended.
-  EXPECT_TRUE(second->WaitForOutput("error")) << second->output();
-  EXPECT_EQ(second->Wait(), 1);
+  StopDaemon();  // Exits 0, the waiting session threads ended.
+  for (auto& waiter : waiters) {
+    EXPECT_TRUE(waiter->WaitForOutput("error")) << waiter->output();
+    EXPECT_EQ(waiter->Wait(), 1) << waiter->output();
+  }
 }
 
 }  // namespace
