@@ -443,11 +443,16 @@ void BlockPool::DropKey(BlockId id) {
 }
 
 void BlockPool::LeaveKeptLists(BlockId id) {
-  if (eviction_ != EvictionPolicy::kLru && free_queue_.Contains(id) &&
-      free_queue_.ListOf(id) != kReuseFirst) {
-    free_queue_.Remove(id);
-    free_queue_.PushFront(id, kReuseFirst);
+  if (!free_queue_.Contains(id)) return;
+  if (eviction_ == EvictionPolicy::kLru) {
+    // One list: to its front when keyless blocks are reused first, as
+    // Enqueue puts them.
+    if (!uncached_first_) return;
+  } else if (free_queue_.ListOf(id) == kReuseFirst) {
+    return;
   }
+  free_queue_.Remove(id);
+  free_queue_.PushFront(id, kReuseFirst);
 }
 
 Status BlockPool::CheckInvariants() const {

@@ -270,6 +270,31 @@ TEST(EvictionPolicy, AFreedBlockWithoutAKeyIsReusedFirstWhenAsked) {
   EXPECT_TRUE(Cached(arc, 2));
 }
 
+// A free block whose key a newer copy takes holds nothing that can be hit:
+// with free_uncached_first it goes to the front under LRU too, and the next
+// allocation takes it rather than evict a block that can still be hit.
+TEST(EvictionPolicy, AFreeBlockThatLostItsKeyIsReusedFirstWhenAsked) {
+  for (EvictionPolicy policy : {EvictionPolicy::kLru, EvictionPolicy::kArc}) {
+    SCOPED_TRACE(policy == EvictionPolicy::kLru ? "lru" : "arc");
+    BlockPool pool = MakePool(4, policy, /*uncached_first=*/true);
+    const BlockId one = Store(&pool, 1);
+    Store(&pool, 2);
+    const BlockId three = Store(&pool, 3);
+    // A second copy of key 3 takes the key from the free block `three`.
+    std::vector<BlockId> copy;
+    ASSERT_THAT(pool.GetNewBlocks(1, &copy), IsOk());
+    ASSERT_NE(copy[0], three);
+    ASSERT_THAT(pool.CacheBlock(copy[0], Key(3), kTokens), IsOk());
+    pool.FreeBlocks(copy);
+    EXPECT_EQ(pool.NextFreeBlock(), three);
+    std::vector<BlockId> next;
+    ASSERT_THAT(pool.GetNewBlocks(1, &next), IsOk());
+    EXPECT_EQ(next[0], three);
+    EXPECT_TRUE(Cached(pool, 1)) << "block " << one << " was evicted";
+    EXPECT_THAT(pool.CheckInvariants(), IsOk());
+  }
+}
+
 // NextFreeBlock names the block GetNewBlocks takes, whatever the lists.
 TEST(EvictionPolicy, NextFreeBlockIsTheNextVictimUnderRandomUse) {
   for (EvictionPolicy policy : {EvictionPolicy::kLru, EvictionPolicy::kArc}) {
