@@ -158,23 +158,20 @@ StatusOr<StatsPageReader> StatsPageReader::Open(
   TIERKV_ASSIGN_OR_RETURN(ShmSegment segment, ShmSegment::OpenReadOnly(name));
   const std::string not_a_page =
       "shared memory '" + name + "' is not a stats page of this tierkv";
-  if (!socket_path.empty()) {
-    // The name was checked by OpenReadOnly; a sticky /dev/shm keeps anyone
-    // but its owner from replacing what was opened.
-    struct stat page {
-    }, sock{};
-    if (stat(("/dev/shm" + name).c_str(), &page) != 0) {
-      return Status::NotFound(not_a_page + " (gone)");
-    }
-    const bool trusted =
-        page.st_uid == geteuid() || page.st_uid == 0 ||
-        (stat(socket_path.c_str(), &sock) == 0 && sock.st_uid == page.st_uid &&
-         CheckDaemonUser(page.st_uid, socket_path, std::nullopt).ok());
-    if (!trusted) {
-      return Status::FailedPrecondition(
-          "stats page '" + name + "' belongs to uid " +
-          std::to_string(page.st_uid) + ", not the tierkvd on " + socket_path);
-    }
+  // Checked before a byte of it is read: another user's file could be
+  // anything, and shrink under the mapping (SIGBUS).
+  const uid_t owner = segment.file_owner();
+  struct stat sock {};
+  const bool trusted =
+      owner == geteuid() || owner == 0 ||
+      (!socket_path.empty() && stat(socket_path.c_str(), &sock) == 0 &&
+       sock.st_uid == owner &&
+       CheckDaemonUser(owner, socket_path, std::nullopt).ok());
+  if (!trusted) {
+    return Status::FailedPrecondition(
+        "stats page '" + name + "' belongs to uid " + std::to_string(owner) +
+        (socket_path.empty() ? ", not this user"
+                             : ", not the tierkvd on " + socket_path));
   }
   if (segment.size() < kHeaderBytes) {
     return Status::FailedPrecondition(not_a_page + " (too small)");

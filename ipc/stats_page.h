@@ -83,11 +83,11 @@ class StatsPageReader {
  public:
   // Maps the page read-only. NotFound when no tierkvd publishes one under
   // this name, PermissionDenied when this user may not read it,
-  // FailedPrecondition when it is not a stats page of this version. With
-  // `socket_path`, also FailedPrecondition when the page belongs to a user
-  // this process would not trust as the tierkvd on that socket: not this
-  // user, root, or the socket's owner that CheckDaemonUser
-  // (ipc/unix_socket.h) accepts. Names in /dev/shm are anyone's to take.
+  // FailedPrecondition when it is not a stats page of this version, or
+  // when the page belongs to a user this process would not trust: not this
+  // user or root, nor (with `socket_path`) the socket's owner that
+  // CheckDaemonUser (ipc/unix_socket.h) accepts as the tierkvd on it. Names
+  // in /dev/shm are anyone's to take; nothing of an untrusted one is read.
   static StatusOr<StatsPageReader> Open(const std::string& name,
                                         const std::string& socket_path = {});
 

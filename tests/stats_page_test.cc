@@ -187,6 +187,30 @@ TEST_F(StatsPageTest, SegmentThatIsNotAPageIsRefused) {
   EXPECT_THAT(reader.status().message(), HasSubstr("not a stats page"));
 }
 
+// Anyone may make names in /dev/shm. A FIFO at the page's name must not
+// block a reader's open (tierkvd probes its name at start, tierkv-admin
+// reads it), and a page is replaced over it.
+TEST_F(StatsPageTest, AFifoAtThePageNameIsRefusedWithoutBlocking) {
+  ASSERT_EQ(mkfifo(("/dev/shm" + name_).c_str(), 0666), 0);
+  auto reader = StatsPageReader::Open(name_);
+  EXPECT_EQ(reader.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(reader.status().message(), HasSubstr("not a regular file"));
+  StatsPageWriter writer = Create();
+  ASSERT_THAT(writer.Publish(NumberedStats(3), SystemClock::now()), IsOk());
+  EXPECT_THAT(StatsPageReader::Open(name_), IsOk());
+}
+
+// A page another user owns is refused before any byte of it is read: it
+// could be anything, and shrink under the mapping.
+TEST_F(StatsPageTest, AnotherUsersPageIsNotRead) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to give the page away";
+  StatsPageWriter writer = Create();
+  ASSERT_EQ(chown(("/dev/shm" + name_).c_str(), 65534, 65534), 0);
+  auto reader = StatsPageReader::Open(name_);
+  EXPECT_EQ(reader.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(reader.status().message(), HasSubstr("belongs to uid 65534"));
+}
+
 TEST_F(StatsPageTest, FreshOnlyWhileItsTierkvdLivesAndPublishes) {
   StatsPageSnapshot snapshot;
   snapshot.pid = getpid();

@@ -30,6 +30,8 @@ struct ShmSegment::Impl {
   // the name only while it still names this segment.
   dev_t device = 0;
   ino_t inode = 0;
+  // Open's segment: the uid that owned the name when it was opened.
+  uid_t uid = static_cast<uid_t>(-1);
 
   ~Impl() {
     if (anonymous != nullptr) munmap(anonymous, anonymous_bytes);
@@ -190,13 +192,49 @@ StatusOr<ShmSegment> ShmSegment::OpenReadOnly(const std::string& name) {
 StatusOr<ShmSegment> ShmSegment::OpenMapping(const std::string& name,
                                              bool writable) {
   TIERKV_RETURN_IF_ERROR(ValidateShmName(name));
-  const bip::mode_t mode = writable ? bip::read_write : bip::read_only;
-  try {
-    bip::shared_memory_object shm(bip::open_only, name.c_str() + 1, mode);
-    return FromImpl(std::make_unique<Impl>(shm, mode), name, /*owner=*/false);
-  } catch (const bip::interprocess_exception& e) {
-    return FromInterprocess(e, "cannot open", name);
+  // /dev/shm is anyone's to write names in: a FIFO there must not block
+  // the open, and only a regular file is mapped.
+  const int fd = shm_open(
+      name.c_str(),
+      (writable ? O_RDWR : O_RDONLY) | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC, 0);
+  if (fd < 0) {
+    const int err = errno;
+    const std::string msg =
+        "cannot open shared memory '" + name + "': " + std::strerror(err);
+    if (err == ENOENT) return Status::NotFound(msg);
+    if (err == EACCES || err == EPERM) return Status::PermissionDenied(msg);
+    return Status::Unavailable(msg);
   }
+  struct stat st {};
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    close(fd);
+    return Status::FailedPrecondition("shared memory '" + name +
+                                      "' is not a regular file");
+  }
+  if (st.st_size <= 0) {
+    close(fd);
+    return Status::FailedPrecondition("shared memory '" + name + "' is empty");
+  }
+  const auto bytes = static_cast<size_t>(st.st_size);
+  void* p = mmap(nullptr, bytes, writable ? PROT_READ | PROT_WRITE : PROT_READ,
+                 MAP_SHARED, fd, 0);
+  const int err = errno;
+  close(fd);
+  if (p == MAP_FAILED) {
+    return Status::ResourceExhausted("cannot map shared memory '" + name +
+                                     "': " + std::strerror(err));
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->anonymous = p;
+  impl->anonymous_bytes = bytes;
+  impl->device = st.st_dev;
+  impl->inode = st.st_ino;
+  impl->uid = st.st_uid;
+  return FromImpl(std::move(impl), name, /*owner=*/false);
+}
+
+uid_t ShmSegment::file_owner() const {
+  return impl_ != nullptr ? impl_->uid : static_cast<uid_t>(-1);
 }
 
 StatusOr<ShmSegment> ShmSegment::CreateAnonymous(size_t bytes) {

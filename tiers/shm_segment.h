@@ -37,7 +37,10 @@ class ShmSegment {
   // name is still this segment's.
   static StatusOr<ShmSegment> Create(const ShmCreateOptions& options);
   // Maps an existing segment. NotFound when it does not exist,
-  // PermissionDenied when this user may not open it.
+  // PermissionDenied when this user may not open it, FailedPrecondition
+  // when the name is not a regular file of some bytes (a FIFO there never
+  // blocks the open). Names in /dev/shm are anyone's to take: check
+  // file_owner() before trusting what is read.
   static StatusOr<ShmSegment> Open(const std::string& name);
   // Maps an existing segment read-only (PROT_READ): a write through data()
   // faults. Errors as Open.
@@ -65,6 +68,9 @@ class ShmSegment {
   size_t size() const { return size_; }
   const std::string& name() const { return name_; }  // Empty if anonymous.
   bool owner() const { return owner_; }
+  // Of a segment Open or OpenReadOnly mapped: the uid that owned its file
+  // when opened. (uid_t)-1 for every other kind.
+  uid_t file_owner() const;
   // The sealed segment's file descriptor (CreateSealed), to pass to another
   // process; -1 for every other kind. Owned by the segment.
   int fd() const;
