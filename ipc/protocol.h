@@ -52,7 +52,9 @@ inline constexpr uint32_t kFrameMagic = 0x4D564B54;  // "TKVM"
 //     tier's.
 // 14: LookupChunkRequest, FetchChunkRequest and PublishChunkRequest carry
 //     the chunk's virtual start, part of its keys.
-inline constexpr uint16_t kProtocolVersion = 14;
+// 15: ClearReply and EvictReply say what the remote tier dropped apart
+//     from the disk tier.
+inline constexpr uint16_t kProtocolVersion = 15;
 inline constexpr size_t kFrameHeaderBytes = 16;
 // Upper bounds a decoder enforces before allocating anything.
 inline constexpr uint32_t kMaxTokens = 1 << 20;

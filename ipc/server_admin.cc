@@ -91,11 +91,12 @@ Message Server::Impl::Clear(pid_t pid, TierSelection tiers) {
     return ErrorReply{result.status()};
   }
   spdlog::info(
-      "pid {}: clear {}: dropped {} host blocks ({} kept: pinned) and {} "
-      "disk blocks{}",
+      "pid {}: clear {}: dropped {} host blocks ({} kept: pinned), {} disk "
+      "blocks{} and {} remote keys{}",
       pid, TierSelectionName(tiers), result->host_dropped,
       result->host_kept_pinned, result->disk_dropped,
-      result->disk_cleared ? "" : " (no disk tier)");
+      result->disk_cleared ? "" : " (no disk tier)", result->remote_dropped,
+      result->remote_cleared ? "" : " (no remote tier)");
   return ClearReply{*result};
 }
 
@@ -104,13 +105,15 @@ Message Server::Impl::Evict(pid_t pid, const std::vector<BlockKey>& keys) {
   { blocks = store->Lock()->Evict(keys); }
   // Every key of a short list; a summary of any list.
   constexpr size_t kKeysLogged = 32;
-  size_t host = 0, disk = 0, pinned = 0, absent = 0;
+  size_t host = 0, disk = 0, remote = 0, pinned = 0, absent = 0;
   for (size_t i = 0; i < blocks.size(); ++i) {
     const EvictedBlock& b = blocks[i];
     host += b.host_dropped;
     disk += b.disk_dropped;
+    remote += b.remote_dropped;
     pinned += b.host_pinned;
-    absent += !b.host_dropped && !b.disk_dropped && !b.host_pinned;
+    absent += !b.host_dropped && !b.disk_dropped && !b.remote_dropped &&
+              !b.host_pinned;
     if (i < kKeysLogged) {
       spdlog::info("pid {}: evict {}: {}", pid, b.key.ToHex(),
                    EvictedBlockSummary(b));
@@ -118,8 +121,8 @@ Message Server::Impl::Evict(pid_t pid, const std::vector<BlockKey>& keys) {
   }
   spdlog::info(
       "pid {}: evict of {} keys: {} dropped from host, {} from disk, {} "
-      "pinned on host (kept), {} not cached",
-      pid, blocks.size(), host, disk, pinned, absent);
+      "from remote, {} pinned on host (kept), {} not cached",
+      pid, blocks.size(), host, disk, remote, pinned, absent);
   return EvictReply{std::move(blocks)};
 }
 

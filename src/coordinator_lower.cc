@@ -246,7 +246,9 @@ StatusOr<ClearResult> Coordinator::Clear(TierSelection tiers) {
         UsedSlots() - static_cast<int64_t>(discarded_spills_.size()));
   }
   if (tiers != TierSelection::kHost && options_.lower != nullptr) {
-    result.disk_dropped = options_.lower->RemoveAll();
+    const LowerRemoval removed = options_.lower->RemoveAll();
+    result.disk_dropped = removed.disk;
+    result.remote_dropped = removed.remote;
     // RemoveAll leaves writes in flight alone. Those of spills discarded
     // above would land after the answer and be deleted only when they
     // finish: removing their keys now cancels them (or deletes what they
@@ -255,7 +257,8 @@ StatusOr<ClearResult> Coordinator::Clear(TierSelection tiers) {
     for (const auto& [id, op] : lower_ops_) {
       if (op.spill && op.discard) (void)options_.lower->Remove(op.key);
     }
-    result.disk_cleared = true;
+    result.disk_cleared = options_.lower->disk_stats().has_value();
+    result.remote_cleared = options_.lower->remote_stats().has_value();
   }
   // The per-key removals went out already; a router may also take this as
   // the cue to drop what it keeps for the store. Only when it is true:
@@ -281,7 +284,11 @@ std::vector<EvictedBlock> Coordinator::Evict(std::span<const BlockKey> keys) {
       // A store or a promotion keys it when it completes.
       e.host_pinned = true;
     }
-    if (options_.lower != nullptr) e.disk_dropped = options_.lower->Remove(key);
+    if (options_.lower != nullptr) {
+      const LowerRemoval removed = options_.lower->Remove(key);
+      e.disk_dropped = removed.disk > 0;
+      e.remote_dropped = removed.remote > 0;
+    }
     out.push_back(e);
   }
   return out;

@@ -6,6 +6,8 @@
 #include <cstddef>
 #include <iterator>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "tierkv/stats.h"
 #include "tierkv/transfer.h"
@@ -41,13 +43,20 @@ const char* TierSelectionName(TierSelection tiers) {
 }
 
 std::string EvictedBlockSummary(const EvictedBlock& b) {
-  if (b.host_dropped) {
-    return b.disk_dropped ? "dropped from host and disk" : "dropped from host";
+  std::vector<std::string_view> tiers;
+  if (b.host_dropped) tiers.push_back("host");
+  if (b.disk_dropped) tiers.push_back("disk");
+  if (b.remote_dropped) tiers.push_back("remote");
+  std::string dropped;
+  for (size_t i = 0; i < tiers.size(); ++i) {
+    if (i > 0) dropped += i + 1 == tiers.size() ? " and " : ", ";
+    dropped += tiers[i];
   }
+  if (!dropped.empty()) dropped = "dropped from " + dropped;
   if (b.host_pinned) {
-    return b.disk_dropped ? "pinned, kept; dropped from disk" : "pinned, kept";
+    return dropped.empty() ? "pinned, kept" : "pinned, kept; " + dropped;
   }
-  return b.disk_dropped ? "dropped from disk" : "not cached";
+  return dropped.empty() ? "not cached" : dropped;
 }
 
 void EventLatency::Record(uint64_t latency_us) {

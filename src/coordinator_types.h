@@ -46,8 +46,13 @@ struct ClearResult {
   // lookups or loads, and slots a store or promotion is writing. A block
   // only its spill pins is dropped (host_dropped): see Coordinator::Clear.
   uint64_t host_kept_pinned = 0;
+  // Per lower medium, whether there was one to clear (`--tier disk` clears
+  // every tier below host) and what it dropped: the disk tier's blocks, the
+  // keys the remote tier knew. A block both held counts in each.
   uint64_t disk_dropped = 0;
-  bool disk_cleared = false;  // There was a lower tier to clear.
+  bool disk_cleared = false;
+  uint64_t remote_dropped = 0;
+  bool remote_cleared = false;
 };
 
 // What Evict did with one key.
@@ -59,11 +64,12 @@ struct EvictedBlock {
   // On host (or being stored) but pinned by a worker: kept.
   bool host_pinned = false;
   bool disk_dropped = false;
+  bool remote_dropped = false;  // The remote tier knew it; its key deleted.
   friend bool operator==(const EvictedBlock&, const EvictedBlock&) = default;
 };
-// For people: "dropped from host and disk", "dropped from host", "dropped
-// from disk", "pinned, kept" (then "; dropped from disk" if it was), or
-// "not cached".
+// For people: "dropped from " the tiers that held it ("host", "host and
+// disk", "host, disk and remote", ...), "pinned, kept" (then "; dropped
+// from disk" or the like if a lower tier held it), or "not cached".
 std::string EvictedBlockSummary(const EvictedBlock& block);
 
 // The keys each tier serves (Coordinator::HeldKeys): the host tier's keyed

@@ -23,6 +23,20 @@
 
 namespace tierkv {
 
+// What Remove or RemoveAll found, by medium: the disk tier's blocks, and the
+// keys the remote tier knew (the blocks this store wrote and those its scans
+// found). A block both hold counts once in each.
+struct LowerRemoval {
+  uint64_t disk = 0;
+  uint64_t remote = 0;
+  LowerRemoval& operator+=(const LowerRemoval& other) {
+    disk += other.disk;
+    remote += other.remote;
+    return *this;
+  }
+  friend bool operator==(const LowerRemoval&, const LowerRemoval&) = default;
+};
+
 class LowerTier {
  public:
   using Done = std::function<void(Status)>;
@@ -79,11 +93,11 @@ class LowerTier {
                        BlockId slot, PromoteDone done) = 0;
   // Forgets the block of `key` (for any token ids) at once: Contains turns
   // false. A promotion already reading it fails (its slot is never served),
-  // it is never served torn. Returns whether the tier held it.
-  virtual bool Remove(const BlockKey& key) = 0;
-  // Forgets every block the tier holds, as Remove; returns how many. Blocks
-  // still being written (spills in flight) are kept.
-  virtual uint64_t RemoveAll() = 0;
+  // it is never served torn. Returns which media held it (1 each).
+  virtual LowerRemoval Remove(const BlockKey& key) = 0;
+  // Forgets every block the tier holds, as Remove; returns how many each
+  // medium held. Blocks still being written (spills in flight) are kept.
+  virtual LowerRemoval RemoveAll() = 0;
   // The keys the tier holds (stored, not being written), at most `max` of
   // them, and how many it holds in all.
   virtual std::vector<BlockKey> StoredKeys(size_t max,

@@ -779,6 +779,24 @@ TEST_F(CoordinatorTest, ClearDiskWithoutALowerTierIsRefused) {
   EXPECT_THAT(cleared.status().message(), HasSubstr("no disk tier"));
 }
 
+// What an operator reads per evicted key: every tier it left, in order.
+TEST(EvictedBlockSummaryTest, NamesEveryTierTheBlockLeft) {
+  EXPECT_EQ(EvictedBlockSummary({.key = {},
+                                 .host_dropped = true,
+                                 .disk_dropped = true,
+                                 .remote_dropped = true}),
+            "dropped from host, disk and remote");
+  EXPECT_EQ(EvictedBlockSummary(
+                {.key = {}, .host_dropped = true, .disk_dropped = true}),
+            "dropped from host and disk");
+  EXPECT_EQ(EvictedBlockSummary({.key = {}, .remote_dropped = true}),
+            "dropped from remote");
+  EXPECT_EQ(EvictedBlockSummary(
+                {.key = {}, .host_pinned = true, .disk_dropped = true}),
+            "pinned, kept; dropped from disk");
+  EXPECT_EQ(EvictedBlockSummary({}), "not cached");
+}
+
 TEST_F(CoordinatorTest, EvictDropsOnlyTheNamedBlocksAndKeepsPinnedOnes) {
   const WorkerId w = Register();
   const std::vector<TokenId> a = SequentialTokens(1, 48);
@@ -1160,16 +1178,16 @@ class SlowSpillTier : public LowerTier {
                PromoteDone done) override {
     done(Status::NotFound("not stored"));
   }
-  bool Remove(const BlockKey& key) override {
+  LowerRemoval Remove(const BlockKey& key) override {
     if (cancel_writes) {
       for (Write& w : writes) w.cancelled |= w.key == key;
     }
-    return stored.erase(key) > 0;
+    return {.disk = stored.erase(key)};
   }
-  uint64_t RemoveAll() override {
+  LowerRemoval RemoveAll() override {
     const uint64_t n = stored.size();
     stored.clear();  // Writes in flight are left alone, as DiskTier does.
-    return n;
+    return {.disk = n};
   }
   DiskTierStats stats() const override {
     return {.keys = static_cast<uint64_t>(stored.size())};

@@ -24,8 +24,8 @@ class ManualLowerTier : public LowerTier {
                PromoteDone done) override {
     promotions.push_back(std::move(done));
   }
-  bool Remove(const BlockKey&) override { return false; }
-  uint64_t RemoveAll() override { return 0; }
+  LowerRemoval Remove(const BlockKey&) override { return {}; }
+  LowerRemoval RemoveAll() override { return {}; }
   std::vector<BlockKey> StoredKeys(size_t, uint64_t* total) const override {
     *total = 0;  // It claims every block, but lists none.
     return {};

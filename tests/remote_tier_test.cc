@@ -319,12 +319,12 @@ TEST_F(RedisClusterRemoteTierTest, CapacityTtlRemoveAndRemoveAll) {
   EXPECT_LE(std::stoll(*pttl), 60000);
 
   // Remove forgets at once; the DEL runs before any later job.
-  EXPECT_TRUE(tier->Remove(kKey3));
+  EXPECT_EQ(tier->Remove(kKey3).remote, 1u);
   EXPECT_FALSE(tier->Contains(kKey3, kTokens3));
-  EXPECT_FALSE(tier->Remove(kKey3));
+  EXPECT_EQ(tier->Remove(kKey3).remote, 0u);
   EXPECT_THAT(Promote(*tier, kKey3, kTokens3, 4),
               StatusIs(StatusCode::kNotFound));
-  EXPECT_EQ(tier->RemoveAll(), 1u);
+  EXPECT_EQ(tier->RemoveAll().remote, 1u);
   EXPECT_FALSE(tier->Contains(kKey1, kTokens1));
   EXPECT_THAT(Promote(*tier, kKey1, kTokens1, 4),
               StatusIs(StatusCode::kNotFound));
@@ -345,7 +345,7 @@ TEST_F(RedisClusterRemoteTierTest, ARemoveBehindAQueuedWriteLeavesNothing) {
   tier->Spill(kKey1, kTokens1, 5, std::nullopt,
               [&spilled](Status s) { spilled.set_value(std::move(s)); });
   WaitUntilHeld();
-  EXPECT_FALSE(tier->Remove(kKey1));  // Not stored yet.
+  EXPECT_EQ(tier->Remove(kKey1).remote, 0u);  // Not stored yet.
   ReleaseHeld();
   EXPECT_THAT(spilled.get_future().get(), StatusIs(StatusCode::kAborted));
   tier->WaitQueued();
@@ -375,7 +375,7 @@ TEST_F(RedisClusterRemoteTierTest, ADemotionQueuedBeforeRemoveAllIsNotKept) {
   WaitUntilHeld();
   tier->Demote(kKey1, kTokens1, slots_[1],
                [&demoted](Status s) { demoted.set_value(std::move(s)); });
-  EXPECT_EQ(tier->RemoveAll(), 0u);
+  EXPECT_EQ(tier->RemoveAll().remote, 0u);
   ReleaseHeld();
   EXPECT_THAT(spilled.get_future().get(), IsOk());
   EXPECT_THAT(demoted.get_future().get(), StatusIs(StatusCode::kAborted));
@@ -529,7 +529,7 @@ TEST_F(RedisClusterRemoteTierTest, ScansLearnOfOtherWritersBlocksAndForget) {
 
   // Gone from the cluster (deleted by the writer here): forgotten by the
   // next whole scan.
-  EXPECT_TRUE(writer->Remove(kKey2));
+  EXPECT_EQ(writer->Remove(kKey2).remote, 1u);
   writer->WaitQueued();
   WaitTwoScans(*reader);
   EXPECT_FALSE(reader->Contains(kKey1, kTokens1));
@@ -607,7 +607,7 @@ TEST_F(RedisClusterRemoteTierTest, ReportsTheBlocksItWroteAsKvEvents) {
   ASSERT_THAT(Spill(*tier, kKey1, kTokens1, 0), IsOk());
   ASSERT_THAT(Spill(*tier, kKey3, kTokens3, 2), IsOk());
   EXPECT_THAT(log.Take(), ElementsAre("stored 13107 tokens 4", "removed 8738"));
-  EXPECT_TRUE(tier->Remove(kKey1));
+  EXPECT_EQ(tier->Remove(kKey1).remote, 1u);
   EXPECT_THAT(log.Take(), ElementsAre("removed 4369"));
   // A value deleted behind the tier's back: the promotion that finds it gone
   // drops it from the index, and says so.
@@ -617,7 +617,7 @@ TEST_F(RedisClusterRemoteTierTest, ReportsTheBlocksItWroteAsKvEvents) {
               StatusIs(StatusCode::kNotFound));
   EXPECT_THAT(log.Take(), ElementsAre("removed 13107"));
   ASSERT_THAT(Spill(*tier, kKey2, kTokens2, 1), IsOk());
-  EXPECT_EQ(tier->RemoveAll(), 1u);
+  EXPECT_EQ(tier->RemoveAll().remote, 1u);
   EXPECT_THAT(log.Take(), ElementsAre("stored 8738 tokens 4", "removed 8738"));
   tier.reset();
   EXPECT_THAT(log.Take(), IsEmpty());

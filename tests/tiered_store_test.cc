@@ -162,15 +162,15 @@ class MemoryRemoteTier final : public LowerTier {
     }
     done(XXH3_64bits(bytes.data(), bytes.size()));
   }
-  bool Remove(const BlockKey& key) override {
+  LowerRemoval Remove(const BlockKey& key) override {
     std::lock_guard<std::mutex> lock(mu_);
-    return blocks_.erase(key) > 0;
+    return {.remote = blocks_.erase(key)};
   }
-  uint64_t RemoveAll() override {
+  LowerRemoval RemoveAll() override {
     std::lock_guard<std::mutex> lock(mu_);
     const uint64_t n = blocks_.size();
     blocks_.clear();
-    return n;
+    return {.remote = n};
   }
   std::vector<BlockKey> StoredKeys(size_t, uint64_t* total) const override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -616,6 +616,42 @@ TEST_F(TieredStoreTest, DiskBesideRemoteWritesBothAndFallsBackOnABadRead) {
   EXPECT_EQ(o.loaded_blocks, 5);
   EXPECT_EQ(o.wrong_blocks, 0);
   EXPECT_THAT(c()->host_pool().CheckInvariants(), IsOk());
+}
+
+// With the remote tier beside the disk tier every spilled block is on both:
+// evict and clear say what each medium dropped, and count a block held by
+// both once in each (not twice under "disk").
+TEST_F(TieredStoreTest, EvictAndClearCountDiskAndRemoteApart) {
+  Open(/*host_slots=*/10, /*disk_blocks=*/100, /*high=*/0.5, /*low=*/0.1,
+       /*write_behind_spills=*/0, /*remote=*/true);
+  ASSERT_NE(remote_, nullptr);
+  const std::vector<TokenId> victim = RequestTokens(0, 5);
+  Store(victim);
+  Settle();
+  for (int r = 1; r < 4; ++r) {  // Push the victim's blocks down.
+    Store(RequestTokens(r, 2));
+    Settle();
+  }
+  const std::vector<BlockKey> keys = PrefixKeys(victim);
+  ASSERT_TRUE(remote_->HasKey(keys[1]));
+  const BlockKey second[] = {keys[1]};
+  const EvictedBlock evicted = c()->Evict(second)[0];
+  EXPECT_EQ(evicted,
+            (EvictedBlock{
+                .key = keys[1], .disk_dropped = true, .remote_dropped = true}));
+  EXPECT_EQ(EvictedBlockSummary(evicted), "dropped from disk and remote");
+  EXPECT_FALSE(remote_->HasKey(keys[1]));
+
+  const CoordinatorStats s = c()->stats();
+  ASSERT_GT(s.disk->keys, 0u);
+  ASSERT_EQ(s.remote->keys, s.disk->keys);  // Written through.
+  const ClearResult cleared = c()->Clear(TierSelection::kDisk).value();
+  EXPECT_TRUE(cleared.disk_cleared);
+  EXPECT_TRUE(cleared.remote_cleared);
+  EXPECT_EQ(cleared.disk_dropped, s.disk->keys);
+  EXPECT_EQ(cleared.remote_dropped, s.remote->keys);
+  EXPECT_EQ(c()->stats().remote->keys, 0u);
+  EXPECT_EQ(c()->stats().disk->keys, 0u);
 }
 
 // A block read from the remote tier is kept on the local disk once the

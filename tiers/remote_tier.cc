@@ -374,7 +374,7 @@ void RemoteTier::EndDeletesLocked(std::span<const BlockKey> keys) {
   }
 }
 
-bool RemoteTier::Remove(const BlockKey& key) {
+LowerRemoval RemoteTier::Remove(const BlockKey& key) {
   bool held = false;
   {
     MutexLock lock(&mu_);
@@ -388,10 +388,10 @@ bool RemoteTier::Remove(const BlockKey& key) {
   job.redis_keys.push_back(RedisKey(key));
   job.deleted.push_back(key);
   Enqueue(std::move(job));
-  return held;
+  return {.remote = held ? 1u : 0u};
 }
 
-uint64_t RemoteTier::RemoveAll() {
+LowerRemoval RemoteTier::RemoveAll() {
   Job job;
   job.kind = Job::Kind::kDelete;
   uint64_t forgotten = 0;
@@ -417,10 +417,10 @@ uint64_t RemoteTier::RemoveAll() {
     cleared_in_scan_ = true;
     stats_.bytes = 0;
     stats_.keys = 0;
-    if (job.redis_keys.empty()) return forgotten;
+    if (job.redis_keys.empty()) return {.remote = forgotten};
   }
   Enqueue(std::move(job));
-  return forgotten;
+  return {.remote = forgotten};
 }
 
 std::vector<BlockKey> RemoteTier::StoredKeys(size_t max,

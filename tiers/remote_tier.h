@@ -139,12 +139,12 @@ class RemoteTier final : public LowerTier {
                BlockId slot, PromoteDone done) override;
   // Forgets the key and deletes its value from the cluster, whoever wrote
   // it.
-  bool Remove(const BlockKey& key) override;
+  LowerRemoval Remove(const BlockKey& key) override;
   // Forgets every key and deletes the values this process wrote; other
   // machines' blocks come back with the next scan. Spills of host slots
   // in flight land (LowerTier's contract); demotions queued before it (the
   // disk tier's evictions) are not kept: Aborted, their values deleted.
-  uint64_t RemoveAll() override;
+  LowerRemoval RemoveAll() override;
   // The blocks in this tier's index (those this process spilled), most
   // recently used first.
   std::vector<BlockKey> StoredKeys(size_t max, uint64_t* total) const override;

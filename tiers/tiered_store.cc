@@ -52,8 +52,10 @@ class DiskBelowHost final : public LowerTier {
                });
   }
   void HostDropped(const BlockKey& key) override { disk_->Renew(key); }
-  bool Remove(const BlockKey& key) override { return disk_->Remove(key); }
-  uint64_t RemoveAll() override { return disk_->RemoveAll(); }
+  LowerRemoval Remove(const BlockKey& key) override {
+    return {.disk = disk_->Remove(key) ? 1u : 0u};
+  }
+  LowerRemoval RemoveAll() override { return {.disk = disk_->RemoveAll()}; }
   std::vector<BlockKey> StoredKeys(size_t max, uint64_t* total) const override {
     return disk_->StoredKeys(max, total);
   }
@@ -139,12 +141,13 @@ class DiskOverRemote final : public LowerTier {
   }
   // The disk tier's order; the remote tier, shared, keeps its own.
   void HostDropped(const BlockKey& key) override { disk_->HostDropped(key); }
-  bool Remove(const BlockKey& key) override {
-    const bool disk = disk_->Remove(key);
-    return remote_->Remove(key) || disk;
+  LowerRemoval Remove(const BlockKey& key) override {
+    LowerRemoval removed = disk_->Remove(key);
+    return removed += remote_->Remove(key);
   }
-  uint64_t RemoveAll() override {
-    return disk_->RemoveAll() + remote_->RemoveAll();
+  LowerRemoval RemoveAll() override {
+    LowerRemoval removed = disk_->RemoveAll();
+    return removed += remote_->RemoveAll();
   }
   // The disk tier's keys, then the remote tier's; a block both hold counts
   // twice.

@@ -613,8 +613,13 @@ std::string FormatClear(TierSelection tiers, const ClearResult& result) {
   }
   if (result.disk_cleared) {
     out << "disk: dropped " << result.disk_dropped << " blocks\n";
-  } else if (tiers == TierSelection::kAll) {
+  } else if (tiers != TierSelection::kHost) {
     out << "disk: none (tierkvd has no disk tier)\n";
+  }
+  if (result.remote_cleared) {
+    out << "remote: forgot " << result.remote_dropped
+        << " keys (deleted those this tierkvd wrote; a scan finds again "
+           "what other machines wrote)\n";
   }
   return out.str();
 }
@@ -628,6 +633,9 @@ std::string FormatClearJson(TierSelection tiers, const ClearResult& result) {
   }
   if (result.disk_cleared) {
     out << ",\"disk\":{\"dropped\":" << result.disk_dropped << "}";
+  }
+  if (result.remote_cleared) {
+    out << ",\"remote\":{\"dropped\":" << result.remote_dropped << "}";
   }
   out << "}\n";
   return out.str();
@@ -649,7 +657,9 @@ std::string FormatEvictJson(const std::vector<EvictedBlock>& blocks) {
     out << (i ? "," : "") << "{\"key\":\"" << b.key.ToHex()
         << "\",\"host_dropped\":" << (b.host_dropped ? "true" : "false")
         << ",\"host_pinned\":" << (b.host_pinned ? "true" : "false")
-        << ",\"disk_dropped\":" << (b.disk_dropped ? "true" : "false") << "}";
+        << ",\"disk_dropped\":" << (b.disk_dropped ? "true" : "false")
+        << ",\"remote_dropped\":" << (b.remote_dropped ? "true" : "false")
+        << "}";
   }
   out << "]}\n";
   return out.str();
