@@ -13,6 +13,7 @@
 #include <cstring>
 #include <map>
 #include <optional>
+#include <set>
 #include <span>
 #include <unordered_map>
 
@@ -228,6 +229,12 @@ struct Client::Impl {
   static constexpr size_t kMaxSentTokens = size_t{1} << 24;  // 64 MiB.
   std::unordered_map<RequestId, SentLookup> sent_lookups;
   size_t sent_tokens = 0;  // Of every sent_lookups entry.
+  // copies = caller: this attachment's events handed to the engine and not
+  // completed yet, by kind and id. The engine's copies read and write their
+  // host slots, which tierkvd keeps pinned for this worker until told the
+  // copies ended or the socket closes: a lost attachment keeps its socket
+  // open until every one of them is completed (CloseIfCopiesEnded).
+  std::set<std::pair<EventKind, uint64_t>> engine_copies;
   // Finished transfers not handed out yet: loads lost with tierkvd, loads
   // whose copy could not start, and copies that finished while a lost
   // attachment waited for them.
@@ -349,8 +356,25 @@ struct Client::Impl {
     WaitForCopies();
     channel.reset();
     reply_owed = false;
-    if (socket_fd >= 0) close(socket_fd);
+    // The engine's own copies (copies = caller) cannot be waited for here:
+    // the socket closes once it has completed them.
+    CloseIfCopiesEnded();
+  }
+
+  // Lost, and no copy of the engine's still uses the attachment's slots:
+  // the socket closes, and tierkvd releases the pins.
+  void CloseIfCopiesEnded() {
+    if (channel_error.ok() || !engine_copies.empty() || socket_fd < 0) return;
+    close(socket_fd);
     socket_fd = -1;
+  }
+
+  // copies = caller: `events` go to the engine to copy.
+  void HandOut(std::span<const TransferEvent> events) {
+    if (options.copies != CopyMode::kCaller) return;
+    for (const TransferEvent& e : events) {
+      engine_copies.emplace(e.ref.kind, e.ref.id);
+    }
   }
 
   // Waits for every copy in flight; their completions wait in `finished`.
@@ -439,6 +463,34 @@ struct Client::Impl {
     sent_tokens = 0;
   }
 
+  // What finishing `request` ends on this side: its lookup, its loads still
+  // waiting for promotions (tierkvd's Finish cancels them) and its lost
+  // loads not handed out yet, their device blocks unpinned. Returns the
+  // lost loads whose copy never started: tierkvd holds their slots until
+  // told they failed. Calls nothing, so nothing it walks changes under it.
+  std::vector<EventRef> ForgetRequest(RequestId request) {
+    ForgetLookup(request);
+    for (auto it = pending_loads.begin(); it != pending_loads.end();) {
+      if (it->second.request != request) {
+        ++it;
+        continue;
+      }
+      Unpin(it->second.device_blocks);
+      it = pending_loads.erase(it);
+    }
+    std::vector<EventRef> never_started;
+    std::erase_if(finished, [&](const FinishedTransfer& f) {
+      if (f.event.request != request || f.event.ref.kind != EventKind::kLoad ||
+          f.status.ok()) {
+        return false;
+      }
+      Unpin(f.event.device_blocks);
+      if (f.session == session) never_started.push_back(f.event.ref);
+      return true;
+    });
+    return never_started;
+  }
+
   // Sends request_bytes, an encoded request, over the channel (attached)
   // and waits for its reply.
   StatusOr<Message> CallEncoded() {
@@ -491,13 +543,19 @@ struct Client::Impl {
                             ipc::MessageTypeName(ipc::TypeOf(*reply)));
   }
 
-  // Starts the copies of a commit's stores (copies = client).
+  // Starts the copies of a commit's stores (copies = client), or hands
+  // them to the engine (copies = caller).
   Status StartStores(const CommitResult& commit, bool for_waiter = false) {
+    HandOut(commit.stores);
     if (options.copies != CopyMode::kClient) return Status::Ok();
+    // Each is started or reported failed (PinAndSubmit): one that cannot
+    // start must not leave the others' slots waiting for a copy.
+    Status first;
     for (const TransferEvent& store : commit.stores) {
-      TIERKV_RETURN_IF_ERROR(PinAndSubmit(store, for_waiter));
+      Status s = PinAndSubmit(store, for_waiter);
+      if (first.ok()) first = std::move(s);
     }
-    return Status::Ok();
+    return first;
   }
 
   // The completions of `finished` tierkvd is owed (events of a lost
@@ -507,9 +565,13 @@ struct Client::Impl {
       std::span<const FinishedTransfer> finished) {
     std::vector<CompletedEvent> events;
     for (const FinishedTransfer& f : finished) {
-      if (f.session == session) events.push_back({f.event.ref, f.status.ok()});
+      if (f.session == session) {
+        events.push_back({f.event.ref, f.status.ok()});
+        engine_copies.erase({f.event.ref.kind, f.event.ref.id});
+      }
       Unpin(f.event.device_blocks);
     }
+    CloseIfCopiesEnded();
     return events;
   }
 
@@ -942,6 +1004,9 @@ StatusOr<AllocateResult> Client::Allocate(
                                                 device_blocks.end())}));
   if (!reply.result.load.has_value() ||
       impl_->options.copies != CopyMode::kClient) {
+    if (reply.result.load.has_value() && !reply.result.load_pending) {
+      impl_->HandOut({&*reply.result.load, 1});
+    }
     return reply.result;
   }
   const TransferEvent& load = *reply.result.load;
@@ -1015,6 +1080,8 @@ StatusOr<ChunkFetchResult> Client::FetchChunk(
     // WaitEvents runs the copy, and any other call first wakes the
     // device tier's engine for it.
     TIERKV_RETURN_IF_ERROR(impl_->PinAndSubmit(load, /*for_waiter=*/true));
+  } else {
+    impl_->HandOut({&load, 1});
   }
   return result;
 }
@@ -1037,13 +1104,18 @@ StatusOr<CommitResult> Client::PublishChunk(
 
 Status Client::CompleteOneWay(std::span<const FinishedTransfer> finished,
                               RequestId finish) {
-  if (finish != 0) impl_->ForgetLookup(finish);
   if (impl_->options.copies == CopyMode::kRanks) {
     return Status::FailedPrecondition(
         "a scheduler with ranks (copies = ranks) does not complete events");
   }
   ipc::ChunkDoneRequest request{.events = impl_->TakeCompletions(finished),
                                 .finish = finish};
+  // As Finish: the request's pending and lost loads end here too.
+  if (finish != 0) {
+    for (const EventRef& ref : impl_->ForgetRequest(finish)) {
+      request.events.push_back({ref, false});
+    }
+  }
   if ((request.events.empty() && finish == 0) || !impl_->channel_error.ok()) {
     return Status::Ok();
   }
@@ -1143,29 +1215,15 @@ Status Client::Complete(std::span<const FinishedTransfer> finished) {
 }
 
 Status Client::Finish(RequestId request) {
-  impl_->ForgetLookup(request);
-  for (auto it = impl_->pending_loads.begin();
-       it != impl_->pending_loads.end();) {
-    if (it->second.request != request) {
-      ++it;
-      continue;
-    }
-    impl_->Unpin(it->second.device_blocks);
-    it = impl_->pending_loads.erase(it);
+  std::vector<CompletedEvent> failed;
+  for (const EventRef& ref : impl_->ForgetRequest(request)) {
+    failed.push_back({ref, false});
   }
-  // Lost loads of the request, not handed out yet, are of no use either.
-  std::erase_if(impl_->finished, [&](const FinishedTransfer& f) {
-    if (f.event.request != request || f.event.ref.kind != EventKind::kLoad ||
-        f.status.ok()) {
-      return false;
-    }
-    impl_->Unpin(f.event.device_blocks);
-    // A load whose copy could not start: tierkvd still holds its slots.
-    if (f.session == impl_->session && impl_->channel_error.ok()) {
-      impl_->ReportFailed(f.event.ref);
-    }
-    return true;
-  });
+  // After ForgetRequest: a call that loses the attachment adds to
+  // `finished`, which must not change while it is walked.
+  if (!failed.empty() && impl_->channel_error.ok()) {
+    (void)impl_->Call(ipc::CompleteRequest{std::move(failed)});
+  }
   TIERKV_ASSIGN_OR_RETURN(Message reply,
                           impl_->Call(ipc::FinishRequest{request}));
   return ipc::StatusOf(reply);
@@ -1183,6 +1241,15 @@ Status Client::Reconnect() {
   if (impl.channel_error.ok()) {
     if (impl.PeerAlive()) return Status::Ok();
     impl.LoseAttachment(Status::Unavailable("tierkvd closed the connection"));
+  }
+  if (!impl.engine_copies.empty()) {
+    // Their copies may still run against the old attachment's slots, and
+    // their completions would name events of the new one.
+    return Status::FailedPrecondition(
+        std::to_string(impl.engine_copies.size()) +
+        " transfer(s) handed to the engine before the attachment was lost "
+        "are not completed: Complete them (failed, if their copies cannot "
+        "run) before reconnecting");
   }
   if (impl.options.scheduler != 0) {
     // A restarted tierkvd numbers workers and events from 1 again: the same
@@ -1207,6 +1274,7 @@ StatusOr<std::vector<TransferEvent>> Client::TakeReadyLoads() {
   TIERKV_ASSIGN_OR_RETURN(
       ipc::ReadyLoadsReply reply,
       impl_->CallFor<ipc::ReadyLoadsReply>(ipc::ReadyLoadsRequest{}));
+  impl_->HandOut(reply.loads);
   return std::move(reply.loads);
 }
 
@@ -1277,6 +1345,12 @@ bool Client::embedded() const { return impl_->in_process != nullptr; }
 const KvLayout& Client::layout() const { return impl_->options.layout; }
 DeviceTier* Client::device() { return impl_->device; }
 size_t Client::transfers_in_flight() const { return impl_->in_flight.size(); }
+bool Client::copying(const EventRef& ref) const {
+  return std::ranges::any_of(impl_->in_flight, [&](const auto& entry) {
+    return entry.second.event.ref == ref &&
+           entry.second.session == impl_->session;
+  });
+}
 size_t Client::loads_pending() const { return impl_->pending_loads.size(); }
 bool Client::connected() const { return impl_->channel_error.ok(); }
 const Status& Client::connection_status() const { return impl_->channel_error; }

@@ -98,6 +98,7 @@ Status ClientChunkSource::WaitFor(const EventRef& ref, RequestId finish) {
   const uint64_t session = client_->session();
   const auto deadline =
       std::chrono::steady_clock::now() + options_.copy_timeout;
+  bool timed_out = false;
   for (;;) {
     std::vector<FinishedTransfer> finished =
         client_->WaitEvents(std::chrono::milliseconds(10));
@@ -114,11 +115,16 @@ Status ClientChunkSource::WaitFor(const EventRef& ref, RequestId finish) {
       }
     }
     TIERKV_RETURN_IF_ERROR(
-        client_->CompleteOneWay(finished, found ? finish : 0));
-    if (found) return mine;
-    if (std::chrono::steady_clock::now() > deadline) {
+        client_->CompleteOneWay(finished, found && !timed_out ? finish : 0));
+    if (found) return mine;  // Whole, even when it ended past the deadline.
+    if (!timed_out && std::chrono::steady_clock::now() > deadline) {
+      timed_out = true;
       // Also cancels the load should it still wait for promotions.
       if (finish != 0) (void)client_->Finish(finish);
+    }
+    // A copy already running writes the blocks (a load) or reads them (a
+    // store) until it ends: the pool must not have them back before.
+    if (timed_out && !client_->copying(ref)) {
       return Status::Unavailable(
           std::string(ref.kind == EventKind::kLoad ? "load" : "store") +
           " event " + std::to_string(ref.id) + " did not finish within " +

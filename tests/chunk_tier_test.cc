@@ -36,6 +36,50 @@ std::vector<TokenId> Tokens(uint32_t seed, int n) {
   return t;
 }
 
+// A device tier whose copies take a while: a job submitted after hold()
+// starts only once the caller has polled for completions `polls` times (a
+// copy still going when the caller's patience runs out).
+class SlowCopyDeviceTier final : public DeviceTier {
+ public:
+  explicit SlowCopyDeviceTier(DeviceTier* inner) : inner_(inner) {}
+  void hold(int polls) { polls_left_ = polls; }
+  size_t held() const { return held_.size(); }
+
+  int32_t num_blocks() const override { return inner_->num_blocks(); }
+  size_t block_bytes() const override { return inner_->block_bytes(); }
+  Status Submit(CopyJob job) override {
+    if (polls_left_ == 0) return inner_->Submit(std::move(job));
+    held_.push_back(std::move(job));
+    return Status::Ok();
+  }
+  std::vector<CopyCompletion> PollCompleted() override {
+    Polled();
+    return inner_->PollCompleted();
+  }
+  std::vector<CopyCompletion> WaitCompleted(
+      std::chrono::milliseconds timeout) override {
+    Polled();
+    return inner_->WaitCompleted(timeout);
+  }
+  size_t in_flight() const override {
+    return held_.size() + inner_->in_flight();
+  }
+
+ private:
+  void Polled() {
+    if (held_.empty() || --polls_left_ > 0) return;
+    polls_left_ = 0;
+    for (CopyJob& job : held_) {
+      EXPECT_THAT(inner_->Submit(std::move(job)), IsOk());
+    }
+    held_.clear();
+  }
+
+  DeviceTier* inner_;
+  int polls_left_ = 0;
+  std::vector<CopyJob> held_;
+};
+
 class ChunkTierTest : public ::testing::Test {
  protected:
   // A device chunk pool and the tiers below it, released in this order's
@@ -214,6 +258,48 @@ TEST_F(ChunkTierTest, AFetchCopiesForAnEngineThatOnlyPolls) {
     ASSERT_THAT(client_->Complete(done), IsOk());
     ExpectChunkKv(chunk, target);
   }
+}
+
+// A fetch whose copy outlasts copy_timeout does not hand its blocks back
+// while the copy still writes them (the pool would give them to another
+// chunk, whose KV the late copy would then overwrite): it waits for the
+// copy to end, and the chunk it brought is served whole.
+TEST_F(ChunkTierTest, AFetchNeverLeavesACopyWritingItsBlocks) {
+  ChunkKvStore store =
+      CreateChunkKvStore(model_, {.num_blocks = 64, .block_size = kBs}).value();
+  const KvLayout& layout = store.layout();
+  auto device = EmulatedDeviceTier::CreateOver(
+                    {store.memory(), size_t{64} * layout.BlockBytes()}, 64,
+                    layout.BlockBytes())
+                    .value();
+  SlowCopyDeviceTier slow(device.get());
+  ClientOptions options;
+  options.layout = layout;
+  options.num_device_blocks = 64;
+  options.device = &slow;
+  EmbeddedOptions embedded;
+  embedded.host_bytes = size_t{65} * layout.BlockBytes();
+  std::unique_ptr<Client> client = OpenEmbedded(options, embedded).value();
+  ClientChunkSource patient(client.get());
+  store.SetTier(&patient);
+  const std::vector<TokenId> chunk = Tokens(4, 40);  // 3 blocks, 1 partial.
+  const std::vector<BlockId> computed = store.ComputeAndInsert(chunk).value();
+  store.Release(computed);
+  ASSERT_EQ(store.stats().published, 1u);
+
+  ClientChunkSource impatient(client.get(),
+                              {.copy_timeout = std::chrono::milliseconds(0)});
+  const std::vector<BlockId> target = {61, 62, 63};
+  slow.hold(/*polls=*/8);
+  StatusOr<bool> hit = impatient.Fetch(
+      chunk, store.virtual_start(),
+      [&](int32_t) -> StatusOr<std::vector<BlockId>> { return target; });
+  EXPECT_EQ(slow.held(), 0u);                    // The copy had started...
+  EXPECT_EQ(client->transfers_in_flight(), 0u);  // ...and ended.
+  ASSERT_THAT(hit, IsOk());
+  EXPECT_TRUE(*hit);
+  ExpectChunkKvIn(&store, chunk, target);
+  store.SetTier(nullptr);
 }
 
 TEST_F(ChunkTierTest, FullPoolIsNotATierError) {

@@ -190,6 +190,36 @@ TEST_F(PendingLoad, AbortedRequestsBlocksAreNeverWritten) {
   ASSERT_THAT(e.client->Finish(3), IsOk());
 }
 
+// Finishing the request one-way (CompleteOneWay's finish, as a chunk pool
+// does) ends its waiting load on this side as Finish does: nothing stays
+// pinned, and no ready-load round trips go on for it.
+TEST_F(PendingLoad, AOneWayFinishAlsoEndsTheWaitingLoad) {
+  StartFilledStore();
+  Engine e = Engine::Open(socket_, std::chrono::seconds(5));
+  ASSERT_NE(e.client, nullptr);
+  AllocateResult alloc = LookupAndAllocate(e, 1, 0);
+  ASSERT_TRUE(alloc.load_pending);
+  const BlockId target = alloc.load->device_blocks.at(0);
+  EXPECT_EQ(e.Ref(target), 2);  // The request's, and the load's pin.
+
+  ASSERT_THAT(e.client->CompleteOneWay({}, /*finish=*/1), IsOk());
+  EXPECT_EQ(e.client->loads_pending(), 0u);
+  ASSERT_THAT(e.manager->Free(1), IsOk());
+  EXPECT_EQ(e.Ref(target), 0);
+  // tierkvd cancelled it too: the load is never handed out.
+  for (;;) {
+    const CoordinatorStats s = e.client->Stats().value();
+    if (s.host.promotions_in_flight == 0 && s.host.loads_cancelled == 1) {
+      EXPECT_EQ(s.host.events_in_flight, 0u);
+      break;
+    }
+    std::this_thread::yield();
+  }
+  EXPECT_EQ(e.client->call_counts().post_errors, 0u);
+  EXPECT_TRUE(e.client->PollEvents().empty());
+  EXPECT_EQ(e.client->transfers_in_flight(), 0u);
+}
+
 // ~Client unpins what it pinned: a load waiting for promotions and copies
 // in flight leave no block of the engine's pool pinned.
 TEST_F(PendingLoad, DestroyingTheClientUnpinsEveryBlock) {
@@ -292,6 +322,53 @@ TEST_F(ClientDeadline, StoppedTierkvdFailsCallsInTime) {
   EXPECT_EQ(e.client->session(), 2u);
   ASSERT_THAT(e.client->Lookup(3, tokens), IsOk());
   ASSERT_THAT(e.client->Finish(3), IsOk());
+}
+
+// copies = caller: the engine runs the copies, and the client cannot wait
+// for them. A lost attachment keeps its socket, and with it tierkvd's pins
+// on the copies' host slots, until the engine has completed them (else a
+// store of another worker could take a slot the engine still writes), and
+// Reconnect is refused until then.
+TEST_F(ClientDeadline, CallerCopiesKeepTheirSlotsPastALostAttachment) {
+  StartDaemon();
+  std::unique_ptr<Client> observer = Attach("observer");
+  ASSERT_NE(observer, nullptr);
+  ClientOptions options = ClientOptionsFor("engine");
+  options.copies = CopyMode::kCaller;
+  options.call_timeout = std::chrono::milliseconds(300);
+  std::unique_ptr<Client> engine = Client::Open(options).value();
+  const std::vector<TokenId> tokens = FillRequestTokens(3, 0, 2);
+  const std::vector<BlockId> device = {1, 2};
+  ASSERT_THAT(engine->Lookup(1, tokens), IsOk());
+  ASSERT_THAT(engine->Allocate(1, device, 0), IsOk());
+  const CommitResult commit = engine->Commit(1, 2 * kBs, device).value();
+  ASSERT_EQ(commit.stores.size(), 1u);
+  const uint64_t session = engine->session();
+
+  daemon_->Freeze();
+  EXPECT_EQ(engine->Lookup(2, tokens).status().code(),
+            StatusCode::kDeadlineExceeded);
+  daemon_->Thaw();
+  EXPECT_FALSE(engine->connected());
+  EXPECT_EQ(observer->Stats().value().host.pinned_slots, 2);
+  const Status early = engine->Reconnect();
+  EXPECT_EQ(early.code(), StatusCode::kFailedPrecondition) << early.ToString();
+  EXPECT_THAT(early.message(),
+              ::testing::HasSubstr("1 transfer(s) handed to the engine"));
+
+  // The engine's copy ends: completing it lets the attachment go, and
+  // tierkvd releases the slots (the store is never keyed).
+  const FinishedTransfer done{
+      .event = commit.stores[0], .status = Status::Ok(), .session = session};
+  ASSERT_THAT(engine->Complete({&done, 1}), IsOk());
+  const auto fail_after = Clock::now() + std::chrono::seconds(20);
+  while (observer->Stats().value().host.pinned_slots != 0) {
+    ASSERT_LT(Clock::now(), fail_after) << "the slots stayed pinned";
+    std::this_thread::yield();
+  }
+  EXPECT_EQ(observer->Stats().value().host.cached_slots, 0);
+  ASSERT_THAT(engine->Reconnect(), IsOk());
+  EXPECT_EQ(engine->session(), session + 1);
 }
 
 // A stopped tierkvd never signals: a load waiting for its promotion comes

@@ -24,7 +24,10 @@
 // once it answers) as a new worker. On the loss the client waits for the
 // copies already running (their completions are handed out as usual, and
 // Complete then only unpins) and closes the socket, so a tierkvd that was
-// only slow releases the old worker's pins at once.
+// only slow releases the old worker's pins at once. With copies = caller
+// the engine runs the copies: the socket, and with it tierkvd's pins on
+// their host slots, stays until the engine has completed every event
+// handed to it, and Reconnect is refused until then.
 #ifndef TIERKV_INCLUDE_TIERKV_CLIENT_H_
 #define TIERKV_INCLUDE_TIERKV_CLIENT_H_
 
@@ -304,7 +307,10 @@ class Client {
   // DeadlineExceeded) when tierkvd does not answer yet: call it again.
   // FailedPrecondition for a rank client whose attachment was lost: a
   // restarted tierkvd numbers workers and events anew, so the rank opens a
-  // new client for its scheduler's new worker id instead.
+  // new client for its scheduler's new worker id instead. FailedPrecondition
+  // too (copies = caller) while events handed to the engine before the
+  // loss are not completed: their copies may still use the old attachment's
+  // slots, and the new attachment numbers its events anew.
   Status Reconnect();
   // False once the attachment is lost, until Reconnect succeeds.
   bool connected() const;
@@ -322,6 +328,9 @@ class Client {
   // kRanks).
   DeviceTier* device();
   size_t transfers_in_flight() const;
+  // Whether a copy of `ref`, of this attachment, runs on device() now: its
+  // device blocks are still being written (a load) or read (a store).
+  bool copying(const EventRef& ref) const;
   // Loads waiting for promotions from disk.
   size_t loads_pending() const;
 

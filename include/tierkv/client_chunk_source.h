@@ -26,7 +26,9 @@ namespace tierkv {
 
 struct ClientChunkSourceOptions {
   // How long one fetch or publish waits for its copy (a fetch may wait for
-  // promotions from disk). Default: 10 s.
+  // promotions from disk) before it fails. A copy the device tier already
+  // runs is waited for to its end even past this: until then it writes (or
+  // reads) the blocks the pool would reuse. Default: 10 s.
   std::chrono::milliseconds copy_timeout{10000};
   // How long a fetch that misses a chunk another worker is computing waits
   // for that worker's publish before it is a miss (and this worker
