@@ -84,6 +84,15 @@ StatusOr<StatsPageWriter> StatsPageWriter::Create(
     return Status::InvalidArgument("socket path too long for the stats page: " +
                                    options.socket_path);
   }
+  // Another user's name is never taken over, live or not (root could):
+  // that user's tierkv-admin would read this tierkvd's stats as its own.
+  struct stat held {};
+  if (lstat(("/dev/shm" + options.name).c_str(), &held) == 0 &&
+      held.st_uid != geteuid()) {
+    return Status::FailedPrecondition(
+        "'" + options.name + "' in /dev/shm belongs to uid " +
+        std::to_string(held.st_uid) + "; it is left alone");
+  }
   // The store lock guards the socket's directory, not /dev/shm: another
   // tierkvd of the same store name, elsewhere, may be publishing here.
   if (StatusOr<StatsPageReader> live = StatsPageReader::Open(options.name);
