@@ -435,21 +435,30 @@ StatusOr<ChunkFetchResult> TieredStore::FetchChunk(
   // How often a waiting fetch checks `stop` (a stop or its worker gone).
   constexpr auto kStopCheck = std::chrono::milliseconds(100);
   const auto deadline = std::chrono::steady_clock::now() + wait;
-  bool waited = false;
+  const auto stopped = [stop] {
+    return stop != nullptr && stop->load(std::memory_order_relaxed);
+  };
+  // The last busy answer: a miss that pins nothing.
+  std::optional<ChunkFetchResult> busy;
   MutexLock lock(&mu_);
   for (;;) {
+    if (busy.has_value() && stopped()) {
+      // Woken by the stop: not asked again, which could hand this stopping
+      // session the lease a dropped holder just gave up.
+      return std::move(*busy);
+    }
     StatusOr<Coordinator::ChunkFetch> fetch =
         coordinator_->FetchChunk(worker, request, tokens, virtual_start);
     if (!fetch.ok()) return fetch.status();
     const auto now = std::chrono::steady_clock::now();
-    if (!fetch->busy || now >= deadline ||
-        (stop != nullptr && stop->load(std::memory_order_relaxed))) {
+    if (!fetch->busy || now >= deadline || stopped()) {
       // Busy still: a miss, computed by the caller.
-      fetch->result.waited = waited || fetch->busy;
+      fetch->result.waited = busy.has_value() || fetch->busy;
       return std::move(fetch->result);
     }
-    if (!waited) ++chunk_lease_waits_;
-    waited = true;
+    if (!busy.has_value()) ++chunk_lease_waits_;
+    busy = fetch->result;
+    busy->waited = true;
     ++chunk_fetches_waiting_;
     lease_ended_.WaitUntil(&mu_, std::min(deadline, now + kStopCheck));
     --chunk_fetches_waiting_;
