@@ -2,7 +2,10 @@
 // (server_listener.cc); tierkv-admin's stats, events, held, route, clear
 // and evict are answered here, and each clear and evict leaves a line in the
 // log.
+#include <spdlog/fmt/fmt.h>
 #include <spdlog/spdlog.h>
+
+#include <string>
 
 #include "ipc/server_impl.h"
 
@@ -90,13 +93,22 @@ Message Server::Impl::Clear(pid_t pid, TierSelection tiers) {
                  result.status().ToString());
     return ErrorReply{result.status()};
   }
-  spdlog::info(
-      "pid {}: clear {}: dropped {} host blocks ({} kept: pinned), {} disk "
-      "blocks{} and {} remote keys{}",
-      pid, TierSelectionName(tiers), result->host_dropped,
-      result->host_kept_pinned, result->disk_dropped,
-      result->disk_cleared ? "" : " (no disk tier)", result->remote_dropped,
-      result->remote_cleared ? "" : " (no remote tier)");
+  // The tiers asked for and present.
+  std::string dropped;
+  if (tiers != TierSelection::kDisk) {
+    dropped = fmt::format("{} host blocks ({} kept: pinned)",
+                          result->host_dropped, result->host_kept_pinned);
+  }
+  if (result->disk_cleared) {
+    dropped += fmt::format("{}{} disk blocks", dropped.empty() ? "" : ", ",
+                           result->disk_dropped);
+  }
+  if (result->remote_cleared) {
+    dropped += fmt::format("{}{} remote keys", dropped.empty() ? "" : ", ",
+                           result->remote_dropped);
+  }
+  spdlog::info("pid {}: clear {}: dropped {}", pid, TierSelectionName(tiers),
+               dropped.empty() ? "nothing (no such tier)" : dropped);
   return ClearReply{*result};
 }
 
