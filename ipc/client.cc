@@ -392,6 +392,12 @@ struct Client::Impl {
   Status CheckChannel(Status s) {
     if (s.code() == StatusCode::kUnavailable ||
         s.code() == StatusCode::kDeadlineExceeded) {
+      // Which tierkvd, and how long it was given: the first failure is the
+      // one an operator reads.
+      s = Status(s.code(), s.message() + " (tierkvd on " + options.socket_path +
+                               ", call_timeout " +
+                               std::to_string(options.call_timeout.count()) +
+                               " ms)");
       LoseAttachment(s);
     }
     return s;

@@ -27,7 +27,10 @@
 // only slow releases the old worker's pins at once. With copies = caller
 // the engine runs the copies: the socket, and with it tierkvd's pins on
 // their host slots, stays until the engine has completed every event
-// handed to it, and Reconnect is refused until then.
+// handed to it, and Reconnect is refused until then. A rank client that
+// copies for itself (copies = caller, scheduler set) is not handed its
+// events by this client, so this does not hold for it: its engine must
+// let its copies end before a call can time out (a long call_timeout).
 #ifndef TIERKV_INCLUDE_TIERKV_CLIENT_H_
 #define TIERKV_INCLUDE_TIERKV_CLIENT_H_
 
@@ -166,7 +169,9 @@ class Client {
   // Waits for copies in flight, then unpins every device block the client
   // still pins in the engine, but for transfers PollEvents or WaitEvents
   // handed out: the engine Completes those (which unpins), before or after.
-  // tierkvd drops the rest when the socket closes.
+  // tierkvd drops the rest when the socket closes. With copies = caller the
+  // engine's copies must have ended first: the host slots they use are
+  // unmapped here and released to other workers.
   ~Client();
 
   // See Coordinator for the semantics of each call.
