@@ -110,6 +110,65 @@ TEST(BlockTrace, SplitsIdsIntoBlocksAndKeysByPrefix) {
   EXPECT_FALSE(BlockTrace::Build(Requests({{}}), {}).ok());
 }
 
+// A prompt keys its full blocks only: one ending inside a block holds that
+// block unkeyed while it runs, and blocks of its hash ids past the prompt
+// are not requested. Without an input_length every hash id is full.
+TEST(BlockTrace, KeysAPromptsFullBlocksOnly) {
+  std::vector<TraceRequest> requests = {
+      {.input_length = 600, .hash_ids = {1, 2}},   // 37 blocks and 8 tokens.
+      {.input_length = 0, .hash_ids = {1, 2}},     // Both ids full.
+      {.input_length = 5000, .hash_ids = {1, 2}},  // Past its ids: full.
+      {.input_length = 100, .hash_ids = {1, 2}},   // Id 2 past the prompt.
+      {.input_length = 512, .hash_ids = {1}}};     // Exactly one id.
+  const BlockTrace t = BlockTrace::Build(requests, {.trace_block_tokens = 512,
+                                                    .block_tokens = 16})
+                           .value();
+  EXPECT_EQ(t.end(0) - t.begin(0), 37);
+  EXPECT_EQ(t.tail(0), 1);
+  EXPECT_EQ(t.held(0), 38);
+  EXPECT_EQ(t.end(1) - t.begin(1), 64);
+  EXPECT_EQ(t.tail(1), 0);
+  EXPECT_EQ(t.end(2) - t.begin(2), 64);
+  EXPECT_EQ(t.tail(2), 0);
+  EXPECT_EQ(t.end(3) - t.begin(3), 6);
+  EXPECT_EQ(t.tail(3), 1);
+  EXPECT_EQ(t.end(4) - t.begin(4), 32);
+  EXPECT_EQ(t.tail(4), 0);
+  EXPECT_EQ(t.requested_blocks(), 37 + 64 + 64 + 6 + 32);
+  EXPECT_EQ(t.largest_request(), 64);
+  // The same tokens, so the same keys, however long the prompt.
+  for (int64_t i = 0; i < 37; ++i) EXPECT_EQ(t.key(i), t.key(t.begin(1) + i));
+  // At 512 tokens a block: one full block and the partial one.
+  const BlockTrace whole = BlockTrace::Build(requests, {}).value();
+  EXPECT_EQ(whole.end(0) - whole.begin(0), 1);
+  EXPECT_EQ(whole.tail(0), 1);
+  EXPECT_THAT(ParseTraceLine(R"({"input_length": -5, "hash_ids": [1]})")
+                  .status()
+                  .message(),
+              HasSubstr("\"input_length\" must not be negative"));
+}
+
+// The partial block takes room while its request runs, in the pool and
+// the optimum alike, but is never a hit: two runs of a prompt of one full
+// block and a partial one need a cache of two, and hit once.
+TEST(Replay, APartialLastBlockTakesRoomButIsNeverHit) {
+  const std::vector<TraceRequest> requests = {
+      {.input_length = 6, .hash_ids = {1, 2}},
+      {.input_length = 6, .hash_ids = {1, 2}}};
+  const BlockTrace t =
+      BlockTrace::Build(requests, {.trace_block_tokens = 4, .block_tokens = 4})
+          .value();
+  ASSERT_EQ(t.requested_blocks(), 2);
+  for (EvictionPolicy p : {EvictionPolicy::kLru, EvictionPolicy::kArc}) {
+    const ReplayResult two = ReplayPool(t, 2, p).value();
+    EXPECT_EQ(two.hit_blocks, 1) << EvictionPolicyName(p);
+    EXPECT_DOUBLE_EQ(two.hit_ratio(), 0.5);
+    EXPECT_EQ(ReplayPool(t, 1, p).value().oversized_requests, 2);
+  }
+  EXPECT_EQ(ReplayOptimum(t, 2).value().hit_blocks, 1);
+  EXPECT_EQ(ReplayOptimum(t, 1).value().oversized_requests, 2);
+}
+
 TEST(Replay, CountsPrefixHitsExactly) {
   const BlockTrace t = Blocks({{1, 2, 3}, {1, 2, 4}, {1, 2, 3}});
   // Room for all: every block seen before is a hit.
@@ -177,8 +236,21 @@ TEST(Replay, OptimumBoundsEveryPolicyOnRandomTraces) {
       ids.push_back(req);
     }
     // Whole ids, and ids split in two blocks; caches smaller than the
-    // largest request too.
-    const BlockTrace t = Blocks(ids, /*split=*/1 + trial % 2);
+    // largest request too. Odd trials end most prompts inside a block.
+    std::vector<TraceRequest> requests = Requests(ids);
+    const int32_t split = 1 + trial % 2;
+    if (trial % 2 == 1) {
+      for (TraceRequest& r : requests) {
+        const auto covered =
+            static_cast<int64_t>(r.hash_ids.size()) * 4 * split;
+        r.input_length = covered - static_cast<int64_t>(rng() % 5);
+        if (r.input_length <= 0) r.input_length = covered;
+      }
+    }
+    const BlockTrace t =
+        BlockTrace::Build(requests,
+                          {.trace_block_tokens = 4 * split, .block_tokens = 4})
+            .value();
     for (const int32_t capacity : {6, 12, 30, 80}) {
       auto best = ReplayOptimum(t, capacity);
       ASSERT_THAT(best, IsOk());
@@ -189,9 +261,9 @@ TEST(Replay, OptimumBoundsEveryPolicyOnRandomTraces) {
             << EvictionPolicyName(p) << " at " << capacity;
       }
     }
-    // Room for every block: all agree on the hit ratio of an infinite
-    // cache.
-    const auto everything = static_cast<int32_t>(t.unique_blocks());
+    // Room for every block (and a partial one): all agree on the hit ratio
+    // of an infinite cache.
+    const auto everything = static_cast<int32_t>(t.unique_blocks()) + 1;
     auto best = ReplayOptimum(t, everything);
     auto lru = ReplayPool(t, everything, EvictionPolicy::kLru);
     auto arc = ReplayPool(t, everything, EvictionPolicy::kArc);

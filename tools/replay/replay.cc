@@ -52,9 +52,20 @@ StatusOr<BlockTrace> BlockTrace::Build(std::span<const TraceRequest> requests,
   t.subblocks_ = options.trace_block_tokens / options.block_tokens;
   t.offsets_.reserve(requests.size() + 1);
   t.offsets_.push_back(0);
+  t.tails_.reserve(requests.size());
+  // Each request's full blocks, and whether a partial one ends its prompt.
+  // The hash ids bound the prompt: tokens past them are not known.
+  std::vector<std::pair<int64_t, bool>> shapes;
+  shapes.reserve(requests.size());
   size_t total = 0;
   for (const TraceRequest& r : requests) {
-    total += r.hash_ids.size() * static_cast<size_t>(t.subblocks_);
+    const auto covered =
+        static_cast<int64_t>(r.hash_ids.size()) * options.trace_block_tokens;
+    const int64_t prompt =
+        r.input_length == 0 ? covered : std::min(r.input_length, covered);
+    shapes.emplace_back(prompt / t.block_tokens_,
+                        prompt % t.block_tokens_ != 0);
+    total += static_cast<size_t>(shapes.back().first);
   }
   if (total == 0) return Status::InvalidArgument("the trace has no blocks");
   if (total > static_cast<size_t>(std::numeric_limits<int32_t>::max())) {
@@ -62,41 +73,39 @@ StatusOr<BlockTrace> BlockTrace::Build(std::span<const TraceRequest> requests,
   }
   t.keys_.reserve(total);
   t.dense_.reserve(total);
-  t.hash_ids_.reserve(total);
+  t.seeds_.reserve(total);
   const KeyHasher hasher(
       KeyNamespace{.model_fingerprint = "tierkv-replay", .tenant = ""});
   std::unordered_map<BlockKey, int32_t, BlockKeyHash> ids;
   std::vector<TokenId> tokens(static_cast<size_t>(t.block_tokens_));
-  for (const TraceRequest& r : requests) {
+  for (size_t q = 0; q < requests.size(); ++q) {
+    const TraceRequest& r = requests[q];
+    const auto [full, tail] = shapes[q];
     BlockKey parent = hasher.sequence_root();
-    for (const int64_t hash_id : r.hash_ids) {
-      for (int32_t sub = 0; sub < t.subblocks_; ++sub) {
-        const auto i = static_cast<int64_t>(t.hash_ids_.size());
-        t.hash_ids_.push_back(hash_id);
-        t.Tokens(i, tokens);
-        parent = KeyHasher::HashBlock(parent, tokens);
-        t.keys_.push_back(parent);
-        const auto [it, inserted] =
-            ids.try_emplace(parent, static_cast<int32_t>(ids.size()));
-        t.dense_.push_back(it->second);
-      }
+    for (int64_t b = 0; b < full; ++b) {
+      const auto hash_id = static_cast<uint64_t>(
+          r.hash_ids[static_cast<size_t>(b / t.subblocks_)]);
+      const auto sub = static_cast<uint64_t>(b % t.subblocks_);
+      const auto i = static_cast<int64_t>(t.seeds_.size());
+      t.seeds_.push_back(Mix(hash_id * 0x9e3779b97f4a7c15ULL + sub));
+      t.Tokens(i, tokens);
+      parent = KeyHasher::HashBlock(parent, tokens);
+      t.keys_.push_back(parent);
+      const auto [it, inserted] =
+          ids.try_emplace(parent, static_cast<int32_t>(ids.size()));
+      t.dense_.push_back(it->second);
     }
     t.offsets_.push_back(static_cast<int64_t>(t.keys_.size()));
-    t.largest_request_ =
-        std::max(t.largest_request_,
-                 static_cast<int32_t>(t.offsets_.back() -
-                                      t.offsets_[t.offsets_.size() - 2]));
+    t.tails_.push_back(tail ? 1 : 0);
+    t.largest_request_ = std::max(t.largest_request_,
+                                  static_cast<int32_t>(full + (tail ? 1 : 0)));
   }
   t.unique_blocks_ = static_cast<int64_t>(ids.size());
   return t;
 }
 
 void BlockTrace::Tokens(int64_t i, std::span<TokenId> out) const {
-  // Every request has a whole number of hash ids, so the flat index tells
-  // the block's place within its hash id.
-  const auto hash_id = static_cast<uint64_t>(hash_ids_[static_cast<size_t>(i)]);
-  const auto sub = static_cast<uint64_t>(i % subblocks_);
-  const uint64_t base = Mix(hash_id * 0x9e3779b97f4a7c15ULL + sub);
+  const uint64_t base = seeds_[static_cast<size_t>(i)];
   for (size_t j = 0; j < out.size(); ++j) {
     out[j] = static_cast<TokenId>(Mix(base + j) % kVocabulary);
   }
@@ -177,7 +186,7 @@ StatusOr<ReplayResult> ReplayTiers(const BlockTrace& trace,
   for (int64_t r = 0; r < trace.num_requests(); ++r) {
     const int64_t begin = trace.begin(r);
     const int64_t end = trace.end(r);
-    if (end - begin > capacity_blocks) {
+    if (trace.held(r) > capacity_blocks) {
       // It cannot be held at once: served from nothing, the cache
       // untouched (as by the optimum).
       ++result.oversized_requests;
@@ -205,12 +214,14 @@ StatusOr<ReplayResult> ReplayTiers(const BlockTrace& trace,
     }
     fresh.clear();
     // Nothing else is pinned, so a request that fits always finds room.
-    TIERKV_RETURN_IF_ERROR(
-        pool.GetNewBlocks(static_cast<int32_t>(end - begin - hits), &fresh));
+    // The partial block, if any, is the last: never keyed.
+    TIERKV_RETURN_IF_ERROR(pool.GetNewBlocks(
+        static_cast<int32_t>(end - begin - hits + trace.tail(r)), &fresh));
     TIERKV_RETURN_IF_ERROR(spilled);
     result.hit_blocks += hits + promoted;
     result.disk_hit_blocks += promoted;
-    for (size_t j = 0; j < fresh.size(); ++j) {
+    for (size_t j = 0; j + static_cast<size_t>(trace.tail(r)) < fresh.size();
+         ++j) {
       const int64_t i = begin + hits + static_cast<int64_t>(j);
       trace.Tokens(i, tokens);
       TIERKV_RETURN_IF_ERROR(pool.CacheBlock(fresh[j], trace.key(i), tokens));
@@ -267,7 +278,7 @@ StatusOr<ReplayResult> ReplayOptimum(const BlockTrace& trace,
     std::vector<int32_t> seen(static_cast<size_t>(trace.unique_blocks()),
                               static_cast<int32_t>(kNever));
     for (int64_t r = trace.num_requests() - 1; r >= 0; --r) {
-      if (trace.end(r) - trace.begin(r) > capacity_blocks) continue;
+      if (trace.held(r) > capacity_blocks) continue;
       for (int64_t i = trace.begin(r); i < trace.end(r); ++i) {
         const auto b = static_cast<size_t>(trace.block(i));
         next_use[static_cast<size_t>(i)] = seen[b];
@@ -295,7 +306,7 @@ StatusOr<ReplayResult> ReplayOptimum(const BlockTrace& trace,
   for (int64_t r = 0; r < trace.num_requests(); ++r) {
     const int64_t begin = trace.begin(r);
     const int64_t end = trace.end(r);
-    if (end - begin > capacity_blocks) {
+    if (trace.held(r) > capacity_blocks) {
       ++result.oversized_requests;  // As in the pool: skipped, no change.
       continue;
     }
@@ -304,8 +315,9 @@ StatusOr<ReplayResult> ReplayOptimum(const BlockTrace& trace,
            cached[static_cast<size_t>(trace.block(begin + hits))].present) {
       ++hits;
     }
-    // Pin what the request holds; count what it must add.
-    int64_t missing = 0;
+    // Pin what the request holds; count what it must add (its partial
+    // block too, for as long as it runs).
+    int64_t missing = trace.tail(r);
     for (int64_t i = begin; i < end; ++i) {
       Cached& c = cached[static_cast<size_t>(trace.block(i))];
       if (c.present) {

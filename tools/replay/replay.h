@@ -3,12 +3,14 @@
 // optimum for the same cache sizes, so a policy's hit ratio can be read as
 // a share of what any policy could reach on that trace.
 //
-// The model of one request: look up the longest cached prefix of its
+// The model of one request: look up the longest cached prefix of its full
 // blocks (a hit counts only up to the first miss, as in an engine's prefix
-// cache), pin those, allocate and key a block for each of the rest, then
-// free them all, tail first. A request larger than the cache is counted
-// and skipped, by the pool and the optimum alike: served from nothing, the
-// cache untouched.
+// cache), pin those, allocate and key a block for each of the rest, and
+// one more, never keyed, for a prompt that ends inside a block (its
+// partial last block: an engine keys full blocks only), then free them
+// all, tail first. A request larger than the cache is counted and skipped,
+// by the pool and the optimum alike: served from nothing, the cache
+// untouched.
 #ifndef TIERKV_TOOLS_REPLAY_REPLAY_H_
 #define TIERKV_TOOLS_REPLAY_REPLAY_H_
 
@@ -33,7 +35,11 @@ struct ReplayOptions {
   int32_t block_tokens = 512;
 };
 
-// A trace as blocks: each request's chained keys, computed once.
+// A trace as blocks: each request's chained keys, computed once. A
+// request's prompt is its input_length tokens: its full blocks are keyed,
+// a last partial block is not (tail), and blocks of its hash ids past the
+// prompt are not requested. A request without an input_length (0) fills
+// its hash ids, every block full.
 class BlockTrace {
  public:
   // InvalidArgument for block sizes that do not divide, or an empty trace.
@@ -48,11 +54,17 @@ class BlockTrace {
   }
   int64_t unique_blocks() const { return unique_blocks_; }
   int32_t block_tokens() const { return block_tokens_; }
+  // The most blocks one request holds at once, its partial block included.
   int32_t largest_request() const { return largest_request_; }
 
   // Request r's blocks [begin, end) in the flat arrays below.
   int64_t begin(int64_t r) const { return offsets_[static_cast<size_t>(r)]; }
   int64_t end(int64_t r) const { return offsets_[static_cast<size_t>(r) + 1]; }
+  // 1 when request r's prompt ends inside a block: that block is allocated
+  // for the request but never keyed. 0 otherwise.
+  int32_t tail(int64_t r) const { return tails_[static_cast<size_t>(r)]; }
+  // The blocks request r holds while it runs: its full ones and its tail.
+  int64_t held(int64_t r) const { return end(r) - begin(r) + tail(r); }
   const BlockKey& key(int64_t i) const { return keys_[static_cast<size_t>(i)]; }
   // The block's id among the trace's distinct blocks, [0, unique_blocks).
   int32_t block(int64_t i) const { return dense_[static_cast<size_t>(i)]; }
@@ -65,17 +77,20 @@ class BlockTrace {
   int32_t subblocks_ = 0;  // Blocks per hash id.
   int64_t unique_blocks_ = 0;
   int32_t largest_request_ = 0;
-  std::vector<int64_t> offsets_;   // num_requests + 1.
-  std::vector<BlockKey> keys_;     // One per requested block.
-  std::vector<int32_t> dense_;     // One per requested block.
-  std::vector<int64_t> hash_ids_;  // One per requested block.
+  std::vector<int64_t> offsets_;  // num_requests + 1.
+  std::vector<uint8_t> tails_;    // num_requests.
+  std::vector<BlockKey> keys_;    // One per requested block.
+  std::vector<int32_t> dense_;    // One per requested block.
+  // One per requested block: its hash id and place in it, mixed (the seed
+  // of its token ids).
+  std::vector<uint64_t> seeds_;
 };
 
 struct ReplayResult {
   int32_t capacity_blocks = 0;
-  int64_t requested_blocks = 0;
-  int64_t hit_blocks = 0;  // Prefix hits, in any tier.
-  int64_t evictions = 0;   // Keyed blocks dropped for room.
+  int64_t requested_blocks = 0;  // Full blocks: what a hit could serve.
+  int64_t hit_blocks = 0;        // Prefix hits, in any tier.
+  int64_t evictions = 0;         // Keyed blocks dropped for room.
   // With a disk tier (ReplayTiers): of hit_blocks, those found on disk
   // (promoted), and the disk's evictions for room.
   int64_t disk_hit_blocks = 0;

@@ -34,9 +34,9 @@ class LineParser {
         } else if (key == "timestamp") {
           TIERKV_ASSIGN_OR_RETURN(request.timestamp_ms, Integer(key));
         } else if (key == "input_length") {
-          TIERKV_ASSIGN_OR_RETURN(request.input_length, Integer(key));
+          TIERKV_ASSIGN_OR_RETURN(request.input_length, Count(key));
         } else if (key == "output_length") {
-          TIERKV_ASSIGN_OR_RETURN(request.output_length, Integer(key));
+          TIERKV_ASSIGN_OR_RETURN(request.output_length, Count(key));
         } else {
           TIERKV_RETURN_IF_ERROR(SkipValue(0));
         }
@@ -110,6 +110,13 @@ class LineParser {
     }
     pos_ += static_cast<size_t>(ptr - begin);
     return static_cast<int64_t>(std::floor(value));
+  }
+
+  // A count of tokens: an Integer, not negative.
+  StatusOr<int64_t> Count(const std::string& key) {
+    TIERKV_ASSIGN_OR_RETURN(const int64_t value, Integer(key));
+    if (value < 0) return Error("\"" + key + "\" must not be negative");
+    return value;
   }
 
   Status IdArray(std::vector<int64_t>* out) {
