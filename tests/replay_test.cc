@@ -307,6 +307,27 @@ TEST(Replay, ADiskTierServesWhatTheHostEvicted) {
   EXPECT_FALSE(ReplayTiers(t, 2, -1, EvictionPolicy::kLru).ok());
 }
 
+// A request the host cannot hold is skipped by the two tiers, so their
+// optimum must skip it too: held in the larger cache, it would push out
+// what the tiers keep (here A's second block, which the third request
+// hits).
+TEST(Replay, TheTwoTierOptimumSkipsWhatTheHostCannotHold) {
+  const std::vector<TraceRequest> requests = {
+      {.hash_ids = {1, 2}},
+      {.input_length = 10, .hash_ids = {7, 8, 9}},  // 2 full + a partial.
+      {.hash_ids = {1, 2}}};
+  const BlockTrace t =
+      BlockTrace::Build(requests, {.trace_block_tokens = 4, .block_tokens = 4})
+          .value();
+  const ReplayResult tiers = ReplayTiers(t, 2, 2, EvictionPolicy::kLru).value();
+  EXPECT_EQ(tiers.hit_blocks, 2);
+  EXPECT_EQ(tiers.oversized_requests, 1);
+  const ReplayResult best = ReplayOptimum(t, 4, {}, /*skip_above=*/2).value();
+  EXPECT_EQ(best.hit_blocks, 2);
+  EXPECT_EQ(best.oversized_requests, 1);
+  EXPECT_FALSE(ReplayOptimum(t, 4, {}, 5).ok());
+}
+
 // Hits in either tier never beat the optimum of one cache holding both
 // tiers' blocks.
 TEST(Replay, OptimumOfBothTiersBoundsTwoTierReplays) {
@@ -321,20 +342,34 @@ TEST(Replay, OptimumOfBothTiersBoundsTwoTierReplays) {
     if (req.empty()) req.push_back(next_id++);
     ids.push_back(req);
   }
-  const BlockTrace t = Blocks(ids);
+  // Most prompts end inside their last block.
+  std::vector<TraceRequest> requests = Requests(ids);
+  for (TraceRequest& r : requests) {
+    r.input_length = static_cast<int64_t>(r.hash_ids.size()) * 4 - (rng() % 4);
+  }
+  const BlockTrace t =
+      BlockTrace::Build(requests, {.trace_block_tokens = 4, .block_tokens = 4})
+          .value();
   int64_t disk_hits = 0;
   for (const int32_t host : {8, 20}) {
     for (const int32_t disk : {10, 40, 120}) {
-      auto best = ReplayOptimum(t, host + disk);
+      auto best = ReplayOptimum(t, host + disk, {}, host);
       ASSERT_THAT(best, IsOk());
       for (EvictionPolicy p : {EvictionPolicy::kLru, EvictionPolicy::kArc}) {
         auto got = ReplayTiers(t, host, disk, p);
         ASSERT_THAT(got, IsOk());
         EXPECT_LE(got->hit_blocks, best->hit_blocks)
             << EvictionPolicyName(p) << " " << host << " + " << disk;
+        // A disk at least the host's size only adds hits. A smaller one
+        // can cost some (ARC, 20 over 10, with these partial prompts: 39
+        // hits against the host's 46 alone): the host lets go of blocks
+        // the disk holds (the spill watermark), and that disk soon evicts
+        // them.
         auto alone = ReplayPool(t, host, p);
-        EXPECT_GE(got->hit_blocks, alone->hit_blocks)
-            << EvictionPolicyName(p) << " " << host << " + " << disk;
+        if (disk >= host) {
+          EXPECT_GE(got->hit_blocks, alone->hit_blocks)
+              << EvictionPolicyName(p) << " " << host << " + " << disk;
+        }
         disk_hits += got->disk_hit_blocks;
       }
     }

@@ -252,8 +252,10 @@ int Run(const Flags& flags) {
   std::vector<Row> rows;
   for (const double capacity : *capacities) {
     const int32_t blocks = blocks_of(capacity);
-    auto optimum =
-        tierkv::replay::ReplayOptimum(*trace, blocks + disk_blocks, report);
+    // One cache of both tiers' blocks, skipping what the host cannot hold,
+    // as the tiers do.
+    auto optimum = tierkv::replay::ReplayOptimum(*trace, blocks + disk_blocks,
+                                                 report, blocks);
     if (!optimum.ok()) return fail(optimum.status());
     done_before += per_replay;
     for (const EvictionPolicy policy : *policies) {

@@ -67,7 +67,12 @@ StatusOr<BlockTrace> BlockTrace::Build(std::span<const TraceRequest> requests,
                         prompt % t.block_tokens_ != 0);
     total += static_cast<size_t>(shapes.back().first);
   }
-  if (total == 0) return Status::InvalidArgument("the trace has no blocks");
+  if (total == 0) {
+    return Status::InvalidArgument(
+        "the trace has no full blocks: every prompt is shorter than one "
+        "block of " +
+        std::to_string(t.block_tokens_) + " tokens");
+  }
   if (total > static_cast<size_t>(std::numeric_limits<int32_t>::max())) {
     return Status::InvalidArgument("the trace has too many blocks");
   }
@@ -267,10 +272,17 @@ StatusOr<ReplayResult> ReplayTiers(const BlockTrace& trace,
 
 StatusOr<ReplayResult> ReplayOptimum(const BlockTrace& trace,
                                      int32_t capacity_blocks,
-                                     const ReplayProgress& progress) {
+                                     const ReplayProgress& progress,
+                                     int32_t skip_above) {
   if (capacity_blocks < 1) {
     return Status::InvalidArgument("a cache needs at least one block");
   }
+  if (skip_above < 0 || skip_above > capacity_blocks) {
+    return Status::InvalidArgument(
+        "skip requests above 0 to " + std::to_string(capacity_blocks) +
+        " blocks, not " + std::to_string(skip_above));
+  }
+  const int64_t largest = skip_above == 0 ? capacity_blocks : skip_above;
   constexpr int64_t kNever = std::numeric_limits<int32_t>::max();
   // next_use[i]: the next request that uses requested block i's block.
   std::vector<int32_t> next_use(static_cast<size_t>(trace.requested_blocks()));
@@ -278,7 +290,7 @@ StatusOr<ReplayResult> ReplayOptimum(const BlockTrace& trace,
     std::vector<int32_t> seen(static_cast<size_t>(trace.unique_blocks()),
                               static_cast<int32_t>(kNever));
     for (int64_t r = trace.num_requests() - 1; r >= 0; --r) {
-      if (trace.held(r) > capacity_blocks) continue;
+      if (trace.held(r) > largest) continue;
       for (int64_t i = trace.begin(r); i < trace.end(r); ++i) {
         const auto b = static_cast<size_t>(trace.block(i));
         next_use[static_cast<size_t>(i)] = seen[b];
@@ -306,7 +318,7 @@ StatusOr<ReplayResult> ReplayOptimum(const BlockTrace& trace,
   for (int64_t r = 0; r < trace.num_requests(); ++r) {
     const int64_t begin = trace.begin(r);
     const int64_t end = trace.end(r);
-    if (trace.held(r) > capacity_blocks) {
+    if (trace.held(r) > largest) {
       ++result.oversized_requests;  // As in the pool: skipped, no change.
       continue;
     }

@@ -136,9 +136,13 @@ StatusOr<ReplayResult> ReplayTiers(const BlockTrace& trace, int32_t host_blocks,
 // block never used again first); of two used next by the same request, the
 // deeper one, so the cache always holds whole prefixes and every cached
 // block of a request is a prefix hit. Its evictions are those it made.
+// A request holding more than `skip_above` blocks is skipped (0: more than
+// the capacity): the bound of a two-tier replay skips what its host could
+// not hold, as ReplayTiers does.
 StatusOr<ReplayResult> ReplayOptimum(const BlockTrace& trace,
                                      int32_t capacity_blocks,
-                                     const ReplayProgress& progress = {});
+                                     const ReplayProgress& progress = {},
+                                     int32_t skip_above = 0);
 
 }  // namespace tierkv::replay
 
