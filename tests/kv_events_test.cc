@@ -9,7 +9,9 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <msgpack.hpp>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -243,7 +245,8 @@ std::string Describe(const KvEvent& e) {
 }
 
 std::vector<KvEvent> EveryKindOfEvent() {
-  return {Stored(CacheMedium::kCpu, 1, std::nullopt, 100, 7),
+  // Token ids span the whole uint32 range, as tierkv takes them.
+  return {Stored(CacheMedium::kCpu, 1, std::nullopt, 0xfffffffcu, 7),
           Stored(CacheMedium::kStorage, 2, 1, 200),
           Stored(CacheMedium::kRemote, 3, std::nullopt, 300),
           Removed(CacheMedium::kRemote, 3),
@@ -494,6 +497,67 @@ TEST_F(KvEventsPublisherTest, SubscriberGetsBatchesInSequence) {
   const KvEventPublisherStats stats = pub->stats();
   EXPECT_EQ(stats.batches_published, static_cast<uint64_t>(first + 2));
   EXPECT_EQ(stats.events_dropped, 0u);
+}
+
+// Events dropped for a full queue leave a gap in the sequence numbers that
+// replay cannot fill: contiguous numbers would tell a router nothing was
+// lost, and a lost removal leaves it a block that is gone.
+TEST_F(KvEventsPublisherTest, DroppedEventsLeaveAGapInTheSequence) {
+  // The publisher's clock, called as each batch is sent: held at `hold`
+  // until released, so the queue fills behind a batch being sent.
+  struct Gate {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool hold = false;
+    bool held = false;  // The publisher is waiting at the gate.
+  };
+  auto gate = std::make_shared<Gate>();
+  StatusOr<std::unique_ptr<KvEventPublisher>> created =
+      KvEventPublisher::Create({.endpoint = Endpoint("pub"),
+                                .topic = "kv",
+                                .max_queue_events = 1,
+                                .clock = [gate] {
+                                  std::unique_lock<std::mutex> lock(gate->mu);
+                                  gate->held = gate->hold;
+                                  gate->cv.notify_all();
+                                  gate->cv.wait(lock,
+                                                [&] { return !gate->hold; });
+                                  gate->held = false;
+                                  return 42.0;
+                                }});
+  ASSERT_THAT(created, IsOk());
+  KvEventPublisher& pub = **created;
+  zmq::socket_t sub(context_, zmq::socket_type::sub);
+  sub.set(zmq::sockopt::subscribe, "kv");
+  sub.connect(Endpoint("pub"));
+  const int64_t first = Join(pub, sub);
+  ASSERT_GE(first, 1);
+
+  {
+    std::lock_guard<std::mutex> lock(gate->mu);
+    gate->hold = true;
+  }
+  pub.BlockRemoved(CacheMedium::kCpu, Key(1));  // Taken, held at the gate.
+  {
+    std::unique_lock<std::mutex> lock(gate->mu);
+    gate->cv.wait(lock, [&] { return gate->held; });
+  }
+  pub.BlockRemoved(CacheMedium::kCpu, Key(2));  // Queued: the queue is full.
+  pub.BlockRemoved(CacheMedium::kCpu, Key(3));  // Dropped.
+  EXPECT_EQ(pub.stats().events_dropped, 1u);
+  {
+    std::lock_guard<std::mutex> lock(gate->mu);
+    gate->hold = false;
+  }
+  gate->cv.notify_all();
+  ASSERT_TRUE(pub.Flush(std::chrono::seconds(5)));
+
+  const auto end = Clock::now() + std::chrono::seconds(10);
+  std::optional<Received> held = Receive(sub, end);
+  std::optional<Received> after = Receive(sub, end);
+  ASSERT_TRUE(held.has_value() && after.has_value());
+  EXPECT_EQ(held->seq, first);
+  EXPECT_EQ(after->seq, first + 2);  // first + 1 is the drop's.
 }
 
 // A late subscriber asks the replay socket from a sequence number: the

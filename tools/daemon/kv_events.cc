@@ -247,7 +247,7 @@ std::optional<KvEvent> DecodeEvent(BatchReader& r, const msgpack::object& o) {
     if (f[2].type != msgpack::type::NIL) e.parent = r.Hash(f[2]);
     for (const msgpack::object& t : r.Array(f[3], "token_ids")) {
       const std::optional<uint64_t> v = r.Unsigned(t, "token id");
-      if (!v.has_value() || *v > uint64_t{INT32_MAX}) {
+      if (!v.has_value() || *v > std::numeric_limits<TokenId>::max()) {
         if (r.ok()) {
           r.error = Status::InvalidArgument("KV event batch: a bad token id");
         }
@@ -382,6 +382,8 @@ struct KvEventPublisher::Impl {
 
   // The thread's own.
   int64_t next_seq = 0;
+  // Drops (stats.events_dropped) the sequence already shows a gap for.
+  uint64_t drops_marked = 0;
   std::deque<std::pair<int64_t, std::string>> ring;
   uint64_t dropped_logged = 0;
   std::chrono::steady_clock::time_point last_drop_log{};
@@ -431,6 +433,13 @@ void KvEventPublisher::Impl::Run() {
       taken_up_to = submitted;
       dropped = stats.events_dropped;
       stop = stopping;
+    }
+    if (dropped != drops_marked) {
+      // Events were lost: a sequence number no batch ever takes, so a
+      // router sees a gap that replay cannot fill and knows to resync
+      // (contiguous numbers would tell it nothing was missed).
+      drops_marked = dropped;
+      ++next_seq;
     }
     if (!taken.empty()) Publish(taken);
     {
@@ -484,8 +493,11 @@ void KvEventPublisher::Impl::SendBatch(std::span<const KvEvent> events) {
 }
 
 void KvEventPublisher::Impl::ServeReplay() {
+  // A few requests a turn, so that a client that keeps asking cannot keep
+  // the thread from publishing (each answer is the whole ring).
+  constexpr int kRequestsPerTurn = 4;
   try {
-    for (;;) {
+    for (int served = 0; served < kRequestsPerTurn; ++served) {
       std::array<zmq::pollitem_t, 1> items{
           {{static_cast<void*>(*replay), 0, ZMQ_POLLIN, 0}}};
       if (zmq::poll(items.data(), items.size(), std::chrono::milliseconds(0)) ==
