@@ -69,7 +69,10 @@ StatusOr<ChunkKvStore> ChunkKvStore::Create(ChunkKvStoreOptions options) {
   TIERKV_ASSIGN_OR_RETURN(
       BlockPool pool,
       BlockPool::Create({.num_blocks = options.num_blocks,
-                         .block_size = options.layout.block_size}));
+                         .block_size = options.layout.block_size,
+                         // A failed compute or fetch gives its blocks back
+                         // unkeyed: reused before any cached chunk.
+                         .free_uncached_first = true}));
   TIERKV_RETURN_IF_ERROR(CheckKvMemorySize(options.layout, options.num_blocks));
   TIERKV_ASSIGN_OR_RETURN(RopeRemap remap,
                           RopeRemap::Create(options.layout, options.rope));
@@ -149,6 +152,10 @@ std::vector<BlockId> ChunkKvStore::FetchFromTier(
   StatusOr<bool> fetched = s_->tier->Fetch(chunk, s_->virtual_start, allocate);
   const int32_t bs = s_->pool.block_size();
   Status status = fetched.status();
+  if (status.ok() && *fetched && blocks.size() != keys.size()) {
+    status = Status::Internal(
+        "the chunk tier reported a hit without taking the chunk's blocks");
+  }
   if (status.ok() && *fetched) {
     // Keyed only now: a lookup never sees a block still being copied.
     for (size_t j = 0; j < keys.size() && status.ok(); ++j) {

@@ -121,6 +121,35 @@ TEST(ChunkKvStore, FailedComputeKeysNothing) {
   EXPECT_THAT(PoolOf(store).CheckInvariants(), IsOk());
 }
 
+// Blocks a failed compute gives back hold nothing a lookup can find: they
+// are reused before any cached chunk, so one failure costs one eviction,
+// not two.
+TEST(ChunkKvStore, BlocksOfAFailedComputeAreReusedFirst) {
+  bool fail = false;
+  ChunkKvStore store =
+      ChunkKvStore::Create(Options([&](const ChunkComputeArgs& args) {
+        return fail ? Status::Internal("model failed")
+                    : FillWithPositions(args);
+      })).value();
+  const auto chunk = [](TokenId n) {
+    return std::vector<TokenId>{n, n + 1, n + 2, n + 3};  // One block.
+  };
+  // Seven one-block chunks fill the pool (block 0 is the null block).
+  for (TokenId c = 0; c < 7; ++c) {
+    store.Release(store.ComputeAndInsert(chunk(10 * c)).value());
+  }
+  ASSERT_EQ(store.stats().evictions, 0u);
+  fail = true;
+  EXPECT_THAT(store.ComputeAndInsert(chunk(100)),
+              StatusIs(StatusCode::kInternal));  // Evicts chunk 0.
+  fail = false;
+  store.Release(store.ComputeAndInsert(chunk(200)).value());
+  EXPECT_EQ(store.stats().evictions, 1u);
+  EXPECT_FALSE(store.Contains(chunk(0)));
+  EXPECT_TRUE(store.Contains(chunk(10)));
+  EXPECT_THAT(PoolOf(store).CheckInvariants(), IsOk());
+}
+
 // At its own virtual positions a chunk turns by zero: exact, so Place copies
 // the bytes. A block outside the pool or a slot outside `dst` is refused.
 TEST(ChunkKvStore, PlaceAtTheVirtualPositionsCopiesTheBytes) {
