@@ -103,6 +103,15 @@ std::chrono::milliseconds Millis(double seconds, const char* what) {
 }
 
 std::vector<TokenId> Tokens(const py::handle& tokens) {
+  // Integers only: a forced cast would truncate floats (1.9 -> 1), keys of
+  // other tokens. An empty sequence is float64 to numpy, and no tokens.
+  const py::array given = py::array::ensure(tokens);
+  if (given && given.size() > 0 && given.dtype().kind() != 'i' &&
+      given.dtype().kind() != 'u') {
+    Raise(Status::InvalidArgument(
+        "tokens must be integers, not an array of dtype " +
+        std::string(py::str(given.dtype()))));
+  }
   auto array =
       py::array_t<int64_t, py::array::c_style | py::array::forcecast>::ensure(
           tokens);
@@ -150,6 +159,23 @@ ClientOptions OptionsFor(const OpenArgs& a) {
   o.call_timeout = Millis(a.call_timeout, "call_timeout");
   o.daemon_uid = a.daemon_uid;
   if (a.device != nullptr) {
+    // Same bytes per block is not the same layout (f16 and bf16, layers
+    // and block size traded): bytes stored under the wrong layout are
+    // wrong KV for every worker that loads them.
+    const KvLayout& registered = a.device->tier->options().layout;
+    if (!(registered == a.layout)) {
+      Raise(Status::InvalidArgument(
+          "the device was registered with layout " + registered.ToString() +
+          ", the client opens " + a.layout.ToString()));
+    }
+    // A shard's stores write only its heads: a whole block takes every
+    // rank's, which only a scheduler's rank clients together copy.
+    if (a.device->num_ranks > 1 && a.scheduler == 0) {
+      Raise(Status::InvalidArgument(
+          "the device holds rank " + std::to_string(a.device->rank) +
+          "'s shard of " + std::to_string(a.device->num_ranks) +
+          " of the heads: open it as a rank client (scheduler=, rank=)"));
+    }
     if (a.scheduler != 0 && a.device->rank != a.rank) {
       Raise(Status::InvalidArgument(
           "rank=" + std::to_string(a.rank) + " but the device holds rank " +

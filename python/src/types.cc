@@ -103,8 +103,11 @@ void RegisterLayout(py::module_& m) {
                     ", block_size=" + std::to_string(l.block_size) +
                     ", dtype='" + std::string(DTypeName(l.dtype)) + "')";
            })
-      .def("__eq__",
-           [](const KvLayout& a, const KvLayout& b) { return a == b; })
+      // is_operator: another type compares unequal (NotImplemented), not
+      // TypeError.
+      .def(
+          "__eq__", [](const KvLayout& a, const KvLayout& b) { return a == b; },
+          py::is_operator())
       .def("__hash__",
            [](const KvLayout& l) { return py::hash(py::str(l.Fingerprint())); })
       .def(py::pickle(
@@ -137,7 +140,7 @@ void RegisterEvents(py::module_& m) {
       .def_readonly("host_blocks", &TransferEvent::host_blocks)
       .def_readonly("failed_blocks", &TransferEvent::failed_blocks)
       .def("__repr__", &EventRepr)
-      .def("__eq__", &EventsEqual)
+      .def("__eq__", &EventsEqual, py::is_operator())
       .def("__hash__",
            [](const TransferEvent& e) {
              return py::hash(py::make_tuple(static_cast<int>(e.ref.kind),

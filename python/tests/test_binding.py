@@ -272,6 +272,25 @@ def test_a_registered_device_backs_one_open_client_at_a_time(tierkvd,
         pass
 
 
+def test_a_device_must_match_the_client_layout(tierkvd, layout):
+    # f16 and bf16 blocks have the same bytes: only the layouts tell them
+    # apart, and a store under the wrong one is wrong KV for every loader.
+    device = tierkv.RegisteredDevice.paged(layout, paged_caches(layout, 4))
+    f16 = tierkv.KvLayout(layout.num_layers, layout.num_kv_heads,
+                          layout.head_dim, layout.block_size, "f16")
+    assert f16.block_bytes == layout.block_bytes
+    with pytest.raises(tierkv.InvalidArgumentError,
+                       match="registered with layout"):
+        tierkv.Client.open_embedded(f16, device=device)
+    # One rank's shard stores only its heads: not a whole block's worth.
+    half = [c[:, :, :, 0:1].clone() for c in paged_caches(layout, 4)]
+    shard = tierkv.RegisteredDevice.paged(layout, half, rank=0, num_ranks=2)
+    with pytest.raises(tierkv.InvalidArgumentError, match="rank client"):
+        tierkv.Client.open(tierkvd.socket, layout, device=shard)
+    with tierkv.Client.open_embedded(layout, device=device):
+        pass
+
+
 def test_a_failed_caller_copy_is_not_served(tierkvd, layout):
     with tierkv.Client.open(tierkvd.socket, layout, 4,
                             copies="caller") as client:
@@ -350,6 +369,18 @@ def test_stats_is_a_dict_of_the_store(tierkvd, layout):
         assert len(latency["buckets"]) == len(latency["bucket_bounds_us"]) + 1
 
 
+def test_tokens_must_be_integers(tierkvd, layout):
+    with tierkv.Client.open(tierkvd.socket, layout, 4) as client:
+        with pytest.raises(tierkv.InvalidArgumentError, match="dtype"):
+            client.lookup(1, np.array([1.9, 2.2]))
+        with pytest.raises(tierkv.InvalidArgumentError, match="dtype"):
+            client.lookup(2, [1.5])
+        with pytest.raises(tierkv.InvalidArgumentError, match="uint32"):
+            client.lookup(3, [-1])
+        small = np.array([1, 2, 3], dtype=np.uint16)
+        assert client.lookup(4, small).hit_tokens == 0
+
+
 def test_a_closed_client_refuses_calls(tierkvd, layout):
     client = tierkv.Client.open(tierkvd.socket, layout, 4)
     client.close()
@@ -378,6 +409,7 @@ def test_events_are_plain_picklable_values():
     assert pickle.loads(pickle.dumps(event)) == event
     assert event.kind == "load" and event.request == 42
     assert event != tierkv.TransferEvent("store", 3, 42, [1, 2], [7, 8])
+    assert event != None and event in [None, event]  # noqa: E711
     finished = tierkv.FinishedTransfer(event)
     assert finished.ok and finished.error is None
     assert finished.loaded_blocks == 2
@@ -397,6 +429,7 @@ def test_layouts_compare_print_and_validate():
     assert layout.block_bytes == 2 << 20
     assert str(layout) == "layers=32 kv_heads=8 head_dim=128 block=16 dtype=bf16"
     assert layout == tierkv.KvLayout(32, 8, 128, 16, "bf16")
+    assert (layout == None) is False and layout != "KvLayout"  # noqa: E711
     assert pickle.loads(pickle.dumps(layout)) == layout
     with pytest.raises(tierkv.InvalidArgumentError, match="dtype"):
         tierkv.KvLayout(2, 2, 64, dtype="f8")
