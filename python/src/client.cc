@@ -412,24 +412,36 @@ void RegisterMethods(py::class_<PyClient>& cls) {
       .def("reconnect",
            [](const PyClient& c) {
              // Attaching anew maps a new host segment and unmaps the old
-             // one, which the views point into.
-             if (const int views = c.Handle()->live_views; views > 0) {
-               Raise(Status::FailedPrecondition(
-                   std::to_string(views) +
-                   " host_block() view(s) of this client are alive; "
-                   "reconnecting would unmap the memory they point into: "
-                   "drop them (del view, or view.release()) first"));
-             }
-             ThrowIfError(
-                 c.Call([](Client& client) { return client.Reconnect(); }));
+             // one, which the views point into. Checked under the call's
+             // mutex: a host_block() on another thread counts its view
+             // there before it takes the bytes.
+             std::shared_ptr<ClientHandle> h = c.Handle();
+             ThrowIfError(c.Call([&h](Client& client) {
+               const int views = h->live_views + h->views_being_made;
+               if (views > 0) {
+                 return Status::FailedPrecondition(
+                     std::to_string(views) +
+                     " host_block() view(s) of this client are alive; "
+                     "reconnecting would unmap the memory they point into: "
+                     "drop them (del view, or view.release()) first");
+               }
+               return client.Reconnect();
+             }));
            })
       .def(
           "host_block",
           [](const PyClient& c, BlockId slot) {
             std::shared_ptr<ClientHandle> h = c.Handle();
-            std::span<std::byte> bytes = ValueOrRaise(c.Call(
-                [&](Client& client) { return client.host_block(slot); }));
-            py::object owner = py::cast(HostSlot(std::move(h), bytes));
+            std::span<std::byte> bytes =
+                ValueOrRaise(c.Call([&](Client& client) {
+                  StatusOr<std::span<std::byte>> got = client.host_block(slot);
+                  if (got.ok()) ++h->views_being_made;  // Under the mutex.
+                  return got;
+                }));
+            // The view is counted (live_views) before it stops being made.
+            HostSlot slot_bytes(h, bytes);
+            --h->views_being_made;
+            py::object owner = py::cast(std::move(slot_bytes));
             return py::reinterpret_steal<py::memoryview>(
                 PyMemoryView_FromObject(owner.ptr()));
           },

@@ -8,6 +8,7 @@
 
 #include <pybind11/pybind11.h>
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -64,9 +65,13 @@ struct ClientHandle {
   std::mutex mu;
   std::shared_ptr<RegisteredDevice> device;  // Null: the client owns one.
   std::unique_ptr<Client> client;
-  // host_block() views alive: reconnect() would unmap the memory they point
-  // into, so it is refused while any is. Guarded by the GIL.
-  int live_views = 0;
+  // host_block() views alive, and those being made (their bytes taken
+  // under `mu`, their view not yet built): reconnect() would unmap the
+  // memory they point into, so it is refused while either is non-zero.
+  // reconnect() reads them under `mu`, where host_block() counts a view
+  // being made, so the two are never interleaved.
+  std::atomic<int> live_views{0};
+  std::atomic<int> views_being_made{0};
   // Waits for the copies in flight without the GIL; then `device` (and the
   // tensors it holds) goes with the GIL held. REQUIRES: the GIL.
   ~ClientHandle();
