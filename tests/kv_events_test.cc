@@ -542,9 +542,11 @@ TEST_F(KvEventsPublisherTest, DroppedEventsLeaveAGapInTheSequence) {
     std::unique_lock<std::mutex> lock(gate->mu);
     gate->cv.wait(lock, [&] { return gate->held; });
   }
+  // Join's probes may have been dropped already on a loaded machine.
+  const uint64_t dropped_before = pub.stats().events_dropped;
   pub.BlockRemoved(CacheMedium::kCpu, Key(2));  // Queued: the queue is full.
   pub.BlockRemoved(CacheMedium::kCpu, Key(3));  // Dropped.
-  EXPECT_EQ(pub.stats().events_dropped, 1u);
+  EXPECT_EQ(pub.stats().events_dropped, dropped_before + 1);
   {
     std::lock_guard<std::mutex> lock(gate->mu);
     gate->hold = false;
@@ -556,8 +558,8 @@ TEST_F(KvEventsPublisherTest, DroppedEventsLeaveAGapInTheSequence) {
   std::optional<Received> held = Receive(sub, end);
   std::optional<Received> after = Receive(sub, end);
   ASSERT_TRUE(held.has_value() && after.has_value());
-  EXPECT_EQ(held->seq, first);
-  EXPECT_EQ(after->seq, first + 2);  // first + 1 is the drop's.
+  EXPECT_GE(held->seq, first);
+  EXPECT_EQ(after->seq, held->seq + 2);  // The number between is the drop's.
 }
 
 // A late subscriber asks the replay socket from a sequence number: the

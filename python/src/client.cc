@@ -114,7 +114,7 @@ std::vector<TokenId> Tokens(const py::handle& tokens) {
   }
   auto array =
       py::array_t<int64_t, py::array::c_style | py::array::forcecast>::ensure(
-          tokens);
+          given ? py::handle(given) : tokens);
   if (!array || array.ndim() != 1) {
     Raise(Status::InvalidArgument(
         "tokens must be a sequence of ints or a 1-D integer array"));

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <climits>
 #include <deque>
+#include <limits>
 #include <msgpack.hpp>
 #include <optional>
 #include <string_view>
@@ -504,8 +505,8 @@ void KvEventPublisher::Impl::ServeReplay() {
           0) {
         return;
       }
-      // [identity, "", start sequence (8 bytes, big-endian)], as a REQ or
-      // DEALER socket sends it.
+      // [identity, "", start sequence (8 bytes, big-endian)], as a DEALER
+      // socket sends it.
       std::vector<zmq::message_t> frames;
       do {
         frames.emplace_back();

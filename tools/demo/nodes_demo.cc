@@ -62,6 +62,9 @@ struct NodeView {
   uint64_t stored[4] = {};
   uint64_t removed[4] = {};
   uint64_t cleared = 0;
+  // Replays that began past the number asked for: tierkvd dropped events
+  // there (a full queue), and the index may hold blocks that are gone.
+  uint64_t gaps = 0;
   std::unordered_set<uint64_t> held[4];
   std::string error;  // A batch that did not decode.
 };
@@ -224,7 +227,20 @@ class Router {
       pending_[i].reset();
       return;
     }
+    SkipLost(i, seq);
     Apply(i, seq, frames[2]);
+  }
+
+  // A replay answers from the number asked for: a first batch past it means
+  // the numbers between were never published (tierkvd dropped events). No
+  // replay fills that gap; the router goes on from there, its view marked.
+  void SkipLost(size_t i, int64_t seq) {
+    std::lock_guard<std::mutex> lock(mu_);
+    NodeView& v = views_[i];
+    if (seq > v.next_seq) {
+      ++v.gaps;
+      v.next_seq = seq;
+    }
   }
 
   zmq::context_t context_{1};
