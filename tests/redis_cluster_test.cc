@@ -18,6 +18,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -434,32 +435,50 @@ TEST_F(RedisClusterTest, MasterKilledUnderLoadFailsKeysThenResumes) {
     promoted = cluster_->KillMaster(victim);
     failed_over = true;
   });
-  uint64_t rounds = 0, failed_keys = 0;
+  // The victim's keys: the only ones that may miss (any may fail while the
+  // cluster is down).
+  const std::set<std::string> victims(by_master.begin()->second.begin(),
+                                      by_master.begin()->second.end());
+  uint64_t rounds = 0, failed_keys = 0, missed_keys = 0;
   while (!failed_over) {
     const std::vector<StatusOr<std::string>> got = client->MultiGet(keys);
     ++rounds;
     for (size_t i = 0; i < keys.size(); ++i) {
       if (got[i].ok()) {
         ASSERT_TRUE(*got[i] == values[i]) << "wrong bytes for " << keys[i];
-      } else {
-        ++failed_keys;
-        const StatusCode code = got[i].status().code();
-        EXPECT_TRUE(code == StatusCode::kUnavailable ||
-                    code == StatusCode::kDeadlineExceeded)
-            << got[i].status().ToString();
+        continue;
       }
+      const StatusCode code = got[i].status().code();
+      if (code == StatusCode::kNotFound) {
+        EXPECT_TRUE(victims.contains(keys[i])) << keys[i];
+        // A nil from the victim's slots while the replica takes over (seen
+        // on a quiet machine, the key whole again right after): Redis's
+        // answer, a miss to tierkv, never wrong bytes.
+        ++missed_keys;
+        continue;
+      }
+      ++failed_keys;
+      EXPECT_TRUE(code == StatusCode::kUnavailable ||
+                  code == StatusCode::kDeadlineExceeded)
+          << got[i].status().ToString();
     }
   }
   killer.join();
   ASSERT_THAT(promoted, IsOk());
   EXPECT_GT(failed_keys, 0u);
   EXPECT_EQ(client->stats().errors, failed_keys);
-  EXPECT_EQ(client->stats().misses, 0u);
+  EXPECT_EQ(client->stats().misses, missed_keys);
 
-  // The cluster is healthy again: every key reads back whole (the client
-  // re-reads the map and finds the promoted replica), and writes work.
+  // The cluster is healthy again: the client re-reads the map and finds the
+  // promoted replica. Every other master's key reads back whole; a victim's
+  // key reads back whole or, where Redis Cluster lost the write in the
+  // failover (its documentation allows that even after WAIT), is a miss.
   const std::vector<StatusOr<std::string>> after = client->MultiGet(keys);
   for (size_t i = 0; i < keys.size(); ++i) {
+    if (!after[i].ok() && victims.contains(keys[i])) {
+      EXPECT_THAT(after[i], StatusIs(StatusCode::kNotFound)) << keys[i];
+      continue;
+    }
     ASSERT_THAT(after[i], IsOk()) << keys[i];
     EXPECT_TRUE(*after[i] == values[i]) << keys[i];
   }
@@ -470,7 +489,14 @@ TEST_F(RedisClusterTest, MasterKilledUnderLoadFailsKeysThenResumes) {
   for (const Status& s : client->MultiSet(keys, Views(values))) {
     EXPECT_THAT(s, IsOk());
   }
+  // Written again, every key reads back whole.
+  const std::vector<StatusOr<std::string>> rewritten = client->MultiGet(keys);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    ASSERT_THAT(rewritten[i], IsOk()) << keys[i];
+    EXPECT_TRUE(*rewritten[i] == values[i]) << keys[i];
+  }
   RecordProperty("read_rounds_during_failover", std::to_string(rounds));
+  RecordProperty("misses_during_failover", std::to_string(missed_keys));
 }
 
 TEST_F(RedisClusterTest, FrozenMasterTimesOutItsKeysOnly) {
