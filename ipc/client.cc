@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <iterator>
 #include <map>
 #include <optional>
 #include <set>
@@ -472,9 +473,10 @@ struct Client::Impl {
   // What finishing `request` ends on this side: its lookup, its loads still
   // waiting for promotions (tierkvd's Finish cancels them) and its lost
   // loads not handed out yet, their device blocks unpinned. Returns the
-  // lost loads whose copy never started: tierkvd holds their slots until
-  // told they failed. Calls nothing, so nothing it walks changes under it.
-  std::vector<EventRef> ForgetRequest(RequestId request) {
+  // failed completions tierkvd is owed for the lost loads whose copy never
+  // started (it holds their slots until told). Calls nothing, so nothing it
+  // walks changes under it.
+  std::vector<CompletedEvent> ForgetRequest(RequestId request) {
     ForgetLookup(request);
     for (auto it = pending_loads.begin(); it != pending_loads.end();) {
       if (it->second.request != request) {
@@ -484,14 +486,14 @@ struct Client::Impl {
       Unpin(it->second.device_blocks);
       it = pending_loads.erase(it);
     }
-    std::vector<EventRef> never_started;
+    std::vector<CompletedEvent> never_started;
     std::erase_if(finished, [&](const FinishedTransfer& f) {
       if (f.event.request != request || f.event.ref.kind != EventKind::kLoad ||
           f.status.ok()) {
         return false;
       }
       Unpin(f.event.device_blocks);
-      if (f.session == session) never_started.push_back(f.event.ref);
+      if (f.session == session) never_started.push_back({f.event.ref, false});
       return true;
     });
     return never_started;
@@ -1118,9 +1120,8 @@ Status Client::CompleteOneWay(std::span<const FinishedTransfer> finished,
                                 .finish = finish};
   // As Finish: the request's pending and lost loads end here too.
   if (finish != 0) {
-    for (const EventRef& ref : impl_->ForgetRequest(finish)) {
-      request.events.push_back({ref, false});
-    }
+    std::ranges::move(impl_->ForgetRequest(finish),
+                      std::back_inserter(request.events));
   }
   if ((request.events.empty() && finish == 0) || !impl_->channel_error.ok()) {
     return Status::Ok();
@@ -1221,10 +1222,7 @@ Status Client::Complete(std::span<const FinishedTransfer> finished) {
 }
 
 Status Client::Finish(RequestId request) {
-  std::vector<CompletedEvent> failed;
-  for (const EventRef& ref : impl_->ForgetRequest(request)) {
-    failed.push_back({ref, false});
-  }
+  std::vector<CompletedEvent> failed = impl_->ForgetRequest(request);
   // After ForgetRequest: a call that loses the attachment adds to
   // `finished`, which must not change while it is walked.
   if (!failed.empty() && impl_->channel_error.ok()) {

@@ -539,10 +539,7 @@ Status Server::Stop(std::chrono::milliseconds spill_time) {
   // answer what that drop freed, a lease handed over mid-stop, with a
   // request served after the stop began.
   for (auto& [fd, connection] : s.connections) {
-    if (const std::unique_ptr<Session>& session = connection.session) {
-      session->stop.store(true);
-      session->channel.WakeReceiver();
-    }
+    if (connection.session) connection.session->StopServing();
   }
   while (!s.connections.empty()) s.Close(s.connections.begin()->first);
   {

@@ -97,6 +97,13 @@ struct Session {
   UniqueFd ready, ready_reader;
   std::atomic<bool> stop{false};
   std::thread thread;
+
+  // Serves nothing more: a request being served ends, and Receive takes no
+  // other (the receiver is woken to see the flag).
+  void StopServing() {
+    stop.store(true);
+    channel.WakeReceiver();
+  }
 };
 
 // One peer of the socket, non-blocking, served by the listener thread.

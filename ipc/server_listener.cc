@@ -387,8 +387,7 @@ void Server::Impl::Close(int fd) {
   if (std::unique_ptr<Session>& session = it->second.session) {
     // Its thread may be in the middle of a request: the reaper waits for
     // it, not the listener.
-    session->stop.store(true);
-    session->channel.WakeReceiver();
+    session->StopServing();
     MutexLock lock(&reap_mu);
     retired.push_back(std::move(session));
     reap_wake.NotifyOne();

@@ -102,6 +102,19 @@ class ClientLifecycle : public TierkvdFixture {
     return alloc.ok() ? *alloc : AllocateResult{};
   }
 
+  // Waits until tierkvd has landed its promotion and cancelled the one load
+  // of `e` that waited for it: nothing of it is in flight any more.
+  static void WaitForTheCancelledLoad(Engine& e) {
+    for (;;) {
+      const CoordinatorStats s = e.client->Stats().value();
+      if (s.host.promotions_in_flight == 0 && s.host.loads_cancelled == 1) {
+        EXPECT_EQ(s.host.events_in_flight, 0u);
+        return;
+      }
+      std::this_thread::yield();
+    }
+  }
+
   const KeyHasher hasher_{
       {.model_fingerprint = TestLayout().Fingerprint(), .tenant = ""}};
 };
@@ -168,14 +181,7 @@ TEST_F(PendingLoad, AbortedRequestsBlocksAreNeverWritten) {
   std::memcpy(e.device->block(target).data(), mine.data(), mine.size());
 
   // tierkvd lands the promotion on host and cancels the load.
-  for (;;) {
-    const CoordinatorStats s = e.client->Stats().value();
-    if (s.host.promotions_in_flight == 0 && s.host.loads_cancelled == 1) {
-      EXPECT_EQ(s.host.events_in_flight, 0u);
-      break;
-    }
-    std::this_thread::yield();
-  }
+  WaitForTheCancelledLoad(e);
   EXPECT_TRUE(e.client->PollEvents().empty());
   EXPECT_EQ(e.client->transfers_in_flight(), 0u);
   EXPECT_EQ(
@@ -207,14 +213,7 @@ TEST_F(PendingLoad, AOneWayFinishAlsoEndsTheWaitingLoad) {
   ASSERT_THAT(e.manager->Free(1), IsOk());
   EXPECT_EQ(e.Ref(target), 0);
   // tierkvd cancelled it too: the load is never handed out.
-  for (;;) {
-    const CoordinatorStats s = e.client->Stats().value();
-    if (s.host.promotions_in_flight == 0 && s.host.loads_cancelled == 1) {
-      EXPECT_EQ(s.host.events_in_flight, 0u);
-      break;
-    }
-    std::this_thread::yield();
-  }
+  WaitForTheCancelledLoad(e);
   EXPECT_EQ(e.client->call_counts().post_errors, 0u);
   EXPECT_TRUE(e.client->PollEvents().empty());
   EXPECT_EQ(e.client->transfers_in_flight(), 0u);

@@ -282,6 +282,21 @@ class TieredStoreTest : public ::testing::Test {
   // Runs every spill and promotion the coordinator started (and those the
   // results start in turn) to the end.
   void Settle() { ASSERT_TRUE(store_->WaitIdle(std::chrono::seconds(60))); }
+  // A host of 10 slots over a disk tier with a remote tier beside it
+  // (remote_), and request 0's five blocks pushed down to both by requests
+  // 1 to 3. Returns request 0's tokens.
+  std::vector<TokenId> SpillVictimBesideRemote() {
+    Open(/*host_slots=*/10, /*disk_blocks=*/100, /*high=*/0.5, /*low=*/0.1,
+         /*write_behind_spills=*/0, /*remote=*/true);
+    const std::vector<TokenId> victim = RequestTokens(0, 5);
+    Store(victim);
+    Settle();
+    for (int r = 1; r < 4; ++r) {
+      Store(RequestTokens(r, 2));
+      Settle();
+    }
+    return victim;
+  }
 
   std::vector<BlockId> DeviceBlocks(size_t n) const {
     std::vector<BlockId> blocks(n);
@@ -581,16 +596,8 @@ TEST_F(TieredStoreTest, CorruptedValueIsDroppedCountedAndRecomputed) {
 // a block whose disk value fails verification is loaded from the remote
 // tier instead, bit-exact, rather than cut from the load.
 TEST_F(TieredStoreTest, DiskBesideRemoteWritesBothAndFallsBackOnABadRead) {
-  Open(/*host_slots=*/10, /*disk_blocks=*/100, /*high=*/0.5, /*low=*/0.1,
-       /*write_behind_spills=*/0, /*remote=*/true);
+  const std::vector<TokenId> victim = SpillVictimBesideRemote();
   ASSERT_NE(remote_, nullptr);
-  const std::vector<TokenId> victim = RequestTokens(0, 5);
-  Store(victim);
-  Settle();
-  for (int r = 1; r < 4; ++r) {  // Push the victim's blocks down.
-    Store(RequestTokens(r, 2));
-    Settle();
-  }
   CoordinatorStats s = c()->stats();
   ASSERT_TRUE(s.disk.has_value());
   ASSERT_TRUE(s.remote.has_value());
@@ -622,16 +629,8 @@ TEST_F(TieredStoreTest, DiskBesideRemoteWritesBothAndFallsBackOnABadRead) {
 // evict and clear say what each medium dropped, and count a block held by
 // both once in each (not twice under "disk").
 TEST_F(TieredStoreTest, EvictAndClearCountDiskAndRemoteApart) {
-  Open(/*host_slots=*/10, /*disk_blocks=*/100, /*high=*/0.5, /*low=*/0.1,
-       /*write_behind_spills=*/0, /*remote=*/true);
+  const std::vector<TokenId> victim = SpillVictimBesideRemote();
   ASSERT_NE(remote_, nullptr);
-  const std::vector<TokenId> victim = RequestTokens(0, 5);
-  Store(victim);
-  Settle();
-  for (int r = 1; r < 4; ++r) {  // Push the victim's blocks down.
-    Store(RequestTokens(r, 2));
-    Settle();
-  }
   const std::vector<BlockKey> keys = PrefixKeys(victim);
   ASSERT_TRUE(remote_->HasKey(keys[1]));
   const BlockKey second[] = {keys[1]};
@@ -658,16 +657,8 @@ TEST_F(TieredStoreTest, EvictAndClearCountDiskAndRemoteApart) {
 // host evicts it again (the disk tier is the nearer copy), and that spill
 // does not write the block to the remote tier a second time.
 TEST_F(TieredStoreTest, ABlockReadFromTheRemoteTierGoesToDiskWhenEvicted) {
-  Open(/*host_slots=*/10, /*disk_blocks=*/100, /*high=*/0.5, /*low=*/0.1,
-       /*write_behind_spills=*/0, /*remote=*/true);
+  const std::vector<TokenId> victim = SpillVictimBesideRemote();
   ASSERT_NE(remote_, nullptr);
-  const std::vector<TokenId> victim = RequestTokens(0, 5);
-  Store(victim);
-  Settle();
-  for (int r = 1; r < 4; ++r) {  // Push the victim's blocks down.
-    Store(RequestTokens(r, 2));
-    Settle();
-  }
   // Block 2's disk value fails verification and is deleted: the load takes
   // it from the remote tier, which alone holds it now.
   corrupting_->poison = victim[2 * kBs];
