@@ -63,10 +63,11 @@ StatusOr<Coordinator> Coordinator::Create(const CoordinatorOptions& options) {
   if (options.caps.max_requests_per_worker < 1 ||
       options.caps.max_request_bytes_per_worker < 1 ||
       options.caps.max_events_per_worker < 1 ||
-      options.caps.max_workers_per_uid < 1) {
+      options.caps.max_workers_per_uid < 1 ||
+      options.caps.max_tenants_per_uid < 1) {
     return Status::InvalidArgument(
-        "per-worker caps (requests, request bytes, events, workers per uid) "
-        "must be at least 1");
+        "per-worker caps (requests, request bytes, events, workers and "
+        "tenants per uid) must be at least 1");
   }
   if (options.verify_on_load && !options.slot_checksum) {
     return Status::InvalidArgument("verify_on_load needs slot checksums");
@@ -141,6 +142,15 @@ StatusOr<WorkerId> Coordinator::RegisterWorker(
           std::to_string(tenant_segments_.size()) +
           " tenants, its cap (max_tenants); tenant '" +
           PrintableName(registration.tenant) + "' would be one more");
+    } else if (const auto made = tenants_per_uid_.find(registration.uid);
+               made != tenants_per_uid_.end() &&
+               made->second >= options_.caps.max_tenants_per_uid) {
+      ++stats_.quota_registration_refusals;
+      return Status::ResourceExhausted(
+          "uid " + std::to_string(registration.uid) + " brought " +
+          std::to_string(made->second) +
+          " tenants to this store, its cap (max_tenants_per_uid); tenant '" +
+          PrintableName(registration.tenant) + "' would be one more");
     } else {
       segment = static_cast<uint32_t>(tenant_segments_.size());
     }
@@ -171,7 +181,9 @@ StatusOr<WorkerId> Coordinator::RegisterWorker(
     RankAttached(&s, registration.rank);
   }
   if (options_.max_tenants > 0) {
-    tenant_segments_.emplace(registration.tenant, segment);
+    if (tenant_segments_.emplace(registration.tenant, segment).second) {
+      ++tenants_per_uid_[registration.uid];
+    }
     ++segment_workers_[segment];
   }
   return id;

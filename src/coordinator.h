@@ -184,6 +184,11 @@ struct WorkerCaps {
   // Workers one user (the uid the kernel reports for the worker's socket)
   // may have registered at once. Default: 64.
   uint32_t max_workers_per_uid = 64;
+  // Tenants one uid may bring to a store with tenant isolation
+  // (CoordinatorOptions::max_tenants): a tenant counts against the uid of
+  // the worker that first registered it, for the store's life, as its
+  // segment does. So no one user can take every tenant segment. Default: 4.
+  uint32_t max_tenants_per_uid = 4;
 };
 
 struct CoordinatorOptions {
@@ -256,7 +261,8 @@ struct CoordinatorOptions {
   // block is not stored or promoted, as if no slot were free
   // (slot_reserve_failures). Tenants never share blocks (keys include the
   // tenant), so a block stays in one segment for as long as it is cached. A
-  // tenant past max_tenants is refused (ResourceExhausted); tenants keep their
+  // tenant past max_tenants, or past its uid's max_tenants_per_uid (caps),
+  // is refused (ResourceExhausted); tenants keep their
   // segment number for the coordinator's life. Default: 0, one segment (0) for
   // every tenant (embedded mode: one process).
   uint32_t max_tenants = 0;
@@ -754,6 +760,7 @@ class Coordinator {
   uint64_t last_tokens_tag_ = 0;
   std::map<std::string, uint32_t> tenant_segments_;
   std::unordered_map<uint32_t, uint32_t> segment_workers_;
+  std::unordered_map<uint32_t, uint32_t> tenants_per_uid_;  // Who made them.
   int64_t worker_pin_cap_ = 1;          // worker_pin_share of the usable slots.
   size_t request_bytes_ = 0;            // Every worker's request_bytes.
   std::vector<SlotCheck> slot_checks_;  // One per host slot.

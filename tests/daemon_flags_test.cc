@@ -141,7 +141,8 @@ TEST_F(DaemonFlagsTest, WorkerCapsAndVerifyLoads) {
       Parse({"--layers", "2", "--kv-heads", "4", "--head-dim", "64",
              "--worker-pin-share", "0.25", "--max-requests-per-worker", "10",
              "--max-request-bytes-per-worker", "64M", "--max-events-per-worker",
-             "20", "--max-workers-per-uid", "3", "--verify-loads"});
+             "20", "--max-workers-per-uid", "3", "--max-tenants-per-uid", "2",
+             "--verify-loads"});
   ASSERT_THAT(command, IsOk());
   const ipc::ServerOptions& s = command->server;
   EXPECT_EQ(s.caps.worker_pin_share, 0.25);
@@ -149,6 +150,7 @@ TEST_F(DaemonFlagsTest, WorkerCapsAndVerifyLoads) {
   EXPECT_EQ(s.caps.max_request_bytes_per_worker, size_t{64} << 20);
   EXPECT_EQ(s.caps.max_events_per_worker, 20u);
   EXPECT_EQ(s.caps.max_workers_per_uid, 3u);
+  EXPECT_EQ(s.caps.max_tenants_per_uid, 2u);
   EXPECT_TRUE(s.verify_on_load);
   WriteConfig(std::string(kLayout) + "verify-loads = true\n");
   auto from_file = Parse({"--config", config_});
@@ -163,7 +165,8 @@ TEST_F(DaemonFlagsTest, WorkerCapsAndVerifyLoads) {
   // A negative count parses as a huge one: refused, not a lifted cap.
   for (const char* flag :
        {"--max-requests-per-worker", "--max-events-per-worker",
-        "--max-workers-per-uid", "--max-pending-connections"}) {
+        "--max-workers-per-uid", "--max-tenants-per-uid",
+        "--max-pending-connections"}) {
     SCOPED_TRACE(flag);
     const std::string error = Error(
         {"--layers", "2", "--kv-heads", "4", "--head-dim", "64", flag, "-1"});
@@ -549,6 +552,7 @@ TEST_F(DaemonFlagsTest, ExampleConfigShowsEveryOptionWithItsDefault) {
             b.caps.max_request_bytes_per_worker);
   EXPECT_EQ(a.caps.max_events_per_worker, b.caps.max_events_per_worker);
   EXPECT_EQ(a.caps.max_workers_per_uid, b.caps.max_workers_per_uid);
+  EXPECT_EQ(a.caps.max_tenants_per_uid, b.caps.max_tenants_per_uid);
   EXPECT_EQ(a.verify_on_load, b.verify_on_load);
   EXPECT_EQ(from_example->log_level, defaults->log_level);
   EXPECT_EQ(from_example->stop_timeout, defaults->stop_timeout);

@@ -286,6 +286,42 @@ TEST_F(WorkerQuotaCapsTest, RegistrationsPerUidAreCapped) {
   EXPECT_EQ(c_.stats().workers.at(0).uid, 1000u);
 }
 
+// With tenant isolation, one user cannot take every tenant segment.
+TEST(WorkerQuotaTenantsTest, TenantsPerUidAreCapped) {
+  Coordinator c = Coordinator::Create({.layout = TestLayout(),
+                                       .host_slots = 11,
+                                       .caps = {.max_tenants_per_uid = 2},
+                                       .max_tenants = 4})
+                      .value();
+  auto reg = [&](uint32_t uid, std::string tenant) {
+    return c.RegisterWorker({.layout = TestLayout(),
+                             .num_device_blocks = 1,
+                             .tenant = std::move(tenant),
+                             .pid = 1,
+                             .uid = uid,
+                             .name = "w"});
+  };
+  const WorkerId a = reg(1000, "a").value();
+  ASSERT_THAT(reg(1000, "b"), IsOk());
+  StatusOr<WorkerId> third = reg(1000, "c");
+  EXPECT_EQ(third.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_THAT(third.status().message(), HasSubstr("uid 1000"));
+  EXPECT_THAT(third.status().message(), HasSubstr("max_tenants_per_uid"));
+  EXPECT_EQ(c.stats().host.quota_registration_refusals, 1u);
+  // A tenant the user already brought attaches more workers; a tenant
+  // counts for the store's life, as its segment does, workers or not.
+  EXPECT_THAT(reg(1000, "a"), IsOk());
+  ASSERT_THAT(c.DropWorker(a), IsOk());
+  EXPECT_EQ(reg(1000, "c").status().code(), StatusCode::kResourceExhausted);
+  // Another user still has room, up to the store's max_tenants.
+  ASSERT_THAT(reg(1001, "c"), IsOk());
+  EXPECT_EQ(c.SegmentOf(reg(1001, "c").value()).value(), 2u);
+  ASSERT_THAT(reg(1001, "d"), IsOk());
+  StatusOr<WorkerId> fifth = reg(1002, "e");
+  EXPECT_EQ(fifth.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_THAT(fifth.status().message(), HasSubstr("(max_tenants)"));
+}
+
 TEST(WorkerQuotaOptionsTest, BadCapsAreInvalid) {
   for (double share : {0.0, -1.0, 1.5}) {
     EXPECT_EQ(Coordinator::Create({.layout = TestLayout(),
@@ -295,6 +331,12 @@ TEST(WorkerQuotaOptionsTest, BadCapsAreInvalid) {
                   .code(),
               StatusCode::kInvalidArgument);
   }
+  EXPECT_EQ(Coordinator::Create({.layout = TestLayout(),
+                                 .host_slots = 10,
+                                 .caps = {.max_tenants_per_uid = 0}})
+                .status()
+                .code(),
+            StatusCode::kInvalidArgument);
   EXPECT_EQ(Coordinator::Create({.layout = TestLayout(),
                                  .host_slots = 10,
                                  .caps = {.max_requests_per_worker = 0}})

@@ -378,6 +378,11 @@ po::options_description SettingOptions(DaemonCommand& command,
       po::value(&s.caps.max_workers_per_uid)
           ->default_value(s.caps.max_workers_per_uid),
       "workers one user (uid) may have attached at once (1 to 65536)")(
+      "max-tenants-per-uid",
+      po::value(&s.caps.max_tenants_per_uid)
+          ->default_value(s.caps.max_tenants_per_uid),
+      "tenants one user (uid) may bring to this store in its life (1 to "
+      "1024), so that no one user takes every one of --max-tenants")(
       "verify-loads",
       po::value(&s.verify_on_load)
           ->default_value(s.verify_on_load, "false")
@@ -613,6 +618,7 @@ StatusOr<DaemonCommand> Finish(DaemonCommand command, const RawOptions& raw,
       {"max-events-per-worker", s.caps.max_events_per_worker, 1,
        uint64_t{1} << 20},
       {"max-workers-per-uid", s.caps.max_workers_per_uid, 1, uint64_t{1} << 16},
+      {"max-tenants-per-uid", s.caps.max_tenants_per_uid, 1, ipc::kMaxTenants},
       {"max-pending-connections", s.max_pending_connections, 0,
        uint64_t{1} << 16},
   };
