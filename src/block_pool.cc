@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <bit>
 #include <cassert>
+#include <cstdio>
+#include <cstdlib>
 #include <cerrno>
 #include <cstring>
 #include <limits>
@@ -216,7 +218,15 @@ void BlockPool::FreeBlocks(std::span<const BlockId> ordered_ids) {
   for (BlockId id : ordered_ids) {
     if (null_block_ && id == *null_block_) continue;
     Block& b = blocks_[Index(id)];
-    assert(b.ref_cnt > 0);
+    if (b.ref_cnt <= 0) [[unlikely]] {
+      // A second free of a free block: it is queued already, and going on
+      // would queue it twice, after which one slot could be handed to two
+      // users. The caller's books are wrong; stop rather than serve from
+      // them (in every build, not only where assert is on).
+      std::fprintf(stderr, "tierkv: block %d freed while free (ref %d)\n",
+                   static_cast<int>(id), static_cast<int>(b.ref_cnt));
+      std::abort();
+    }
     if (--b.ref_cnt == 0) Enqueue(id);
   }
 }

@@ -156,6 +156,7 @@ class BlockPool {
 
   // Drops one reference per block; blocks reaching 0 are appended to the free
   // queue in the order given (callers pass a request's blocks in reverse).
+  // Freeing a block that is free already aborts the process, in every build.
   void FreeBlocks(std::span<const BlockId> ordered_ids);
 
   // Gives back a block GetNewBlocks just handed out and nobody keyed or

@@ -47,6 +47,15 @@ TEST(BlockPool, NullBlockIsNeverHandedOutOrFreed) {
   EXPECT_THAT(pool.CheckInvariants(), IsOk());
 }
 
+TEST(BlockPoolDeathTest, FreeingAFreeBlockStopsInEveryBuild) {
+  BlockPool pool = MakePool(3);
+  std::vector<BlockId> got;
+  ASSERT_THAT(pool.GetNewBlocks(1, &got), IsOk());
+  pool.FreeBlocks(got);
+  // Queued twice, the block could be handed to two users at once.
+  EXPECT_DEATH(pool.FreeBlocks(got), "block 0 freed while free");
+}
+
 TEST(BlockPool, NotEnoughFreeBlocksChangesNothing) {
   BlockPool pool = MakePool(3);
   std::vector<BlockId> got;
