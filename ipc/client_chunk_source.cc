@@ -124,11 +124,23 @@ Status ClientChunkSource::WaitFor(const EventRef& ref, RequestId finish) {
     }
     // A copy already running writes the blocks (a load) or reads them (a
     // store) until it ends: the pool must not have them back before.
+    const char* kind = ref.kind == EventKind::kLoad ? "load" : "store";
     if (timed_out && !client_->copying(ref)) {
       return Status::Unavailable(
-          std::string(ref.kind == EventKind::kLoad ? "load" : "store") +
-          " event " + std::to_string(ref.id) + " did not finish within " +
+          std::string(kind) + " event " + std::to_string(ref.id) +
+          " did not finish within " +
           std::to_string(options_.copy_timeout.count()) + " ms");
+    }
+    if (timed_out && std::chrono::steady_clock::now() >
+                         deadline + options_.stuck_copy_timeout) {
+      ++stats_.stuck_copies;
+      return Status::DeadlineExceeded(
+          "the device tier's copy of " + std::string(kind) + " event " +
+          std::to_string(ref.id) + " still runs " +
+          std::to_string(
+              (options_.copy_timeout + options_.stuck_copy_timeout).count()) +
+          " ms on (copy_timeout + stuck_copy_timeout); its blocks are "
+          "never reused");
     }
   }
 }

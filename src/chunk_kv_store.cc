@@ -167,6 +167,12 @@ std::vector<BlockId> ChunkKvStore::FetchFromTier(
     ++s_->stats.tier_hits;
     return blocks;
   }
+  if (status.code() == StatusCode::kDeadlineExceeded) {
+    // A copy into them may still run: they stay taken, unkeyed, for good.
+    s_->stats.retired_blocks += blocks.size();
+    CountTierError(std::move(status));
+    return {};
+  }
   // A miss, or blocks whose contents are unknown: back to the pool unkeyed.
   Release(blocks);
   if (pool_full) {
@@ -221,6 +227,12 @@ StatusOr<std::vector<BlockId>> ChunkKvStore::ComputeAndInsert(
         published.ok()) {
       ++s_->stats.published;
     } else {
+      if (published.code() == StatusCode::kDeadlineExceeded) {
+        // A copy out of them may still run: one more pin, never dropped,
+        // keeps them from being written again. They still serve hits.
+        s_->pool.Pin(blocks);
+        s_->stats.retired_blocks += blocks.size();
+      }
       CountTierError(std::move(published));
     }
   }

@@ -15,6 +15,7 @@
 
 #include "src/chunk_kv_store_internal.h"
 #include "tests/status_matchers.h"
+#include "tierkv/chunk_source.h"
 
 namespace tierkv {
 namespace {
@@ -147,6 +148,55 @@ TEST(ChunkKvStore, BlocksOfAFailedComputeAreReusedFirst) {
   EXPECT_EQ(store.stats().evictions, 1u);
   EXPECT_FALSE(store.Contains(chunk(0)));
   EXPECT_TRUE(store.Contains(chunk(10)));
+  EXPECT_THAT(PoolOf(store).CheckInvariants(), IsOk());
+}
+
+// A tier whose device copies never end: it gives up with DeadlineExceeded
+// (ClientChunkSource past stuck_copy_timeout), the copy still running.
+class WedgedTier final : public ChunkSource {
+ public:
+  StatusOr<bool> Fetch(std::span<const TokenId>, int64_t,
+                       const AllocateBlocks& allocate) override {
+    TIERKV_ASSIGN_OR_RETURN(copying_into, allocate(1));
+    return Status::DeadlineExceeded("copy still runs");
+  }
+  Status Publish(std::span<const TokenId>, int64_t,
+                 std::span<const BlockId> blocks) override {
+    copying_out_of.assign(blocks.begin(), blocks.end());
+    return Status::DeadlineExceeded("copy still runs");
+  }
+  std::vector<BlockId> copying_into, copying_out_of;
+};
+
+TEST(ChunkKvStore, BlocksACopyMayStillUseAreNeverReused) {
+  ChunkKvStore store = ChunkKvStore::Create(Options(FillWithPositions)).value();
+  WedgedTier tier;
+  store.SetTier(&tier);
+  const auto chunk = [](TokenId n) {
+    return std::vector<TokenId>{n, n + 1, n + 2, n + 3};  // One block.
+  };
+  // A publish given up on: the block keeps its chunk, and a pin for good.
+  store.Release(store.ComputeAndInsert(chunk(0)).value());
+  ASSERT_EQ(tier.copying_out_of.size(), 1u);
+  // A fetch given up on: the block stays taken, unkeyed.
+  EXPECT_TRUE(store.Acquire(chunk(10)).empty());
+  ASSERT_EQ(tier.copying_into.size(), 1u);
+  EXPECT_EQ(store.stats().retired_blocks, 2u);
+  EXPECT_EQ(store.stats().tier_errors, 2u);
+  EXPECT_EQ(store.num_free_blocks(), 5);  // 7 usable.
+  // Many more chunks than the pool holds: neither block is handed out.
+  store.SetTier(nullptr);
+  for (TokenId c = 2; c < 40; ++c) {
+    const std::vector<BlockId> blocks =
+        store.ComputeAndInsert(chunk(10 * c)).value();
+    EXPECT_NE(blocks[0], tier.copying_into[0]);
+    EXPECT_NE(blocks[0], tier.copying_out_of[0]);
+    store.Release(blocks);
+  }
+  // The published chunk is still whole and served from the pool.
+  const std::vector<BlockId> again = store.Acquire(chunk(0));
+  EXPECT_EQ(again, tier.copying_out_of);
+  store.Release(again);
   EXPECT_THAT(PoolOf(store).CheckInvariants(), IsOk());
 }
 

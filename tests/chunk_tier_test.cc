@@ -302,6 +302,54 @@ TEST_F(ChunkTierTest, AFetchNeverLeavesACopyWritingItsBlocks) {
   store.SetTier(nullptr);
 }
 
+// A copy the device tier never ends is given up on after
+// stuck_copy_timeout, as DeadlineExceeded: the pool then never reuses the
+// blocks (ChunkKvStore.BlocksACopyMayStillUseAreNeverReused).
+TEST_F(ChunkTierTest, AFetchGivesUpOnAWedgedCopyWithDeadlineExceeded) {
+  ChunkKvStore store =
+      CreateChunkKvStore(model_, {.num_blocks = 64, .block_size = kBs}).value();
+  const KvLayout& layout = store.layout();
+  auto device = EmulatedDeviceTier::CreateOver(
+                    {store.memory(), size_t{64} * layout.BlockBytes()}, 64,
+                    layout.BlockBytes())
+                    .value();
+  SlowCopyDeviceTier slow(device.get());
+  ClientOptions options;
+  options.layout = layout;
+  options.num_device_blocks = 64;
+  options.device = &slow;
+  EmbeddedOptions embedded;
+  embedded.host_bytes = size_t{65} * layout.BlockBytes();
+  std::unique_ptr<Client> client = OpenEmbedded(options, embedded).value();
+  ClientChunkSource patient(client.get());
+  store.SetTier(&patient);
+  const std::vector<TokenId> chunk = Tokens(4, 40);
+  store.Release(store.ComputeAndInsert(chunk).value());
+  ASSERT_EQ(store.stats().published, 1u);
+
+  ClientChunkSource wedged(
+      client.get(), {.copy_timeout = std::chrono::milliseconds(0),
+                     .stuck_copy_timeout = std::chrono::milliseconds(0)});
+  const std::vector<BlockId> target = {61, 62, 63};
+  slow.hold(/*polls=*/1 << 30);
+  StatusOr<bool> hit = wedged.Fetch(
+      chunk, store.virtual_start(),
+      [&](int32_t) -> StatusOr<std::vector<BlockId>> { return target; });
+  EXPECT_THAT(hit, StatusIs(StatusCode::kDeadlineExceeded));
+  EXPECT_THAT(hit.status().message(), ::testing::HasSubstr("never reused"));
+  EXPECT_EQ(wedged.stats().stuck_copies, 1u);
+  EXPECT_EQ(slow.held(), 1u);  // The copy was never let run.
+  // Once it runs, a later wait completes it; the blocks get the chunk.
+  slow.hold(/*polls=*/1);
+  while (client->transfers_in_flight() > 0) {
+    ASSERT_THAT(
+        client->Complete(client->WaitEvents(std::chrono::milliseconds(10))),
+        IsOk());
+  }
+  ExpectChunkKvIn(&store, chunk, target);
+  store.SetTier(nullptr);
+}
+
 TEST_F(ChunkTierTest, FullPoolIsNotATierError) {
   Open(/*pool_blocks=*/5, /*host_slots=*/32, /*disk=*/false);  // 4 usable.
   const auto a = Tokens(1, 20), b = Tokens(2, 20), c = Tokens(3, 20);

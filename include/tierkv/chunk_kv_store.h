@@ -85,6 +85,9 @@ struct ChunkStoreStats {
   // pool either (ComputeAndInsert is ResourceExhausted).
   uint64_t pool_full = 0;
   uint64_t evictions = 0;  // Cached pool blocks dropped for reuse.
+  // Pool blocks never used again: the tier below gave up on a copy into or
+  // out of them that may still run (ChunkSource, DeadlineExceeded).
+  uint64_t retired_blocks = 0;
 };
 
 class BlockPool;

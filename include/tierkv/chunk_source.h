@@ -41,14 +41,18 @@ class ChunkSource {
   // once the copy is done. False on a miss (`allocate` not called) or when
   // a block could not be read (e.g. it was corrupt on disk): the blocks'
   // contents are then undefined. An error when the tiers cannot be reached
-  // or `allocate` fails.
+  // or `allocate` fails. DeadlineExceeded when a copy into the blocks may
+  // still be running (a wedged device tier): the caller must never reuse
+  // them.
   virtual StatusOr<bool> Fetch(std::span<const TokenId> chunk,
                                int64_t virtual_start,
                                const AllocateBlocks& allocate) = 0;
 
   // Copies the chunk's blocks (one per chunk block, in order) down and
   // returns when the copy is done, so the blocks may be reused at once.
-  // Blocks the tiers hold already are not copied again.
+  // Blocks the tiers hold already are not copied again. DeadlineExceeded
+  // when a copy out of the blocks may still be running: the caller must
+  // never write them again.
   virtual Status Publish(std::span<const TokenId> chunk, int64_t virtual_start,
                          std::span<const BlockId> blocks) = 0;
 };

@@ -27,9 +27,15 @@ namespace tierkv {
 struct ClientChunkSourceOptions {
   // How long one fetch or publish waits for its copy (a fetch may wait for
   // promotions from disk) before it fails. A copy the device tier already
-  // runs is waited for to its end even past this: until then it writes (or
-  // reads) the blocks the pool would reuse. Default: 10 s.
+  // runs is waited for past this, up to stuck_copy_timeout more: until it
+  // ends it writes (or reads) the blocks the pool would reuse. Default: 10 s.
   std::chrono::milliseconds copy_timeout{10000};
+  // How much longer than copy_timeout a copy the device tier runs is waited
+  // for. Past it the device tier is taken as wedged: the fetch or publish
+  // fails with DeadlineExceeded, and the pool never reuses the chunk's
+  // blocks (ChunkSource), so a copy that still runs costs blocks, never
+  // another chunk's KV. Default: 60 s.
+  std::chrono::milliseconds stuck_copy_timeout{60000};
   // How long a fetch that misses a chunk another worker is computing waits
   // for that worker's publish before it is a miss (and this worker
   // computes the chunk too). At most half the client's call_timeout.
@@ -50,6 +56,9 @@ struct ClientChunkSourceStats {
   // miss when the wait ran out).
   uint64_t waited = 0;
   uint64_t publishes = 0;
+  // Fetches and publishes given up on while the device tier still ran
+  // their copy (stuck_copy_timeout).
+  uint64_t stuck_copies = 0;
 };
 
 class ClientChunkSource final : public ChunkSource {
