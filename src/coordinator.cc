@@ -774,6 +774,17 @@ StatusOr<AllocateResult> Coordinator::Allocate(
                                    ", got " +
                                    std::to_string(device_blocks.size()));
   }
+  // A load is an event in flight until completed, even one cut to no
+  // blocks (its promotions failed): without this cap, a worker that never
+  // completes its loads grows them without bound.
+  if (const size_t events = w->loads.size() + w->stores.size();
+      used > 0 && events >= options_.caps.max_events_per_worker) {
+    ++stats_.quota_event_refusals;
+    return Status::ResourceExhausted(
+        WorkerName(worker) + " has " + std::to_string(events) +
+        " transfer events in flight, its cap (max_events_per_worker): "
+        "complete some before a load; nothing was changed");
+  }
   // Hits the engine does not take are released now, tail first.
   std::vector<BlockId> unused(r.pending_hits.begin() + used,
                               r.pending_hits.end());

@@ -96,7 +96,8 @@
 // max_requests_per_worker open requests and max_request_bytes_per_worker
 // bytes of their state (a Lookup past either is refused with
 // ResourceExhausted, nothing kept), and at most max_events_per_worker
-// events in flight (a Commit stores nothing more). One uid registers at
+// events in flight (a Commit stores nothing more; an Allocate that would
+// load is refused with ResourceExhausted, nothing kept). One uid registers at
 // most max_workers_per_uid workers. Every check is O(1) per call. A pin is
 // never taken away: a slot a live worker may still read or write is not
 // reused.

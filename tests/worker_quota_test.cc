@@ -267,6 +267,34 @@ TEST_F(WorkerQuotaCapsTest, EventsPastTheCapStoreNothing) {
   EXPECT_THAT(d.store_status, IsOk());
 }
 
+// Loads count too: a worker that never completes them cannot grow them
+// without bound (a load whose promotions all failed holds no pin).
+TEST_F(WorkerQuotaCapsTest, LoadsPastTheEventCapAreRefusedChangingNothing) {
+  const WorkerId storer = Register(1001);
+  const std::vector<TokenId> prompt = SequentialTokens(700, 32);
+  CompleteAll(storer, CommitAll(storer, 1, prompt));
+  const WorkerId w = Register();
+  const CommitResult a = CommitAll(w, 1, SequentialTokens(100, 16));
+  ASSERT_EQ(a.stores.size(), 1u);
+  ASSERT_EQ(CommitAll(w, 2, SequentialTokens(200, 16)).stores.size(), 1u);
+  ASSERT_EQ(
+      c_.Lookup(w, 3, SequentialTokens(700, 48), 0, {}).value().hit_tokens, 32);
+  const int64_t pinned = Worker(c_.stats(), w).pinned_slots;
+  StatusOr<AllocateResult> refused = c_.Allocate(w, 3, Range(1, 3), 32);
+  EXPECT_EQ(refused.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_THAT(refused.status().message(), HasSubstr("max_events_per_worker"));
+  EXPECT_EQ(c_.stats().host.quota_event_refusals, 1u);
+  EXPECT_EQ(Worker(c_.stats(), w).pinned_slots, pinned);  // Hits still held.
+  // With an event completed, the same request loads.
+  CompleteAll(w, a);
+  const AllocateResult loaded = c_.Allocate(w, 3, Range(1, 3), 32).value();
+  ASSERT_TRUE(loaded.load.has_value());
+  EXPECT_EQ(loaded.load->host_blocks.size(), 2u);
+  // A request that loads nothing is never refused for the cap.
+  ASSERT_THAT(c_.Lookup(w, 4, SequentialTokens(900, 16), 0, {}), IsOk());
+  EXPECT_THAT(c_.Allocate(w, 4, Range(1, 2), 0), IsOk());
+}
+
 TEST_F(WorkerQuotaCapsTest, RegistrationsPerUidAreCapped) {
   const WorkerId first = Register(1000);
   Register(1000);
