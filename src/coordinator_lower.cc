@@ -186,6 +186,10 @@ void Coordinator::FinishSpill(const LowerOp& op, const Status& status) {
     // The write has landed, been cancelled or failed by now, so this
     // removes whatever it left and cannot race it.
     options_.lower->Remove(op.key);
+  } else if (ok && keyed && op.lower_cleared &&
+             !options_.lower->Contains(op.key, HostSlotTokens(op.slot))) {
+    // What it wrote was cleared before this answer was taken: the host
+    // copy is the block's last, and stays.
   } else if (ok && keyed && host_pool_.DemoteCachedBlock(op.slot)) {
     ++stats_.spills;
     TraceBlock("spilled", op.key, op.slot);
@@ -253,9 +257,11 @@ StatusOr<ClearResult> Coordinator::Clear(TierSelection tiers) {
     // above would land after the answer and be deleted only when they
     // finish: removing their keys now cancels them (or deletes what they
     // wrote) before the answer, so a crash in between cannot bring them
-    // back. Spills of blocks kept on host land as usual.
-    for (const auto& [id, op] : lower_ops_) {
+    // back. Spills of blocks kept on host land as usual; one whose write
+    // landed before RemoveAll leaves the block on host (FinishSpill).
+    for (auto& [id, op] : lower_ops_) {
       if (op.spill && op.discard) (void)options_.lower->Remove(op.key);
+      if (op.spill) op.lower_cleared = true;
     }
     result.disk_cleared = options_.lower->disk_stats().has_value();
     result.remote_cleared = options_.lower->remote_stats().has_value();

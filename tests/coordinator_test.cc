@@ -1402,6 +1402,22 @@ TEST_F(SpillTest, ClearDiskMidSpillLetsTheSpillLand) {
   EXPECT_EQ(c_.stats().host.spills, 1u);
 }
 
+// A spill whose write landed before the clear, but whose answer the
+// coordinator had not taken yet: the clear removed what it wrote, so the
+// host copy is the block's last and stays.
+TEST_F(SpillTest, ClearDiskAfterASpillLandedKeepsTheBlockOnHost) {
+  const std::vector<TokenId> t = SequentialTokens(1, 17);
+  const BlockKey key = StoreOneBlock(1, t);
+  lower_.Land(0);  // Written; its answer waits in the inbox.
+  const ClearResult cleared = c_.Clear(TierSelection::kDisk).value();
+  EXPECT_EQ(cleared.disk_dropped, 1u);
+  c_.PumpLowerTier();
+  EXPECT_FALSE(lower_.stored.contains(key));
+  EXPECT_TRUE(c_.host_pool().FindKeyedBlock(key).has_value());
+  EXPECT_EQ(c_.stats().host.spills, 0u);
+  EXPECT_THAT(c_.host_pool().CheckInvariants(), IsOk());
+}
+
 // Write-behind over a disk slower than the stores: nothing lands until the
 // test says so. Stores never wait for the disk: the host evicts blocks no
 // tier holds, and counts each one.
