@@ -168,7 +168,7 @@ void Coordinator::FinishSpill(const LowerOp& op, const Status& status) {
     if (keyed) DropCorruptSlot(op.slot);
     if (op.discard) {
       discarded_spills_.erase(op.key);
-      options_.lower->Remove(op.key);
+      options_.lower->RemoveSpilled(op.key);
     }
     return;
   }
@@ -185,7 +185,7 @@ void Coordinator::FinishSpill(const LowerOp& op, const Status& status) {
     if (keyed) host_pool_.DropCachedBlock(op.slot);
     // The write has landed, been cancelled or failed by now, so this
     // removes whatever it left and cannot race it.
-    options_.lower->Remove(op.key);
+    options_.lower->RemoveSpilled(op.key);
   } else if (ok && keyed && op.lower_cleared &&
              !options_.lower->Contains(op.key, HostSlotTokens(op.slot))) {
     // What it wrote was cleared before this answer was taken: the host
@@ -250,19 +250,21 @@ StatusOr<ClearResult> Coordinator::Clear(TierSelection tiers) {
         UsedSlots() - static_cast<int64_t>(discarded_spills_.size()));
   }
   if (tiers != TierSelection::kHost && options_.lower != nullptr) {
-    const LowerRemoval removed = options_.lower->RemoveAll();
-    result.disk_dropped = removed.disk;
-    result.remote_dropped = removed.remote;
     // RemoveAll leaves writes in flight alone. Those of spills discarded
     // above would land after the answer and be deleted only when they
     // finish: removing their keys now cancels them (or deletes what they
     // wrote) before the answer, so a crash in between cannot bring them
-    // back. Spills of blocks kept on host land as usual; one whose write
-    // landed before RemoveAll leaves the block on host (FinishSpill).
+    // back. First, while a shared tier still knows which keys other
+    // machines wrote (RemoveSpilled). Spills of blocks kept on host land
+    // as usual; one whose write landed before RemoveAll leaves the block
+    // on host (FinishSpill).
     for (auto& [id, op] : lower_ops_) {
-      if (op.spill && op.discard) (void)options_.lower->Remove(op.key);
+      if (op.spill && op.discard) (void)options_.lower->RemoveSpilled(op.key);
       if (op.spill) op.lower_cleared = true;
     }
+    const LowerRemoval removed = options_.lower->RemoveAll();
+    result.disk_dropped = removed.disk;
+    result.remote_dropped = removed.remote;
     result.disk_cleared = options_.lower->disk_stats().has_value();
     result.remote_cleared = options_.lower->remote_stats().has_value();
   }

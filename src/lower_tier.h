@@ -95,6 +95,13 @@ class LowerTier {
   // false. A promotion already reading it fails (its slot is never served),
   // it is never served torn. Returns which media held it (1 each).
   virtual LowerRemoval Remove(const BlockKey& key) = 0;
+  // Undoes a spill of `key` an operator discarded (the coordinator calls it
+  // once the spill has finished): removes what a spill of this process may
+  // have written, as Remove does, but a shared tier leaves a block that
+  // only another machine wrote. Default: Remove.
+  virtual LowerRemoval RemoveSpilled(const BlockKey& key) {
+    return Remove(key);
+  }
   // Forgets every block the tier holds, as Remove; returns how many each
   // medium held. Blocks still being written (spills in flight) are kept.
   virtual LowerRemoval RemoveAll() = 0;

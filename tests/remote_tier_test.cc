@@ -544,6 +544,29 @@ TEST_F(RedisClusterRemoteTierTest, ScansLearnOfOtherWritersBlocksAndForget) {
   EXPECT_EQ(s.scan_failures, 0u);
 }
 
+// Undoing a discarded spill (an operator's host clear) deletes only what
+// this process may have written: another machine's block, known from a
+// scan, stays in the cluster.
+TEST_F(RedisClusterRemoteTierTest, UndoingASpillLeavesOtherMachinesBlocks) {
+  std::unique_ptr<RemoteTier> writer = OpenTier("model-a/layout-1");
+  std::unique_ptr<RemoteTier> reader =
+      OpenTier("model-a/layout-1", 0, {}, std::chrono::milliseconds(20));
+  ASSERT_NE(writer, nullptr);
+  ASSERT_NE(reader, nullptr);
+  ASSERT_THAT(Spill(*writer, kKey1, kTokens1, 0, Checksum(0)), IsOk());
+  WaitStats(*reader,
+            [](const RemoteTierStats& s) { return s.known_keys >= 1; });
+  EXPECT_EQ(reader->RemoveSpilled(kKey1).remote, 0u);
+  reader->WaitQueued();
+  EXPECT_THAT(raw_->Get(reader->RedisKey(kKey1)), IsOk());
+  EXPECT_TRUE(reader->Contains(kKey1, kTokens1));
+  // The writer's own block is undone.
+  EXPECT_EQ(writer->RemoveSpilled(kKey1).remote, 1u);
+  writer->WaitQueued();
+  EXPECT_THAT(raw_->Get(writer->RedisKey(kKey1)),
+              StatusIs(StatusCode::kNotFound));
+}
+
 // The writer's own index drops blocks that expired in the cluster (TTL) at
 // the first whole scan that began after they were written.
 TEST_F(RedisClusterRemoteTierTest, AWholeScanDropsItsOwnExpiredBlocks) {

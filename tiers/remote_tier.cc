@@ -391,6 +391,14 @@ LowerRemoval RemoteTier::Remove(const BlockKey& key) {
   return {.remote = held ? 1u : 0u};
 }
 
+LowerRemoval RemoteTier::RemoveSpilled(const BlockKey& key) {
+  {
+    MutexLock lock(&mu_);
+    if (known_.contains(key) && !index_.contains(key)) return {};
+  }
+  return Remove(key);
+}
+
 LowerRemoval RemoteTier::RemoveAll() {
   Job job;
   job.kind = Job::Kind::kDelete;

@@ -140,6 +140,11 @@ class RemoteTier final : public LowerTier {
   // Forgets the key and deletes its value from the cluster, whoever wrote
   // it.
   LowerRemoval Remove(const BlockKey& key) override;
+  // As Remove, unless the key is only known (found by a scan, not written
+  // by this process): a spill never writes such a block (Contains), so
+  // there is nothing of this process's to undo, and another machine's
+  // value stays.
+  LowerRemoval RemoveSpilled(const BlockKey& key) override;
   // Forgets every key and deletes the values this process wrote; other
   // machines' blocks come back with the next scan. Spills of host slots
   // in flight land (LowerTier's contract); demotions queued before it (the

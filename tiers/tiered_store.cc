@@ -145,6 +145,10 @@ class DiskOverRemote final : public LowerTier {
     LowerRemoval removed = disk_->Remove(key);
     return removed += remote_->Remove(key);
   }
+  LowerRemoval RemoveSpilled(const BlockKey& key) override {
+    LowerRemoval removed = disk_->RemoveSpilled(key);
+    return removed += remote_->RemoveSpilled(key);
+  }
   LowerRemoval RemoveAll() override {
     LowerRemoval removed = disk_->RemoveAll();
     return removed += remote_->RemoveAll();
