@@ -43,6 +43,18 @@ bool Server::Impl::Handle(Connection* conn, const Message& message) {
     return Reply(conn, ListEvents(std::move(events)));
   }
   if (std::holds_alternative<HeldKeysRequest>(message)) {
+    // Every tenant's keys (a user could test them for another tenant's
+    // prompts), and a walk of every tier's index under the store's lock:
+    // an operator's.
+    if (!MayOperate(conn->peer)) {
+      spdlog::warn("pid {} (uid {}): held refused: not an operator",
+                   conn->peer.pid, conn->peer.uid);
+      return Reply(conn, ErrorReply{Status::PermissionDenied(
+                             "uid " + std::to_string(conn->peer.uid) +
+                             " may read this store but not list every "
+                             "tenant's keys (held): that takes tierkvd's "
+                             "user, root or its --admin-group")});
+    }
     HeldKeys held;
     { held = store->Lock()->HeldKeysNow(kMaxHeldKeysListed); }
     return Reply(conn, HeldKeysReply{std::move(held)});
