@@ -6,6 +6,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -425,6 +426,36 @@ TEST_F(DiskTierTest, CapacityReachedEvictsLeastRecentlyUsed) {
   options.capacity_bytes = uint64_t{1} << 30;
   tier = OpenTier(options);
   EXPECT_EQ(tier->stats().keys, 4u);
+}
+
+// The value file holds no more than the blocks the tier keeps: after a
+// restart with a smaller capacity (the oldest blocks, at the file's start,
+// evicted) and after RemoveAll, the free slots' space goes back.
+TEST_F(DiskTierTest, TheValueFileShrinksToWhatTheTierKeeps) {
+  const std::string file =
+      dir_.path() + "/db/" + std::string(kDiskValueFileName);
+  const auto allocated = [&] {
+    struct stat st {};
+    EXPECT_EQ(stat(file.c_str(), &st), 0);
+    return static_cast<uint64_t>(st.st_blocks) * 512;
+  };
+  const uint64_t value_bytes = ValueBytes(DiskCodec::kNone);
+  DiskTierOptions options = Options(DiskCodec::kNone);
+  std::unique_ptr<DiskTier> tier = OpenTier(options);
+  for (int i = 0; i < 40; ++i) ASSERT_THAT(Put(*tier, i), IsOk());
+  const uint64_t forty = allocated();
+  ASSERT_GE(forty, 40 * layout_.BlockBytes());
+  tier.reset();
+  options.capacity_bytes = 4 * value_bytes + value_bytes / 2;  // 4 blocks.
+  tier = OpenTier(options);
+  ASSERT_EQ(tier->stats().keys, 4u);
+  for (int i = 36; i < 40; ++i) EXPECT_THAT(GetAndCheck(*tier, i), IsOk());
+  EXPECT_LE(allocated(), forty / 8);
+  EXPECT_EQ(tier->RemoveAll(), 4u);
+  EXPECT_EQ(allocated(), 0u);
+  // And it takes writes again, from the file's start.
+  ASSERT_THAT(Put(*tier, 50), IsOk());
+  EXPECT_THAT(GetAndCheck(*tier, 50), IsOk());
 }
 
 // The disk tier's ARC: a block that was read (promoted) and comes back

@@ -107,6 +107,18 @@ uint64_t SlotAllocator::TrimEnd() {
   return end_;
 }
 
+std::vector<std::pair<uint64_t, uint64_t>> SlotAllocator::FreeRuns() const {
+  std::vector<std::pair<uint64_t, uint64_t>> runs;
+  for (const uint64_t slot : free_) {
+    if (!runs.empty() && runs.back().first + runs.back().second == slot) {
+      ++runs.back().second;
+    } else {
+      runs.emplace_back(slot, 1);
+    }
+  }
+  return runs;
+}
+
 void SlotAllocator::Restore(std::span<const uint64_t> used) {
   free_.clear();
   end_ = used.empty() ? 0 : *std::max_element(used.begin(), used.end()) + 1;

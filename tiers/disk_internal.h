@@ -150,6 +150,8 @@ class SlotAllocator {
   // Forgets the free slots at the end (the file can be cut there); returns
   // the new end().
   uint64_t TrimEnd();
+  // The free slots below end(), as runs of (first slot, slots), in order.
+  std::vector<std::pair<uint64_t, uint64_t>> FreeRuns() const;
 
  private:
   std::set<uint64_t> free_;

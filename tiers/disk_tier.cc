@@ -340,6 +340,7 @@ class DiskTierImpl final : public DiskTier {
     }
     DeleteNow(keys);
     ReleaseKeys(keys);
+    ShrinkValueFile();
     return stored;
   }
 
@@ -467,6 +468,11 @@ class DiskTierImpl final : public DiskTier {
   // the slots they pointed at; a failure degrades the tier. The keys must
   // be busy (AcquireKey).
   void DeleteNow(std::span<const BlockKey> keys) TIERKV_EXCLUDES(mu_);
+  // Gives the space of free value slots back to the filesystem: cuts the
+  // file after the last slot in use and punches out the free slots below
+  // it. After Open's evictions and RemoveAll, which can free far more than
+  // new writes take again soon; single evictions' slots are reused.
+  void ShrinkValueFile() TIERKV_EXCLUDES(mu_);
   // Deletes storage keys of records Open found bad: no slot is theirs.
   Status DeleteRecords(std::span<const std::string> storage_keys)
       TIERKV_EXCLUDES(mu_);
@@ -739,6 +745,21 @@ void DiskTierImpl::WriteFailed(const Status& s) {
     }
   }
   if (first) Report(Stopped());
+}
+
+void DiskTierImpl::ShrinkValueFile() {
+  if (!Stopped().ok()) return;
+  Status s;
+  {
+    // Under the lock: no write takes a free slot while its space goes.
+    MutexLock lock(&mu_);
+    s = storage_->TruncatePayloads(slots_.TrimEnd() * slot_bytes_);
+    for (const auto& [first, count] : slots_.FreeRuns()) {
+      if (!s.ok()) break;
+      s = storage_->ReleasePayload(first * slot_bytes_, count * slot_bytes_);
+    }
+  }
+  if (!s.ok()) WriteFailed(s);
 }
 
 void DiskTierImpl::DeleteNow(std::span<const BlockKey> keys) {
@@ -1207,16 +1228,8 @@ Status DiskTierImpl::Rebuild() {
   damaged_files_ = storage_->DamagedFiles();
   DeleteNow(victims);
   // Past the last slot in use (evicted blocks' slots given back) the file
-  // holds only bytes no record names.
-  uint64_t slots_end = 0;
-  {
-    MutexLock lock(&mu_);
-    slots_end = slots_.TrimEnd();
-  }
-  if (Stopped().ok()) {
-    Status s = storage_->TruncatePayloads(slots_end * slot_bytes_);
-    if (!s.ok()) WriteFailed(s);
-  }
+  // holds only bytes no record names, and so do the free slots below it.
+  ShrinkValueFile();
   file_bytes_ = storage_->FileBytes();
   file_bytes_read_ = Clock::now().time_since_epoch().count();
   {
