@@ -12,6 +12,31 @@ ClientChunkSource::ClientChunkSource(Client* client,
 StatusOr<bool> ClientChunkSource::Fetch(std::span<const TokenId> chunk,
                                         int64_t virtual_start,
                                         const AllocateBlocks& allocate) {
+  copy_stuck_ = false;
+  StatusOr<bool> fetched = FetchOnce(chunk, virtual_start, allocate);
+  if (fetched.ok()) return fetched;
+  return OnlyStuckCopiesExceedTheDeadline(fetched.status());
+}
+
+Status ClientChunkSource::Publish(std::span<const TokenId> chunk,
+                                  int64_t virtual_start,
+                                  std::span<const BlockId> blocks) {
+  copy_stuck_ = false;
+  return OnlyStuckCopiesExceedTheDeadline(
+      PublishOnce(chunk, virtual_start, blocks));
+}
+
+Status ClientChunkSource::OnlyStuckCopiesExceedTheDeadline(
+    Status status) const {
+  // A publish's first error may be another store's: a stuck copy wins.
+  if (copy_stuck_) return Status::DeadlineExceeded(status.message());
+  if (status.code() != StatusCode::kDeadlineExceeded) return status;
+  return Status::Unavailable(status.message());
+}
+
+StatusOr<bool> ClientChunkSource::FetchOnce(std::span<const TokenId> chunk,
+                                            int64_t virtual_start,
+                                            const AllocateBlocks& allocate) {
   TIERKV_RETURN_IF_ERROR(ReattachIfLost());
   const RequestId request = next_request_++;
   ++stats_.fetches;
@@ -69,9 +94,9 @@ StatusOr<bool> ClientChunkSource::FetchFromDisk(
   return true;
 }
 
-Status ClientChunkSource::Publish(std::span<const TokenId> chunk,
-                                  int64_t virtual_start,
-                                  std::span<const BlockId> blocks) {
+Status ClientChunkSource::PublishOnce(std::span<const TokenId> chunk,
+                                      int64_t virtual_start,
+                                      std::span<const BlockId> blocks) {
   TIERKV_RETURN_IF_ERROR(ReattachIfLost());
   const RequestId request = next_request_++;
   ++stats_.publishes;
@@ -134,6 +159,7 @@ Status ClientChunkSource::WaitFor(const EventRef& ref, RequestId finish) {
     if (timed_out && std::chrono::steady_clock::now() >
                          deadline + options_.stuck_copy_timeout) {
       ++stats_.stuck_copies;
+      copy_stuck_ = true;
       return Status::DeadlineExceeded(
           "the device tier's copy of " + std::string(kind) + " event " +
           std::to_string(ref.id) + " still runs " +

@@ -113,6 +113,7 @@ class ChunkTierTest : public ::testing::Test {
     options.layout = layout;
     options.num_device_blocks = pool_blocks;
     options.device = p.device.get();
+    if (call_timeout_.count() > 0) options.call_timeout = call_timeout_;
     auto client = socket.empty() ? OpenEmbedded(options, embedded)
                                  : Client::Open(options);
     EXPECT_THAT(client, IsOk());
@@ -126,6 +127,8 @@ class ChunkTierTest : public ::testing::Test {
   // The fixture's pool (virtual start 100) over a client whose host tier
   // has host_slots usable slots, with a disk tier when asked; attached to
   // the tierkvd at `socket`, or embedded.
+  std::chrono::milliseconds call_timeout_{0};  // 0: the client's default.
+
   void Open(int32_t pool_blocks, int32_t host_slots, bool disk,
             const std::string& socket = "") {
     const KvLayout layout = model_.config().CacheLayout(kBs, DType::kF32);
@@ -516,6 +519,38 @@ TEST_F(ChunkTierTest, DeadTierkvdIsCountedThenReattached) {
   store_->Release(fetched);
   EXPECT_EQ(store_->stats().tier_errors, 2u);
   (*again)->Stop();
+  RemoveStoreSegments(store);
+}
+
+// A call tierkvd does not answer in time is no stuck copy: the publish
+// fails, and the pool keeps every block to reuse (ChunkSource keeps
+// DeadlineExceeded for a copy that may still use them).
+TEST_F(ChunkTierTest, AStalledTierkvdRetiresNoBlocks) {
+  const std::string store = "cs" + std::to_string(getpid());
+  const std::string socket = dir_.path() + "/tierkvd.sock";
+  const KvLayout layout = model_.config().CacheLayout(kBs, DType::kF32);
+  auto daemon =
+      ChildProcess::Spawn({TIERKVD_PATH, "--store", store, "--socket", socket,
+                           "--layers", std::to_string(layout.num_layers),
+                           "--kv-heads", std::to_string(layout.num_kv_heads),
+                           "--head-dim", std::to_string(layout.head_dim),
+                           "--dtype", "f32", "--host-capacity", "1M"});
+  ASSERT_THAT(daemon, IsOk());
+  ASSERT_TRUE((*daemon)->WaitForOutput("serving store")) << (*daemon)->output();
+  call_timeout_ = std::chrono::milliseconds(200);
+  Open(/*pool_blocks=*/5, /*host_slots=*/0, /*disk=*/false, socket);
+  Compute(Tokens(1, 20));
+  (*daemon)->Freeze();
+  const std::vector<BlockId> blocks =
+      store_->ComputeAndInsert(Tokens(2, 20)).value();
+  store_->Release(blocks);
+  EXPECT_EQ(store_->stats().tier_errors, 1u);
+  EXPECT_EQ(store_->last_tier_error().code(), StatusCode::kUnavailable)
+      << store_->last_tier_error().ToString();
+  EXPECT_EQ(store_->stats().retired_blocks, 0u);
+  EXPECT_EQ(store_->num_free_blocks(), 4);  // Every usable block.
+  (*daemon)->Thaw();
+  (*daemon)->Stop();
   RemoveStoreSegments(store);
 }
 

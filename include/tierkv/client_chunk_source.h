@@ -67,6 +67,9 @@ class ClientChunkSource final : public ChunkSource {
   explicit ClientChunkSource(Client* client,
                              const ClientChunkSourceOptions& options = {});
 
+  // DeadlineExceeded only for a copy given up on (stuck_copy_timeout);
+  // any other deadline (a call tierkvd did not answer in time) comes as
+  // Unavailable, as the blocks are then free to reuse.
   StatusOr<bool> Fetch(std::span<const TokenId> chunk, int64_t virtual_start,
                        const AllocateBlocks& allocate) override;
   Status Publish(std::span<const TokenId> chunk, int64_t virtual_start,
@@ -75,6 +78,14 @@ class ClientChunkSource final : public ChunkSource {
   const ClientChunkSourceStats& stats() const { return stats_; }
 
  private:
+  StatusOr<bool> FetchOnce(std::span<const TokenId> chunk,
+                           int64_t virtual_start,
+                           const AllocateBlocks& allocate);
+  Status PublishOnce(std::span<const TokenId> chunk, int64_t virtual_start,
+                     std::span<const BlockId> blocks);
+  // DeadlineExceeded means "a copy may still use the blocks" to the pool
+  // (ChunkSource): every other one becomes Unavailable.
+  Status OnlyStuckCopiesExceedTheDeadline(Status status) const;
   // A lost attachment (tierkvd died or stopped answering) is re-made
   // before the next fetch or publish, so a restarted tierkvd serves the
   // pool again.
@@ -94,6 +105,7 @@ class ClientChunkSource final : public ChunkSource {
   ClientChunkSourceOptions options_;
   RequestId next_request_ = 1;
   ClientChunkSourceStats stats_;
+  bool copy_stuck_ = false;  // This call gave up on a running copy.
 };
 
 }  // namespace tierkv
