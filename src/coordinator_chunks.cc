@@ -38,12 +38,13 @@ StatusOr<Coordinator::ChunkFetch> Coordinator::FetchChunk(
     const std::vector<BlockId> unnamed(w->requests.at(request).keys.size(), 0);
     StatusOr<AllocateResult> load = Allocate(worker, request, unnamed, n);
     (void)Finish(worker, request);
+    // Found whole: this worker computes nothing, loaded or not.
+    if (w->lease == key) EndLease(w);
     TIERKV_RETURN_IF_ERROR(load.status());
     if (load->load.has_value()) {
       load->load->device_blocks.clear();
       out.result.load = std::move(load->load);
     }
-    if (w->lease == key) EndLease(w);
     return out;
   }
   (void)Finish(worker, request);  // Drops the pins of a partial hit.

@@ -154,6 +154,38 @@ def test_pages_spilled_to_disk_come_back_through_promotions(
     assert stats["host"]["pinned_slots"] == 0
 
 
+def test_a_batch_past_the_event_cap_keeps_the_loads_it_started(
+        start_tierkvd):
+    daemon = start_tierkvd(
+        layout=tierkv.KvLayout(LAYERS, HEADS, HEAD_DIM, block_size=PAGE,
+                               dtype="bf16"),
+        extra_args=("--max-events-per-worker", "2"))
+    src_pool, dst_pool = HostPool("page_first"), HostPool("page_first")
+    for p in range(4):
+        src_pool.fill(p, seed=40 + p)
+    keys = [f"capped-{i}" for i in range(4)]
+    writer = _storage(daemon.socket)
+    writer.register_mem_pool_host(src_pool)
+    for first in (0, 2):
+        assert writer.batch_set_v1(keys[first:first + 2], _indices(
+            [first, first + 1])) == [True, True]
+    reader = _storage(daemon.socket)
+    reader.register_mem_pool_host(dst_pool)
+    # Two loads in flight at once is the cap: the rest are misses, and the
+    # two started are whole.
+    got = reader.batch_get_v1(keys, _indices([4, 5, 6, 7]))
+    assert got == [True, True, False, False]
+    assert torch.equal(dst_pool.page(4), src_pool.page(0))
+    assert torch.equal(dst_pool.page(5), src_pool.page(1))
+    stats = reader.client.stats()
+    assert stats["host"]["quota_event_refusals"] == 2
+    assert stats["host"]["pinned_slots"] == 0
+    # Next time the rest come too.
+    assert reader.batch_get_v1(keys[2:], _indices([6, 7])) == [True, True]
+    writer.close()
+    reader.close()
+
+
 def test_tensor_parallel_ranks_keep_their_own_pages(daemon):
     # tierkvd's layout is one rank's: HEADS heads of each rank's shard.
     pools = [HostPool("layer_first"), HostPool("layer_first")]

@@ -292,7 +292,12 @@ class TierkvStorage(HiCacheStorage):
         found = client.lookup_chunk(rid, self._tokens(key))
         if found.hit_tokens < self._page_size:
             return False
-        alloc = client.allocate(rid, [page], self._page_size)
+        try:
+            alloc = client.allocate(rid, [page], self._page_size)
+        except tierkv.ResourceExhaustedError:
+            # The worker's loads in flight are at tierkvd's cap: this key is
+            # a miss, and the loads already started still count.
+            return False
         return None if alloc.load is not None or alloc.load_pending else False
 
     def _start_set(self, client: Any, rid: int, key: str, page: int
