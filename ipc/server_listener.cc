@@ -303,6 +303,7 @@ bool Server::Impl::Register(Connection* conn, const RegisterRequest& request) {
   WorkerRegistration reg = request.registration;
   reg.pid = conn->peer.pid;  // The kernel's word, not the message's.
   reg.uid = conn->peer.uid;
+  reg.operator_uid = MayOperate(conn->peer);
   reg.tenant = EffectiveTenant(reg.tenant, conn->peer.uid);
   // Shown in the log and by tierkv-admin: no control characters.
   reg.name = PrintableName(reg.name);

@@ -143,7 +143,7 @@ StatusOr<WorkerId> Coordinator::RegisterWorker(
           " tenants, its cap (max_tenants); tenant '" +
           PrintableName(registration.tenant) + "' would be one more");
     } else if (const auto made = tenants_per_uid_.find(registration.uid);
-               made != tenants_per_uid_.end() &&
+               !registration.operator_uid && made != tenants_per_uid_.end() &&
                made->second >= options_.caps.max_tenants_per_uid) {
       ++stats_.quota_registration_refusals;
       return Status::ResourceExhausted(

@@ -188,7 +188,9 @@ struct WorkerCaps {
   // Tenants one uid may bring to a store with tenant isolation
   // (CoordinatorOptions::max_tenants): a tenant counts against the uid of
   // the worker that first registered it, for the store's life, as its
-  // segment does. So no one user can take every tenant segment. Default: 4.
+  // segment does. So no one user can take every tenant segment. An
+  // operator's uid (WorkerRegistration::operator_uid) is not held to it.
+  // Default: 4.
   uint32_t max_tenants_per_uid = 4;
 };
 

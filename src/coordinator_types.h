@@ -25,6 +25,9 @@ struct WorkerRegistration {
   // The worker's user: tierkvd takes it from the socket's peer
   // credentials. Caps count workers per uid.
   uint32_t uid = 0;
+  // The uid is tierkvd's own, root or in --admin-group (the server decides,
+  // as it does the uid): not held to max_tenants_per_uid.
+  bool operator_uid = false;
   std::string name;  // For people: shown by tierkv-admin.
   // A scheduler (ClientOptions::copies = kRanks): its events are copied by
   // this many rank workers and complete once each of them has completed

@@ -319,14 +319,15 @@ TEST(WorkerQuotaTenantsTest, TenantsPerUidAreCapped) {
   Coordinator c = Coordinator::Create({.layout = TestLayout(),
                                        .host_slots = 11,
                                        .caps = {.max_tenants_per_uid = 2},
-                                       .max_tenants = 4})
+                                       .max_tenants = 7})
                       .value();
-  auto reg = [&](uint32_t uid, std::string tenant) {
+  auto reg = [&](uint32_t uid, std::string tenant, bool op = false) {
     return c.RegisterWorker({.layout = TestLayout(),
                              .num_device_blocks = 1,
                              .tenant = std::move(tenant),
                              .pid = 1,
                              .uid = uid,
+                             .operator_uid = op,
                              .name = "w"});
   };
   const WorkerId a = reg(1000, "a").value();
@@ -341,13 +342,17 @@ TEST(WorkerQuotaTenantsTest, TenantsPerUidAreCapped) {
   EXPECT_THAT(reg(1000, "a"), IsOk());
   ASSERT_THAT(c.DropWorker(a), IsOk());
   EXPECT_EQ(reg(1000, "c").status().code(), StatusCode::kResourceExhausted);
-  // Another user still has room, up to the store's max_tenants.
+  // Another user still has room, up to the store's max_tenants; an
+  // operator's uid is not held to the cap.
+  ASSERT_THAT(reg(0, "root-a", /*op=*/true), IsOk());
+  ASSERT_THAT(reg(0, "root-b", /*op=*/true), IsOk());
+  ASSERT_THAT(reg(0, "root-c", /*op=*/true), IsOk());
   ASSERT_THAT(reg(1001, "c"), IsOk());
-  EXPECT_EQ(c.SegmentOf(reg(1001, "c").value()).value(), 2u);
+  EXPECT_EQ(c.SegmentOf(reg(1001, "c").value()).value(), 5u);
   ASSERT_THAT(reg(1001, "d"), IsOk());
-  StatusOr<WorkerId> fifth = reg(1002, "e");
-  EXPECT_EQ(fifth.status().code(), StatusCode::kResourceExhausted);
-  EXPECT_THAT(fifth.status().message(), HasSubstr("(max_tenants)"));
+  StatusOr<WorkerId> eighth = reg(1002, "e");
+  EXPECT_EQ(eighth.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_THAT(eighth.status().message(), HasSubstr("(max_tenants)"));
 }
 
 TEST(WorkerQuotaOptionsTest, BadCapsAreInvalid) {

@@ -382,7 +382,8 @@ po::options_description SettingOptions(DaemonCommand& command,
       po::value(&s.caps.max_tenants_per_uid)
           ->default_value(s.caps.max_tenants_per_uid),
       "tenants one user (uid) may bring to this store in its life (1 to "
-      "1024), so that no one user takes every one of --max-tenants")(
+      "1024), so that no one user takes every one of --max-tenants; "
+      "tierkvd's own user, root and --admin-group are not held to it")(
       "verify-loads",
       po::value(&s.verify_on_load)
           ->default_value(s.verify_on_load, "false")
