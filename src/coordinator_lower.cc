@@ -154,6 +154,13 @@ void Coordinator::FinishSpill(const LowerOp& op, const Status& status) {
   ReleaseSlots(slot);
   const BlockPool::Block& b = host_pool_.block(op.slot);
   const bool keyed = b.has_key() && b.key == op.key;
+  // An operator cleared the lower tier after this spill may have written:
+  // unless the tier holds the block still, the host copy is its last, and
+  // stays, neither demoted nor first to go.
+  if (ok && keyed && !op.discard && op.lower_cleared &&
+      !options_.lower->Contains(op.key, HostSlotTokens(op.slot))) {
+    return;
+  }
   if (ok && keyed && op.keep && !op.discard) {
     ++stats_.spills;
     ++stats_.spills_kept;
@@ -186,10 +193,6 @@ void Coordinator::FinishSpill(const LowerOp& op, const Status& status) {
     // The write has landed, been cancelled or failed by now, so this
     // removes whatever it left and cannot race it.
     options_.lower->RemoveSpilled(op.key);
-  } else if (ok && keyed && op.lower_cleared &&
-             !options_.lower->Contains(op.key, HostSlotTokens(op.slot))) {
-    // What it wrote was cleared before this answer was taken: the host
-    // copy is the block's last, and stays.
   } else if (ok && keyed && host_pool_.DemoteCachedBlock(op.slot)) {
     ++stats_.spills;
     TraceBlock("spilled", op.key, op.slot);

@@ -1418,6 +1418,41 @@ TEST_F(SpillTest, ClearDiskAfterASpillLandedKeepsTheBlockOnHost) {
   EXPECT_THAT(c_.host_pool().CheckInvariants(), IsOk());
 }
 
+// The same for a write-behind copy: its block stays on host and is not
+// put first in line for eviction as a block the disk holds would be.
+TEST(CoordinatorWriteBehindTest, ClearDiskAfterACopyLandedKeepsItsBlockInLine) {
+  SlowSpillTier lower;
+  Coordinator c = Coordinator::Create({.layout = Layout(),
+                                       .host_slots = 9,
+                                       .lower = &lower,
+                                       .write_behind_spills = 1,
+                                       .caps = {.worker_pin_share = 1}})
+                      .value();
+  const WorkerId w = c.RegisterWorker(TestWorker(10)).value();
+  std::vector<BlockId> slots;
+  for (RequestId r = 1; r <= 2; ++r) {
+    const std::vector<TokenId> t =
+        SequentialTokens(static_cast<TokenId>(1000 * r), 17);
+    ASSERT_THAT(c.Lookup(w, r, t, 0, {}), IsOk());
+    const BlockId device[] = {1, 2};
+    ASSERT_THAT(c.Allocate(w, r, device, 0), IsOk());
+    const CommitResult commit = c.Commit(w, r, 16, device).value();
+    ASSERT_EQ(commit.stores.size(), 1u);
+    const CompletedEvent done[] = {{commit.stores[0].ref, true}};
+    ASSERT_THAT(c.Complete(w, done), IsOk());
+    ASSERT_THAT(c.Finish(w, r), IsOk());
+    slots.push_back(commit.stores[0].host_blocks.at(0));
+  }
+  ASSERT_EQ(lower.writes.size(), 1u);  // The first block's copy; one at once.
+  lower.Land(0);
+  ASSERT_THAT(c.Clear(TierSelection::kDisk), IsOk());
+  c.PumpLowerTier();
+  EXPECT_TRUE(lower.stored.empty());
+  EXPECT_EQ(c.stats().host.spills_kept, 0u);
+  EXPECT_NE(c.host_pool().NextFreeBlock(), slots[0]);
+  EXPECT_TRUE(c.host_pool().block(slots[0]).has_key());
+}
+
 // Write-behind over a disk slower than the stores: nothing lands until the
 // test says so. Stores never wait for the disk: the host evicts blocks no
 // tier holds, and counts each one.

@@ -673,6 +673,7 @@ TEST_F(OperatorRightsTest, AWorkerGroupMemberReadsStatsButCannotClear) {
       Admin(TestUsers::kMember, {"evict", "0123456789abcdef0123456789abcdef"});
   EXPECT_NE(evict->Wait(), 0);
   EXPECT_THAT(evict->output(), HasSubstr("not clear or evict"));
+  EXPECT_TRUE(daemon_->WaitForOutput("refused: not an operator"));
   // Nor list every tenant's keys.
   auto held = Admin(TestUsers::kMember, {"held"});
   EXPECT_NE(held->Wait(), 0);

@@ -310,6 +310,7 @@ void RemoteTier::Demote(const BlockKey& key, std::span<const TokenId> tokens,
       ++stats_.put_failures;
     } else {
       demotion_backlog_bytes_ += payload.size();
+      ++writing_[key];
       Job job;
       job.kind = Job::Kind::kSpill;
       job.key = key;
@@ -394,7 +395,10 @@ LowerRemoval RemoteTier::Remove(const BlockKey& key) {
 LowerRemoval RemoteTier::RemoveSpilled(const BlockKey& key) {
   {
     MutexLock lock(&mu_);
-    if (known_.contains(key) && !index_.contains(key)) return {};
+    if (known_.contains(key) && !index_.contains(key) &&
+        !writing_.contains(key)) {
+      return {};
+    }
   }
   return Remove(key);
 }
@@ -479,6 +483,7 @@ void RemoteTier::WaitQueued() {
 void RemoteTier::Enqueue(Job job) {
   {
     MutexLock lock(&mu_);
+    if (job.kind == Job::Kind::kSpill) ++writing_[job.key];
     jobs_.push_back(std::move(job));
   }
   work_.NotifyOne();
@@ -509,9 +514,13 @@ void RemoteTier::RunJobs() {
       }
     }
     switch (job.kind) {
-      case Job::Kind::kSpill:
+      case Job::Kind::kSpill: {
         RunSpill(job);
+        MutexLock lock(&mu_);
+        const auto it = writing_.find(job.key);
+        if (it != writing_.end() && --it->second == 0) writing_.erase(it);
         break;
+      }
       case Job::Kind::kPromote:
         RunPromotes(promotes);
         break;

@@ -140,10 +140,10 @@ class RemoteTier final : public LowerTier {
   // Forgets the key and deletes its value from the cluster, whoever wrote
   // it.
   LowerRemoval Remove(const BlockKey& key) override;
-  // As Remove, unless the key is only known (found by a scan, not written
-  // by this process): a spill never writes such a block (Contains), so
-  // there is nothing of this process's to undo, and another machine's
-  // value stays.
+  // As Remove, unless the key is only known (found by a scan, neither in
+  // the index nor being written by this process): a spill never writes
+  // such a block (Contains), so there is nothing of this process's to
+  // undo, and another machine's value stays.
   LowerRemoval RemoveSpilled(const BlockKey& key) override;
   // Forgets every key and deletes the values this process wrote; other
   // machines' blocks come back with the next scan. Spills of host slots
@@ -247,6 +247,10 @@ class RemoteTier final : public LowerTier {
   // lands must not find them again, and a write of the key queued before
   // it must not enter the index.
   std::unordered_map<BlockKey, int, BlockKeyHash> deleting_
+      TIERKV_GUARDED_BY(mu_);
+  // Keys whose SET is queued or running (spills and demotions), with how
+  // many: what RemoveSpilled must undo although no scan credits it to us.
+  std::unordered_map<BlockKey, int, BlockKeyHash> writing_
       TIERKV_GUARDED_BY(mu_);
   // RemoteTierStats counters that DiskTierStats lacks.
   uint64_t io_errors_ TIERKV_GUARDED_BY(mu_) = 0;    // client_'s errors.
