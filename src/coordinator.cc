@@ -955,15 +955,13 @@ bool Coordinator::TakeFreeSlot(std::vector<BlockId>* slot) {
   const BlockPool::Block& b = host_pool_.block(*front);
   const std::optional<BlockKey> evicted =
       b.has_key() ? std::optional<BlockKey>(b.key) : std::nullopt;
-  // Checked before the pool drops the key and its tokens.
-  const bool lost = evicted.has_value() && options_.lower != nullptr &&
-                    !options_.lower->Contains(*evicted, HostSlotTokens(*front));
+  // Checked before the pool drops the key and its tokens; a lower tier's
+  // copy is now the closest one, renewed there in the same step.
+  const bool lost =
+      evicted.has_value() && options_.lower != nullptr &&
+      !options_.lower->ContainsThenRenew(*evicted, HostSlotTokens(*front));
   if (!host_pool_.GetNewBlocks(1, slot).ok()) return false;
   if (lost) ++stats_.evicted_unspilled;
-  // The lower tier's copy is now the closest one.
-  if (evicted.has_value() && options_.lower != nullptr && !lost) {
-    options_.lower->HostDropped(*evicted);
-  }
   if (evicted.has_value()) TraceBlock("evicted", *evicted, slot->back());
   return true;
 }

@@ -386,11 +386,12 @@ int64_t Coordinator::SpillBlocks(std::span<const BlockId> victims) {
   int64_t started = 0;
   for (BlockId slot : victims) {
     const BlockPool::Block& b = host_pool_.block(slot);
-    if (options_.lower->Covers(b.key, HostSlotTokens(slot))) {
+    // Renewed there as it is found: the tier does not evict it before the
+    // host has let it go.
+    if (options_.lower->CoversThenRenew(b.key, HostSlotTokens(slot))) {
       const BlockKey key = b.key;  // Demoting drops it.
       if (host_pool_.DemoteCachedBlock(slot)) {
         ++stats_.spill_drops;
-        options_.lower->HostDropped(key);
         TraceBlock("dropped (on disk already)", key, slot);
       }
       continue;

@@ -74,6 +74,23 @@ class LowerTier {
   // Not a use (an adaptive policy does not count it as a reuse). Never
   // waits on I/O. Default: nothing.
   virtual void HostDropped(const BlockKey& key) { (void)key; }
+  // Before the host drops its copy: whether the tier Contains (or, the
+  // second, Covers) the block, and when it does, HostDropped, in one step,
+  // so that the tier cannot evict the block between the check and the
+  // renewal (the host's oldest blocks tend to be the tier's oldest too,
+  // written behind as they were). Default: the check, then HostDropped.
+  virtual bool ContainsThenRenew(const BlockKey& key,
+                                 std::span<const TokenId> tokens) {
+    if (!Contains(key, tokens)) return false;
+    HostDropped(key);
+    return true;
+  }
+  virtual bool CoversThenRenew(const BlockKey& key,
+                               std::span<const TokenId> tokens) {
+    if (!Covers(key, tokens)) return false;
+    HostDropped(key);
+    return true;
+  }
   // Copies a block that a tier above this one gave up (a disk tier's
   // eviction), handed over as its verified bytes rather than a host slot,
   // and returns at once; OK in `done` means Contains(key, tokens) is true.

@@ -509,6 +509,22 @@ TEST_F(DiskTierTest, ARenewedBlockIsEvictedLast) {
   }
 }
 
+// RenewIfStored checks and renews in one step: only a block stored for
+// the same token ids, which then outlasts the others as Renew's does.
+TEST_F(DiskTierTest, RenewIfStoredRenewsOnlyWhatItFinds) {
+  const uint64_t value_bytes = ValueBytes(DiskCodec::kNone);
+  DiskTierOptions options = Options(DiskCodec::kNone);
+  options.capacity_bytes = 4 * value_bytes + value_bytes / 2;
+  std::unique_ptr<DiskTier> tier = OpenTier(options);
+  for (int i = 0; i < 4; ++i) ASSERT_THAT(Put(*tier, i), IsOk());
+  EXPECT_FALSE(tier->RenewIfStored(KeyOf(1), TokensOf(2)));  // Other tokens.
+  EXPECT_FALSE(tier->RenewIfStored(KeyOf(99), TokensOf(99)));
+  EXPECT_TRUE(tier->RenewIfStored(KeyOf(0), TokensOf(0)));
+  ASSERT_THAT(Put(*tier, 4), IsOk());  // Evicts 1: 0 was renewed.
+  EXPECT_TRUE(tier->Contains(KeyOf(0)));
+  EXPECT_FALSE(tier->Contains(KeyOf(1)));
+}
+
 // Under ARC a rewrite of a stored block keeps its standing: a block in the
 // frequent list stays there, and outlasts the flood as above.
 TEST_F(DiskTierTest, UnderArcARewriteKeepsABlocksStanding) {

@@ -265,6 +265,17 @@ class DiskTierImpl final : public DiskTier {
     index_.Renew(key);
   }
 
+  bool RenewIfStored(const BlockKey& key, std::span<const TokenId> tokens)
+      TIERKV_EXCLUDES(mu_) override {
+    MutexLock lock(&mu_);
+    const DiskIndex::Entry* entry = index_.FindStored(key);
+    if (entry == nullptr || !std::ranges::equal(entry->tokens, tokens)) {
+      return false;
+    }
+    index_.Renew(key);
+    return true;
+  }
+
   bool Remove(const BlockKey& key) TIERKV_EXCLUDES(mu_) override {
     bool stored = false;
     bool erase_value = false;

@@ -467,6 +467,10 @@ class DiskTier {
   // rather than those the host was holding anyway. No disk access; no-op
   // for a key not stored.
   virtual void Renew(const BlockKey& key) = 0;
+  // Whether `key` is stored for these token ids and, when it is, Renew of
+  // it, under one lock: no eviction comes between.
+  virtual bool RenewIfStored(const BlockKey& key,
+                             std::span<const TokenId> tokens) = 0;
   // Forgets `key` and deletes its value before returning, through the
   // write-ahead log: a removal survives the process being killed right
   // after. A Put of the key in flight is cancelled (it never writes; its

@@ -52,6 +52,14 @@ class DiskBelowHost final : public LowerTier {
                });
   }
   void HostDropped(const BlockKey& key) override { disk_->Renew(key); }
+  bool ContainsThenRenew(const BlockKey& key,
+                         std::span<const TokenId> tokens) override {
+    return disk_->RenewIfStored(key, tokens);
+  }
+  bool CoversThenRenew(const BlockKey& key,
+                       std::span<const TokenId> tokens) override {
+    return disk_->RenewIfStored(key, tokens);
+  }
   LowerRemoval Remove(const BlockKey& key) override {
     return {.disk = disk_->Remove(key) ? 1u : 0u};
   }
@@ -141,6 +149,15 @@ class DiskOverRemote final : public LowerTier {
   }
   // The disk tier's order; the remote tier, shared, keeps its own.
   void HostDropped(const BlockKey& key) override { disk_->HostDropped(key); }
+  bool ContainsThenRenew(const BlockKey& key,
+                         std::span<const TokenId> tokens) override {
+    return disk_->ContainsThenRenew(key, tokens) ||
+           remote_->Contains(key, tokens);
+  }
+  bool CoversThenRenew(const BlockKey& key,
+                       std::span<const TokenId> tokens) override {
+    return disk_->CoversThenRenew(key, tokens);
+  }
   LowerRemoval Remove(const BlockKey& key) override {
     LowerRemoval removed = disk_->Remove(key);
     return removed += remote_->Remove(key);
