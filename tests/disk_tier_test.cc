@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include <algorithm>
 #include <atomic>
@@ -506,6 +507,29 @@ TEST_F(DiskTierTest, ARenewedBlockIsEvictedLast) {
     for (int i = 5; i < 8; ++i) ASSERT_THAT(Put(*tier, i), IsOk());
     EXPECT_FALSE(tier->Contains(KeyOf(0)));  // Its turn came.
     EXPECT_EQ(tier->stats().keys, 4u);
+  }
+}
+
+// GetVerified reports the checksum the bytes were verified against, for
+// raw and compressed values alike.
+TEST_F(DiskTierTest, GetVerifiedReportsTheChecksumOfTheBlock) {
+  for (DiskCodec codec : {DiskCodec::kNone, DiskCodec::kLz4BytePlanes}) {
+    std::unique_ptr<DiskTier> tier = OpenTier(Options(codec));
+    ASSERT_THAT(Put(*tier, 7), IsOk());
+    std::vector<std::byte> out(layout_.BlockBytes());
+    std::promise<StatusOr<uint64_t>> done;
+    tier->GetVerified(KeyOf(7), TokensOf(7), out,
+                      [&](StatusOr<uint64_t> got) { done.set_value(got); });
+    StatusOr<uint64_t> got = done.get_future().get();
+    ASSERT_THAT(got, IsOk());
+    EXPECT_EQ(*got, XXH3_64bits(Block(7).data(), Block(7).size()));
+    EXPECT_EQ(out, Block(7));
+    std::promise<StatusOr<uint64_t>> missed;
+    tier->GetVerified(KeyOf(8), TokensOf(8), out,
+                      [&](StatusOr<uint64_t> got) { missed.set_value(got); });
+    EXPECT_THAT(missed.get_future().get(), StatusIs(StatusCode::kNotFound));
+    tier.reset();
+    std::filesystem::remove_all(dir_.path() + "/db");
   }
 }
 

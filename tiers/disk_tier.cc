@@ -238,6 +238,14 @@ class DiskTierImpl final : public DiskTier {
 
   void Get(const BlockKey& key, std::span<const TokenId> tokens,
            std::span<std::byte> out, Done done) override {
+    GetVerified(key, tokens, out,
+                [done = std::move(done)](StatusOr<uint64_t> got) {
+                  done(got.status());
+                });
+  }
+
+  void GetVerified(const BlockKey& key, std::span<const TokenId> tokens,
+                   std::span<std::byte> out, VerifiedDone done) override {
     {
       MutexLock lock(&mu_);
       reads_.push_back(Read{.key = key,
@@ -438,7 +446,7 @@ class DiskTierImpl final : public DiskTier {
     BlockKey key;
     std::vector<TokenId> tokens;
     std::span<std::byte> out;
-    Done done;
+    VerifiedDone done;
     Status status = Status::Ok();  // Not OK: answered without reading.
     uint64_t generation = 0;       // The entry read.
     ValueLocation location = {};   // Pinned (a reader of its slot) if OK.
@@ -904,8 +912,12 @@ void DiskTierImpl::RunReads() {
     }
   }
   for (Read& read : batch) {
-    Done done = std::move(read.done);
-    done(std::move(read.status));
+    VerifiedDone done = std::move(read.done);
+    if (read.status.ok()) {
+      done(read.location.payload_checksum);
+    } else {
+      done(std::move(read.status));
+    }
   }
 }
 

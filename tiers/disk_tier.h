@@ -455,6 +455,12 @@ class DiskTier {
   // recently used.
   virtual void Get(const BlockKey& key, std::span<const TokenId> tokens,
                    std::span<std::byte> out, Done done) = 0;
+  // As Get; on success `done` gets the checksum (XXH3-64) of the bytes
+  // verified into `out`: that of the block as stored, whatever writes
+  // `out` after the verification.
+  using VerifiedDone = std::function<void(StatusOr<uint64_t>)>;
+  virtual void GetVerified(const BlockKey& key, std::span<const TokenId> tokens,
+                           std::span<std::byte> out, VerifiedDone done) = 0;
   // Whether `key` is stored (not being written). No disk access.
   virtual bool Contains(const BlockKey& key) const = 0;
   // Whether `key` is stored for exactly these token ids: a lookup can

@@ -44,12 +44,10 @@ class DiskBelowHost final : public LowerTier {
   }
   void Promote(const BlockKey& key, std::span<const TokenId> tokens,
                BlockId slot, PromoteDone done) override {
-    // The slot's checksum is taken here, on the disk tier's I/O thread.
-    disk_->Get(key, tokens, Slot(slot),
-               [host = host_, slot, done = std::move(done)](Status s) {
-                 if (!s.ok()) return done(std::move(s));
-                 done(SlotChecksumOf(*host, slot));
-               });
+    // The checksum the disk tier verified the bytes against, not one taken
+    // of the slot afterwards: a write into the slot in between is then
+    // caught as any other change of a keyed slot.
+    disk_->GetVerified(key, tokens, Slot(slot), std::move(done));
   }
   void HostDropped(const BlockKey& key) override { disk_->Renew(key); }
   bool ContainsThenRenew(const BlockKey& key,
