@@ -4,7 +4,10 @@
 // bytes per block.
 //
 // The trace is JSON lines with `hash_ids`, one per 512-token block of the
-// prompt, prefix-chained (the Mooncake trace format). Its path: --trace=PATH,
+// prompt, prefix-chained (the Mooncake trace format). A request's prompt is
+// its `input_length` tokens: it keys its full 16-token blocks only, as an
+// engine does, and holds a partial last block unkeyed while it runs
+// (tierkv-replay's model). Its path: --trace=PATH,
 // else $TIERKV_TRACE, else ../shared/traces/synthetic_trace.jsonl beside the
 // source tree. Without it both benchmarks are skipped with a message, and
 // the run still succeeds.
@@ -44,10 +47,15 @@ std::string& TracePath() {
   return path;
 }
 
+struct TraceRequest {
+  std::vector<int64_t> hash_ids;
+  int64_t tokens = 0;  // The prompt: input_length, at most the hash ids'.
+};
+
 struct Trace {
-  std::vector<std::vector<int64_t>> requests;  // Hash ids per request.
-  int64_t unique_hash_ids = 0;
-  int64_t max_request_hash_ids = 0;
+  std::vector<TraceRequest> requests;
+  int64_t unique_full_blocks = 0;  // Of kBlockSize tokens.
+  int64_t max_request_blocks = 0;  // A partial last block included.
   std::string error;  // Why no trace was loaded; empty when one was.
 };
 
@@ -61,14 +69,23 @@ const Trace& LoadedTrace() {
                 " (set TIERKV_TRACE or pass --trace=PATH)";
       return t;
     }
+    // A full block is named by its hash id (which names the whole prefix)
+    // and its place among the id's kBlocksPerHashId blocks.
     std::unordered_set<int64_t> unique;
     for (replay::TraceRequest& r : *loaded) {
-      unique.insert(r.hash_ids.begin(), r.hash_ids.end());
-      t.max_request_hash_ids = std::max(
-          t.max_request_hash_ids, static_cast<int64_t>(r.hash_ids.size()));
-      t.requests.push_back(std::move(r.hash_ids));
+      const auto all = static_cast<int64_t>(r.hash_ids.size()) *
+                       kTraceBlockTokens;
+      const int64_t tokens =
+          r.input_length > 0 ? std::min(r.input_length, all) : all;
+      for (int64_t b = 0; b < tokens / kBlockSize; ++b) {
+        unique.insert(r.hash_ids[b / kBlocksPerHashId] * kBlocksPerHashId +
+                      b % kBlocksPerHashId);
+      }
+      t.max_request_blocks = std::max(
+          t.max_request_blocks, (tokens + kBlockSize - 1) / kBlockSize);
+      t.requests.push_back({std::move(r.hash_ids), tokens});
     }
-    t.unique_hash_ids = static_cast<int64_t>(unique.size());
+    t.unique_full_blocks = static_cast<int64_t>(unique.size());
     if (t.requests.empty()) t.error = TracePath() + ": no requests";
     return t;
   }();
@@ -77,18 +94,15 @@ const Trace& LoadedTrace() {
 
 // Token ids of a request: each hash id's 512 tokens derive from the id and
 // the position alone, so requests sharing leading ids share leading tokens.
-void ExpandTokens(std::span<const int64_t> hash_ids,
-                  std::vector<TokenId>* tokens) {
-  tokens->resize(hash_ids.size() * kTraceBlockTokens);
-  size_t t = 0;
-  for (const int64_t id : hash_ids) {
-    for (int32_t p = 0; p < kTraceBlockTokens; ++p) {
-      uint64_t x = static_cast<uint64_t>(id) * kTraceBlockTokens +
-                   static_cast<uint64_t>(p) + 0x9e3779b97f4a7c15;
-      x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9;  // SplitMix64's finalizer.
-      x = (x ^ (x >> 27)) * 0x94d049bb133111eb;
-      (*tokens)[t++] = static_cast<TokenId>((x ^ (x >> 31)) % 128'000);
-    }
+void ExpandTokens(const TraceRequest& request, std::vector<TokenId>* tokens) {
+  tokens->resize(static_cast<size_t>(request.tokens));
+  for (size_t t = 0; t < tokens->size(); ++t) {
+    const int64_t id = request.hash_ids[t / kTraceBlockTokens];
+    uint64_t x = static_cast<uint64_t>(id) * kTraceBlockTokens +
+                 t % kTraceBlockTokens + 0x9e3779b97f4a7c15;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9;  // SplitMix64's finalizer.
+    x = (x ^ (x >> 27)) * 0x94d049bb133111eb;
+    (*tokens)[t] = static_cast<TokenId>((x ^ (x >> 31)) % 128'000);
   }
 }
 
@@ -106,15 +120,15 @@ const Trace* TraceOrSkip(benchmark::State& state) {
 // (eviction policy state.range(1): 0 LRU, 1 ARC). Each request as
 // KVCacheManager handles it: keys of its full blocks chained from the
 // root, the longest cached prefix looked up and touched, new blocks taken
-// (evicting) and keyed, then every block freed in reverse.
-// Items: block ops, one per block a request names.
+// (evicting) and keyed, with one unkeyed block more for a partial last
+// block, then every block freed in reverse.
+// Items: block ops, one per full block a request names.
 void BM_TraceReplay(benchmark::State& state) {
   const Trace* trace = TraceOrSkip(state);
   if (trace == nullptr) return;
-  const int64_t unique_blocks = trace->unique_hash_ids * kBlocksPerHashId;
   const auto num_blocks = static_cast<int32_t>(
-      1 + std::max(unique_blocks * state.range(0) / 100,
-                   trace->max_request_hash_ids * kBlocksPerHashId));
+      1 + std::max(trace->unique_full_blocks * state.range(0) / 100,
+                   trace->max_request_blocks));
   const KeyHasher hasher(KeyNamespace{"bench-model", ""});
   const BlockPoolOptions options{.num_blocks = num_blocks,
                                  .block_size = kBlockSize,
@@ -134,7 +148,7 @@ void BM_TraceReplay(benchmark::State& state) {
     state.PauseTiming();
     BlockPool pool = BlockPool::Create(options).value();
     state.ResumeTiming();
-    for (const std::vector<int64_t>& request : trace->requests) {
+    for (const TraceRequest& request : trace->requests) {
       state.PauseTiming();
       ExpandTokens(request, &tokens);
       state.ResumeTiming();
@@ -150,8 +164,9 @@ void BM_TraceReplay(benchmark::State& state) {
       }
       const auto hits = static_cast<int32_t>(blocks.size());
       const auto full = static_cast<int32_t>(keys.size());
+      const int32_t partial = all.size() % kBlockSize != 0 ? 1 : 0;
       pool.Touch(blocks);
-      if (!pool.GetNewBlocks(full - hits, &blocks).ok() ||
+      if (!pool.GetNewBlocks(full - hits + partial, &blocks).ok() ||
           !pool.CacheFullBlocks(blocks, keys, all, hits, full).ok()) {
         state.SkipWithError("the pool refused a request");
         return;
@@ -184,7 +199,7 @@ void BM_TraceXxh3(benchmark::State& state) {
   std::vector<TokenId> tokens;
   int64_t blocks = 0;
   for (auto _ : state) {
-    for (const std::vector<int64_t>& request : trace->requests) {
+    for (const TraceRequest& request : trace->requests) {
       state.PauseTiming();
       ExpandTokens(request, &tokens);
       state.ResumeTiming();
