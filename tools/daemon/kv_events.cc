@@ -585,8 +585,13 @@ StatusOr<std::unique_ptr<KvEventPublisher>> KvEventPublisher::Create(
       impl->replay.emplace(impl->context, zmq::socket_type::router);
       impl->replay->set(zmq::sockopt::linger, 0);
       // One request is answered with up to buffer_steps + 1 messages;
-      // ZeroMQ's default high-water mark (1000) would drop the rest.
-      impl->replay->set(zmq::sockopt::sndhwm, 0);
+      // ZeroMQ's default high-water mark (1000) would drop the rest. Room
+      // for two whole answers a peer: a client that asks and never reads
+      // holds at most that much of tierkvd's memory (the ROUTER socket
+      // drops what does not fit; its answer lacks the end marker).
+      const int answer = static_cast<int>(std::min<size_t>(
+          impl->options.buffer_steps + 1, std::numeric_limits<int>::max() / 2));
+      impl->replay->set(zmq::sockopt::sndhwm, 2 * answer);
       impl->replay->bind(replay);
     } catch (const zmq::error_t& e) {
       return Status::InvalidArgument("--kv-events-replay-endpoint " + replay +
