@@ -73,16 +73,16 @@ const Trace& LoadedTrace() {
     // and its place among the id's kBlocksPerHashId blocks.
     std::unordered_set<int64_t> unique;
     for (replay::TraceRequest& r : *loaded) {
-      const auto all = static_cast<int64_t>(r.hash_ids.size()) *
-                       kTraceBlockTokens;
+      const auto all =
+          static_cast<int64_t>(r.hash_ids.size()) * kTraceBlockTokens;
       const int64_t tokens =
           r.input_length > 0 ? std::min(r.input_length, all) : all;
       for (int64_t b = 0; b < tokens / kBlockSize; ++b) {
         unique.insert(r.hash_ids[b / kBlocksPerHashId] * kBlocksPerHashId +
                       b % kBlocksPerHashId);
       }
-      t.max_request_blocks = std::max(
-          t.max_request_blocks, (tokens + kBlockSize - 1) / kBlockSize);
+      t.max_request_blocks = std::max(t.max_request_blocks,
+                                      (tokens + kBlockSize - 1) / kBlockSize);
       t.requests.push_back({std::move(r.hash_ids), tokens});
     }
     t.unique_full_blocks = static_cast<int64_t>(unique.size());

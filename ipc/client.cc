@@ -236,6 +236,11 @@ struct Client::Impl {
   // copies ended or the socket closes: a lost attachment keeps its socket
   // open until every one of them is completed (CloseIfCopiesEnded).
   std::set<std::pair<EventKind, uint64_t>> engine_copies;
+  // copies = client: the transfers PollEvents and WaitEvents handed to the
+  // engine and not completed yet, by session, kind and id. Complete
+  // unpins and reports each of them once: a second completion of one
+  // would unpin device blocks a request still holds.
+  std::set<std::tuple<uint64_t, EventKind, uint64_t>> owed;
   // Finished transfers not handed out yet: loads lost with tierkvd, loads
   // whose copy could not start, and copies that finished while a lost
   // attachment waited for them.
@@ -569,18 +574,41 @@ struct Client::Impl {
   // The completions of `finished` tierkvd is owed (events of a lost
   // attachment are not its any more). Unpins every transfer's device
   // blocks: the copies are over whatever tierkvd answers.
+  // What completing `finished` reports to tierkvd, its device blocks
+  // unpinned; a transfer not owed (completed already, or never handed out)
+  // is skipped and counted in *unknown, as the whole batch would otherwise
+  // be refused and blocks unpinned twice.
   std::vector<CompletedEvent> TakeCompletions(
-      std::span<const FinishedTransfer> finished) {
+      std::span<const FinishedTransfer> finished, size_t* unknown) {
     std::vector<CompletedEvent> events;
     for (const FinishedTransfer& f : finished) {
-      if (f.session == session) {
-        events.push_back({f.event.ref, f.status.ok()});
-        engine_copies.erase({f.event.ref.kind, f.event.ref.id});
+      const EventRef& ref = f.event.ref;
+      bool known = true;
+      if (options.copies == CopyMode::kClient) {
+        known = owed.erase({f.session, ref.kind, ref.id}) > 0;
+      } else if (options.scheduler == 0) {
+        // copies = caller: the events Allocate, Commit and the rest handed
+        // out. (A rank client's come from its scheduler: not known here.)
+        known =
+            f.session == session && engine_copies.erase({ref.kind, ref.id}) > 0;
       }
+      if (!known) {
+        ++*unknown;
+        continue;
+      }
+      if (f.session == session) events.push_back({ref, f.status.ok()});
       Unpin(f.event.device_blocks);
     }
     CloseIfCopiesEnded();
     return events;
+  }
+
+  // Transfers handed to the engine: owed a completion each.
+  std::vector<FinishedTransfer> Owe(std::vector<FinishedTransfer> out) {
+    for (const FinishedTransfer& f : out) {
+      owed.emplace(f.session, f.event.ref.kind, f.event.ref.id);
+    }
+    return out;
   }
 
   // Tells tierkvd that a copy never ran, so it releases the event's slots.
@@ -709,6 +737,18 @@ struct Client::Impl {
     return out;
   }
 };
+
+namespace {
+
+// Completions of transfers not owed: done already, or never handed out.
+Status UnknownCompletions(size_t n) {
+  return Status::InvalidArgument(
+      std::to_string(n) +
+      " transfer(s) completed that this client does not owe a completion "
+      "(completed already, or never handed out): ignored, nothing unpinned");
+}
+
+}  // namespace
 
 Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Client::~Client() = default;
@@ -1116,17 +1156,20 @@ Status Client::CompleteOneWay(std::span<const FinishedTransfer> finished,
     return Status::FailedPrecondition(
         "a scheduler with ranks (copies = ranks) does not complete events");
   }
-  ipc::ChunkDoneRequest request{.events = impl_->TakeCompletions(finished),
-                                .finish = finish};
+  size_t unknown = 0;
+  ipc::ChunkDoneRequest request{
+      .events = impl_->TakeCompletions(finished, &unknown), .finish = finish};
   // As Finish: the request's pending and lost loads end here too.
   if (finish != 0) {
     std::ranges::move(impl_->ForgetRequest(finish),
                       std::back_inserter(request.events));
   }
-  if ((request.events.empty() && finish == 0) || !impl_->channel_error.ok()) {
-    return Status::Ok();
+  Status status;
+  if ((!request.events.empty() || finish != 0) && impl_->channel_error.ok()) {
+    status = impl_->Post(request);
   }
-  return impl_->Post(request);
+  if (status.ok() && unknown > 0) return UnknownCompletions(unknown);
+  return status;
 }
 
 const ClientCallCounts& Client::call_counts() const { return impl_->counts; }
@@ -1139,10 +1182,15 @@ std::vector<FinishedTransfer> Client::PollEvents() {
   if (impl_->device != nullptr) {
     impl_->Collect(impl_->device->PollCompleted(), &out);
   }
-  return out;
+  return impl_->Owe(std::move(out));
 }
 
 std::vector<FinishedTransfer> Client::WaitEvents(
+    std::chrono::milliseconds timeout) {
+  return impl_->Owe(WaitForEvents(timeout));
+}
+
+std::vector<FinishedTransfer> Client::WaitForEvents(
     std::chrono::milliseconds timeout) {
   // Without a device tier nothing is copied here: nothing to wait for.
   if (impl_->device == nullptr) return impl_->TakeFinished();
@@ -1213,12 +1261,16 @@ Status Client::Complete(std::span<const FinishedTransfer> finished) {
         "each of its " +
         std::to_string(impl_->options.ranks) + " rank clients completes them");
   }
-  const ipc::CompleteRequest request{impl_->TakeCompletions(finished)};
-  if (request.events.empty() || !impl_->channel_error.ok()) {
-    return Status::Ok();
+  size_t unknown = 0;
+  const ipc::CompleteRequest request{
+      impl_->TakeCompletions(finished, &unknown)};
+  Status status;
+  if (!request.events.empty() && impl_->channel_error.ok()) {
+    TIERKV_ASSIGN_OR_RETURN(Message reply, impl_->Call(request));
+    status = ipc::StatusOf(reply);
   }
-  TIERKV_ASSIGN_OR_RETURN(Message reply, impl_->Call(request));
-  return ipc::StatusOf(reply);
+  if (status.ok() && unknown > 0) return UnknownCompletions(unknown);
+  return status;
 }
 
 Status Client::Finish(RequestId request) {

@@ -149,14 +149,18 @@ TEST_F(ChunkSingleFlightTest, AChunkWhoseHostBytesChangedIsNeverLoaded) {
 // leave its slots pinned in tierkvd.
 TEST_F(ChunkSingleFlightTest, AFailedOneWayCompletionIsKeptNotPassedOn) {
   std::unique_ptr<Client> a = Attach("poster");
-  // Events tierkvd never handed out: their completions are refused.
+  // An event never handed out is refused by the client itself: nothing is
+  // sent.
   FinishedTransfer bogus;
   bogus.event.ref = {EventKind::kStore, 999};
   bogus.session = a->session();
-  ASSERT_THAT(a->CompleteOneWay({&bogus, 1}), IsOk());  // Not waited for.
-  bogus.event.ref.id = 998;
+  EXPECT_THAT(a->CompleteOneWay({&bogus, 1}),
+              StatusIs(StatusCode::kInvalidArgument));
+  EXPECT_EQ(a->call_counts().posts, 0u);
+  // Requests tierkvd does not know: their finishes are refused there.
+  ASSERT_THAT(a->CompleteOneWay({}, /*finish=*/999), IsOk());  // Not waited.
   // Collects the first one's error, and is sent all the same.
-  ASSERT_THAT(a->CompleteOneWay({&bogus, 1}), IsOk());
+  ASSERT_THAT(a->CompleteOneWay({}, /*finish=*/998), IsOk());
   EXPECT_THAT(a->Stats(), IsOk());
   EXPECT_EQ(a->call_counts().post_errors, 2u);  // Both reached tierkvd.
   EXPECT_THAT(a->last_post_error().message(), HasSubstr("one-way ChunkDone"));

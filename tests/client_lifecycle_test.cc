@@ -150,6 +150,42 @@ TEST_F(PendingLoad, ReadyLoadIsStartedOnTierkvdsSignal) {
   EXPECT_EQ(e.client->call_counts().calls - before, 3u);  // + Complete, Finish.
 }
 
+// An engine that completes a load twice (alone, or in a batch with a new
+// one) never unpins its blocks twice: the second is refused and the block
+// stays its request's, and the new one in the batch is completed.
+TEST_F(PendingLoad, ACompletionTwiceUnpinsOnce) {
+  StartFilledStore();
+  Engine e = Engine::Open(socket_, std::chrono::seconds(5));
+  ASSERT_NE(e.client, nullptr);
+  const BlockId target = LookupAndAllocate(e, 1, 0).load->device_blocks.at(0);
+  std::vector<FinishedTransfer> first;
+  while (first.empty()) {
+    first = e.client->WaitEvents(std::chrono::seconds(60));
+  }
+  ASSERT_EQ(first.size(), 1u);
+  ASSERT_THAT(e.client->Complete(first), IsOk());
+  EXPECT_EQ(e.Ref(target), 1);  // The request's own.
+  EXPECT_THAT(e.client->Complete(first),
+              StatusIs(StatusCode::kInvalidArgument));
+  EXPECT_EQ(e.Ref(target), 1);
+  // A batch of a new load and the old one: the new one completes.
+  const BlockId second = LookupAndAllocate(e, 2, 1).load->device_blocks.at(0);
+  std::vector<FinishedTransfer> batch;
+  while (batch.empty()) {
+    batch = e.client->WaitEvents(std::chrono::seconds(60));
+  }
+  ASSERT_EQ(batch.size(), 1u);
+  batch.push_back(first[0]);
+  EXPECT_THAT(e.client->Complete(batch),
+              StatusIs(StatusCode::kInvalidArgument));
+  EXPECT_EQ(e.Ref(target), 1);
+  EXPECT_EQ(e.Ref(second), 1);
+  EXPECT_EQ(e.client->Stats().value().host.events_in_flight, 0u);
+  ASSERT_THAT(e.client->Finish(1), IsOk());
+  ASSERT_THAT(e.client->Finish(2), IsOk());
+  EXPECT_EQ(e.client->Stats().value().host.pinned_slots, 0);
+}
+
 // The engine aborts a request whose load waits for a promotion and gives
 // its block to another request at once. The load is cancelled: the new
 // owner's bytes are never overwritten, and nothing stays pinned.

@@ -228,7 +228,12 @@ class Client {
   // Reports finished transfers, then unpins their device blocks. A rank
   // client reports its part: tierkvd completes an event once every rank of
   // its scheduler has. FailedPrecondition for a kRanks scheduler: its ranks
-  // complete its events.
+  // complete its events. Each transfer is completed once: one this client
+  // does not owe (completed already, or never handed out by PollEvents,
+  // WaitEvents or, with copies = caller, the calls that return events) is
+  // skipped, nothing unpinned, and the others are completed; then
+  // InvalidArgument. (A rank client with copies = caller gets its events
+  // from its scheduler, so it cannot tell.)
   Status Complete(std::span<const FinishedTransfer> finished);
   // kCaller and kRanks: the pending loads tierkvd reports ready since the
   // last call (possibly cut short: failed_blocks), to copy now like a load
@@ -286,8 +291,8 @@ class Client {
   // without waiting for the answer: the next call collects it first. An
   // error in it is counted (post_errors) and kept (last_post_error), but
   // does not fail that next call, which may itself complete or finish what
-  // would otherwise stay pinned. Unpins the device blocks at once, as
-  // Complete does.
+  // would otherwise stay pinned. Unpins the device blocks at once, and
+  // skips a transfer not owed, as Complete does.
   Status CompleteOneWay(std::span<const FinishedTransfer> finished,
                         RequestId finish = 0);
   const ClientCallCounts& call_counts() const;
@@ -344,6 +349,9 @@ class Client {
       const ClientOptions& options, const EmbeddedOptions& embedded);
   struct Impl;
   explicit Client(std::unique_ptr<Impl> impl);
+  // WaitEvents before the transfers are recorded as handed out.
+  std::vector<FinishedTransfer> WaitForEvents(
+      std::chrono::milliseconds timeout);
   static StatusOr<std::unique_ptr<Impl>> NewImpl(const ClientOptions& options);
   // An embedded client over `store`, for OpenEmbedded (which has checked
   // that options.socket_path is empty).
