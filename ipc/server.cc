@@ -423,6 +423,7 @@ StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& in) {
       StoreLock::Acquire(StoreLockPath(options.store, options.socket_path)));
   TIERKV_ASSIGN_OR_RETURN(StoreLock socket_lock,
                           StoreLock::Acquire(options.socket_path + ".lock"));
+  if (options.locked) TIERKV_RETURN_IF_ERROR(options.locked());
   std::unique_ptr<DiskTier> disk;
   if (!options.disk_path.empty()) {
     TIERKV_ASSIGN_OR_RETURN(disk, OpenDisk(options));

@@ -134,6 +134,9 @@ struct ServerOptions {
   // disk tier's blocks found at start included. Not owned; must outlive the
   // server. Default: none.
   CacheEventSink* cache_events = nullptr;
+  // Called once Start holds the store's and the socket's locks, before any
+  // tier is opened; an error ends the start with it. Default: none.
+  std::function<Status()> locked = {};
   uint32_t channel_bytes = kDefaultChannelBytes;  // Per direction.
   // Socket connections not registered as workers (workers about to
   // register, tierkv-admin's calls, peers that never will) open at once:

@@ -412,6 +412,25 @@ TEST_F(TierkvdTest, SocketIsOwnerOnlyAndSegmentsHaveNoNames) {
   EXPECT_EQ(st.st_mode & 0777, 0400u);
 }
 
+// The KV event sockets are opened once the store is this tierkvd's: a
+// second tierkvd refused for the store leaves the live one's ipc:// path
+// (which ZeroMQ would unlink and bind again) where it is.
+TEST_F(TierkvdTest, ARefusedDaemonLeavesTheLiveOnesEventSocket) {
+  const std::string events = dir_ + "/kv-events";
+  StartDaemon("1M", {"--kv-events-endpoint", "ipc://" + events});
+  ASSERT_TRUE(daemon_->WaitForOutput("kv events: publishing on"));
+  struct stat before {};
+  ASSERT_EQ(stat(events.c_str(), &before), 0);
+  std::vector<std::string> args = DaemonArgs("1M");
+  args.insert(args.end(), {"--kv-events-endpoint", "ipc://" + events});
+  auto second = Spawn(args);
+  EXPECT_EQ(second->Wait(), 3) << second->output();
+  EXPECT_THAT(second->output(), Not(HasSubstr("kv events: publishing")));
+  struct stat after {};
+  ASSERT_EQ(stat(events.c_str(), &after), 0);
+  EXPECT_EQ(after.st_ino, before.st_ino);
+}
+
 TEST_F(TierkvdTest, ALiveDaemonIsNeverClobberedAStaleOneIsReplaced) {
   StartDaemon();
   std::unique_ptr<Client> c = Attach();

@@ -230,19 +230,15 @@ StatusOr<std::unique_ptr<KvEventPublisher>> StartKvEvents(
   if (flags.endpoint.empty()) return std::unique_ptr<KvEventPublisher>();
   TIERKV_ASSIGN_OR_RETURN(KvEventHashFormat hashes,
                           ParseKvEventHashFormat(flags.hash_format));
-  TIERKV_ASSIGN_OR_RETURN(
-      std::unique_ptr<KvEventPublisher> publisher,
-      KvEventPublisher::Create({.endpoint = flags.endpoint,
-                                .replay_endpoint = flags.replay_endpoint,
-                                .topic = flags.topic,
-                                .buffer_steps = flags.buffer_steps,
-                                .max_queue_events = flags.max_queue_events,
-                                .hash_format = hashes}));
+  TIERKV_ASSIGN_OR_RETURN(std::unique_ptr<KvEventPublisher> publisher,
+                          KvEventPublisher::CreateUnstarted(
+                              {.endpoint = flags.endpoint,
+                               .replay_endpoint = flags.replay_endpoint,
+                               .topic = flags.topic,
+                               .buffer_steps = flags.buffer_steps,
+                               .max_queue_events = flags.max_queue_events,
+                               .hash_format = hashes}));
   publisher->AllBlocksCleared();
-  spdlog::info("kv events: publishing on {}{}", flags.endpoint,
-               flags.replay_endpoint.empty()
-                   ? std::string()
-                   : ", replay on " + flags.replay_endpoint);
   return publisher;
 }
 
@@ -280,6 +276,17 @@ int RunDaemon(const DaemonCommand& command) {
     return ExitStatusFor(kv_events.status());
   }
   options.cache_events = kv_events->get();
+  if (KvEventPublisher* publisher = kv_events->get(); publisher != nullptr) {
+    // Its sockets once the store is this tierkvd's (Server::Start).
+    options.locked = [publisher, &flags = command.kv_events] {
+      TIERKV_RETURN_IF_ERROR(publisher->Start());
+      spdlog::info("kv events: publishing on {}{}", flags.endpoint,
+                   flags.replay_endpoint.empty()
+                       ? std::string()
+                       : ", replay on " + flags.replay_endpoint);
+      return Status::Ok();
+    };
+  }
   // Called between units of start-up work (64 MiB of host memory reserved,
   // a record of the disk index read): besides looking for a stop, it keeps
   // extending systemd's start timeout while the start makes progress, so a

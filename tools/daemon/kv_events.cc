@@ -557,6 +557,14 @@ void KvEventPublisher::Impl::LogDrops(uint64_t dropped) {
 
 StatusOr<std::unique_ptr<KvEventPublisher>> KvEventPublisher::Create(
     KvEventPublisherOptions options) {
+  TIERKV_ASSIGN_OR_RETURN(std::unique_ptr<KvEventPublisher> publisher,
+                          CreateUnstarted(std::move(options)));
+  TIERKV_RETURN_IF_ERROR(publisher->Start());
+  return publisher;
+}
+
+StatusOr<std::unique_ptr<KvEventPublisher>> KvEventPublisher::CreateUnstarted(
+    KvEventPublisherOptions options) {
   if (options.endpoint.empty()) {
     return Status::InvalidArgument("kv events: no endpoint to publish on");
   }
@@ -566,6 +574,15 @@ StatusOr<std::unique_ptr<KvEventPublisher>> KvEventPublisher::Create(
   }
   auto impl = std::make_unique<Impl>();
   impl->options = std::move(options);
+  return std::unique_ptr<KvEventPublisher>(
+      new KvEventPublisher(std::move(impl)));
+}
+
+Status KvEventPublisher::Start() {
+  Impl* impl = impl_.get();
+  if (impl->thread.joinable()) {
+    return Status::FailedPrecondition("kv events: started already");
+  }
   const std::string& endpoint = impl->options.endpoint;
   try {
     impl->pub.set(zmq::sockopt::sndhwm, impl->options.hwm);
@@ -594,14 +611,13 @@ StatusOr<std::unique_ptr<KvEventPublisher>> KvEventPublisher::Create(
       impl->replay->set(zmq::sockopt::sndhwm, 2 * answer);
       impl->replay->bind(replay);
     } catch (const zmq::error_t& e) {
+      impl->replay.reset();
       return Status::InvalidArgument("--kv-events-replay-endpoint " + replay +
                                      ": " + e.what());
     }
   }
-  Impl* raw = impl.get();
-  raw->thread = std::thread([raw] { raw->Run(); });
-  return std::unique_ptr<KvEventPublisher>(
-      new KvEventPublisher(std::move(impl)));
+  impl->thread = std::thread([impl] { impl->Run(); });
+  return Status::Ok();
 }
 
 KvEventPublisher::KvEventPublisher(std::unique_ptr<Impl> impl)
@@ -613,7 +629,7 @@ KvEventPublisher::~KvEventPublisher() {
     impl_->stopping = true;
   }
   impl_->wake.NotifyAll();
-  impl_->thread.join();
+  if (impl_->thread.joinable()) impl_->thread.join();
 }
 
 void KvEventPublisher::BlockStored(const StoredBlockEvent& block) {

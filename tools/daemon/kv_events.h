@@ -139,6 +139,14 @@ class KvEventPublisher final : public CacheEventSink {
   // naming the endpoint when ZeroMQ refuses it.
   static StatusOr<std::unique_ptr<KvEventPublisher>> Create(
       KvEventPublisherOptions options);
+  // A publisher that queues events and touches no socket until Start:
+  // tierkvd starts it once it holds its store's locks, so that a second
+  // tierkvd refused for the store neither takes over an ipc:// path nor
+  // sends routers the AllBlocksCleared of a restart that never happened.
+  static StatusOr<std::unique_ptr<KvEventPublisher>> CreateUnstarted(
+      KvEventPublisherOptions options);
+  // Binds (or connects) the sockets and starts the thread, as Create.
+  Status Start();
   // Publishes what is queued, then stops the thread and closes the sockets
   // (waiting at most a second for subscribers to take the last batches).
   ~KvEventPublisher() override;
