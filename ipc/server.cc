@@ -46,6 +46,18 @@ Status Errno(const std::string& what) {
   return Status::Unavailable(what + ": " + std::strerror(errno));
 }
 
+// Whether this process may chown a file it owns to `group`: root, or a
+// member of it.
+bool MayGiveToGroup(gid_t group) {
+  if (geteuid() == 0 || getegid() == group) return true;
+  const int n = getgroups(0, nullptr);
+  if (n <= 0) return false;
+  std::vector<gid_t> groups(static_cast<size_t>(n));
+  const int got = getgroups(n, groups.data());
+  return got > 0 && std::ranges::find(groups.begin(), groups.begin() + got,
+                                      group) != groups.begin() + got;
+}
+
 // The disk tier's storage for --disk-capacity: memtables of 1/16 of it
 // (1 to 64 MiB), so that RocksDB's reserve (two of them and their log)
 // stays a small share of small tiers too.
@@ -375,6 +387,13 @@ StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& in) {
         " gives it no read and write access to the socket: use a mode such "
         "as 0660");
   }
+  if (options.group.has_value() && !MayGiveToGroup(*options.group)) {
+    return Status::PermissionDenied(
+        "--group " + std::to_string(*options.group) +
+        ": tierkvd's user is not in that group, so it cannot give the "
+        "socket to it; add the user to the group (the systemd unit: "
+        "SupplementaryGroups=) or pick one of its groups");
+  }
   if (options.max_tenants < 1 || options.max_tenants > kMaxTenants) {
     return Status::InvalidArgument("--max-tenants " +
                                    std::to_string(options.max_tenants) +
@@ -506,7 +525,12 @@ StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& in) {
       (options.group.has_value() &&
        chown(options.socket_path.c_str(), static_cast<uid_t>(-1),
              *options.group) != 0)) {
-    return Errno("set permissions of " + options.socket_path);
+    const int err = errno;
+    Status s = Errno("set permissions of " + options.socket_path);
+    unlink(options.socket_path.c_str());  // Nobody may attach to it.
+    if (err == EPERM || err == EACCES)
+      return Status::PermissionDenied(s.message());
+    return s;
   }
   if (listen(fd, 64) != 0) return Errno("listen");
   if (pipe2(impl->wake_pipe, O_CLOEXEC | O_NONBLOCK) != 0) {

@@ -640,6 +640,19 @@ TEST_F(SupplementaryGroupTest, AnotherUserCannotJoinATenantByItsName) {
   EXPECT_THAT(again->output(), Not(HasSubstr(" hit 0 ")));
 }
 
+// tierkvd's user can give the socket only to a group it is in: another
+// is refused before anything is reserved or bound (exit 5), not after,
+// with the socket left behind, as a failure systemd would restart forever.
+TEST_F(SupplementaryGroupTest, AGroupTierkvdsUserIsNotInIsRefusedAtOnce) {
+  std::vector<std::string> args = DaemonArgs("1M");
+  args.insert(args.end(), {"--group", TestUsers::kGroup, "--mode", "0660"});
+  auto daemon = Spawn(TestUsers::As(TestUsers::kOutsider, args));
+  EXPECT_EQ(daemon->Wait(), 5) << daemon->output();
+  EXPECT_THAT(daemon->output(), HasSubstr("not in that group"));
+  struct stat st {};
+  EXPECT_NE(stat(socket_.c_str(), &st), 0);
+}
+
 TEST_F(SupplementaryGroupTest, AGroupWithAModeThatGivesItNothingIsRefused) {
   auto daemon = Spawn([&] {
     auto args = DaemonArgs("1M");
