@@ -16,6 +16,7 @@
 #include <optional>
 #include <set>
 #include <span>
+#include <tuple>
 #include <unordered_map>
 
 #include "ipc/channel.h"
@@ -240,7 +241,10 @@ struct Client::Impl {
   // engine and not completed yet, by session, kind and id. Complete
   // unpins and reports each of them once: a second completion of one
   // would unpin device blocks a request still holds.
-  std::set<std::tuple<uint64_t, EventKind, uint64_t>> owed;
+  // Their device blocks, still pinned in the engine, are unpinned by
+  // ~Client for those never completed.
+  std::map<std::tuple<uint64_t, EventKind, uint64_t>, std::vector<BlockId>>
+      owed;
   // Finished transfers not handed out yet: loads lost with tierkvd, loads
   // whose copy could not start, and copies that finished while a lost
   // attachment waited for them.
@@ -268,6 +272,7 @@ struct Client::Impl {
     if (copies_fd.valid()) device->SetCompletionNotify(nullptr);
     for (const auto& [id, load] : pending_loads) Unpin(load.device_blocks);
     for (const FinishedTransfer& f : finished) Unpin(f.event.device_blocks);
+    for (const auto& [ref, blocks] : owed) Unpin(blocks);
     if (socket_fd >= 0) close(socket_fd);
   }
 
@@ -585,7 +590,7 @@ struct Client::Impl {
       const EventRef& ref = f.event.ref;
       bool known = true;
       if (options.copies == CopyMode::kClient) {
-        known = owed.erase({f.session, ref.kind, ref.id}) > 0;
+        known = owed.erase(std::tuple(f.session, ref.kind, ref.id)) > 0;
       } else if (options.scheduler == 0) {
         // copies = caller: the events Allocate, Commit and the rest handed
         // out. (A rank client's come from its scheduler: not known here.)
@@ -605,8 +610,10 @@ struct Client::Impl {
 
   // Transfers handed to the engine: owed a completion each.
   std::vector<FinishedTransfer> Owe(std::vector<FinishedTransfer> out) {
+    if (options.copies != CopyMode::kClient) return out;
     for (const FinishedTransfer& f : out) {
-      owed.emplace(f.session, f.event.ref.kind, f.event.ref.id);
+      owed.emplace(std::tuple(f.session, f.event.ref.kind, f.event.ref.id),
+                   f.event.device_blocks);
     }
     return out;
   }

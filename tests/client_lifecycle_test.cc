@@ -186,6 +186,20 @@ TEST_F(PendingLoad, ACompletionTwiceUnpinsOnce) {
   EXPECT_EQ(e.client->Stats().value().host.pinned_slots, 0);
 }
 
+// A client dropped with a transfer handed out and not completed leaves
+// no pin behind in the engine's pool.
+TEST_F(PendingLoad, AClientDroppedUnpinsWhatItHandedOut) {
+  StartFilledStore();
+  Engine e = Engine::Open(socket_, std::chrono::seconds(5));
+  ASSERT_NE(e.client, nullptr);
+  const BlockId target = LookupAndAllocate(e, 1, 0).load->device_blocks.at(0);
+  std::vector<FinishedTransfer> done;
+  while (done.empty()) done = e.client->WaitEvents(std::chrono::seconds(60));
+  EXPECT_EQ(e.Ref(target), 2);
+  e.client.reset();
+  EXPECT_EQ(e.Ref(target), 1);  // The request's own.
+}
+
 // The engine aborts a request whose load waits for a promotion and gives
 // its block to another request at once. The load is cancelled: the new
 // owner's bytes are never overwritten, and nothing stays pinned.

@@ -99,8 +99,10 @@ struct ClientOptions {
   int32_t num_device_blocks = 0;  // Required, >= 1.
   std::string tenant;             // Default: "" (the shared tenant).
   std::string name;               // Shown by tierkv-admin.
-  // The device memory copies go to and from. Default (null): an
-  // EmulatedDeviceTier of num_device_blocks blocks, owned by the client.
+  // The device memory copies go to and from, driven by this client alone
+  // (two clients on one device tier would take each other's finished
+  // copies). Default (null): an EmulatedDeviceTier of num_device_blocks
+  // blocks, owned by the client.
   DeviceTier* device = nullptr;
   // The engine's main pool. When set, device blocks in a transfer are
   // pinned in it until Complete (transfer protection, as vLLM's
@@ -167,9 +169,10 @@ class Client {
   // within call_timeout.
   static StatusOr<std::unique_ptr<Client>> Open(const ClientOptions& options);
   // Waits for copies in flight, then unpins every device block the client
-  // still pins in the engine, but for transfers PollEvents or WaitEvents
-  // handed out: the engine Completes those (which unpins), before or after.
-  // tierkvd drops the rest when the socket closes. With copies = caller the
+  // still pins in the engine, those of transfers PollEvents or WaitEvents
+  // handed out and the engine has not completed included (the engine
+  // completes them before, which also tells tierkvd). tierkvd drops the
+  // rest when the socket closes. With copies = caller the
   // engine's copies must have ended first: the host slots they use are
   // unmapped here and released to other workers.
   ~Client();
