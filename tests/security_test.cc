@@ -653,6 +653,16 @@ TEST_F(SupplementaryGroupTest, AGroupTierkvdsUserIsNotInIsRefusedAtOnce) {
   EXPECT_NE(stat(socket_.c_str(), &st), 0);
 }
 
+// A log file tierkvd's user may not write is a refused permission (exit 5,
+// as README's table says), not a usage error.
+TEST_F(SupplementaryGroupTest, ALogFileItMayNotWriteIsAPermissionRefused) {
+  std::vector<std::string> args = DaemonArgs("1M");
+  args.insert(args.end(), {"--log-file", dir_ + "/tierkvd.log"});  // Root's.
+  auto daemon = Spawn(TestUsers::As(TestUsers::kOutsider, args));
+  EXPECT_EQ(daemon->Wait(), 5) << daemon->output();
+  EXPECT_THAT(daemon->output(), HasSubstr("Permission denied"));
+}
+
 TEST_F(SupplementaryGroupTest, AGroupWithAModeThatGivesItNothingIsRefused) {
   auto daemon = Spawn([&] {
     auto args = DaemonArgs("1M");

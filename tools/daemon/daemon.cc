@@ -263,7 +263,9 @@ int RunDaemon(const DaemonCommand& command) {
   auto log = DaemonLog::Open(command.log_file);
   if (!log.ok()) {
     std::cerr << "tierkvd: --log-file: " << log.status().message() << "\n";
-    return kExitUsage;
+    return log.status().code() == StatusCode::kPermissionDenied
+               ? kExitPermission
+               : kExitUsage;
   }
   SignalThread signal_thread(command, **log, signals);
   ipc::ServerOptions options = command.server;

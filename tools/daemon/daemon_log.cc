@@ -1,10 +1,14 @@
 #include "tools/daemon/daemon_log.h"
 
+#include <fcntl.h>
 #include <spdlog/sinks/basic_file_sink.h>
 #include <spdlog/sinks/dist_sink.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
+#include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
 #include <mutex>
 #include <vector>
 
@@ -12,6 +16,19 @@ namespace tierkv::daemon {
 namespace {
 
 StatusOr<spdlog::sink_ptr> OpenFileSink(const std::string& path) {
+  // Tried first for its errno: a refused file is PermissionDenied.
+  const int fd =
+      open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0640);
+  if (fd < 0) {
+    const int err = errno;
+    const std::string why =
+        "cannot open log file " + path + ": " + std::strerror(err);
+    if (err == EACCES || err == EPERM || err == EROFS) {
+      return Status::PermissionDenied(why);
+    }
+    return Status::FailedPrecondition(why);
+  }
+  close(fd);
   try {
     return spdlog::sink_ptr(
         std::make_shared<spdlog::sinks::basic_file_sink_mt>(path));
