@@ -171,7 +171,7 @@ StatusOr<AdminCommand> ParseAdminFlags(int argc, const char* const* argv) {
       "socket", po::value(&command.socket_path),
       "tierkvd's socket (overrides --store)")(
       "json", po::bool_switch(&command.json),
-      "stats, events, clear, evict: machine-readable output")(
+      "stats, events, held, route, clear, evict: machine-readable output")(
       "all", po::bool_switch(&command.all),
       "stats: every field of every tier and worker, one per line, with its "
       "meaning")(
