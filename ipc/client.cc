@@ -589,8 +589,16 @@ struct Client::Impl {
     for (const FinishedTransfer& f : finished) {
       const EventRef& ref = f.event.ref;
       bool known = true;
+      std::vector<BlockId> pinned = f.event.device_blocks;
       if (options.copies == CopyMode::kClient) {
-        known = owed.erase(std::tuple(f.session, ref.kind, ref.id)) > 0;
+        // The blocks pinned for it, whatever the engine's copy of the event
+        // now says.
+        const auto it = owed.find(std::tuple(f.session, ref.kind, ref.id));
+        known = it != owed.end();
+        if (known) {
+          pinned = std::move(it->second);
+          owed.erase(it);
+        }
       } else if (options.scheduler == 0) {
         // copies = caller: the events Allocate, Commit and the rest handed
         // out. (A rank client's come from its scheduler: not known here.)
@@ -602,7 +610,7 @@ struct Client::Impl {
         continue;
       }
       if (f.session == session) events.push_back({ref, f.status.ok()});
-      Unpin(f.event.device_blocks);
+      Unpin(pinned);
     }
     CloseIfCopiesEnded();
     return events;

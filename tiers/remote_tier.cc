@@ -514,13 +514,9 @@ void RemoteTier::RunJobs() {
       }
     }
     switch (job.kind) {
-      case Job::Kind::kSpill: {
+      case Job::Kind::kSpill:
         RunSpill(job);
-        MutexLock lock(&mu_);
-        const auto it = writing_.find(job.key);
-        if (it != writing_.end() && --it->second == 0) writing_.erase(it);
         break;
-      }
       case Job::Kind::kPromote:
         RunPromotes(promotes);
         break;
@@ -548,7 +544,8 @@ void RemoteTier::RunSpill(Job& job) {
       MutexLock lock(&mu_);
       ++stats_.put_failures;
     }
-    return job.done(
+    return FinishWrite(
+        job,
         Status::DataLoss("host slot " + std::to_string(job.slot) +
                          " changed since its block was stored; not spilled"));
   }
@@ -615,7 +612,18 @@ void RemoteTier::RunSpill(Job& job) {
     MutexLock lock(&mu_);
     EndDeletesLocked(evicted);
   }
-  job.done(set);
+  FinishWrite(job, std::move(set));
+}
+
+void RemoteTier::FinishWrite(Job& job, Status status) {
+  {
+    // Before `done`: the owner may undo the spill (RemoveSpilled) as soon
+    // as it hears of it, and must find the write over by then.
+    MutexLock lock(&mu_);
+    const auto it = writing_.find(job.key);
+    if (it != writing_.end() && --it->second == 0) writing_.erase(it);
+  }
+  job.done(std::move(status));
 }
 
 struct RemoteTier::Read {

@@ -186,6 +186,8 @@ class RemoteTier final : public LowerTier {
   void Enqueue(Job job) TIERKV_EXCLUDES(mu_);
   void RunJobs() TIERKV_EXCLUDES(mu_);
   void RunSpill(Job& job) TIERKV_EXCLUDES(mu_);
+  // A spill's or demotion's end: no longer being written, then `done`.
+  void FinishWrite(Job& job, Status status) TIERKV_EXCLUDES(mu_);
   // Promotions queued one after another, read in one pipelined MultiGet.
   void RunPromotes(std::vector<Job>& batch) TIERKV_EXCLUDES(mu_);
   struct Read;
