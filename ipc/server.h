@@ -116,9 +116,10 @@ struct ServerOptions {
   // kMaxTenants. Default: 16.
   uint32_t max_tenants = 16;
   // Per-worker caps (WorkerCaps, src/coordinator.h). Defaults: a share of
-  // 0.5 of the host slots, 4096 requests, 256 MiB of request state, 4096
-  // events in flight, 64 workers per uid.
-  WorkerCaps caps = {};
+  // 0.5 of the host slots, 0.75 for all the workers of one uid (operators'
+  // apart), 4096 requests, 256 MiB of request state, 4096 events in
+  // flight, 64 workers per uid.
+  WorkerCaps caps = {.uid_pin_share = 0.75};
   // Check each host block's checksum (taken when its store completed)
   // before a load of it is handed to a worker, as well as before it is
   // spilled (always): a block a worker changed since is a miss, dropped.

@@ -60,6 +60,11 @@ StatusOr<Coordinator> Coordinator::Create(const CoordinatorOptions& options) {
         "a worker's share of the host slots must be in (0, 1], got " +
         std::to_string(options.caps.worker_pin_share));
   }
+  if (!(options.caps.uid_pin_share > 0 && options.caps.uid_pin_share <= 1)) {
+    return Status::InvalidArgument(
+        "a uid's share of the host slots must be in (0, 1], got " +
+        std::to_string(options.caps.uid_pin_share));
+  }
   if (options.caps.max_requests_per_worker < 1 ||
       options.caps.max_request_bytes_per_worker < 1 ||
       options.caps.max_events_per_worker < 1 ||
@@ -99,6 +104,10 @@ Coordinator::Coordinator(const CoordinatorOptions& options, BlockPool host_pool)
   const int64_t usable = options_.host_slots - 1;
   worker_pin_cap_ =
       std::clamp<int64_t>(static_cast<int64_t>(options_.caps.worker_pin_share *
+                                               static_cast<double>(usable)),
+                          1, usable);
+  uid_pin_cap_ =
+      std::clamp<int64_t>(static_cast<int64_t>(options_.caps.uid_pin_share *
                                                static_cast<double>(usable)),
                           1, usable);
   slot_checks_.resize(static_cast<size_t>(options_.host_slots));
@@ -250,7 +259,7 @@ Status Coordinator::DropWorker(WorkerId worker) {
       }
     }
   } else {
-    workers_.erase(worker);
+    EraseWorker(workers_.find(worker));
   }
   if (scheduler != 0) {
     // A rank: it fails its part of every event it had not completed.
@@ -371,7 +380,21 @@ void Coordinator::ReleaseSlots(std::span<const BlockId> slots) {
 void Coordinator::ReleaseWorkerSlots(WorkerState* w,
                                      std::span<const BlockId> slots) {
   ReleaseSlots(slots);
-  if (w != nullptr) w->pinned_slots -= static_cast<int64_t>(slots.size());
+  if (w != nullptr) AddPins(w, -static_cast<int64_t>(slots.size()));
+}
+
+void Coordinator::EraseWorker(std::map<WorkerId, WorkerState>::iterator it) {
+  // Pins it still counts go with it (a promotion in flight releases its
+  // slot without a worker).
+  AddPins(&it->second, -it->second.pinned_slots);
+  workers_.erase(it);
+}
+
+void Coordinator::AddPins(WorkerState* w, int64_t n) {
+  w->pinned_slots += n;
+  int64_t& of_uid = uid_pinned_[w->registration.uid];
+  of_uid += n;
+  if (of_uid == 0) uid_pinned_.erase(w->registration.uid);
 }
 
 std::optional<BlockId> Coordinator::NewWorkerSlot(WorkerState* w) {
@@ -386,16 +409,35 @@ std::optional<BlockId> Coordinator::NewWorkerSlot(WorkerState* w) {
     ++stats_.slot_reserve_failures;
     return std::nullopt;
   }
-  ++w->pinned_slots;
+  AddPins(w, 1);
   ResetSlotCheck(slot[0]);
   return slot[0];
 }
 
+int64_t Coordinator::UidPinRoom(const WorkerState& w) const {
+  // No cap (share 1) or an operator's uid: what the pool has.
+  if (options_.caps.uid_pin_share >= 1 || w.registration.operator_uid) {
+    return host_pool_.num_blocks();
+  }
+  const auto it = uid_pinned_.find(w.registration.uid);
+  return std::max<int64_t>(
+      0, uid_pin_cap_ - (it == uid_pinned_.end() ? 0 : it->second));
+}
+
 int64_t Coordinator::PinRoom(const WorkerState& w) const {
-  return std::max<int64_t>(0, worker_pin_cap_ - w.pinned_slots);
+  return std::min(std::max<int64_t>(0, worker_pin_cap_ - w.pinned_slots),
+                  UidPinRoom(w));
 }
 
 Status Coordinator::PinCapStatus(WorkerId worker, const WorkerState& w) const {
+  if (UidPinRoom(w) == 0) {
+    return Status::ResourceExhausted(
+        "uid " + std::to_string(w.registration.uid) + "'s workers pin " +
+        std::to_string(uid_pin_cap_) +
+        " host slots, its cap (uid_pin_share of " +
+        std::to_string(host_pool_.num_blocks() - 1) + " slots); " +
+        WorkerName(worker) + " stores more once their transfers complete");
+  }
   return Status::ResourceExhausted(
       WorkerName(worker) + " pins " + std::to_string(w.pinned_slots) +
       " host slots, its cap (worker_pin_share of " +
@@ -728,7 +770,7 @@ LookupResult Coordinator::FindHits(WorkerState* w, RequestState* r,
     result.hit_tokens += static_cast<int32_t>(tokens.size());
   }
   host_pool_.Touch(host_hits);
-  w->pinned_slots += static_cast<int64_t>(host_hits.size());
+  AddPins(w, static_cast<int64_t>(host_hits.size()));
   const auto hits = static_cast<int32_t>(r->pending_hits.size());
   ++stats_.lookups;
   stats_.lookup_blocks += max_blocks;

@@ -170,6 +170,12 @@ struct WorkerCaps {
   // never completes its stores) leaves the other half to the rest. 0 <
   // share <= 1. Default: 0.5.
   double worker_pin_share = 0.5;
+  // The share of the usable host slots all workers of one uid may pin at
+  // once, so that a user with several workers cannot pin what other users
+  // need. An operator's uid (WorkerRegistration::operator_uid) is not held
+  // to it. 0 < share <= 1. Default: 1 (each worker's share alone); tierkvd
+  // sets 0.75 (ServerOptions).
+  double uid_pin_share = 1.0;
   // Requests a worker may have open (looked up, not finished). A vLLM
   // worker has its running and waiting requests open; 4096 leaves room for
   // any scheduler's batch. Default: 4096.
@@ -673,6 +679,12 @@ class Coordinator {
   void ReleaseWorkerSlots(WorkerState* w, std::span<const BlockId> slots);
   // Host slots `w` may still pin under its share.
   int64_t PinRoom(const WorkerState& w) const;
+  // What the worker's uid may still pin (uid_pin_share).
+  int64_t UidPinRoom(const WorkerState& w) const;
+  // Counts `n` (negative: fewer) more pins for the worker and its uid.
+  void AddPins(WorkerState* w, int64_t n);
+  // Forgets a worker, and the pins its uid counted for it.
+  void EraseWorker(std::map<WorkerId, WorkerState>::iterator it);
   Status PinCapStatus(WorkerId worker, const WorkerState& w) const;
   void ForgetRequest(WorkerState* w, RequestState* r);
   // A slot pinned for a store or a promotion: nothing known of its bytes.
@@ -767,7 +779,10 @@ class Coordinator {
   std::map<std::string, uint32_t> tenant_segments_;
   std::unordered_map<uint32_t, uint32_t> segment_workers_;
   std::unordered_map<uint32_t, uint32_t> tenants_per_uid_;  // Who made them.
-  int64_t worker_pin_cap_ = 1;          // worker_pin_share of the usable slots.
+  int64_t worker_pin_cap_ = 1;  // worker_pin_share of the usable slots.
+  int64_t uid_pin_cap_ = 1;     // uid_pin_share of them.
+  // Slots pinned by each uid's workers together (operators' uids too).
+  std::unordered_map<uint32_t, int64_t> uid_pinned_;
   size_t request_bytes_ = 0;            // Every worker's request_bytes.
   std::vector<SlotCheck> slot_checks_;  // One per host slot.
   // host_slots x block_size: the token ids each keyed host slot was stored

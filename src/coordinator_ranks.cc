@@ -115,7 +115,7 @@ void Coordinator::MarkRanksDone(WorkerId scheduler, int32_t rank,
     }
   }
   ApplyCompletions(&s, done, checksums);
-  if (s.dropped && s.loads.empty() && s.stores.empty()) workers_.erase(it);
+  if (s.dropped && s.loads.empty() && s.stores.empty()) EraseWorker(it);
 }
 
 }  // namespace tierkv

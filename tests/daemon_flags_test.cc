@@ -134,18 +134,35 @@ TEST_F(DaemonFlagsTest, WorkerCapsAndVerifyLoads) {
       Parse({"--layers", "2", "--kv-heads", "4", "--head-dim", "64"});
   ASSERT_THAT(defaults, IsOk());
   EXPECT_EQ(defaults->server.caps.worker_pin_share, 0.5);
+  EXPECT_EQ(defaults->server.caps.uid_pin_share, 0.75);
   EXPECT_EQ(defaults->server.caps.max_request_bytes_per_worker,
             size_t{256} << 20);
   EXPECT_FALSE(defaults->server.verify_on_load);
-  auto command =
-      Parse({"--layers", "2", "--kv-heads", "4", "--head-dim", "64",
-             "--worker-pin-share", "0.25", "--max-requests-per-worker", "10",
-             "--max-request-bytes-per-worker", "64M", "--max-events-per-worker",
-             "20", "--max-workers-per-uid", "3", "--max-tenants-per-uid", "2",
-             "--verify-loads"});
+  auto command = Parse({"--layers",
+                        "2",
+                        "--kv-heads",
+                        "4",
+                        "--head-dim",
+                        "64",
+                        "--worker-pin-share",
+                        "0.25",
+                        "--uid-pin-share",
+                        "0.5",
+                        "--max-requests-per-worker",
+                        "10",
+                        "--max-request-bytes-per-worker",
+                        "64M",
+                        "--max-events-per-worker",
+                        "20",
+                        "--max-workers-per-uid",
+                        "3",
+                        "--max-tenants-per-uid",
+                        "2",
+                        "--verify-loads"});
   ASSERT_THAT(command, IsOk());
   const ipc::ServerOptions& s = command->server;
   EXPECT_EQ(s.caps.worker_pin_share, 0.25);
+  EXPECT_EQ(s.caps.uid_pin_share, 0.5);
   EXPECT_EQ(s.caps.max_requests_per_worker, 10u);
   EXPECT_EQ(s.caps.max_request_bytes_per_worker, size_t{64} << 20);
   EXPECT_EQ(s.caps.max_events_per_worker, 20u);
@@ -159,6 +176,9 @@ TEST_F(DaemonFlagsTest, WorkerCapsAndVerifyLoads) {
   EXPECT_THAT(Error({"--layers", "2", "--kv-heads", "4", "--head-dim", "64",
                      "--worker-pin-share", "0"}),
               HasSubstr("--worker-pin-share must be in (0, 1]"));
+  EXPECT_THAT(Error({"--layers", "2", "--kv-heads", "4", "--head-dim", "64",
+                     "--uid-pin-share", "1.5"}),
+              HasSubstr("--uid-pin-share must be in (0, 1]"));
   EXPECT_THAT(Error({"--layers", "2", "--kv-heads", "4", "--head-dim", "64",
                      "--max-request-bytes-per-worker", "0"}),
               HasSubstr("at least 1 byte"));
@@ -547,6 +567,7 @@ TEST_F(DaemonFlagsTest, ExampleConfigShowsEveryOptionWithItsDefault) {
   EXPECT_EQ(a.write_behind_spills, b.write_behind_spills);
   EXPECT_EQ(a.remote_placement, b.remote_placement);
   EXPECT_EQ(a.caps.worker_pin_share, b.caps.worker_pin_share);
+  EXPECT_EQ(a.caps.uid_pin_share, b.caps.uid_pin_share);
   EXPECT_EQ(a.caps.max_requests_per_worker, b.caps.max_requests_per_worker);
   EXPECT_EQ(a.caps.max_request_bytes_per_worker,
             b.caps.max_request_bytes_per_worker);

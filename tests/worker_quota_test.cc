@@ -314,6 +314,59 @@ TEST_F(WorkerQuotaCapsTest, RegistrationsPerUidAreCapped) {
   EXPECT_EQ(c_.stats().workers.at(0).uid, 1000u);
 }
 
+// One user's workers together pin at most uid_pin_share of the slots: a
+// second worker of the same uid cannot take what a first left for others.
+TEST(WorkerQuotaUidTest, OneUsersWorkersTogetherPinAtMostItsShare) {
+  // 10 usable slots: 5 a worker, 7 a uid.
+  Coordinator c = Coordinator::Create(
+                      {.layout = TestLayout(),
+                       .host_slots = 11,
+                       .caps = {.worker_pin_share = 0.5, .uid_pin_share = 0.7}})
+                      .value();
+  auto reg = [&](uint32_t uid, bool op = false) {
+    return c
+        .RegisterWorker({.layout = TestLayout(),
+                         .num_device_blocks = 100,
+                         .tenant = "",
+                         .pid = 1,
+                         .uid = uid,
+                         .operator_uid = op,
+                         .name = "w"})
+        .value();
+  };
+  // Commits `blocks` blocks as request `id` and never completes them.
+  auto hog = [&](WorkerId w, RequestId id, int blocks) {
+    const std::vector<TokenId> t =
+        SequentialTokens(static_cast<TokenId>(1000 * id), blocks * 16);
+    EXPECT_THAT(c.Lookup(w, id, t, 0, {}), IsOk());
+    const std::vector<BlockId> device = Range(1, blocks + 1);
+    EXPECT_THAT(c.Allocate(w, id, device, 0), IsOk());
+    return c.Commit(w, id, blocks * 16, device).value();
+  };
+  const WorkerId a = reg(1000), b = reg(1000);
+  EXPECT_EQ(hog(a, 1, 8).stores.at(0).host_blocks.size(), 5u);
+  const CommitResult second = hog(b, 2, 8);
+  ASSERT_EQ(second.stores.size(), 1u);
+  EXPECT_EQ(second.stores[0].host_blocks.size(), 2u);  // 7 for uid 1000.
+  EXPECT_THAT(second.store_status.message(), HasSubstr("uid_pin_share"));
+  EXPECT_THAT(second.store_status.message(), HasSubstr("uid 1000"));
+  // Another user still stores in what is left.
+  const WorkerId other = reg(1001);
+  EXPECT_EQ(hog(other, 3, 8).stores.at(0).host_blocks.size(), 3u);
+  // Dropped, a worker's pins leave its uid's count.
+  ASSERT_THAT(c.DropWorker(b), IsOk());
+  ASSERT_THAT(c.DropWorker(other), IsOk());
+  const WorkerId again = reg(1000);
+  EXPECT_EQ(hog(again, 4, 8).stores.at(0).host_blocks.size(), 2u);
+  // An operator's uid is held to each worker's share only.
+  ASSERT_THAT(c.DropWorker(again), IsOk());
+  const WorkerId root = reg(0, /*op=*/true);
+  const WorkerId root2 = reg(0, /*op=*/true);
+  EXPECT_EQ(hog(root, 5, 3).stores.at(0).host_blocks.size(), 3u);
+  EXPECT_EQ(hog(root2, 6, 3).stores.at(0).host_blocks.size(), 2u);  // Full.
+  EXPECT_THAT(c.host_pool().CheckInvariants(), IsOk());
+}
+
 // With tenant isolation, one user cannot take every tenant segment.
 TEST(WorkerQuotaTenantsTest, TenantsPerUidAreCapped) {
   Coordinator c = Coordinator::Create({.layout = TestLayout(),
@@ -360,6 +413,12 @@ TEST(WorkerQuotaOptionsTest, BadCapsAreInvalid) {
     EXPECT_EQ(Coordinator::Create({.layout = TestLayout(),
                                    .host_slots = 10,
                                    .caps = {.worker_pin_share = share}})
+                  .status()
+                  .code(),
+              StatusCode::kInvalidArgument);
+    EXPECT_EQ(Coordinator::Create({.layout = TestLayout(),
+                                   .host_slots = 10,
+                                   .caps = {.uid_pin_share = share}})
                   .status()
                   .code(),
               StatusCode::kInvalidArgument);

@@ -360,11 +360,17 @@ po::options_description SettingOptions(DaemonCommand& command,
       "the share of the host slots one worker may pin at once (lookup hits, "
       "loads, stores being written), so a stopped or hostile worker leaves "
       "the rest to others; over it a worker is told ResourceExhausted")(
-      "max-requests-per-worker",
-      po::value(&s.caps.max_requests_per_worker)
-          ->default_value(s.caps.max_requests_per_worker),
-      "requests one worker may have open (looked up, not finished; 1 to "
-      "1048576); lookups past it are refused")(
+      "uid-pin-share",
+      po::value(&s.caps.uid_pin_share)
+          ->default_value(s.caps.uid_pin_share, "0.75"),
+      "the share of the host slots all the workers of one user (uid) may "
+      "pin at once, so one user's many workers leave the rest to other "
+      "users; tierkvd's own user, root and --admin-group are not held to "
+      "it")("max-requests-per-worker",
+            po::value(&s.caps.max_requests_per_worker)
+                ->default_value(s.caps.max_requests_per_worker),
+            "requests one worker may have open (looked up, not finished; 1 to "
+            "1048576); lookups past it are refused")(
       "max-request-bytes-per-worker",
       po::value(&raw.request_bytes)->default_value(raw.request_bytes),
       "bytes of state (token ids, block keys) one worker's open requests may "
@@ -606,6 +612,10 @@ StatusOr<DaemonCommand> Finish(DaemonCommand command, const RawOptions& raw,
   s.caps.max_request_bytes_per_worker = *request_bytes;
   if (!(s.caps.worker_pin_share > 0 && s.caps.worker_pin_share <= 1)) {
     return Status::InvalidArgument(where("worker-pin-share") +
+                                   " must be in (0, 1]");
+  }
+  if (!(s.caps.uid_pin_share > 0 && s.caps.uid_pin_share <= 1)) {
+    return Status::InvalidArgument(where("uid-pin-share") +
                                    " must be in (0, 1]");
   }
   // Bounded above too: a negative value ("-1") parses as a huge unsigned
