@@ -577,12 +577,11 @@ struct Client::Impl {
   }
 
   // The completions of `finished` tierkvd is owed (events of a lost
-  // attachment are not its any more). Unpins every transfer's device
-  // blocks: the copies are over whatever tierkvd answers.
-  // What completing `finished` reports to tierkvd, its device blocks
-  // unpinned; a transfer not owed (completed already, or never handed out)
-  // is skipped and counted in *unknown, as the whole batch would otherwise
-  // be refused and blocks unpinned twice.
+  // attachment are not its any more). Unpins each transfer's device blocks:
+  // the copies are over whatever tierkvd answers. A transfer not owed
+  // (completed already, or never handed out) is skipped and counted in
+  // *unknown: unpinned twice, its blocks would pass to another request
+  // while one still reads them, and tierkvd would refuse the whole batch.
   std::vector<CompletedEvent> TakeCompletions(
       std::span<const FinishedTransfer> finished, size_t* unknown) {
     std::vector<CompletedEvent> events;
