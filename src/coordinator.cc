@@ -392,9 +392,9 @@ void Coordinator::EraseWorker(std::map<WorkerId, WorkerState>::iterator it) {
 
 void Coordinator::AddPins(WorkerState* w, int64_t n) {
   w->pinned_slots += n;
-  int64_t& of_uid = uid_pinned_[w->registration.uid];
-  of_uid += n;
-  if (of_uid == 0) uid_pinned_.erase(w->registration.uid);
+  // Kept at 0 too: one entry a uid ever attached, not a node freed and
+  // allocated again as its pins come and go on every request.
+  uid_pinned_[w->registration.uid] += n;
 }
 
 std::optional<BlockId> Coordinator::NewWorkerSlot(WorkerState* w) {

@@ -127,6 +127,44 @@ class ChunkTierTest : public ::testing::Test {
   // The fixture's pool (virtual start 100) over a client whose host tier
   // has host_slots usable slots, with a disk tier when asked; attached to
   // the tierkvd at `socket`, or embedded.
+  // A 64-block pool whose device tier starts copies only when the test
+  // lets it (SlowCopyDeviceTier), embedded, with `chunk` computed and
+  // published; released in its members' reverse order, as Pool.
+  struct SlowCopyPool {
+    std::unique_ptr<ChunkKvStore> store;
+    std::unique_ptr<EmulatedDeviceTier> device;
+    std::unique_ptr<SlowCopyDeviceTier> slow;
+    std::unique_ptr<Client> client;
+    std::unique_ptr<ClientChunkSource> patient;
+  };
+  SlowCopyPool PublishedOverSlowCopies(const std::vector<TokenId>& chunk) {
+    SlowCopyPool p;
+    p.store = std::make_unique<ChunkKvStore>(
+        CreateChunkKvStore(model_, {.num_blocks = 64, .block_size = kBs})
+            .value());
+    const KvLayout& layout = p.store->layout();
+    p.device = EmulatedDeviceTier::CreateOver(
+                   {p.store->memory(), size_t{64} * layout.BlockBytes()}, 64,
+                   layout.BlockBytes())
+                   .value();
+    p.slow = std::make_unique<SlowCopyDeviceTier>(p.device.get());
+    ClientOptions options;
+    options.layout = layout;
+    options.num_device_blocks = 64;
+    options.device = p.slow.get();
+    EmbeddedOptions embedded;
+    embedded.host_bytes = size_t{65} * layout.BlockBytes();
+    StatusOr<std::unique_ptr<Client>> client = OpenEmbedded(options, embedded);
+    EXPECT_THAT(client, IsOk());
+    if (!client.ok()) return p;
+    p.client = std::move(*client);
+    p.patient = std::make_unique<ClientChunkSource>(p.client.get());
+    p.store->SetTier(p.patient.get());
+    p.store->Release(p.store->ComputeAndInsert(chunk).value());
+    EXPECT_EQ(p.store->stats().published, 1u);
+    return p;
+  }
+
   std::chrono::milliseconds call_timeout_{0};  // 0: the client's default.
 
   void Open(int32_t pool_blocks, int32_t host_slots, bool disk,
@@ -268,89 +306,50 @@ TEST_F(ChunkTierTest, AFetchCopiesForAnEngineThatOnlyPolls) {
 // chunk, whose KV the late copy would then overwrite): it waits for the
 // copy to end, and the chunk it brought is served whole.
 TEST_F(ChunkTierTest, AFetchNeverLeavesACopyWritingItsBlocks) {
-  ChunkKvStore store =
-      CreateChunkKvStore(model_, {.num_blocks = 64, .block_size = kBs}).value();
-  const KvLayout& layout = store.layout();
-  auto device = EmulatedDeviceTier::CreateOver(
-                    {store.memory(), size_t{64} * layout.BlockBytes()}, 64,
-                    layout.BlockBytes())
-                    .value();
-  SlowCopyDeviceTier slow(device.get());
-  ClientOptions options;
-  options.layout = layout;
-  options.num_device_blocks = 64;
-  options.device = &slow;
-  EmbeddedOptions embedded;
-  embedded.host_bytes = size_t{65} * layout.BlockBytes();
-  std::unique_ptr<Client> client = OpenEmbedded(options, embedded).value();
-  ClientChunkSource patient(client.get());
-  store.SetTier(&patient);
   const std::vector<TokenId> chunk = Tokens(4, 40);  // 3 blocks, 1 partial.
-  const std::vector<BlockId> computed = store.ComputeAndInsert(chunk).value();
-  store.Release(computed);
-  ASSERT_EQ(store.stats().published, 1u);
-
-  ClientChunkSource impatient(client.get(),
+  SlowCopyPool p = PublishedOverSlowCopies(chunk);
+  ASSERT_NE(p.client, nullptr);
+  ClientChunkSource impatient(p.client.get(),
                               {.copy_timeout = std::chrono::milliseconds(0)});
   const std::vector<BlockId> target = {61, 62, 63};
-  slow.hold(/*polls=*/8);
+  p.slow->hold(/*polls=*/8);
   StatusOr<bool> hit = impatient.Fetch(
-      chunk, store.virtual_start(),
+      chunk, p.store->virtual_start(),
       [&](int32_t) -> StatusOr<std::vector<BlockId>> { return target; });
-  EXPECT_EQ(slow.held(), 0u);                    // The copy had started...
-  EXPECT_EQ(client->transfers_in_flight(), 0u);  // ...and ended.
+  EXPECT_EQ(p.slow->held(), 0u);                   // The copy had started...
+  EXPECT_EQ(p.client->transfers_in_flight(), 0u);  // ...and ended.
   ASSERT_THAT(hit, IsOk());
   EXPECT_TRUE(*hit);
-  ExpectChunkKvIn(&store, chunk, target);
-  store.SetTier(nullptr);
+  ExpectChunkKvIn(p.store.get(), chunk, target);
 }
 
 // A copy the device tier never ends is given up on after
 // stuck_copy_timeout, as DeadlineExceeded: the pool then never reuses the
 // blocks (ChunkKvStore.BlocksACopyMayStillUseAreNeverReused).
 TEST_F(ChunkTierTest, AFetchGivesUpOnAWedgedCopyWithDeadlineExceeded) {
-  ChunkKvStore store =
-      CreateChunkKvStore(model_, {.num_blocks = 64, .block_size = kBs}).value();
-  const KvLayout& layout = store.layout();
-  auto device = EmulatedDeviceTier::CreateOver(
-                    {store.memory(), size_t{64} * layout.BlockBytes()}, 64,
-                    layout.BlockBytes())
-                    .value();
-  SlowCopyDeviceTier slow(device.get());
-  ClientOptions options;
-  options.layout = layout;
-  options.num_device_blocks = 64;
-  options.device = &slow;
-  EmbeddedOptions embedded;
-  embedded.host_bytes = size_t{65} * layout.BlockBytes();
-  std::unique_ptr<Client> client = OpenEmbedded(options, embedded).value();
-  ClientChunkSource patient(client.get());
-  store.SetTier(&patient);
   const std::vector<TokenId> chunk = Tokens(4, 40);
-  store.Release(store.ComputeAndInsert(chunk).value());
-  ASSERT_EQ(store.stats().published, 1u);
-
+  SlowCopyPool p = PublishedOverSlowCopies(chunk);
+  ASSERT_NE(p.client, nullptr);
   ClientChunkSource wedged(
-      client.get(), {.copy_timeout = std::chrono::milliseconds(0),
-                     .stuck_copy_timeout = std::chrono::milliseconds(0)});
+      p.client.get(), {.copy_timeout = std::chrono::milliseconds(0),
+                       .stuck_copy_timeout = std::chrono::milliseconds(0)});
   const std::vector<BlockId> target = {61, 62, 63};
-  slow.hold(/*polls=*/1 << 30);
+  p.slow->hold(/*polls=*/1 << 30);
   StatusOr<bool> hit = wedged.Fetch(
-      chunk, store.virtual_start(),
+      chunk, p.store->virtual_start(),
       [&](int32_t) -> StatusOr<std::vector<BlockId>> { return target; });
   EXPECT_THAT(hit, StatusIs(StatusCode::kDeadlineExceeded));
   EXPECT_THAT(hit.status().message(), ::testing::HasSubstr("never reused"));
   EXPECT_EQ(wedged.stats().stuck_copies, 1u);
-  EXPECT_EQ(slow.held(), 1u);  // The copy was never let run.
+  EXPECT_EQ(p.slow->held(), 1u);  // The copy was never let run.
   // Once it runs, a later wait completes it; the blocks get the chunk.
-  slow.hold(/*polls=*/1);
-  while (client->transfers_in_flight() > 0) {
+  p.slow->hold(/*polls=*/1);
+  while (p.client->transfers_in_flight() > 0) {
     ASSERT_THAT(
-        client->Complete(client->WaitEvents(std::chrono::milliseconds(10))),
+        p.client->Complete(p.client->WaitEvents(std::chrono::milliseconds(10))),
         IsOk());
   }
-  ExpectChunkKvIn(&store, chunk, target);
-  store.SetTier(nullptr);
+  ExpectChunkKvIn(p.store.get(), chunk, target);
 }
 
 TEST_F(ChunkTierTest, FullPoolIsNotATierError) {

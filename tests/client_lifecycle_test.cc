@@ -102,6 +102,14 @@ class ClientLifecycle : public TierkvdFixture {
     return alloc.ok() ? *alloc : AllocateResult{};
   }
 
+  // The next transfers WaitEvents hands out (it returns none when its
+  // wait runs out first).
+  static std::vector<FinishedTransfer> NextTransfers(Engine& e) {
+    std::vector<FinishedTransfer> done;
+    while (done.empty()) done = e.client->WaitEvents(std::chrono::seconds(60));
+    return done;
+  }
+
   // Waits until tierkvd has landed its promotion and cancelled the one load
   // of `e` that waited for it: nothing of it is in flight any more.
   static void WaitForTheCancelledLoad(Engine& e) {
@@ -158,10 +166,7 @@ TEST_F(PendingLoad, ACompletionTwiceUnpinsOnce) {
   Engine e = Engine::Open(socket_, std::chrono::seconds(5));
   ASSERT_NE(e.client, nullptr);
   const BlockId target = LookupAndAllocate(e, 1, 0).load->device_blocks.at(0);
-  std::vector<FinishedTransfer> first;
-  while (first.empty()) {
-    first = e.client->WaitEvents(std::chrono::seconds(60));
-  }
+  const std::vector<FinishedTransfer> first = NextTransfers(e);
   ASSERT_EQ(first.size(), 1u);
   ASSERT_THAT(e.client->Complete(first), IsOk());
   EXPECT_EQ(e.Ref(target), 1);  // The request's own.
@@ -170,10 +175,7 @@ TEST_F(PendingLoad, ACompletionTwiceUnpinsOnce) {
   EXPECT_EQ(e.Ref(target), 1);
   // A batch of a new load and the old one: the new one completes.
   const BlockId second = LookupAndAllocate(e, 2, 1).load->device_blocks.at(0);
-  std::vector<FinishedTransfer> batch;
-  while (batch.empty()) {
-    batch = e.client->WaitEvents(std::chrono::seconds(60));
-  }
+  std::vector<FinishedTransfer> batch = NextTransfers(e);
   ASSERT_EQ(batch.size(), 1u);
   batch.push_back(first[0]);
   EXPECT_THAT(e.client->Complete(batch),
@@ -193,8 +195,7 @@ TEST_F(PendingLoad, AClientDroppedUnpinsWhatItHandedOut) {
   Engine e = Engine::Open(socket_, std::chrono::seconds(5));
   ASSERT_NE(e.client, nullptr);
   const BlockId target = LookupAndAllocate(e, 1, 0).load->device_blocks.at(0);
-  std::vector<FinishedTransfer> done;
-  while (done.empty()) done = e.client->WaitEvents(std::chrono::seconds(60));
+  NextTransfers(e);  // Handed out, never completed.
   EXPECT_EQ(e.Ref(target), 2);
   e.client.reset();
   EXPECT_EQ(e.Ref(target), 1);  // The request's own.
