@@ -1372,6 +1372,18 @@ Status Client::Start(const TransferEvent& event) {
           std::to_string(o.num_device_blocks) + " blocks");
     }
   }
+  // Started twice, the event would be pinned twice and finished twice,
+  // yet completed once (Complete refuses the second): one pin would stay.
+  // Refused before anything is pinned or reported, so the first copy and
+  // the other ranks' parts go on.
+  if (copying(event.ref) ||
+      impl_->owed.contains(
+          std::tuple(impl_->session, event.ref.kind, event.ref.id))) {
+    return Status::AlreadyExists(
+        std::string("this rank has started ") + EventKindName(event.ref.kind) +
+        " " + std::to_string(event.ref.id) +
+        " already and not completed it: each event is started once");
+  }
   return impl_->PinAndSubmit(event);
 }
 

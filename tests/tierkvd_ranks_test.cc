@@ -13,6 +13,7 @@
 
 #include "tests/sequential_tokens.h"
 #include "tests/tierkvd_fixture.h"
+#include "tierkv/kv_cache_manager.h"
 
 namespace tierkv {
 namespace {
@@ -261,6 +262,52 @@ TEST_F(TierkvdRanksTest, TwoRankShardsStoreWhatOneWorkerLoadsWhole) {
   TransferEvent bad = store;
   bad.device_blocks[0] = 64;
   EXPECT_THAT(ranks[0]->Start(bad), StatusIs(StatusCode::kInvalidArgument));
+}
+
+TEST_F(TierkvdRanksTest, AnEventStartedTwiceIsCopiedAndCompletedOnce) {
+  ClientOptions s = ClientOptionsFor("scheduler2");
+  s.copies = CopyMode::kRanks;
+  s.ranks = 1;
+  scheduler_ = std::move(Client::Open(s).value());
+  std::vector<PagedLayer> shard;
+  for (int32_t l = 0; l < TestLayout().num_layers; ++l) {
+    shard.emplace_back(l, 0, 2, /*fill=*/true);
+  }
+  std::unique_ptr<RegisteredDeviceTier> device = DeviceOver(shard, 0, 2);
+  // The engine pins the event's blocks: each pin must meet its unpin.
+  KVCacheManager engine =
+      KVCacheManager::Create({.pool = {.num_blocks = PagedLayer::kBlocks,
+                                       .block_size = TestLayout().block_size,
+                                       .reserve_null_block = true}})
+          .value();
+  ClientOptions o = ClientOptionsFor("rank0");
+  o.scheduler = scheduler_->worker_id();
+  o.device = device.get();
+  o.engine = &engine;
+  std::unique_ptr<Client> rank = std::move(Client::Open(o).value());
+  const int32_t free_before = engine.num_free_blocks();
+
+  const TransferEvent store = Commit(1);
+  ASSERT_THAT(rank->Start(store), IsOk());
+  // The engine hands the same event over again (a retried step): refused,
+  // and the first copy goes on.
+  EXPECT_THAT(rank->Start(store), StatusIs(StatusCode::kAlreadyExists));
+  std::vector<FinishedTransfer> done;
+  while (done.empty()) done = rank->WaitEvents(std::chrono::seconds(5));
+  ASSERT_EQ(done.size(), 1u);
+  ASSERT_THAT(done[0].status, IsOk());
+  // Finished but not completed: still refused.
+  EXPECT_THAT(rank->Start(store), StatusIs(StatusCode::kAlreadyExists));
+  ASSERT_THAT(rank->Complete(done), IsOk());
+  EXPECT_EQ(rank->transfers_in_flight(), 0u);
+  EXPECT_TRUE(rank->WaitEvents(std::chrono::milliseconds(0)).empty());
+  // Every pin was undone: the blocks went back to the engine's free queue.
+  EXPECT_EQ(engine.num_free_blocks(), free_before);
+  // tierkvd completed the event: a reader loads both blocks.
+  ClientOptions r = ClientOptionsFor("reader");
+  r.copies = CopyMode::kCaller;
+  std::unique_ptr<Client> reader = std::move(Client::Open(r).value());
+  EXPECT_EQ(reader->Lookup(2, tokens_)->hit_tokens, 32);
 }
 
 TEST_F(TierkvdRanksTest, RolesAreCheckedAtAttach) {

@@ -245,7 +245,11 @@ class Client {
   StatusOr<std::vector<TransferEvent>> TakeReadyLoads();
   // A rank client: pins the event's device blocks (in `engine`, when set)
   // and starts its copy of this rank's shard; PollEvents and WaitEvents
-  // hand it back finished. The event is one its scheduler handed out.
+  // hand it back finished. The event is one its scheduler handed out,
+  // started once: AlreadyExists, with nothing pinned or reported, while
+  // this rank still copies it or has not completed it. (Once completed,
+  // its host slots are tierkvd's again: starting it then is the engine's
+  // bug, which this client cannot tell from a new event.)
   // InvalidArgument for block ids out of range, FailedPrecondition for a
   // client that is not a rank client.
   Status Start(const TransferEvent& event);
