@@ -52,6 +52,9 @@ constexpr int kListenerPollMs = 1000;
 // While accept fails for want of descriptors or memory, the listener stops
 // accepting for this long at a time rather than retrying at once.
 constexpr std::chrono::milliseconds kAcceptBackoff{100};
+// While poll itself fails (out of memory, or more descriptors to watch
+// than a lowered RLIMIT_NOFILE allows), the listener tries again this often.
+constexpr std::chrono::milliseconds kPollRetry{100};
 // A server thread that has not gone round its loop for this long is stuck:
 // the listener never waits on a peer, so its rounds take milliseconds.
 constexpr std::chrono::seconds kStalledAfter{10};
@@ -142,6 +145,9 @@ struct Server::Impl {
   // episode.
   Clock::time_point accept_paused_until;
   bool accept_failing = false;
+  // poll has failed since the last round that polled; logged once per
+  // episode.
+  bool poll_failing = false;
   // Refusals of other users' connections: logged at most once a second,
   // with how many went unlogged, so a flood of them cannot flood the log.
   Clock::time_point refusal_logged_at;

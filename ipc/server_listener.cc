@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <thread>
 #include <tuple>
 
 #include "ipc/server_impl.h"
@@ -36,7 +37,9 @@ constexpr int kAcceptsPerRound = 64;
 void Server::Impl::Listen() {
   std::vector<pollfd> fds;
   while (!stopping.load()) {
-    listener_heartbeat.Beat();
+    // Not while poll fails: a failure that lasts shows as a stalled
+    // listener (tierkv-admin health, systemd's watchdog).
+    if (!poll_failing) listener_heartbeat.Beat();
     Clock::time_point now = Clock::now();
     CloseExpired(now);
     fds.clear();
@@ -48,9 +51,25 @@ void Server::Impl::Listen() {
       fds.push_back({fd, events, 0});
     }
     if (poll(fds.data(), fds.size(), PollTimeoutMs(now)) < 0) {
-      if (errno == EINTR) continue;
-      spdlog::error("poll: {}", std::strerror(errno));
-      return;
+      const int err = errno;
+      if (err == EINTR) continue;
+      // ENOMEM, or EINVAL: more descriptors than RLIMIT_NOFILE, lowered
+      // while tierkvd runs, allows. Neither is a peer's doing: the
+      // connections stay, and the listener tries again until poll works.
+      if (!poll_failing) {
+        poll_failing = true;
+        spdlog::error(
+            "poll over {} descriptors: {}; the listener serves no one and "
+            "tries again every {} ms",
+            fds.size(), std::strerror(err), kPollRetry.count());
+      }
+      std::this_thread::sleep_for(kPollRetry);
+      continue;
+    }
+    if (poll_failing) {
+      poll_failing = false;
+      spdlog::info("poll works again ({} connections open)",
+                   connections.size());
     }
     if (fds[0].revents != 0) return;
     now = Clock::now();

@@ -398,6 +398,31 @@ TEST_F(ListenerStallDaemonTest, OutOfDescriptorsPausesAcceptingNoSpinning) {
   EXPECT_EQ(worker->Stats().value().workers.size(), 1u);
 }
 
+TEST_F(ListenerStallDaemonTest, AFailingPollPausesTheListenerNotEndsIt) {
+  StartDaemon();
+  const pid_t pid = daemon_->pid();
+  std::unique_ptr<Client> first = Attach("first");
+  std::unique_ptr<Client> second = Attach("second");
+  ASSERT_NE(second, nullptr);
+  rlimit limit{};
+  ASSERT_EQ(prlimit(pid, RLIMIT_NOFILE, nullptr, &limit), 0);
+  const rlimit before = limit;
+  // Fewer descriptors than the listener watches (its wake pipe, the
+  // socket and two workers'): poll fails with EINVAL.
+  limit.rlim_cur = 3;
+  ASSERT_EQ(prlimit(pid, RLIMIT_NOFILE, &limit, nullptr), 0)
+      << std::strerror(errno);
+  ASSERT_TRUE(daemon_->WaitForOutput("Invalid argument")) << daemon_->output();
+  ASSERT_EQ(prlimit(pid, RLIMIT_NOFILE, &before, nullptr), 0);
+  ASSERT_TRUE(daemon_->WaitForOutput("poll works again")) << daemon_->output();
+  // The workers stayed, and the listener accepts and registers a third.
+  std::unique_ptr<Client> third = Attach("third");
+  ASSERT_NE(third, nullptr) << daemon_->output();
+  StatusOr<CoordinatorStats> stats = first->Stats();
+  ASSERT_THAT(stats, IsOk());
+  EXPECT_EQ(stats->workers.size(), 3u);
+}
+
 TEST(OutputQueueTest, PassesDescriptorsWithTheFirstByte) {
   int pair[2];
   ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair), 0);
