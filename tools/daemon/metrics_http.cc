@@ -24,6 +24,9 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using ipc::UniqueFd;
 
+// While poll fails, the thread tries again this often.
+constexpr std::chrono::milliseconds kPollRetry{100};
+
 // One client: its request as it arrives, then the response as it leaves.
 struct HttpConnection {
   UniqueFd fd;
@@ -124,7 +127,10 @@ void MetricsHttpServer::Impl::CloseOldest() {
 }
 
 void MetricsHttpServer::Impl::Accept(Clock::time_point now) {
-  for (;;) {
+  // At most this many a round, so a flood of connections cannot keep the
+  // thread from answering the ones it has.
+  constexpr int kAcceptsPerRound = 64;
+  for (int i = 0; i < kAcceptsPerRound; ++i) {
     UniqueFd fd(accept4(listen_fd.get(), nullptr, nullptr,
                         SOCK_NONBLOCK | SOCK_CLOEXEC));
     if (!fd.valid()) {
@@ -205,9 +211,12 @@ void MetricsHttpServer::Impl::Run() {
     const auto wait =
         std::chrono::duration_cast<std::chrono::milliseconds>(wake - now);
     if (poll(fds.data(), fds.size(),
-             static_cast<int>(std::max<int64_t>(wait.count(), 0) + 1)) < 0 &&
-        errno != EINTR) {
-      break;
+             static_cast<int>(std::max<int64_t>(wait.count(), 0) + 1)) < 0) {
+      // EINTR; or ENOMEM, or EINVAL (more descriptors than a lowered
+      // RLIMIT_NOFILE allows), which may pass: the thread serves on once
+      // poll works again rather than ending for good.
+      if (errno != EINTR) std::this_thread::sleep_for(kPollRetry);
+      continue;
     }
     now = Clock::now();
     for (size_t i = 2; i < fds.size(); ++i) {
