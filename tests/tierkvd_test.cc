@@ -561,6 +561,13 @@ TEST_F(TierkvdTest, AdminShowsTiersAndWorkers) {
   EXPECT_THAT(out, HasSubstr("per second: lookups "));
   // Without a disk tier there is no disk row.
   EXPECT_THAT(out, ::testing::Not(HasSubstr("disk ")));
+  // An interval past a day, which the sleep could not count, is refused.
+  for (const char* interval : {"1e300", "inf", "nan", "0.01"}) {
+    auto bad = Spawn({TIERKV_ADMIN_PATH, "watch", "--count", "2", "--interval",
+                      interval, "--socket", socket_});
+    EXPECT_EQ(bad->Wait(), 2) << interval << ": " << bad->output();
+    EXPECT_THAT(bad->output(), HasSubstr("--interval must be from 0.05"));
+  }
 }
 
 TEST_F(TierkvdTest, AdminReadsTheStatsPageWithoutAskingTierkvd) {

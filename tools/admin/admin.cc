@@ -191,7 +191,7 @@ StatusOr<AdminCommand> ParseAdminFlags(int argc, const char* const* argv) {
       "cache-salt", po::value(&command.extras.cache_salt),
       "keys, route: the request's cache salt. Default: none")(
       "interval", po::value(&command.interval_seconds)->default_value(1.0, "1"),
-      "watch: seconds between refreshes")(
+      "watch: seconds between refreshes, 0.05 to 86400")(
       "count", po::value(&command.count)->default_value(0),
       "watch: stop after this many refreshes (0: until interrupted)");
   po::options_description hidden;
@@ -244,9 +244,12 @@ StatusOr<AdminCommand> ParseAdminFlags(int argc, const char* const* argv) {
     command.nodes.emplace_back(node.substr(0, eq), node.substr(eq + 1));
   }
   TIERKV_RETURN_IF_ERROR(ParseOrderArgs(tier, args, &command));
-  if (!(command.interval_seconds >= 0.05) || command.count < 0) {
+  // A day at most: a longer sleep would overflow the clock's nanoseconds.
+  if (!(command.interval_seconds >= 0.05 &&
+        command.interval_seconds <= 86400) ||
+      command.count < 0) {
     return Status::InvalidArgument(
-        "--interval must be at least 0.05 s and --count at least 0");
+        "--interval must be from 0.05 to 86400 s and --count at least 0");
   }
   if (command.source != "auto" && command.source != "page" &&
       command.source != "socket") {
