@@ -130,7 +130,8 @@ struct ChunkPath {
     for (int64_t i = 0; i < chunks_on_host; ++i) {
       if (Status s = Publish(); !s.ok()) Die("warm-up: " + s.ToString());
     }
-    if (Status s = tier->Publish(ChunkTokens(0), 0, PoolBlocks(1)); !s.ok()) {
+    if (Status s = tier->Publish(ChunkTokens(0), 0, {}, PoolBlocks(1));
+        !s.ok()) {
       Die("publish: " + s.ToString());
     }
   }
@@ -151,12 +152,12 @@ struct ChunkPath {
 
   // Publishes a chunk tierkvd has not seen from pool blocks 1..16.
   Status Publish() {
-    return tier->Publish(ChunkTokens(next_chunk++), 0, PoolBlocks(1));
+    return tier->Publish(ChunkTokens(next_chunk++), 0, {}, PoolBlocks(1));
   }
   // Fetches chunk 0 into pool blocks 17..32; true on a hit.
   StatusOr<bool> Fetch() {
     const std::vector<TokenId> tokens = ChunkTokens(0);
-    return tier->Fetch(tokens, 0,
+    return tier->Fetch(tokens, 0, {},
                        [](int32_t n) -> StatusOr<std::vector<BlockId>> {
                          if (n != kChunkBlocks) {
                            return Status::Internal("unexpected block count");
@@ -204,7 +205,7 @@ void BM_ChunkFetch(benchmark::State& state) {
   ChunkPath& path = Path();
   // BM_ChunkPublish may have run first (repetitions interleave) and pushed
   // the chunk out of host DRAM: published again (a no-op when there).
-  if (Status s = path.tier->Publish(ChunkTokens(0), 0, PoolBlocks(1));
+  if (Status s = path.tier->Publish(ChunkTokens(0), 0, {}, PoolBlocks(1));
       !s.ok()) {
     state.SkipWithError(s.ToString().c_str());
     return;

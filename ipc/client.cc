@@ -1043,14 +1043,16 @@ StatusOr<RouteResult> Client::Route(std::span<const TokenId> tokens,
 
 StatusOr<LookupResult> Client::LookupChunk(RequestId request,
                                            std::span<const TokenId> tokens,
-                                           int64_t virtual_start) {
+                                           int64_t virtual_start,
+                                           const BlockKey& variant) {
   impl_->ForgetLookup(request);  // tierkvd keeps the chunk's.
   TIERKV_ASSIGN_OR_RETURN(
       ipc::LookupReply reply,
       impl_->CallFor<ipc::LookupReply>(ipc::LookupChunkRequest{
           .request = request,
           .tokens = std::vector<TokenId>(tokens.begin(), tokens.end()),
-          .virtual_start = virtual_start}));
+          .virtual_start = virtual_start,
+          .variant = variant}));
   return reply.result;
 }
 
@@ -1103,7 +1105,7 @@ StatusOr<CommitResult> Client::Commit(RequestId request,
 StatusOr<ChunkFetchResult> Client::FetchChunk(
     RequestId request, std::span<const TokenId> tokens,
     std::chrono::milliseconds wait, const AllocateDeviceBlocks& allocate,
-    int64_t virtual_start) {
+    int64_t virtual_start, const BlockKey& variant) {
   // The wait must end well within the call's own deadline.
   const auto bounded = std::clamp(wait, std::chrono::milliseconds(0),
                                   impl_->options.call_timeout / 2);
@@ -1113,7 +1115,8 @@ StatusOr<ChunkFetchResult> Client::FetchChunk(
           .request = request,
           .wait_ms = static_cast<uint32_t>(bounded.count()),
           .tokens = std::vector<TokenId>(tokens.begin(), tokens.end()),
-          .virtual_start = virtual_start}));
+          .virtual_start = virtual_start,
+          .variant = variant}));
   ChunkFetchResult& result = reply.result;
   if (!result.load.has_value()) return result;
   TransferEvent& load = *result.load;
@@ -1150,7 +1153,8 @@ StatusOr<ChunkFetchResult> Client::FetchChunk(
 
 StatusOr<CommitResult> Client::PublishChunk(
     RequestId request, std::span<const TokenId> tokens,
-    std::span<const BlockId> device_blocks, int64_t virtual_start) {
+    std::span<const BlockId> device_blocks, int64_t virtual_start,
+    const BlockKey& variant) {
   TIERKV_ASSIGN_OR_RETURN(
       ipc::CommitReply reply,
       impl_->CallFor<ipc::CommitReply>(ipc::PublishChunkRequest{
@@ -1158,7 +1162,8 @@ StatusOr<CommitResult> Client::PublishChunk(
           .tokens = std::vector<TokenId>(tokens.begin(), tokens.end()),
           .device_blocks =
               std::vector<BlockId>(device_blocks.begin(), device_blocks.end()),
-          .virtual_start = virtual_start}));
+          .virtual_start = virtual_start,
+          .variant = variant}));
   // As a fetch's load: a chunk pool waits for its publish at once.
   TIERKV_RETURN_IF_ERROR(impl_->StartStores(reply.result, /*for_waiter=*/true));
   return reply.result;

@@ -9,21 +9,25 @@ ClientChunkSource::ClientChunkSource(Client* client,
                                      const ClientChunkSourceOptions& options)
     : client_(client), options_(options) {}
 
+const KvLayout& ClientChunkSource::layout() const { return client_->layout(); }
+
 StatusOr<bool> ClientChunkSource::Fetch(std::span<const TokenId> chunk,
                                         int64_t virtual_start,
+                                        const BlockKey& variant,
                                         const AllocateBlocks& allocate) {
   copy_stuck_ = false;
-  StatusOr<bool> fetched = FetchOnce(chunk, virtual_start, allocate);
+  StatusOr<bool> fetched = FetchOnce(chunk, virtual_start, variant, allocate);
   if (fetched.ok()) return fetched;
   return OnlyStuckCopiesExceedTheDeadline(fetched.status());
 }
 
 Status ClientChunkSource::Publish(std::span<const TokenId> chunk,
                                   int64_t virtual_start,
+                                  const BlockKey& variant,
                                   std::span<const BlockId> blocks) {
   copy_stuck_ = false;
   return OnlyStuckCopiesExceedTheDeadline(
-      PublishOnce(chunk, virtual_start, blocks));
+      PublishOnce(chunk, virtual_start, variant, blocks));
 }
 
 Status ClientChunkSource::OnlyStuckCopiesExceedTheDeadline(
@@ -36,6 +40,7 @@ Status ClientChunkSource::OnlyStuckCopiesExceedTheDeadline(
 
 StatusOr<bool> ClientChunkSource::FetchOnce(std::span<const TokenId> chunk,
                                             int64_t virtual_start,
+                                            const BlockKey& variant,
                                             const AllocateBlocks& allocate) {
   TIERKV_RETURN_IF_ERROR(ReattachIfLost());
   const RequestId request = next_request_++;
@@ -43,7 +48,7 @@ StatusOr<bool> ClientChunkSource::FetchOnce(std::span<const TokenId> chunk,
   TIERKV_ASSIGN_OR_RETURN(
       ChunkFetchResult fetch,
       client_->FetchChunk(request, chunk, options_.single_flight_wait, allocate,
-                          virtual_start));
+                          virtual_start, variant));
   if (fetch.lease) ++stats_.leases;
   if (fetch.waited) ++stats_.waited;
   // Part of a chunk is of no use to the pool, which holds whole chunks.
@@ -96,13 +101,14 @@ StatusOr<bool> ClientChunkSource::FetchFromDisk(
 
 Status ClientChunkSource::PublishOnce(std::span<const TokenId> chunk,
                                       int64_t virtual_start,
+                                      const BlockKey& variant,
                                       std::span<const BlockId> blocks) {
   TIERKV_RETURN_IF_ERROR(ReattachIfLost());
   const RequestId request = next_request_++;
   ++stats_.publishes;
   TIERKV_ASSIGN_OR_RETURN(
       CommitResult commit,
-      client_->PublishChunk(request, chunk, blocks, virtual_start));
+      client_->PublishChunk(request, chunk, blocks, virtual_start, variant));
   Status status;
   for (const TransferEvent& store : commit.stores) {
     if (Status s = WaitFor(store.ref, 0); !s.ok() && status.ok()) status = s;

@@ -54,7 +54,10 @@ inline constexpr uint32_t kFrameMagic = 0x4D564B54;  // "TKVM"
 //     the chunk's virtual start, part of its keys.
 // 15: ClearReply and EvictReply say what the remote tier dropped apart
 //     from the disk tier.
-inline constexpr uint16_t kProtocolVersion = 15;
+// 16: LookupChunkRequest, FetchChunkRequest and PublishChunkRequest carry
+//     the chunk's variant (its RoPE config and engine variant), part of
+//     its keys.
+inline constexpr uint16_t kProtocolVersion = 16;
 inline constexpr size_t kFrameHeaderBytes = 16;
 // Upper bounds a decoder enforces before allocating anything.
 inline constexpr uint32_t kMaxTokens = 1 << 20;
@@ -154,8 +157,10 @@ struct LookupRequest {
 struct LookupChunkRequest {
   RequestId request = 0;
   std::vector<TokenId> tokens;
-  // The RoPE position the chunk's KV is computed at: part of its keys.
+  // The RoPE position the chunk's KV is computed at, and what else it
+  // depends on (ChunkVariant): part of its keys.
   int64_t virtual_start = 0;
+  BlockKey variant = {};
 };
 struct LookupReply {
   LookupResult result;
@@ -256,6 +261,7 @@ struct FetchChunkRequest {
   uint32_t wait_ms = 0;
   std::vector<TokenId> tokens;
   int64_t virtual_start = 0;  // As in LookupChunkRequest.
+  BlockKey variant = {};      // As in LookupChunkRequest.
 };
 struct FetchChunkReply {
   ChunkFetchResult result;  // result.load's device_blocks are empty.
@@ -267,6 +273,7 @@ struct PublishChunkRequest {
   std::vector<TokenId> tokens;
   std::vector<BlockId> device_blocks;
   int64_t virtual_start = 0;  // As in LookupChunkRequest.
+  BlockKey variant = {};      // As in LookupChunkRequest.
 };
 // The end of a chunk fetch or publish, which the worker sends without
 // waiting for its answer: Complete(events), then Finish(finish) unless it

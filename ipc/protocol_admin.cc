@@ -74,21 +74,6 @@ void GetPayload(Reader& r, ClearReply* m) {
   m->result.remote_cleared = r.Bool();
 }
 
-namespace {
-
-void Put(Writer& w, const BlockKey& key) {
-  w.Int<uint64_t>(key.lo);
-  w.Int<uint64_t>(key.hi);
-}
-BlockKey GetKey(Reader& r) {
-  BlockKey key;
-  key.lo = r.Int<uint64_t>();
-  key.hi = r.Int<uint64_t>();
-  return key;
-}
-
-}  // namespace
-
 void PutPayload(Writer& w, const EvictRequest& m) {
   w.Int<uint32_t>(static_cast<uint32_t>(m.keys.size()));
   for (const BlockKey& key : m.keys) Put(w, key);

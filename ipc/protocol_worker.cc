@@ -52,8 +52,7 @@ void PutExtras(Writer& w, const RequestExtras& extras) {
   w.Int<uint64_t>(extras.lora_id.value_or(0));
   w.Int<uint32_t>(static_cast<uint32_t>(extras.mm_items.size()));
   for (const MultiModalItem& item : extras.mm_items) {
-    w.Int<uint64_t>(item.hash.lo);
-    w.Int<uint64_t>(item.hash.hi);
+    Put(w, item.hash);
     w.Int<int64_t>(item.start);
     w.Int<int64_t>(item.length);
   }
@@ -66,8 +65,7 @@ void GetExtras(Reader& r, RequestExtras* extras) {
   const uint32_t items = r.Count(kMaxTokens, "multimodal item");
   for (uint32_t i = 0; i < items && r.ok(); ++i) {
     MultiModalItem item;
-    item.hash.lo = r.Int<uint64_t>();
-    item.hash.hi = r.Int<uint64_t>();
+    item.hash = GetKey(r);
     item.start = r.Int<int64_t>();
     item.length = r.Int<int64_t>();
     extras->mm_items.push_back(item);
@@ -100,6 +98,7 @@ void PutPayload(Writer& w, const LookupChunkRequest& m) {
   w.Int<uint64_t>(m.request);
   w.Ints(m.tokens);
   w.Int<int64_t>(m.virtual_start);
+  Put(w, m.variant);
 }
 void PutPayload(Writer& w, const LookupReply& m) {
   w.Int<int32_t>(m.result.hit_tokens);
@@ -165,6 +164,7 @@ void GetPayload(Reader& r, LookupChunkRequest* m) {
   m->request = r.Int<uint64_t>();
   m->tokens = r.Ints<TokenId>(kMaxTokens, "token");
   m->virtual_start = GetVirtualStart(r);
+  m->variant = GetKey(r);
 }
 void GetPayload(Reader& r, LookupReply* m) {
   m->result.hit_tokens = r.Int<int32_t>();
@@ -241,12 +241,14 @@ void PutPayload(Writer& w, const FetchChunkRequest& m) {
   w.Int<uint32_t>(m.wait_ms);
   w.Ints(m.tokens);
   w.Int<int64_t>(m.virtual_start);
+  Put(w, m.variant);
 }
 void GetPayload(Reader& r, FetchChunkRequest* m) {
   m->request = r.Int<uint64_t>();
   m->wait_ms = r.Int<uint32_t>();
   m->tokens = r.Ints<TokenId>(kMaxTokens, "token");
   m->virtual_start = GetVirtualStart(r);
+  m->variant = GetKey(r);
 }
 void PutPayload(Writer& w, const FetchChunkReply& m) {
   const ChunkFetchResult& f = m.result;
@@ -292,12 +294,14 @@ void PutPayload(Writer& w, const PublishChunkRequest& m) {
   w.Ints(m.tokens);
   w.Ints(m.device_blocks);
   w.Int<int64_t>(m.virtual_start);
+  Put(w, m.variant);
 }
 void GetPayload(Reader& r, PublishChunkRequest* m) {
   m->request = r.Int<uint64_t>();
   m->tokens = r.Ints<TokenId>(kMaxTokens, "token");
   m->device_blocks = r.Ints<BlockId>(kMaxBlocks, "device block");
   m->virtual_start = GetVirtualStart(r);
+  m->variant = GetKey(r);
 }
 void PutPayload(Writer& w, const ChunkDoneRequest& m) {
   PutCompleted(w, m.events);

@@ -111,8 +111,8 @@ Message DispatchChecked(Coordinator& c, WorkerId worker, const Message& request,
             return LookupOne(c, worker, l);
           });
         } else if constexpr (std::is_same_v<T, LookupChunkRequest>) {
-          return Wrap<LookupReply>(
-              c.LookupChunk(worker, m.request, m.tokens, m.virtual_start));
+          return Wrap<LookupReply>(c.LookupChunk(worker, m.request, m.tokens,
+                                                 m.virtual_start, m.variant));
         } else if constexpr (std::is_same_v<T, AllocateRequest>) {
           return Wrap<AllocateReply>(c.Allocate(
               worker, m.request, m.device_blocks, m.num_external_tokens));
@@ -133,14 +133,15 @@ Message DispatchChecked(Coordinator& c, WorkerId worker, const Message& request,
               }));
         } else if constexpr (std::is_same_v<T, FetchChunkRequest>) {
           // No one to wait for here: a busy lease is a miss (waited).
-          StatusOr<Coordinator::ChunkFetch> fetch =
-              c.FetchChunk(worker, m.request, m.tokens, m.virtual_start);
+          StatusOr<Coordinator::ChunkFetch> fetch = c.FetchChunk(
+              worker, m.request, m.tokens, m.virtual_start, m.variant);
           if (!fetch.ok()) return ErrorReply{fetch.status()};
           fetch->result.waited = fetch->busy;
           return FetchChunkReply{std::move(fetch->result)};
         } else if constexpr (std::is_same_v<T, PublishChunkRequest>) {
-          return Wrap<CommitReply>(c.PublishChunk(
-              worker, m.request, m.tokens, m.device_blocks, m.virtual_start));
+          return Wrap<CommitReply>(c.PublishChunk(worker, m.request, m.tokens,
+                                                  m.device_blocks,
+                                                  m.virtual_start, m.variant));
         } else if constexpr (std::is_same_v<T, ChunkDoneRequest>) {
           // Finished whatever the completions say: nothing left open.
           Status s = c.Complete(worker, m.events);
@@ -181,7 +182,7 @@ Message DispatchToStore(TieredStore& store, WorkerId worker,
         std::min<uint32_t>(fetch->wait_ms, kMaxChunkWaitMs));
     return Wrap<FetchChunkReply>(
         store.FetchChunk(worker, fetch->request, fetch->tokens,
-                         fetch->virtual_start, wait, stop));
+                         fetch->virtual_start, fetch->variant, wait, stop));
   }
   if (const auto* done = std::get_if<ChunkDoneRequest>(&request)) {
     // Checksums of the stored slots are taken without the mutex. Finished

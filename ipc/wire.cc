@@ -84,4 +84,15 @@ Status GetStatus(Reader& r) {
   return Status(static_cast<StatusCode>(code), std::move(message));
 }
 
+void Put(Writer& w, const BlockKey& key) {
+  w.Int<uint64_t>(key.lo);
+  w.Int<uint64_t>(key.hi);
+}
+BlockKey GetKey(Reader& r) {
+  BlockKey key;
+  key.lo = r.Int<uint64_t>();
+  key.hi = r.Int<uint64_t>();
+  return key;
+}
+
 }  // namespace tierkv::ipc::wire

@@ -165,6 +165,8 @@ void Put(Writer& w, const EventLatency& l);
 void Get(Reader& r, EventLatency* l);
 void Put(Writer& w, const Status& s);
 Status GetStatus(Reader& r);
+void Put(Writer& w, const BlockKey& key);
+BlockKey GetKey(Reader& r);
 
 // ---- Per message ---------------------------------------------------------
 

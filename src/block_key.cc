@@ -257,19 +257,38 @@ void KeyHasher::AppendPlainKeys(std::span<const TokenId> tokens,
   }
 }
 
+BlockKey ChunkVariant(std::string_view rope_config,
+                      std::string_view engine_variant) {
+  // Lengths first: no two pairs of strings encode alike.
+  std::vector<std::byte> bytes;
+  AppendLe(static_cast<uint64_t>(rope_config.size()), &bytes);
+  AppendLe(static_cast<uint64_t>(engine_variant.size()), &bytes);
+  for (std::string_view s : {rope_config, engine_variant}) {
+    const auto* p = reinterpret_cast<const std::byte*>(s.data());
+    bytes.insert(bytes.end(), p, p + s.size());
+  }
+  return FromXxh(XXH3_128bits(bytes.data(), bytes.size()));
+}
+
 std::vector<BlockKey> KeyHasher::ChunkKeys(std::span<const TokenId> tokens,
                                            int32_t block_size,
-                                           int64_t virtual_start) const {
+                                           int64_t virtual_start,
+                                           const BlockKey& variant) const {
   std::vector<BlockKey> keys;
   if (block_size < 1) return keys;
   keys.reserve((tokens.size() + block_size - 1) / block_size);
   BlockKey parent = chunk_root_;
-  if (virtual_start != 0) {
+  const bool has_variant = variant != BlockKey{};
+  if (virtual_start != 0 || has_variant) {
     // A block of no tokens, which no chunk block is (each has at least
-    // one, and the count is encoded), carrying the position.
-    std::array<std::byte, sizeof(int64_t)> position;
-    PutLe(static_cast<uint64_t>(virtual_start), position.data());
-    parent = HashBlock(parent, {}, position);
+    // one, and the count is encoded), carrying the position and then the
+    // variant, if any (the length tells them apart).
+    std::array<std::byte, sizeof(int64_t) + 2 * sizeof(uint64_t)> basis;
+    PutLe(static_cast<uint64_t>(virtual_start), basis.data());
+    PutLe(variant.lo, basis.data() + 8);
+    PutLe(variant.hi, basis.data() + 16);
+    parent = HashBlock(parent, {},
+                       std::span(basis).first(has_variant ? basis.size() : 8));
   }
   for (size_t start = 0; start < tokens.size(); start += block_size) {
     const size_t len = std::min<size_t>(block_size, tokens.size() - start);

@@ -15,6 +15,7 @@ struct ChunkKvStore::State {
   State(const ChunkKvStoreOptions& options, BlockPool pool, RopeRemap remap)
       : hasher(options.key_namespace),
         virtual_start(options.virtual_start),
+        variant(ChunkVariant(options.rope.ToString(), options.variant)),
         compute(options.compute),
         pool(std::move(pool)),
         remap(std::move(remap)),
@@ -28,6 +29,7 @@ struct ChunkKvStore::State {
 
   KeyHasher hasher;
   int64_t virtual_start;
+  BlockKey variant;  // Of its chunks' keys in the tier below.
   ChunkComputeFn compute;
   BlockPool pool;
   RopeRemap remap;
@@ -91,10 +93,20 @@ ChunkKvStore::~ChunkKvStore() = default;
 
 const BlockPool& PoolOf(const ChunkKvStore& store) { return store.s_->pool; }
 
-void ChunkKvStore::SetTier(ChunkSource* tier) { s_->tier = tier; }
+Status ChunkKvStore::SetTier(ChunkSource* tier) {
+  if (tier != nullptr && tier->layout() != s_->layout()) {
+    return Status::InvalidArgument(
+        "chunk store: the tier below holds blocks of layout " +
+        tier->layout().ToString() + ", the pool's is " +
+        s_->layout().ToString() + "; its bytes would be read as the other's");
+  }
+  s_->tier = tier;
+  return Status::Ok();
+}
 std::byte* ChunkKvStore::memory() { return s_->memory.data(); }
 const std::byte* ChunkKvStore::memory() const { return s_->memory.data(); }
 int64_t ChunkKvStore::virtual_start() const { return s_->virtual_start; }
+const BlockKey& ChunkKvStore::variant() const { return s_->variant; }
 const KvLayout& ChunkKvStore::layout() const { return s_->layout(); }
 int32_t ChunkKvStore::num_blocks() const { return s_->pool.num_blocks(); }
 int32_t ChunkKvStore::num_free_blocks() const {
@@ -149,7 +161,8 @@ std::vector<BlockId> ChunkKvStore::FetchFromTier(
     }
     return blocks;
   };
-  StatusOr<bool> fetched = s_->tier->Fetch(chunk, s_->virtual_start, allocate);
+  StatusOr<bool> fetched =
+      s_->tier->Fetch(chunk, s_->virtual_start, s_->variant, allocate);
   const int32_t bs = s_->pool.block_size();
   Status status = fetched.status();
   if (status.ok() && *fetched && blocks.size() != keys.size()) {
@@ -223,7 +236,8 @@ StatusOr<std::vector<BlockId>> ChunkKvStore::ComputeAndInsert(
   }
   ++s_->stats.computed;
   if (s_->tier != nullptr) {
-    if (Status published = s_->tier->Publish(chunk, s_->virtual_start, blocks);
+    if (Status published =
+            s_->tier->Publish(chunk, s_->virtual_start, s_->variant, blocks);
         published.ok()) {
       ++s_->stats.published;
     } else {

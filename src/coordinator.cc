@@ -658,7 +658,8 @@ void Coordinator::KeepUnchangedHits(WorkerState* w, RequestState* r,
 StatusOr<LookupResult> Coordinator::LookupChunk(WorkerId worker,
                                                 RequestId request,
                                                 std::span<const TokenId> tokens,
-                                                int64_t virtual_start) {
+                                                int64_t virtual_start,
+                                                const BlockKey& variant) {
   TIERKV_ASSIGN_OR_RETURN(WorkerState * w, FindRequestWorker(worker));
   if (tokens.empty() || tokens.size() > options_.max_request_tokens) {
     return Status::InvalidArgument("chunk lookup of " +
@@ -679,8 +680,8 @@ StatusOr<LookupResult> Coordinator::LookupChunk(WorkerId worker,
           worker, w, request,
           RequestStateBytes(tokens.size(), (tokens.size() + bs - 1) / bs)));
   r->tokens.assign(tokens.begin(), tokens.end());
-  r->keys =
-      w->hasher.ChunkKeys(r->tokens, options_.layout.block_size, virtual_start);
+  r->keys = w->hasher.ChunkKeys(r->tokens, options_.layout.block_size,
+                                virtual_start, variant);
   return FindHits(w, r, 0, static_cast<int32_t>(r->keys.size()));
 }
 

@@ -360,11 +360,13 @@ class Coordinator {
   // (num_external_tokens = the hit, partial block included) and Commit
   // stores the chunk's blocks once all of a block's tokens are computed.
   // `virtual_start` is the RoPE position the chunk's KV is computed at
-  // (0 .. 2^48 - 1): part of its keys, so KV computed at one position is
-  // never served to a worker that computes at another.
+  // (0 .. 2^48 - 1) and `variant` what else it depends on (ChunkVariant):
+  // both part of its keys, so KV computed at one position, or with another
+  // RoPE config, is never served to a worker that computes otherwise.
   StatusOr<LookupResult> LookupChunk(WorkerId worker, RequestId request,
                                      std::span<const TokenId> tokens,
-                                     int64_t virtual_start = 0);
+                                     int64_t virtual_start = 0,
+                                     const BlockKey& variant = {});
   // A chunk fetch in one call: LookupChunk, then with every block on host
   // Allocate of the whole chunk and Finish, so the result's load (its
   // device_blocks empty: the worker copies into blocks of its choosing)
@@ -378,14 +380,16 @@ class Coordinator {
   };
   StatusOr<ChunkFetch> FetchChunk(WorkerId worker, RequestId request,
                                   std::span<const TokenId> tokens,
-                                  int64_t virtual_start = 0);
+                                  int64_t virtual_start = 0,
+                                  const BlockKey& variant = {});
   // A chunk publish in one call: LookupChunk, Allocate (no load), Commit of
   // the whole chunk from `device_blocks` and Finish. A lease the worker
   // holds on this chunk lasts until the store completes.
   StatusOr<CommitResult> PublishChunk(WorkerId worker, RequestId request,
                                       std::span<const TokenId> tokens,
                                       std::span<const BlockId> device_blocks,
-                                      int64_t virtual_start = 0);
+                                      int64_t virtual_start = 0,
+                                      const BlockKey& variant = {});
   // Chunk compute leases held (see "Chunks in one call").
   size_t chunk_leases() const { return chunk_leases_.size(); }
 

@@ -21,9 +21,10 @@ void Coordinator::EndLease(WorkerState* w) {
 
 StatusOr<Coordinator::ChunkFetch> Coordinator::FetchChunk(
     WorkerId worker, RequestId request, std::span<const TokenId> tokens,
-    int64_t virtual_start) {
-  TIERKV_ASSIGN_OR_RETURN(LookupResult hit,
-                          LookupChunk(worker, request, tokens, virtual_start));
+    int64_t virtual_start, const BlockKey& variant) {
+  TIERKV_ASSIGN_OR_RETURN(
+      LookupResult hit,
+      LookupChunk(worker, request, tokens, virtual_start, variant));
   WorkerState* w = &workers_.at(worker);
   const BlockKey key = ChunkKeyOf(*w, request);
   if (w->lease.has_value() && *w->lease != key) EndLease(w);
@@ -66,9 +67,10 @@ StatusOr<Coordinator::ChunkFetch> Coordinator::FetchChunk(
 
 StatusOr<CommitResult> Coordinator::PublishChunk(
     WorkerId worker, RequestId request, std::span<const TokenId> tokens,
-    std::span<const BlockId> device_blocks, int64_t virtual_start) {
+    std::span<const BlockId> device_blocks, int64_t virtual_start,
+    const BlockKey& variant) {
   TIERKV_RETURN_IF_ERROR(
-      LookupChunk(worker, request, tokens, virtual_start).status());
+      LookupChunk(worker, request, tokens, virtual_start, variant).status());
   WorkerState* w = &workers_.at(worker);
   const BlockKey key = ChunkKeyOf(*w, request);
   if (w->lease.has_value() && *w->lease != key) EndLease(w);

@@ -93,6 +93,7 @@ StatusOr<ChunkKvStore> CreateChunkKvStore(
        .num_blocks = options.num_blocks,
        .virtual_start = options.virtual_start,
        .key_namespace = options.key_namespace,
+       .variant = options.variant,
        .compute = ReferenceChunkCompute(model)});
 }
 

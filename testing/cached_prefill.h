@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <optional>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "src/attention_spans.h"
@@ -70,6 +71,7 @@ struct ReferenceChunkStoreOptions {
   DType dtype = DType::kF32;  // Storage. Default: fp32.
   int64_t virtual_start = 0;  // Where every chunk is computed. Default: 0.
   KeyNamespace key_namespace = {};  // Default: model "", tenant "".
+  std::string variant = {};         // ChunkKvStoreOptions::variant.
 };
 
 // A chunk pool for `model`: its KV layout (model.config().CacheLayout) and

@@ -202,6 +202,37 @@ TEST(BlockKey, ChunkKeysDependOnTheVirtualStart) {
   }
 }
 
+// The variant (RoPE config, LoRA adapter: what else changes a chunk's KV)
+// keys it apart at every block and every start; none keeps the keys of a
+// chunk keyed without one.
+TEST(BlockKey, ChunkKeysDependOnTheVariant) {
+  const KeyHasher h(kNs);
+  const auto doc = SequentialTokens(500, 40);
+  EXPECT_EQ(h.ChunkKeys(doc, 16, 0, {}), h.ChunkKeys(doc, 16));
+  EXPECT_EQ(h.ChunkKeys(doc, 16, 7, {}), h.ChunkKeys(doc, 16, 7));
+  const BlockKey rope_a = ChunkVariant("neox theta=10000", "");
+  const BlockKey rope_b = ChunkVariant("neox theta=500000", "");
+  const BlockKey lora = ChunkVariant("neox theta=10000", "lora-7");
+  EXPECT_EQ(rope_a, ChunkVariant("neox theta=10000", ""));
+  // The two strings are told apart, not run together.
+  EXPECT_NE(ChunkVariant("ab", ""), ChunkVariant("a", "b"));
+  EXPECT_NE(ChunkVariant("ab", ""), ChunkVariant("", "ab"));
+  for (int64_t start : {int64_t{0}, int64_t{100}}) {
+    std::vector<std::vector<BlockKey>> seen = {h.ChunkKeys(doc, 16, start)};
+    for (const BlockKey& variant : {rope_a, rope_b, lora}) {
+      const auto keys = h.ChunkKeys(doc, 16, start, variant);
+      ASSERT_EQ(keys.size(), 3u);
+      EXPECT_EQ(keys, h.ChunkKeys(doc, 16, start, variant));
+      for (const auto& other : seen) {
+        for (size_t i = 0; i < keys.size(); ++i) EXPECT_NE(keys[i], other[i]);
+      }
+      seen.push_back(keys);
+    }
+  }
+  // A variant's keys are not another start's.
+  EXPECT_NE(h.ChunkKeys(doc, 16, 0, rope_a), h.ChunkKeys(doc, 16, 1));
+}
+
 TEST(BlockKey, EncodingIsInjective) {
   // [1, 2] with no extras must not equal [1] followed by bytes that spell 2.
   const BlockKey parent{9, 9};

@@ -151,27 +151,62 @@ TEST(ChunkKvStore, BlocksOfAFailedComputeAreReusedFirst) {
   EXPECT_THAT(PoolOf(store).CheckInvariants(), IsOk());
 }
 
+// What else a chunk's KV depends on keys it in the tier below: the RoPE
+// config (other workers re-rotate K with their own) and the engine's
+// variant.
+TEST(ChunkKvStore, TheRopeConfigAndVariantKeyItsChunksBelow) {
+  const auto variant_of = [](const ChunkKvStoreOptions& o) {
+    return ChunkKvStore::Create(o).value().variant();
+  };
+  const BlockKey base = variant_of(Options(FillWithPositions));
+  EXPECT_EQ(variant_of(Options(FillWithPositions)), base);
+  ChunkKvStoreOptions theta = Options(FillWithPositions);
+  theta.rope.theta = 500000;
+  ChunkKvStoreOptions scaled = Options(FillWithPositions);
+  scaled.rope.scaling = RopeScaling::Linear(4);
+  ChunkKvStoreOptions lora = Options(FillWithPositions);
+  lora.variant = "lora-7";
+  std::vector<BlockKey> seen = {base};
+  for (const ChunkKvStoreOptions& o : {theta, scaled, lora}) {
+    const BlockKey v = variant_of(o);
+    for (const BlockKey& other : seen) EXPECT_NE(v, other);
+    seen.push_back(v);
+  }
+}
+
 // A tier whose device copies never end: it gives up with DeadlineExceeded
 // (ClientChunkSource past stuck_copy_timeout), the copy still running.
 class WedgedTier final : public ChunkSource {
  public:
-  StatusOr<bool> Fetch(std::span<const TokenId>, int64_t,
+  explicit WedgedTier(const KvLayout& layout) : layout_(layout) {}
+  const KvLayout& layout() const override { return layout_; }
+  StatusOr<bool> Fetch(std::span<const TokenId>, int64_t, const BlockKey&,
                        const AllocateBlocks& allocate) override {
     TIERKV_ASSIGN_OR_RETURN(copying_into, allocate(1));
     return Status::DeadlineExceeded("copy still runs");
   }
-  Status Publish(std::span<const TokenId>, int64_t,
+  Status Publish(std::span<const TokenId>, int64_t, const BlockKey&,
                  std::span<const BlockId> blocks) override {
     copying_out_of.assign(blocks.begin(), blocks.end());
     return Status::DeadlineExceeded("copy still runs");
   }
   std::vector<BlockId> copying_into, copying_out_of;
+
+ private:
+  KvLayout layout_;
 };
 
 TEST(ChunkKvStore, BlocksACopyMayStillUseAreNeverReused) {
   ChunkKvStore store = ChunkKvStore::Create(Options(FillWithPositions)).value();
-  WedgedTier tier;
-  store.SetTier(&tier);
+  // A tier of another layout would read the pool's bytes as its own.
+  KvLayout f16 = store.layout();
+  f16.dtype = DType::kF16;
+  f16.block_size *= 2;  // The same bytes per block.
+  ASSERT_EQ(f16.BlockBytes(), store.layout().BlockBytes());
+  WedgedTier other(f16);
+  EXPECT_THAT(store.SetTier(&other), StatusIs(StatusCode::kInvalidArgument));
+  WedgedTier tier(store.layout());
+  ASSERT_THAT(store.SetTier(&tier), IsOk());
   const auto chunk = [](TokenId n) {
     return std::vector<TokenId>{n, n + 1, n + 2, n + 3};  // One block.
   };
@@ -185,7 +220,7 @@ TEST(ChunkKvStore, BlocksACopyMayStillUseAreNeverReused) {
   EXPECT_EQ(store.stats().tier_errors, 2u);
   EXPECT_EQ(store.num_free_blocks(), 5);  // 7 usable.
   // Many more chunks than the pool holds: neither block is handed out.
-  store.SetTier(nullptr);
+  ASSERT_THAT(store.SetTier(nullptr), IsOk());
   for (TokenId c = 2; c < 40; ++c) {
     const std::vector<BlockId> blocks =
         store.ComputeAndInsert(chunk(10 * c)).value();

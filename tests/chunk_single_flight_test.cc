@@ -71,7 +71,7 @@ TEST_F(ChunkSingleFlightTest, OneRoundTripPerFetchAndPublish) {
     FillBlock(chunk[j * 16], device->block(blocks[j]));
   }
   ClientCallCounts before = a->call_counts();
-  ASSERT_THAT(source.Publish(chunk, 0, blocks), IsOk());
+  ASSERT_THAT(source.Publish(chunk, 0, {}, blocks), IsOk());
   EXPECT_EQ(a->call_counts().calls - before.calls, 1u);
   EXPECT_EQ(a->call_counts().posts - before.posts, 1u);
   // The next call collects the posted completion: the chunk is keyed.
@@ -90,7 +90,7 @@ TEST_F(ChunkSingleFlightTest, OneRoundTripPerFetchAndPublish) {
   other[0] += 1;
   before = a->call_counts();
   StatusOr<bool> fetched =
-      source.Fetch(other, 0, [](int32_t) -> StatusOr<std::vector<BlockId>> {
+      source.Fetch(other, 0, {}, [](int32_t) -> StatusOr<std::vector<BlockId>> {
         ADD_FAILURE() << "allocate on a miss";
         return Status::Internal("allocate on a miss");
       });
@@ -101,7 +101,7 @@ TEST_F(ChunkSingleFlightTest, OneRoundTripPerFetchAndPublish) {
   EXPECT_EQ(source.stats().leases, 1u);
   EXPECT_EQ(observer_->Stats().value().host.chunk_leases, 1u);
   // Its publish ends the lease once the store completes.
-  ASSERT_THAT(source.Publish(other, 0, blocks), IsOk());
+  ASSERT_THAT(source.Publish(other, 0, {}, blocks), IsOk());
   ASSERT_THAT(a->Stats(), IsOk());
   EXPECT_EQ(observer_->Stats().value().host.chunk_leases, 0u);
   EXPECT_EQ(observer_->Stats().value().host.pinned_slots, 0);
@@ -131,7 +131,7 @@ TEST_F(ChunkSingleFlightTest, AChunkWhoseHostBytesChangedIsNeverLoaded) {
   std::unique_ptr<Client> b = Attach("reader");
   ClientChunkSource source(b.get());
   StatusOr<bool> fetched =
-      source.Fetch(chunk, 0, [](int32_t) -> StatusOr<std::vector<BlockId>> {
+      source.Fetch(chunk, 0, {}, [](int32_t) -> StatusOr<std::vector<BlockId>> {
         ADD_FAILURE() << "allocate for a load cut short";
         return Status::Internal("allocate for a load cut short");
       });

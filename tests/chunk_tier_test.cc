@@ -95,13 +95,14 @@ class ChunkTierTest : public ::testing::Test {
   // embedded (with `embedded`'s tiers) when it is empty. Null members when
   // the client cannot be opened (a test failure).
   Pool MakePool(int32_t pool_blocks, int64_t virtual_start,
-                const std::string& socket,
-                const EmbeddedOptions& embedded = {}) {
+                const std::string& socket, const EmbeddedOptions& embedded = {},
+                const std::string& variant = "") {
     Pool p;
     p.store = std::make_unique<ChunkKvStore>(
         CreateChunkKvStore(model_, {.num_blocks = pool_blocks,
                                     .block_size = kBs,
-                                    .virtual_start = virtual_start})
+                                    .virtual_start = virtual_start,
+                                    .variant = variant})
             .value());
     const KvLayout& layout = p.store->layout();
     const size_t bytes = static_cast<size_t>(pool_blocks) * layout.BlockBytes();
@@ -120,7 +121,7 @@ class ChunkTierTest : public ::testing::Test {
     if (!client.ok()) return p;
     p.client = std::move(*client);
     p.source = std::make_unique<ClientChunkSource>(p.client.get());
-    p.store->SetTier(p.source.get());
+    EXPECT_THAT(p.store->SetTier(p.source.get()), IsOk());
     return p;
   }
 
@@ -159,7 +160,7 @@ class ChunkTierTest : public ::testing::Test {
     if (!client.ok()) return p;
     p.client = std::move(*client);
     p.patient = std::make_unique<ClientChunkSource>(p.client.get());
-    p.store->SetTier(p.patient.get());
+    EXPECT_THAT(p.store->SetTier(p.patient.get()), IsOk());
     p.store->Release(p.store->ComputeAndInsert(chunk).value());
     EXPECT_EQ(p.store->stats().published, 1u);
     return p;
@@ -283,7 +284,7 @@ TEST_F(ChunkTierTest, AFetchCopiesForAnEngineThatOnlyPolls) {
           EXPECT_EQ(n, 3);
           return target;
         },
-        store_->virtual_start());
+        store_->virtual_start(), store_->variant());
     ASSERT_THAT(fetch, IsOk());
     ASSERT_TRUE(fetch->load.has_value());
     std::vector<FinishedTransfer> done;
@@ -314,7 +315,7 @@ TEST_F(ChunkTierTest, AFetchNeverLeavesACopyWritingItsBlocks) {
   const std::vector<BlockId> target = {61, 62, 63};
   p.slow->hold(/*polls=*/8);
   StatusOr<bool> hit = impatient.Fetch(
-      chunk, p.store->virtual_start(),
+      chunk, p.store->virtual_start(), p.store->variant(),
       [&](int32_t) -> StatusOr<std::vector<BlockId>> { return target; });
   EXPECT_EQ(p.slow->held(), 0u);                   // The copy had started...
   EXPECT_EQ(p.client->transfers_in_flight(), 0u);  // ...and ended.
@@ -336,7 +337,7 @@ TEST_F(ChunkTierTest, AFetchGivesUpOnAWedgedCopyWithDeadlineExceeded) {
   const std::vector<BlockId> target = {61, 62, 63};
   p.slow->hold(/*polls=*/1 << 30);
   StatusOr<bool> hit = wedged.Fetch(
-      chunk, p.store->virtual_start(),
+      chunk, p.store->virtual_start(), p.store->variant(),
       [&](int32_t) -> StatusOr<std::vector<BlockId>> { return target; });
   EXPECT_THAT(hit, StatusIs(StatusCode::kDeadlineExceeded));
   EXPECT_THAT(hit.status().message(), ::testing::HasSubstr("never reused"));
@@ -410,7 +411,7 @@ TEST_F(ChunkTierTest, ChunksSpilledToDiskComeBackBitExact) {
 // Pools whose chunks are computed at different virtual starts share one
 // tierkvd: a chunk's KV depends on its start (RoPE), so one pool's chunk
 // is never another's hit; a pool at the same start does load it.
-TEST_F(ChunkTierTest, AChunkComputedAtAnotherVirtualStartIsAMiss) {
+TEST_F(ChunkTierTest, AChunkComputedAtAnotherVirtualStartOrVariantIsAMiss) {
   const std::string store = "cv" + std::to_string(getpid());
   const std::string socket = dir_.path() + "/tierkvd.sock";
   const KvLayout layout = model_.config().CacheLayout(kBs, DType::kF32);
@@ -430,7 +431,9 @@ TEST_F(ChunkTierTest, AChunkComputedAtAnotherVirtualStartIsAMiss) {
   Pool a = open(100);
   Pool b = open(1000);
   Pool c = open(100);
-  for (const Pool* p : {&a, &b, &c}) ASSERT_NE(p->client, nullptr);
+  // Another variant (say, a LoRA adapter on K and V) at the same start.
+  Pool d = MakePool(kPoolBlocks, 100, socket, {}, "lora-7");
+  for (const Pool* p : {&a, &b, &c, &d}) ASSERT_NE(p->client, nullptr);
   const std::vector<BlockId> computed =
       a.store->ComputeAndInsert(chunk).value();
   a.store->Release(computed);
@@ -448,13 +451,18 @@ TEST_F(ChunkTierTest, AChunkComputedAtAnotherVirtualStartIsAMiss) {
   b.store->Release(own);
   ASSERT_THAT(b.client->Stats(), IsOk());
 
+  // Another variant: a miss as well.
+  EXPECT_TRUE(d.store->Acquire(chunk).empty());
+  EXPECT_EQ(d.store->stats().tier_hits, 0u);
+  EXPECT_EQ(d.store->stats().tier_errors, 0u);
+
   // At the same start: loaded, A's KV, and B's publish changed nothing.
   const std::vector<BlockId> loaded = c.store->Acquire(chunk);
   ASSERT_EQ(loaded.size(), 3u);
   EXPECT_EQ(c.store->stats().tier_hits, 1u);
   ExpectChunkKvIn(c.store.get(), chunk, loaded);
   c.store->Release(loaded);
-  for (Pool* p : {&a, &b, &c}) p->client.reset();
+  for (Pool* p : {&a, &b, &c, &d}) p->client.reset();
   (*daemon)->Stop();
   RemoveStoreSegments(store);
 }

@@ -67,7 +67,7 @@ int Run(const std::string& socket, uint32_t seed, int32_t tokens,
   const uint64_t calls = client.call_counts().calls;
   const auto start = std::chrono::steady_clock::now();
   StatusOr<bool> hit = source.Fetch(
-      chunk, 0,
+      chunk, 0, {},
       [&](int32_t) -> StatusOr<std::vector<BlockId>> { return blocks; });
   const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                       std::chrono::steady_clock::now() - start)
@@ -105,7 +105,7 @@ int Run(const std::string& socket, uint32_t seed, int32_t tokens,
     FillBlock(chunk[j * static_cast<size_t>(bs)], device->block(blocks[j]));
   }
   const ClientCallCounts before = client.call_counts();
-  if (Status s = source.Publish(chunk, 0, blocks); !s.ok()) return Fail(s);
+  if (Status s = source.Publish(chunk, 0, {}, blocks); !s.ok()) return Fail(s);
   std::printf("published calls=%llu posts=%llu\n",
               static_cast<unsigned long long>(client.call_counts().calls -
                                               before.calls),

@@ -449,8 +449,8 @@ Status TieredStore::Complete(WorkerId worker,
 
 StatusOr<ChunkFetchResult> TieredStore::FetchChunk(
     WorkerId worker, RequestId request, std::span<const TokenId> tokens,
-    int64_t virtual_start, std::chrono::milliseconds wait,
-    const std::atomic<bool>* stop) {
+    int64_t virtual_start, const BlockKey& variant,
+    std::chrono::milliseconds wait, const std::atomic<bool>* stop) {
   // How often a waiting fetch checks `stop` (a stop or its worker gone).
   constexpr auto kStopCheck = std::chrono::milliseconds(100);
   const auto deadline = std::chrono::steady_clock::now() + wait;
@@ -466,8 +466,8 @@ StatusOr<ChunkFetchResult> TieredStore::FetchChunk(
       // session the lease a dropped holder just gave up.
       return std::move(*busy);
     }
-    StatusOr<Coordinator::ChunkFetch> fetch =
-        coordinator_->FetchChunk(worker, request, tokens, virtual_start);
+    StatusOr<Coordinator::ChunkFetch> fetch = coordinator_->FetchChunk(
+        worker, request, tokens, virtual_start, variant);
     if (!fetch.ok()) return fetch.status();
     const auto now = std::chrono::steady_clock::now();
     if (!fetch->busy || now >= deadline || stopped()) {

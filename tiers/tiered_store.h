@@ -212,6 +212,7 @@ class TieredStore {
   StatusOr<ChunkFetchResult> FetchChunk(WorkerId worker, RequestId request,
                                         std::span<const TokenId> tokens,
                                         int64_t virtual_start,
+                                        const BlockKey& variant,
                                         std::chrono::milliseconds wait,
                                         const std::atomic<bool>* stop)
       TIERKV_EXCLUDES(mu_);

@@ -72,6 +72,12 @@ struct RequestExtras {
   std::string cache_salt;                // Folded into the first block only.
 };
 
+// The variant of ChunkKeys for chunks computed with `rope_config` (a
+// RopeConfig::ToString()) and `engine_variant`, what else the engine says
+// changes their KV (a LoRA adapter, a cache salt; empty: nothing).
+BlockKey ChunkVariant(std::string_view rope_config,
+                      std::string_view engine_variant);
+
 class KeyHasher {
  public:
   explicit KeyHasher(const KeyNamespace& ns);
@@ -100,13 +106,16 @@ class KeyHasher {
                         std::vector<BlockKey>* keys) const;
 
   // Keys of a position-independent chunk: chained from the chunk root, by
-  // content and the virtual position its KV was computed at (its first
+  // content, the virtual position its KV was computed at (its first
   // token's RoPE position; the same chunk computed elsewhere holds other
-  // keys), including the trailing partial block (its token count is part
-  // of the encoding). Virtual start 0 chains from the chunk root itself.
+  // keys) and `variant`, a fingerprint of whatever else its KV depends on
+  // that the namespace does not name (ChunkVariant: the RoPE config, a
+  // LoRA adapter); including the trailing partial block (its token count
+  // is part of the encoding). Virtual start 0 with no variant chains from
+  // the chunk root itself.
   std::vector<BlockKey> ChunkKeys(std::span<const TokenId> tokens,
-                                  int32_t block_size,
-                                  int64_t virtual_start = 0) const;
+                                  int32_t block_size, int64_t virtual_start = 0,
+                                  const BlockKey& variant = {}) const;
 
  private:
   // Blocks up to this many tokens take the allocation-free fast path.

@@ -20,6 +20,7 @@
 #include <functional>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "tierkv/block_key.h"
@@ -69,6 +70,12 @@ struct ChunkKvStoreOptions {
   // never share a chunk's KV.
   int64_t virtual_start = 0;
   KeyNamespace key_namespace = {};  // Default: model "", tenant "".
+  // What else changes the KV this store's compute writes, which the model
+  // and tenant of the tier's client do not name: a LoRA adapter, a cache
+  // salt (one store per such variant). With `rope`, part of its chunks'
+  // keys in the tier below (ChunkVariant), so workers share a chunk only
+  // when they compute it alike. Default: "" (nothing more).
+  std::string variant = {};
   // Computes a chunk into pool blocks (the engine's model). Required.
   ChunkComputeFn compute;
 };
@@ -104,8 +111,9 @@ class ChunkKvStore {
   ~ChunkKvStore();
 
   // The tier below the pool, or null for none (the default). Not owned; it
-  // copies into and out of memory().
-  void SetTier(ChunkSource* tier);
+  // copies into and out of memory(). InvalidArgument, with the tier
+  // unchanged, when its layout is not the pool's.
+  Status SetTier(ChunkSource* tier);
   // The pool's KV memory: num_blocks() blocks of layout().BlockBytes(), at a
   // fixed address for the store's life (a device tier is built over it).
   std::byte* memory();
@@ -133,6 +141,8 @@ class ChunkKvStore {
                std::span<std::byte> dst) const;
 
   int64_t virtual_start() const;
+  // Its chunks' variant in the tier below: ChunkVariant(rope, variant).
+  const BlockKey& variant() const;
   const KvLayout& layout() const;
   int32_t num_blocks() const;       // The null block included.
   int32_t num_free_blocks() const;  // In the free queue, cached or not.

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "tierkv/block_key.h"
+#include "tierkv/kv_layout.h"
 #include "tierkv/status.h"
 #include "tierkv/types.h"
 
@@ -32,9 +33,15 @@ class ChunkSource {
 
   virtual ~ChunkSource() = default;
 
+  // The layout of the blocks the tiers hold: a pool of another layout
+  // (ChunkKvStore::SetTier) is refused, as its bytes would be read as this
+  // one's.
+  virtual const KvLayout& layout() const = 0;
   // `virtual_start` is the RoPE position the chunk's KV is computed at
-  // (ChunkKvStoreOptions::virtual_start): part of what the tiers key it by,
-  // so a chunk computed at another position is a miss.
+  // (ChunkKvStoreOptions::virtual_start), and `variant` a fingerprint of
+  // what else the KV depends on (ChunkVariant: the RoPE config, the
+  // engine's variant): part of what the tiers key it by, so a chunk
+  // computed at another position or otherwise is a miss.
   //
   // When the tiers hold every block of `chunk`: calls `allocate` once, for
   // one pool block per chunk block, and copies the chunk into them; true
@@ -45,7 +52,7 @@ class ChunkSource {
   // still be running (a wedged device tier): the caller must never reuse
   // them.
   virtual StatusOr<bool> Fetch(std::span<const TokenId> chunk,
-                               int64_t virtual_start,
+                               int64_t virtual_start, const BlockKey& variant,
                                const AllocateBlocks& allocate) = 0;
 
   // Copies the chunk's blocks (one per chunk block, in order) down and
@@ -54,6 +61,7 @@ class ChunkSource {
   // when a copy out of the blocks may still be running: the caller must
   // never write them again.
   virtual Status Publish(std::span<const TokenId> chunk, int64_t virtual_start,
+                         const BlockKey& variant,
                          std::span<const BlockId> blocks) = 0;
 };
 

@@ -191,11 +191,14 @@ class Client {
   StatusOr<std::vector<StatusOr<LookupResult>>> LookupBatch(
       std::span<const LookupQuery> queries);
   // A chunk's keys include the RoPE position its KV is computed at
-  // (`virtual_start`, ChunkKvStoreOptions::virtual_start): KV computed at
-  // one is never served to a worker that asks at another.
+  // (`virtual_start`, ChunkKvStoreOptions::virtual_start) and its variant
+  // (ChunkVariant: the RoPE config and what else changes its KV): KV
+  // computed at one position or variant is never served to a worker that
+  // asks for another.
   StatusOr<LookupResult> LookupChunk(RequestId request,
                                      std::span<const TokenId> tokens,
-                                     int64_t virtual_start = 0);
+                                     int64_t virtual_start = 0,
+                                     const BlockKey& variant = {});
   // Also pins the load's device blocks and starts its copy, or, when the
   // load is pending (promotions from disk), keeps it until tierkvd reports
   // it ready: PollEvents and WaitEvents start it then (and unpin the blocks
@@ -286,14 +289,16 @@ class Client {
                                         std::span<const TokenId> tokens,
                                         std::chrono::milliseconds wait,
                                         const AllocateDeviceBlocks& allocate,
-                                        int64_t virtual_start = 0);
+                                        int64_t virtual_start = 0,
+                                        const BlockKey& variant = {});
   // Stores the chunk's blocks tierkvd lacks from `device_blocks` (one per
   // chunk block): LookupChunk, Allocate, Commit and Finish in one round
   // trip; starts the stores' copies (copies = client).
   StatusOr<CommitResult> PublishChunk(RequestId request,
                                       std::span<const TokenId> tokens,
                                       std::span<const BlockId> device_blocks,
-                                      int64_t virtual_start = 0);
+                                      int64_t virtual_start = 0,
+                                      const BlockKey& variant = {});
   // Complete, then Finish(finish) unless it is 0, in one message sent
   // without waiting for the answer: the next call collects it first. An
   // error in it is counted (post_errors) and kept (last_post_error), but

@@ -70,19 +70,22 @@ class ClientChunkSource final : public ChunkSource {
   // DeadlineExceeded only for a copy given up on (stuck_copy_timeout);
   // any other deadline (a call tierkvd did not answer in time) comes as
   // Unavailable, as the blocks are then free to reuse.
+  const KvLayout& layout() const override;  // The client's.
   StatusOr<bool> Fetch(std::span<const TokenId> chunk, int64_t virtual_start,
+                       const BlockKey& variant,
                        const AllocateBlocks& allocate) override;
   Status Publish(std::span<const TokenId> chunk, int64_t virtual_start,
+                 const BlockKey& variant,
                  std::span<const BlockId> blocks) override;
 
   const ClientChunkSourceStats& stats() const { return stats_; }
 
  private:
   StatusOr<bool> FetchOnce(std::span<const TokenId> chunk,
-                           int64_t virtual_start,
+                           int64_t virtual_start, const BlockKey& variant,
                            const AllocateBlocks& allocate);
   Status PublishOnce(std::span<const TokenId> chunk, int64_t virtual_start,
-                     std::span<const BlockId> blocks);
+                     const BlockKey& variant, std::span<const BlockId> blocks);
   // DeadlineExceeded means "a copy may still use the blocks" to the pool
   // (ChunkSource): every other one becomes Unavailable.
   Status OnlyStuckCopiesExceedTheDeadline(Status status) const;

@@ -77,7 +77,7 @@ Status RunRagWorker(const RagDemoOptions& o, std::ostream& out) {
   TIERKV_ASSIGN_OR_RETURN(std::unique_ptr<Client> client,
                           Client::Open(client_options));
   ClientChunkSource tier(client.get());
-  store.SetTier(&tier);
+  TIERKV_RETURN_IF_ERROR(store.SetTier(&tier));
 
   // The engine's main pool holds one request at a time; every assembled
   // prompt (separators dropped) has the same length.
