@@ -257,6 +257,10 @@ void KeyHasher::AppendPlainKeys(std::span<const TokenId> tokens,
   }
 }
 
+BlockKey ContentKey(std::string_view identifier) {
+  return FromXxh(XXH3_128bits(identifier.data(), identifier.size()));
+}
+
 BlockKey ChunkVariant(std::string_view rope_config,
                       std::string_view engine_variant) {
   // Lengths first: no two pairs of strings encode alike.

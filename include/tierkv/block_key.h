@@ -72,6 +72,11 @@ struct RequestExtras {
   std::string cache_salt;                // Folded into the first block only.
 };
 
+// An engine's own identifier of content (vLLM's multimodal item
+// identifier, a hash string) as a MultiModalItem::hash: XXH3-128 of its
+// bytes.
+BlockKey ContentKey(std::string_view identifier);
+
 // The variant of ChunkKeys for chunks computed with `rope_config` (a
 // RopeConfig::ToString()) and `engine_variant`, what else the engine says
 // changes their KV (a LoRA adapter, a cache salt; empty: nothing).

@@ -303,6 +303,35 @@ py::dict StatsDict(const CoordinatorStats& s) {
   return d;
 }
 
+// A request's multimodal inputs, from (identifier, offset, length) tuples:
+// the engine's content identifier of each item (str or bytes; vLLM's
+// mm_features[i].identifier) and the placeholder tokens it occupies. None:
+// no items.
+std::vector<MultiModalItem> MultiModalItems(const py::handle& items) {
+  std::vector<MultiModalItem> out;
+  if (items.is_none()) return out;
+  for (const py::handle& item : items) {
+    // Any sequence (a tuple, a list); not one: TypeError.
+    const py::tuple t(py::reinterpret_borrow<py::object>(item));
+    if (t.size() != 3) {
+      throw py::value_error(
+          "mm_items: each item is (identifier, offset, length)");
+    }
+    const std::string id = py::isinstance<py::bytes>(t[0])
+                               ? std::string(t[0].cast<py::bytes>())
+                               : t[0].cast<std::string>();
+    const auto start = t[1].cast<int64_t>();
+    const auto length = t[2].cast<int64_t>();
+    if (id.empty() || start < 0 || length < 1) {
+      throw py::value_error(
+          "mm_items: an item needs an identifier, an offset >= 0 and a "
+          "length >= 1");
+    }
+    out.push_back({.hash = ContentKey(id), .start = start, .length = length});
+  }
+  return out;
+}
+
 template <typename F>
 py::object Property(const PyClient& c, F&& f) {
   return py::cast(c.Call(std::forward<F>(f)));
@@ -312,14 +341,20 @@ void RegisterMethods(py::class_<PyClient>& cls) {
   cls.def(
          "lookup",
          [](const PyClient& c, RequestId request, const py::handle& tokens,
-            int32_t num_computed_tokens) {
+            int32_t num_computed_tokens, std::optional<uint64_t> lora_id,
+            std::string cache_salt, const py::handle& mm_items) {
            std::vector<TokenId> t = Tokens(tokens);
+           RequestExtras extras{.lora_id = lora_id,
+                                .mm_items = MultiModalItems(mm_items),
+                                .cache_salt = std::move(cache_salt)};
            return ValueOrRaise(c.Call([&](Client& client) {
-             return client.Lookup(request, t, num_computed_tokens);
+             return client.Lookup(request, t, num_computed_tokens, extras);
            }));
          },
          py::arg("request_id"), py::arg("tokens"),
-         py::arg("num_computed_tokens") = 0)
+         py::arg("num_computed_tokens") = 0, py::kw_only(),
+         py::arg("lora_id") = py::none(), py::arg("cache_salt") = "",
+         py::arg("mm_items") = py::none())
       .def(
           "lookup_chunk",
           [](const PyClient& c, RequestId request, const py::handle& tokens,

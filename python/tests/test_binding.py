@@ -381,6 +381,22 @@ def test_tokens_must_be_integers(tierkvd, layout):
         assert client.lookup(4, small).hit_tokens == 0
 
 
+def test_lookup_extras_must_name_their_items(tierkvd, layout):
+    with tierkv.Client.open(tierkvd.socket, layout, 4) as client:
+        tokens = list(range(40))
+        for bad in ([("id", 0)], [("", 0, 4)], [("id", -1, 4)],
+                    [("id", 0, 0)]):
+            with pytest.raises(ValueError, match="mm_items"):
+                client.lookup(1, tokens, mm_items=bad)
+        with pytest.raises(TypeError):
+            client.lookup(1, tokens, mm_items=[7])
+        with pytest.raises(TypeError):
+            client.lookup(1, tokens, 0, 5)  # The extras are keywords.
+        ok = client.lookup(2, tokens, lora_id=3, cache_salt="s",
+                           mm_items=[(b"raw", 1, 2), ["listed", 20, 4]])
+        assert ok.hit_tokens == 0
+
+
 def test_a_closed_client_refuses_calls(tierkvd, layout):
     client = tierkv.Client.open(tierkvd.socket, layout, 4)
     client.close()

@@ -68,9 +68,10 @@ def _settled(observer: tierkv.Client, workers: int) -> dict:
         observer.wait_events(0.02)
 
 
-def _store_prefix(engine: Engine, rid: str, tokens: list[int]) -> None:
+def _store_prefix(engine: Engine, rid: str, tokens: list[int],
+                  **inputs) -> None:
     """A request computes `tokens` and finishes; its stores are copied."""
-    assert engine.add(rid, tokens) == (0, False)
+    assert engine.add(rid, tokens, **inputs) == (0, False)
     engine.step()
     assert engine.finish(rid) is True  # Freed once the workers report.
     engine.run_until(lambda: rid in engine.sent)
@@ -182,6 +183,63 @@ def test_stored_prefix_loads_on_both_ranks(engine, daemon):
     stats = _settled(observer, workers=4)
     assert stats["host"]["pinned_slots"] == 0
     assert stats["host"]["loads_completed"] == 4
+
+
+def _image(identifier: str) -> list:
+    """vLLM's mm_features: one image on placeholder tokens [20, 28), in the
+    second block."""
+    return [SimpleNamespace(identifier=identifier,
+                            mm_position=SimpleNamespace(offset=20, length=8))]
+
+
+def test_adapters_salts_and_images_key_the_blocks_apart(engine, daemon):
+    # The same token ids, each computed under other inputs: its KV differs,
+    # so none may be served to another (vLLM's prefix cache keys them
+    # apart too).
+    tokens = PREFIX + [5, 6, 7]
+    lora = [SimpleNamespace(lora_int_id=n, lora_name=f"a{n}") for n in (0, 1, 2)]
+    _store_prefix(engine, "plain", tokens)
+    _store_prefix(engine, "lora1", tokens, lora_request=lora[1])
+    _store_prefix(engine, "salted", tokens, cache_salt="tenant-a")
+    # The image's first block holds no placeholder: the plain prompt's,
+    # loaded; the three after it are the image's own.
+    assert engine.add("cat", tokens, mm_features=_image("cat-sha256")) == (
+        BLOCK, True)
+    engine.run_until(lambda: "cat" in engine.received)
+    engine.step()
+    assert engine.finish("cat") is True
+    engine.run_until(lambda: "cat" in engine.sent)
+    observer = _observer(daemon)
+    assert observer.stats()["host"]["cached_slots"] == 4 + 4 + 4 + 3
+    # Each finds its own blocks, and only those.
+    for rid, inputs, hit in [
+            ("q-plain", {}, 64), ("q-lora1", {"lora_request": lora[1]}, 64),
+            ("q-lora2", {"lora_request": lora[2]}, 0),
+            ("q-salted", {"cache_salt": "tenant-a"}, 64),
+            ("q-salt-b", {"cache_salt": "tenant-b"}, 0),
+            ("q-cat", {"mm_features": _image("cat-sha256")}, 64),
+            ("q-dog", {"mm_features": _image("dog-sha256")}, BLOCK)]:
+        assert engine.add(rid, tokens, **inputs) == (hit, hit > 0), rid
+        if hit:
+            engine.run_until(lambda: rid in engine.received)
+            assert engine.verify(rid, hit) == {0: [], 1: []}, rid
+        engine.step()
+        if engine.finish(rid):
+            engine.run_until(lambda: rid in engine.sent)
+    # Prompt embeddings: token ids say nothing of the KV, so tierkv neither
+    # serves nor stores it.
+    assert engine.add("embeds", tokens, prompt_embeds=object()) == (0, False)
+    engine.step()
+    assert engine.finish("embeds") is False
+    # A request stored under the unnamed inputs stays found, after all.
+    assert engine.add("again", tokens) == (64, True)
+    engine.run_until(lambda: "again" in engine.received)
+    engine.step()
+    engine.finish("again")
+    stats = _settled(observer, workers=4)
+    assert stats["host"]["pinned_slots"] == 0
+    # And what the misses computed: lora2's and salt-b's four, dog's three.
+    assert stats["host"]["cached_slots"] == 15 + 4 + 4 + 3
 
 
 def test_preempted_request_loads_the_blocks_it_stored(engine):

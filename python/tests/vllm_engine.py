@@ -182,6 +182,11 @@ class Request:
     external: int = 0  # Tokens the connector's lookup offered.
     resumed: bool = False  # Preempted: scheduled again as a cached request.
     failed_at: Optional[int] = None  # First block a load failed.
+    # What besides its tokens changes its KV, as vLLM's Request has it.
+    lora_request: Any = None  # .lora_int_id
+    cache_salt: Optional[str] = None
+    mm_features: Any = None  # [.identifier, .mm_position.offset/.length]
+    prompt_embeds: Any = None
 
     # What the connector reads of vLLM's Request.
     @property
@@ -283,16 +288,19 @@ class Engine:
 
     # -- requests ------------------------------------------------------------
 
-    def add(self, rid: str, tokens: list[int]) -> tuple[int, bool]:
-        """A new request: the connector's lookup, then its blocks."""
-        result = self.lookup(rid, tokens)
+    def add(self, rid: str, tokens: list[int], **inputs: Any
+            ) -> tuple[int, bool]:
+        """A new request: the connector's lookup, then its blocks. `inputs`:
+        Request's LoRA adapter, cache salt, multimodal items, embeddings."""
+        result = self.lookup(rid, tokens, **inputs)
         self.allocate(rid)
         return result
 
-    def lookup(self, rid: str, tokens: list[int]) -> tuple[int, bool]:
+    def lookup(self, rid: str, tokens: list[int], **inputs: Any
+               ) -> tuple[int, bool]:
         req = self.requests.get(rid)
         if req is None or req.state != "preempted":
-            req = self.requests[rid] = Request(rid, list(tokens))
+            req = self.requests[rid] = Request(rid, list(tokens), **inputs)
         ext, load_async = self.scheduler.get_num_new_matched_tokens(req, 0)
         req.external = ext or 0
         return ext, load_async

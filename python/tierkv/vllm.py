@@ -260,6 +260,51 @@ def _request_tokens(request: Any) -> list[int]:
     return list(tokens)
 
 
+def _request_extras(request: Any) -> Optional[dict[str, Any]]:
+    """What besides its tokens changes the request's KV, as Client.lookup's
+    keyword arguments (the keys tierkv stores and commits its blocks under,
+    as vLLM's own prefix cache keys them): its LoRA adapter, its cache salt
+    and its multimodal items. None when the request cannot be keyed safely
+    (prompt embeddings, whose token ids say nothing of the KV, or inputs
+    this connector does not know how to name): tierkv then neither serves
+    nor stores it."""
+    if getattr(request, "prompt_embeds", None) is not None:
+        return None
+    extras: dict[str, Any] = {}
+    lora = getattr(request, "lora_request", None)
+    if lora is not None:
+        lora_id = getattr(lora, "lora_int_id", None)
+        if not isinstance(lora_id, int):
+            return None
+        extras["lora_id"] = lora_id
+    salt = getattr(request, "cache_salt", None)
+    if salt:
+        extras["cache_salt"] = str(salt)
+    items = []
+    features = getattr(request, "mm_features", None)
+    if features:  # vLLM 0.10.2 and later: MultiModalFeatureSpec.
+        for f in features:
+            position = getattr(f, "mm_position", None)
+            identifier = getattr(f, "identifier", None)
+            if not identifier or position is None:
+                return None
+            items.append((identifier, int(position.offset),
+                          int(position.length)))
+    else:  # Earlier releases: parallel lists of hashes and positions.
+        hashes = getattr(request, "mm_hashes", None) or []
+        positions = getattr(request, "mm_positions", None) or []
+        if len(hashes) != len(positions):
+            return None
+        for identifier, position in zip(hashes, positions):
+            if not identifier:
+                return None
+            items.append((identifier, int(position.offset),
+                          int(position.length)))
+    if items:
+        extras["mm_items"] = items
+    return extras
+
+
 # ---------------------------------------------------------------------------
 # Metadata: what the scheduler's connector sends its workers each step
 # ---------------------------------------------------------------------------
@@ -355,11 +400,11 @@ class _SchedulerSide:
 
     # -- tierkvd calls ------------------------------------------------------
 
-    def _call(self, what: str, fn, *args) -> Any:
-        """fn(*args); None (logged) when it fails. A lost tierkvd ends the
-        attachment's requests (see _lose)."""
+    def _call(self, what: str, fn, *args, **kwargs) -> Any:
+        """fn(*args, **kwargs); None (logged) when it fails. A lost tierkvd
+        ends the attachment's requests (see _lose)."""
         try:
-            return fn(*args)
+            return fn(*args, **kwargs)
         except _LOST as e:
             logger.warning("tierkv: %s: %s; requests go on without tierkv "
                            "until it answers again", what, e)
@@ -441,11 +486,17 @@ class _SchedulerSide:
             req = self._requests[rid] = _Request()
         if not self._connected:  # build_connector_meta attaches again.
             return 0, False
+        extras = _request_extras(request)
+        if extras is None:
+            # Not keyed, so never served nor stored: no tierkv request (no
+            # allocation, no commit).
+            return 0, False
         if req.tid is None:
             self._new_tid(rid, req)
         req.num_computed = num_computed_tokens
         result = self._call("lookup", self._client.lookup, req.tid,
-                            _request_tokens(request), num_computed_tokens)
+                            _request_tokens(request), num_computed_tokens,
+                            **extras)
         hit = result.hit_tokens if result is not None else 0
         return hit, hit > 0
 
