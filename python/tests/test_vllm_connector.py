@@ -44,7 +44,7 @@ def engine(socket_link):
     e = Engine({"socket": socket_link, "model": "", "num_layers": LAYERS,
                 "num_kv_heads": KV_HEADS, "head_dim": HEAD_DIM,
                 "block_size": BLOCK, "dtype": "bf16", "tp_size": 2,
-                "call_timeout": 5.0})
+                "call_timeout": 5.0, "reconnect_wait": 0})
     yield e
     e.close()
 
@@ -257,6 +257,28 @@ def test_preempted_request_loads_the_blocks_it_stored(engine):
     assert engine.finish("r1") is False  # Its blocks were stored before.
 
 
+def test_a_request_is_offered_two_loads_at_most(engine):
+    # vLLM looks a request up again after each preemption and after a load
+    # that failed from its first block; a load that failed every time would
+    # be offered forever. The third lookup computes instead.
+    tokens = PREFIX + [4, 5, 6]
+    _store_prefix(engine, "r0", tokens)
+    for offer in (1, 2):
+        look = engine.lookup if offer == 1 else engine.resume
+        assert look("r1", *([tokens] if offer == 1 else [])) == (64, True)
+        if offer == 1:
+            engine.allocate("r1")
+        engine.run_until(lambda: "r1" in engine.received)
+        engine.received.discard("r1")
+        engine.preempt("r1")
+        engine.step()
+    assert engine.resume("r1") == (0, False)
+    engine.step()  # Computes every token, none loaded.
+    assert [c[1:] for c in engine.computed] == [(0, len(tokens))]
+    assert engine.verify("r1", len(tokens)) == {0: [], 1: []}
+    assert engine.finish("r1") is False  # Its blocks were stored before.
+
+
 def test_request_aborted_before_its_load_never_corrupts_reused_blocks(
         engine, daemon):
     _store_prefix(engine, "r1", PREFIX + [1])
@@ -321,6 +343,44 @@ def test_lost_tierkvd_reports_load_errors_and_attaches_again(
     assert engine.add("r4", other + [2]) == (32, True)
     engine.run_until(lambda: "r4" in engine.received)
     assert engine.verify("r4", 32) == {0: [], 1: []}
+
+
+def test_a_tierkvd_that_refuses_the_reattach_leaves_vllm_running(
+        daemon, socket_link, start_tierkvd, monkeypatch):
+    # The scheduler's clock, which only the test moves.
+    clock = [100.0]
+    monkeypatch.setattr(tierkv.vllm, "time",
+                        SimpleNamespace(monotonic=lambda: clock[0]))
+    engine = Engine({"socket": socket_link, "model": "", "num_layers": LAYERS,
+                     "num_kv_heads": KV_HEADS, "head_dim": HEAD_DIM,
+                     "block_size": BLOCK, "dtype": "bf16", "tp_size": 2})
+    try:
+        _store_prefix(engine, "r1", PREFIX + [1])
+        daemon.kill()
+        # Restarted serving another model: it refuses the scheduler.
+        other = start_tierkvd(layout=_layout(), model="another/model")
+        os.unlink(socket_link)
+        os.symlink(other.socket, socket_link)
+        observer = tierkv.Client.open(other.socket, _layout(), 1,
+                                      model="another/model", name="observer")
+        refusals = lambda: observer.stats()["attach"]["refused_mismatch"]
+        assert engine.add("r2", PREFIX + [2]) == (0, False)  # Lost.
+        engine.step()  # Refused: logged, and vLLM's step goes on.
+        assert not engine.scheduler.tierkv_client.connected
+        assert refusals() == 1
+        # Tries again after 1 s, then 2 s, not at every step.
+        for advance, tries in [(0.5, 1), (0.5, 2), (1.0, 2), (1.0, 3)]:
+            clock[0] += advance
+            engine.step()
+            assert refusals() == tries, (advance, tries)
+        # Requests run meanwhile, computed without tierkv.
+        tokens = PREFIX + [3]
+        assert engine.add("r3", tokens) == (0, False)
+        engine.step()
+        assert engine.verify("r3", len(tokens)) == {0: [], 1: []}
+        assert engine.finish("r3") is False
+    finally:
+        engine.close()
 
 
 def test_metadata_of_a_past_scheduler_epoch_is_never_started(

@@ -114,6 +114,10 @@ DEFAULT_SOCKET = "/run/tierkv/tierkvd.sock"
 DEFAULT_SAVE_TIMEOUT = 60.0
 _LOST = (tierkv.UnavailableError, tierkv.DeadlineExceededError)
 
+# The scheduler's waits between tries to attach again (reconnect_wait).
+_RETRY_FIRST_S = 1.0
+_RETRY_MAX_S = 30.0
+
 
 # ---------------------------------------------------------------------------
 # Configuration
@@ -127,8 +131,10 @@ class TierkvConfig:
     Extra config keys: socket (default /run/tierkv/tierkvd.sock), model
     (default: the model vLLM serves; must match tierkvd --model), tenant,
     name, call_timeout and save_timeout (seconds; wait_for_save logs an
-    error each save_timeout it waits for stores, and goes on waiting), and,
-    to override what is
+    error each save_timeout it waits for stores, and goes on waiting),
+    reconnect_wait (seconds the scheduler waits before it tries to attach
+    again once an attach failed, doubling per failure up to 30; default 1),
+    and, to override what is
     derived from vLLM's model and cache configs: num_layers, num_kv_heads
     (all of the model's, every rank's), head_dim, block_size, dtype, tp_size,
     rank (a worker's tensor-parallel rank, for engines without vLLM), and
@@ -145,6 +151,7 @@ class TierkvConfig:
     name: str = ""
     call_timeout: float = 5.0
     save_timeout: float = DEFAULT_SAVE_TIMEOUT
+    reconnect_wait: float = _RETRY_FIRST_S
     tp_size: int = 1
     rank: Optional[int] = None
     kv_layout: str = ""  # "paged", "flashinfer" or "" (from the shape).
@@ -198,6 +205,8 @@ class TierkvConfig:
                    call_timeout=float(extra.get("call_timeout", 5.0)),
                    save_timeout=float(extra.get("save_timeout",
                                                 DEFAULT_SAVE_TIMEOUT)),
+                   reconnect_wait=max(0.0, float(extra.get(
+                       "reconnect_wait", _RETRY_FIRST_S))),
                    tp_size=tp_size,
                    rank=None if rank is None else int(rank),
                    kv_layout=kv_layout,
@@ -376,6 +385,16 @@ class _Request:
     load_blocks: list[int] = dataclasses.field(default_factory=list)
     stores_issued: bool = False
     finished: bool = False
+    # Loads offered to the request, over its preemptions and failed loads.
+    loads_offered: int = 0
+
+
+# Loads offered to one request at most. vLLM looks a request up again after
+# a preemption, and after a load that failed from its first block: a load
+# that fails every time (a rank that cannot attach, a copy that keeps
+# failing) would otherwise be offered again forever and the request never
+# run. Past the cap the request computes its tokens (and stores them).
+_MAX_LOADS_PER_REQUEST = 2
 
 
 class _SchedulerSide:
@@ -392,7 +411,11 @@ class _SchedulerSide:
         self._loads: list[LoadOp] = []
         self._failed_recvs: list[FailedRecv] = []
         self._delayed: list[str] = []
-        self._ensure_connected()
+        # When to try attaching again, and the wait after the next failure:
+        # each try may take call_timeout, on vLLM's scheduling path.
+        self._retry_at = 0.0
+        self._retry_wait = config.reconnect_wait
+        self._ensure_connected(starting=True)
 
     @property
     def client(self) -> Any:
@@ -424,12 +447,18 @@ class _SchedulerSide:
             req.tid = None
         self._by_tid.clear()
 
-    def _ensure_connected(self) -> bool:
-        """Attaches (again) when not attached. A tierkvd that does not answer
-        yet leaves the scheduler running without tierkv; a configuration
-        tierkvd refuses (layout, model, permissions) raises."""
+    def _ensure_connected(self, starting: bool = False) -> bool:
+        """Attaches (again) when not attached, at most once per retry wait
+        (doubling from 1 s to 30 s while tries fail). A tierkvd that does
+        not answer leaves the scheduler running without tierkv. A
+        configuration tierkvd refuses (layout, model, permissions) raises
+        while vLLM starts; later (a tierkvd restarted with another
+        configuration) it is logged, and vLLM runs on without tierkv."""
         if self._connected:
             return True
+        now = time.monotonic()
+        if now < self._retry_at:
+            return False
         try:
             if self._client is None:
                 if self._config.num_device_blocks < 1:
@@ -446,10 +475,17 @@ class _SchedulerSide:
                     call_timeout=self._config.call_timeout)
             else:
                 self._client.reconnect()
-        except _LOST as e:
-            logger.warning("tierkv: no tierkvd on %s yet: %s",
-                           self._config.socket, e)
+        except tierkv.Error as e:
+            if starting and not isinstance(e, _LOST):
+                raise
+            logger.warning("tierkv: cannot attach to tierkvd on %s: %s; "
+                           "trying again in %.0f s", self._config.socket, e,
+                           self._retry_wait)
+            self._retry_at = time.monotonic() + self._retry_wait
+            self._retry_wait = min(2 * self._retry_wait,
+                                   max(_RETRY_MAX_S, self._retry_wait))
             return False
+        self._retry_wait = self._config.reconnect_wait
         self._connected = True
         self._epoch = uuid.uuid4().hex
         logger.info("tierkv: scheduler attached as worker %d (epoch %s)",
@@ -476,14 +512,17 @@ class _SchedulerSide:
                                    ) -> tuple[Optional[int], bool]:
         rid = request.request_id
         req = self._requests.get(rid)
+        loads_offered = 0
         if req is not None and req.allocated:
-            # Preempted and resumed: its old blocks are gone; start over.
+            # Preempted and resumed, or its load failed: its old blocks are
+            # gone; start over.
             if req.tid is not None and self._connected:
                 self._call("finish", self._client.finish, req.tid)
             self._forget(rid)
+            loads_offered = req.loads_offered
             req = None
         if req is None:
-            req = self._requests[rid] = _Request()
+            req = self._requests[rid] = _Request(loads_offered=loads_offered)
         if not self._connected:  # build_connector_meta attaches again.
             return 0, False
         extras = _request_extras(request)
@@ -498,6 +537,13 @@ class _SchedulerSide:
                             _request_tokens(request), num_computed_tokens,
                             **extras)
         hit = result.hit_tokens if result is not None else 0
+        if hit > 0 and req.loads_offered >= _MAX_LOADS_PER_REQUEST:
+            logger.warning(
+                "tierkv: request %s was offered %d loads already; it computes "
+                "its tokens instead", rid, req.loads_offered)
+            return 0, False
+        if hit > 0:
+            req.loads_offered += 1
         return hit, hit > 0
 
     def update_state_after_alloc(self, request: Any, blocks: Any,
