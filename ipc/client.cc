@@ -625,6 +625,25 @@ struct Client::Impl {
     return out;
   }
 
+  // Whether this attachment copies `ref`.
+  bool Copying(const EventRef& ref) const {
+    return std::ranges::any_of(in_flight, [&](const auto& entry) {
+      return entry.second.event.ref == ref && entry.second.session == session;
+    });
+  }
+  // AlreadyExists when this attachment copies `ref`, or has handed it out
+  // finished and not had it completed.
+  Status CheckNotStarted(const EventRef& ref) const {
+    if (!Copying(ref) &&
+        !owed.contains(std::tuple(session, ref.kind, ref.id))) {
+      return Status::Ok();
+    }
+    return Status::AlreadyExists(
+        std::string("this client has started ") + EventKindName(ref.kind) +
+        " " + std::to_string(ref.id) +
+        " already and not completed it: each event is started once");
+  }
+
   // Tells tierkvd that a copy never ran, so it releases the event's slots.
   void ReportFailed(const EventRef& ref) {
     std::vector<CompletedEvent> failed{{ref, false}};
@@ -1381,15 +1400,21 @@ Status Client::Start(const TransferEvent& event) {
   // yet completed once (Complete refuses the second): one pin would stay.
   // Refused before anything is pinned or reported, so the first copy and
   // the other ranks' parts go on.
-  if (copying(event.ref) ||
-      impl_->owed.contains(
-          std::tuple(impl_->session, event.ref.kind, event.ref.id))) {
-    return Status::AlreadyExists(
-        std::string("this rank has started ") + EventKindName(event.ref.kind) +
-        " " + std::to_string(event.ref.id) +
-        " already and not completed it: each event is started once");
-  }
+  TIERKV_RETURN_IF_ERROR(impl_->CheckNotStarted(event.ref));
   return impl_->PinAndSubmit(event);
+}
+
+Status Client::Decline(const TransferEvent& event) {
+  if (impl_->options.scheduler == 0) {
+    return Status::FailedPrecondition(
+        "Decline is for rank clients (ClientOptions::scheduler): a client "
+        "completes its own events");
+  }
+  TIERKV_RETURN_IF_ERROR(impl_->CheckNotStarted(event.ref));
+  std::vector<CompletedEvent> failed{{event.ref, false}};
+  TIERKV_ASSIGN_OR_RETURN(Message reply,
+                          impl_->Call(ipc::CompleteRequest{std::move(failed)}));
+  return ipc::StatusOf(reply);
 }
 
 StatusOr<std::span<std::byte>> Client::host_block(BlockId slot) {
@@ -1432,12 +1457,7 @@ bool Client::embedded() const { return impl_->in_process != nullptr; }
 const KvLayout& Client::layout() const { return impl_->options.layout; }
 DeviceTier* Client::device() { return impl_->device; }
 size_t Client::transfers_in_flight() const { return impl_->in_flight.size(); }
-bool Client::copying(const EventRef& ref) const {
-  return std::ranges::any_of(impl_->in_flight, [&](const auto& entry) {
-    return entry.second.event.ref == ref &&
-           entry.second.session == impl_->session;
-  });
-}
+bool Client::copying(const EventRef& ref) const { return impl_->Copying(ref); }
 size_t Client::loads_pending() const { return impl_->pending_loads.size(); }
 bool Client::connected() const { return impl_->channel_error.ok(); }
 const Status& Client::connection_status() const { return impl_->channel_error; }

@@ -310,6 +310,24 @@ TEST_F(TierkvdRanksTest, AnEventStartedTwiceIsCopiedAndCompletedOnce) {
   EXPECT_EQ(reader->Lookup(2, tokens_)->hit_tokens, 32);
 }
 
+TEST_F(TierkvdRanksTest, ARankThatDeclinesFailsTheEventForAll) {
+  std::unique_ptr<Client> observer = Attach("observer");
+  ASSERT_NE(observer, nullptr);
+  const TransferEvent store = Commit(1);
+  // Rank 0 was not attached when the event came: it declines its part.
+  ASSERT_THAT(ranks_[0]->Decline(store), IsOk());
+  EXPECT_EQ(observer->Stats()->host.events_in_flight, 1u);  // Rank 1's.
+  CopyHalf(1, store);  // Completes its part, and tierkvd answers.
+  ASSERT_THAT(scheduler_->Finish(1), IsOk());
+  const CoordinatorStats settled = observer->Stats().value();
+  EXPECT_EQ(settled.host.events_in_flight, 0u);
+  EXPECT_EQ(settled.host.pinned_slots, 0);
+  // Half a block is never kept.
+  EXPECT_EQ(observer->Lookup(9, tokens_)->hit_tokens, 0);
+  EXPECT_THAT(scheduler_->Decline(store),
+              StatusIs(StatusCode::kFailedPrecondition));
+}
+
 TEST_F(TierkvdRanksTest, RolesAreCheckedAtAttach) {
   // tierkv-admin shows who copies for whom.
   StatusOr<CoordinatorStats> stats = scheduler_->Stats();

@@ -256,6 +256,14 @@ class Client {
   // InvalidArgument for block ids out of range, FailedPrecondition for a
   // client that is not a rank client.
   Status Start(const TransferEvent& event);
+  // A rank client: reports its part of `event`, one its scheduler handed
+  // out, as failed without copying it (the rank was not attached when the
+  // event came, say); tierkvd fails the event once every rank has reported,
+  // and releases its slots. Without it the event would wait for this
+  // rank's part for good. AlreadyExists for an event this rank has
+  // started and not completed; FailedPrecondition for a client that is not
+  // a rank client.
+  Status Decline(const TransferEvent& event);
   // The bytes of host slot `slot` in the store's shared memory, for the
   // engine's own copies (kCaller, or a rank client that copies itself);
   // valid while the attachment lasts. OutOfRange for the null slot 0 and

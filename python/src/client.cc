@@ -400,6 +400,13 @@ void RegisterMethods(py::class_<PyClient>& cls) {
                 c.Call([&](Client& client) { return client.Start(event); }));
           },
           py::arg("event"))
+      .def(
+          "decline",
+          [](const PyClient& c, const TransferEvent& event) {
+            ThrowIfError(
+                c.Call([&](Client& client) { return client.Decline(event); }));
+          },
+          py::arg("event"))
       .def("poll_events",
            [](const PyClient& c) {
              return c.Call([](Client& client) { return client.PollEvents(); });

@@ -441,6 +441,78 @@ def test_a_worker_that_cannot_attach_fails_the_step_without_raising(
     worker.shutdown()
 
 
+def test_a_rank_that_failed_to_attach_attaches_later_in_the_epoch(
+        daemon, monkeypatch):
+    # The scheduler and both ranks in this process, so one rank's first
+    # attach can fail (tierkvd too slow once, say).
+    extra = {"socket": daemon.socket, "model": "", "num_layers": LAYERS,
+             "num_kv_heads": KV_HEADS, "head_dim": HEAD_DIM,
+             "block_size": BLOCK, "dtype": "bf16", "tp_size": 2,
+             "num_device_blocks": 16, "reconnect_wait": 0}
+    role = tierkv.vllm.KVConnectorRole
+    sched = tierkv.vllm.TierkvConnector(vllm_config(extra), role.SCHEDULER,
+                                        SimpleNamespace(num_blocks=16))
+    ranks = []
+    for r in range(2):
+        rank = tierkv.vllm.TierkvConnector(vllm_config(dict(extra, rank=r)),
+                                           role.WORKER)
+        rank.register_kv_caches(
+            {f"layer.{l}": torch.zeros((2, 16, BLOCK, KV_HEADS // 2,
+                                        HEAD_DIM), dtype=torch.bfloat16)
+             for l in range(LAYERS)})
+        ranks.append(rank)
+    real_open = tierkv.Client.open
+    failures = []
+
+    def open_failing_rank1_once(*args, **kwargs):
+        if kwargs.get("rank") == 1 and not failures:
+            failures.append(1)
+            raise tierkv.DeadlineExceededError("tierkvd did not answer")
+        return real_open(*args, **kwargs)
+
+    monkeypatch.setattr(tierkv.Client, "open",
+                        staticmethod(open_failing_rank1_once))
+
+    def step(new=(), computed=None):
+        cached = SimpleNamespace(req_ids=[], new_block_ids=[],
+                                 num_computed_tokens=[], resumed_req_ids=set())
+        meta = sched.build_connector_meta(SimpleNamespace(
+            scheduled_new_reqs=list(new), scheduled_cached_reqs=cached,
+            num_scheduled_tokens=computed or {}, finished_req_ids=set()))
+        for rank in ranks:
+            rank.bind_connector_metadata(meta)
+            rank.start_load_kv(None)
+            rank.wait_for_save()
+            rank.get_finished(set())
+            rank.clear_connector_metadata()
+
+    def store(rid):
+        tokens = PREFIX[:3 * BLOCK] + [1]
+        request = SimpleNamespace(request_id=rid, all_token_ids=tokens)
+        assert sched.get_num_new_matched_tokens(request, 0) == (0, False)
+        blocks = list(range(1, 5))
+        sched.update_state_after_alloc(
+            request, SimpleNamespace(get_block_ids=lambda: (blocks,)), 0)
+        step([SimpleNamespace(req_id=rid, block_ids=(blocks,),
+                              num_computed_tokens=0)], {rid: len(tokens)})
+        sched.request_finished(request, blocks)
+
+    observer = _observer(daemon)
+    store("r1")  # Rank 1 could not attach: it copies none of r1's store.
+    assert failures and ranks[1].tierkv_client is None
+    step()  # Rank 1 attaches, and declines the store it missed.
+    assert ranks[1].tierkv_client is not None
+    stats = _settled(observer, workers=4)
+    assert stats["host"]["events_in_flight"] == 0
+    assert stats["host"]["pinned_slots"] == 0
+    assert stats["host"]["cached_slots"] == 0  # Half a store is never kept.
+    store("r2")  # Both ranks copy it now.
+    stats = _settled(observer, workers=4)
+    assert stats["host"]["cached_slots"] == 3
+    for connector in [sched] + ranks:
+        connector.shutdown()
+
+
 def test_wait_for_save_outwaits_its_timeout_until_the_stores_are_copied(
         socket_link):
     e = Engine({"socket": socket_link, "model": "", "num_layers": LAYERS,

@@ -114,6 +114,12 @@ DEFAULT_SOCKET = "/run/tierkv/tierkvd.sock"
 DEFAULT_SAVE_TIMEOUT = 60.0
 _LOST = (tierkv.UnavailableError, tierkv.DeadlineExceededError)
 
+def _epoch_name(name: str, epoch: str) -> str:
+    """The scheduler client's name in tierkvd for the attachment that drew
+    `epoch`."""
+    return f"{name} epoch {epoch}"
+
+
 # The scheduler's waits between tries to attach again (reconnect_wait).
 _RETRY_FIRST_S = 1.0
 _RETRY_MAX_S = 30.0
@@ -459,22 +465,22 @@ class _SchedulerSide:
         now = time.monotonic()
         if now < self._retry_at:
             return False
+        if self._config.num_device_blocks < 1:
+            raise ValueError(
+                "tierkv: the number of vLLM's device blocks is not known (no "
+                "KV cache config); name it in kv_connector_extra_config "
+                "('num_device_blocks')")
+        # Each attachment is a new client named with its epoch, which the
+        # ranks check before they copy for it (_WorkerSide._open).
+        epoch = uuid.uuid4().hex
         try:
-            if self._client is None:
-                if self._config.num_device_blocks < 1:
-                    raise ValueError(
-                        "tierkv: the number of vLLM's device blocks is not "
-                        "known (no KV cache config); name it in "
-                        "kv_connector_extra_config ('num_device_blocks')")
-                self._client = tierkv.Client.open(
-                    self._config.socket, self._config.layout,
-                    self._config.num_device_blocks,
-                    model=self._config.model, tenant=self._config.tenant,
-                    name=self._config.name or "vllm-scheduler",
-                    copies="ranks", ranks=self._config.tp_size,
-                    call_timeout=self._config.call_timeout)
-            else:
-                self._client.reconnect()
+            client = tierkv.Client.open(
+                self._config.socket, self._config.layout,
+                self._config.num_device_blocks,
+                model=self._config.model, tenant=self._config.tenant,
+                name=_epoch_name(self._config.name or "vllm-scheduler", epoch),
+                copies="ranks", ranks=self._config.tp_size,
+                call_timeout=self._config.call_timeout)
         except tierkv.Error as e:
             if starting and not isinstance(e, _LOST):
                 raise
@@ -485,9 +491,12 @@ class _SchedulerSide:
             self._retry_wait = min(2 * self._retry_wait,
                                    max(_RETRY_MAX_S, self._retry_wait))
             return False
+        if self._client is not None:
+            self._client.close()  # Lost: tierkvd forgot it already.
+        self._client = client
         self._retry_wait = self._config.reconnect_wait
         self._connected = True
-        self._epoch = uuid.uuid4().hex
+        self._epoch = epoch
         logger.info("tierkv: scheduler attached as worker %d (epoch %s)",
                     self._client.worker_id, self._epoch)
         return True
@@ -709,14 +718,17 @@ class _SchedulerSide:
 class _WorkerSide:
     """Copies for one vLLM worker: a rank client over its KV cache tensors.
 
-    Attaches once per scheduler epoch (the metadata names the scheduler
-    client and the epoch it drew when it attached), never again within one:
-    a restarted tierkvd numbers workers and events from 1 again, so the same
-    (scheduler id, event id) may name another scheduler's event there. An
-    event of an epoch other than the one this rank is attached for, or of
-    an epoch whose attachment was lost or could not be made, fails here
-    (loads are reported as load errors, stores are not copied); the rank
-    attaches anew, with Client.open, when the metadata brings a new epoch.
+    Attaches per scheduler epoch (the metadata names the scheduler client
+    and the epoch it drew when it attached, which is in that client's name
+    in tierkvd), and only to the client of that epoch: a restarted tierkvd
+    numbers workers and events from 1 again, so the same (scheduler id,
+    event id) may name another scheduler's event there. An event of an
+    epoch other than the one this rank is attached for, or sent while the
+    attachment for its epoch is lost or could not be made, fails here
+    (loads are reported as load errors, stores are not copied). The rank
+    attaches anew, with Client.open, when the metadata brings a new epoch,
+    and tries again within the epoch at most once per reconnect_wait (the
+    epoch's events wait for every rank in tierkvd).
     """
 
     def __init__(self, config: TierkvConfig) -> None:
@@ -726,6 +738,12 @@ class _WorkerSide:
         self._client: Any = None
         self._epoch = ""  # The scheduler epoch of the last attach attempt.
         self._past_epochs: set[str] = set()  # Never attached for again.
+        # When to try attaching for this epoch again, and the wait after the
+        # next failure (reconnect_wait, doubling).
+        self._retry_at = 0.0
+        self._retry_wait = config.reconnect_wait
+        # Events of this epoch that came while the rank was not attached.
+        self._undeclined: list[Any] = []
         # (kind, event id) -> (request id, event) of copies started here.
         self._in_flight: dict[tuple[str, int], tuple[str, Any]] = {}
         self._loads_left: dict[str, int] = {}
@@ -784,30 +802,61 @@ class _WorkerSide:
         if meta.scheduler == 0 or not meta.epoch:
             return False
         if meta.epoch == self._epoch:
-            # Never attached again within an epoch: see the class comment.
-            return self._client is not None and self._client.connected
+            if self._client is not None and self._client.connected:
+                return True
+            # This epoch's attach failed or was lost. tierkvd completes the
+            # epoch's events once every rank has: tried again, at most once
+            # per reconnect_wait, to the scheduler of this epoch only.
+            if time.monotonic() < self._retry_at:
+                return False
+            self._detach()
+            return self._open(meta)
         if meta.epoch in self._past_epochs:
             return False  # Metadata older than the attachment.
         self._detach()
         if self._epoch:
             self._past_epochs.add(self._epoch)
         self._epoch = meta.epoch
+        self._retry_wait = self._config.reconnect_wait
+        self._undeclined.clear()  # The scheduler's loss failed them.
+        return self._open(meta)
+
+    def _open(self, meta: TierkvConnectorMetadata) -> bool:
+        """Attaches as a rank of the metadata's scheduler, if tierkvd's worker
+        of that id is the client that drew the metadata's epoch: after a
+        restart tierkvd numbers workers from 1 again, and a rank of another
+        attachment would copy events this epoch's ids name elsewhere."""
+        why = ""
         try:
-            self._client = tierkv.Client.open(
+            client = tierkv.Client.open(
                 self._config.socket, self._config.layout,
                 model=self._config.model, tenant=self._config.tenant,
                 name=self._config.name or f"vllm-rank{self._rank}",
                 device=self._device, scheduler=meta.scheduler,
                 rank=self._rank, call_timeout=self._config.call_timeout)
+            names = [w["name"] for w in client.stats()["workers"]
+                     if w["id"] == meta.scheduler]
+            if names and names[0].endswith(_epoch_name("", meta.epoch)):
+                self._client = client
+                undeclined, self._undeclined = self._undeclined, []
+                for event in undeclined:
+                    self._decline(event)
+                return True
+            client.close()
+            why = "it is not the attachment of this epoch"
         except tierkv.Error as e:
             # Not found: the scheduler attached anew while this metadata
             # was on its way; already exists: tierkvd has not yet seen this
-            # rank's previous client go. Either way the next epoch retries.
-            logger.warning("tierkv: rank %d cannot attach to scheduler %d: "
-                           "%s; this step's copies fail here", self._rank,
-                           meta.scheduler, e)
-            return False
-        return True
+            # rank's previous client go.
+            why = str(e)
+        logger.warning("tierkv: rank %d cannot attach to scheduler %d: %s; "
+                       "this step's copies fail here, and the rank tries "
+                       "again in %.0f s", self._rank, meta.scheduler, why,
+                       self._retry_wait)
+        self._retry_at = time.monotonic() + self._retry_wait
+        self._retry_wait = min(2 * self._retry_wait,
+                               max(_RETRY_MAX_S, self._retry_wait))
+        return False
 
     def _detach(self) -> None:
         """Closes the rank client; copies it had started count as failed."""
@@ -833,8 +882,24 @@ class _WorkerSide:
                 self._loads_left.get(op.request_id, 0) + 1)
             if not (attached and op.epoch == self._epoch
                     and self._start(op.request_id, op.event)):
-                self._settle(op.request_id, op.event, ok=False, loaded=0)
+                self._not_copied(op, attached)
         self._step_stores = list(meta.stores)
+
+    def _not_copied(self, op: Any, attached: bool) -> None:
+        """A load or store (LoadOp, StoreOp) this rank does not copy: failed
+        here. One of this epoch that came while the rank was not attached is
+        declined once it is (tierkvd would wait for this rank's part of it
+        for good)."""
+        if not attached and op.epoch == self._epoch:
+            self._undeclined.append(op.event)
+        self._settle(op.request_id, op.event, ok=False, loaded=0)
+
+    def _decline(self, event: Any) -> None:
+        try:
+            self._client.decline(event)
+        except tierkv.Error as e:
+            logger.warning("tierkv: rank %d: cannot decline %s %d: %s",
+                           self._rank, event.kind, event.id, e)
 
     def _start(self, rid: str, event: Any) -> bool:
         try:
@@ -842,6 +907,10 @@ class _WorkerSide:
         except tierkv.Error as e:
             logger.warning("tierkv: rank %d: %s of request %s not started: "
                            "%s", self._rank, event.kind, rid, e)
+            if isinstance(e, tierkv.InvalidArgumentError):
+                # Refused before anything ran (a copy that failed to start
+                # is reported failed by start itself).
+                self._decline(event)
             return False
         self._in_flight[(event.kind, event.id)] = (rid, event)
         return True
@@ -857,11 +926,12 @@ class _WorkerSide:
         for op in stores:
             self._stores_left[op.request_id] = (
                 self._stores_left.get(op.request_id, 0) + 1)
-            if (self._client is not None and op.epoch == self._epoch
+            attached = self._client is not None and self._client.connected
+            if (attached and op.epoch == self._epoch
                     and self._start(op.request_id, op.event)):
                 started.append(("store", op.event.id))
             else:
-                self._settle(op.request_id, op.event, ok=False, loaded=0)
+                self._not_copied(op, attached)
         waited = 0.0
         while any(key in self._in_flight for key in started):
             begin = time.monotonic()
