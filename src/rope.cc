@@ -1,6 +1,8 @@
 #include "src/rope.h"
 
 #include <cmath>
+#include <iomanip>
+#include <limits>
 #include <numbers>
 #include <sstream>
 
@@ -83,6 +85,7 @@ double Llama3InverseFrequency(const RopeScaling& s, double inv_freq) {
 
 std::string ScalingToString(const RopeScaling& s) {
   std::ostringstream out;
+  out << std::setprecision(std::numeric_limits<double>::max_digits10);
   switch (s.type) {
     case RopeScalingType::kNone:
       out << "none";
@@ -114,11 +117,26 @@ Status RopeConfig::Validate() const {
   if (style != RopeStyle::kNeoX && style != RopeStyle::kGptJ) {
     return Invalid("unknown style");
   }
-  return ValidateScaling(scaling, rotary_dim);
+  TIERKV_RETURN_IF_ERROR(ValidateScaling(scaling, rotary_dim));
+  // Each positive and finite on its own, the values may still overflow
+  // together (a factor of 1e-310, an NTK theta past 1e308): every angle
+  // would be NaN or 0, and K rotated by it garbage.
+  for (double w : InverseFrequencies(*this)) {
+    if (!PositiveFinite(w)) {
+      return Invalid(
+          "its inverse frequencies are not all finite and "
+          "positive (" +
+          ToString() + "): a scaling value out of range");
+    }
+  }
+  return Status::Ok();
 }
 
 std::string RopeConfig::ToString() const {
   std::ostringstream out;
+  // Every digit: the string keys chunks (ChunkVariant), so two configs
+  // that rotate differently never print alike.
+  out << std::setprecision(std::numeric_limits<double>::max_digits10);
   out << "head_dim=" << head_dim << " rotary_dim=" << rotary_dim
       << " theta=" << theta
       << " style=" << (style == RopeStyle::kNeoX ? "neox" : "gptj")

@@ -57,6 +57,26 @@ TEST(Rope, ValidateNamesTheProblem) {
   c.scaling = RopeScaling::Ntk(2);
   c.rotary_dim = 2;
   EXPECT_NE(message(c).find("NTK"), std::string::npos);
+  // Values fine on their own whose frequencies overflow.
+  c = ok;
+  c.scaling = RopeScaling::Linear(1e-310);
+  EXPECT_NE(message(c).find("inverse frequencies"), std::string::npos);
+  c.scaling = RopeScaling::Ntk(1e300);
+  EXPECT_NE(message(c).find("inverse frequencies"), std::string::npos);
+  c = ok;
+  c.theta = 1e308;
+  c.scaling = RopeScaling::Linear(1e300);
+  EXPECT_NE(message(c).find("inverse frequencies"), std::string::npos);
+}
+
+TEST(Rope, ToStringKeepsEveryDigit) {
+  RopeConfig a = Rope(128, 64, 500000);
+  RopeConfig b = Rope(128, 64, 500000.25);
+  EXPECT_NE(a.ToString(), b.ToString());
+  EXPECT_NE(a.ToString().find("theta=500000 "), std::string::npos);
+  a.scaling = RopeScaling::Linear(1.0000001);
+  b.scaling = RopeScaling::Linear(1.0000002);
+  EXPECT_NE(a.ToString(), b.ToString());
 }
 
 TEST(Rope, InverseFrequenciesPerScaling) {
