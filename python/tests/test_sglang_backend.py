@@ -268,3 +268,21 @@ def test_backend_attaches_to_a_restarted_tierkvd(daemon, start_tierkvd,
     assert backend.batch_set_v1(["k"], _indices([0])) == [True]
     assert backend.batch_get_v1(["k"], _indices([1])) == [True]
     assert torch.equal(pool.page(1), pool.page(0))
+
+
+def test_sglang_starts_before_tierkvd_and_attaches_later(start_tierkvd,
+                                                         tmp_path):
+    link = str(tmp_path / "tierkvd.sock")  # Nothing there yet.
+    pool = HostPool("layer_first")
+    pool.fill(0, seed=6)
+    backend = _storage(link)
+    backend.register_mem_pool_host(pool)  # SGLang's start goes on.
+    assert backend.client is None
+    assert backend.batch_exists(["k"]) == 0
+    assert backend.batch_set_v1(["k"], _indices([0])) == [False]
+    daemon = start_tierkvd(layout=tierkv.KvLayout(
+        LAYERS, HEADS, HEAD_DIM, block_size=PAGE, dtype="bf16"))
+    os.symlink(daemon.socket, link)
+    assert backend.batch_set_v1(["k"], _indices([0])) == [True]
+    assert backend.batch_get_v1(["k"], _indices([1])) == [True]
+    assert torch.equal(pool.page(1), pool.page(0))

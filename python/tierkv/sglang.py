@@ -33,7 +33,8 @@ backend serializes its batches with a lock (one tierkv client is driven by
 one thread at a time). Those threads stop for good on an exception, so a
 tierkvd out of reach, too slow (batch_timeout) or refusing for lack of room
 is a miss, or nothing stored, logged (at most every 30 s, with how many
-calls failed meanwhile); the next call attaches again. A call HiCache
+calls failed meanwhile); the next call attaches again. So is one out of
+reach when SGLang starts (register_mem_pool_host). A call HiCache
 makes wrongly (before register_mem_pool_host, a page outside the pool)
 raises.
 """
@@ -157,6 +158,7 @@ class TierkvStorage(HiCacheStorage):
                 int(config_value(storage_config, "pp_rank", 0)), pp_size)
         self._lock = threading.Lock()
         self._client: Any = None
+        self._device: Any = None  # The host pool, once registered.
         self._layout: Any = None
         self._page_size = 0
         self._next_request = 1
@@ -169,7 +171,8 @@ class TierkvStorage(HiCacheStorage):
 
     def register_mem_pool_host(self, mem_pool_host: Any) -> None:
         """Registers the host pool as this backend's device memory and
-        attaches to tierkvd."""
+        attaches to tierkvd; a tierkvd that cannot be reached yet is
+        attached to by a later call (SGLang starts without it)."""
         super().register_mem_pool_host(mem_pool_host)
         buf = mem_pool_host.kv_buffer
         self._page_size = int(mem_pool_host.page_size)
@@ -191,11 +194,19 @@ class TierkvStorage(HiCacheStorage):
         with self._lock:
             if self._client is not None:
                 self._client.close()
-            self._client = tierkv.Client.open(
-                self._socket, self._layout, model=self._model,
-                tenant=self._tenant,
-                name=self._name or f"sglang-{self._salt}",
-                device=device, call_timeout=self._call_timeout)
+                self._client = None
+            self._device = device
+            try:
+                self._open()
+            except _TRANSIENT as e:
+                self._degraded("attach", e)
+
+    def _open(self) -> Any:
+        self._client = tierkv.Client.open(
+            self._socket, self._layout, model=self._model,
+            tenant=self._tenant, name=self._name or f"sglang-{self._salt}",
+            device=self._device, call_timeout=self._call_timeout)
+        return self._client
 
     @property
     def client(self) -> Any:
@@ -203,10 +214,12 @@ class TierkvStorage(HiCacheStorage):
 
     def _ready(self) -> Any:
         """The attached client (attached again after a lost tierkvd)."""
-        if self._client is None:
+        if self._device is None:
             raise tierkv.FailedPreconditionError(
                 "register_mem_pool_host was not called: the backend has no "
                 "host pool to copy into")
+        if self._client is None:
+            return self._open()
         if not self._client.connected:
             self._client.reconnect()
         return self._client
