@@ -77,6 +77,17 @@ def _store_prefix(engine: Engine, rid: str, tokens: list[int],
     engine.run_until(lambda: rid in engine.sent)
 
 
+def test_a_vllm_without_load_error_reports_is_refused(monkeypatch):
+    class OldBase:
+        """A vLLM KVConnectorBase_V1 from before load-error reports."""
+
+    monkeypatch.setattr(tierkv.vllm, "HAVE_VLLM", True)
+    monkeypatch.setattr(tierkv.vllm, "KVConnectorBase_V1", OldBase)
+    with pytest.raises(ValueError, match="get_block_ids_with_load_errors"):
+        tierkv.vllm.TierkvConnector(vllm_config({"socket": "/nonexistent"}),
+                                    tierkv.vllm.KVConnectorRole.WORKER)
+
+
 def test_config_from_vllm_without_vllm_installed():
     assert not tierkv.vllm.HAVE_VLLM
     model = SimpleNamespace(

@@ -1036,11 +1036,25 @@ def _is_scheduler(role: Any) -> bool:
     return getattr(role, "name", str(role)) == "SCHEDULER"
 
 
+def _check_vllm_interface() -> None:
+    """Refuses a vLLM whose connector interface lacks what the connector
+    relies on: get_block_ids_with_load_errors, without which vLLM never
+    asks for the blocks of a failed load and serves them as loaded."""
+    if not HAVE_VLLM:
+        return
+    if not hasattr(KVConnectorBase_V1, "get_block_ids_with_load_errors"):
+        raise ValueError(
+            "tierkv: this vLLM's KVConnectorBase_V1 has no "
+            "get_block_ids_with_load_errors, so it would use the blocks of "
+            "a failed load as loaded; use a vLLM release that has it")
+
+
 class TierkvConnector(KVConnectorBase_V1):
     """tierkv behind vLLM's KV-connector interface (see the module doc)."""
 
     def __init__(self, vllm_config: Any, role: Any,
                  kv_cache_config: Any = None) -> None:
+        _check_vllm_interface()
         _base_init(self, vllm_config, role, kv_cache_config)
         self._config = TierkvConfig.from_vllm_config(vllm_config,
                                                      kv_cache_config)
