@@ -261,13 +261,29 @@ void ChunkKvStore::Release(std::span<const BlockId> blocks) {
 Status ChunkKvStore::Place(std::span<const BlockId> blocks, int32_t num_tokens,
                            std::span<const int64_t> dst_slots,
                            int64_t real_start, std::span<std::byte> dst) const {
+  // Only blocks the caller holds (Acquire, ComputeAndInsert) hold a
+  // chunk's KV: a released one may be another chunk's by now, and the null
+  // or a free block none. They hold num_tokens tokens, no more.
   std::vector<const std::byte*> src;
+  int64_t held_tokens = 0;
   for (BlockId id : blocks) {
-    if (id < 0 || id >= num_blocks()) {
+    if (id < 1 || id >= num_blocks()) {
       return Status::InvalidArgument("chunk store: no block " +
                                      std::to_string(id));
     }
+    const BlockPool::Block& b = s_->pool.block(id);
+    if (b.ref_cnt < 1 || !b.has_key()) {
+      return Status::InvalidArgument(
+          "chunk store: block " + std::to_string(id) +
+          " holds no chunk the caller has (released, or never keyed)");
+    }
+    held_tokens += b.num_tokens;
     src.push_back(s_->block(id));
+  }
+  if (num_tokens < 0 || num_tokens > held_tokens) {
+    return Status::InvalidArgument(
+        "chunk store: " + std::to_string(num_tokens) + " tokens to place; " +
+        "the blocks hold " + std::to_string(held_tokens));
   }
   RemapRequest r;
   r.src_blocks = src;

@@ -264,10 +264,20 @@ TEST(ChunkKvStore, PlaceAtTheVirtualPositionsCopiesTheBytes) {
   const std::vector<BlockId> bad = {blocks[0], 8};
   EXPECT_THAT(store.Place(bad, 6, slots, 0, dst),
               StatusIs(StatusCode::kInvalidArgument));
+  // The null block, and more tokens than the blocks hold.
+  const std::vector<BlockId> null_block = {0, blocks[1]};
+  EXPECT_THAT(store.Place(null_block, 6, slots, 0, dst),
+              StatusIs(StatusCode::kInvalidArgument));
+  EXPECT_THAT(store.Place(blocks, 7, slots, 0, dst),
+              StatusIs(StatusCode::kInvalidArgument));
   std::iota(slots.begin(), slots.end(), int64_t{8});  // Past 3 blocks.
   EXPECT_THAT(store.Place(blocks, 6, slots, 0, dst),
               StatusIs(StatusCode::kInvalidArgument));
   store.Release(blocks);
+  // Released: the blocks may hold another chunk by now.
+  std::iota(slots.begin(), slots.end(), int64_t{0});
+  EXPECT_THAT(store.Place(blocks, 6, slots, 0, dst),
+              StatusIs(StatusCode::kInvalidArgument));
 }
 
 }  // namespace

@@ -135,7 +135,9 @@ class ChunkKvStore {
   // `dst_slots`, K re-rotated from the virtual positions to real_start + i.
   // `dst` is KV memory in layout(): block b at dst.data() + b * BlockBytes(),
   // a slot is block * block_size + offset. InvalidArgument, with nothing
-  // written, for a block not in the pool or a slot outside `dst`.
+  // written, for a block the caller does not hold (the null block, one not
+  // from Acquire or ComputeAndInsert, or released since), more tokens than
+  // the blocks hold, or a slot outside `dst`.
   Status Place(std::span<const BlockId> blocks, int32_t num_tokens,
                std::span<const int64_t> dst_slots, int64_t real_start,
                std::span<std::byte> dst) const;
