@@ -797,7 +797,8 @@ WorkerRegistration RegistrationOf(const ClientOptions& options) {
           .name = options.name,
           .ranks = options.ranks,
           .scheduler = options.scheduler,
-          .rank = options.rank};
+          .rank = options.rank,
+          .attachment_tag = options.attachment_tag};
 }
 
 Status CheckCopyRoles(const ClientOptions& options) {
@@ -1383,35 +1384,46 @@ Status Client::Start(const TransferEvent& event) {
             : "this rank client copies itself (copies = caller): copy "
               "through host_block and Complete");
   }
-  if (event.device_blocks.size() != event.host_blocks.size()) {
-    return Status::InvalidArgument(
-        "the event names " + std::to_string(event.device_blocks.size()) +
-        " device blocks and " + std::to_string(event.host_blocks.size()) +
-        " host blocks");
-  }
-  for (BlockId b : event.device_blocks) {
-    if (b < 0 || b >= o.num_device_blocks) {
-      return Status::InvalidArgument(
-          "device block " + std::to_string(b) + " is outside this rank's " +
-          std::to_string(o.num_device_blocks) + " blocks");
-    }
-  }
   // Started twice, the event would be pinned twice and finished twice,
   // yet completed once (Complete refuses the second): one pin would stay.
   // Refused before anything is pinned or reported, so the first copy and
   // the other ranks' parts go on.
   TIERKV_RETURN_IF_ERROR(impl_->CheckNotStarted(event.ref));
+  // An event this rank can never copy: its part is reported failed, or
+  // tierkvd would wait for it for good.
+  Status invalid;
+  if (event.device_blocks.size() != event.host_blocks.size()) {
+    invalid = Status::InvalidArgument(
+        "the event names " + std::to_string(event.device_blocks.size()) +
+        " device blocks and " + std::to_string(event.host_blocks.size()) +
+        " host blocks");
+  }
+  for (BlockId b : event.device_blocks) {
+    if (invalid.ok() && (b < 0 || b >= o.num_device_blocks)) {
+      invalid = Status::InvalidArgument(
+          "device block " + std::to_string(b) + " is outside this rank's " +
+          std::to_string(o.num_device_blocks) + " blocks");
+    }
+  }
+  if (!invalid.ok()) {
+    impl_->ReportFailed(event.ref);
+    return invalid;
+  }
   return impl_->PinAndSubmit(event);
 }
 
-Status Client::Decline(const TransferEvent& event) {
+Status Client::Decline(std::span<const TransferEvent> events) {
   if (impl_->options.scheduler == 0) {
     return Status::FailedPrecondition(
         "Decline is for rank clients (ClientOptions::scheduler): a client "
         "completes its own events");
   }
-  TIERKV_RETURN_IF_ERROR(impl_->CheckNotStarted(event.ref));
-  std::vector<CompletedEvent> failed{{event.ref, false}};
+  std::vector<CompletedEvent> failed;
+  for (const TransferEvent& event : events) {
+    TIERKV_RETURN_IF_ERROR(impl_->CheckNotStarted(event.ref));
+    failed.push_back({event.ref, false});
+  }
+  if (failed.empty()) return Status::Ok();
   TIERKV_ASSIGN_OR_RETURN(Message reply,
                           impl_->Call(ipc::CompleteRequest{std::move(failed)}));
   return ipc::StatusOf(reply);

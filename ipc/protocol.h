@@ -56,7 +56,7 @@ inline constexpr uint32_t kFrameMagic = 0x4D564B54;  // "TKVM"
 //     from the disk tier.
 // 16: LookupChunkRequest, FetchChunkRequest and PublishChunkRequest carry
 //     the chunk's variant (its RoPE config and engine variant), part of
-//     its keys.
+//     its keys; RegisterRequest carries the attachment tag.
 inline constexpr uint16_t kProtocolVersion = 16;
 inline constexpr size_t kFrameHeaderBytes = 16;
 // Upper bounds a decoder enforces before allocating anything.

@@ -40,6 +40,7 @@ void PutPayload(Writer& w, const RegisterRequest& m) {
   w.Int<int32_t>(reg.ranks);
   w.Int<uint32_t>(reg.scheduler);
   w.Int<int32_t>(reg.rank);
+  w.String(reg.attachment_tag);
 }
 void PutPayload(Writer& w, const RegisterReply& m) {
   w.Int<uint32_t>(m.worker_id);
@@ -144,6 +145,7 @@ void GetPayload(Reader& r, RegisterRequest* m) {
   reg.ranks = r.Int<int32_t>();
   reg.scheduler = r.Int<uint32_t>();
   reg.rank = r.Int<int32_t>();
+  reg.attachment_tag = r.String();
 }
 void GetPayload(Reader& r, RegisterReply* m) {
   m->worker_id = r.Int<uint32_t>();

@@ -31,6 +31,13 @@ Status Coordinator::CheckRoles(const WorkerRegistration& reg) const {
                             "worker?)");
   }
   const WorkerRegistration& sched = s->second.registration;
+  if (!reg.attachment_tag.empty() &&
+      reg.attachment_tag != sched.attachment_tag) {
+    return Status::NotFound(
+        "scheduler worker " + std::to_string(reg.scheduler) +
+        " is not the attachment this rank names (another tag): it attached "
+        "anew, or tierkvd restarted and the id is another scheduler's");
+  }
   if (sched.ranks == 0) {
     return Status::FailedPrecondition(
         "worker " + std::to_string(reg.scheduler) +

@@ -37,6 +37,11 @@ struct WorkerRegistration {
   // [0, that scheduler's ranks). 0: not a rank worker.
   WorkerId scheduler = 0;
   int32_t rank = 0;
+  // A scheduler: a token the engine draws for this attachment. A rank
+  // worker: its scheduler's, or it is refused (NotFound) before it
+  // registers; empty: not checked. Worker ids start over in a restarted
+  // tierkvd, so the id alone may name another engine's scheduler.
+  std::string attachment_tag = {};
 };
 
 // The tiers an operator's Clear empties.

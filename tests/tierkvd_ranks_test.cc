@@ -315,7 +315,7 @@ TEST_F(TierkvdRanksTest, ARankThatDeclinesFailsTheEventForAll) {
   ASSERT_NE(observer, nullptr);
   const TransferEvent store = Commit(1);
   // Rank 0 was not attached when the event came: it declines its part.
-  ASSERT_THAT(ranks_[0]->Decline(store), IsOk());
+  ASSERT_THAT(ranks_[0]->Decline({&store, 1}), IsOk());
   EXPECT_EQ(observer->Stats()->host.events_in_flight, 1u);  // Rank 1's.
   CopyHalf(1, store);  // Completes its part, and tierkvd answers.
   ASSERT_THAT(scheduler_->Finish(1), IsOk());
@@ -324,8 +324,36 @@ TEST_F(TierkvdRanksTest, ARankThatDeclinesFailsTheEventForAll) {
   EXPECT_EQ(settled.host.pinned_slots, 0);
   // Half a block is never kept.
   EXPECT_EQ(observer->Lookup(9, tokens_)->hit_tokens, 0);
-  EXPECT_THAT(scheduler_->Decline(store),
+  EXPECT_THAT(scheduler_->Decline({&store, 1}),
               StatusIs(StatusCode::kFailedPrecondition));
+}
+
+TEST_F(TierkvdRanksTest,
+       ARankNamingAnotherAttachmentIsRefusedBeforeItRegisters) {
+  ClientOptions s = ClientOptionsFor("tagged");
+  s.copies = CopyMode::kRanks;
+  s.ranks = 1;
+  s.attachment_tag = "epoch-2";
+  std::unique_ptr<Client> tagged = std::move(Client::Open(s).value());
+  std::unique_ptr<Client> observer = Attach("observer");
+  ASSERT_NE(observer, nullptr);
+  const size_t workers = observer->Stats()->workers.size();
+  ClientOptions o = ClientOptionsFor("rank");
+  o.copies = CopyMode::kCaller;
+  o.scheduler = tagged->worker_id();
+  o.rank = 0;
+  // Metadata of an earlier attachment (or of another engine) names this
+  // scheduler's id with its own tag: refused, nothing registered.
+  o.attachment_tag = "epoch-1";
+  StatusOr<std::unique_ptr<Client>> stale = Client::Open(o);
+  ASSERT_THAT(stale, StatusIs(StatusCode::kNotFound));
+  EXPECT_THAT(stale.status().message(), HasSubstr("another tag"));
+  EXPECT_EQ(observer->Stats()->workers.size(), workers);
+  // The scheduler's own tag, or none: attached.
+  o.attachment_tag = "epoch-2";
+  StatusOr<std::unique_ptr<Client>> rank = Client::Open(o);
+  ASSERT_THAT(rank, IsOk());
+  EXPECT_EQ(observer->Stats()->workers.size(), workers + 1);
 }
 
 TEST_F(TierkvdRanksTest, RolesAreCheckedAtAttach) {

@@ -123,6 +123,12 @@ struct ClientOptions {
   // Complete reports its part. Default: 0, not a rank client.
   WorkerId scheduler = 0;
   int32_t rank = 0;
+  // kRanks: a token the engine draws for this attachment (vLLM's
+  // connector: its epoch). A rank client: its scheduler's token, or Open
+  // fails with NotFound before anything registers (a restarted tierkvd
+  // numbers workers from 1 again, so `scheduler` alone may name another
+  // engine's scheduler). Empty: not checked. Default: "".
+  std::string attachment_tag;
   // How long one call may wait for tierkvd (registration included, from
   // the connect on: a tierkvd whose listen queue is full) before it fails
   // with DeadlineExceeded. Default: 5 s.
@@ -253,17 +259,19 @@ class Client {
   // this rank still copies it or has not completed it. (Once completed,
   // its host slots are tierkvd's again: starting it then is the engine's
   // bug, which this client cannot tell from a new event.)
-  // InvalidArgument for block ids out of range, FailedPrecondition for a
-  // client that is not a rank client.
+  // InvalidArgument for block ids out of range, with this rank's part
+  // reported failed; FailedPrecondition for a client that is not a rank
+  // client.
   Status Start(const TransferEvent& event);
-  // A rank client: reports its part of `event`, one its scheduler handed
-  // out, as failed without copying it (the rank was not attached when the
-  // event came, say); tierkvd fails the event once every rank has reported,
-  // and releases its slots. Without it the event would wait for this
-  // rank's part for good. AlreadyExists for an event this rank has
-  // started and not completed; FailedPrecondition for a client that is not
-  // a rank client.
-  Status Decline(const TransferEvent& event);
+  // A rank client: reports its part of each of `events`, ones its
+  // scheduler handed out, as failed without copying them (the rank was not
+  // attached when they came, say), in one round trip; tierkvd fails each
+  // once every rank has reported, and releases its slots. Without it an
+  // event would wait for this rank's part for good. AlreadyExists, with
+  // nothing reported, when this rank has started one of them and not
+  // completed it; FailedPrecondition for a client that is not a rank
+  // client.
+  Status Decline(std::span<const TransferEvent> events);
   // The bytes of host slot `slot` in the store's shared memory, for the
   // engine's own copies (kCaller, or a rank client that copies itself);
   // valid while the attachment lasts. OutOfRange for the null slot 0 and

@@ -144,6 +144,7 @@ struct OpenArgs {
   int32_t rank = 0;
   double call_timeout = 5.0;
   std::optional<uid_t> daemon_uid;
+  std::string attachment_tag = {};
 };
 
 ClientOptions OptionsFor(const OpenArgs& a) {
@@ -156,6 +157,7 @@ ClientOptions OptionsFor(const OpenArgs& a) {
   o.ranks = a.ranks;
   o.scheduler = a.scheduler;
   o.rank = a.rank;
+  o.attachment_tag = a.attachment_tag;
   o.call_timeout = Millis(a.call_timeout, "call_timeout");
   o.daemon_uid = a.daemon_uid;
   if (a.device != nullptr) {
@@ -402,11 +404,11 @@ void RegisterMethods(py::class_<PyClient>& cls) {
           py::arg("event"))
       .def(
           "decline",
-          [](const PyClient& c, const TransferEvent& event) {
+          [](const PyClient& c, const std::vector<TransferEvent>& events) {
             ThrowIfError(
-                c.Call([&](Client& client) { return client.Decline(event); }));
+                c.Call([&](Client& client) { return client.Decline(events); }));
           },
-          py::arg("event"))
+          py::arg("events"))
       .def("poll_events",
            [](const PyClient& c) {
              return c.Call([](Client& client) { return client.PollEvents(); });
@@ -572,12 +574,14 @@ void RegisterClient(py::module_& m) {
             std::string tenant, std::string name,
             std::shared_ptr<RegisteredDevice> device, std::string copies,
             int32_t ranks, WorkerId scheduler, int32_t rank,
-            double call_timeout, std::optional<uid_t> daemon_uid) {
-           return Open(socket_path,
-                       OpenArgs{layout, num_device_blocks, std::move(model),
-                                std::move(tenant), std::move(name),
-                                std::move(device), std::move(copies), ranks,
-                                scheduler, rank, call_timeout, daemon_uid});
+            double call_timeout, std::optional<uid_t> daemon_uid,
+            std::string attachment_tag) {
+           return Open(
+               socket_path,
+               OpenArgs{layout, num_device_blocks, std::move(model),
+                        std::move(tenant), std::move(name), std::move(device),
+                        std::move(copies), ranks, scheduler, rank, call_timeout,
+                        daemon_uid, std::move(attachment_tag)});
          },
          py::arg("socket_path"), py::arg("layout"),
          py::arg("num_device_blocks") = py::none(), py::kw_only(),
@@ -585,6 +589,7 @@ void RegisterClient(py::module_& m) {
          py::arg("device") = py::none(), py::arg("copies") = "client",
          py::arg("ranks") = 0, py::arg("scheduler") = 0, py::arg("rank") = 0,
          py::arg("call_timeout") = 5.0, py::arg("daemon_uid") = py::none(),
+         py::arg("attachment_tag") = "",
          "Attaches to the tierkvd serving socket_path.")
       .def_static(
           "open_embedded",

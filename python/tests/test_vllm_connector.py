@@ -208,7 +208,8 @@ def test_adapters_salts_and_images_key_the_blocks_apart(engine, daemon):
     # so none may be served to another (vLLM's prefix cache keys them
     # apart too).
     tokens = PREFIX + [5, 6, 7]
-    lora = [SimpleNamespace(lora_int_id=n, lora_name=f"a{n}") for n in (0, 1, 2)]
+    # Adapters are named alike on every vLLM instance, numbered per process.
+    lora = [SimpleNamespace(lora_int_id=1, lora_name=f"a{n}") for n in (0, 1, 2)]
     _store_prefix(engine, "plain", tokens)
     _store_prefix(engine, "lora1", tokens, lora_request=lora[1])
     _store_prefix(engine, "salted", tokens, cache_salt="tenant-a")
@@ -274,6 +275,9 @@ def test_a_request_is_offered_two_loads_at_most(engine):
     # be offered forever. The third lookup computes instead.
     tokens = PREFIX + [4, 5, 6]
     _store_prefix(engine, "r0", tokens)
+    # Lookups vLLM could not schedule (no free blocks yet) cost no load.
+    for _ in range(3):
+        assert engine.lookup("r1", tokens) == (64, True)
     for offer in (1, 2):
         look = engine.lookup if offer == 1 else engine.resume
         assert look("r1", *([tokens] if offer == 1 else [])) == (64, True)
@@ -453,7 +457,7 @@ def test_a_worker_that_cannot_attach_fails_the_step_without_raising(
 
 
 def test_a_rank_that_failed_to_attach_attaches_later_in_the_epoch(
-        daemon, monkeypatch):
+        daemon, monkeypatch, caplog):
     # The scheduler and both ranks in this process, so one rank's first
     # attach can fail (tierkvd too slow once, say).
     extra = {"socket": daemon.socket, "model": "", "num_layers": LAYERS,
@@ -520,7 +524,26 @@ def test_a_rank_that_failed_to_attach_attaches_later_in_the_epoch(
     store("r2")  # Both ranks copy it now.
     stats = _settled(observer, workers=4)
     assert stats["host"]["cached_slots"] == 3
-    for connector in [sched] + ranks:
+    # Metadata naming the scheduler's id with another epoch (an earlier
+    # attachment's; after a restart, another engine's): tierkvd refuses the
+    # rank before it registers.
+    ranks[1].shutdown()
+    _settled(observer, workers=3)
+    stray = tierkv.vllm.TierkvConnector(vllm_config(dict(extra, rank=1)),
+                                        role.WORKER)
+    stray.register_kv_caches(
+        {f"layer.{l}": torch.zeros((2, 16, BLOCK, KV_HEADS // 2, HEAD_DIM),
+                                   dtype=torch.bfloat16)
+         for l in range(LAYERS)})
+    with caplog.at_level("WARNING", logger="tierkv.vllm"):
+        stray.bind_connector_metadata(tierkv.vllm.TierkvConnectorMetadata(
+            scheduler=sched.tierkv_client.worker_id, session=1,
+            epoch="an-earlier-epoch"))
+        stray.start_load_kv(None)
+    assert stray.tierkv_client is None
+    assert "another tag" in caplog.text
+    assert len(observer.stats()["workers"]) == 3
+    for connector in [sched, ranks[0], stray]:
         connector.shutdown()
 
 

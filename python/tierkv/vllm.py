@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import hashlib
 import inspect
 import logging
 import time
@@ -113,12 +114,6 @@ DEFAULT_SOCKET = "/run/tierkv/tierkvd.sock"
 # How long wait_for_save waits for the step's store copies. Default: 60 s.
 DEFAULT_SAVE_TIMEOUT = 60.0
 _LOST = (tierkv.UnavailableError, tierkv.DeadlineExceededError)
-
-def _epoch_name(name: str, epoch: str) -> str:
-    """The scheduler client's name in tierkvd for the attachment that drew
-    `epoch`."""
-    return f"{name} epoch {epoch}"
-
 
 # The scheduler's waits between tries to attach again (reconnect_wait).
 _RETRY_FIRST_S = 1.0
@@ -288,10 +283,13 @@ def _request_extras(request: Any) -> Optional[dict[str, Any]]:
     extras: dict[str, Any] = {}
     lora = getattr(request, "lora_request", None)
     if lora is not None:
-        lora_id = getattr(lora, "lora_int_id", None)
-        if not isinstance(lora_id, int):
+        # By name, as vLLM's prefix cache keys adapters: lora_int_id is
+        # numbered per vLLM process, and tierkvd outlives and serves many.
+        name = getattr(lora, "lora_name", None)
+        if not name:
             return None
-        extras["lora_id"] = lora_id
+        digest = hashlib.blake2b(f"lora:{name}".encode(), digest_size=8)
+        extras["lora_id"] = int.from_bytes(digest.digest(), "little")
     salt = getattr(request, "cache_salt", None)
     if salt:
         extras["cache_salt"] = str(salt)
@@ -391,11 +389,11 @@ class _Request:
     load_blocks: list[int] = dataclasses.field(default_factory=list)
     stores_issued: bool = False
     finished: bool = False
-    # Loads offered to the request, over its preemptions and failed loads.
+    # Loads allocated to the request, over its preemptions and failed loads.
     loads_offered: int = 0
 
 
-# Loads offered to one request at most. vLLM looks a request up again after
+# Loads allocated to one request at most. vLLM looks a request up again after
 # a preemption, and after a load that failed from its first block: a load
 # that fails every time (a rank that cannot attach, a copy that keeps
 # failing) would otherwise be offered again forever and the request never
@@ -470,16 +468,16 @@ class _SchedulerSide:
                 "tierkv: the number of vLLM's device blocks is not known (no "
                 "KV cache config); name it in kv_connector_extra_config "
                 "('num_device_blocks')")
-        # Each attachment is a new client named with its epoch, which the
-        # ranks check before they copy for it (_WorkerSide._open).
+        # Each attachment is a new client tagged with its epoch, which tierkvd
+        # checks against the tag its ranks name (_WorkerSide._open).
         epoch = uuid.uuid4().hex
         try:
             client = tierkv.Client.open(
                 self._config.socket, self._config.layout,
                 self._config.num_device_blocks,
                 model=self._config.model, tenant=self._config.tenant,
-                name=_epoch_name(self._config.name or "vllm-scheduler", epoch),
-                copies="ranks", ranks=self._config.tp_size,
+                name=self._config.name or "vllm-scheduler",
+                copies="ranks", ranks=self._config.tp_size, attachment_tag=epoch,
                 call_timeout=self._config.call_timeout)
         except tierkv.Error as e:
             if starting and not isinstance(e, _LOST):
@@ -548,11 +546,9 @@ class _SchedulerSide:
         hit = result.hit_tokens if result is not None else 0
         if hit > 0 and req.loads_offered >= _MAX_LOADS_PER_REQUEST:
             logger.warning(
-                "tierkv: request %s was offered %d loads already; it computes "
+                "tierkv: request %s was given %d loads already; it computes "
                 "its tokens instead", rid, req.loads_offered)
             return 0, False
-        if hit > 0:
-            req.loads_offered += 1
         return hit, hit > 0
 
     def update_state_after_alloc(self, request: Any, blocks: Any,
@@ -574,6 +570,9 @@ class _SchedulerSide:
         req.load_blocks = block_ids[first:first + used]
         if num_external_tokens > 0:
             req.recving = True
+            # Counted once vLLM allocates the load: a lookup vLLM could not
+            # schedule (no free blocks yet) is asked again and costs none.
+            req.loads_offered += 1
         if req.tid is None or not self._connected:
             if req.recving:
                 self._failed_recvs.append(FailedRecv(rid, req.load_blocks))
@@ -802,14 +801,17 @@ class _WorkerSide:
         if meta.scheduler == 0 or not meta.epoch:
             return False
         if meta.epoch == self._epoch:
-            if self._client is not None and self._client.connected:
-                return True
-            # This epoch's attach failed or was lost. tierkvd completes the
-            # epoch's events once every rank has: tried again, at most once
-            # per reconnect_wait, to the scheduler of this epoch only.
+            if self._client is not None:
+                # Lost: never attached again within the epoch. tierkvd failed
+                # this rank's part of the events in flight when it dropped
+                # it; metadata still on its way may name them, and their
+                # slots may be another event's by now.
+                return self._client.connected
+            # This epoch's attach failed: tierkvd completes the epoch's
+            # events once every rank has, so tried again, at most once per
+            # reconnect_wait (nothing was failed for this rank yet).
             if time.monotonic() < self._retry_at:
                 return False
-            self._detach()
             return self._open(meta)
         if meta.epoch in self._past_epochs:
             return False  # Metadata older than the attachment.
@@ -822,41 +824,34 @@ class _WorkerSide:
         return self._open(meta)
 
     def _open(self, meta: TierkvConnectorMetadata) -> bool:
-        """Attaches as a rank of the metadata's scheduler, if tierkvd's worker
-        of that id is the client that drew the metadata's epoch: after a
-        restart tierkvd numbers workers from 1 again, and a rank of another
-        attachment would copy events this epoch's ids name elsewhere."""
-        why = ""
+        """Attaches as a rank of the metadata's scheduler, naming its epoch:
+        tierkvd refuses it, before it registers, when its worker of that id
+        is not the client that drew the epoch (after a restart it numbers
+        workers from 1 again, and a rank of another attachment would copy
+        events this epoch's ids name elsewhere)."""
         try:
-            client = tierkv.Client.open(
+            self._client = tierkv.Client.open(
                 self._config.socket, self._config.layout,
                 model=self._config.model, tenant=self._config.tenant,
                 name=self._config.name or f"vllm-rank{self._rank}",
                 device=self._device, scheduler=meta.scheduler,
-                rank=self._rank, call_timeout=self._config.call_timeout)
-            names = [w["name"] for w in client.stats()["workers"]
-                     if w["id"] == meta.scheduler]
-            if names and names[0].endswith(_epoch_name("", meta.epoch)):
-                self._client = client
-                undeclined, self._undeclined = self._undeclined, []
-                for event in undeclined:
-                    self._decline(event)
-                return True
-            client.close()
-            why = "it is not the attachment of this epoch"
+                rank=self._rank, call_timeout=self._config.call_timeout,
+                attachment_tag=meta.epoch)
         except tierkv.Error as e:
             # Not found: the scheduler attached anew while this metadata
             # was on its way; already exists: tierkvd has not yet seen this
             # rank's previous client go.
-            why = str(e)
-        logger.warning("tierkv: rank %d cannot attach to scheduler %d: %s; "
-                       "this step's copies fail here, and the rank tries "
-                       "again in %.0f s", self._rank, meta.scheduler, why,
-                       self._retry_wait)
-        self._retry_at = time.monotonic() + self._retry_wait
-        self._retry_wait = min(2 * self._retry_wait,
-                               max(_RETRY_MAX_S, self._retry_wait))
-        return False
+            logger.warning("tierkv: rank %d cannot attach to scheduler %d: "
+                           "%s; this step's copies fail here, and the rank "
+                           "tries again in %.0f s", self._rank,
+                           meta.scheduler, e, self._retry_wait)
+            self._retry_at = time.monotonic() + self._retry_wait
+            self._retry_wait = min(2 * self._retry_wait,
+                                   max(_RETRY_MAX_S, self._retry_wait))
+            return False
+        undeclined, self._undeclined = self._undeclined, []
+        self._decline(undeclined)
+        return True
 
     def _detach(self) -> None:
         """Closes the rank client; copies it had started count as failed."""
@@ -894,12 +889,15 @@ class _WorkerSide:
             self._undeclined.append(op.event)
         self._settle(op.request_id, op.event, ok=False, loaded=0)
 
-    def _decline(self, event: Any) -> None:
+    def _decline(self, events: list) -> None:
+        """Reports this rank's part of `events` failed, in one round trip."""
+        if not events:
+            return
         try:
-            self._client.decline(event)
+            self._client.decline(events)
         except tierkv.Error as e:
-            logger.warning("tierkv: rank %d: cannot decline %s %d: %s",
-                           self._rank, event.kind, event.id, e)
+            logger.warning("tierkv: rank %d: cannot decline %d event(s): %s",
+                           self._rank, len(events), e)
 
     def _start(self, rid: str, event: Any) -> bool:
         try:
@@ -907,10 +905,6 @@ class _WorkerSide:
         except tierkv.Error as e:
             logger.warning("tierkv: rank %d: %s of request %s not started: "
                            "%s", self._rank, event.kind, rid, e)
-            if isinstance(e, tierkv.InvalidArgumentError):
-                # Refused before anything ran (a copy that failed to start
-                # is reported failed by start itself).
-                self._decline(event)
             return False
         self._in_flight[(event.kind, event.id)] = (rid, event)
         return True
