@@ -409,14 +409,16 @@ void PrintNodes(const RagDemoOptions& o, const RagDemoReport& r,
          "alone: its chunks' blocks\non each node's host and disk tiers, and "
          "in the remote tier (any node loads those);\nthe node with the most "
          "on host wins, then the most on disk:\n";
+  // The workers' chunk stores key chunks with their RoPE config too.
+  const BlockKey variant = ChunkVariant(RagModelConfig().Rope().ToString(), "");
   const size_t shown = std::min<size_t>(3, workload.requests.size());
   for (size_t q = 0; q < shown; ++q) {
     const RagRequest& req = workload.requests[q];
     std::vector<std::vector<BlockKey>> chunks = {
-        hasher.ChunkKeys(workload.system, kBlockSize)};
+        hasher.ChunkKeys(workload.system, kBlockSize, 0, variant)};
     for (int32_t d : req.documents) {
       chunks.push_back(hasher.ChunkKeys(
-          workload.documents[static_cast<size_t>(d)], kBlockSize));
+          workload.documents[static_cast<size_t>(d)], kBlockSize, 0, variant));
     }
     const Placement p = Place(views, chunks);
     out << "  request " << req.id << " (" << p.blocks << " blocks):";
