@@ -280,8 +280,16 @@ def test_sglang_starts_before_tierkvd_and_attaches_later(start_tierkvd,
     assert backend.client is None
     assert backend.batch_exists(["k"]) == 0
     assert backend.batch_set_v1(["k"], _indices([0])) == [False]
-    daemon = start_tierkvd(layout=tierkv.KvLayout(
-        LAYERS, HEADS, HEAD_DIM, block_size=PAGE, dtype="bf16"))
+    layout = tierkv.KvLayout(LAYERS, HEADS, HEAD_DIM, block_size=PAGE,
+                             dtype="bf16")
+    # A tierkvd that refuses the backend (another model): misses, not
+    # exceptions, which would end HiCache's threads.
+    other = start_tierkvd(layout=layout, model="another/model")
+    os.symlink(other.socket, link)
+    assert backend.batch_exists(["k"]) == 0
+    assert backend.batch_set_v1(["k"], _indices([0])) == [False]
+    daemon = start_tierkvd(layout=layout)
+    os.unlink(link)
     os.symlink(daemon.socket, link)
     assert backend.batch_set_v1(["k"], _indices([0])) == [True]
     assert backend.batch_get_v1(["k"], _indices([1])) == [True]

@@ -218,10 +218,19 @@ class TierkvStorage(HiCacheStorage):
             raise tierkv.FailedPreconditionError(
                 "register_mem_pool_host was not called: the backend has no "
                 "host pool to copy into")
-        if self._client is None:
-            return self._open()
-        if not self._client.connected:
-            self._client.reconnect()
+        try:
+            if self._client is None:
+                return self._open()
+            if not self._client.connected:
+                self._client.reconnect()
+        except tierkv.Error as e:
+            if isinstance(e, _TRANSIENT):
+                raise
+            # A tierkvd that refuses this backend (another model or layout,
+            # permissions): raised, it would end HiCache's thread for good;
+            # a miss, logged, until tierkvd is one that accepts it.
+            raise tierkv.UnavailableError(
+                f"tierkvd on {self._socket} refuses this backend: {e}") from e
         return self._client
 
     def _tokens(self, key: str) -> np.ndarray:
