@@ -3,6 +3,7 @@
 #include <cmath>
 #include <iomanip>
 #include <limits>
+#include <locale>
 #include <numbers>
 #include <sstream>
 
@@ -85,6 +86,7 @@ double Llama3InverseFrequency(const RopeScaling& s, double inv_freq) {
 
 std::string ScalingToString(const RopeScaling& s) {
   std::ostringstream out;
+  out.imbue(std::locale::classic());
   out << std::setprecision(std::numeric_limits<double>::max_digits10);
   switch (s.type) {
     case RopeScalingType::kNone:
@@ -134,8 +136,10 @@ Status RopeConfig::Validate() const {
 
 std::string RopeConfig::ToString() const {
   std::ostringstream out;
-  // Every digit: the string keys chunks (ChunkVariant), so two configs
-  // that rotate differently never print alike.
+  // Every digit, and no locale's digit grouping: the string keys chunks
+  // (ChunkVariant), so two configs that rotate differently never print
+  // alike, and one config prints alike in every process.
+  out.imbue(std::locale::classic());
   out << std::setprecision(std::numeric_limits<double>::max_digits10);
   out << "head_dim=" << head_dim << " rotary_dim=" << rotary_dim
       << " theta=" << theta

@@ -208,8 +208,15 @@ TEST(BlockKey, ChunkKeysDependOnTheVirtualStart) {
 TEST(BlockKey, ChunkKeysDependOnTheVariant) {
   const KeyHasher h(kNs);
   const auto doc = SequentialTokens(500, 40);
-  EXPECT_EQ(h.ChunkKeys(doc, 16, 0, {}), h.ChunkKeys(doc, 16));
-  EXPECT_EQ(h.ChunkKeys(doc, 16, 7, {}), h.ChunkKeys(doc, 16, 7));
+  // No variant keeps the keys chunks had before variants: from the root at
+  // start 0, else from a block of no tokens holding the start alone.
+  EXPECT_EQ(h.ChunkKeys(doc, 16, 0, {})[0],
+            KeyHasher::HashBlock(h.chunk_root(), std::span(doc).first(16)));
+  std::array<std::byte, 8> start7{};
+  start7[0] = std::byte{7};
+  const BlockKey at7 = KeyHasher::HashBlock(h.chunk_root(), {}, start7);
+  EXPECT_EQ(h.ChunkKeys(doc, 16, 7, {})[0],
+            KeyHasher::HashBlock(at7, std::span(doc).first(16)));
   const BlockKey rope_a = ChunkVariant("neox theta=10000", "");
   const BlockKey rope_b = ChunkVariant("neox theta=500000", "");
   const BlockKey lora = ChunkVariant("neox theta=10000", "lora-7");

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 
 // Boost.PropertyTree's JSON parser still includes <boost/bind.hpp>, which
@@ -351,6 +352,41 @@ TEST_F(MetricsHttpTest, SilentClientsDoNotBlockAScrape) {
   std::unique_ptr<Client> client = Attach("during");
   ASSERT_NE(client, nullptr);
   EXPECT_THAT(client->Stats(), IsOk());
+}
+
+TEST_F(MetricsHttpTest, AFailingPollDropsTheScrapesAndServesOn) {
+  StartDaemon("1M", {"--metrics-listen", "127.0.0.1:0"});
+  ASSERT_TRUE(daemon_->WaitForOutput("metrics: serving http://127.0.0.1:"))
+      << daemon_->output();
+  std::smatch m;
+  const std::string out = daemon_->output();
+  ASSERT_TRUE(std::regex_search(
+      out, m, std::regex(R"(metrics: serving http://127\.0\.0\.1:(\d+)/)")));
+  const auto port = static_cast<uint16_t>(std::stoi(m[1]));
+  std::vector<ipc::UniqueFd> idle;
+  for (int i = 0; i < 4; ++i) idle.push_back(ConnectTcp(port));
+  // Served after the idle ones were accepted (the same round or later).
+  ASSERT_THAT(Get(port, "/metrics"), StartsWith("HTTP/1.1 200 OK\r\n"));
+  const pid_t pid = daemon_->pid();
+  rlimit limit{};
+  ASSERT_EQ(prlimit(pid, RLIMIT_NOFILE, nullptr, &limit), 0);
+  const rlimit before = limit;
+  // Fewer descriptors than the metrics thread watches (its wake pipe, its
+  // socket and four scrapes): poll fails with EINVAL, and dropping the
+  // scrapes lets it work again, the limit still lowered.
+  limit.rlim_cur = 3;
+  ASSERT_EQ(prlimit(pid, RLIMIT_NOFILE, &limit, nullptr), 0);
+  ASSERT_TRUE(daemon_->WaitForOutput("dropping 4 scrapes"))
+      << daemon_->output();
+  ASSERT_TRUE(daemon_->WaitForOutput("metrics: poll works again"))
+      << daemon_->output();
+  ASSERT_EQ(prlimit(pid, RLIMIT_NOFILE, &before, nullptr), 0);
+  EXPECT_THAT(Get(port, "/metrics"), StartsWith("HTTP/1.1 200 OK\r\n"));
+  // The dropped scrapes were closed.
+  for (const ipc::UniqueFd& fd : idle) {
+    char c;
+    EXPECT_EQ(recv(fd.get(), &c, 1, 0), 0);
+  }
 }
 
 TEST_F(MetricsHttpTest, OversizedRequestIsRefused) {

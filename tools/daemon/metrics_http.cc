@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <spdlog/spdlog.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -108,6 +109,7 @@ struct MetricsHttpServer::Impl {
   std::map<int, HttpConnection> connections;  // The thread's alone.
   uint64_t accepted = 0;
   Clock::time_point accept_paused_until;
+  bool poll_failing = false;  // Logged once per episode.
   std::thread thread;
 
   void Run();
@@ -214,9 +216,25 @@ void MetricsHttpServer::Impl::Run() {
              static_cast<int>(std::max<int64_t>(wait.count(), 0) + 1)) < 0) {
       // EINTR; or ENOMEM, or EINVAL (more descriptors than a lowered
       // RLIMIT_NOFILE allows), which may pass: the thread serves on once
-      // poll works again rather than ending for good.
-      if (errno != EINTR) std::this_thread::sleep_for(kPollRetry);
+      // poll works again rather than ending for good. Scrapes are cheap to
+      // drop: closing them is what lets poll watch fewer descriptors.
+      const int err = errno;
+      if (err == EINTR) continue;
+      if (!poll_failing) {
+        poll_failing = true;
+        spdlog::error(
+            "metrics: poll over {} descriptors: {}; dropping {} "
+            "scrapes and trying again every {} ms",
+            fds.size(), std::strerror(err), connections.size(),
+            kPollRetry.count());
+      }
+      if (err == EINVAL) connections.clear();
+      std::this_thread::sleep_for(kPollRetry);
       continue;
+    }
+    if (poll_failing) {
+      poll_failing = false;
+      spdlog::info("metrics: poll works again");
     }
     now = Clock::now();
     for (size_t i = 2; i < fds.size(); ++i) {
