@@ -294,3 +294,24 @@ def test_sglang_starts_before_tierkvd_and_attaches_later(start_tierkvd,
     assert backend.batch_set_v1(["k"], _indices([0])) == [True]
     assert backend.batch_get_v1(["k"], _indices([1])) == [True]
     assert torch.equal(pool.page(1), pool.page(0))
+
+
+def test_a_key_another_worker_is_storing_is_not_a_failed_set(daemon):
+    pool = HostPool("layer_first")
+    pool.fill(0, seed=7)
+    backend = _storage(daemon.socket)
+    backend.register_mem_pool_host(pool)
+    layout = tierkv.KvLayout(LAYERS, HEADS, HEAD_DIM, block_size=PAGE,
+                             dtype="bf16")
+    # Another worker (the same key words) has started storing "k" and not
+    # finished: tierkvd skips the key rather than store it twice.
+    with tierkv.Client.open(daemon.socket, layout, 4,
+                            copies="caller") as other:
+        words = tierkv.sglang.key_tokens("k", "tp0/1", PAGE)
+        other.lookup_chunk(1, words)
+        other.allocate(1, [0], 0)
+        assert len(other.commit(1, PAGE, [0]).stores) == 1
+        # HiCache stops a backup at its first False: "k" is not one.
+        assert backend.batch_set_v1(["k", "k2"], _indices([0, 1])) == [True,
+                                                                       True]
+        assert backend.batch_exists(["k2"]) == 1

@@ -301,7 +301,8 @@ class TierkvStorage(HiCacheStorage):
     def batch_set_v1(self, keys: List[str], host_indices: Any,
                      extra_info: Any = None) -> List[bool]:
         """Stores each key's host pool page; per key, whether tierkvd holds
-        it now (True also for a key it held already)."""
+        it now (True also for a key it held already, or that another
+        worker's store is writing)."""
         return self._or_miss(
             "batch_set_v1",
             lambda: self._batch(keys, host_indices, self._start_set),
@@ -325,13 +326,19 @@ class TierkvStorage(HiCacheStorage):
     def _start_set(self, client: Any, rid: int, key: str, page: int
                    ) -> Optional[bool]:
         """Starts the store of `page` as `key`: None when it copies, else
-        the key's result (True: tierkvd holds the key already)."""
+        the key's result (True: tierkvd holds the key already, or another
+        worker's store of it is under way; False: no room)."""
         found = client.lookup_chunk(rid, self._tokens(key))
         if found.hit_tokens >= self._page_size:
             return True
         client.allocate(rid, [page], 0)
         commit = client.commit(rid, self._page_size, [page])
-        return None if commit.stores else False
+        if commit.stores:
+            return None
+        # Nothing skipped: the key needed no store. HiCache stops a backup
+        # at its first False, so calling that a failure would leave the
+        # rest of the backup unwritten.
+        return commit.skipped_blocks == 0
 
     def _batch(self, keys: List[str], host_indices: Any, start) -> List[bool]:
         """start() each key's copy, then waits for them all; finishes every
