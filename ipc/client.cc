@@ -1354,6 +1354,13 @@ Status Client::Reconnect() {
         "a rank client does not reconnect: once its scheduler has attached "
         "again, open a new rank client with the scheduler's new worker id");
   }
+  if (!impl.options.attachment_tag.empty()) {
+    // Its ranks would check the old tag against the new attachment, which
+    // a restarted tierkvd may give the old id.
+    return Status::FailedPrecondition(
+        "a scheduler with an attachment tag does not reconnect: open a new "
+        "client with a new tag, which its ranks then name");
+  }
   // LoseAttachment let the old attachment's copies finish and closed it.
   const ClientOptions& o = impl.options;
   TIERKV_RETURN_IF_ERROR(

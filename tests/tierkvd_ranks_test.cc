@@ -354,6 +354,11 @@ TEST_F(TierkvdRanksTest,
   StatusOr<std::unique_ptr<Client>> rank = Client::Open(o);
   ASSERT_THAT(rank, IsOk());
   EXPECT_EQ(observer->Stats()->workers.size(), workers + 1);
+  // A tagged attachment is never made again under the old tag.
+  EXPECT_THAT(tagged->Reconnect(), IsOk());  // Still attached: nothing to do.
+  StopDaemon();
+  StartDaemon();
+  EXPECT_THAT(tagged->Reconnect(), StatusIs(StatusCode::kFailedPrecondition));
 }
 
 TEST_F(TierkvdRanksTest, RolesAreCheckedAtAttach) {

@@ -127,7 +127,9 @@ struct ClientOptions {
   // connector: its epoch). A rank client: its scheduler's token, or Open
   // fails with NotFound before anything registers (a restarted tierkvd
   // numbers workers from 1 again, so `scheduler` alone may name another
-  // engine's scheduler). Empty: not checked. Default: "".
+  // engine's scheduler). Empty: not checked. A scheduler with a tag does
+  // not Reconnect (FailedPrecondition): a new attachment opens a new
+  // client with a new tag. Default: "".
   std::string attachment_tag;
   // How long one call may wait for tierkvd (registration included, from
   // the connect on: a tierkvd whose listen queue is full) before it fails

@@ -456,26 +456,66 @@ def test_a_worker_that_cannot_attach_fails_the_step_without_raising(
     worker.shutdown()
 
 
-def test_a_rank_that_failed_to_attach_attaches_later_in_the_epoch(
-        daemon, monkeypatch, caplog):
-    # The scheduler and both ranks in this process, so one rank's first
-    # attach can fail (tierkvd too slow once, say).
-    extra = {"socket": daemon.socket, "model": "", "num_layers": LAYERS,
-             "num_kv_heads": KV_HEADS, "head_dim": HEAD_DIM,
-             "block_size": BLOCK, "dtype": "bf16", "tp_size": 2,
-             "num_device_blocks": 16, "reconnect_wait": 0}
-    role = tierkv.vllm.KVConnectorRole
-    sched = tierkv.vllm.TierkvConnector(vllm_config(extra), role.SCHEDULER,
-                                        SimpleNamespace(num_blocks=16))
-    ranks = []
-    for r in range(2):
-        rank = tierkv.vllm.TierkvConnector(vllm_config(dict(extra, rank=r)),
-                                           role.WORKER)
+class _InProcessTp:
+    """The scheduler and two ranks' connectors in this process (so a test
+    can make one rank's attach fail, or drop its client), stepped in vLLM's
+    order."""
+
+    def __init__(self, daemon) -> None:
+        self.extra = {"socket": daemon.socket, "model": "",
+                      "num_layers": LAYERS, "num_kv_heads": KV_HEADS,
+                      "head_dim": HEAD_DIM, "block_size": BLOCK,
+                      "dtype": "bf16", "tp_size": 2, "num_device_blocks": 16,
+                      "reconnect_wait": 0}
+        role = tierkv.vllm.KVConnectorRole
+        self.sched = tierkv.vllm.TierkvConnector(
+            vllm_config(self.extra), role.SCHEDULER,
+            SimpleNamespace(num_blocks=16))
+        self.ranks = [self.rank(r) for r in range(2)]
+
+    def rank(self, r: int):
+        rank = tierkv.vllm.TierkvConnector(
+            vllm_config(dict(self.extra, rank=r)),
+            tierkv.vllm.KVConnectorRole.WORKER)
         rank.register_kv_caches(
             {f"layer.{l}": torch.zeros((2, 16, BLOCK, KV_HEADS // 2,
                                         HEAD_DIM), dtype=torch.bfloat16)
              for l in range(LAYERS)})
-        ranks.append(rank)
+        return rank
+
+    def step(self, new=(), computed=None):
+        cached = SimpleNamespace(req_ids=[], new_block_ids=[],
+                                 num_computed_tokens=[], resumed_req_ids=set())
+        meta = self.sched.build_connector_meta(SimpleNamespace(
+            scheduled_new_reqs=list(new), scheduled_cached_reqs=cached,
+            num_scheduled_tokens=computed or {}, finished_req_ids=set()))
+        for rank in self.ranks:
+            rank.bind_connector_metadata(meta)
+            rank.start_load_kv(None)
+            rank.wait_for_save()
+            rank.get_finished(set())
+            rank.clear_connector_metadata()
+
+    def store(self, rid: str, first: int) -> None:
+        """A request computing three blocks of new tokens, and finished."""
+        tokens = list(range(first, first + 3 * BLOCK)) + [1]
+        request = SimpleNamespace(request_id=rid, all_token_ids=tokens)
+        assert self.sched.get_num_new_matched_tokens(request, 0) == (0, False)
+        blocks = list(range(1, 5))
+        self.sched.update_state_after_alloc(
+            request, SimpleNamespace(get_block_ids=lambda: (blocks,)), 0)
+        self.step([SimpleNamespace(req_id=rid, block_ids=(blocks,),
+                                   num_computed_tokens=0)],
+                  {rid: len(tokens)})
+        self.sched.request_finished(request, blocks)
+
+    def shutdown(self) -> None:
+        for connector in [self.sched] + self.ranks:
+            connector.shutdown()
+
+
+def test_a_rank_that_failed_to_attach_attaches_later_in_the_epoch(
+        daemon, monkeypatch, caplog):
     real_open = tierkv.Client.open
     failures = []
 
@@ -487,64 +527,56 @@ def test_a_rank_that_failed_to_attach_attaches_later_in_the_epoch(
 
     monkeypatch.setattr(tierkv.Client, "open",
                         staticmethod(open_failing_rank1_once))
-
-    def step(new=(), computed=None):
-        cached = SimpleNamespace(req_ids=[], new_block_ids=[],
-                                 num_computed_tokens=[], resumed_req_ids=set())
-        meta = sched.build_connector_meta(SimpleNamespace(
-            scheduled_new_reqs=list(new), scheduled_cached_reqs=cached,
-            num_scheduled_tokens=computed or {}, finished_req_ids=set()))
-        for rank in ranks:
-            rank.bind_connector_metadata(meta)
-            rank.start_load_kv(None)
-            rank.wait_for_save()
-            rank.get_finished(set())
-            rank.clear_connector_metadata()
-
-    def store(rid):
-        tokens = PREFIX[:3 * BLOCK] + [1]
-        request = SimpleNamespace(request_id=rid, all_token_ids=tokens)
-        assert sched.get_num_new_matched_tokens(request, 0) == (0, False)
-        blocks = list(range(1, 5))
-        sched.update_state_after_alloc(
-            request, SimpleNamespace(get_block_ids=lambda: (blocks,)), 0)
-        step([SimpleNamespace(req_id=rid, block_ids=(blocks,),
-                              num_computed_tokens=0)], {rid: len(tokens)})
-        sched.request_finished(request, blocks)
-
+    tp = _InProcessTp(daemon)
     observer = _observer(daemon)
-    store("r1")  # Rank 1 could not attach: it copies none of r1's store.
-    assert failures and ranks[1].tierkv_client is None
-    step()  # Rank 1 attaches, and declines the store it missed.
-    assert ranks[1].tierkv_client is not None
+    tp.store("r1", 1000)  # Rank 1 could not attach: it copies none of it.
+    assert failures and tp.ranks[1].tierkv_client is None
+    tp.step()  # Rank 1 attaches, and declines the store it missed.
+    assert tp.ranks[1].tierkv_client is not None
     stats = _settled(observer, workers=4)
     assert stats["host"]["events_in_flight"] == 0
     assert stats["host"]["pinned_slots"] == 0
     assert stats["host"]["cached_slots"] == 0  # Half a store is never kept.
-    store("r2")  # Both ranks copy it now.
+    tp.store("r2", 1000)  # Both ranks copy it now.
     stats = _settled(observer, workers=4)
     assert stats["host"]["cached_slots"] == 3
     # Metadata naming the scheduler's id with another epoch (an earlier
     # attachment's; after a restart, another engine's): tierkvd refuses the
     # rank before it registers.
-    ranks[1].shutdown()
+    tp.ranks[1].shutdown()
     _settled(observer, workers=3)
-    stray = tierkv.vllm.TierkvConnector(vllm_config(dict(extra, rank=1)),
-                                        role.WORKER)
-    stray.register_kv_caches(
-        {f"layer.{l}": torch.zeros((2, 16, BLOCK, KV_HEADS // 2, HEAD_DIM),
-                                   dtype=torch.bfloat16)
-         for l in range(LAYERS)})
+    stray = tp.rank(1)
     with caplog.at_level("WARNING", logger="tierkv.vllm"):
         stray.bind_connector_metadata(tierkv.vllm.TierkvConnectorMetadata(
-            scheduler=sched.tierkv_client.worker_id, session=1,
+            scheduler=tp.sched.tierkv_client.worker_id, session=1,
             epoch="an-earlier-epoch"))
         stray.start_load_kv(None)
     assert stray.tierkv_client is None
     assert "another tag" in caplog.text
     assert len(observer.stats()["workers"]) == 3
-    for connector in [sched, ranks[0], stray]:
-        connector.shutdown()
+    tp.ranks[1] = stray
+    tp.shutdown()
+
+
+def test_a_rank_that_lost_its_attachment_declines_the_epochs_copies(daemon):
+    tp = _InProcessTp(daemon)
+    observer = _observer(daemon)
+    tp.store("r1", 1000)
+    assert _settled(observer, workers=4)["host"]["cached_slots"] == 3
+    # Rank 1's attachment is lost (its socket closed): tierkvd drops it and
+    # fails its part of what is in flight.
+    tp.ranks[1].tierkv_client.close()
+    _settled(observer, workers=3)
+    # It attaches again, but copies nothing more this epoch (metadata on
+    # its way may name events tierkvd failed for it): it declines them,
+    # so none waits for it in tierkvd.
+    tp.store("r2", 2000)
+    tp.store("r3", 3000)
+    stats = _settled(observer, workers=4)
+    assert stats["host"]["events_in_flight"] == 0
+    assert stats["host"]["pinned_slots"] == 0
+    assert stats["host"]["cached_slots"] == 3  # Half stores are never kept.
+    tp.shutdown()
 
 
 def test_wait_for_save_outwaits_its_timeout_until_the_stores_are_copied(

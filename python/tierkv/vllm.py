@@ -115,6 +115,9 @@ DEFAULT_SOCKET = "/run/tierkv/tierkvd.sock"
 DEFAULT_SAVE_TIMEOUT = 60.0
 _LOST = (tierkv.UnavailableError, tierkv.DeadlineExceededError)
 
+# Events one Client.decline reports at most (a message's cap is far above).
+_DECLINES_PER_CALL = 1024
+
 # The scheduler's waits between tries to attach again (reconnect_wait).
 _RETRY_FIRST_S = 1.0
 _RETRY_MAX_S = 30.0
@@ -270,6 +273,18 @@ def _request_tokens(request: Any) -> list[int]:
     return list(tokens)
 
 
+def lora_key(name: Optional[str], path: Optional[str]) -> Optional[int]:
+    """The lora_id tierkv keys a vLLM LoRA adapter's blocks by: a 63-bit
+    hash of its name and path (vLLM's lora_int_id is numbered per vLLM
+    process, and tierkvd outlives and serves many; a name reused for other
+    weights has another path). None without a name."""
+    if not name:
+        return None
+    digest = hashlib.blake2b(f"{name}\0{path or ''}".encode(),
+                             digest_size=8, person=b"tierkv-lora")
+    return int.from_bytes(digest.digest(), "little") >> 1
+
+
 def _request_extras(request: Any) -> Optional[dict[str, Any]]:
     """What besides its tokens changes the request's KV, as Client.lookup's
     keyword arguments (the keys tierkv stores and commits its blocks under,
@@ -283,13 +298,10 @@ def _request_extras(request: Any) -> Optional[dict[str, Any]]:
     extras: dict[str, Any] = {}
     lora = getattr(request, "lora_request", None)
     if lora is not None:
-        # By name, as vLLM's prefix cache keys adapters: lora_int_id is
-        # numbered per vLLM process, and tierkvd outlives and serves many.
-        name = getattr(lora, "lora_name", None)
-        if not name:
+        extras["lora_id"] = lora_key(getattr(lora, "lora_name", None),
+                                     getattr(lora, "lora_path", None))
+        if extras["lora_id"] is None:
             return None
-        digest = hashlib.blake2b(f"lora:{name}".encode(), digest_size=8)
-        extras["lora_id"] = int.from_bytes(digest.digest(), "little")
     salt = getattr(request, "cache_salt", None)
     if salt:
         extras["cache_salt"] = str(salt)
@@ -743,6 +755,12 @@ class _WorkerSide:
         self._retry_wait = config.reconnect_wait
         # Events of this epoch that came while the rank was not attached.
         self._undeclined: list[Any] = []
+        # This epoch's attachment was lost. tierkvd then failed this rank's
+        # part of the events in flight; metadata still on its way may name
+        # them, and their slots may be another event's by now, while the
+        # rank cannot tell them from later ones. So for the rest of the
+        # epoch the rank copies nothing: attached again, it declines.
+        self._lost = False
         # (kind, event id) -> (request id, event) of copies started here.
         self._in_flight: dict[tuple[str, int], tuple[str, Any]] = {}
         self._loads_left: dict[str, int] = {}
@@ -801,24 +819,21 @@ class _WorkerSide:
         if meta.scheduler == 0 or not meta.epoch:
             return False
         if meta.epoch == self._epoch:
-            if self._client is not None:
-                # Lost: never attached again within the epoch. tierkvd failed
-                # this rank's part of the events in flight when it dropped
-                # it; metadata still on its way may name them, and their
-                # slots may be another event's by now.
-                return self._client.connected
-            # This epoch's attach failed: tierkvd completes the epoch's
-            # events once every rank has, so tried again, at most once per
-            # reconnect_wait (nothing was failed for this rank yet).
-            if time.monotonic() < self._retry_at:
-                return False
-            return self._open(meta)
+            if self._client is not None and not self._connected():
+                self._detach()  # Lost (see _lost).
+            # Not attached (the attach failed, or was lost): tierkvd
+            # completes the epoch's events once every rank has, so tried
+            # again, at most once per reconnect_wait.
+            if self._client is None and time.monotonic() >= self._retry_at:
+                self._open(meta)
+            return self._client is not None and not self._lost
         if meta.epoch in self._past_epochs:
             return False  # Metadata older than the attachment.
         self._detach()
         if self._epoch:
             self._past_epochs.add(self._epoch)
         self._epoch = meta.epoch
+        self._lost = False
         self._retry_wait = self._config.reconnect_wait
         self._undeclined.clear()  # The scheduler's loss failed them.
         return self._open(meta)
@@ -849,9 +864,18 @@ class _WorkerSide:
             self._retry_wait = min(2 * self._retry_wait,
                                    max(_RETRY_MAX_S, self._retry_wait))
             return False
-        undeclined, self._undeclined = self._undeclined, []
-        self._decline(undeclined)
+        if self._lost:
+            logger.error("tierkv: rank %d lost its attachment in this epoch; "
+                         "attached again, it declines the epoch's copies "
+                         "(loads fail, stores are not kept) until the "
+                         "scheduler attaches anew", self._rank)
+        self._flush_declines()
         return True
+
+    def _connected(self) -> bool:
+        """Whether the rank client is attached (not lost, nor closed)."""
+        c = self._client
+        return c is not None and not c.closed and c.connected
 
     def _detach(self) -> None:
         """Closes the rank client; copies it had started count as failed."""
@@ -859,6 +883,7 @@ class _WorkerSide:
             return
         self._client.close()
         self._client = None
+        self._lost = True  # Until the next epoch: see _lost.
         for rid, event in list(self._in_flight.values()):
             self._settle(rid, event, ok=False, loaded=0)
         self._in_flight.clear()
@@ -879,25 +904,39 @@ class _WorkerSide:
                     and self._start(op.request_id, op.event)):
                 self._not_copied(op, attached)
         self._step_stores = list(meta.stores)
+        self._flush_declines()
 
     def _not_copied(self, op: Any, attached: bool) -> None:
         """A load or store (LoadOp, StoreOp) this rank does not copy: failed
-        here. One of this epoch that came while the rank was not attached is
-        declined once it is (tierkvd would wait for this rank's part of it
-        for good)."""
+        here. One of this epoch that came while the rank was not attached
+        (or after it lost its attachment) is declined once it is attached
+        (tierkvd would wait for this rank's part of it for good)."""
         if not attached and op.epoch == self._epoch:
             self._undeclined.append(op.event)
         self._settle(op.request_id, op.event, ok=False, loaded=0)
 
-    def _decline(self, events: list) -> None:
-        """Reports this rank's part of `events` failed, in one round trip."""
-        if not events:
+    def _flush_declines(self) -> None:
+        """Declines the events _not_copied kept, when attached. After a lost
+        attachment one at a time: tierkvd failed this rank's part of those
+        in flight at the loss, and refuses a batch naming one of them."""
+        if self._client is None or not self._undeclined:
             return
+        events, self._undeclined = self._undeclined, []
+        if self._lost:
+            for event in events:
+                self._decline([event], quiet=True)
+            return
+        for i in range(0, len(events), _DECLINES_PER_CALL):
+            self._decline(events[i:i + _DECLINES_PER_CALL])
+
+    def _decline(self, events: list, quiet: bool = False) -> None:
+        """Reports this rank's part of `events` failed, in one round trip."""
         try:
             self._client.decline(events)
         except tierkv.Error as e:
-            logger.warning("tierkv: rank %d: cannot decline %d event(s): %s",
-                           self._rank, len(events), e)
+            (logger.debug if quiet else logger.warning)(
+                "tierkv: rank %d: cannot decline %d event(s): %s", self._rank,
+                len(events), e)
 
     def _start(self, rid: str, event: Any) -> bool:
         try:
@@ -920,12 +959,13 @@ class _WorkerSide:
         for op in stores:
             self._stores_left[op.request_id] = (
                 self._stores_left.get(op.request_id, 0) + 1)
-            attached = self._client is not None and self._client.connected
+            attached = self._connected() and not self._lost
             if (attached and op.epoch == self._epoch
                     and self._start(op.request_id, op.event)):
                 started.append(("store", op.event.id))
             else:
                 self._not_copied(op, attached)
+        self._flush_declines()
         waited = 0.0
         while any(key in self._in_flight for key in started):
             begin = time.monotonic()
