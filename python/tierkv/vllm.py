@@ -730,7 +730,7 @@ class _WorkerSide:
     """Copies for one vLLM worker: a rank client over its KV cache tensors.
 
     Attaches per scheduler epoch (the metadata names the scheduler client
-    and the epoch it drew when it attached, which is in that client's name
+    and the epoch it drew when it attached, that client's attachment tag
     in tierkvd), and only to the client of that epoch: a restarted tierkvd
     numbers workers and events from 1 again, so the same (scheduler id,
     event id) may name another scheduler's event there. An event of an
@@ -739,7 +739,8 @@ class _WorkerSide:
     (loads are reported as load errors, stores are not copied). The rank
     attaches anew, with Client.open, when the metadata brings a new epoch,
     and tries again within the epoch at most once per reconnect_wait (the
-    epoch's events wait for every rank in tierkvd).
+    epoch's events wait for every rank in tierkvd): after a failed attach
+    it then copies as usual, after a lost one it only declines (_lost).
     """
 
     def __init__(self, config: TierkvConfig) -> None:
