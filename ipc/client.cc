@@ -801,6 +801,24 @@ WorkerRegistration RegistrationOf(const ClientOptions& options) {
           .attachment_tag = options.attachment_tag};
 }
 
+// Whether a rank with `num_device_blocks` blocks can copy `event`.
+Status CheckRankEvent(const TransferEvent& event, int32_t num_device_blocks) {
+  if (event.device_blocks.size() != event.host_blocks.size()) {
+    return Status::InvalidArgument(
+        "the event names " + std::to_string(event.device_blocks.size()) +
+        " device blocks and " + std::to_string(event.host_blocks.size()) +
+        " host blocks");
+  }
+  for (BlockId b : event.device_blocks) {
+    if (b < 0 || b >= num_device_blocks) {
+      return Status::InvalidArgument(
+          "device block " + std::to_string(b) + " is outside this rank's " +
+          std::to_string(num_device_blocks) + " blocks");
+    }
+  }
+  return Status::Ok();
+}
+
 Status CheckCopyRoles(const ClientOptions& options) {
   if (options.copies != CopyMode::kClient &&
       options.copies != CopyMode::kCaller &&
@@ -1398,21 +1416,8 @@ Status Client::Start(const TransferEvent& event) {
   TIERKV_RETURN_IF_ERROR(impl_->CheckNotStarted(event.ref));
   // An event this rank can never copy: its part is reported failed, or
   // tierkvd would wait for it for good.
-  Status invalid;
-  if (event.device_blocks.size() != event.host_blocks.size()) {
-    invalid = Status::InvalidArgument(
-        "the event names " + std::to_string(event.device_blocks.size()) +
-        " device blocks and " + std::to_string(event.host_blocks.size()) +
-        " host blocks");
-  }
-  for (BlockId b : event.device_blocks) {
-    if (invalid.ok() && (b < 0 || b >= o.num_device_blocks)) {
-      invalid = Status::InvalidArgument(
-          "device block " + std::to_string(b) + " is outside this rank's " +
-          std::to_string(o.num_device_blocks) + " blocks");
-    }
-  }
-  if (!invalid.ok()) {
+  if (Status invalid = CheckRankEvent(event, o.num_device_blocks);
+      !invalid.ok()) {
     impl_->ReportFailed(event.ref);
     return invalid;
   }

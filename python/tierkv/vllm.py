@@ -115,6 +115,27 @@ DEFAULT_SOCKET = "/run/tierkv/tierkvd.sock"
 DEFAULT_SAVE_TIMEOUT = 60.0
 _LOST = (tierkv.UnavailableError, tierkv.DeadlineExceededError)
 
+class _Backoff:
+    """When to try attaching again: at once at first, then `first` seconds
+    after a failure, doubling per failure up to _RETRY_MAX_S (or `first`,
+    if that is more); a success starts over."""
+
+    def __init__(self, first: float) -> None:
+        self._first = first
+        self.wait = first  # After the next failure.
+        self._at = 0.0
+
+    def due(self) -> bool:
+        return time.monotonic() >= self._at
+
+    def failed(self) -> None:
+        self._at = time.monotonic() + self.wait
+        self.wait = min(2 * self.wait, max(_RETRY_MAX_S, self.wait))
+
+    def reset(self) -> None:
+        self.wait = self._first
+
+
 # Events one Client.decline reports at most (a message's cap is far above).
 _DECLINES_PER_CALL = 1024
 
@@ -427,10 +448,8 @@ class _SchedulerSide:
         self._loads: list[LoadOp] = []
         self._failed_recvs: list[FailedRecv] = []
         self._delayed: list[str] = []
-        # When to try attaching again, and the wait after the next failure:
-        # each try may take call_timeout, on vLLM's scheduling path.
-        self._retry_at = 0.0
-        self._retry_wait = config.reconnect_wait
+        # Each try to attach may take call_timeout, on vLLM's scheduling path.
+        self._retry = _Backoff(config.reconnect_wait)
         self._ensure_connected(starting=True)
 
     @property
@@ -472,8 +491,7 @@ class _SchedulerSide:
         configuration) it is logged, and vLLM runs on without tierkv."""
         if self._connected:
             return True
-        now = time.monotonic()
-        if now < self._retry_at:
+        if not self._retry.due():
             return False
         if self._config.num_device_blocks < 1:
             raise ValueError(
@@ -496,15 +514,13 @@ class _SchedulerSide:
                 raise
             logger.warning("tierkv: cannot attach to tierkvd on %s: %s; "
                            "trying again in %.0f s", self._config.socket, e,
-                           self._retry_wait)
-            self._retry_at = time.monotonic() + self._retry_wait
-            self._retry_wait = min(2 * self._retry_wait,
-                                   max(_RETRY_MAX_S, self._retry_wait))
+                           self._retry.wait)
+            self._retry.failed()
             return False
         if self._client is not None:
             self._client.close()  # Lost: tierkvd forgot it already.
         self._client = client
-        self._retry_wait = self._config.reconnect_wait
+        self._retry.reset()
         self._connected = True
         self._epoch = epoch
         logger.info("tierkv: scheduler attached as worker %d (epoch %s)",
@@ -750,10 +766,8 @@ class _WorkerSide:
         self._client: Any = None
         self._epoch = ""  # The scheduler epoch of the last attach attempt.
         self._past_epochs: set[str] = set()  # Never attached for again.
-        # When to try attaching for this epoch again, and the wait after the
-        # next failure (reconnect_wait, doubling).
-        self._retry_at = 0.0
-        self._retry_wait = config.reconnect_wait
+        # When to try attaching for this epoch again.
+        self._retry = _Backoff(config.reconnect_wait)
         # Events of this epoch that came while the rank was not attached.
         self._undeclined: list[Any] = []
         # This epoch's attachment was lost. tierkvd then failed this rank's
@@ -825,7 +839,7 @@ class _WorkerSide:
             # Not attached (the attach failed, or was lost): tierkvd
             # completes the epoch's events once every rank has, so tried
             # again, at most once per reconnect_wait.
-            if self._client is None and time.monotonic() >= self._retry_at:
+            if self._client is None and self._retry.due():
                 self._open(meta)
             return self._client is not None and not self._lost
         if meta.epoch in self._past_epochs:
@@ -835,7 +849,7 @@ class _WorkerSide:
             self._past_epochs.add(self._epoch)
         self._epoch = meta.epoch
         self._lost = False
-        self._retry_wait = self._config.reconnect_wait
+        self._retry.reset()
         self._undeclined.clear()  # The scheduler's loss failed them.
         return self._open(meta)
 
@@ -860,10 +874,8 @@ class _WorkerSide:
             logger.warning("tierkv: rank %d cannot attach to scheduler %d: "
                            "%s; this step's copies fail here, and the rank "
                            "tries again in %.0f s", self._rank,
-                           meta.scheduler, e, self._retry_wait)
-            self._retry_at = time.monotonic() + self._retry_wait
-            self._retry_wait = min(2 * self._retry_wait,
-                                   max(_RETRY_MAX_S, self._retry_wait))
+                           meta.scheduler, e, self._retry.wait)
+            self._retry.failed()
             return False
         if self._lost:
             logger.error("tierkv: rank %d lost its attachment in this epoch; "
