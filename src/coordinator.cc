@@ -265,7 +265,11 @@ Status Coordinator::DropWorker(WorkerId worker) {
     // A rank: it fails its part of every event it had not completed.
     const auto s = workers_.find(scheduler);
     if (s != workers_.end()) {
-      s->second.rank_workers[static_cast<size_t>(rank)] = 0;
+      WorkerState& sched = s->second;
+      sched.rank_workers[static_cast<size_t>(rank)] = 0;
+      if (!sched.registration.attachment_tag.empty() && sched.lost_rank < 0) {
+        sched.lost_rank = rank;
+      }
       MarkRanksDone(scheduler, rank, {}, /*dropped_rank=*/true, {});
     }
   }
@@ -279,6 +283,18 @@ StatusOr<Coordinator::WorkerState*> Coordinator::FindWorker(WorkerId worker) {
                             " is not registered");
   }
   return &it->second;
+}
+
+StatusOr<Coordinator::WorkerState*> Coordinator::FindIssuingWorker(
+    WorkerId worker) {
+  TIERKV_ASSIGN_OR_RETURN(WorkerState * w, FindRequestWorker(worker));
+  if (w->lost_rank >= 0) {
+    return Status::Unavailable(
+        WorkerName(worker) + " lost rank " + std::to_string(w->lost_rank) +
+        ", which ends its attachment (it has an attachment tag): it hands "
+        "out no more events; attach anew with a new client and tag");
+  }
+  return w;
 }
 
 StatusOr<Coordinator::WorkerState*> Coordinator::FindRequestWorker(
@@ -534,7 +550,7 @@ StatusOr<LookupResult> Coordinator::Lookup(WorkerId worker, RequestId request,
                                            std::span<const TokenId> tokens,
                                            int32_t num_computed_tokens,
                                            const RequestExtras& extras) {
-  TIERKV_ASSIGN_OR_RETURN(WorkerState * w, FindRequestWorker(worker));
+  TIERKV_ASSIGN_OR_RETURN(WorkerState * w, FindIssuingWorker(worker));
   TIERKV_RETURN_IF_ERROR(
       CheckLookup(tokens.size(), num_computed_tokens, extras));
   const size_t bs = static_cast<size_t>(options_.layout.block_size);
@@ -561,7 +577,7 @@ StatusOr<LookupResult> Coordinator::LookupAgain(
     WorkerId worker, RequestId request, uint32_t kept_tokens, uint64_t tag,
     std::span<const TokenId> appended, int32_t num_computed_tokens,
     const RequestExtras& extras) {
-  TIERKV_ASSIGN_OR_RETURN(WorkerState * w, FindRequestWorker(worker));
+  TIERKV_ASSIGN_OR_RETURN(WorkerState * w, FindIssuingWorker(worker));
   const auto it = w->requests.find(request);
   if (it == w->requests.end() || tag == 0 || it->second.tokens_tag != tag) {
     return Status::Aborted(RequestName(request) +
@@ -660,7 +676,7 @@ StatusOr<LookupResult> Coordinator::LookupChunk(WorkerId worker,
                                                 std::span<const TokenId> tokens,
                                                 int64_t virtual_start,
                                                 const BlockKey& variant) {
-  TIERKV_ASSIGN_OR_RETURN(WorkerState * w, FindRequestWorker(worker));
+  TIERKV_ASSIGN_OR_RETURN(WorkerState * w, FindIssuingWorker(worker));
   if (tokens.empty() || tokens.size() > options_.max_request_tokens) {
     return Status::InvalidArgument("chunk lookup of " +
                                    std::to_string(tokens.size()) +
@@ -784,7 +800,7 @@ LookupResult Coordinator::FindHits(WorkerState* w, RequestState* r,
 StatusOr<AllocateResult> Coordinator::Allocate(
     WorkerId worker, RequestId request, std::span<const BlockId> device_blocks,
     int32_t num_external_tokens) {
-  TIERKV_ASSIGN_OR_RETURN(WorkerState * w, FindRequestWorker(worker));
+  TIERKV_ASSIGN_OR_RETURN(WorkerState * w, FindIssuingWorker(worker));
   auto it = w->requests.find(request);
   if (it == w->requests.end()) {
     return Status::FailedPrecondition(RequestName(request) +
@@ -906,7 +922,7 @@ StatusOr<AllocateResult> Coordinator::Allocate(
 StatusOr<CommitResult> Coordinator::Commit(
     WorkerId worker, RequestId request, int32_t num_computed_tokens,
     std::span<const BlockId> device_blocks) {
-  TIERKV_ASSIGN_OR_RETURN(WorkerState * w, FindRequestWorker(worker));
+  TIERKV_ASSIGN_OR_RETURN(WorkerState * w, FindIssuingWorker(worker));
   auto it = w->requests.find(request);
   if (it == w->requests.end() || !it->second.allocated) {
     return Status::FailedPrecondition(RequestName(request) +

@@ -39,6 +39,16 @@
 // untaken loads go at once) until the ranks complete them or are dropped:
 // no slot a live rank may still read or write is reused.
 //
+// A scheduler registered with an attachment tag (vLLM's connector: one per
+// epoch) ends its attachment when it loses a rank: from then on Lookup,
+// LookupAgain, LookupChunk, Allocate, Commit and TakeReadyLoads answer
+// Unavailable (Finish still releases), and no rank attaches in the lost
+// one's place (FailedPrecondition). The engine attaches anew. An engine's
+// events travel to its ranks outside tierkvd, so a rank that attached
+// again could be handed one failed at the drop, whose slots may be another
+// event's by now; with the attachment over, no event outlives the ranks
+// that were to copy it. Without a tag a new rank may take the place.
+//
 // With a lower tier (the disk tier, options.lower):
 //   Lookup   also reports blocks the lower tier holds (disk hits), after
 //            and between host hits, without touching the disk.
@@ -581,6 +591,9 @@ class Coordinator {
     uint32_t segment = 0;      // Its tenant's host segment.
     // A scheduler: its rank workers by rank (0 while a rank is vacant).
     std::vector<WorkerId> rank_workers;
+    // A scheduler with an attachment tag: the first rank it lost, or -1.
+    // Its attachment hands out no more events (see "Split roles").
+    int32_t lost_rank = -1;
     // A scheduler dropped while ranks still copy its events: it stays for
     // those events only (see "Split roles").
     bool dropped = false;
@@ -609,6 +622,10 @@ class Coordinator {
   // FindWorker for a call that makes or changes requests: a rank worker
   // makes none (FailedPrecondition naming its scheduler).
   StatusOr<WorkerState*> FindRequestWorker(WorkerId worker);
+  // FindRequestWorker for a call that may hand out events (lookups pin
+  // what Allocate loads): Unavailable for a tagged scheduler that lost a
+  // rank.
+  StatusOr<WorkerState*> FindIssuingWorker(WorkerId worker);
   // Split roles (src/coordinator_ranks.cc).
   // OK, or why `registration`'s roles cannot be registered.
   Status CheckRoles(const WorkerRegistration& registration) const;

@@ -203,7 +203,7 @@ void Coordinator::FinishSpill(const LowerOp& op, const Status& status) {
 
 StatusOr<std::vector<TransferEvent>> Coordinator::TakeReadyLoads(
     WorkerId worker, const std::function<bool(const TransferEvent&)>& fits) {
-  TIERKV_ASSIGN_OR_RETURN(WorkerState * w, FindRequestWorker(worker));
+  TIERKV_ASSIGN_OR_RETURN(WorkerState * w, FindIssuingWorker(worker));
   std::vector<TransferEvent> out;
   std::vector<CompletedEvent> unranked;
   while (!w->ready_loads.empty()) {

@@ -59,6 +59,13 @@ Status Coordinator::CheckRoles(const WorkerRegistration& reg) const {
     return Status::FailedPrecondition(
         "a rank worker belongs to its scheduler's tenant");
   }
+  if (s->second.lost_rank >= 0) {
+    return Status::FailedPrecondition(
+        "scheduler worker " + std::to_string(reg.scheduler) + " lost rank " +
+        std::to_string(s->second.lost_rank) +
+        ", which ended its attachment: no rank attaches to it any more; its "
+        "engine attaches anew");
+  }
   const WorkerId holder = s->second.rank_workers[static_cast<size_t>(reg.rank)];
   if (holder != 0) {
     return Status::AlreadyExists(

@@ -40,7 +40,9 @@ struct WorkerRegistration {
   // A scheduler: a token the engine draws for this attachment. A rank
   // worker: its scheduler's, or it is refused (NotFound) before it
   // registers; empty: not checked. Worker ids start over in a restarted
-  // tierkvd, so the id alone may name another engine's scheduler.
+  // tierkvd, so the id alone may name another engine's scheduler. A
+  // scheduler with a tag ends its attachment when it loses a rank
+  // (Coordinator, "Split roles").
   std::string attachment_tag = {};
 };
 

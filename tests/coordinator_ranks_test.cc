@@ -26,8 +26,8 @@ class CoordinatorRanksTest : public ::testing::Test {
                .value()) {}
 
   StatusOr<WorkerId> Register(int32_t ranks, WorkerId scheduler, int32_t rank,
-                              uint32_t uid = 7,
-                              const std::string& tenant = "") {
+                              uint32_t uid = 7, const std::string& tenant = "",
+                              const std::string& tag = "") {
     return c_.RegisterWorker({.layout = TestLayout(),
                               .num_device_blocks = 100,
                               .tenant = tenant,
@@ -36,7 +36,8 @@ class CoordinatorRanksTest : public ::testing::Test {
                               .name = "w",
                               .ranks = ranks,
                               .scheduler = scheduler,
-                              .rank = rank});
+                              .rank = rank,
+                              .attachment_tag = tag});
   }
   void SetUp() override {
     scheduler_ = Register(2, 0, 0).value();
@@ -130,6 +131,47 @@ TEST_F(CoordinatorRanksTest, ADroppedRankFailsWhatItHadNotCompleted) {
   ASSERT_THAT(CompleteBy(rank0_, second), IsOk());
   ASSERT_THAT(CompleteBy(again, second), IsOk());
   EXPECT_EQ(Hits(SequentialTokens(500, 17)), 16);
+}
+
+TEST_F(CoordinatorRanksTest, ATaggedSchedulerThatLosesARankHandsOutNoMore) {
+  const WorkerId tagged = Register(2, 0, 0, 7, "", "epoch-1").value();
+  const WorkerId r0 = Register(0, tagged, 0, 7, "", "epoch-1").value();
+  const WorkerId r1 = Register(0, tagged, 1, 7, "", "epoch-1").value();
+  const std::vector<BlockId> device{1, 2, 3};
+  // A store in flight, and a request looked up but not yet allocated.
+  ASSERT_THAT(c_.Lookup(tagged, 1, tokens_, 0, {}), IsOk());
+  ASSERT_THAT(c_.Allocate(tagged, 1, device, 0), IsOk());
+  const CommitResult commit = c_.Commit(tagged, 1, 33, device).value();
+  ASSERT_EQ(commit.stores.size(), 1u);
+  ASSERT_THAT(c_.Lookup(tagged, 2, SequentialTokens(300, 17), 0, {}), IsOk());
+  ASSERT_THAT(c_.DropWorker(r1), IsOk());
+  // The store in flight failed for rank 1; rank 0 still ends its part.
+  ASSERT_THAT(CompleteBy(r0, commit.stores[0]), IsOk());
+  EXPECT_EQ(Ref(commit.stores[0].host_blocks[0]), 0);
+  EXPECT_EQ(c_.stats().host.events_in_flight, 0);
+  // Every call that could hand out an event is refused, naming the rank.
+  StatusOr<LookupResult> lookup = c_.Lookup(tagged, 3, tokens_, 0, {});
+  ASSERT_THAT(lookup, StatusIs(StatusCode::kUnavailable));
+  EXPECT_THAT(lookup.status().message(), HasSubstr("lost rank 1"));
+  EXPECT_THAT(c_.Allocate(tagged, 2, device, 0),
+              StatusIs(StatusCode::kUnavailable));
+  EXPECT_THAT(c_.Commit(tagged, 1, 33, device),
+              StatusIs(StatusCode::kUnavailable));
+  EXPECT_THAT(c_.TakeReadyLoads(tagged), StatusIs(StatusCode::kUnavailable));
+  EXPECT_THAT(c_.LookupChunk(tagged, 4, tokens_),
+              StatusIs(StatusCode::kUnavailable));
+  // No rank takes the lost one's place; the requests still finish.
+  EXPECT_THAT(Register(0, tagged, 1, 7, "", "epoch-1"),
+              StatusIs(StatusCode::kFailedPrecondition));
+  EXPECT_THAT(c_.Finish(tagged, 1), IsOk());
+  EXPECT_THAT(c_.Finish(tagged, 2), IsOk());
+  EXPECT_EQ(c_.stats().host.pinned_slots, 0);
+  // The untagged scheduler of the fixture is untouched, and a new
+  // attachment works.
+  EXPECT_EQ(Hits(tokens_), 0);
+  const WorkerId next = Register(2, 0, 0, 7, "", "epoch-2").value();
+  EXPECT_THAT(c_.Lookup(next, 1, tokens_, 0, {}), IsOk());
+  EXPECT_THAT(Register(0, next, 1, 7, "", "epoch-2"), IsOk());
 }
 
 TEST_F(CoordinatorRanksTest, ADroppedSchedulerKeepsTheSlotsItsRanksCopy) {

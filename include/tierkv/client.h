@@ -129,7 +129,14 @@ struct ClientOptions {
   // numbers workers from 1 again, so `scheduler` alone may name another
   // engine's scheduler). Empty: not checked. A scheduler with a tag does
   // not Reconnect (FailedPrecondition): a new attachment opens a new
-  // client with a new tag. Default: "".
+  // client with a new tag. Its attachment ends when tierkvd drops one of
+  // its ranks (the rank exited, or lost its attachment): the engine hands
+  // its events to ranks by its own path, and one handed to a rank that
+  // attached again may name slots reused since. From then on Lookup,
+  // Allocate, Commit and TakeReadyLoads fail with Unavailable (Finish
+  // still releases) and no rank attaches for it (FailedPrecondition):
+  // open a new client with a new tag, as for a lost tierkvd. Without a
+  // tag a new rank may take the place of a dropped one. Default: "".
   std::string attachment_tag;
   // How long one call may wait for tierkvd (registration included, from
   // the connect on: a tierkvd whose listen queue is full) before it fails

@@ -68,6 +68,13 @@ def _settled(observer: tierkv.Client, workers: int) -> dict:
         observer.wait_events(0.02)
 
 
+def _attached(engine: Engine) -> bool:
+    """Whether the scheduler's connector is attached (a lost client is
+    closed until it attaches anew)."""
+    client = engine.scheduler.tierkv_client
+    return client is not None and not client.closed and client.connected
+
+
 def _store_prefix(engine: Engine, rid: str, tokens: list[int],
                   **inputs) -> None:
     """A request computes `tokens` and finishes; its stores are copied."""
@@ -381,7 +388,7 @@ def test_a_tierkvd_that_refuses_the_reattach_leaves_vllm_running(
         refusals = lambda: observer.stats()["attach"]["refused_mismatch"]
         assert engine.add("r2", PREFIX + [2]) == (0, False)  # Lost.
         engine.step()  # Refused: logged, and vLLM's step goes on.
-        assert not engine.scheduler.tierkv_client.connected
+        assert engine.scheduler.tierkv_client.closed  # Lost, and closed.
         assert refusals() == 1
         # Tries again after 1 s, then 2 s, not at every step.
         for advance, tries in [(0.5, 1), (0.5, 2), (1.0, 2), (1.0, 3)]:
@@ -409,7 +416,7 @@ def test_metadata_of_a_past_scheduler_epoch_is_never_started(
     os.symlink(restarted.socket, socket_link)
     # The scheduler notices, attaches to the new tierkvd (epoch 2), and the
     # workers attach for epoch 2; worker and event ids start over there.
-    engine.run_until(lambda: engine.scheduler.tierkv_client.connected)
+    engine.run_until(lambda: _attached(engine))
     other = list(range(7000, 7000 + 2 * BLOCK))
     _store_prefix(engine, "r3", other + [1])
     assert engine.add("r4", other + [2]) == (32, True)
@@ -558,24 +565,55 @@ def test_a_rank_that_failed_to_attach_attaches_later_in_the_epoch(
     tp.shutdown()
 
 
-def test_a_rank_that_lost_its_attachment_declines_the_epochs_copies(daemon):
+def test_a_lost_rank_ends_the_epoch_and_the_next_one_copies_again(
+        daemon, caplog):
     tp = _InProcessTp(daemon)
     observer = _observer(daemon)
     tp.store("r1", 1000)
     assert _settled(observer, workers=4)["host"]["cached_slots"] == 3
-    # Rank 1's attachment is lost (its socket closed): tierkvd drops it and
-    # fails its part of what is in flight.
+    first_epoch = tp.sched._scheduler._epoch
+    # A store is handed out; before the ranks see its metadata, rank 1's
+    # attachment is lost (its socket closed) and tierkvd drops it, failing
+    # its part of what is in flight.
+    tokens = list(range(2000, 2000 + 3 * BLOCK)) + [1]
+    request = SimpleNamespace(request_id="r2", all_token_ids=tokens)
+    assert tp.sched.get_num_new_matched_tokens(request, 0) == (0, False)
+    blocks = list(range(1, 5))
+    tp.sched.update_state_after_alloc(
+        request, SimpleNamespace(get_block_ids=lambda: (blocks,)), 0)
+    cached = SimpleNamespace(req_ids=[], new_block_ids=[],
+                             num_computed_tokens=[], resumed_req_ids=set())
+    meta = tp.sched.build_connector_meta(SimpleNamespace(
+        scheduled_new_reqs=[SimpleNamespace(req_id="r2", block_ids=(blocks,),
+                                            num_computed_tokens=0)],
+        scheduled_cached_reqs=cached, num_scheduled_tokens={"r2": 49},
+        finished_req_ids=set()))
+    assert len(meta.stores) == 1
     tp.ranks[1].tierkv_client.close()
     _settled(observer, workers=3)
-    # It attaches again, but copies nothing more this epoch (metadata on
-    # its way may name events tierkvd failed for it): it declines them,
-    # so none waits for it in tierkvd.
-    tp.store("r2", 2000)
-    tp.store("r3", 3000)
+    with caplog.at_level("WARNING", logger="tierkv.vllm"):
+        for rank in tp.ranks:
+            rank.bind_connector_metadata(meta)
+            rank.start_load_kv(None)
+            rank.wait_for_save()
+            rank.clear_connector_metadata()
+        # Rank 1 does not attach again for the epoch, nor copy the store.
+        assert tp.ranks[1].tierkv_client is None
+        assert "rank 1 lost its attachment" in caplog.text
+        stats = _settled(observer, workers=3)
+        assert stats["host"]["events_in_flight"] == 0
+        assert stats["host"]["pinned_slots"] == 0
+        assert stats["host"]["cached_slots"] == 3  # Half a store: not kept.
+        # The epoch hands out nothing more: the scheduler's next lookup is
+        # refused, naming the lost rank, and it attaches anew.
+        tp.store("r3", 3000)
+    assert "lost rank 1" in caplog.text
+    assert tp.sched._scheduler._epoch != first_epoch
+    # Both ranks attach for the new epoch, and copy its stores.
+    tp.store("r4", 4000)
     stats = _settled(observer, workers=4)
     assert stats["host"]["events_in_flight"] == 0
-    assert stats["host"]["pinned_slots"] == 0
-    assert stats["host"]["cached_slots"] == 3  # Half stores are never kept.
+    assert stats["host"]["cached_slots"] == 6
     tp.shutdown()
 
 
@@ -642,10 +680,16 @@ def test_worker_killed_mid_load_releases_slots_and_a_new_rank_serves(
     engine.workers[1].kill()  # ...and it dies before completing it.
     engine.workers[0].send("step", meta, compute, finished)
     engine.collect([engine.workers[0].receive(), (set(), set(), set())])
+    _settled(observer, workers=3)  # tierkvd dropped rank 1.
+    first_epoch = engine.scheduler._scheduler._epoch
     engine.replace_worker(1)
     # Rank 1's KV of r2 is gone with it: the engine aborts the request.
     assert engine.finish("r2") is False
     engine.run_until(lambda: "r2" in engine.received)
+    # Losing rank 1 ended the scheduler's attachment: at its next call it
+    # attaches anew, and both ranks attach for the new epoch.
+    engine.run_until(lambda: engine.scheduler._scheduler._epoch not in (
+        "", first_epoch))
 
     stats = _settled(observer, workers=4)
     assert stats["host"]["pinned_slots"] == 0

@@ -472,9 +472,14 @@ class _SchedulerSide:
         return None
 
     def _lose(self) -> None:
-        """tierkvd forgot this attachment's requests: loads not handed out
-        will never be copied, nothing more is stored for them."""
+        """The attachment is over (tierkvd lost, or it ended the attachment
+        when a rank was lost): loads not handed out will never be copied,
+        nothing more is stored for its requests."""
         self._connected = False
+        if self._client is not None:
+            # Its requests' pins go now (a tierkvd that ended the
+            # attachment still holds them until the socket closes).
+            self._client.close()
         for rid, req in self._requests.items():
             if req.pending:
                 self._failed_recvs.append(FailedRecv(rid, req.load_blocks))
@@ -517,8 +522,6 @@ class _SchedulerSide:
                            self._retry.wait)
             self._retry.failed()
             return False
-        if self._client is not None:
-            self._client.close()  # Lost: tierkvd forgot it already.
         self._client = client
         self._retry.reset()
         self._connected = True
@@ -753,10 +756,10 @@ class _WorkerSide:
     epoch other than the one this rank is attached for, or sent while the
     attachment for its epoch is lost or could not be made, fails here
     (loads are reported as load errors, stores are not copied). The rank
-    attaches anew, with Client.open, when the metadata brings a new epoch,
-    and tries again within the epoch at most once per reconnect_wait (the
-    epoch's events wait for every rank in tierkvd): after a failed attach
-    it then copies as usual, after a lost one it only declines (_lost).
+    attaches anew, with Client.open, when the metadata brings a new epoch.
+    After a failed attach it tries again within the epoch at most once per
+    reconnect_wait (the epoch's events wait for every rank in tierkvd), then
+    copies as usual. After a lost one it waits for the next epoch (_lost).
     """
 
     def __init__(self, config: TierkvConfig) -> None:
@@ -771,10 +774,12 @@ class _WorkerSide:
         # Events of this epoch that came while the rank was not attached.
         self._undeclined: list[Any] = []
         # This epoch's attachment was lost. tierkvd then failed this rank's
-        # part of the events in flight; metadata still on its way may name
-        # them, and their slots may be another event's by now, while the
-        # rank cannot tell them from later ones. So for the rest of the
-        # epoch the rank copies nothing: attached again, it declines.
+        # part of the events in flight, and ended the scheduler's attachment
+        # (it has a tag): the epoch hands out no more events, and the
+        # scheduler attaches anew at its next call. Metadata still on its way
+        # may name the failed events, whose slots may be another event's by
+        # now, so the rank copies nothing more this epoch and does not
+        # attach for it again.
         self._lost = False
         # (kind, event id) -> (request id, event) of copies started here.
         self._in_flight: dict[tuple[str, int], tuple[str, Any]] = {}
@@ -835,13 +840,16 @@ class _WorkerSide:
             return False
         if meta.epoch == self._epoch:
             if self._client is not None and not self._connected():
-                self._detach()  # Lost (see _lost).
-            # Not attached (the attach failed, or was lost): tierkvd
-            # completes the epoch's events once every rank has, so tried
-            # again, at most once per reconnect_wait.
-            if self._client is None and self._retry.due():
+                logger.error("tierkv: rank %d lost its attachment; it copies "
+                             "nothing until the scheduler attaches anew",
+                             self._rank)
+                self._detach()  # See _lost.
+            # Never attached (the attach failed): tierkvd completes the
+            # epoch's events once every rank has, so tried again, at most
+            # once per reconnect_wait.
+            if self._client is None and not self._lost and self._retry.due():
                 self._open(meta)
-            return self._client is not None and not self._lost
+            return self._client is not None
         if meta.epoch in self._past_epochs:
             return False  # Metadata older than the attachment.
         self._detach()
@@ -877,11 +885,6 @@ class _WorkerSide:
                            meta.scheduler, e, self._retry.wait)
             self._retry.failed()
             return False
-        if self._lost:
-            logger.error("tierkv: rank %d lost its attachment in this epoch; "
-                         "attached again, it declines the epoch's copies "
-                         "(loads fail, stores are not kept) until the "
-                         "scheduler attaches anew", self._rank)
         self._flush_declines()
         return True
 
@@ -897,6 +900,8 @@ class _WorkerSide:
         self._client.close()
         self._client = None
         self._lost = True  # Until the next epoch: see _lost.
+        # Dropping this client failed this rank's part of them in tierkvd.
+        self._undeclined.clear()
         for rid, event in list(self._in_flight.values()):
             self._settle(rid, event, ok=False, loaded=0)
         self._in_flight.clear()
@@ -921,35 +926,28 @@ class _WorkerSide:
 
     def _not_copied(self, op: Any, attached: bool) -> None:
         """A load or store (LoadOp, StoreOp) this rank does not copy: failed
-        here. One of this epoch that came while the rank was not attached
-        (or after it lost its attachment) is declined once it is attached
-        (tierkvd would wait for this rank's part of it for good)."""
-        if not attached and op.epoch == self._epoch:
+        here. One of this epoch that came before the rank first attached
+        is declined once it is (tierkvd would wait for this rank's part of
+        it for good); after a lost attachment tierkvd failed it already."""
+        if not attached and op.epoch == self._epoch and not self._lost:
             self._undeclined.append(op.event)
         self._settle(op.request_id, op.event, ok=False, loaded=0)
 
     def _flush_declines(self) -> None:
-        """Declines the events _not_copied kept, when attached. After a lost
-        attachment one at a time: tierkvd failed this rank's part of those
-        in flight at the loss, and refuses a batch naming one of them."""
+        """Declines the events _not_copied kept, once attached."""
         if self._client is None or not self._undeclined:
             return
         events, self._undeclined = self._undeclined, []
-        if self._lost:
-            for event in events:
-                self._decline([event], quiet=True)
-            return
         for i in range(0, len(events), _DECLINES_PER_CALL):
             self._decline(events[i:i + _DECLINES_PER_CALL])
 
-    def _decline(self, events: list, quiet: bool = False) -> None:
+    def _decline(self, events: list) -> None:
         """Reports this rank's part of `events` failed, in one round trip."""
         try:
             self._client.decline(events)
         except tierkv.Error as e:
-            (logger.debug if quiet else logger.warning)(
-                "tierkv: rank %d: cannot decline %d event(s): %s", self._rank,
-                len(events), e)
+            logger.warning("tierkv: rank %d: cannot decline %d event(s): %s",
+                           self._rank, len(events), e)
 
     def _start(self, rid: str, event: Any) -> bool:
         try:
@@ -972,7 +970,7 @@ class _WorkerSide:
         for op in stores:
             self._stores_left[op.request_id] = (
                 self._stores_left.get(op.request_id, 0) + 1)
-            attached = self._connected() and not self._lost
+            attached = self._connected()
             if (attached and op.epoch == self._epoch
                     and self._start(op.request_id, op.event)):
                 started.append(("store", op.event.id))
