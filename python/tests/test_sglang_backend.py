@@ -66,14 +66,15 @@ def _indices(pages: list[int]) -> torch.Tensor:
                       for p in pages]).to(torch.int64)
 
 
-def _storage(socket: str, rank: int = 0, size: int = 1) -> TierkvStorage:
+def _storage(socket: str, rank: int = 0, size: int = 1,
+             **extra) -> TierkvStorage:
     config = SimpleNamespace(
         tp_rank=rank, tp_size=size, pp_rank=0, pp_size=1,
         is_mla_model=False, is_page_first_layout=False, model_name=None,
         extra_config={"backend_name": "tierkv",
                       "module_path": "tierkv.sglang",
                       "class_name": "TierkvStorage", "interface_v1": 1,
-                      "socket": socket})
+                      "socket": socket, **extra})
     return TierkvStorage(config, {})
 
 
@@ -275,7 +276,7 @@ def test_sglang_starts_before_tierkvd_and_attaches_later(start_tierkvd,
     link = str(tmp_path / "tierkvd.sock")  # Nothing there yet.
     pool = HostPool("layer_first")
     pool.fill(0, seed=6)
-    backend = _storage(link)
+    backend = _storage(link, reconnect_wait=0)  # Tries at every call.
     backend.register_mem_pool_host(pool)  # SGLang's start goes on.
     assert backend.client is None
     assert backend.batch_exists(["k"]) == 0
@@ -294,6 +295,44 @@ def test_sglang_starts_before_tierkvd_and_attaches_later(start_tierkvd,
     assert backend.batch_set_v1(["k"], _indices([0])) == [True]
     assert backend.batch_get_v1(["k"], _indices([1])) == [True]
     assert torch.equal(pool.page(1), pool.page(0))
+
+
+def test_tries_to_attach_are_spaced_out_and_start_over_once_attached(
+        start_tierkvd, tmp_path, monkeypatch):
+    # The backend's clock, which only the test moves.
+    clock = [100.0]
+    monkeypatch.setattr(tierkv.sglang, "time",
+                        SimpleNamespace(monotonic=lambda: clock[0]))
+    link = str(tmp_path / "tierkvd.sock")  # Nothing there yet.
+    pool = HostPool("layer_first")
+    pool.fill(0, seed=7)
+    backend = _storage(link)
+    backend.register_mem_pool_host(pool)  # A failed try: the next in 1 s.
+    # A tierkvd that refuses the backend (another model).
+    layout = tierkv.KvLayout(LAYERS, HEADS, HEAD_DIM, block_size=PAGE,
+                             dtype="bf16")
+    other = start_tierkvd(layout=layout, model="another/model")
+    os.symlink(other.socket, link)
+    observer = tierkv.Client.open(other.socket, layout, 1,
+                                  model="another/model", name="observer")
+    refusals = lambda: observer.stats()["attach"]["refused_mismatch"]
+    # Every call is a miss; tierkvd is asked 1 s, 2 s, then 4 s after the
+    # last try, not at every call.
+    for advance, tries in [(0.0, 0), (1.0, 1), (1.0, 1), (1.0, 2),
+                           (3.9, 2), (0.1, 3)]:
+        clock[0] += advance
+        assert backend.batch_exists(["k"]) == 0
+        assert backend.batch_set_v1(["k"], _indices([0])) == [False]
+        assert refusals() == tries, (advance, tries)
+    # Once it attaches, the waits start over.
+    served = start_tierkvd(layout=layout)
+    os.unlink(link)
+    os.symlink(served.socket, link)
+    clock[0] += 8.0
+    assert backend.batch_set_v1(["k"], _indices([0])) == [True]
+    assert backend.batch_get_v1(["k"], _indices([1])) == [True]
+    assert torch.equal(pool.page(1), pool.page(0))
+    assert backend._retry.wait == 1.0
 
 
 def test_a_key_another_worker_is_storing_is_not_a_failed_set(daemon):

@@ -7,7 +7,8 @@ matched by its name, so the connectors import without an engine installed.
 
 from __future__ import annotations
 
-from typing import Any
+import time
+from typing import Any, Callable
 
 # torch's names (str(torch.float16) is "torch.float16") and the words engine
 # configurations use ("half", "bfloat16", "auto" resolved by the caller).
@@ -49,3 +50,33 @@ def config_value(config: Any, name: str, default: Any = None) -> Any:
     if isinstance(config, dict):
         return config.get(name, default)
     return getattr(config, name, default)
+
+
+class Backoff:
+    """When to try attaching to tierkvd again: at once at first, then `first`
+    seconds after a failure, doubling per failure up to `most` (or `first`,
+    if that is more); a success starts over. Each try may take a call
+    timeout on the engine's path, so a tierkvd that stays away, or refuses,
+    is not asked at every call."""
+
+    def __init__(self, first: float, most: float = 30.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._first = first
+        self._most = max(most, first)
+        self._clock = clock
+        self.wait = first  # After the next failure.
+        self._at = float("-inf")
+
+    def due(self) -> bool:
+        return self._clock() >= self._at
+
+    def left(self) -> float:
+        """Seconds until the next try is due (0 when it is)."""
+        return max(0.0, self._at - self._clock())
+
+    def failed(self) -> None:
+        self._at = self._clock() + self.wait
+        self.wait = min(2 * self.wait, self._most)
+
+    def reset(self) -> None:
+        self.wait = self._first

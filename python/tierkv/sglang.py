@@ -51,7 +51,7 @@ from typing import Any, List, Optional
 import numpy as np
 
 import tierkv
-from tierkv._engines import config_value, layout_dtype
+from tierkv._engines import Backoff, config_value, layout_dtype
 
 logger = logging.getLogger(__name__)
 
@@ -128,8 +128,9 @@ class TierkvStorage(HiCacheStorage):
     Constructed by SGLang's backend factory as TierkvStorage(storage_config,
     kwargs); SGLang then calls register_mem_pool_host with the host pool.
     Extra config keys: socket, model (default: SGLang's model name; must
-    match tierkvd --model), tenant, name, call_timeout and batch_timeout
-    (seconds).
+    match tierkvd --model), tenant, name, call_timeout, batch_timeout and
+    reconnect_wait (seconds: after a failed attach, how long calls are
+    misses before the next try; doubles per failure up to 30 s; default 1).
     """
 
     def __init__(self, storage_config: Any, kwargs: Optional[dict] = None
@@ -149,6 +150,10 @@ class TierkvStorage(HiCacheStorage):
         self._call_timeout = float(extra.get("call_timeout", 5.0))
         self._batch_timeout = float(extra.get("batch_timeout",
                                               DEFAULT_BATCH_TIMEOUT))
+        # Each try to attach may take call_timeout, in HiCache's threads.
+        self._retry = Backoff(
+            max(0.0, float(extra.get("reconnect_wait", 1.0))),
+            clock=lambda: time.monotonic())
         tp_rank = int(config_value(storage_config, "tp_rank", 0))
         tp_size = int(config_value(storage_config, "tp_size", 1))
         self._salt = f"tp{tp_rank}/{tp_size}"
@@ -196,16 +201,28 @@ class TierkvStorage(HiCacheStorage):
                 self._client.close()
                 self._client = None
             self._device = device
+            self._retry.reset()
             try:
-                self._open()
+                self._attach()
             except _TRANSIENT as e:
                 self._degraded("attach", e)
 
-    def _open(self) -> Any:
-        self._client = tierkv.Client.open(
-            self._socket, self._layout, model=self._model,
-            tenant=self._tenant, name=self._name or f"sglang-{self._salt}",
-            device=self._device, call_timeout=self._call_timeout)
+    def _attach(self) -> Any:
+        """Opens the client, or attaches the lost one again; a failure
+        puts the next try off (reconnect_wait)."""
+        try:
+            if self._client is None:
+                self._client = tierkv.Client.open(
+                    self._socket, self._layout, model=self._model,
+                    tenant=self._tenant,
+                    name=self._name or f"sglang-{self._salt}",
+                    device=self._device, call_timeout=self._call_timeout)
+            else:
+                self._client.reconnect()
+        except tierkv.Error:
+            self._retry.failed()
+            raise
+        self._retry.reset()
         return self._client
 
     @property
@@ -218,11 +235,14 @@ class TierkvStorage(HiCacheStorage):
             raise tierkv.FailedPreconditionError(
                 "register_mem_pool_host was not called: the backend has no "
                 "host pool to copy into")
+        if self._client is not None and self._client.connected:
+            return self._client
+        if not self._retry.due():
+            raise tierkv.UnavailableError(
+                f"not attached to tierkvd on {self._socket}: the last try "
+                f"failed; the next in {self._retry.left():.1f} s")
         try:
-            if self._client is None:
-                return self._open()
-            if not self._client.connected:
-                self._client.reconnect()
+            return self._attach()
         except tierkv.Error as e:
             if isinstance(e, _TRANSIENT):
                 raise
@@ -231,7 +251,6 @@ class TierkvStorage(HiCacheStorage):
             # a miss, logged, until tierkvd is one that accepts it.
             raise tierkv.UnavailableError(
                 f"tierkvd on {self._socket} refuses this backend: {e}") from e
-        return self._client
 
     def _tokens(self, key: str) -> np.ndarray:
         return key_tokens(key, self._salt, self._page_size)

@@ -56,7 +56,7 @@ import uuid
 from typing import Any, Iterable, Optional
 
 import tierkv
-from tierkv._engines import config_value, layout_dtype
+from tierkv._engines import Backoff, config_value, layout_dtype
 
 logger = logging.getLogger(__name__)
 
@@ -115,33 +115,16 @@ DEFAULT_SOCKET = "/run/tierkv/tierkvd.sock"
 DEFAULT_SAVE_TIMEOUT = 60.0
 _LOST = (tierkv.UnavailableError, tierkv.DeadlineExceededError)
 
-class _Backoff:
-    """When to try attaching again: at once at first, then `first` seconds
-    after a failure, doubling per failure up to _RETRY_MAX_S (or `first`,
-    if that is more); a success starts over."""
-
-    def __init__(self, first: float) -> None:
-        self._first = first
-        self.wait = first  # After the next failure.
-        self._at = 0.0
-
-    def due(self) -> bool:
-        return time.monotonic() >= self._at
-
-    def failed(self) -> None:
-        self._at = time.monotonic() + self.wait
-        self.wait = min(2 * self.wait, max(_RETRY_MAX_S, self.wait))
-
-    def reset(self) -> None:
-        self.wait = self._first
-
-
 # Events one Client.decline reports at most (a message's cap is far above).
 _DECLINES_PER_CALL = 1024
 
-# The scheduler's waits between tries to attach again (reconnect_wait).
+# The scheduler's first wait between tries to attach again (reconnect_wait).
 _RETRY_FIRST_S = 1.0
-_RETRY_MAX_S = 30.0
+
+
+def _backoff(first: float) -> Backoff:
+    # The clock read through this module, so a test can move it.
+    return Backoff(first, clock=lambda: time.monotonic())
 
 
 # ---------------------------------------------------------------------------
@@ -449,7 +432,7 @@ class _SchedulerSide:
         self._failed_recvs: list[FailedRecv] = []
         self._delayed: list[str] = []
         # Each try to attach may take call_timeout, on vLLM's scheduling path.
-        self._retry = _Backoff(config.reconnect_wait)
+        self._retry = _backoff(config.reconnect_wait)
         self._ensure_connected(starting=True)
 
     @property
@@ -770,7 +753,7 @@ class _WorkerSide:
         self._epoch = ""  # The scheduler epoch of the last attach attempt.
         self._past_epochs: set[str] = set()  # Never attached for again.
         # When to try attaching for this epoch again.
-        self._retry = _Backoff(config.reconnect_wait)
+        self._retry = _backoff(config.reconnect_wait)
         # Events of this epoch that came while the rank was not attached.
         self._undeclined: list[Any] = []
         # This epoch's attachment was lost. tierkvd then failed this rank's
