@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "python/src/native.h"
+#include "tierkv/block_key.h"
 #include "tierkv/embedded.h"
 #include "tierkv/stats.h"
 
@@ -360,14 +361,27 @@ void RegisterMethods(py::class_<PyClient>& cls) {
       .def(
           "lookup_chunk",
           [](const PyClient& c, RequestId request, const py::handle& tokens,
-             int64_t virtual_start) {
+             int64_t virtual_start, const std::string& rope_config,
+             const std::string& variant) {
             std::vector<TokenId> t = Tokens(tokens);
+            // Neither named: the keys of chunks stored with no variant.
+            const BlockKey v = rope_config.empty() && variant.empty()
+                                   ? BlockKey{}
+                                   : ChunkVariant(rope_config, variant);
             return ValueOrRaise(c.Call([&](Client& client) {
-              return client.LookupChunk(request, t, virtual_start);
+              return client.LookupChunk(request, t, virtual_start, v);
             }));
           },
           py::arg("request_id"), py::arg("tokens"),
-          py::arg("virtual_start") = 0)
+          py::arg("virtual_start") = 0, py::kw_only(),
+          py::arg("rope_config") = "", py::arg("variant") = "",
+          "Looks a position-independent chunk up by its content, the "
+          "virtual position its KV is computed at, and its variant: "
+          "rope_config (a C++ RopeConfig::ToString(), to share a C++ "
+          "ChunkKvStore's chunks) and variant (what else changes the KV: "
+          "an adapter, a salt). Allocate and commit store it under the same "
+          "keys. KV keyed under one variant is never served to another; "
+          "with neither named, the chunk's keys carry no variant.")
       .def(
           "allocate",
           [](const PyClient& c, RequestId request,

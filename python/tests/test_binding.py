@@ -84,6 +84,31 @@ def test_attach_store_load_on_the_emulated_device(tierkvd, layout):
         assert client.transfers_in_flight == 0
 
 
+def test_chunks_are_keyed_by_their_virtual_start_and_variant(tierkvd,
+                                                             layout):
+    with tierkv.Client.open(tierkvd.socket, layout, 8, name="py") as client:
+        chunk = prompt(3, 2)
+        rope = "rope(theta=10000)"  # As a C++ RopeConfig::ToString() names.
+        keyed = dict(virtual_start=16, rope_config=rope, variant="adapter-a")
+        assert client.lookup_chunk(1, chunk, **keyed).hit_tokens == 0
+        client.allocate(1, [0, 1], 0)
+        assert len(client.commit(1, len(chunk), [0, 1]).stores) == 1
+        wait_all(client, 1)
+        client.finish(1)
+
+        def hits(**keys) -> int:
+            found = client.lookup_chunk(2, chunk, **keys).hit_tokens
+            client.finish(2)
+            return found
+
+        assert hits(**keyed) == len(chunk)
+        assert hits(**dict(keyed, variant="adapter-b")) == 0
+        assert hits(**dict(keyed, rope_config="rope(theta=500000)")) == 0
+        assert hits(**dict(keyed, virtual_start=0)) == 0
+        assert hits(virtual_start=16, variant="adapter-a") == 0
+        assert hits(virtual_start=16) == 0  # No variant: other keys.
+
+
 def test_registered_torch_tensors_in_vllm_paged_layout(tierkvd, layout):
     caches = paged_caches(layout, num_blocks=8)
     before = [c.clone() for c in caches]
