@@ -615,6 +615,36 @@ TEST_F(SupplementaryGroupTest, AMemberByItsSupplementaryGroupAttaches) {
   EXPECT_THAT(out->output(), HasSubstr("Permission denied"));
 }
 
+// The kv events sockets on ipc:// paths are the group's too, with the
+// socket's mode: a router of the group subscribes, another user cannot.
+TEST_F(SupplementaryGroupTest, IpcKvEventSocketsAreGivenTheGroup) {
+  const std::string events = dir_ + "/events.sock";
+  const std::string replay = dir_ + "/replay.sock";
+  StartDaemon("1M", {"--group", TestUsers::kGroup, "--mode", "0660",
+                     "--kv-events-endpoint", "ipc://" + events,
+                     "--kv-events-replay-endpoint", "ipc://" + replay});
+  const gid_t gid = getgrnam(TestUsers::kGroup)->gr_gid;
+  for (const std::string& path : {events, replay}) {
+    struct stat st {};
+    ASSERT_EQ(stat(path.c_str(), &st), 0) << path;
+    EXPECT_EQ(st.st_gid, gid) << path;
+    // The umask of --mode 0660: the group reads and writes, others nothing.
+    EXPECT_EQ(st.st_mode & 0067, 0060u) << path;
+    // What the kernel allows: a connect to the socket as each user.
+    const std::vector<std::string> connect = {
+        "/usr/bin/python3", "-c",
+        "import socket,sys; s=socket.socket(socket.AF_UNIX); "
+        "s.connect(sys.argv[1]); print('connected')",
+        path};
+    auto member = Spawn(TestUsers::As(TestUsers::kMember, connect));
+    EXPECT_EQ(member->Wait(), 0) << member->output();
+    EXPECT_THAT(member->output(), HasSubstr("connected"));
+    auto outsider = Spawn(TestUsers::As(TestUsers::kOutsider, connect));
+    EXPECT_NE(outsider->Wait(), 0);
+    EXPECT_THAT(outsider->output(), HasSubstr("Permission denied"));
+  }
+}
+
 // A tenant is a name a worker claims: another user's worker that claims
 // tierkvd's user's tenant is put in a tenant of its own and sees none of
 // its blocks.

@@ -307,7 +307,8 @@ po::options_description SettingOptions(DaemonCommand& command,
       "tier's files and the log file get no more")(
       "group", po::value(&raw.group),
       "let this group's workers attach and read stats too, as primary or "
-      "supplementary group (needs --mode 0660)")(
+      "supplementary group, and its routers subscribe to ipc:// kv events "
+      "(needs --mode 0660)")(
       "admin-group", po::value(&raw.admin_group),
       "let this group give operator orders too (tierkv-admin clear, evict); "
       "without it only tierkvd's user and root may")(

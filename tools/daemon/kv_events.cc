@@ -5,11 +5,14 @@
 #include "tools/daemon/kv_events.h"
 
 #include <spdlog/spdlog.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
+#include <cerrno>
 #include <chrono>
 #include <climits>
+#include <cstring>
 #include <deque>
 #include <limits>
 #include <msgpack.hpp>
@@ -122,6 +125,27 @@ double SystemSeconds() {
   return std::chrono::duration<double>(
              std::chrono::system_clock::now().time_since_epoch())
       .count();
+}
+
+// Gives the socket file of an ipc:// `endpoint` bound by `option` (a
+// flag's name, for the error) to `group`; nothing for other transports.
+Status GiveIpcSocketTo(const std::optional<gid_t>& group,
+                       std::string_view option, std::string_view endpoint) {
+  constexpr std::string_view kIpc = "ipc://";
+  if (!group.has_value() || !endpoint.starts_with(kIpc)) return Status::Ok();
+  const std::string path(endpoint.substr(kIpc.size()));
+  if (chown(path.c_str(), static_cast<uid_t>(-1), *group) == 0) {
+    return Status::Ok();
+  }
+  const int err = errno;
+  std::string message = std::string(option) + " " + std::string(endpoint) +
+                        ": cannot give the socket to group " +
+                        std::to_string(*group) +
+                        " (--group): " + std::strerror(err);
+  if (err == EPERM || err == EACCES) {
+    return Status::PermissionDenied(std::move(message));
+  }
+  return Status::Unavailable(std::move(message));
 }
 
 // vLLM's rule: bind an address with a wildcard, or ipc / inproc; connect to
@@ -596,6 +620,8 @@ Status KvEventPublisher::Start() {
     return Status::InvalidArgument("--kv-events-endpoint " + endpoint + ": " +
                                    e.what());
   }
+  TIERKV_RETURN_IF_ERROR(GiveIpcSocketTo(impl->options.ipc_group,
+                                         "--kv-events-endpoint", endpoint));
   const std::string& replay = impl->options.replay_endpoint;
   if (!replay.empty()) {
     try {
@@ -615,6 +641,8 @@ Status KvEventPublisher::Start() {
       return Status::InvalidArgument("--kv-events-replay-endpoint " + replay +
                                      ": " + e.what());
     }
+    TIERKV_RETURN_IF_ERROR(GiveIpcSocketTo(
+        impl->options.ipc_group, "--kv-events-replay-endpoint", replay));
   }
   impl->thread = std::thread([impl] { impl->Run(); });
   return Status::Ok();

@@ -12,6 +12,8 @@
 #ifndef TIERKV_TOOLS_DAEMON_KV_EVENTS_H_
 #define TIERKV_TOOLS_DAEMON_KV_EVENTS_H_
 
+#include <sys/types.h>
+
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -119,6 +121,11 @@ struct KvEventPublisherOptions {
   KvEventHashFormat hash_format = KvEventHashFormat::kInt64;
   // Seconds since the epoch of a batch (its ts). Default: the system clock.
   std::function<double()> clock = {};
+  // The group an ipc:// socket file is given once bound (tierkvd's
+  // --group), so that routers of the group may subscribe; its mode comes
+  // from the process's umask (tierkvd's --mode). Default: none (the
+  // process's group).
+  std::optional<gid_t> ipc_group = {};
 };
 
 struct KvEventPublisherStats {
@@ -136,7 +143,8 @@ std::string FormatKvEventMetrics(const KvEventPublisherStats& stats,
 class KvEventPublisher final : public CacheEventSink {
  public:
   // Binds (or connects) the sockets and starts the thread. InvalidArgument
-  // naming the endpoint when ZeroMQ refuses it.
+  // naming the endpoint when ZeroMQ refuses it; PermissionDenied when an
+  // ipc:// socket cannot be given ipc_group.
   static StatusOr<std::unique_ptr<KvEventPublisher>> Create(
       KvEventPublisherOptions options);
   // A publisher that queues events and touches no socket until Start:
