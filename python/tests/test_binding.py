@@ -205,6 +205,61 @@ def test_embedded_with_a_disk_tier(tmp_path, layout):
         assert torch.equal(cache[:, 1], cache[:, 0])
 
 
+def test_torch_copies_move_the_bytes_a_registered_device_does(tierkvd,
+                                                             layout):
+    """TorchCopier (the vLLM connector's copies for tensors off the host)
+    against RegisteredDevice, in FlashInfer's [blocks, 2, ...] layout and
+    per rank: a block stored as two torch rank shards loads whole through
+    tierkv's copy engine, and back."""
+    from tierkv._torch_copy import TorchCopier
+    full = paged_caches(layout, num_blocks=4)  # [2, blocks, block, heads, dim]
+    flash = [c.transpose(0, 1).contiguous() for c in full]  # [blocks, 2, ...]
+    half = layout.num_kv_heads // 2
+    shards = [[f[:, :, :, r * half:(r + 1) * half].clone() for f in flash]
+              for r in (0, 1)]
+    tokens = prompt(8, 1)
+    with tierkv.Client.open(tierkvd.socket, layout, 4, copies="ranks",
+                            ranks=2) as scheduler:
+        ranks = [tierkv.Client.open(
+            tierkvd.socket, layout, 4, copies="caller",
+            scheduler=scheduler.worker_id, rank=r) for r in (0, 1)]
+        copiers = [TorchCopier(layout, [(t[:, 0], t[:, 1]) for t in shards[r]],
+                               rank=r, num_ranks=2) for r in (0, 1)]
+        scheduler.lookup(1, tokens)
+        scheduler.allocate(1, [2], 0)
+        stored = scheduler.commit(1, len(tokens), [2]).stores[0]
+        for r in (0, 1):
+            copiers[r].store(ranks[r], stored)
+            ranks[r].complete([tierkv.FinishedTransfer(stored, None,
+                                                       ranks[r].session)])
+        scheduler.finish(1)
+        for r in ranks:
+            r.close()
+    # Loaded whole into block 0 by tierkv's copy engine: the halves met.
+    whole = [torch.zeros_like(c) for c in full]
+    device = tierkv.RegisteredDevice.paged(layout, whole)
+    with tierkv.Client.open(tierkvd.socket, layout, device=device) as client:
+        load(client, 2, tokens, [0])
+        # Stored by tierkv's copy engine from block 0, loaded by torch into
+        # block 3 of one all-heads FlashInfer cache.
+        store(client, 3, prompt(9, 1), [0])
+    for layer, cache in enumerate(whole):
+        assert torch.equal(cache[:, 0], full[layer][:, 2])
+    back = [torch.zeros_like(f) for f in flash]
+    with tierkv.Client.open(tierkvd.socket, layout, 4,
+                            copies="caller") as client:
+        copier = TorchCopier(layout, [(t[:, 0], t[:, 1]) for t in back])
+        hit = client.lookup(4, prompt(9, 1) + [7])
+        assert hit.hit_tokens == BLOCK
+        event = client.allocate(4, [3], BLOCK).load
+        copier.load(client, event)
+        client.complete([tierkv.FinishedTransfer(event, None,
+                                                 client.session)])
+        client.finish(4)
+    for layer, f in enumerate(back):
+        assert torch.equal(f[3], flash[layer][2])
+
+
 def test_caller_mode_copies_through_host_block_views(tierkvd, layout):
     with tierkv.Client.open(tierkvd.socket, layout, 4,
                             copies="caller") as client:

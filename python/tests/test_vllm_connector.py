@@ -120,16 +120,22 @@ def test_config_from_vllm_without_vllm_installed():
     config.kv_transfer_config.kv_connector_extra_config["dtype"] = "f16"
     assert tierkv.vllm.TierkvConfig.from_vllm_config(
         config).layout.dtype == "f16"
+    assert tierkv.vllm.TierkvConfig.from_vllm_config(
+        config).copy_engine == "auto"
+    config.kv_transfer_config.kv_connector_extra_config["copy_engine"] = "cuda"
+    with pytest.raises(ValueError, match="copy_engine"):
+        tierkv.vllm.TierkvConfig.from_vllm_config(config)
 
 
 @pytest.mark.parametrize("shape", [
     (2, 8, BLOCK, KV_HEADS // 2, HEAD_DIM),  # vLLM's FlashAttention layout.
     (8, 2, BLOCK, KV_HEADS // 2, HEAD_DIM),  # FlashInfer's.
 ])
-def test_worker_registers_paged_kv_caches_of_its_shard(shape):
+@pytest.mark.parametrize("copy_engine", ["tierkv", "torch"])
+def test_worker_registers_paged_kv_caches_of_its_shard(shape, copy_engine):
     extra = {"num_layers": LAYERS, "num_kv_heads": KV_HEADS,
              "head_dim": HEAD_DIM, "block_size": BLOCK, "dtype": "bf16",
-             "tp_size": 2, "rank": 1, "model": ""}
+             "tp_size": 2, "rank": 1, "model": "", "copy_engine": copy_engine}
     worker = tierkv.vllm.TierkvConnector(vllm_config(extra),
                                          tierkv.vllm.KVConnectorRole.WORKER)
     caches = {f"layer.{l}": torch.zeros(shape, dtype=torch.bfloat16)
@@ -141,6 +147,10 @@ def test_worker_registers_paged_kv_caches_of_its_shard(shape):
                                dtype=torch.bfloat16) for name in caches}
     with pytest.raises(tierkv.InvalidArgumentError, match="shape"):
         worker.register_kv_caches(whole)
+    # Another dtype than the layout's: refused, naming it.
+    f16 = {name: t.to(torch.float16) for name, t in caches.items()}
+    with pytest.raises(tierkv.InvalidArgumentError, match="dtype|bf16"):
+        worker.register_kv_caches(f16)
 
 
 def test_a_two_block_cache_needs_its_layout_named():
@@ -201,6 +211,36 @@ def test_stored_prefix_loads_on_both_ranks(engine, daemon):
     stats = _settled(observer, workers=4)
     assert stats["host"]["pinned_slots"] == 0
     assert stats["host"]["loads_completed"] == 4
+
+
+def test_torch_copies_and_tierkvs_serve_each_other(socket_link, daemon):
+    """Ranks that copy with torch (as on a GPU: copies="caller" through the
+    host slots) store and load the same bytes as tierkv's copy engine: each
+    loads what the other stored, verified on both ranks."""
+    extra = {"socket": socket_link, "model": "", "num_layers": LAYERS,
+             "num_kv_heads": KV_HEADS, "head_dim": HEAD_DIM,
+             "block_size": BLOCK, "dtype": "bf16", "tp_size": 2,
+             "reconnect_wait": 0}
+    other = list(range(5000, 5000 + 3 * BLOCK))
+    for first, second in (("torch", "tierkv"), ("tierkv", "torch")):
+        prompt = PREFIX + [len(first)] if first == "torch" else other + [1]
+        e = Engine(dict(extra, copy_engine=first))
+        try:
+            _store_prefix(e, "store", prompt)
+        finally:
+            e.close()
+        e = Engine(dict(extra, copy_engine=second))
+        try:
+            hit = len(prompt) - 1
+            assert e.add("load", prompt[:-1] + [99]) == (hit, True)
+            e.run_until(lambda: "load" in e.received)
+            assert e.load_errors == set()
+            assert e.verify("load", hit) == {0: [], 1: []}
+        finally:
+            e.close()
+    stats = _settled(_observer(daemon), workers=1)
+    assert stats["host"]["pinned_slots"] == 0
+    assert stats["host"]["stores_failed"] == 0
 
 
 def _image(identifier: str) -> list:
@@ -468,12 +508,12 @@ class _InProcessTp:
     can make one rank's attach fail, or drop its client), stepped in vLLM's
     order."""
 
-    def __init__(self, daemon) -> None:
+    def __init__(self, daemon, **extra) -> None:
         self.extra = {"socket": daemon.socket, "model": "",
                       "num_layers": LAYERS, "num_kv_heads": KV_HEADS,
                       "head_dim": HEAD_DIM, "block_size": BLOCK,
                       "dtype": "bf16", "tp_size": 2, "num_device_blocks": 16,
-                      "reconnect_wait": 0}
+                      "reconnect_wait": 0, **extra}
         role = tierkv.vllm.KVConnectorRole
         self.sched = tierkv.vllm.TierkvConnector(
             vllm_config(self.extra), role.SCHEDULER,
@@ -614,6 +654,32 @@ def test_a_lost_rank_ends_the_epoch_and_the_next_one_copies_again(
     stats = _settled(observer, workers=4)
     assert stats["host"]["events_in_flight"] == 0
     assert stats["host"]["cached_slots"] == 6
+    tp.shutdown()
+
+
+def test_a_torch_copy_that_fails_is_reported_not_raised(daemon, monkeypatch,
+                                                        caplog):
+    from tierkv._torch_copy import TorchCopier
+    tp = _InProcessTp(daemon, copy_engine="torch")
+    observer = _observer(daemon)
+    real_store = TorchCopier.store
+
+    def failing_on_rank1(self, client, event):
+        if self is tp.ranks[1]._worker._copier:
+            raise RuntimeError("CUDA error: an illegal memory access")
+        real_store(self, client, event)
+
+    monkeypatch.setattr(TorchCopier, "store", failing_on_rank1)
+    with caplog.at_level("WARNING", logger="tierkv.vllm"):
+        tp.store("r1", 1000)  # Neither raises into vLLM's step.
+    assert "illegal memory access" in caplog.text
+    stats = _settled(observer, workers=4)
+    assert stats["host"]["events_in_flight"] == 0
+    assert stats["host"]["pinned_slots"] == 0
+    assert stats["host"]["cached_slots"] == 0  # Half a store: never kept.
+    monkeypatch.setattr(TorchCopier, "store", real_store)
+    tp.store("r2", 2000)
+    assert _settled(observer, workers=4)["host"]["cached_slots"] == 3
     tp.shutdown()
 
 

@@ -149,7 +149,11 @@ class TierkvConfig:
     kv_layout: "paged" (per layer [2, num_blocks, block_size, heads,
     head_dim], FlashAttention's) or "flashinfer" ([num_blocks, 2, ...]);
     by default told from the tensors' shape, which a cache of 2 blocks
-    leaves ambiguous (then naming it is required).
+    leaves ambiguous (then naming it is required); copy_engine: "tierkv"
+    (tierkv's copy engine over registered host memory), "torch" (torch
+    copies through the host slots, for tensors on any device, a GPU's
+    included) or "auto" (the default: tierkv for tensors in host memory,
+    torch otherwise).
     """
 
     socket: str
@@ -163,6 +167,7 @@ class TierkvConfig:
     tp_size: int = 1
     rank: Optional[int] = None
     kv_layout: str = ""  # "paged", "flashinfer" or "" (from the shape).
+    copy_engine: str = "auto"  # "auto", "tierkv" or "torch".
     # vLLM's device blocks per worker (the scheduler's block ids are below
     # it): extra config num_device_blocks, else the KV cache config's.
     num_device_blocks: int = 0
@@ -201,6 +206,10 @@ class TierkvConfig:
         if kv_layout not in ("", "paged", "flashinfer"):
             raise ValueError(f"tierkv: kv_layout {kv_layout!r} is not "
                              "\"paged\" or \"flashinfer\"")
+        copy_engine = str(extra.get("copy_engine", "auto"))
+        if copy_engine not in ("auto", "tierkv", "torch"):
+            raise ValueError(f"tierkv: copy_engine {copy_engine!r} is not "
+                             "\"auto\", \"tierkv\" or \"torch\"")
         blocks = extra.get("num_device_blocks",
                            config_value(kv_cache_config, "num_blocks", None))
         if blocks is None:
@@ -218,6 +227,7 @@ class TierkvConfig:
                    tp_size=tp_size,
                    rank=None if rank is None else int(rank),
                    kv_layout=kv_layout,
+                   copy_engine=copy_engine,
                    num_device_blocks=int(blocks or 0))
 
 
@@ -747,7 +757,8 @@ class _WorkerSide:
 
     def __init__(self, config: TierkvConfig) -> None:
         self._config = config
-        self._device: Any = None
+        self._device: Any = None  # tierkv copies: a RegisteredDevice.
+        self._copier: Any = None  # Torch copies (_torch_copy.TorchCopier).
         self._rank = 0
         self._client: Any = None
         self._epoch = ""  # The scheduler epoch of the last attach attempt.
@@ -781,11 +792,24 @@ class _WorkerSide:
         layout = self._config.layout
         self._rank = _tp_rank(self._config)
         tensors = list(kv_caches.values())
-        if self._kv_layout(tuple(tensors[0].shape)) == "flashinfer":
-            # [num_blocks, 2, block_size, heads, head_dim].
+        flashinfer = self._kv_layout(tuple(tensors[0].shape)) == "flashinfer"
+        # Per layer (K, V), each [num_blocks, block_size, heads, head_dim].
+        planes = ([(t[:, 0], t[:, 1]) for t in tensors] if flashinfer
+                  else [(t[0], t[1]) for t in tensors])
+        engine = self._config.copy_engine
+        if engine == "auto":
+            on_host = all(getattr(t, "device", None) is None or
+                          t.device.type == "cpu" for t in tensors)
+            engine = "tierkv" if on_host else "torch"
+        self._device = self._copier = None
+        if engine == "torch":
+            from tierkv._torch_copy import TorchCopier
+            self._copier = TorchCopier(layout, planes, rank=self._rank,
+                                       num_ranks=self._config.tp_size)
+        elif flashinfer:
             self._device = tierkv.RegisteredDevice.from_layers(
-                layout, [(t[:, 0], t[:, 1]) for t in tensors],
-                rank=self._rank, num_ranks=self._config.tp_size)
+                layout, planes, rank=self._rank,
+                num_ranks=self._config.tp_size)
         else:
             self._device = tierkv.RegisteredDevice.paged(
                 layout, tensors, rank=self._rank,
@@ -816,7 +840,7 @@ class _WorkerSide:
     def _attach(self, meta: TierkvConnectorMetadata) -> bool:
         """A rank client attached for the metadata's epoch; False without
         one (then the step's events fail here)."""
-        if self._device is None:
+        if self._device is None and self._copier is None:
             raise RuntimeError("tierkv: register_kv_caches was not called "
                                "before the first step")
         if meta.scheduler == 0 or not meta.epoch:
@@ -850,14 +874,17 @@ class _WorkerSide:
         is not the client that drew the epoch (after a restart it numbers
         workers from 1 again, and a rank of another attachment would copy
         events this epoch's ids name elsewhere)."""
+        copies = ({"copies": "caller",
+                   "num_device_blocks": self._copier.num_blocks}
+                  if self._copier is not None else {"device": self._device})
         try:
             self._client = tierkv.Client.open(
                 self._config.socket, self._config.layout,
                 model=self._config.model, tenant=self._config.tenant,
                 name=self._config.name or f"vllm-rank{self._rank}",
-                device=self._device, scheduler=meta.scheduler,
-                rank=self._rank, call_timeout=self._config.call_timeout,
-                attachment_tag=meta.epoch)
+                scheduler=meta.scheduler, rank=self._rank,
+                call_timeout=self._config.call_timeout,
+                attachment_tag=meta.epoch, **copies)
         except tierkv.Error as e:
             # Not found: the scheduler attached anew while this metadata
             # was on its way; already exists: tierkvd has not yet seen this
@@ -933,6 +960,9 @@ class _WorkerSide:
                            self._rank, len(events), e)
 
     def _start(self, rid: str, event: Any) -> bool:
+        if self._copier is not None:
+            self._copy(rid, event)
+            return True
         try:
             self._client.start(event)
         except tierkv.Error as e:
@@ -941,6 +971,25 @@ class _WorkerSide:
             return False
         self._in_flight[(event.kind, event.id)] = (rid, event)
         return True
+
+    def _copy(self, rid: str, event: Any) -> None:
+        """Torch copies: the event's copy, done before this returns, then
+        completed with tierkvd and settled here. A copy that fails (a lost
+        attachment, a device error) is reported failed: a store is not
+        kept, a load's blocks are load errors."""
+        error = None
+        try:
+            if event.kind == "store":
+                self._copier.store(self._client, event)
+            else:
+                self._copier.load(self._client, event)
+        except Exception as e:  # Never into vLLM's step: the copy failed.
+            logger.warning("tierkv: rank %d: %s of request %s failed: %s",
+                           self._rank, event.kind, rid, e)
+            error = str(e) or type(e).__name__
+        self._in_flight[(event.kind, event.id)] = (rid, event)
+        self._collect([tierkv.FinishedTransfer(event, error,
+                                               self._client.session)])
 
     def wait_for_save(self) -> None:
         """Starts the step's stores and returns once none of them reads

@@ -1,0 +1,119 @@
+"""Copies between an engine's KV cache tensors and tierkvd's host slots with
+torch, on whatever device the tensors live (a GPU's memory included).
+
+tierkv's own copy engine (RegisteredDevice) reads and writes host memory
+only. For tensors elsewhere the engine copies itself: its client is opened
+with copies="caller", and this class moves one event's blocks through the
+host slots' shared memory (Client.host_block) with torch's gather, scatter
+and device copies, then the caller completes the event.
+
+A host slot holds one block in tierkv's geometry (KvLayout): per layer the K
+plane then the V plane, each [block_size][num_kv_heads][head_dim]. A
+tensor-parallel rank holds heads [rank * h, (rank + 1) * h) of every token,
+h = num_kv_heads / num_ranks, and copies only those.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+
+import tierkv
+
+_DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+
+
+class TorchCopier:
+    """One rank's block copies between its K and V planes and host slots.
+
+    `planes`: per layer, the (K, V) views of the engine's cache, each
+    [num_blocks, block_size, heads of this rank, head_dim] (vLLM's paged
+    layout gives cache[0] and cache[1]; FlashInfer's cache[:, 0] and
+    cache[:, 1]). InvalidArgumentError naming the mismatch when they do not
+    fit `layout`'s rank shard.
+    """
+
+    def __init__(self, layout: Any, planes: Sequence[tuple[Any, Any]],
+                 rank: int = 0, num_ranks: int = 1) -> None:
+        if num_ranks < 1 or not 0 <= rank < num_ranks:
+            raise tierkv.InvalidArgumentError(
+                f"rank {rank} is outside [0, {num_ranks})")
+        if layout.num_kv_heads % num_ranks != 0:
+            raise tierkv.InvalidArgumentError(
+                f"{layout.num_kv_heads} KV heads do not split over "
+                f"{num_ranks} ranks")
+        heads = layout.num_kv_heads // num_ranks
+        self._dtype = _DTYPES[layout.dtype]
+        self._host_shape = (layout.num_layers, 2, layout.block_size,
+                            layout.num_kv_heads, layout.head_dim)
+        self._heads = slice(rank * heads, (rank + 1) * heads)
+        if len(planes) != layout.num_layers:
+            raise tierkv.InvalidArgumentError(
+                f"{len(planes)} layers of KV cache for a layout of "
+                f"{layout.num_layers}")
+        want = (layout.block_size, heads, layout.head_dim)
+        first = planes[0][0]
+        self.num_blocks = int(first.shape[0]) if first.dim() == 4 else 0
+        for l, pair in enumerate(planes):
+            for name, t in zip("KV", pair):
+                if (t.dim() != 4 or tuple(t.shape[1:]) != want or
+                        int(t.shape[0]) != self.num_blocks):
+                    raise tierkv.InvalidArgumentError(
+                        f"layer {l} {name}: shape {tuple(t.shape)} is not "
+                        f"[{self.num_blocks or 'blocks'}, {want[0]}, "
+                        f"{want[1]}, {want[2]}] (block_size, this rank's "
+                        f"heads, head_dim)")
+                if t.dtype != self._dtype:
+                    raise tierkv.InvalidArgumentError(
+                        f"layer {l} {name}: dtype {t.dtype} is not the "
+                        f"layout's {layout.dtype}")
+                if t.device != first.device:
+                    raise tierkv.InvalidArgumentError(
+                        f"layer {l} {name} is on {t.device}, layer 0 on "
+                        f"{first.device}")
+        self._planes = list(planes)
+        self.device = first.device
+
+    def _slot(self, client: Any, slot: int) -> torch.Tensor:
+        """Host slot `slot` as [layers, 2, block_size, heads, head_dim]."""
+        view = client.host_block(slot)
+        return torch.frombuffer(view, dtype=self._dtype).view(
+            self._host_shape)
+
+    def _index(self, event: Any) -> torch.Tensor:
+        blocks = event.device_blocks
+        if len(blocks) != len(event.host_blocks):
+            raise tierkv.InvalidArgumentError(
+                f"the event names {len(blocks)} device blocks and "
+                f"{len(event.host_blocks)} host blocks")
+        for b in blocks:
+            if not 0 <= b < self.num_blocks:
+                raise tierkv.InvalidArgumentError(
+                    f"device block {b} is outside this rank's "
+                    f"{self.num_blocks} blocks")
+        return torch.tensor(list(blocks), dtype=torch.long,
+                            device=self.device)
+
+    def store(self, client: Any, event: Any) -> None:
+        """Copies the event's device blocks into its host slots (this
+        rank's heads); returns once the bytes are in the slots."""
+        index = self._index(event)
+        # [blocks, layers, 2, block_size, heads, head_dim], on the host.
+        data = torch.stack([
+            torch.stack((k.index_select(0, index), v.index_select(0, index)),
+                        dim=1) for k, v in self._planes], dim=1).cpu()
+        for j, slot in enumerate(event.host_blocks):
+            self._slot(client, slot)[:, :, :, self._heads].copy_(data[j])
+
+    def load(self, client: Any, event: Any) -> None:
+        """Copies the event's host slots (this rank's heads) into its device
+        blocks; returns once the device copy is ordered on the current
+        stream (before whatever the engine runs next on it)."""
+        index = self._index(event)
+        data = torch.stack([self._slot(client, slot)[:, :, :, self._heads]
+                            for slot in event.host_blocks])
+        data = data.to(self.device)
+        for l, (k, v) in enumerate(self._planes):
+            k.index_copy_(0, index, data[:, l, 0])
+            v.index_copy_(0, index, data[:, l, 1])
