@@ -153,20 +153,36 @@ BlockKey KeyHasher::HashBlock(const BlockKey& parent,
   return FromXxh(XXH3_128bits(buf.data(), buf.size()));
 }
 
-void KeyHasher::EncodeExtraKeys(const RequestExtras& extras,
-                                int64_t block_index, int64_t block_start,
-                                int64_t block_len,
-                                std::vector<std::byte>* out) {
+namespace {
+
+// The items in order of their start (the order keys list them in, so the
+// order a caller lists them in does not matter): `items` itself when it is
+// in that order already, else a sorted copy kept in `sorted`.
+std::span<const MultiModalItem> ByStart(std::span<const MultiModalItem> items,
+                                        std::vector<MultiModalItem>* sorted) {
+  const auto earlier = [](const MultiModalItem& a, const MultiModalItem& b) {
+    return a.start < b.start;
+  };
+  if (std::ranges::is_sorted(items, earlier)) return items;
+  sorted->assign(items.begin(), items.end());
+  std::ranges::stable_sort(*sorted, earlier);
+  return *sorted;
+}
+
+// EncodeExtraKeys over `items`, sorted by start: those that overlap the
+// block are encoded, in that order.
+void EncodeBlockExtras(const RequestExtras& extras,
+                       std::span<const MultiModalItem> items,
+                       int64_t block_index, int64_t block_start,
+                       int64_t block_len, std::vector<std::byte>* out) {
   if (extras.lora_id.has_value()) {
     out->push_back(kTagLora);
     AppendLe(*extras.lora_id, out);
   }
   const int64_t block_end = block_start + block_len;
-  for (const MultiModalItem& item : extras.mm_items) {
-    // Any order: an item missed here would leave its image out of the key.
-    if (item.start >= block_end || item.start + item.length <= block_start) {
-      continue;
-    }
+  for (const MultiModalItem& item : items) {
+    if (item.start >= block_end) break;
+    if (item.start + item.length <= block_start) continue;
     out->push_back(kTagMultiModal);
     AppendLe(item.hash.lo, out);
     AppendLe(item.hash.hi, out);
@@ -176,6 +192,17 @@ void KeyHasher::EncodeExtraKeys(const RequestExtras& extras,
     out->push_back(kTagCacheSalt);
     AppendBytes(extras.cache_salt, out);
   }
+}
+
+}  // namespace
+
+void KeyHasher::EncodeExtraKeys(const RequestExtras& extras,
+                                int64_t block_index, int64_t block_start,
+                                int64_t block_len,
+                                std::vector<std::byte>* out) {
+  std::vector<MultiModalItem> sorted;
+  EncodeBlockExtras(extras, ByStart(extras.mm_items, &sorted), block_index,
+                    block_start, block_len, out);
 }
 
 void KeyHasher::AppendPrefixKeys(std::span<const TokenId> tokens,
@@ -193,12 +220,25 @@ void KeyHasher::AppendPrefixKeys(std::span<const TokenId> tokens,
     return;
   }
   std::vector<std::byte> extra;
+  std::vector<MultiModalItem> sorted;
+  const std::span<const MultiModalItem> items =
+      ByStart(extras.mm_items, &sorted);
+  // Items that end before a block are past for every later block: each
+  // block looks at the items from the first that may still overlap it, so
+  // keying costs blocks plus items, not their product (for items that do
+  // not overlap each other, as Coordinator::CheckItems requires).
+  size_t first_item = 0;
   BlockKey parent = keys->empty() ? sequence_root_ : keys->back();
   for (size_t i = keys->size(); i < num_full; ++i) {
     const int64_t start = static_cast<int64_t>(i) * block_size;
     auto block = tokens.subspan(static_cast<size_t>(start), block_size);
+    while (first_item < items.size() &&
+           items[first_item].start + items[first_item].length <= start) {
+      ++first_item;
+    }
     extra.clear();
-    EncodeExtraKeys(extras, static_cast<int64_t>(i), start, block_size, &extra);
+    EncodeBlockExtras(extras, items.subspan(first_item),
+                      static_cast<int64_t>(i), start, block_size, &extra);
     parent = HashBlock(parent, block, extra);
     keys->push_back(parent);
   }

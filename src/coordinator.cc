@@ -536,6 +536,24 @@ Status Coordinator::CheckItems(size_t num_tokens, const RequestExtras& extras) {
           std::to_string(num_tokens) + " tokens");
     }
   }
+  // An engine's items fill placeholder ranges that do not overlap (which
+  // also keeps keying linear: KeyHasher::AppendPrefixKeys).
+  std::vector<std::pair<int64_t, int64_t>> ranges;
+  ranges.reserve(extras.mm_items.size());
+  for (const MultiModalItem& item : extras.mm_items) {
+    ranges.emplace_back(item.start, item.start + item.length);
+  }
+  std::ranges::sort(ranges);
+  for (size_t i = 1; i < ranges.size(); ++i) {
+    if (ranges[i].first < ranges[i - 1].second) {
+      return Status::InvalidArgument(
+          "multimodal items at [" + std::to_string(ranges[i - 1].first) + ", " +
+          std::to_string(ranges[i - 1].second) + ") and [" +
+          std::to_string(ranges[i].first) + ", " +
+          std::to_string(ranges[i].second) +
+          ") overlap: an engine's items fill placeholder tokens of their own");
+    }
+  }
   return Status::Ok();
 }
 

@@ -152,6 +152,37 @@ TEST(BlockKey, MultiModalItemsInAnyOrderAllCount) {
   EXPECT_EQ(PrefixKeys(h, tokens, cat), PrefixKeys(h, tokens, cat_sorted));
 }
 
+// AppendPrefixKeys looks at each block's items from the first that may
+// still overlap it: it keys as chaining HashBlock over EncodeExtraKeys of
+// every item does, for items in any order, overlapping or not.
+TEST(BlockKey, PrefixKeysCountEveryItemOfEachBlock) {
+  const KeyHasher h(kNs);
+  const auto tokens = SequentialTokens(1, 160);
+  RequestExtras extras;
+  extras.lora_id = 7;
+  extras.mm_items = {{.hash = {1, 1}, .start = 100, .length = 30},
+                     {.hash = {2, 2}, .start = 3, .length = 60},
+                     {.hash = {3, 3}, .start = 20, .length = 5},
+                     {.hash = {4, 4}, .start = 64, .length = 1},
+                     {.hash = {5, 5}, .start = 20, .length = 90}};
+  std::vector<BlockKey> expected;
+  BlockKey parent = h.sequence_root();
+  for (int64_t b = 0; b < 10; ++b) {
+    std::vector<std::byte> extra;
+    KeyHasher::EncodeExtraKeys(extras, b, 16 * b, 16, &extra);
+    parent = KeyHasher::HashBlock(
+        parent, std::span(tokens).subspan(static_cast<size_t>(16 * b), 16),
+        extra);
+    expected.push_back(parent);
+  }
+  EXPECT_EQ(PrefixKeys(h, tokens, extras), expected);
+  // Keys extended from a prefix agree with keys made at once.
+  std::vector<BlockKey> grown =
+      PrefixKeys(h, {tokens.begin(), tokens.begin() + 70}, extras);
+  h.AppendPrefixKeys(tokens, 16, extras, &grown);
+  EXPECT_EQ(grown, expected);
+}
+
 TEST(BlockKey, ZeroBlockSizeKeysNothing) {
   const KeyHasher h(kNs);
   std::vector<BlockKey> keys;

@@ -157,6 +157,38 @@ TEST_F(CoordinatorTest, Seed004HostTimeline) {
   EXPECT_THAT(c_.host_pool().CheckInvariants(), IsOk());
 }
 
+// Items that overlap are refused: an engine's fill placeholder tokens of
+// their own, and many items over every block would make keying cost
+// blocks times items under the store's lock. Many that do not overlap are
+// served, in any order.
+TEST_F(CoordinatorTest, MultimodalItemsMustNotOverlap) {
+  const WorkerId w = Register();
+  const std::vector<TokenId> t = SequentialTokens(1, 2048);
+  RequestExtras crowd;
+  for (int i = 0; i < 2048; ++i) {
+    crowd.mm_items.push_back({.hash = {static_cast<uint64_t>(i), 1},
+                              .start = 0,
+                              .length = static_cast<int64_t>(t.size())});
+  }
+  StatusOr<LookupResult> refused = c_.Lookup(w, 1, t, 0, crowd);
+  ASSERT_THAT(refused, StatusIs(StatusCode::kInvalidArgument));
+  EXPECT_THAT(refused.status().message(), HasSubstr("overlap"));
+  RequestExtras touching;  // [4, 8) then [8, 12): adjacent, no overlap.
+  touching.mm_items = {{.hash = {1, 1}, .start = 8, .length = 4},
+                       {.hash = {2, 2}, .start = 4, .length = 4}};
+  EXPECT_THAT(c_.Lookup(w, 2, t, 0, touching), IsOk());
+  touching.mm_items[1].length = 5;  // [4, 9) overlaps [8, 12).
+  EXPECT_THAT(c_.Lookup(w, 3, t, 0, touching),
+              StatusIs(StatusCode::kInvalidArgument));
+  RequestExtras every_token;
+  for (int64_t i = static_cast<int64_t>(t.size()) - 1; i >= 0; --i) {
+    every_token.mm_items.push_back(
+        {.hash = {static_cast<uint64_t>(i), 2}, .start = i, .length = 1});
+  }
+  EXPECT_THAT(c_.Lookup(w, 4, t, 0, every_token), IsOk());
+  EXPECT_THAT(c_.Route("", t, crowd), StatusIs(StatusCode::kInvalidArgument));
+}
+
 TEST_F(CoordinatorTest, MaxHitLeavesTheLastTokenToCompute) {
   const WorkerId w = Register();
   const std::vector<TokenId> t = SequentialTokens(1, 32);

@@ -67,9 +67,11 @@ struct MultiModalItem {
 
 // Per-request inputs that change what a block's KV means beyond its tokens.
 struct RequestExtras {
-  std::optional<uint64_t> lora_id;       // Applies to every block.
-  std::vector<MultiModalItem> mm_items;  // Any order.
-  std::string cache_salt;                // Folded into the first block only.
+  std::optional<uint64_t> lora_id;  // Applies to every block.
+  // Any order (keys list them by start); their token ranges must not
+  // overlap (tierkvd refuses a request whose do, InvalidArgument).
+  std::vector<MultiModalItem> mm_items;
+  std::string cache_salt;  // Folded into the first block only.
 };
 
 // An engine's own identifier of content (vLLM's multimodal item
