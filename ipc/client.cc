@@ -426,6 +426,7 @@ struct Client::Impl {
     StatusOr<Message> reply = ipc::Decode(response_bytes);
     Status s = reply.ok() ? ipc::StatusOf(*reply) : reply.status();
     if (s.ok()) return s;
+    if (reply.ok()) CheckEnded(s);
     // Counted and kept, never returned by the call that collects it: that
     // call still goes, since it may complete or finish what would
     // otherwise stay pinned in tierkvd.
@@ -519,7 +520,15 @@ struct Client::Impl {
     TIERKV_RETURN_IF_ERROR(CheckChannel(channel->Call(
         request_bytes, &response_bytes, [this] { return PeerAlive(); },
         std::chrono::steady_clock::now() + options.call_timeout)));
-    return ipc::Decode(response_bytes);
+    StatusOr<Message> reply = ipc::Decode(response_bytes);
+    if (reply.ok()) CheckEnded(ipc::StatusOf(*reply));
+    return reply;
+  }
+
+  // tierkvd answers Unavailable when it ended the attachment (a scheduler
+  // with an attachment tag that lost a rank): lost, as if tierkvd had gone.
+  void CheckEnded(const Status& s) {
+    if (s.code() == StatusCode::kUnavailable) LoseAttachment(s);
   }
 
   // Sends `request` without waiting for its reply (an OK or an error),

@@ -267,10 +267,19 @@ Status Coordinator::DropWorker(WorkerId worker) {
     if (s != workers_.end()) {
       WorkerState& sched = s->second;
       sched.rank_workers[static_cast<size_t>(rank)] = 0;
-      if (!sched.registration.attachment_tag.empty() && sched.lost_rank < 0) {
-        sched.lost_rank = rank;
+      const bool ends = !sched.registration.attachment_tag.empty() &&
+                        sched.lost_rank < 0 && !sched.dropped;
+      if (ends) sched.lost_rank = rank;
+      // The lost rank's part fails; once the attachment ends, so does that
+      // of every rank not attached, which none will be any more.
+      const std::vector<WorkerId> ranks = sched.rank_workers;
+      for (size_t r = 0; r < ranks.size(); ++r) {
+        if (static_cast<int32_t>(r) == rank || (ends && ranks[r] == 0)) {
+          // Marking may forget the scheduler: `sched` is not used after.
+          MarkRanksDone(scheduler, static_cast<int32_t>(r), {},
+                        /*dropped_rank=*/true, {});
+        }
       }
-      MarkRanksDone(scheduler, rank, {}, /*dropped_rank=*/true, {});
     }
   }
   return Status::Ok();

@@ -174,6 +174,26 @@ TEST_F(CoordinatorRanksTest, ATaggedSchedulerThatLosesARankHandsOutNoMore) {
   EXPECT_THAT(Register(0, next, 1, 7, "", "epoch-2"), IsOk());
 }
 
+TEST_F(CoordinatorRanksTest, AnEndedAttachmentFailsWhatWaitsForAbsentRanks) {
+  // Rank 2 never attached: the store waits for it too. Losing rank 1 ends
+  // the attachment, and no rank 2 will come to decline it.
+  const WorkerId tagged = Register(3, 0, 0, 7, "", "epoch-1").value();
+  const WorkerId r0 = Register(0, tagged, 0, 7, "", "epoch-1").value();
+  const WorkerId r1 = Register(0, tagged, 1, 7, "", "epoch-1").value();
+  const std::vector<BlockId> device{1, 2, 3};
+  ASSERT_THAT(c_.Lookup(tagged, 1, tokens_, 0, {}), IsOk());
+  ASSERT_THAT(c_.Allocate(tagged, 1, device, 0), IsOk());
+  const CommitResult commit = c_.Commit(tagged, 1, 33, device).value();
+  ASSERT_EQ(commit.stores.size(), 1u);
+  ASSERT_THAT(CompleteBy(r0, commit.stores[0]), IsOk());
+  ASSERT_THAT(c_.Finish(tagged, 1), IsOk());
+  EXPECT_EQ(Ref(commit.stores[0].host_blocks[0]), 1);
+  ASSERT_THAT(c_.DropWorker(r1), IsOk());
+  EXPECT_EQ(Ref(commit.stores[0].host_blocks[0]), 0);
+  EXPECT_EQ(c_.stats().host.events_in_flight, 0);
+  EXPECT_EQ(c_.stats().host.pinned_slots, 0);
+}
+
 TEST_F(CoordinatorRanksTest, ADroppedSchedulerKeepsTheSlotsItsRanksCopy) {
   const TransferEvent store = CommitStore(1, tokens_);
   const size_t workers = c_.num_workers();

@@ -361,6 +361,38 @@ TEST_F(TierkvdRanksTest,
   EXPECT_THAT(tagged->Reconnect(), StatusIs(StatusCode::kFailedPrecondition));
 }
 
+// A tagged scheduler's attachment ends with its first lost rank: its next
+// call is Unavailable, and its client then counts the attachment lost
+// (the socket closes, tierkvd releases its pins); a rank cannot attach.
+TEST_F(TierkvdRanksTest, ALostRankEndsATaggedAttachment) {
+  ClientOptions s = ClientOptionsFor("tagged");
+  s.copies = CopyMode::kRanks;
+  s.ranks = 1;
+  s.attachment_tag = "epoch-1";
+  std::unique_ptr<Client> tagged = std::move(Client::Open(s).value());
+  ClientOptions o = ClientOptionsFor("rank");
+  o.copies = CopyMode::kCaller;
+  o.scheduler = tagged->worker_id();
+  o.attachment_tag = "epoch-1";
+  std::unique_ptr<Client> rank = std::move(Client::Open(o).value());
+  const WorkerId lost = rank->worker_id();
+  ASSERT_THAT(tagged->Lookup(1, tokens_), IsOk());  // Pins nothing yet.
+  rank.reset();
+  ASSERT_TRUE(
+      daemon_->WaitForOutput("worker " + std::to_string(lost) + " (pid"))
+      << daemon_->output();
+  EXPECT_THAT(Client::Open(o), StatusIs(StatusCode::kFailedPrecondition));
+  StatusOr<LookupResult> refused = tagged->Lookup(2, tokens_);
+  ASSERT_THAT(refused, StatusIs(StatusCode::kUnavailable));
+  EXPECT_THAT(refused.status().message(), HasSubstr("lost rank 0"));
+  EXPECT_FALSE(tagged->connected());
+  EXPECT_THAT(tagged->connection_status().message(), HasSubstr("lost rank"));
+  EXPECT_THAT(tagged->Lookup(3, tokens_), StatusIs(StatusCode::kUnavailable));
+  ASSERT_TRUE(daemon_->WaitForOutput(
+      "worker " + std::to_string(tagged->worker_id()) + " (pid"))
+      << daemon_->output();
+}
+
 TEST_F(TierkvdRanksTest, RolesAreCheckedAtAttach) {
   // tierkv-admin shows who copies for whom.
   StatusOr<CoordinatorStats> stats = scheduler_->Stats();

@@ -17,8 +17,10 @@
 //
 // Every call to tierkvd has a deadline (ClientOptions::call_timeout). A
 // call that misses it returns DeadlineExceeded; a tierkvd that died makes
-// it Unavailable. Either way the attachment is lost: later calls return
-// Unavailable, loads still waiting for promotions come back from
+// it Unavailable, and so does a tierkvd that ended the attachment (a
+// scheduler with an attachment tag that lost a rank, see
+// ClientOptions::attachment_tag). Either way the attachment is lost: later
+// calls return Unavailable, loads still waiting for promotions come back from
 // PollEvents / WaitEvents failed (status Unavailable, nothing copied), and
 // Reconnect attaches to tierkvd again (a restarted one, or the same one
 // once it answers) as a new worker. On the loss the client waits for the
@@ -132,11 +134,14 @@ struct ClientOptions {
   // client with a new tag. Its attachment ends when tierkvd drops one of
   // its ranks (the rank exited, or lost its attachment): the engine hands
   // its events to ranks by its own path, and one handed to a rank that
-  // attached again may name slots reused since. From then on Lookup,
-  // Allocate, Commit and TakeReadyLoads fail with Unavailable (Finish
-  // still releases) and no rank attaches for it (FailedPrecondition):
-  // open a new client with a new tag, as for a lost tierkvd. Without a
-  // tag a new rank may take the place of a dropped one. Default: "".
+  // attached again may name slots reused since. tierkvd then fails every
+  // event still waiting for a rank, answers the scheduler's next Lookup,
+  // Allocate, Commit or TakeReadyLoads with Unavailable, and attaches no
+  // rank for it (FailedPrecondition). The client takes that Unavailable as
+  // a lost attachment (connected() turns false, the socket closes and
+  // tierkvd releases its pins): open a new client with a new tag, as for
+  // a lost tierkvd. Without a tag a new rank may take the place of a
+  // dropped one. Default: "".
   std::string attachment_tag;
   // How long one call may wait for tierkvd (registration included, from
   // the connect on: a tierkvd whose listen queue is full) before it fails

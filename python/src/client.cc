@@ -377,9 +377,11 @@ void RegisterMethods(py::class_<PyClient>& cls) {
           py::arg("rope_config") = "", py::arg("variant") = "",
           "Looks a position-independent chunk up by its content, the "
           "virtual position its KV is computed at, and its variant: "
-          "rope_config (a C++ RopeConfig::ToString(), to share a C++ "
-          "ChunkKvStore's chunks) and variant (what else changes the KV: "
-          "an adapter, a salt). Allocate and commit store it under the same "
+          "rope_config (text naming the RoPE its K was rotated with; to "
+          "share a C++ ChunkKvStore's chunks, exactly the text of that "
+          "store's RopeConfig::ToString(): other text is another variant, a "
+          "miss) and variant (what else changes the KV: an adapter, a "
+          "salt). Allocate and commit store it under the same "
           "keys. KV keyed under one variant is never served to another; "
           "with neither named, the chunk's keys carry no variant.")
       .def(

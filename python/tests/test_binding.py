@@ -88,7 +88,7 @@ def test_chunks_are_keyed_by_their_virtual_start_and_variant(tierkvd,
                                                              layout):
     with tierkv.Client.open(tierkvd.socket, layout, 8, name="py") as client:
         chunk = prompt(3, 2)
-        rope = "rope(theta=10000)"  # As a C++ RopeConfig::ToString() names.
+        rope = "head_dim=64 theta=10000"  # Any text: it is hashed as is.
         keyed = dict(virtual_start=16, rope_config=rope, variant="adapter-a")
         assert client.lookup_chunk(1, chunk, **keyed).hit_tokens == 0
         client.allocate(1, [0, 1], 0)

@@ -298,15 +298,15 @@ def test_sglang_starts_before_tierkvd_and_attaches_later(start_tierkvd,
 
 
 def test_tries_to_attach_are_spaced_out_and_start_over_once_attached(
-        start_tierkvd, tmp_path, monkeypatch):
-    # The backend's clock, which only the test moves.
-    clock = [100.0]
-    monkeypatch.setattr(tierkv.sglang, "time",
-                        SimpleNamespace(monotonic=lambda: clock[0]))
+        start_tierkvd, tmp_path):
     link = str(tmp_path / "tierkvd.sock")  # Nothing there yet.
     pool = HostPool("layer_first")
     pool.fill(0, seed=7)
     backend = _storage(link)
+    # The backoff's clock, which only the test moves (batch deadlines keep
+    # the real one).
+    clock = [100.0]
+    backend._retry._clock = lambda: clock[0]
     backend.register_mem_pool_host(pool)  # A failed try: the next in 1 s.
     # A tierkvd that refuses the backend (another model).
     layout = tierkv.KvLayout(LAYERS, HEADS, HEAD_DIM, block_size=PAGE,

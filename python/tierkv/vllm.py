@@ -473,6 +473,7 @@ class _SchedulerSide:
             # Its requests' pins go now (a tierkvd that ended the
             # attachment still holds them until the socket closes).
             self._client.close()
+            self._client = None
         for rid, req in self._requests.items():
             if req.pending:
                 self._failed_recvs.append(FailedRecv(rid, req.load_blocks))
@@ -887,8 +888,7 @@ class _WorkerSide:
                 attachment_tag=meta.epoch, **copies)
         except tierkv.Error as e:
             # Not found: the scheduler attached anew while this metadata
-            # was on its way; already exists: tierkvd has not yet seen this
-            # rank's previous client go.
+            # was on its way; failed precondition: its attachment ended.
             logger.warning("tierkv: rank %d cannot attach to scheduler %d: "
                            "%s; this step's copies fail here, and the rank "
                            "tries again in %.0f s", self._rank,
