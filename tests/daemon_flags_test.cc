@@ -295,6 +295,20 @@ TEST_F(DaemonFlagsTest, KvEventsBadValuesAreNamed) {
       with({"--kv-events-endpoint", "tcp://*:5557", "--kv-events-hash-format",
             "hex"}),
       HasSubstr("--kv-events-hash-format 'hex': expected int or bytes"));
+  // The events group: an existing group, socket files to give it, and a
+  // mode that lets it in.
+  EXPECT_THAT(with({"--kv-events-endpoint", "ipc:///tmp/ev", "--mode", "0660",
+                    "--kv-events-group", "no-such-group-tierkv"}),
+              HasSubstr("no such group"));
+  EXPECT_THAT(with({"--kv-events-group", "root", "--mode", "0660"}),
+              HasSubstr("needs --kv-events-endpoint"));
+  EXPECT_THAT(with({"--kv-events-endpoint", "ipc:///tmp/ev",
+                    "--kv-events-group", "root"}),
+              HasSubstr("--mode must give the group read and write"));
+  EXPECT_THAT(with({"--kv-events-endpoint", "ipc:///tmp/ev",
+                    "--kv-events-replay-endpoint", "ipc://*", "--mode", "0660",
+                    "--kv-events-group", "root"}),
+              HasSubstr("not an ipc:// socket file"));
 }
 
 TEST_F(DaemonFlagsTest, UnknownKeyNamesFileLineAndKey) {
@@ -527,7 +541,7 @@ TEST_F(DaemonFlagsTest, ExampleConfigShowsEveryOptionWithItsDefault) {
     if (!std::regex_match(line, m, setting)) continue;
     keys.insert(m[1]);
     // The example's groups need not exist on this machine.
-    if (m[1] != "group" && m[1] != "admin-group")
+    if (m[1] != "group" && m[1] != "admin-group" && m[1] != "kv-events-group")
       uncommented += m[1].str() + " = " + m[2].str() + "\n";
   }
   auto help = Parse({"--help"});

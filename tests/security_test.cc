@@ -33,6 +33,7 @@
 namespace tierkv {
 namespace {
 
+using ::testing::AnyOf;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
@@ -615,33 +616,68 @@ TEST_F(SupplementaryGroupTest, AMemberByItsSupplementaryGroupAttaches) {
   EXPECT_THAT(out->output(), HasSubstr("Permission denied"));
 }
 
-// The kv events sockets on ipc:// paths are the group's too, with the
-// socket's mode: a router of the group subscribes, another user cannot.
-TEST_F(SupplementaryGroupTest, IpcKvEventSocketsAreGivenTheGroup) {
+// The events carry every tenant's token ids: --group (engine users) does
+// not reach the ipc:// event sockets; --kv-events-group (routers) does,
+// with the socket's mode, and others still do not.
+TEST_F(SupplementaryGroupTest, IpcKvEventSocketsAreGivenOnlyTheEventsGroup) {
   const std::string events = dir_ + "/events.sock";
   const std::string replay = dir_ + "/replay.sock";
-  StartDaemon("1M", {"--group", TestUsers::kGroup, "--mode", "0660",
-                     "--kv-events-endpoint", "ipc://" + events,
-                     "--kv-events-replay-endpoint", "ipc://" + replay});
+  const std::vector<std::string> publish = {"--group",
+                                            TestUsers::kGroup,
+                                            "--mode",
+                                            "0660",
+                                            "--kv-events-endpoint",
+                                            "ipc://" + events,
+                                            "--kv-events-replay-endpoint",
+                                            "ipc://" + replay};
   const gid_t gid = getgrnam(TestUsers::kGroup)->gr_gid;
+  // Whether `user` may connect to `path`, as the kernel decides.
+  const auto connects = [](const std::string& user, const std::string& path) {
+    auto c = Spawn(TestUsers::As(
+        user, {"/usr/bin/python3", "-c",
+               "import socket,sys; s=socket.socket(socket.AF_UNIX); "
+               "s.connect(sys.argv[1]); print('connected')",
+               path}));
+    const int rc = c->Wait();
+    EXPECT_THAT(c->output(),
+                AnyOf(HasSubstr("connected"), HasSubstr("Permission denied")));
+    return rc == 0;
+  };
+  StartDaemon("1M", publish);
+  for (const std::string& path : {events, replay}) {
+    struct stat st {};
+    ASSERT_EQ(stat(path.c_str(), &st), 0) << path;
+    EXPECT_NE(st.st_gid, gid) << path;
+    EXPECT_FALSE(connects(TestUsers::kMember, path)) << path;
+  }
+  StopDaemon();
+
+  std::vector<std::string> routers = publish;
+  routers.insert(routers.end(), {"--kv-events-group", TestUsers::kGroup});
+  StartDaemon("1M", routers);
   for (const std::string& path : {events, replay}) {
     struct stat st {};
     ASSERT_EQ(stat(path.c_str(), &st), 0) << path;
     EXPECT_EQ(st.st_gid, gid) << path;
     // The umask of --mode 0660: the group reads and writes, others nothing.
     EXPECT_EQ(st.st_mode & 0067, 0060u) << path;
-    // What the kernel allows: a connect to the socket as each user.
-    const std::vector<std::string> connect = {
-        "/usr/bin/python3", "-c",
-        "import socket,sys; s=socket.socket(socket.AF_UNIX); "
-        "s.connect(sys.argv[1]); print('connected')",
-        path};
-    auto member = Spawn(TestUsers::As(TestUsers::kMember, connect));
-    EXPECT_EQ(member->Wait(), 0) << member->output();
-    EXPECT_THAT(member->output(), HasSubstr("connected"));
-    auto outsider = Spawn(TestUsers::As(TestUsers::kOutsider, connect));
-    EXPECT_NE(outsider->Wait(), 0);
-    EXPECT_THAT(outsider->output(), HasSubstr("Permission denied"));
+    EXPECT_TRUE(connects(TestUsers::kMember, path)) << path;
+    EXPECT_FALSE(connects(TestUsers::kOutsider, path)) << path;
+  }
+}
+
+// --kv-events-group needs socket files to give: not a tcp endpoint, nor an
+// abstract ipc name.
+TEST_F(TierkvdFixture, KvEventsGroupNeedsIpcSocketFiles) {
+  for (const std::string& endpoint :
+       {std::string("tcp://127.0.0.1:1"), std::string("ipc://@tierkv-ev")}) {
+    std::vector<std::string> args = DaemonArgs("1M");
+    args.insert(args.end(), {"--mode", "0660", "--kv-events-endpoint", endpoint,
+                             "--kv-events-group", "root"});
+    auto daemon = Spawn(args);
+    EXPECT_NE(daemon->Wait(), 0) << endpoint;
+    EXPECT_THAT(daemon->output(), HasSubstr("not an ipc:// socket file"))
+        << endpoint;
   }
 }
 

@@ -226,7 +226,7 @@ class SignalThread {
 // tierkvd forgets what the last run held, and learns what it holds now
 // from the events that follow (the disk tier's blocks, as it opens).
 StatusOr<std::unique_ptr<KvEventPublisher>> StartKvEvents(
-    const KvEventsFlags& flags, std::optional<gid_t> group) {
+    const KvEventsFlags& flags) {
   if (flags.endpoint.empty()) return std::unique_ptr<KvEventPublisher>();
   TIERKV_ASSIGN_OR_RETURN(KvEventHashFormat hashes,
                           ParseKvEventHashFormat(flags.hash_format));
@@ -238,7 +238,7 @@ StatusOr<std::unique_ptr<KvEventPublisher>> StartKvEvents(
                                .buffer_steps = flags.buffer_steps,
                                .max_queue_events = flags.max_queue_events,
                                .hash_format = hashes,
-                               .ipc_group = group}));
+                               .ipc_group = flags.group}));
   publisher->AllBlocksCleared();
   return publisher;
 }
@@ -273,7 +273,7 @@ int RunDaemon(const DaemonCommand& command) {
   // Before the server: the disk tier reports the blocks it finds while it
   // opens, and the publisher must outlive every tier that reports to it.
   StatusOr<std::unique_ptr<KvEventPublisher>> kv_events =
-      StartKvEvents(command.kv_events, command.server.group);
+      StartKvEvents(command.kv_events);
   if (!kv_events.ok()) {
     spdlog::error("cannot start: {}", kv_events.status().message());
     return ExitStatusFor(kv_events.status());

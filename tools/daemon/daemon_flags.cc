@@ -92,7 +92,7 @@ constexpr const char* kRequiredKeys[] = {"layers", "kv-heads", "head-dim"};
 // The options as text, before they are checked and converted.
 struct RawOptions {
   std::string capacity = "1G", dtype = "bf16", mode = "0600", group,
-              admin_group;
+              admin_group, kv_events_group;
   std::string disk_capacity = "16G", codec = "none";
   std::string eviction{EvictionPolicyName(kDefaultTierEviction)};
   std::string request_bytes = "256M";
@@ -307,8 +307,7 @@ po::options_description SettingOptions(DaemonCommand& command,
       "tier's files and the log file get no more")(
       "group", po::value(&raw.group),
       "let this group's workers attach and read stats too, as primary or "
-      "supplementary group, and its routers subscribe to ipc:// kv events "
-      "(needs --mode 0660)")(
+      "supplementary group (needs --mode 0660)")(
       "admin-group", po::value(&raw.admin_group),
       "let this group give operator orders too (tierkv-admin clear, evict); "
       "without it only tierkvd's user and root may")(
@@ -486,14 +485,46 @@ po::options_description SettingOptions(DaemonCommand& command,
       po::value(&raw.kv_events.hash_format)
           ->default_value(raw.kv_events.hash_format),
       "block hashes in events: int (a block key's low 64 bits, as vLLM "
-      "sends its hashes by default) or bytes (the whole 16-byte key)");
+      "sends its hashes by default) or bytes (the whole 16-byte key)")(
+      "kv-events-group", po::value(&raw.kv_events_group)->value_name("GROUP"),
+      "give the ipc:// event sockets to this group, so that its routers "
+      "subscribe (needs --mode 0660; the events carry every tenant's token "
+      "ids, so name a group of routers, not --group's engine users). "
+      "Default: tierkvd's own group");
   return desc;
 }
 
 // "--key", or "file:line: key" when the key's value came from the file.
 using Where = std::function<std::string(const std::string& key)>;
 
-Status CheckKvEvents(const KvEventsFlags& flags, const Where& where) {
+Status CheckKvEvents(const KvEventsFlags& flags, mode_t mode,
+                     const Where& where) {
+  // The group of the event sockets' files; the mode comes from the umask
+  // of --mode (daemon.cc, UmaskFor).
+  if (flags.group.has_value()) {
+    for (const std::string* endpoint :
+         {&flags.endpoint, &flags.replay_endpoint}) {
+      if (endpoint->empty()) continue;
+      const bool ipc = endpoint->starts_with("ipc://");
+      if (!ipc || endpoint->starts_with("ipc://@") ||
+          endpoint->find('*') != std::string::npos) {
+        return Status::InvalidArgument(
+            where("kv-events-group") + ": " + *endpoint +
+            " is not an ipc:// socket file whose group it can set (an "
+            "ipc://PATH without '@' or '*')");
+      }
+    }
+    if (flags.endpoint.empty()) {
+      return Status::InvalidArgument(where("kv-events-group") +
+                                     ": needs --kv-events-endpoint");
+    }
+    if ((mode & 0060) != 0060) {
+      return Status::InvalidArgument(
+          where("kv-events-group") +
+          " lets a group subscribe, so --mode must give the group read and "
+          "write (such as 0660)");
+    }
+  }
   if (!flags.replay_endpoint.empty() && flags.endpoint.empty()) {
     return Status::InvalidArgument(
         where("kv-events-replay-endpoint") +
@@ -656,7 +687,9 @@ StatusOr<DaemonCommand> Finish(DaemonCommand command, const RawOptions& raw,
   }
   for (auto [flag, name, gid] :
        {std::tuple{"group", &raw.group, &s.group},
-        std::tuple{"admin-group", &raw.admin_group, &s.admin_group}}) {
+        std::tuple{"admin-group", &raw.admin_group, &s.admin_group},
+        std::tuple{"kv-events-group", &raw.kv_events_group,
+                   &command.kv_events.group}}) {
     if (name->empty()) continue;
     const struct group* g = getgrnam(name->c_str());
     if (g == nullptr) {
@@ -702,8 +735,10 @@ StatusOr<DaemonCommand> Finish(DaemonCommand command, const RawOptions& raw,
     }
     command.metrics_listen = *listen;
   }
-  TIERKV_RETURN_IF_ERROR(CheckKvEvents(raw.kv_events, where));
+  const std::optional<gid_t> events_group = command.kv_events.group;
   command.kv_events = raw.kv_events;
+  command.kv_events.group = events_group;
+  TIERKV_RETURN_IF_ERROR(CheckKvEvents(command.kv_events, s.mode, where));
   if (s.max_workers < 1 || s.max_workers > ipc::kMaxWorkersListed) {
     return Status::InvalidArgument(where("max-workers") + " '" +
                                    std::to_string(s.max_workers) + "': 1 to " +

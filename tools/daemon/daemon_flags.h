@@ -44,6 +44,10 @@ struct KvEventsFlags {
   // Block hashes on the wire: "int" (the key's low 64 bits, as vLLM sends
   // its hashes by default) or "bytes" (the whole 16-byte key). Default: int.
   std::string hash_format = "int";
+  // The group ipc:// event sockets are given, so that its routers (and no
+  // one else but tierkvd's user) subscribe: resolved from
+  // --kv-events-group. Default: none (tierkvd's own group).
+  std::optional<gid_t> group;
 };
 
 struct DaemonCommand {

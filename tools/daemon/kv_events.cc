@@ -134,14 +134,15 @@ Status GiveIpcSocketTo(const std::optional<gid_t>& group,
   constexpr std::string_view kIpc = "ipc://";
   if (!group.has_value() || !endpoint.starts_with(kIpc)) return Status::Ok();
   const std::string path(endpoint.substr(kIpc.size()));
-  if (chown(path.c_str(), static_cast<uid_t>(-1), *group) == 0) {
+  // Not through a link someone put in the socket's place.
+  if (lchown(path.c_str(), static_cast<uid_t>(-1), *group) == 0) {
     return Status::Ok();
   }
   const int err = errno;
   std::string message = std::string(option) + " " + std::string(endpoint) +
                         ": cannot give the socket to group " +
                         std::to_string(*group) +
-                        " (--group): " + std::strerror(err);
+                        " (--kv-events-group): " + std::strerror(err);
   if (err == EPERM || err == EACCES) {
     return Status::PermissionDenied(std::move(message));
   }

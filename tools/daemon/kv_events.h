@@ -122,8 +122,9 @@ struct KvEventPublisherOptions {
   // Seconds since the epoch of a batch (its ts). Default: the system clock.
   std::function<double()> clock = {};
   // The group an ipc:// socket file is given once bound (tierkvd's
-  // --group), so that routers of the group may subscribe; its mode comes
-  // from the process's umask (tierkvd's --mode). Default: none (the
+  // --kv-events-group), so that routers of the group may subscribe; its
+  // mode comes from the process's umask (tierkvd's --mode). The endpoint
+  // must name a file (no abstract '@' name, no '*'). Default: none (the
   // process's group).
   std::optional<gid_t> ipc_group = {};
 };
