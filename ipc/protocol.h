@@ -60,7 +60,8 @@ inline constexpr uint32_t kFrameMagic = 0x4D564B54;  // "TKVM"
 // 17: A scheduler with an attachment tag that loses a rank ends its
 //     attachment: its calls that hand out events answer Unavailable, and
 //     no rank attaches for it (vLLM's ranks rely on it: a lost rank no
-//     longer attaches again to decline the epoch's events).
+//     longer attaches again to decline the epoch's events). DiskTierStats
+//     carries read_errors.
 inline constexpr uint16_t kProtocolVersion = 17;
 inline constexpr size_t kFrameHeaderBytes = 16;
 // Upper bounds a decoder enforces before allocating anything.

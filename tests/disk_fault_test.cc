@@ -338,6 +338,51 @@ TEST(DiskFullTest, AWriteErrorStopsEveryLaterWriteButNotReads) {
   EXPECT_FALSE(tier.Flush().ok());
 }
 
+// A storage whose value reads fail with an I/O error while `fail` is set,
+// as a bad sector does.
+class UnreadableStorage : public DiskStorageWrapper {
+ public:
+  using DiskStorageWrapper::DiskStorageWrapper;
+  std::atomic<bool> fail{false};
+
+  Status ReadPayload(uint64_t offset,
+                     std::span<const std::span<std::byte>> outs) override {
+    if (fail) return Status::Unavailable("reading the values: I/O error");
+    return DiskStorageWrapper::ReadPayload(offset, outs);
+  }
+};
+
+// A block the storage cannot read is dropped, not kept as the most
+// recently used entry that every lookup then finds and fails: it is a
+// miss, and a new Put of it is read back.
+TEST(DiskReadErrorTest, AnUnreadableBlockIsDroppedAndStoredAnew) {
+  TempDir scratch("disk_fault_test");
+  DiskTierOptions options = OptionsAt(scratch.path() + "/db");
+  StatusOr<std::unique_ptr<DiskStorage>> rocks =
+      OpenRocksDbStorage(options.storage);
+  ASSERT_THAT(rocks, IsOk());
+  auto unreadable =
+      std::make_unique<UnreadableStorage>(std::move(rocks).value());
+  UnreadableStorage* storage = unreadable.get();
+  StatusOr<std::unique_ptr<DiskTier>> opened =
+      DiskTier::Open(options, std::move(unreadable));
+  ASSERT_THAT(opened, IsOk());
+  DiskTier& tier = **opened;
+  for (int i = 0; i < 3; ++i) ASSERT_THAT(PutSync(tier, i), IsOk());
+  storage->fail = true;
+  EXPECT_EQ(GetAndCheck(tier, 1).code(), StatusCode::kUnavailable);
+  storage->fail = false;
+  EXPECT_FALSE(tier.Contains(KeyOf(1)));
+  EXPECT_EQ(GetAndCheck(tier, 1).code(), StatusCode::kNotFound);
+  DiskTierStats stats = tier.stats();
+  EXPECT_EQ(stats.read_errors, 1u);
+  EXPECT_EQ(stats.checksum_failures, 0u);
+  EXPECT_EQ(stats.keys, 2u);
+  EXPECT_EQ(stats.degraded, 0u);  // A read error stops no writes.
+  ASSERT_THAT(PutSync(tier, 1), IsOk());
+  for (int i = 0; i < 3; ++i) EXPECT_THAT(GetAndCheck(tier, i), IsOk()) << i;
+}
+
 // --- Damaged files -----------------------------------------------------------
 
 // A store of 24 blocks in three flushes: three SSTs of their records.

@@ -106,6 +106,7 @@ struct Counters {
   uint64_t hits = 0;
   uint64_t misses = 0;
   uint64_t checksum_failures = 0;
+  uint64_t read_errors = 0;
   uint64_t token_mismatches = 0;
   uint64_t dropped_on_open = 0;
   uint64_t layout_mismatches = 0;
@@ -903,13 +904,17 @@ void DiskTierImpl::RunReads() {
         ++counters_.hits;
       } else if (read->status.code() == StatusCode::kDataLoss) {
         ++counters_.checksum_failures;
+      } else {
+        ++counters_.read_errors;
       }
     }
   }
+  // A value that failed verification is deleted. So is one the storage
+  // could not read (a bad sector): kept, it would stay the most recently
+  // used entry, cover its block on host (so it is never written again)
+  // and fail every promotion of it.
   for (Read* read : pinned) {
-    if (read->status.code() == StatusCode::kDataLoss) {
-      DropIfCurrent(read->key, read->generation);
-    }
+    if (!read->status.ok()) DropIfCurrent(read->key, read->generation);
   }
   for (Read& read : batch) {
     VerifiedDone done = std::move(read.done);
@@ -1013,7 +1018,11 @@ void DiskTierImpl::PassOnEvicted(const EvictionSink& sink,
     const Status read = ReadValue(e.location, payload);
     if (read.ok()) sink(e.key, e.tokens, payload);
     MutexLock lock(&mu_);
-    if (read.code() == StatusCode::kDataLoss) ++counters_.checksum_failures;
+    if (read.code() == StatusCode::kDataLoss) {
+      ++counters_.checksum_failures;
+    } else if (!read.ok()) {
+      ++counters_.read_errors;
+    }
     ReleaseKeyLocked(e.key);
   }
   MutexLock lock(&mu_);
@@ -1047,6 +1056,7 @@ DiskTierStats DiskTierImpl::stats() const {
     out.hits = c.hits;
     out.misses = c.misses;
     out.checksum_failures = c.checksum_failures;
+    out.read_errors = c.read_errors;
     out.token_mismatches = c.token_mismatches;
     out.dropped_on_open = c.dropped_on_open;
     out.layout_mismatches = c.layout_mismatches;

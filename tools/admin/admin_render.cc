@@ -192,9 +192,9 @@ std::string FormatStatsTable(const CoordinatorStats& stats) {
         << h.spill_failures << ", evicted from host unspilled "
         << h.evicted_unspilled << "; promoted " << h.promotions
         << ", failed promotions " << h.promotion_failures
-        << "; checksum failures " << d.checksum_failures << ", dropped on open "
-        << d.dropped_on_open << " (of another layout or model "
-        << d.layout_mismatches << "))\n";
+        << "; checksum failures " << d.checksum_failures << ", read errors "
+        << d.read_errors << ", dropped on open " << d.dropped_on_open
+        << " (of another layout or model " << d.layout_mismatches << "))\n";
   }
   if (stats.remote.has_value()) out << FormatRemoteRow(*stats.remote);
   out << "events in flight: " << h.events_in_flight;
