@@ -835,6 +835,12 @@ class Coordinator {
   int32_t promotions_in_flight_ = 0;
   // After a failed spill, spilling rests a while instead of retrying hot.
   std::chrono::steady_clock::time_point spill_resume_{};
+  // How long spills pause after the next failure: 100 ms, doubling while
+  // they keep failing (a full or stopped lower tier) up to 5 s; a spill
+  // that lands starts it over.
+  std::chrono::milliseconds spill_backoff_{kFirstSpillBackoff};
+  static constexpr std::chrono::milliseconds kFirstSpillBackoff{100};
+  static constexpr std::chrono::milliseconds kMaxSpillBackoff{5000};
 };
 
 }  // namespace tierkv

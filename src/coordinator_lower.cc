@@ -185,7 +185,14 @@ void Coordinator::FinishSpill(const LowerOp& op, const Status& status) {
   const bool aborted = status.code() == StatusCode::kAborted;
   if (!ok && !aborted) {
     ++stats_.spill_failures;
-    spill_resume_ = Now() + std::chrono::milliseconds(100);
+    // A lower tier that keeps failing (full, stopped) is not asked again
+    // for every block, nor at every pass.
+    if (Now() >= spill_resume_) {
+      spill_resume_ = Now() + spill_backoff_;
+      spill_backoff_ = std::min(2 * spill_backoff_, kMaxSpillBackoff);
+    }
+  } else if (ok) {
+    spill_backoff_ = kFirstSpillBackoff;
   }
   if (op.discard) {
     discarded_spills_.erase(op.key);

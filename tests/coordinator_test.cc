@@ -1242,6 +1242,9 @@ class SlowSpillTier : public LowerTier {
                        : Status::Ok());
   }
 
+  // Finishes the i-th spill as failed (a full or broken disk).
+  void Fail(size_t i) { writes.at(i).done(Status::Unavailable("disk full")); }
+
   bool cancel_writes = false;
   std::vector<Write> writes;
   std::unordered_map<BlockKey, std::vector<TokenId>, BlockKeyHash> stored;
@@ -1301,6 +1304,43 @@ class SpillTest : public ::testing::Test {
   WorkerId w_;
   BlockId slot_ = 0;
 };
+
+// A lower tier that keeps failing is asked again after 100 ms, then 200,
+// doubling, not at every pass; a spill that lands starts the waits over.
+TEST_F(SpillTest, FailingSpillsBackOff) {
+  const std::vector<TokenId> t = SequentialTokens(1, 17);
+  const BlockKey key = StoreOneBlock(1, t);
+  const auto pump_after = [&](int ms) {
+    now_ += std::chrono::milliseconds(ms);
+    c_.PumpLowerTier();
+    return lower_.writes.size();
+  };
+  lower_.Fail(0);
+  EXPECT_EQ(pump_after(0), 1u);
+  EXPECT_EQ(pump_after(99), 1u);
+  EXPECT_EQ(pump_after(1), 2u);  // 100 ms after the failure: again.
+  lower_.Fail(1);
+  EXPECT_EQ(pump_after(0), 2u);  // Applied at this pump.
+  EXPECT_EQ(pump_after(100), 2u);
+  EXPECT_EQ(pump_after(99), 2u);
+  EXPECT_EQ(pump_after(1), 3u);  // 200 ms after the second failure.
+  EXPECT_EQ(c_.stats().host.spill_failures, 2u);
+  EXPECT_EQ(HitTokens(2, t), 16);  // Still served from host meanwhile.
+  lower_.Land(2);
+  c_.PumpLowerTier();
+  EXPECT_TRUE(lower_.stored.contains(key));
+  // Landed: the next failure waits 100 ms again.
+  const BlockKey other = StoreOneBlock(3, SequentialTokens(500, 17));
+  ASSERT_EQ(lower_.writes.size(), 4u);
+  lower_.Fail(3);
+  EXPECT_EQ(pump_after(0), 4u);
+  EXPECT_EQ(pump_after(99), 4u);
+  EXPECT_EQ(pump_after(1), 5u);
+  lower_.Land(4);
+  c_.PumpLowerTier();
+  EXPECT_TRUE(lower_.stored.contains(other));
+  EXPECT_THAT(c_.host_pool().CheckInvariants(), IsOk());
+}
 
 TEST_F(SpillTest, EvictMidSpillDropsTheBlockFromHostAndDisk) {
   for (bool cancel_writes : {false, true}) {
