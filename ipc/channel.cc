@@ -133,7 +133,9 @@ StatusOr<ControlChannel> ControlChannel::Open(int segment_fd) {
         "the segment passed is not a tierkv control channel");
   }
   const auto* h = reinterpret_cast<const Header*>(segment.data());
-  const uint32_t capacity = h->capacity;  // Read once.
+  // Read once: the other process may write the header meanwhile, and a
+  // plain read could be read again after the check.
+  const uint32_t capacity = __atomic_load_n(&h->capacity, __ATOMIC_RELAXED);
   if (__atomic_load_n(&h->magic, __ATOMIC_ACQUIRE) != kChannelMagic ||
       h->version != kChannelVersion ||
       segment.size() < kBuffersOffset + 2 * static_cast<size_t>(capacity)) {
@@ -193,7 +195,7 @@ Status ControlChannel::AwaitResponse(
     return late ? Status::DeadlineExceeded("tierkvd did not answer in time")
                 : Status::Unavailable("tierkvd went away during a call");
   }
-  const uint32_t len = h->response_len;
+  const uint32_t len = __atomic_load_n(&h->response_len, __ATOMIC_RELAXED);
   if (len > capacity_) {
     return Status::DataLoss("response length " + std::to_string(len) +
                             " exceeds the channel");
@@ -211,7 +213,8 @@ bool ControlChannel::Receive(std::vector<std::byte>* request,
       [&stop] { return !stop.load(std::memory_order_relaxed); });
   if (!got || stop.load(std::memory_order_relaxed)) return false;
   last_request_seq_ = h->request_seq.load(std::memory_order_acquire);
-  const uint32_t len = h->request_len;
+  // Read once (the worker may change it): checked, then used.
+  const uint32_t len = __atomic_load_n(&h->request_len, __ATOMIC_RELAXED);
   if (len > capacity_) {
     request->clear();
   } else {

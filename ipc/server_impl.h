@@ -61,6 +61,40 @@ constexpr std::chrono::seconds kStalledAfter{10};
 
 using Clock = std::chrono::steady_clock;
 
+// At most one log line a second for one kind of complaint, saying how many
+// were left out since: a peer that repeats a mistake in a loop (malformed
+// frames, refused registrations) cannot flood the journal. Thread-safe.
+class LogLimit {
+ public:
+  // Whether to log now; if so, *left_out is how many were not logged since
+  // the last line.
+  bool Allow(uint64_t* left_out) {
+    const Clock::time_point now = Clock::now();
+    MutexLock lock(&mu_);
+    if (logged_ && now - last_ < std::chrono::seconds(1)) {
+      ++left_out_;
+      return false;
+    }
+    logged_ = true;
+    last_ = now;
+    *left_out = left_out_;
+    left_out_ = 0;
+    return true;
+  }
+  // ", N more since the last such line", or "" for none.
+  static std::string Since(uint64_t left_out) {
+    return left_out == 0 ? std::string()
+                         : " (" + std::to_string(left_out) +
+                               " more since the last such line)";
+  }
+
+ private:
+  Mutex mu_;
+  bool logged_ TIERKV_GUARDED_BY(mu_) = false;
+  Clock::time_point last_ TIERKV_GUARDED_BY(mu_);
+  uint64_t left_out_ TIERKV_GUARDED_BY(mu_) = 0;
+};
+
 // Each attached worker's readiness pipe (its write end, tierkvd's alone),
 // by worker id: the store's loads_ready callback (called with the store's
 // mutex held, on the tier thread) writes a byte to the worker's, and the
@@ -152,6 +186,9 @@ struct Server::Impl {
   // with how many went unlogged, so a flood of them cannot flood the log.
   Clock::time_point refusal_logged_at;
   uint64_t refusals_unlogged = 0;
+  // Malformed frames and requests, and refused registrations.
+  LogLimit malformed_log;
+  LogLimit refused_worker_log;
   // Connections closed to make room since the pending ones reached
   // options.max_pending_connections; logged once per episode.
   size_t crowded_out = 0;
@@ -234,6 +271,8 @@ struct Server::Impl {
   // Answers `why` as the peer's last reply (as far as its socket takes it
   // now) before it is closed; always false.
   bool Refuse(Connection* conn, const Status& why);
+  // Logs a refused registration (at most a line a second: LogLimit).
+  void LogRefusedWorker(pid_t pid, const Status& why);
   // tierkv-admin's operator orders; each leaves a line in the log.
   Message Clear(pid_t pid, TierSelection tiers);
   Message Evict(pid_t pid, const std::vector<BlockKey>& keys);

@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <system_error>
 #include <thread>
 #include <tuple>
 
@@ -244,8 +245,10 @@ bool Server::Impl::HandleFrames(Connection* conn) {
     }
     StatusOr<uint32_t> len = PeekPayloadLength(conn->input, kMaxSocketPayload);
     if (!len.ok()) {
-      spdlog::warn("pid {}: {}; disconnecting", conn->peer.pid,
-                   len.status().ToString());
+      if (uint64_t left_out = 0; malformed_log.Allow(&left_out)) {
+        spdlog::warn("pid {}: {}; disconnecting{}", conn->peer.pid,
+                     len.status().ToString(), LogLimit::Since(left_out));
+      }
       refused_malformed.fetch_add(1, std::memory_order_relaxed);
       return Refuse(conn, len.status());
     }
@@ -255,8 +258,10 @@ bool Server::Impl::HandleFrames(Connection* conn) {
         Decode(std::span<const std::byte>(conn->input).first(frame));
     conn->input.erase(conn->input.begin(), conn->input.begin() + frame);
     if (!message.ok()) {
-      spdlog::warn("pid {}: {}; disconnecting", conn->peer.pid,
-                   message.status().ToString());
+      if (uint64_t left_out = 0; malformed_log.Allow(&left_out)) {
+        spdlog::warn("pid {}: {}; disconnecting{}", conn->peer.pid,
+                     message.status().ToString(), LogLimit::Since(left_out));
+      }
       refused_malformed.fetch_add(1, std::memory_order_relaxed);
       return Refuse(conn, message.status());
     }
@@ -314,6 +319,13 @@ bool Server::Impl::Refuse(Connection* conn, const Status& why) {
   return false;
 }
 
+void Server::Impl::LogRefusedWorker(pid_t pid, const Status& why) {
+  if (uint64_t left_out = 0; refused_worker_log.Allow(&left_out)) {
+    spdlog::warn("refused worker pid {}: {}{}", pid, why.ToString(),
+                 LogLimit::Since(left_out));
+  }
+}
+
 bool Server::Impl::Register(Connection* conn, const RegisterRequest& request) {
   if (conn->session != nullptr) {
     refused_malformed.fetch_add(1, std::memory_order_relaxed);
@@ -344,8 +356,7 @@ bool Server::Impl::Register(Connection* conn, const RegisterRequest& request) {
                         : host_segment.status();
   if (!channel.ok()) {
     if (worker.ok()) (void)store->Lock()->DropWorker(*worker);
-    spdlog::warn("refused worker pid {}: {}", reg.pid,
-                 channel.status().ToString());
+    LogRefusedWorker(reg.pid, channel.status());
     CountRefusal(channel.status().code());
     return Refuse(conn, channel.status());
   }
@@ -360,7 +371,7 @@ bool Server::Impl::Register(Connection* conn, const RegisterRequest& request) {
         std::string("cannot make the worker's readiness pipe: ") +
         std::strerror(errno));
     (void)store->Lock()->DropWorker(*worker);
-    spdlog::warn("refused worker pid {}: {}", reg.pid, why.ToString());
+    LogRefusedWorker(reg.pid, why);
     CountRefusal(why.code());
     return Refuse(conn, why);
   }
@@ -368,9 +379,20 @@ bool Server::Impl::Register(Connection* conn, const RegisterRequest& request) {
   session->pid = reg.pid;
   session->ready_reader.reset(ends[0]);
   session->ready.reset(ends[1]);
-  ready_signals->Add(*worker, session->ready.get());
   Session* raw = session.get();
-  session->thread = std::thread([this, raw] { Serve(raw); });
+  try {
+    session->thread = std::thread([this, raw] { Serve(raw); });
+  } catch (const std::system_error& e) {
+    // No thread to serve it (the unit's TasksMax, RLIMIT_NPROC): refused,
+    // not std::terminate for every worker.
+    const Status why = Status::ResourceExhausted(
+        std::string("cannot start the worker's session thread: ") + e.what());
+    (void)store->Lock()->DropWorker(*worker);
+    LogRefusedWorker(reg.pid, why);
+    CountRefusal(why.code());
+    return Refuse(conn, why);
+  }
+  ready_signals->Add(*worker, session->ready.get());
   conn->session = std::move(session);
   conn->deadline = Clock::time_point::max();
   --pending_connections;
@@ -455,7 +477,10 @@ void Server::Impl::Serve(Session* session) {
     const Status decoded = DecodeInto(request, &message);
     Message reply;
     if (!decoded.ok()) {
-      spdlog::warn("worker {}: {}", session->worker, decoded.ToString());
+      if (uint64_t left_out = 0; malformed_log.Allow(&left_out)) {
+        spdlog::warn("worker {}: {}{}", session->worker, decoded.ToString(),
+                     LogLimit::Since(left_out));
+      }
       reply = ErrorReply{decoded};
     } else if (std::holds_alternative<StatsRequest>(message)) {
       reply = StatsReply{Stats()};  // With what only the server counts.

@@ -10,6 +10,7 @@
 #include <pwd.h>
 #include <sys/file.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -717,6 +718,39 @@ TEST_F(SupplementaryGroupTest, AGroupTierkvdsUserIsNotInIsRefusedAtOnce) {
   EXPECT_THAT(daemon->output(), HasSubstr("not in that group"));
   struct stat st {};
   EXPECT_NE(stat(socket_.c_str(), &st), 0);
+}
+
+// With no thread left to serve a worker (RLIMIT_NPROC, the unit's
+// TasksMax), its registration is refused; tierkvd serves on, and attaches
+// the next worker once threads can start again.
+TEST_F(SupplementaryGroupTest, AWorkerNoThreadCanServeIsRefused) {
+  // tierkvd runs as another user, whose threads alone the limit counts.
+  const passwd* outsider = getpwnam(TestUsers::kOutsider);
+  ASSERT_EQ(chown(dir_.c_str(), outsider->pw_uid, outsider->pw_gid), 0);
+  daemon_ = Spawn(TestUsers::As(TestUsers::kOutsider, DaemonArgs("1M")));
+  ASSERT_TRUE(daemon_->WaitForOutput("serving store")) << daemon_->output();
+  // Set as tierkvd's user (the same user may lower and raise its soft
+  // limit; another would need CAP_SYS_RESOURCE).
+  const auto nproc = [&](const std::string& soft) {
+    auto set = Spawn(TestUsers::As(
+        TestUsers::kOutsider,
+        {"/usr/bin/prlimit", "--pid", std::to_string(daemon_->pid()),
+         "--nproc=" + soft + ":"}));
+    return set->Wait() == 0 ? std::string() : set->output();
+  };
+  rlimit before{};
+  ASSERT_EQ(getrlimit(RLIMIT_NPROC, &before), 0);  // tierkvd inherited it.
+  ASSERT_EQ(nproc("1"), "");
+  auto refused = Spawn({TEST_WORKER_PATH, "store", socket_, "5", "3"});
+  EXPECT_NE(refused->Wait(), 0) << refused->output();
+  EXPECT_THAT(refused->output(), HasSubstr("session thread"));
+  ASSERT_EQ(
+      nproc(before.rlim_cur == RLIM_INFINITY ? std::string("unlimited")
+                                             : std::to_string(before.rlim_cur)),
+      "");
+  auto served = Spawn({TEST_WORKER_PATH, "store", socket_, "5", "3"});
+  EXPECT_EQ(served->Wait(), 0) << served->output();
+  EXPECT_THAT(served->output(), HasSubstr("checksum"));
 }
 
 // A log file tierkvd's user may not write is a refused permission (exit 5,

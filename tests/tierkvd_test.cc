@@ -323,6 +323,32 @@ TEST_F(TierkvdTest, MalformedMessagesGetErrorsAndOthersAreServed) {
   // Garbage.
   EXPECT_EQ(call(std::vector<std::byte>(64, std::byte{0x5A})).code(),
             StatusCode::kInvalidArgument);
+  // Garbage in a loop is refused each time but logged at most once a
+  // second, with how many were left out.
+  const auto begin = std::chrono::steady_clock::now();
+  for (int i = 0; i < 200; ++i) {
+    ASSERT_EQ(call(std::vector<std::byte>(64, std::byte{0x5A})).code(),
+              StatusCode::kInvalidArgument);
+  }
+  const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(
+                           std::chrono::steady_clock::now() - begin)
+                           .count();
+  std::unique_ptr<Client> marker = Attach("marker");  // Logged after them.
+  ASSERT_NE(marker, nullptr);
+  ASSERT_TRUE(daemon_->WaitForOutput("'marker'")) << daemon_->output();
+  const std::string log = daemon_->output();
+  const std::string line = "worker " + std::to_string(bad->id) + ": ";
+  size_t lines = 0;
+  for (size_t at = log.find(line); at != std::string::npos;
+       at = log.find(line, at + 1)) {
+    ++lines;
+  }
+  EXPECT_LE(lines, 4u + static_cast<size_t>(seconds)) << log;
+  const WorkerId marker_id = marker->worker_id();
+  marker.reset();
+  ASSERT_TRUE(daemon_->WaitForOutput("worker " + std::to_string(marker_id) +
+                                     " (pid"))
+      << daemon_->output();
   // Out-of-range device block ids.
   EXPECT_EQ(call(lookup).code(), StatusCode::kOk);
   EXPECT_EQ(
