@@ -810,6 +810,32 @@ WorkerRegistration RegistrationOf(const ClientOptions& options) {
           .attachment_tag = options.attachment_tag};
 }
 
+// DataLoss unless every device block of `events` is one of `passed`, the
+// blocks the caller gave the call that made them, and each event names as
+// many host slots: a reply from a broken tierkvd must not have the client
+// write into another request's blocks.
+Status CheckHandedOut(std::span<const TransferEvent> events,
+                      std::span<const BlockId> passed) {
+  std::vector<BlockId> given(passed.begin(), passed.end());
+  std::ranges::sort(given);
+  for (const TransferEvent& e : events) {
+    if (e.device_blocks.size() != e.host_blocks.size()) {
+      return Status::DataLoss(
+          "tierkvd handed out an event of " +
+          std::to_string(e.device_blocks.size()) + " device blocks and " +
+          std::to_string(e.host_blocks.size()) + " host slots");
+    }
+    for (BlockId b : e.device_blocks) {
+      if (!std::ranges::binary_search(given, b)) {
+        return Status::DataLoss("tierkvd handed out device block " +
+                                std::to_string(b) +
+                                ", not one of the blocks this call passed");
+      }
+    }
+  }
+  return Status::Ok();
+}
+
 // Whether a rank with `num_device_blocks` blocks can copy `event`.
 Status CheckRankEvent(const TransferEvent& event, int32_t num_device_blocks) {
   if (event.device_blocks.size() != event.host_blocks.size()) {
@@ -1113,6 +1139,13 @@ StatusOr<AllocateResult> Client::Allocate(
           .num_external_tokens = num_external_tokens,
           .device_blocks = std::vector<BlockId>(device_blocks.begin(),
                                                 device_blocks.end())}));
+  if (reply.result.load.has_value()) {
+    if (Status bad = CheckHandedOut({&*reply.result.load, 1}, device_blocks);
+        !bad.ok()) {
+      impl_->ReportFailed(reply.result.load->ref);
+      return bad;
+    }
+  }
   if (!reply.result.load.has_value() ||
       impl_->options.copies != CopyMode::kClient) {
     if (reply.result.load.has_value() && !reply.result.load_pending) {
@@ -1145,6 +1178,13 @@ StatusOr<CommitResult> Client::Commit(RequestId request,
                              .num_computed_tokens = num_computed_tokens,
                              .device_blocks = std::vector<BlockId>(
                                  device_blocks.begin(), device_blocks.end())}));
+  if (Status bad = CheckHandedOut(reply.result.stores, device_blocks);
+      !bad.ok()) {
+    for (const TransferEvent& e : reply.result.stores) {
+      impl_->ReportFailed(e.ref);
+    }
+    return bad;
+  }
   TIERKV_RETURN_IF_ERROR(impl_->StartStores(reply.result));
   return reply.result;
 }
