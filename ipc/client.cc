@@ -816,6 +816,7 @@ WorkerRegistration RegistrationOf(const ClientOptions& options) {
 // write into another request's blocks.
 Status CheckHandedOut(std::span<const TransferEvent> events,
                       std::span<const BlockId> passed) {
+  if (events.empty()) return Status::Ok();  // Most commits store nothing.
   std::vector<BlockId> given(passed.begin(), passed.end());
   std::ranges::sort(given);
   for (const TransferEvent& e : events) {
@@ -1097,6 +1098,7 @@ StatusOr<std::vector<StatusOr<LookupResult>>> Client::LookupBatch(
           " lookups of a batch of " + std::to_string(end - first));
     }
     for (StatusOr<LookupResult>& r : reply.results) {
+      if (!r.ok()) impl.CheckEnded(r.status());
       results.push_back(std::move(r));
     }
   }

@@ -223,22 +223,29 @@ void KeyHasher::AppendPrefixKeys(std::span<const TokenId> tokens,
   std::vector<MultiModalItem> sorted;
   const std::span<const MultiModalItem> items =
       ByStart(extras.mm_items, &sorted);
-  // Items that end before a block are past for every later block: each
-  // block looks at the items from the first that may still overlap it, so
-  // keying costs blocks plus items, not their product (for items that do
-  // not overlap each other, as Coordinator::CheckItems requires).
-  size_t first_item = 0;
+  // The items over the current block, in order of start: each item joins
+  // once, at the first block it reaches, and leaves once it has ended, so
+  // keying costs the items plus, per block, those over it (a few:
+  // Coordinator::CheckItems bounds how many cover one token).
+  std::vector<MultiModalItem> over;
+  size_t next_item = 0;
   BlockKey parent = keys->empty() ? sequence_root_ : keys->back();
   for (size_t i = keys->size(); i < num_full; ++i) {
     const int64_t start = static_cast<int64_t>(i) * block_size;
     auto block = tokens.subspan(static_cast<size_t>(start), block_size);
-    while (first_item < items.size() &&
-           items[first_item].start + items[first_item].length <= start) {
-      ++first_item;
+    std::erase_if(over, [start](const MultiModalItem& item) {
+      return item.start + item.length <= start;
+    });
+    for (; next_item < items.size() &&
+           items[next_item].start < start + block_size;
+         ++next_item) {
+      if (items[next_item].start + items[next_item].length > start) {
+        over.push_back(items[next_item]);
+      }
     }
     extra.clear();
-    EncodeBlockExtras(extras, items.subspan(first_item),
-                      static_cast<int64_t>(i), start, block_size, &extra);
+    EncodeBlockExtras(extras, over, static_cast<int64_t>(i), start, block_size,
+                      &extra);
     parent = HashBlock(parent, block, extra);
     keys->push_back(parent);
   }

@@ -545,22 +545,25 @@ Status Coordinator::CheckItems(size_t num_tokens, const RequestExtras& extras) {
           std::to_string(num_tokens) + " tokens");
     }
   }
-  // An engine's items fill placeholder ranges that do not overlap (which
-  // also keeps keying linear: KeyHasher::AppendPrefixKeys).
-  std::vector<std::pair<int64_t, int64_t>> ranges;
-  ranges.reserve(extras.mm_items.size());
+  // An engine's items fill placeholder ranges of their own, or share a few
+  // (a video's audio track over its frames). Keying a block encodes every
+  // item over it, so a bound on how many cover one token keeps keying
+  // linear in the blocks (KeyHasher::AppendPrefixKeys).
+  std::vector<std::pair<int64_t, int>> edges;  // (token, +1 start, -1 end)
+  edges.reserve(2 * extras.mm_items.size());
   for (const MultiModalItem& item : extras.mm_items) {
-    ranges.emplace_back(item.start, item.start + item.length);
+    edges.emplace_back(item.start, 1);
+    edges.emplace_back(item.start + item.length, -1);
   }
-  std::ranges::sort(ranges);
-  for (size_t i = 1; i < ranges.size(); ++i) {
-    if (ranges[i].first < ranges[i - 1].second) {
-      return Status::InvalidArgument(
-          "multimodal items at [" + std::to_string(ranges[i - 1].first) + ", " +
-          std::to_string(ranges[i - 1].second) + ") and [" +
-          std::to_string(ranges[i].first) + ", " +
-          std::to_string(ranges[i].second) +
-          ") overlap: an engine's items fill placeholder tokens of their own");
+  std::ranges::sort(edges);  // At one token, ends before starts.
+  int depth = 0;
+  for (const auto& [token, step] : edges) {
+    depth += step;
+    if (depth > kMaxItemsOverAToken) {
+      return Status::InvalidArgument("more than " +
+                                     std::to_string(kMaxItemsOverAToken) +
+                                     " multimodal items cover token " +
+                                     std::to_string(token) + " of the request");
     }
   }
   return Status::Ok();

@@ -669,6 +669,8 @@ class Coordinator {
   // InvalidArgument unless every multimodal item of `extras` lies within
   // `num_tokens` tokens (so that its key's encoding cannot overflow).
   static Status CheckItems(size_t num_tokens, const RequestExtras& extras);
+  // Multimodal items over one token at most (CheckItems).
+  static constexpr int kMaxItemsOverAToken = 4;
   // The leading full blocks of `tokens` whose keys `r` keeps from its
   // previous plain prefix lookup with the same tokens there.
   size_t UnchangedBlocks(const RequestState& r,

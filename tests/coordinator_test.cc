@@ -157,11 +157,11 @@ TEST_F(CoordinatorTest, Seed004HostTimeline) {
   EXPECT_THAT(c_.host_pool().CheckInvariants(), IsOk());
 }
 
-// Items that overlap are refused: an engine's fill placeholder tokens of
-// their own, and many items over every block would make keying cost
-// blocks times items under the store's lock. Many that do not overlap are
+// Items may share tokens (a video's audio over its frames), but no more
+// than a few over one token: many items over every block would make keying
+// cost blocks times items under the store's lock. Many that share none are
 // served, in any order.
-TEST_F(CoordinatorTest, MultimodalItemsMustNotOverlap) {
+TEST_F(CoordinatorTest, MultimodalItemsOverOneTokenAreBounded) {
   const WorkerId w = Register();
   const std::vector<TokenId> t = SequentialTokens(1, 2048);
   RequestExtras crowd;
@@ -172,21 +172,28 @@ TEST_F(CoordinatorTest, MultimodalItemsMustNotOverlap) {
   }
   StatusOr<LookupResult> refused = c_.Lookup(w, 1, t, 0, crowd);
   ASSERT_THAT(refused, StatusIs(StatusCode::kInvalidArgument));
-  EXPECT_THAT(refused.status().message(), HasSubstr("overlap"));
-  RequestExtras touching;  // [4, 8) then [8, 12): adjacent, no overlap.
-  touching.mm_items = {{.hash = {1, 1}, .start = 8, .length = 4},
-                       {.hash = {2, 2}, .start = 4, .length = 4}};
-  EXPECT_THAT(c_.Lookup(w, 2, t, 0, touching), IsOk());
-  touching.mm_items[1].length = 5;  // [4, 9) overlaps [8, 12).
-  EXPECT_THAT(c_.Lookup(w, 3, t, 0, touching),
+  EXPECT_THAT(refused.status().message(), HasSubstr("cover token"));
+  EXPECT_THAT(c_.Route("", t, crowd), StatusIs(StatusCode::kInvalidArgument));
+  RequestExtras shared;  // A video [100, 500) and its audio [100, 300).
+  shared.mm_items = {{.hash = {1, 1}, .start = 100, .length = 400},
+                     {.hash = {2, 2}, .start = 100, .length = 200}};
+  EXPECT_THAT(c_.Lookup(w, 2, t, 0, shared), IsOk());
+  for (int i = 0; i < 2; ++i) {  // Four over [150, 160): the bound.
+    shared.mm_items.push_back(
+        {.hash = {3, static_cast<uint64_t>(i)}, .start = 150, .length = 10});
+  }
+  EXPECT_THAT(c_.Lookup(w, 3, t, 0, shared), IsOk());
+  shared.mm_items.push_back({.hash = {4, 4}, .start = 159, .length = 1});
+  EXPECT_THAT(c_.Lookup(w, 4, t, 0, shared),
               StatusIs(StatusCode::kInvalidArgument));
+  shared.mm_items.back().start = 160;  // Past the four: ends come first.
+  EXPECT_THAT(c_.Lookup(w, 5, t, 0, shared), IsOk());
   RequestExtras every_token;
   for (int64_t i = static_cast<int64_t>(t.size()) - 1; i >= 0; --i) {
     every_token.mm_items.push_back(
         {.hash = {static_cast<uint64_t>(i), 2}, .start = i, .length = 1});
   }
-  EXPECT_THAT(c_.Lookup(w, 4, t, 0, every_token), IsOk());
-  EXPECT_THAT(c_.Route("", t, crowd), StatusIs(StatusCode::kInvalidArgument));
+  EXPECT_THAT(c_.Lookup(w, 6, t, 0, every_token), IsOk());
 }
 
 TEST_F(CoordinatorTest, MaxHitLeavesTheLastTokenToCompute) {

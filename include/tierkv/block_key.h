@@ -68,8 +68,8 @@ struct MultiModalItem {
 // Per-request inputs that change what a block's KV means beyond its tokens.
 struct RequestExtras {
   std::optional<uint64_t> lora_id;  // Applies to every block.
-  // Any order (keys list them by start); their token ranges must not
-  // overlap (tierkvd refuses a request whose do, InvalidArgument).
+  // Any order (keys list them by start); at most four may cover one token
+  // (tierkvd refuses more, InvalidArgument).
   std::vector<MultiModalItem> mm_items;
   std::string cache_salt;  // Folded into the first block only.
 };

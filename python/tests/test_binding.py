@@ -260,6 +260,34 @@ def test_torch_copies_move_the_bytes_a_registered_device_does(tierkvd,
         assert torch.equal(f[3], flash[layer][2])
 
 
+def test_torch_copies_run_in_chunks_and_skip_empty_loads(tierkvd, layout,
+                                                         monkeypatch):
+    import tierkv._torch_copy as torch_copy
+    monkeypatch.setattr(torch_copy, "_CHUNK_BYTES", 1)  # A block a chunk.
+    caches = paged_caches(layout, num_blocks=8)
+    copier = torch_copy.TorchCopier(layout, [(c[0], c[1]) for c in caches])
+    tokens = prompt(10, 3)
+    with tierkv.Client.open(tierkvd.socket, layout, 8,
+                            copies="caller") as client:
+        client.lookup(1, tokens)
+        client.allocate(1, [0, 1, 2], 0)
+        event = client.commit(1, len(tokens), [0, 1, 2]).stores[0]
+        copier.store(client, event)
+        client.complete([tierkv.FinishedTransfer(event, None,
+                                                 client.session)])
+        client.finish(1)
+        assert client.lookup(2, tokens + [7]).hit_tokens == len(tokens)
+        event = client.allocate(2, [5, 6, 7], len(tokens)).load
+        copier.load(client, event)
+        cut = tierkv.TransferEvent("load", 99, 2, [], [])
+        copier.load(client, cut)  # Cut short before its first: nothing.
+        client.complete([tierkv.FinishedTransfer(event, None,
+                                                 client.session)])
+        client.finish(2)
+    for cache in caches:
+        assert torch.equal(cache[:, 5:8], cache[:, 0:3])
+
+
 def test_caller_mode_copies_through_host_block_views(tierkvd, layout):
     with tierkv.Client.open(tierkvd.socket, layout, 4,
                             copies="caller") as client:

@@ -22,6 +22,9 @@ import torch
 import tierkv
 
 _DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+# Bytes of one rank's blocks staged at once: bounds what a copy takes of
+# the device's memory (beside the engine's cache) and of the host's.
+_CHUNK_BYTES = 64 << 20
 
 
 class TorchCopier:
@@ -74,6 +77,9 @@ class TorchCopier:
                         f"{first.device}")
         self._planes = list(planes)
         self.device = first.device
+        self._shard_bytes = (layout.num_layers * 2 * layout.block_size *
+                             heads * layout.head_dim *
+                             torch.tensor([], dtype=self._dtype).element_size())
 
     def _slot(self, client: Any, slot: int) -> torch.Tensor:
         """Host slot `slot` as [layers, 2, block_size, heads, head_dim]."""
@@ -81,8 +87,11 @@ class TorchCopier:
         return torch.frombuffer(view, dtype=self._dtype).view(
             self._host_shape)
 
-    def _index(self, event: Any) -> torch.Tensor:
-        blocks = event.device_blocks
+    def _chunks(self, event: Any):
+        """The event's (device blocks index, host slots) in runs of at most
+        _CHUNK_BYTES of this rank's bytes: a whole prefix hit staged at
+        once could take gigabytes of the device's memory."""
+        blocks = list(event.device_blocks)
         if len(blocks) != len(event.host_blocks):
             raise tierkv.InvalidArgumentError(
                 f"the event names {len(blocks)} device blocks and "
@@ -92,28 +101,32 @@ class TorchCopier:
                 raise tierkv.InvalidArgumentError(
                     f"device block {b} is outside this rank's "
                     f"{self.num_blocks} blocks")
-        return torch.tensor(list(blocks), dtype=torch.long,
-                            device=self.device)
+        per_chunk = max(1, _CHUNK_BYTES // self._shard_bytes)
+        for first in range(0, len(blocks), per_chunk):
+            index = torch.tensor(blocks[first:first + per_chunk],
+                                 dtype=torch.long, device=self.device)
+            yield index, list(event.host_blocks[first:first + per_chunk])
 
     def store(self, client: Any, event: Any) -> None:
         """Copies the event's device blocks into its host slots (this
         rank's heads); returns once the bytes are in the slots."""
-        index = self._index(event)
-        # [blocks, layers, 2, block_size, heads, head_dim], on the host.
-        data = torch.stack([
-            torch.stack((k.index_select(0, index), v.index_select(0, index)),
-                        dim=1) for k, v in self._planes], dim=1).cpu()
-        for j, slot in enumerate(event.host_blocks):
-            self._slot(client, slot)[:, :, :, self._heads].copy_(data[j])
+        for index, slots in self._chunks(event):
+            # [blocks, layers, 2, block_size, heads, head_dim], on the host.
+            data = torch.stack([
+                torch.stack((k.index_select(0, index),
+                             v.index_select(0, index)), dim=1)
+                for k, v in self._planes], dim=1).cpu()
+            for j, slot in enumerate(slots):
+                self._slot(client, slot)[:, :, :, self._heads].copy_(data[j])
 
     def load(self, client: Any, event: Any) -> None:
         """Copies the event's host slots (this rank's heads) into its device
-        blocks; returns once the device copy is ordered on the current
-        stream (before whatever the engine runs next on it)."""
-        index = self._index(event)
-        data = torch.stack([self._slot(client, slot)[:, :, :, self._heads]
-                            for slot in event.host_blocks])
-        data = data.to(self.device)
-        for l, (k, v) in enumerate(self._planes):
-            k.index_copy_(0, index, data[:, l, 0])
-            v.index_copy_(0, index, data[:, l, 1])
+        blocks; returns once the device copies are ordered on the current
+        stream (before whatever the engine runs next on it). A load cut
+        short before its first block copies nothing."""
+        for index, slots in self._chunks(event):
+            data = torch.stack([self._slot(client, slot)[:, :, :, self._heads]
+                                for slot in slots]).to(self.device)
+            for l, (k, v) in enumerate(self._planes):
+                k.index_copy_(0, index, data[:, l, 0])
+                v.index_copy_(0, index, data[:, l, 1])
