@@ -346,8 +346,8 @@ TEST_F(TierkvdTest, MalformedMessagesGetErrorsAndOthersAreServed) {
   EXPECT_LE(lines, 4u + static_cast<size_t>(seconds)) << log;
   const WorkerId marker_id = marker->worker_id();
   marker.reset();
-  ASSERT_TRUE(daemon_->WaitForOutput("worker " + std::to_string(marker_id) +
-                                     " (pid"))
+  ASSERT_TRUE(
+      daemon_->WaitForOutput("worker " + std::to_string(marker_id) + " (pid"))
       << daemon_->output();
   // Out-of-range device block ids.
   EXPECT_EQ(call(lookup).code(), StatusCode::kOk);
