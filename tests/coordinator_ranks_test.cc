@@ -44,13 +44,16 @@ class CoordinatorRanksTest : public ::testing::Test {
     rank0_ = Register(0, scheduler_, 0).value();
     rank1_ = Register(0, scheduler_, 1).value();
   }
-  // The scheduler commits `tokens`' full blocks as request `id`: the store.
-  TransferEvent CommitStore(RequestId id, const std::vector<TokenId>& tokens) {
-    EXPECT_THAT(c_.Lookup(scheduler_, id, tokens, 0, {}), IsOk());
+  // `scheduler` (default: the fixture's) commits `tokens`' full blocks as
+  // request `id`: the store.
+  TransferEvent CommitStore(RequestId id, const std::vector<TokenId>& tokens,
+                            WorkerId scheduler = 0) {
+    if (scheduler == 0) scheduler = scheduler_;
+    EXPECT_THAT(c_.Lookup(scheduler, id, tokens, 0, {}), IsOk());
     const std::vector<BlockId> device{1, 2, 3};
-    EXPECT_THAT(c_.Allocate(scheduler_, id, device, 0), IsOk());
+    EXPECT_THAT(c_.Allocate(scheduler, id, device, 0), IsOk());
     CommitResult commit =
-        c_.Commit(scheduler_, id, static_cast<int32_t>(tokens.size()), device)
+        c_.Commit(scheduler, id, static_cast<int32_t>(tokens.size()), device)
             .value();
     EXPECT_EQ(commit.stores.size(), 1u);
     return commit.stores.at(0);
@@ -139,15 +142,12 @@ TEST_F(CoordinatorRanksTest, ATaggedSchedulerThatLosesARankHandsOutNoMore) {
   const WorkerId r1 = Register(0, tagged, 1, 7, "", "epoch-1").value();
   const std::vector<BlockId> device{1, 2, 3};
   // A store in flight, and a request looked up but not yet allocated.
-  ASSERT_THAT(c_.Lookup(tagged, 1, tokens_, 0, {}), IsOk());
-  ASSERT_THAT(c_.Allocate(tagged, 1, device, 0), IsOk());
-  const CommitResult commit = c_.Commit(tagged, 1, 33, device).value();
-  ASSERT_EQ(commit.stores.size(), 1u);
+  const TransferEvent store = CommitStore(1, tokens_, tagged);
   ASSERT_THAT(c_.Lookup(tagged, 2, SequentialTokens(300, 17), 0, {}), IsOk());
   ASSERT_THAT(c_.DropWorker(r1), IsOk());
   // The store in flight failed for rank 1; rank 0 still ends its part.
-  ASSERT_THAT(CompleteBy(r0, commit.stores[0]), IsOk());
-  EXPECT_EQ(Ref(commit.stores[0].host_blocks[0]), 0);
+  ASSERT_THAT(CompleteBy(r0, store), IsOk());
+  EXPECT_EQ(Ref(store.host_blocks[0]), 0);
   EXPECT_EQ(c_.stats().host.events_in_flight, 0);
   // Every call that could hand out an event is refused, naming the rank.
   StatusOr<LookupResult> lookup = c_.Lookup(tagged, 3, tokens_, 0, {});
@@ -180,16 +180,12 @@ TEST_F(CoordinatorRanksTest, AnEndedAttachmentFailsWhatWaitsForAbsentRanks) {
   const WorkerId tagged = Register(3, 0, 0, 7, "", "epoch-1").value();
   const WorkerId r0 = Register(0, tagged, 0, 7, "", "epoch-1").value();
   const WorkerId r1 = Register(0, tagged, 1, 7, "", "epoch-1").value();
-  const std::vector<BlockId> device{1, 2, 3};
-  ASSERT_THAT(c_.Lookup(tagged, 1, tokens_, 0, {}), IsOk());
-  ASSERT_THAT(c_.Allocate(tagged, 1, device, 0), IsOk());
-  const CommitResult commit = c_.Commit(tagged, 1, 33, device).value();
-  ASSERT_EQ(commit.stores.size(), 1u);
-  ASSERT_THAT(CompleteBy(r0, commit.stores[0]), IsOk());
+  const TransferEvent store = CommitStore(1, tokens_, tagged);
+  ASSERT_THAT(CompleteBy(r0, store), IsOk());
   ASSERT_THAT(c_.Finish(tagged, 1), IsOk());
-  EXPECT_EQ(Ref(commit.stores[0].host_blocks[0]), 1);
+  EXPECT_EQ(Ref(store.host_blocks[0]), 1);
   ASSERT_THAT(c_.DropWorker(r1), IsOk());
-  EXPECT_EQ(Ref(commit.stores[0].host_blocks[0]), 0);
+  EXPECT_EQ(Ref(store.host_blocks[0]), 0);
   EXPECT_EQ(c_.stats().host.events_in_flight, 0);
   EXPECT_EQ(c_.stats().host.pinned_slots, 0);
 }
