@@ -427,6 +427,8 @@ struct Client::Impl {
     Status s = reply.ok() ? ipc::StatusOf(*reply) : reply.status();
     if (s.ok()) return s;
     if (reply.ok()) CheckEnded(s);
+    // Ended by that reply: the call that collects it cannot be sent.
+    if (!channel_error.ok()) return channel_error;
     // Counted and kept, never returned by the call that collects it: that
     // call still goes, since it may complete or finish what would
     // otherwise stay pinned in tierkvd.
@@ -1061,7 +1063,8 @@ StatusOr<std::vector<StatusOr<LookupResult>>> Client::LookupBatch(
   if (!impl.channel_error.ok()) return impl.channel_error;
   // Batches as large as the channel takes both ways (a frame header and a
   // count besides the lookups, or their results), each a round trip.
-  const size_t room = impl.channel->capacity() - ipc::kFrameHeaderBytes - 4;
+  const size_t capacity = impl.channel->capacity();
+  const size_t room = capacity - ipc::kFrameHeaderBytes - 4;
   while (results.size() < queries.size()) {
     const size_t first = results.size();
     if (ipc::LookupBatchEntryBytes(queries[first]) > room) {
@@ -1069,8 +1072,8 @@ StatusOr<std::vector<StatusOr<LookupResult>>> Client::LookupBatch(
       // would be.
       results.push_back(Status::InvalidArgument(
           "a lookup of " + std::to_string(queries[first].tokens.size()) +
-          " tokens exceeds the control channel's " +
-          std::to_string(impl.channel->capacity()) + " bytes"));
+          " tokens exceeds the control channel's " + std::to_string(capacity) +
+          " bytes"));
       continue;
     }
     size_t end = first, bytes = 0;
@@ -1101,6 +1104,9 @@ StatusOr<std::vector<StatusOr<LookupResult>>> Client::LookupBatch(
       if (!r.ok()) impl.CheckEnded(r.status());
       results.push_back(std::move(r));
     }
+    // A lost attachment fails the call, as in the loop above: the lookups
+    // that hit keep no pins once the socket closes.
+    if (!impl.channel_error.ok()) return impl.channel_error;
   }
   return results;
 }
@@ -1144,7 +1150,7 @@ StatusOr<AllocateResult> Client::Allocate(
   if (reply.result.load.has_value()) {
     if (Status bad = CheckHandedOut({&*reply.result.load, 1}, device_blocks);
         !bad.ok()) {
-      impl_->ReportFailed(reply.result.load->ref);
+      impl_->LoseAttachment(bad);  // See Commit.
       return bad;
     }
   }
@@ -1182,9 +1188,11 @@ StatusOr<CommitResult> Client::Commit(RequestId request,
                                  device_blocks.begin(), device_blocks.end())}));
   if (Status bad = CheckHandedOut(reply.result.stores, device_blocks);
       !bad.ok()) {
-    for (const TransferEvent& e : reply.result.stores) {
-      impl_->ReportFailed(e.ref);
-    }
+    // No working tierkvd sends this: the attachment is given up, and the
+    // socket's close releases all tierkvd holds for it. Reporting the
+    // events failed would not (a scheduler with ranks may not complete
+    // them).
+    impl_->LoseAttachment(bad);
     return bad;
   }
   TIERKV_RETURN_IF_ERROR(impl_->StartStores(reply.result));

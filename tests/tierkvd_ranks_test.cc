@@ -81,6 +81,29 @@ class TierkvdRanksTest : public TierkvdFixture {
     return commit->stores.at(0);
   }
 
+  // A scheduler with an attachment tag and one rank, that rank gone:
+  // tierkvd dropped it, and no rank can attach for the scheduler any more.
+  std::unique_ptr<Client> TaggedSchedulerThatLostItsRank() {
+    ClientOptions s = ClientOptionsFor("tagged");
+    s.copies = CopyMode::kRanks;
+    s.ranks = 1;
+    s.attachment_tag = "epoch-1";
+    std::unique_ptr<Client> tagged = std::move(Client::Open(s).value());
+    ClientOptions o = ClientOptionsFor("rank");
+    o.copies = CopyMode::kCaller;
+    o.scheduler = tagged->worker_id();
+    o.attachment_tag = "epoch-1";
+    std::unique_ptr<Client> rank = std::move(Client::Open(o).value());
+    const WorkerId lost = rank->worker_id();
+    EXPECT_THAT(tagged->Lookup(1, tokens_), IsOk());  // Pins nothing yet.
+    rank.reset();
+    EXPECT_TRUE(
+        daemon_->WaitForOutput("worker " + std::to_string(lost) + " (pid"))
+        << daemon_->output();
+    EXPECT_THAT(Client::Open(o), StatusIs(StatusCode::kFailedPrecondition));
+    return tagged;
+  }
+
   const TokenId first_token_ = 77;
   const std::vector<TokenId> tokens_ = SequentialTokens(first_token_, 33);
   std::unique_ptr<Client> scheduler_;
@@ -365,29 +388,27 @@ TEST_F(TierkvdRanksTest,
 // call is Unavailable, and its client then counts the attachment lost
 // (the socket closes, tierkvd releases its pins); a rank cannot attach.
 TEST_F(TierkvdRanksTest, ALostRankEndsATaggedAttachment) {
-  ClientOptions s = ClientOptionsFor("tagged");
-  s.copies = CopyMode::kRanks;
-  s.ranks = 1;
-  s.attachment_tag = "epoch-1";
-  std::unique_ptr<Client> tagged = std::move(Client::Open(s).value());
-  ClientOptions o = ClientOptionsFor("rank");
-  o.copies = CopyMode::kCaller;
-  o.scheduler = tagged->worker_id();
-  o.attachment_tag = "epoch-1";
-  std::unique_ptr<Client> rank = std::move(Client::Open(o).value());
-  const WorkerId lost = rank->worker_id();
-  ASSERT_THAT(tagged->Lookup(1, tokens_), IsOk());  // Pins nothing yet.
-  rank.reset();
-  ASSERT_TRUE(
-      daemon_->WaitForOutput("worker " + std::to_string(lost) + " (pid"))
-      << daemon_->output();
-  EXPECT_THAT(Client::Open(o), StatusIs(StatusCode::kFailedPrecondition));
+  std::unique_ptr<Client> tagged = TaggedSchedulerThatLostItsRank();
   StatusOr<LookupResult> refused = tagged->Lookup(2, tokens_);
   ASSERT_THAT(refused, StatusIs(StatusCode::kUnavailable));
   EXPECT_THAT(refused.status().message(), HasSubstr("lost rank 0"));
   EXPECT_FALSE(tagged->connected());
   EXPECT_THAT(tagged->connection_status().message(), HasSubstr("lost rank"));
   EXPECT_THAT(tagged->Lookup(3, tokens_), StatusIs(StatusCode::kUnavailable));
+  ASSERT_TRUE(daemon_->WaitForOutput(
+      "worker " + std::to_string(tagged->worker_id()) + " (pid"))
+      << daemon_->output();
+}
+
+// The same end answered inside a batch's reply fails the whole call.
+TEST_F(TierkvdRanksTest, ALostRankEndsATaggedAttachmentInABatch) {
+  std::unique_ptr<Client> tagged = TaggedSchedulerThatLostItsRank();
+  const LookupQuery queries[] = {{.request = 2, .tokens = tokens_},
+                                 {.request = 3, .tokens = tokens_}};
+  auto refused = tagged->LookupBatch(queries);
+  ASSERT_THAT(refused, StatusIs(StatusCode::kUnavailable));
+  EXPECT_THAT(refused.status().message(), HasSubstr("lost rank 0"));
+  EXPECT_FALSE(tagged->connected());
   ASSERT_TRUE(daemon_->WaitForOutput(
       "worker " + std::to_string(tagged->worker_id()) + " (pid"))
       << daemon_->output();
