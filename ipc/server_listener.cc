@@ -355,7 +355,9 @@ bool Server::Impl::Register(Connection* conn, const RegisterRequest& request) {
                               options.store + ".w" + std::to_string(*worker))
                         : host_segment.status();
   if (!channel.ok()) {
-    if (worker.ok()) (void)store->Lock()->DropWorker(*worker);
+    if (worker.ok())
+      (void)store->Lock()->DropWorker(*worker,
+                                      Coordinator::Departure::kRefused);
     LogRefusedWorker(reg.pid, channel.status());
     CountRefusal(channel.status().code());
     return Refuse(conn, channel.status());
@@ -370,7 +372,7 @@ bool Server::Impl::Register(Connection* conn, const RegisterRequest& request) {
     const Status why = Status::ResourceExhausted(
         std::string("cannot make the worker's readiness pipe: ") +
         std::strerror(errno));
-    (void)store->Lock()->DropWorker(*worker);
+    (void)store->Lock()->DropWorker(*worker, Coordinator::Departure::kRefused);
     LogRefusedWorker(reg.pid, why);
     CountRefusal(why.code());
     return Refuse(conn, why);
@@ -387,7 +389,7 @@ bool Server::Impl::Register(Connection* conn, const RegisterRequest& request) {
     // not std::terminate for every worker.
     const Status why = Status::ResourceExhausted(
         std::string("cannot start the worker's session thread: ") + e.what());
-    (void)store->Lock()->DropWorker(*worker);
+    (void)store->Lock()->DropWorker(*worker, Coordinator::Departure::kRefused);
     LogRefusedWorker(reg.pid, why);
     CountRefusal(why.code());
     return Refuse(conn, why);

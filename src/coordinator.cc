@@ -207,7 +207,7 @@ StatusOr<uint32_t> Coordinator::SegmentOf(WorkerId worker) const {
   return it->second.segment;
 }
 
-Status Coordinator::DropWorker(WorkerId worker) {
+Status Coordinator::DropWorker(WorkerId worker, Departure departure) {
   TIERKV_ASSIGN_OR_RETURN(WorkerState * w, FindWorker(worker));
   EndLease(w);
   for (auto& [id, request] : w->requests) ForgetRequest(w, &request);
@@ -267,8 +267,11 @@ Status Coordinator::DropWorker(WorkerId worker) {
     if (s != workers_.end()) {
       WorkerState& sched = s->second;
       sched.rank_workers[static_cast<size_t>(rank)] = 0;
-      const bool ends = !sched.registration.attachment_tag.empty() &&
-                        sched.lost_rank < 0 && !sched.dropped;
+      const bool tagged = !sched.registration.attachment_tag.empty();
+      // Vacant again, its part of the events still open: the rank that
+      // attaches next declines what it missed, as after a failed attach.
+      if (tagged && departure == Departure::kRefused) return Status::Ok();
+      const bool ends = tagged && sched.lost_rank < 0 && !sched.dropped;
       if (ends) sched.lost_rank = rank;
       // The lost rank's part fails; once the attachment ends, so does that
       // of every rank not attached, which none will be any more.

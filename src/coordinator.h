@@ -331,10 +331,19 @@ class Coordinator {
   // worker's differs from the store's; InvalidArgument for a malformed
   // registration.
   StatusOr<WorkerId> RegisterWorker(const WorkerRegistration& registration);
+  // How a worker leaves (DropWorker).
+  enum class Departure : uint8_t {
+    kGone,  // It detached or was lost.
+    // RegisterWorker admitted it, then the transport could not serve it (no
+    // channel, pipe or thread): a rank of a scheduler with an attachment
+    // tag leaves its place vacant, as before, and does not end the
+    // attachment, since it never copied anything; it may try again.
+    kRefused,
+  };
   // The worker is gone: releases all its pins (a scheduler's events that
   // its ranks may still be copying: once they are done, see "Split roles").
   // NotFound if unknown.
-  Status DropWorker(WorkerId worker);
+  Status DropWorker(WorkerId worker, Departure departure = Departure::kGone);
   // The host segment the worker's tenant uses (CoordinatorOptions::
   // max_tenants): 0 without tenant isolation. NotFound if unknown.
   StatusOr<uint32_t> SegmentOf(WorkerId worker) const;

@@ -190,6 +190,32 @@ TEST_F(CoordinatorRanksTest, AnEndedAttachmentFailsWhatWaitsForAbsentRanks) {
   EXPECT_EQ(c_.stats().host.pinned_slots, 0);
 }
 
+// A rank tierkvd registered and then could not serve (no thread for its
+// session, say) never copied anything: its place is vacant again, the
+// attachment goes on, and the rank that attaches next completes the store
+// in flight.
+TEST_F(CoordinatorRanksTest, ARankRefusedAfterRegisteringEndsNothing) {
+  const WorkerId tagged = Register(2, 0, 0, 7, "", "epoch-1").value();
+  const WorkerId r0 = Register(0, tagged, 0, 7, "", "epoch-1").value();
+  const TransferEvent store = CommitStore(1, tokens_, tagged);
+  ASSERT_THAT(CompleteBy(r0, store), IsOk());
+  const WorkerId refused = Register(0, tagged, 1, 7, "", "epoch-1").value();
+  ASSERT_THAT(c_.DropWorker(refused, Coordinator::Departure::kRefused), IsOk());
+  EXPECT_EQ(Ref(store.host_blocks[0]), 1);  // Still awaited from rank 1.
+  EXPECT_THAT(c_.Lookup(tagged, 2, tokens_, 0, {}), IsOk());
+  ASSERT_THAT(c_.Finish(tagged, 2), IsOk());
+  const WorkerId r1 = Register(0, tagged, 1, 7, "", "epoch-1").value();
+  ASSERT_THAT(CompleteBy(r1, store), IsOk());
+  ASSERT_THAT(c_.Finish(tagged, 1), IsOk());
+  const RequestId probe = 3;
+  EXPECT_EQ(c_.Lookup(tagged, probe, tokens_, 0, {})->hit_tokens, 32);
+  EXPECT_THAT(c_.Finish(tagged, probe), IsOk());
+  // Gone after serving, the same rank ends the attachment.
+  ASSERT_THAT(c_.DropWorker(r1), IsOk());
+  EXPECT_THAT(c_.Lookup(tagged, 4, tokens_, 0, {}),
+              StatusIs(StatusCode::kUnavailable));
+}
+
 TEST_F(CoordinatorRanksTest, ADroppedSchedulerKeepsTheSlotsItsRanksCopy) {
   const TransferEvent store = CommitStore(1, tokens_);
   const size_t workers = c_.num_workers();
