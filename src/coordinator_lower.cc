@@ -147,6 +147,9 @@ void Coordinator::FinishSpill(const LowerOp& op, const Status& status) {
   if (op.keep) --copies_in_flight_;
   slot_checks_[static_cast<size_t>(op.slot)].spilling = false;
   const bool ok = status.ok();
+  // The lower tier took a write (a write-behind copy too): the next
+  // failure rests briefly again.
+  if (ok) spill_backoff_ = kFirstSpillBackoff;
   // Found changed while pinned: releasing the last pin drops it (and
   // forgets that it was corrupt).
   const bool found_corrupt = slot_checks_[static_cast<size_t>(op.slot)].corrupt;
@@ -191,8 +194,6 @@ void Coordinator::FinishSpill(const LowerOp& op, const Status& status) {
       spill_resume_ = Now() + spill_backoff_;
       spill_backoff_ = std::min(2 * spill_backoff_, kMaxSpillBackoff);
     }
-  } else if (ok) {
-    spill_backoff_ = kFirstSpillBackoff;
   }
   if (op.discard) {
     discarded_spills_.erase(op.key);

@@ -1537,6 +1537,65 @@ TEST(CoordinatorWriteBehindTest, ClearDiskAfterACopyLandedKeepsItsBlockInLine) {
   EXPECT_TRUE(c.host_pool().block(slots[0]).has_key());
 }
 
+// A write-behind copy that lands ends the spill backoff as a spill does:
+// after an outage, the next failure rests 100 ms, not the last rest's
+// double.
+TEST(CoordinatorWriteBehindTest, ALandedCopyEndsTheSpillBackoff) {
+  SlowSpillTier lower;
+  Clock::time_point now = Clock::time_point() + std::chrono::hours(1);
+  // No watermark spill: write-behind copies only, one at once.
+  Coordinator c = Coordinator::Create({.layout = Layout(),
+                                       .host_slots = 8,
+                                       .lower = &lower,
+                                       .spill_high = 1,
+                                       .spill_low = 1,
+                                       .write_behind_spills = 1,
+                                       .clock = [&now] { return now; },
+                                       .caps = {.worker_pin_share = 1}})
+                      .value();
+  const WorkerId w = c.RegisterWorker(TestWorker(10)).value();
+  RequestId next = 1;
+  // Stores one block and returns how many copies have started since.
+  const auto store = [&] {
+    const RequestId r = next++;
+    const std::vector<TokenId> t =
+        SequentialTokens(static_cast<TokenId>(1000 * r), 17);
+    EXPECT_THAT(c.Lookup(w, r, t, 0, {}), IsOk());
+    const BlockId device[] = {1, 2};
+    EXPECT_THAT(c.Allocate(w, r, device, 0), IsOk());
+    const CommitResult commit = c.Commit(w, r, 16, device).value();
+    EXPECT_EQ(commit.stores.size(), 1u);
+    const CompletedEvent done[] = {{commit.stores.at(0).ref, true}};
+    EXPECT_THAT(c.Complete(w, done), IsOk());
+    EXPECT_THAT(c.Finish(w, r), IsOk());
+    return lower.writes.size();
+  };
+  const auto after = [&](int ms) {
+    now += std::chrono::milliseconds(ms);
+    c.PumpLowerTier();
+  };
+  ASSERT_EQ(store(), 1u);
+  lower.Fail(0);
+  after(0);  // Rests 100 ms.
+  after(100);
+  ASSERT_EQ(store(), 2u);
+  lower.Fail(1);
+  after(0);  // Rests 200 ms.
+  after(200);
+  ASSERT_EQ(store(), 3u);
+  lower.Land(2);
+  after(0);
+  ASSERT_EQ(store(), 4u);
+  lower.Fail(3);
+  after(0);
+  after(99);
+  EXPECT_EQ(store(), 4u);  // Resting: the copy waits.
+  after(1);
+  EXPECT_EQ(lower.writes.size(), 5u);  // 100 ms, not 400.
+  EXPECT_EQ(c.stats().host.spill_failures, 2u + 1u);
+  EXPECT_THAT(c.host_pool().CheckInvariants(), IsOk());
+}
+
 // Write-behind over a disk slower than the stores: nothing lands until the
 // test says so. Stores never wait for the disk: the host evicts blocks no
 // tier holds, and counts each one.
