@@ -149,6 +149,14 @@ Status FromErrno(int err, std::string_view what, const std::string& file) {
     return Status::PermissionDenied(msg +
                                     "; check the directory's owner and mode");
   }
+  // Short of memory, or a network filesystem's server slow to answer: the
+  // bytes may well read back later (IsTransientReadError).
+  if (err == ENOMEM || err == ENOBUFS || err == EAGAIN) {
+    return Status::ResourceExhausted(msg + "; retrying may help");
+  }
+  if (err == ETIMEDOUT) {
+    return Status::DeadlineExceeded(msg + "; retrying may help");
+  }
   return Status::Unavailable(msg + "; check the disk and the filesystem");
 }
 

@@ -912,9 +912,12 @@ void DiskTierImpl::RunReads() {
   // A value that failed verification is deleted. So is one the storage
   // could not read (a bad sector): kept, it would stay the most recently
   // used entry, cover its block on host (so it is never written again)
-  // and fail every promotion of it.
+  // and fail every promotion of it. A read that may succeed when tried
+  // again (no memory, a server's timeout) leaves it.
   for (Read* read : pinned) {
-    if (!read->status.ok()) DropIfCurrent(read->key, read->generation);
+    if (!read->status.ok() && !IsTransientReadError(read->status)) {
+      DropIfCurrent(read->key, read->generation);
+    }
   }
   for (Read& read : batch) {
     VerifiedDone done = std::move(read.done);

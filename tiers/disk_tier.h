@@ -153,7 +153,9 @@ class DiskStorage {
   virtual Status WritePayload(uint64_t offset, std::string_view bytes) = 0;
   // Reads the bytes from `offset` on into `outs`, one after the other (one
   // vectored read: adjacent slots in one I/O), with no copy on the way.
-  // DataLoss when the file ends before them.
+  // DataLoss when the file ends before them; ResourceExhausted or
+  // DeadlineExceeded for a failure that may pass (IsTransientReadError);
+  // another error for one that will not (EIO from a bad sector).
   virtual Status ReadPayload(uint64_t offset,
                              std::span<const std::span<std::byte>> outs) = 0;
   // Gives the filesystem back the space of `bytes` bytes from `offset` (a
@@ -169,6 +171,13 @@ class DiskStorage {
   // The value file's length (its holes included).
   virtual StatusOr<uint64_t> ValueFileBytes() = 0;
 };
+
+// Whether a failed ReadPayload may succeed when tried again: the tier then
+// keeps the block, where it drops one the storage cannot read.
+inline bool IsTransientReadError(const Status& s) {
+  return s.code() == StatusCode::kResourceExhausted ||
+         s.code() == StatusCode::kDeadlineExceeded;
+}
 
 // Forwards every call to another DiskStorage, which it owns; tests derive
 // from it and override what they break.

@@ -130,8 +130,9 @@ struct StatField {
   X(uint64_t, checksum_failures, kCounter,                                   \
     "Values that failed verification on read; each was deleted.")            \
   X(uint64_t, read_errors, kCounter,                                         \
-    "Reads the storage failed (an I/O error); each block was dropped, so "   \
-    "it is a miss and is stored anew, not read again and again.")            \
+    "Reads the storage failed. A block it cannot read (an I/O error) was "   \
+    "dropped, so it is a miss and is stored anew; one that may read later "  \
+    "(no memory, a timeout) was kept.")                                      \
   X(uint64_t, token_mismatches, kCounter,                                    \
     "Reads whose token ids differ from the stored block's (a key "           \
     "collision): a miss, the stored block is kept.")                         \
