@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdio>
 #include <cstring>
+#include <tuple>
 #include <type_traits>
 
 namespace tierkv {
@@ -155,17 +156,20 @@ BlockKey KeyHasher::HashBlock(const BlockKey& parent,
 
 namespace {
 
-// The items in order of their start (the order keys list them in, so the
-// order a caller lists them in does not matter): `items` itself when it is
-// in that order already, else a sorted copy kept in `sorted`.
+// The items in order of their start, then length, then content (the order
+// keys list them in, so the order a caller lists them in does not matter,
+// even for items that start together, such as a video's frames and its
+// audio): `items` itself when it is in that order already, else a sorted
+// copy kept in `sorted`.
 std::span<const MultiModalItem> ByStart(std::span<const MultiModalItem> items,
                                         std::vector<MultiModalItem>* sorted) {
   const auto earlier = [](const MultiModalItem& a, const MultiModalItem& b) {
-    return a.start < b.start;
+    return std::tie(a.start, a.length, a.hash.hi, a.hash.lo) <
+           std::tie(b.start, b.length, b.hash.hi, b.hash.lo);
   };
   if (std::ranges::is_sorted(items, earlier)) return items;
   sorted->assign(items.begin(), items.end());
-  std::ranges::stable_sort(*sorted, earlier);
+  std::ranges::sort(*sorted, earlier);
   return *sorted;
 }
 

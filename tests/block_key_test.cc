@@ -150,6 +150,14 @@ TEST(BlockKey, MultiModalItemsInAnyOrderAllCount) {
   RequestExtras cat_sorted = cat;
   std::swap(cat_sorted.mm_items[0], cat_sorted.mm_items[1]);
   EXPECT_EQ(PrefixKeys(h, tokens, cat), PrefixKeys(h, tokens, cat_sorted));
+  // Items that start together (a video's frames and its audio track) too.
+  RequestExtras video, video_swapped;
+  video.mm_items = {{.hash = {7, 7}, .start = 4, .length = 30},
+                    {.hash = {8, 8}, .start = 4, .length = 30},
+                    {.hash = {6, 6}, .start = 4, .length = 12}};
+  video_swapped.mm_items = {video.mm_items[1], video.mm_items[2],
+                            video.mm_items[0]};
+  EXPECT_EQ(PrefixKeys(h, tokens, video), PrefixKeys(h, tokens, video_swapped));
 }
 
 // AppendPrefixKeys looks at each block's items from the first that may
