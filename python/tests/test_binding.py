@@ -266,6 +266,15 @@ def test_torch_copies_run_in_chunks_and_skip_empty_loads(tierkvd, layout,
     monkeypatch.setattr(torch_copy, "_CHUNK_BYTES", 1)  # A block a chunk.
     caches = paged_caches(layout, num_blocks=8)
     copier = torch_copy.TorchCopier(layout, [(c[0], c[1]) for c in caches])
+    chunks = []
+    whole_chunks = copier._chunks
+
+    def counted_chunks(event):
+        for index, slots in whole_chunks(event):
+            chunks.append(len(slots))
+            yield index, slots
+
+    copier._chunks = counted_chunks
     tokens = prompt(10, 3)
     with tierkv.Client.open(tierkvd.socket, layout, 8,
                             copies="caller") as client:
@@ -273,6 +282,7 @@ def test_torch_copies_run_in_chunks_and_skip_empty_loads(tierkvd, layout,
         client.allocate(1, [0, 1, 2], 0)
         event = client.commit(1, len(tokens), [0, 1, 2]).stores[0]
         copier.store(client, event)
+        assert chunks == [1, 1, 1]
         client.complete([tierkv.FinishedTransfer(event, None,
                                                  client.session)])
         client.finish(1)
@@ -281,6 +291,7 @@ def test_torch_copies_run_in_chunks_and_skip_empty_loads(tierkvd, layout,
         copier.load(client, event)
         cut = tierkv.TransferEvent("load", 99, 2, [], [])
         copier.load(client, cut)  # Cut short before its first: nothing.
+        assert chunks == [1] * 6
         client.complete([tierkv.FinishedTransfer(event, None,
                                                  client.session)])
         client.finish(2)

@@ -153,6 +153,23 @@ def test_worker_registers_paged_kv_caches_of_its_shard(shape, copy_engine):
         worker.register_kv_caches(f16)
 
 
+def test_auto_copies_with_torch_for_caches_off_the_host():
+    """tierkv's copy engine reads host memory only: caches anywhere else (a
+    GPU's; here torch's meta device, which holds no memory) get torch's."""
+    extra = {"num_layers": LAYERS, "num_kv_heads": KV_HEADS,
+             "head_dim": HEAD_DIM, "block_size": BLOCK, "dtype": "bf16",
+             "tp_size": 1, "rank": 0, "model": ""}
+    shape = (2, 8, BLOCK, KV_HEADS, HEAD_DIM)
+    for device, torch_copies in (("cpu", False), ("meta", True)):
+        worker = tierkv.vllm.TierkvConnector(
+            vllm_config(extra), tierkv.vllm.KVConnectorRole.WORKER)
+        worker.register_kv_caches({
+            f"layer.{l}": torch.empty(shape, dtype=torch.bfloat16,
+                                      device=device)
+            for l in range(LAYERS)})
+        assert (worker._worker._copier is not None) == torch_copies, device
+
+
 def test_a_two_block_cache_needs_its_layout_named():
     extra = {"num_layers": LAYERS, "num_kv_heads": KV_HEADS,
              "head_dim": HEAD_DIM, "block_size": BLOCK, "dtype": "bf16",

@@ -23,7 +23,8 @@ import tierkv
 
 _DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 # Bytes of one rank's blocks staged at once: bounds what a copy takes of
-# the device's memory (beside the engine's cache) and of the host's.
+# the device's memory (beside the engine's cache: one chunk, and one layer's
+# plane of it while a store gathers) and of the host's.
 _CHUNK_BYTES = 64 << 20
 
 
@@ -107,22 +108,36 @@ class TorchCopier:
                                  dtype=torch.long, device=self.device)
             yield index, list(event.host_blocks[first:first + per_chunk])
 
+    def _synchronize(self) -> None:
+        """Waits for every stream of a CUDA device: the engine may write
+        its cache on streams other than the current one, and a copy must
+        not read blocks before they are written, nor be reported done
+        before it is."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
     def store(self, client: Any, event: Any) -> None:
         """Copies the event's device blocks into its host slots (this
         rank's heads); returns once the bytes are in the slots."""
+        self._synchronize()
+        layers = len(self._planes)
         for index, slots in self._chunks(event):
-            # [blocks, layers, 2, block_size, heads, head_dim], on the host.
-            data = torch.stack([
-                torch.stack((k.index_select(0, index),
-                             v.index_select(0, index)), dim=1)
-                for k, v in self._planes], dim=1).cpu()
+            # [blocks, layers, 2, block_size, heads, head_dim]: one chunk,
+            # filled a layer's plane at a time.
+            data = torch.empty((len(slots), layers, 2) +
+                               tuple(self._planes[0][0].shape[1:]),
+                               dtype=self._dtype, device=self.device)
+            for l, (k, v) in enumerate(self._planes):
+                data[:, l, 0].copy_(k.index_select(0, index))
+                data[:, l, 1].copy_(v.index_select(0, index))
+            data = data.cpu()  # Blocks until the bytes are on the host.
             for j, slot in enumerate(slots):
                 self._slot(client, slot)[:, :, :, self._heads].copy_(data[j])
 
     def load(self, client: Any, event: Any) -> None:
         """Copies the event's host slots (this rank's heads) into its device
-        blocks; returns once the device copies are ordered on the current
-        stream (before whatever the engine runs next on it). A load cut
+        blocks; returns once they are there, so that tierkvd may reuse the
+        slots and any stream of the engine may read the blocks. A load cut
         short before its first block copies nothing."""
         for index, slots in self._chunks(event):
             data = torch.stack([self._slot(client, slot)[:, :, :, self._heads]
@@ -130,3 +145,4 @@ class TorchCopier:
             for l, (k, v) in enumerate(self._planes):
                 k.index_copy_(0, index, data[:, l, 0])
                 v.index_copy_(0, index, data[:, l, 1])
+        self._synchronize()
