@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <filesystem>
@@ -306,20 +307,32 @@ class FailingStorage : public DiskStorageWrapper {
   }
 };
 
+// A tier over RocksDB wrapped in a `Wrapper` (a DiskStorageWrapper that
+// breaks something), which *wrapper then points at; null if it failed.
+template <typename Wrapper>
+std::unique_ptr<DiskTier> OpenWrapped(const DiskTierOptions& options,
+                                      Wrapper** wrapper) {
+  StatusOr<std::unique_ptr<DiskStorage>> rocks =
+      OpenRocksDbStorage(options.storage);
+  EXPECT_THAT(rocks, IsOk());
+  if (!rocks.ok()) return nullptr;
+  auto wrapped = std::make_unique<Wrapper>(std::move(rocks).value());
+  *wrapper = wrapped.get();
+  StatusOr<std::unique_ptr<DiskTier>> opened =
+      DiskTier::Open(options, std::move(wrapped));
+  EXPECT_THAT(opened, IsOk());
+  return opened.ok() ? std::move(opened).value() : nullptr;
+}
+
 TEST(DiskFullTest, AWriteErrorStopsEveryLaterWriteButNotReads) {
   TempDir scratch("disk_fault_test");
   DiskTierOptions options = OptionsAt(scratch.path() + "/db");
-  StatusOr<std::unique_ptr<DiskStorage>> rocks =
-      OpenRocksDbStorage(options.storage);
-  ASSERT_THAT(rocks, IsOk());
-  auto failing = std::make_unique<FailingStorage>(std::move(rocks).value());
-  FailingStorage* storage = failing.get();
   int reports = 0;
   options.on_degraded = [&](const Status&) { ++reports; };
-  StatusOr<std::unique_ptr<DiskTier>> opened =
-      DiskTier::Open(options, std::move(failing));
-  ASSERT_THAT(opened, IsOk());
-  DiskTier& tier = **opened;
+  FailingStorage* storage = nullptr;
+  std::unique_ptr<DiskTier> opened = OpenWrapped(options, &storage);
+  ASSERT_NE(opened, nullptr);
+  DiskTier& tier = *opened;
   for (int i = 0; i < 4; ++i) ASSERT_THAT(PutSync(tier, i), IsOk());
 
   storage->fail = true;
@@ -336,6 +349,68 @@ TEST(DiskFullTest, AWriteErrorStopsEveryLaterWriteButNotReads) {
   EXPECT_EQ(reports, 1);
   for (int i = 1; i < 4; ++i) EXPECT_THAT(GetAndCheck(tier, i), IsOk()) << i;
   EXPECT_FALSE(tier.Flush().ok());
+}
+
+// A storage whose value file is full while `full` is set (its writes fail
+// as ENOSPC, possibly half done); RocksDB has room.
+class FullValueFileStorage : public DiskStorageWrapper {
+ public:
+  using DiskStorageWrapper::DiskStorageWrapper;
+  std::atomic<bool> full{false};
+
+  Status WritePayload(uint64_t offset, std::string_view bytes) override {
+    if (!full) return DiskStorageWrapper::WritePayload(offset, bytes);
+    (void)DiskStorageWrapper::WritePayload(offset, bytes.substr(0, 1));
+    return Status::ResourceExhausted(
+        "writing the value file: No space left on device");
+  }
+};
+
+// The value file is the tier's own, so a write that finds its filesystem
+// full degrades the tier only until there is room again, as a low reading
+// of the free space does; RocksDB never saw the write. (A RocksDB write
+// that fails stops writes for good: above.)
+TEST(DiskFullTest, AFullValueFileDegradesUntilThereIsRoom) {
+  TempDir scratch("disk_fault_test");
+  DiskTierOptions options = OptionsAt(scratch.path() + "/db");
+  std::mutex mu;
+  std::vector<StatusCode> reports;
+  options.on_degraded = [&](const Status& s) {
+    std::lock_guard<std::mutex> lock(mu);
+    reports.push_back(s.code());
+  };
+  FullValueFileStorage* storage = nullptr;
+  std::unique_ptr<DiskTier> opened = OpenWrapped(options, &storage);
+  ASSERT_NE(opened, nullptr);
+  DiskTier& tier = *opened;
+  for (int i = 0; i < 3; ++i) ASSERT_THAT(PutSync(tier, i), IsOk());
+  storage->full = true;
+  EXPECT_EQ(PutSync(tier, 3).code(), StatusCode::kResourceExhausted);
+  EXPECT_FALSE(tier.Contains(KeyOf(3)));
+  DiskTierStats stats = tier.stats();
+  EXPECT_EQ(stats.degraded, 1u);
+  EXPECT_EQ(stats.write_errors, 1u);
+  for (int i = 0; i < 3; ++i) EXPECT_THAT(GetAndCheck(tier, i), IsOk()) << i;
+  // Room again: the tier takes writes once it reads the free space anew
+  // (at most every 100 ms while short).
+  storage->full = false;
+  const auto give_up =
+      std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  Status put = PutSync(tier, 3);
+  while (!put.ok() && std::chrono::steady_clock::now() < give_up) {
+    ASSERT_EQ(put.code(), StatusCode::kResourceExhausted) << put.ToString();
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    put = PutSync(tier, 3);
+  }
+  ASSERT_THAT(put, IsOk());
+  EXPECT_THAT(GetAndCheck(tier, 3), IsOk());
+  stats = tier.stats();
+  EXPECT_EQ(stats.degraded, 0u);
+  EXPECT_EQ(stats.write_errors, 1u);
+  EXPECT_THAT(tier.Flush(), IsOk());
+  std::lock_guard<std::mutex> lock(mu);
+  EXPECT_THAT(reports, ::testing::ElementsAre(StatusCode::kResourceExhausted,
+                                              StatusCode::kOk));
 }
 
 // A storage whose value reads fail while `fail` is set: with an I/O error
@@ -362,16 +437,10 @@ class UnreadableStorage : public DiskStorageWrapper {
 TEST(DiskReadErrorTest, AnUnreadableBlockIsDroppedAndStoredAnew) {
   TempDir scratch("disk_fault_test");
   DiskTierOptions options = OptionsAt(scratch.path() + "/db");
-  StatusOr<std::unique_ptr<DiskStorage>> rocks =
-      OpenRocksDbStorage(options.storage);
-  ASSERT_THAT(rocks, IsOk());
-  auto unreadable =
-      std::make_unique<UnreadableStorage>(std::move(rocks).value());
-  UnreadableStorage* storage = unreadable.get();
-  StatusOr<std::unique_ptr<DiskTier>> opened =
-      DiskTier::Open(options, std::move(unreadable));
-  ASSERT_THAT(opened, IsOk());
-  DiskTier& tier = **opened;
+  UnreadableStorage* storage = nullptr;
+  std::unique_ptr<DiskTier> opened = OpenWrapped(options, &storage);
+  ASSERT_NE(opened, nullptr);
+  DiskTier& tier = *opened;
   for (int i = 0; i < 3; ++i) ASSERT_THAT(PutSync(tier, i), IsOk());
   // A read that may pass leaves the block: it reads back once it does.
   storage->fail = true;

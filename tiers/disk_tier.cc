@@ -157,6 +157,17 @@ class SpaceGuard {
     return Status::Ok();
   }
 
+  // A write found no room although Admit let it through (another process
+  // filled the filesystem, or a quota): short from now on, until a fresh
+  // reading shows the reserve twice over.
+  void RanOut() TIERKV_EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
+    checked_once_ = true;
+    checked_ = Clock::now();
+    free_ = 0;
+    short_ = true;
+  }
+
  private:
   using Clock = std::chrono::steady_clock;
   static constexpr Clock::duration kMaxAge = std::chrono::milliseconds(250);
@@ -509,6 +520,10 @@ class DiskTierImpl final : public DiskTier {
   }
   // A storage write failed: counts it and stops writes (reported once).
   void WriteFailed(const Status& s) TIERKV_EXCLUDES(mu_);
+  // A value file write found the filesystem full: counts it, and the tier
+  // is short of space (as AdmitWrite's refusals make it) until there is
+  // room again; RocksDB was not written, so writes need not stop for good.
+  void ValueFileFull(const Status& s) TIERKV_EXCLUDES(mu_);
   void Report(const Status& why) const {
     if (options_.on_degraded) options_.on_degraded(why);
   }
@@ -676,6 +691,8 @@ Status DiskTierImpl::WriteReserved(const BlockKey& key, uint64_t generation,
     // no disk space.
     s = storage_->ReleasePayload(offset + used, slot_bytes_ - used);
   }
+  // Failed in the value file, before RocksDB saw the write.
+  const bool value_file_failed = !s.ok();
   const std::string header = EncodeHeader(fields);
   if (s.ok()) {
     const std::string_view parts[1] = {header};
@@ -711,6 +728,13 @@ Status DiskTierImpl::WriteReserved(const BlockKey& key, uint64_t generation,
     slots_.Give(fields.slot);
     index_.EraseIf(key, generation);
     ++counters_.put_failures;
+  }
+  if (value_file_failed && s.code() == StatusCode::kResourceExhausted) {
+    // The value file is tierkv's own, not RocksDB's: a write that found
+    // the filesystem full left nothing behind, and writes resume once
+    // there is room again.
+    ValueFileFull(s);
+    return s;
   }
   WriteFailed(s);
   // Whatever RocksDB kept of the write is verified (and dropped) by the
@@ -749,6 +773,18 @@ Status DiskTierImpl::AdmitWrite(uint64_t bytes) {
   }
   if (changed) Report(room);
   return room;
+}
+
+void DiskTierImpl::ValueFileFull(const Status& s) {
+  space_.RanOut();
+  bool changed = false;
+  {
+    MutexLock lock(&mu_);
+    ++counters_.write_errors;
+    changed = !low_space_;
+    low_space_ = true;
+  }
+  if (changed) Report(s);
 }
 
 void DiskTierImpl::WriteFailed(const Status& s) {

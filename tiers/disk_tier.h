@@ -29,8 +29,11 @@
 //   WRITABLE --free space below the reserve--> DEGRADED (low space)
 //   DEGRADED (low space) --twice the reserve free again (checked at most
 //             every 100 ms, statvfs)--> WRITABLE
-//   WRITABLE --a storage write fails (ENOSPC, EIO, directory gone), or the
-//             storage opened read-only--> DEGRADED until the next Open
+//   WRITABLE --a value file write finds the filesystem full (ENOSPC,
+//             EDQUOT)--> DEGRADED (low space), as above
+//   WRITABLE --any other storage write fails (RocksDB's ENOSPC, EIO,
+//             directory gone), or the storage opened read-only--> DEGRADED
+//             until the next Open
 //
 // A DEGRADED tier fails Put at once without touching the storage (RocksDB
 // must not be written again after a write error: its assertions abort), and

@@ -152,8 +152,9 @@ struct StatField {
     "1 while the disk tier takes no writes (a write failed, the filesystem " \
     "is nearly full, or it opened read-only); it still serves reads.")       \
   X(uint64_t, write_errors, kCounter,                                        \
-    "Storage writes that failed; the first one degrades the tier until "     \
-    "restart.")                                                              \
+    "Storage writes that failed. The first degrades the tier until "         \
+    "restart, unless it only found the value file's filesystem full: then "  \
+    "writes resume once there is room.")                                     \
   X(uint64_t, space_refusals, kCounter,                                      \
     "Writes refused because the filesystem's free space was below the "      \
     "storage's reserve.")                                                    \
