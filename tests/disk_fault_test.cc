@@ -351,6 +351,36 @@ TEST(DiskFullTest, AWriteErrorStopsEveryLaterWriteButNotReads) {
   EXPECT_FALSE(tier.Flush().ok());
 }
 
+// The value file is the tier's own: RocksDB never sees a write that finds
+// its filesystem full, so the storage does not latch it as it latches a
+// RocksDB write error, and takes writes again once there is room.
+TEST(DiskFullTest, AFullValueFileIsNotLatchedByTheStorage) {
+  TempDir scratch("disk_fault_test");
+  const std::string why = MountTmpfs(scratch.path(), 8 << 20);
+  if (!why.empty()) GTEST_SKIP() << why;
+  const DiskTierOptions options = OptionsAt(scratch.path() + "/db");
+  StatusOr<std::unique_ptr<DiskStorage>> opened =
+      OpenRocksDbStorage(options.storage);
+  ASSERT_THAT(opened, IsOk());
+  DiskStorage& storage = **opened;
+  const std::string ballast = scratch.path() + "/ballast";
+  {
+    std::ofstream out(ballast, std::ios::binary);
+    const std::string chunk(4096, 'x');
+    while (out.write(chunk.data(), chunk.size())) {
+    }
+  }
+  // Past the value file's end: pages the filesystem no longer has.
+  const std::string bytes(256 << 10, 'b');
+  const Status full = storage.WritePayload(0, bytes);
+  EXPECT_EQ(full.code(), StatusCode::kResourceExhausted) << full.ToString();
+  EXPECT_THAT(storage.Writable(), IsOk());
+  fs::remove(ballast);
+  EXPECT_THAT(storage.WritePayload(0, bytes), IsOk());
+  const std::string_view record[1] = {"a record"};
+  EXPECT_THAT(storage.Put("key", record), IsOk());
+}
+
 // A storage whose value file is full while `full` is set (its writes fail
 // as ENOSPC, possibly half done); RocksDB has room.
 class FullValueFileStorage : public DiskStorageWrapper {

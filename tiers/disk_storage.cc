@@ -149,16 +149,25 @@ Status FromErrno(int err, std::string_view what, const std::string& file) {
     return Status::PermissionDenied(msg +
                                     "; check the directory's owner and mode");
   }
-  // Short of memory, or a network filesystem's server slow to answer: the
-  // bytes may well read back later (IsTransientReadError).
-  if (err == ENOMEM || err == ENOBUFS || err == EAGAIN) {
-    return Status::ResourceExhausted(msg + "; retrying may help");
-  }
-  if (err == ETIMEDOUT) {
-    return Status::DeadlineExceeded(msg + "; retrying may help");
-  }
   return Status::Unavailable(msg + "; check the disk and the filesystem");
 }
+
+// FromErrno for a read of the value file: short of memory, or a network
+// filesystem's server slow to answer, the bytes may well read back later
+// (ResourceExhausted or DeadlineExceeded: IsTransientReadError).
+Status FromReadErrno(int err, const std::string& file) {
+  if (err == ENOMEM || err == ENOBUFS || err == EAGAIN || err == ETIMEDOUT) {
+    std::string msg = "reading the value file " + file + ": " +
+                      std::strerror(err) + "; retrying may help";
+    return err == ETIMEDOUT ? Status::DeadlineExceeded(std::move(msg))
+                            : Status::ResourceExhausted(std::move(msg));
+  }
+  return FromErrno(err, "reading the", file);
+}
+
+// Whether a value file write failed for want of space only: RocksDB did not
+// see it, so it is not latched (DiskStorage::WritePayload).
+bool FullFilesystem(int err) { return err == ENOSPC || err == EDQUOT; }
 
 class RocksDbStorage final : public DiskStorage {
  public:
@@ -201,8 +210,9 @@ class RocksDbStorage final : public DiskStorage {
                                static_cast<off_t>(offset));
       if (n < 0 && errno == EINTR) continue;
       if (n <= 0) {
-        return Checked(
-            FromErrno(n < 0 ? errno : EIO, "writing to the", values_path_));
+        const int err = n < 0 ? errno : EIO;
+        Status s = FromErrno(err, "writing to the", values_path_);
+        return FullFilesystem(err) ? s : Checked(std::move(s));
       }
       bytes.remove_prefix(static_cast<size_t>(n));
       offset += static_cast<uint64_t>(n);
@@ -227,7 +237,7 @@ class RocksDbStorage final : public DiskStorage {
       const ssize_t n =
           preadv(values_fd_, &iov[first], count, static_cast<off_t>(offset));
       if (n < 0 && errno == EINTR) continue;
-      if (n < 0) return FromErrno(errno, "reading the", values_path_);
+      if (n < 0) return FromReadErrno(errno, values_path_);
       if (n == 0) {
         return Status::DataLoss("value file " + values_path_ +
                                 " ends before offset " +
@@ -254,7 +264,9 @@ class RocksDbStorage final : public DiskStorage {
       // A filesystem without holes keeps the bytes: only space is lost.
       return Status::Ok();
     }
-    return Checked(FromErrno(errno, "releasing space in the", values_path_));
+    const int err = errno;
+    Status s = FromErrno(err, "releasing space in the", values_path_);
+    return FullFilesystem(err) ? s : Checked(std::move(s));
   }
 
   Status TruncatePayloads(uint64_t bytes) override {

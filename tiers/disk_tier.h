@@ -152,7 +152,10 @@ class DiskStorage {
   // The value file: the blocks' bytes, at offsets the tier chooses (its
   // slots), beside the records. Writes go to the page cache (durable after
   // Flush, which syncs the file before the records); a failed write
-  // latches as a failed Put does. OK once every byte is written.
+  // latches as a failed Put does, except one that found the filesystem
+  // full (ResourceExhausted: ENOSPC, EDQUOT), which no record names and
+  // which the tier tries again once there is room. OK once every byte is
+  // written. ReleasePayload likewise.
   virtual Status WritePayload(uint64_t offset, std::string_view bytes) = 0;
   // Reads the bytes from `offset` on into `outs`, one after the other (one
   // vectored read: adjacent slots in one I/O), with no copy on the way.
