@@ -268,10 +268,14 @@ Status Coordinator::DropWorker(WorkerId worker, Departure departure) {
       WorkerState& sched = s->second;
       sched.rank_workers[static_cast<size_t>(rank)] = 0;
       const bool tagged = !sched.registration.attachment_tag.empty();
+      const bool live = sched.lost_rank < 0 && !sched.dropped;
       // Vacant again, its part of the events still open: the rank that
       // attaches next declines what it missed, as after a failed attach.
-      if (tagged && departure == Departure::kRefused) return Status::Ok();
-      const bool ends = tagged && sched.lost_rank < 0 && !sched.dropped;
+      // (Once the attachment is over, no rank will: its part fails below.)
+      if (tagged && live && departure == Departure::kRefused) {
+        return Status::Ok();
+      }
+      const bool ends = tagged && live;
       if (ends) sched.lost_rank = rank;
       // The lost rank's part fails; once the attachment ends, so does that
       // of every rank not attached, which none will be any more.

@@ -216,6 +216,22 @@ TEST_F(CoordinatorRanksTest, ARankRefusedAfterRegisteringEndsNothing) {
               StatusIs(StatusCode::kUnavailable));
 }
 
+// Refused after its scheduler went: no rank will come for its part any
+// more, so that fails, and the store's slots go.
+TEST_F(CoordinatorRanksTest, ARankRefusedAfterItsSchedulerWentFailsItsPart) {
+  const WorkerId tagged = Register(2, 0, 0, 7, "", "epoch-1").value();
+  const WorkerId r0 = Register(0, tagged, 0, 7, "", "epoch-1").value();
+  const TransferEvent store = CommitStore(1, tokens_, tagged);
+  ASSERT_THAT(CompleteBy(r0, store), IsOk());
+  const WorkerId refused = Register(0, tagged, 1, 7, "", "epoch-1").value();
+  ASSERT_THAT(c_.DropWorker(tagged), IsOk());
+  EXPECT_EQ(Ref(store.host_blocks[0]), 1);  // Rank 1 may still copy it.
+  ASSERT_THAT(c_.DropWorker(refused, Coordinator::Departure::kRefused), IsOk());
+  EXPECT_EQ(Ref(store.host_blocks[0]), 0);
+  EXPECT_EQ(c_.stats().host.events_in_flight, 0u);
+  EXPECT_EQ(c_.stats().host.pinned_slots, 0);
+}
+
 TEST_F(CoordinatorRanksTest, ADroppedSchedulerKeepsTheSlotsItsRanksCopy) {
   const TransferEvent store = CommitStore(1, tokens_);
   const size_t workers = c_.num_workers();
