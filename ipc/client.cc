@@ -661,6 +661,20 @@ struct Client::Impl {
     (void)Call(ipc::CompleteRequest{failed});
   }
 
+  // `events` came in a reply no working tierkvd sends (CheckHandedOut), and
+  // none is copied. Attached, the attachment is given up: the socket's
+  // close releases all tierkvd holds for it, where reporting the events
+  // failed would not (a scheduler with ranks may not complete them).
+  // Embedded, there is no socket to close: they are reported failed.
+  void RefuseHandedOut(std::span<const TransferEvent> events,
+                       const Status& why) {
+    if (in_process == nullptr) {
+      LoseAttachment(why);
+      return;
+    }
+    for (const TransferEvent& e : events) ReportFailed(e.ref);
+  }
+
   // Starts the copy of `event`, whose device blocks the caller pinned;
   // `for_waiter`: the caller waits for it at once (DeviceTier::
   // SubmitForWaiter), or the next call kicks the device tier's engine.
@@ -1150,7 +1164,7 @@ StatusOr<AllocateResult> Client::Allocate(
   if (reply.result.load.has_value()) {
     if (Status bad = CheckHandedOut({&*reply.result.load, 1}, device_blocks);
         !bad.ok()) {
-      impl_->LoseAttachment(bad);  // See Commit.
+      impl_->RefuseHandedOut({&*reply.result.load, 1}, bad);
       return bad;
     }
   }
@@ -1188,11 +1202,7 @@ StatusOr<CommitResult> Client::Commit(RequestId request,
                                  device_blocks.begin(), device_blocks.end())}));
   if (Status bad = CheckHandedOut(reply.result.stores, device_blocks);
       !bad.ok()) {
-    // No working tierkvd sends this: the attachment is given up, and the
-    // socket's close releases all tierkvd holds for it. Reporting the
-    // events failed would not (a scheduler with ranks may not complete
-    // them).
-    impl_->LoseAttachment(bad);
+    impl_->RefuseHandedOut(reply.result.stores, bad);
     return bad;
   }
   TIERKV_RETURN_IF_ERROR(impl_->StartStores(reply.result));
