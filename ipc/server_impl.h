@@ -271,8 +271,11 @@ struct Server::Impl {
   // Answers `why` as the peer's last reply (as far as its socket takes it
   // now) before it is closed; always false.
   bool Refuse(Connection* conn, const Status& why);
-  // Logs a refused registration (at most a line a second: LogLimit).
-  void LogRefusedWorker(pid_t pid, const Status& why);
+  // Refuses a registration with `why`: drops the worker if the coordinator
+  // had `registered` it (Departure::kRefused), logs it (at most a line a
+  // second: LogLimit), counts it and answers it; always false.
+  bool RefuseWorker(Connection* conn, pid_t pid,
+                    std::optional<WorkerId> registered, const Status& why);
   // tierkv-admin's operator orders; each leaves a line in the log.
   Message Clear(pid_t pid, TierSelection tiers);
   Message Evict(pid_t pid, const std::vector<BlockKey>& keys);

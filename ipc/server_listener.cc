@@ -319,11 +319,19 @@ bool Server::Impl::Refuse(Connection* conn, const Status& why) {
   return false;
 }
 
-void Server::Impl::LogRefusedWorker(pid_t pid, const Status& why) {
+bool Server::Impl::RefuseWorker(Connection* conn, pid_t pid,
+                                std::optional<WorkerId> registered,
+                                const Status& why) {
+  if (registered.has_value()) {
+    (void)store->Lock()->DropWorker(*registered,
+                                    Coordinator::Departure::kRefused);
+  }
   if (uint64_t left_out = 0; refused_worker_log.Allow(&left_out)) {
     spdlog::warn("refused worker pid {}: {}{}", pid, why.ToString(),
                  LogLimit::Since(left_out));
   }
+  CountRefusal(why.code());
+  return Refuse(conn, why);
 }
 
 bool Server::Impl::Register(Connection* conn, const RegisterRequest& request) {
@@ -355,12 +363,9 @@ bool Server::Impl::Register(Connection* conn, const RegisterRequest& request) {
                               options.store + ".w" + std::to_string(*worker))
                         : host_segment.status();
   if (!channel.ok()) {
-    if (worker.ok())
-      (void)store->Lock()->DropWorker(*worker,
-                                      Coordinator::Departure::kRefused);
-    LogRefusedWorker(reg.pid, channel.status());
-    CountRefusal(channel.status().code());
-    return Refuse(conn, channel.status());
+    return RefuseWorker(conn, reg.pid,
+                        worker.ok() ? std::optional(*worker) : std::nullopt,
+                        channel.status());
   }
   // A pipe, not an eventfd: the worker gets the read end only, so it cannot
   // make tierkvd's writes block (an eventfd's O_NONBLOCK and counter are
@@ -372,10 +377,7 @@ bool Server::Impl::Register(Connection* conn, const RegisterRequest& request) {
     const Status why = Status::ResourceExhausted(
         std::string("cannot make the worker's readiness pipe: ") +
         std::strerror(errno));
-    (void)store->Lock()->DropWorker(*worker, Coordinator::Departure::kRefused);
-    LogRefusedWorker(reg.pid, why);
-    CountRefusal(why.code());
-    return Refuse(conn, why);
+    return RefuseWorker(conn, reg.pid, *worker, why);
   }
   auto session = std::make_unique<Session>(*worker, std::move(*channel));
   session->pid = reg.pid;
@@ -389,10 +391,7 @@ bool Server::Impl::Register(Connection* conn, const RegisterRequest& request) {
     // not std::terminate for every worker.
     const Status why = Status::ResourceExhausted(
         std::string("cannot start the worker's session thread: ") + e.what());
-    (void)store->Lock()->DropWorker(*worker, Coordinator::Departure::kRefused);
-    LogRefusedWorker(reg.pid, why);
-    CountRefusal(why.code());
-    return Refuse(conn, why);
+    return RefuseWorker(conn, reg.pid, *worker, why);
   }
   ready_signals->Add(*worker, session->ready.get());
   conn->session = std::move(session);

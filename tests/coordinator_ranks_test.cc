@@ -70,6 +70,22 @@ class CoordinatorRanksTest : public ::testing::Test {
     return c_.Complete(rank, done);
   }
   int32_t Ref(BlockId slot) const { return c_.host_pool().block(slot).ref_cnt; }
+  // A scheduler with an attachment tag and two ranks; its store of tokens_
+  // (request 1) rank 0 has completed, and a rank 1 is registered that the
+  // test then refuses.
+  struct HalfCopied {
+    WorkerId scheduler = 0, refused = 0;
+    TransferEvent store;
+  };
+  HalfCopied StoreAwaitingARefusedRank() {
+    HalfCopied h;
+    h.scheduler = Register(2, 0, 0, 7, "", "epoch-1").value();
+    const WorkerId r0 = Register(0, h.scheduler, 0, 7, "", "epoch-1").value();
+    h.store = CommitStore(1, tokens_, h.scheduler);
+    EXPECT_THAT(CompleteBy(r0, h.store), IsOk());
+    h.refused = Register(0, h.scheduler, 1, 7, "", "epoch-1").value();
+    return h;
+  }
 
   Coordinator c_;
   WorkerId scheduler_ = 0, rank0_ = 0, rank1_ = 0;
@@ -195,11 +211,9 @@ TEST_F(CoordinatorRanksTest, AnEndedAttachmentFailsWhatWaitsForAbsentRanks) {
 // attachment goes on, and the rank that attaches next completes the store
 // in flight.
 TEST_F(CoordinatorRanksTest, ARankRefusedAfterRegisteringEndsNothing) {
-  const WorkerId tagged = Register(2, 0, 0, 7, "", "epoch-1").value();
-  const WorkerId r0 = Register(0, tagged, 0, 7, "", "epoch-1").value();
-  const TransferEvent store = CommitStore(1, tokens_, tagged);
-  ASSERT_THAT(CompleteBy(r0, store), IsOk());
-  const WorkerId refused = Register(0, tagged, 1, 7, "", "epoch-1").value();
+  const HalfCopied h = StoreAwaitingARefusedRank();
+  const WorkerId tagged = h.scheduler, refused = h.refused;
+  const TransferEvent& store = h.store;
   ASSERT_THAT(c_.DropWorker(refused, Coordinator::Departure::kRefused), IsOk());
   EXPECT_EQ(Ref(store.host_blocks[0]), 1);  // Still awaited from rank 1.
   EXPECT_THAT(c_.Lookup(tagged, 2, tokens_, 0, {}), IsOk());
@@ -219,11 +233,9 @@ TEST_F(CoordinatorRanksTest, ARankRefusedAfterRegisteringEndsNothing) {
 // Refused after its scheduler went: no rank will come for its part any
 // more, so that fails, and the store's slots go.
 TEST_F(CoordinatorRanksTest, ARankRefusedAfterItsSchedulerWentFailsItsPart) {
-  const WorkerId tagged = Register(2, 0, 0, 7, "", "epoch-1").value();
-  const WorkerId r0 = Register(0, tagged, 0, 7, "", "epoch-1").value();
-  const TransferEvent store = CommitStore(1, tokens_, tagged);
-  ASSERT_THAT(CompleteBy(r0, store), IsOk());
-  const WorkerId refused = Register(0, tagged, 1, 7, "", "epoch-1").value();
+  const HalfCopied h = StoreAwaitingARefusedRank();
+  const WorkerId tagged = h.scheduler, refused = h.refused;
+  const TransferEvent& store = h.store;
   ASSERT_THAT(c_.DropWorker(tagged), IsOk());
   EXPECT_EQ(Ref(store.host_blocks[0]), 1);  // Rank 1 may still copy it.
   ASSERT_THAT(c_.DropWorker(refused, Coordinator::Departure::kRefused), IsOk());

@@ -165,10 +165,6 @@ Status FromReadErrno(int err, const std::string& file) {
   return FromErrno(err, "reading the", file);
 }
 
-// Whether a value file write failed for want of space only: RocksDB did not
-// see it, so it is not latched (DiskStorage::WritePayload).
-bool FullFilesystem(int err) { return err == ENOSPC || err == EDQUOT; }
-
 class RocksDbStorage final : public DiskStorage {
  public:
   // `read_only`: why the database was opened read-only; OK if it was not.
@@ -210,9 +206,7 @@ class RocksDbStorage final : public DiskStorage {
                                static_cast<off_t>(offset));
       if (n < 0 && errno == EINTR) continue;
       if (n <= 0) {
-        const int err = n < 0 ? errno : EIO;
-        Status s = FromErrno(err, "writing to the", values_path_);
-        return FullFilesystem(err) ? s : Checked(std::move(s));
+        return ValueFileWriteError(n < 0 ? errno : EIO, "writing to the");
       }
       bytes.remove_prefix(static_cast<size_t>(n));
       offset += static_cast<uint64_t>(n);
@@ -264,9 +258,7 @@ class RocksDbStorage final : public DiskStorage {
       // A filesystem without holes keeps the bytes: only space is lost.
       return Status::Ok();
     }
-    const int err = errno;
-    Status s = FromErrno(err, "releasing space in the", values_path_);
-    return FullFilesystem(err) ? s : Checked(std::move(s));
+    return ValueFileWriteError(errno, "releasing space in the");
   }
 
   Status TruncatePayloads(uint64_t bytes) override {
@@ -501,6 +493,14 @@ class RocksDbStorage final : public DiskStorage {
         damaged_files_.push_back(std::move(file));
       }
     }
+  }
+
+  // A value file write's errno, latched (Checked) unless it only found the
+  // filesystem full: RocksDB never saw that write (WritePayload).
+  Status ValueFileWriteError(int err, std::string_view what) {
+    Status s = FromErrno(err, what, values_path_);
+    if (err == ENOSPC || err == EDQUOT) return s;
+    return Checked(std::move(s));
   }
 
   // Latches the first write error: RocksDB is not written again after it.
