@@ -383,6 +383,21 @@ bool Server::Impl::Register(Connection* conn, const RegisterRequest& request) {
   session->pid = reg.pid;
   session->ready_reader.reset(ends[0]);
   session->ready.reset(ends[1]);
+  // The worker maps its segments from the descriptors passed with the
+  // reply (copies: tierkvd keeps its own): neither has a name anyone could
+  // open. The readiness pipe's read end follows them. Made before the
+  // session is served, so that running out of descriptors (EMFILE) is a
+  // refusal like any other, not the departure of an attached worker.
+  std::vector<UniqueFd> passed;
+  for (const int fd : {*host_segment, session->channel.segment_fd(),
+                       session->ready_reader.get()}) {
+    passed.emplace_back(fcntl(fd, F_DUPFD_CLOEXEC, 0));
+    if (!passed.back().valid()) {
+      const Status why = Status::ResourceExhausted(
+          std::string("cannot pass a descriptor: ") + std::strerror(errno));
+      return RefuseWorker(conn, reg.pid, *worker, why);
+    }
+  }
   Session* raw = session.get();
   try {
     session->thread = std::thread([this, raw] { Serve(raw); });
@@ -402,19 +417,6 @@ bool Server::Impl::Register(Connection* conn, const RegisterRequest& request) {
       "worker {} attached: pid {}, '{}', tenant '{}', {} device blocks",
       *worker, reg.pid, reg.name, PrintableName(reg.tenant),
       reg.num_device_blocks);
-  // The worker maps its segments from the descriptors passed with the
-  // reply (copies: tierkvd keeps its own): neither has a name anyone could
-  // open. The readiness pipe's read end follows them.
-  std::vector<UniqueFd> passed;
-  for (const int fd : {*host_segment, conn->session->channel.segment_fd(),
-                       conn->session->ready_reader.get()}) {
-    passed.emplace_back(fcntl(fd, F_DUPFD_CLOEXEC, 0));
-    if (!passed.back().valid()) {
-      return Refuse(conn, Status::ResourceExhausted(
-                              std::string("cannot pass a descriptor: ") +
-                              std::strerror(errno)));
-    }
-  }
   return Reply(conn,
                RegisterReply{.worker_id = *worker,
                              .host_slots = store->host().num_slots(),

@@ -6,9 +6,13 @@
 // slot views itself (copies = kCaller).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 
 #include <cstring>
+#include <filesystem>
 #include <memory>
+#include <set>
+#include <string>
 #include <vector>
 
 #include "tests/sequential_tokens.h"
@@ -24,6 +28,20 @@ using ::testing::HasSubstr;
 // tokens starting at `first`.
 std::byte PatternByte(TokenId first, size_t block, size_t offset) {
   return static_cast<std::byte>((first * 131 + block * 17 + offset * 7) & 0xff);
+}
+
+// The lowest descriptor limit under which `pid` has exactly `spare` free
+// descriptor numbers: its `spare + 1`th free number.
+rlim_t LimitLeaving(pid_t pid, int spare) {
+  std::set<int> open;
+  for (const auto& entry : std::filesystem::directory_iterator(
+           "/proc/" + std::to_string(pid) + "/fd")) {
+    open.insert(std::stoi(entry.path().filename().string()));
+  }
+  int fd = 0;
+  for (int free = 0;; ++fd) {
+    if (!open.contains(fd) && free++ == spare) return static_cast<rlim_t>(fd);
+  }
 }
 
 class TierkvdRanksTest : public TierkvdFixture {
@@ -412,6 +430,43 @@ TEST_F(TierkvdRanksTest, ALostRankEndsATaggedAttachmentInABatch) {
   ASSERT_TRUE(daemon_->WaitForOutput(
       "worker " + std::to_string(tagged->worker_id()) + " (pid"))
       << daemon_->output();
+}
+
+// A rank tierkvd registers but cannot hand its descriptors (EMFILE at
+// the last step) is refused like any other, and its tagged scheduler's
+// attachment goes on: a refusal is "try again", not a lost rank.
+TEST_F(TierkvdRanksTest, ARankRefusedForWantOfDescriptorsEndsNothing) {
+  ClientOptions s = ClientOptionsFor("tagged");
+  s.copies = CopyMode::kRanks;
+  s.ranks = 1;
+  s.attachment_tag = "epoch-1";
+  std::unique_ptr<Client> tagged = std::move(Client::Open(s).value());
+  ASSERT_THAT(tagged->Lookup(1, tokens_), IsOk());
+  ClientOptions o = ClientOptionsFor("rank");
+  o.copies = CopyMode::kCaller;
+  o.scheduler = tagged->worker_id();
+  o.attachment_tag = "epoch-1";
+  const pid_t pid = daemon_->pid();
+  rlimit before{};
+  ASSERT_EQ(prlimit(pid, RLIMIT_NOFILE, nullptr, &before), 0);
+  // Room for the rank's socket, channel segment and readiness pipe (four),
+  // none for the three copies its reply passes.
+  rlimit lowered = before;
+  lowered.rlim_cur = LimitLeaving(pid, 4);
+  ASSERT_EQ(prlimit(pid, RLIMIT_NOFILE, &lowered, nullptr), 0)
+      << std::strerror(errno);
+  StatusOr<std::unique_ptr<Client>> refused = Client::Open(o);
+  ASSERT_EQ(prlimit(pid, RLIMIT_NOFILE, &before, nullptr), 0);
+  ASSERT_THAT(refused, StatusIs(StatusCode::kResourceExhausted));
+  EXPECT_THAT(refused.status().message(),
+              HasSubstr("cannot pass a descriptor"));
+  ASSERT_TRUE(daemon_->WaitForOutput("refused worker pid"))
+      << daemon_->output();
+  // The rank's place is still open, and the scheduler still served.
+  StatusOr<std::unique_ptr<Client>> rank = Client::Open(o);
+  ASSERT_THAT(rank, IsOk());
+  EXPECT_THAT(tagged->Lookup(2, tokens_), IsOk());
+  EXPECT_TRUE(tagged->connected());
 }
 
 TEST_F(TierkvdRanksTest, RolesAreCheckedAtAttach) {
