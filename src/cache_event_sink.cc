@@ -8,7 +8,7 @@ const char* CacheMediumName(CacheMedium medium) {
     case CacheMedium::kCpu:
       return "CPU";
     case CacheMedium::kStorage:
-      return "STORAGE";
+      return "DISK";
     case CacheMedium::kRemote:
       return "REMOTE";
   }

@@ -32,7 +32,8 @@ enum class CacheMedium : uint8_t {
   // the same model, layout and remote tenant).
   kRemote = 3,
 };
-// "CPU", "STORAGE", "REMOTE".
+// "CPU", "DISK", "REMOTE": names routers know (Dynamo's KV router takes
+// any other medium for device memory).
 const char* CacheMediumName(CacheMedium medium);
 
 // One block a tier now serves.

@@ -5,10 +5,11 @@ A real tierkvd (host tier over a disk tier) publishes vLLM-format events on
 ZeroMQ while real worker processes store, load (promoting from disk), spill
 and an operator evicts and clears. A subscriber decodes every batch the way
 vLLM's msgspec types read it (array-like, tag first), rebuilds the set of
-block hashes per medium (CPU, STORAGE), and must end with exactly the keys
+block hashes per medium (CPU, DISK), and must end with exactly the keys
 `tierkv-admin held` lists. A late subscriber catches up through the replay
 socket and must end with the same index. Sequence numbers must have no gap
-that replay cannot fill. Both hash forms run: integers (a key's low 64 bits,
+that replay cannot fill; they start where tierkvd's clock says, so a router
+learns the first one from what it receives. Both hash forms run: integers (a key's low 64 bits,
 vLLM's default form) and the whole 16-byte keys.
 
 Run by ctest (KvEventsSubscriber) with the paths of tierkvd, tierkv-admin
@@ -51,10 +52,11 @@ def hash_name(h, hash_format):
 
 
 def decode_batch(payload, hash_format):
-    """A KVEventBatch as vLLM's msgspec decoder reads it: [ts, events]."""
+    """A KVEventBatch as vLLM's msgspec decoder reads it:
+    [ts, events, data_parallel_rank]."""
     batch = msgpack.unpackb(payload, raw=False)
-    check(isinstance(batch, list) and 2 <= len(batch) <= 3,
-          f"a batch is [ts, events(, dp_rank)], got {batch!r}")
+    check(isinstance(batch, list) and len(batch) == 3 and batch[2] == 0,
+          f"a batch is [ts, events, 0], got {batch!r}")
     ts, events = batch[0], batch[1]
     check(isinstance(ts, float), f"ts {ts!r} is not a float")
     decoded = []
@@ -68,8 +70,9 @@ def decode_batch(payload, hash_format):
             hashes, parent, tokens, block_size, lora, medium = event[1:7]
             if parent is not None:
                 hash_name(parent, hash_format)
-            check(len(tokens) <= len(hashes) * block_size and
-                  len(tokens) > (len(hashes) - 1) * block_size,
+            # Full blocks, or one partial block (a chunk's last) alone.
+            check(len(tokens) == len(hashes) * block_size or
+                  (len(hashes) == 1 and 0 < len(tokens) < block_size),
                   f"{len(tokens)} tokens for {len(hashes)} blocks of "
                   f"{block_size}")
             check(lora is None or isinstance(lora, int), f"lora {lora!r}")
@@ -97,12 +100,14 @@ class Router:
         self.sub.connect(endpoint)
         self.replay = context.socket(zmq.DEALER)
         self.replay.connect(replay_endpoint)
-        self.next_seq = 0
-        self.index = {"CPU": set(), "STORAGE": set(), "REMOTE": set()}
+        self.next_seq = None  # Learnt from the first batch.
+        self.index = {"CPU": set(), "DISK": set(), "REMOTE": set()}
         self.replayed = 0
+        self.applied = 0
 
     def apply(self, seq, payload):
-        check(seq == self.next_seq, f"batch {seq} where {self.next_seq} was due")
+        check(self.next_seq is None or seq == self.next_seq,
+              f"batch {seq} where {self.next_seq} was due")
         for kind, medium, hashes in decode_batch(payload, self.hash_format):
             if kind == "cleared":
                 for held in self.index.values():
@@ -114,10 +119,13 @@ class Router:
             else:
                 self.index[medium].difference_update(hashes)
         self.next_seq = seq + 1
+        self.applied += 1
 
     def catch_up(self):
-        """Asks the replay socket for everything from next_seq on."""
-        self.replay.send_multipart([b"", self.next_seq.to_bytes(8, "big")])
+        """Asks the replay socket for everything from next_seq on (from the
+        start of the ring when it has seen nothing)."""
+        start = self.next_seq or 0
+        self.replay.send_multipart([b"", start.to_bytes(8, "big")])
         end = time.monotonic() + DEADLINE_S
         while True:
             check(self.replay.poll(int((end - time.monotonic()) * 1000)),
@@ -127,7 +135,7 @@ class Router:
             seq = int.from_bytes(seq_bytes, "big", signed=True)
             if seq == END_SEQ:
                 return
-            if seq >= self.next_seq:
+            if self.next_seq is None or seq >= self.next_seq:
                 self.apply(seq, payload)
                 self.replayed += 1
 
@@ -136,6 +144,11 @@ class Router:
         while self.sub.poll(0):
             topic, seq_bytes, payload = self.sub.recv_multipart()
             seq = int.from_bytes(seq_bytes, "big")
+            if self.next_seq is None:
+                self.catch_up()  # Joined live: the history first.
+                if self.next_seq is None:
+                    self.apply(seq, payload)
+                    continue
             if seq < self.next_seq:
                 continue  # Replay brought it already.
             if seq > self.next_seq:
@@ -150,7 +163,7 @@ def held_keys(admin, socket_path, hash_format=None):
     int form is a key's low word, its last 16 hex digits), or whole."""
     out = subprocess.run([admin, "--socket", socket_path, "held"],
                          check=True, capture_output=True, text=True).stdout
-    index = {"CPU": set(), "STORAGE": set(), "REMOTE": set()}
+    index = {"CPU": set(), "DISK": set(), "REMOTE": set()}
     for line in out.splitlines():
         check(not line.startswith("#"), f"held list cut: {line}")
         medium, key = line.split()
@@ -250,15 +263,15 @@ def scenario(args, hash_format):
         check(" wrong 0" in out, f"verify: {out}")
         held = wait_for_match([router], args.admin, socket_path,
                               "after verify")
-        check(held["CPU"] and held["STORAGE"],
+        check(held["CPU"] and held["DISK"],
               f"both tiers hold blocks: {held}")
 
         # An operator evicts one block, then clears the host tier.
-        key = sorted(held_keys(args.admin, socket_path)["STORAGE"])[0]
+        key = sorted(held_keys(args.admin, socket_path)["DISK"])[0]
         admin_call(args.admin, socket_path, "evict", key)
         held = wait_for_match([router], args.admin, socket_path, "after evict")
         name = key[16:] if hash_format == "int" else key
-        check(name not in held["STORAGE"] and name not in held["CPU"],
+        check(name not in held["DISK"] and name not in held["CPU"],
               f"{key} evicted")
         admin_call(args.admin, socket_path, "clear", "--tier", "host")
         held = wait_for_match([router], args.admin, socket_path,
@@ -270,16 +283,16 @@ def scenario(args, hash_format):
         run_worker(args.worker, "churn", socket_path, 2, 5, 2)
         late = Router(context, events, replay, hash_format)
         late.catch_up()
-        check(late.next_seq > 1, "the late router replayed the history")
+        check(late.replayed > 1, "the late router replayed the history")
         wait_for_match([router, late], args.admin, socket_path, "after churn")
         admin_call(args.admin, socket_path, "clear", "--tier", "all")
         held = wait_for_match([router, late], args.admin, socket_path,
                               "after clear all")
-        check(not held["CPU"] and not held["STORAGE"], f"all cleared: {held}")
+        check(not held["CPU"] and not held["DISK"], f"all cleared: {held}")
         run_worker(args.worker, "fill", socket_path, 3, 3, 2)
         wait_for_match([router, late], args.admin, socket_path,
                        "after refill")
-        print(f"OK ({hash_format} hashes): {router.next_seq} batches "
+        print(f"OK ({hash_format} hashes): {router.applied} batches "
               f"followed, the late router replayed {late.replayed}")
         return 0
     except Failure as e:

@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <msgpack.hpp>
 #include <mutex>
 #include <optional>
@@ -103,8 +104,11 @@ TEST(KvEventsEncoding, BatchDecodesFieldByField) {
       EncodeKvEventBatch(1234.5, events, KvEventHashFormat::kBytes);
   msgpack::object_handle handle = msgpack::unpack(bytes.data(), bytes.size());
   std::vector<msgpack::object> batch = Array(handle.get());
-  // data_parallel_rank (default None) is omitted, as msgspec omits it.
-  ASSERT_EQ(batch.size(), 2u);
+  // data_parallel_rank is 0, as a vLLM publisher fills it in: a decoder
+  // that reads the batch as a 3-tuple (Dynamo's) refuses 2 fields.
+  ASSERT_EQ(batch.size(), 3u);
+  EXPECT_EQ(batch[2].type, msgpack::type::POSITIVE_INTEGER);
+  EXPECT_EQ(batch[2].as<int>(), 0);
   EXPECT_EQ(batch[0].type, msgpack::type::FLOAT64);
   EXPECT_DOUBLE_EQ(batch[0].as<double>(), 1234.5);
   std::vector<msgpack::object> decoded = Array(batch[1]);
@@ -130,7 +134,7 @@ TEST(KvEventsEncoding, BatchDecodesFieldByField) {
   hashes = Array(removed[1]);
   ASSERT_EQ(hashes.size(), 1u);
   EXPECT_EQ(Bin(hashes[0]), KvEventBlockHash(Key(2)));
-  EXPECT_EQ(Str(removed[2]), "STORAGE");
+  EXPECT_EQ(Str(removed[2]), "DISK");
 
   std::vector<msgpack::object> cleared = Array(decoded[2]);
   ASSERT_EQ(cleared.size(), 1u);
@@ -140,7 +144,7 @@ TEST(KvEventsEncoding, BatchDecodesFieldByField) {
   ASSERT_EQ(stored.size(), 8u);
   EXPECT_EQ(Bin(stored[2]), KvEventBlockHash(Key(1)));  // parent
   EXPECT_TRUE(stored[5].is_nil());                      // no LoRA
-  EXPECT_EQ(Str(stored[6]), "STORAGE");
+  EXPECT_EQ(Str(stored[6]), "DISK");
 }
 
 // vLLM's default form: each hash an unsigned 64-bit integer, the key's low
@@ -435,7 +439,8 @@ class KvEventsPublisherTest : public ::testing::Test {
                                   .replay_endpoint = Endpoint("replay"),
                                   .topic = "kv",
                                   .buffer_steps = buffer_steps,
-                                  .clock = [] { return 42.0; }});
+                                  .clock = [] { return 42.0; },
+                                  .first_sequence = 0});
     EXPECT_THAT(p, IsOk());
     return p.ok() ? std::move(p).value() : nullptr;
   }
@@ -499,10 +504,11 @@ TEST_F(KvEventsPublisherTest, SubscriberGetsBatchesInSequence) {
   EXPECT_EQ(stats.events_dropped, 0u);
 }
 
-// Events dropped for a full queue leave a gap in the sequence numbers that
-// replay cannot fill: contiguous numbers would tell a router nothing was
-// lost, and a lost removal leaves it a block that is gone.
-TEST_F(KvEventsPublisherTest, DroppedEventsLeaveAGapInTheSequence) {
+// An event that finds the queue full drops what is queued, and an
+// AllBlocksCleared takes its place: a router forgets this node's blocks
+// rather than keep one whose removal was lost (no router resyncs on a gap
+// replay cannot fill).
+TEST_F(KvEventsPublisherTest, AFullQueueTellsRoutersToForget) {
   // The publisher's clock, called as each batch is sent: held at `hold`
   // until released, so the queue fills behind a batch being sent.
   struct Gate {
@@ -515,7 +521,7 @@ TEST_F(KvEventsPublisherTest, DroppedEventsLeaveAGapInTheSequence) {
   StatusOr<std::unique_ptr<KvEventPublisher>> created =
       KvEventPublisher::Create({.endpoint = Endpoint("pub"),
                                 .topic = "kv",
-                                .max_queue_events = 1,
+                                .max_queue_events = 2,
                                 .clock = [gate] {
                                   std::unique_lock<std::mutex> lock(gate->mu);
                                   gate->held = gate->hold;
@@ -544,9 +550,11 @@ TEST_F(KvEventsPublisherTest, DroppedEventsLeaveAGapInTheSequence) {
   }
   // Join's probes may have been dropped already on a loaded machine.
   const uint64_t dropped_before = pub.stats().events_dropped;
-  pub.BlockRemoved(CacheMedium::kCpu, Key(2));  // Queued: the queue is full.
-  pub.BlockRemoved(CacheMedium::kCpu, Key(3));  // Dropped.
-  EXPECT_EQ(pub.stats().events_dropped, dropped_before + 1);
+  pub.BlockRemoved(CacheMedium::kCpu, Key(2));
+  pub.BlockRemoved(CacheMedium::kCpu, Key(3));  // Queued: the queue is full.
+  EXPECT_EQ(pub.stats().events_dropped, dropped_before);
+  pub.BlockRemoved(CacheMedium::kCpu, Key(4));  // 2 and 3 go.
+  EXPECT_EQ(pub.stats().events_dropped, dropped_before + 2);
   {
     std::lock_guard<std::mutex> lock(gate->mu);
     gate->hold = false;
@@ -559,7 +567,115 @@ TEST_F(KvEventsPublisherTest, DroppedEventsLeaveAGapInTheSequence) {
   std::optional<Received> after = Receive(sub, end);
   ASSERT_TRUE(held.has_value() && after.has_value());
   EXPECT_GE(held->seq, first);
-  EXPECT_EQ(after->seq, held->seq + 2);  // The number between is the drop's.
+  EXPECT_THAT(Tags(held->payload), ElementsAre("BlockRemoved"));
+  EXPECT_EQ(after->seq, held->seq + 1);
+  StatusOr<DecodedKvEventBatch> decoded = DecodeKvEventBatch(after->payload);
+  ASSERT_THAT(decoded, IsOk());
+  ASSERT_EQ(decoded->events.size(), 2u);
+  EXPECT_EQ(decoded->events[0].type, KvEvent::Type::kAllBlocksCleared);
+  EXPECT_EQ(decoded->events[1].type, KvEvent::Type::kBlockRemoved);
+  ASSERT_EQ(decoded->events[1].keys.size(), 1u);
+  EXPECT_EQ(decoded->events[1].keys[0].lo, Key(4).lo);  // The int form.
+}
+
+// By default the first sequence number is the clock's microseconds, so a
+// restarted publisher goes on above its last run's numbers: a router that
+// drops numbers at or below the last it applied takes the new run's.
+TEST_F(KvEventsPublisherTest, ARestartedPublisherNumbersAboveItsLastRun) {
+  auto last_seq = [&](int run) -> int64_t {
+    StatusOr<std::unique_ptr<KvEventPublisher>> pub =
+        KvEventPublisher::Create({.endpoint = Endpoint("pub"),
+                                  .replay_endpoint = Endpoint("replay"),
+                                  .max_batch_keys = 1});
+    EXPECT_THAT(pub, IsOk());
+    if (!pub.ok()) return -1;
+    for (int i = 0; i < 3; ++i) {
+      (*pub)->BlockRemoved(CacheMedium::kCpu, Key(static_cast<uint64_t>(i)));
+    }
+    EXPECT_TRUE((*pub)->Flush(std::chrono::seconds(5)));
+    zmq::socket_t replay(context_, zmq::socket_type::dealer);
+    replay.connect(Endpoint("replay"));
+    replay.send(zmq::message_t(), zmq::send_flags::sndmore);
+    replay.send(zmq::buffer(std::string(8, '\0')));  // From sequence 0.
+    int64_t last = -1;
+    const auto end = Clock::now() + std::chrono::seconds(10);
+    for (int batches = 0;; ++batches) {
+      std::optional<Received> r = Receive(replay, end);
+      if (!r.has_value()) {
+        ADD_FAILURE() << "run " << run << ": no end marker";
+        return -1;
+      }
+      if (r->seq == -1) {
+        EXPECT_EQ(batches, 3) << "run " << run;
+        return last;
+      }
+      if (last >= 0) {
+        EXPECT_EQ(r->seq, last + 1) << "run " << run;
+      }
+      last = r->seq;
+    }
+  };
+  const int64_t before =
+      std::chrono::duration_cast<std::chrono::microseconds>(
+          std::chrono::system_clock::now().time_since_epoch())
+          .count();
+  const int64_t first_run = last_seq(1);
+  EXPECT_GE(first_run, before + 2);
+  EXPECT_GT(last_seq(2), first_run);
+}
+
+// vLLM's first releases sent [ts, events]; later ones add the rank, which
+// may be nil. A rank of another type is refused.
+TEST(KvEventsEncoding, BatchesOfTwoOrThreeFieldsDecode) {
+  const std::string three = EncodeKvEventBatch(1.0, {});
+  StatusOr<DecodedKvEventBatch> decoded = DecodeKvEventBatch(three);
+  ASSERT_THAT(decoded, IsOk());
+  EXPECT_EQ(decoded->data_parallel_rank, 0);
+  auto batch = [](auto&& last) {
+    msgpack::sbuffer buffer;
+    msgpack::packer<msgpack::sbuffer> pk(&buffer);
+    pk.pack_array(last.has_value() ? 3 : 2);
+    pk.pack_double(1.0);
+    pk.pack_array(1);
+    pk.pack_array(3);
+    pk.pack(std::string("BlockRemoved"));
+    pk.pack_array(1);
+    pk.pack_uint64(9);
+    pk.pack(std::string("STORAGE"));  // The disk tier's old name.
+    if (last.has_value()) (*last)(pk);
+    return std::string(buffer.data(), buffer.size());
+  };
+  using Pack = std::function<void(msgpack::packer<msgpack::sbuffer>&)>;
+  decoded = DecodeKvEventBatch(batch(std::optional<Pack>()));
+  ASSERT_THAT(decoded, IsOk());
+  EXPECT_EQ(decoded->data_parallel_rank, std::nullopt);
+  ASSERT_EQ(decoded->events.size(), 1u);
+  EXPECT_EQ(decoded->events[0].medium, CacheMedium::kStorage);
+  decoded = DecodeKvEventBatch(
+      batch(std::optional<Pack>([](auto& pk) { pk.pack_nil(); })));
+  ASSERT_THAT(decoded, IsOk());
+  EXPECT_EQ(decoded->data_parallel_rank, std::nullopt);
+  decoded = DecodeKvEventBatch(
+      batch(std::optional<Pack>([](auto& pk) { pk.pack_int32(3); })));
+  ASSERT_THAT(decoded, IsOk());
+  EXPECT_EQ(decoded->data_parallel_rank, 3);
+  EXPECT_THAT(DecodeKvEventBatch(batch(std::optional<Pack>(
+                  [](auto& pk) { pk.pack(std::string("x")); }))),
+              StatusIs(StatusCode::kInvalidArgument));
+}
+
+// A partial block (a chunk's last) is not merged into the run it ends:
+// routers that derive a key per full block from the tokens (llm-d's) would
+// refuse the whole run's event.
+TEST(KvEventsEncoding, APartialBlockIsAnEventOfItsOwn) {
+  std::vector<KvEvent> events;
+  AppendKvEvent(Stored(CacheMedium::kCpu, 1, std::nullopt, 0), 100, &events);
+  KvEvent partial = Stored(CacheMedium::kCpu, 2, 1, 4);
+  partial.tokens.resize(3);
+  AppendKvEvent(std::move(partial), 100, &events);
+  ASSERT_EQ(events.size(), 2u);
+  EXPECT_EQ(events[0].keys.size(), 1u);
+  EXPECT_EQ(events[1].tokens.size(), 3u);
 }
 
 // A late subscriber asks the replay socket from a sequence number: the
@@ -611,7 +727,8 @@ TEST_F(KvEventsPublisherTest, ReplayOfALongHistoryArrivesWhole) {
       KvEventPublisher::Create({.endpoint = Endpoint("pub"),
                                 .replay_endpoint = Endpoint("replay"),
                                 .buffer_steps = kBatches,
-                                .max_batch_keys = 1});  // A batch per event.
+                                .max_batch_keys = 1,  // A batch per event.
+                                .first_sequence = 0});
   ASSERT_THAT(pub, IsOk());
   for (int i = 0; i < kBatches; ++i) {
     (*pub)->BlockRemoved(CacheMedium::kCpu, Key(static_cast<uint64_t>(i)));

@@ -232,7 +232,7 @@ TEST(AdminHeld, ListsEachTierAndSaysWhereAListIsCut) {
                       .disk = {b},
                       .remote = {c}};
   EXPECT_EQ(admin::FormatHeldKeys(held),
-            "CPU " + a.ToHex() + "\nSTORAGE " + b.ToHex() + "\nREMOTE " +
+            "CPU " + a.ToHex() + "\nDISK " + b.ToHex() + "\nREMOTE " +
                 c.ToHex() + "\n# disk: 1 of 3 keys listed\n");
   EXPECT_EQ(admin::FormatHeldKeysJson(held),
             "{\"host_total\":1,\"disk_total\":3,\"remote_total\":1,"

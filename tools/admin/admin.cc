@@ -148,7 +148,7 @@ StatusOr<AdminCommand> ParseAdminFlags(int argc, const char* const* argv) {
       "          engine passed them; with --log-level debug tierkvd logs\n"
       "          each key it stores, spills and promotes\n"
       "  held    the keys each tier serves now, one line each: CPU (host),\n"
-      "          STORAGE (disk) or REMOTE (the blocks this tierkvd wrote to\n"
+      "          DISK or REMOTE (the blocks this tierkvd wrote to\n"
       "          --remote-redis), then the key; what tierkvd's KV cache\n"
       "          events (--kv-events-endpoint) describe. At most 16384 per\n"
       "          tier; a '#' line says when the list is cut (--json:\n"

@@ -102,8 +102,8 @@ std::string FormatEvictJson(const std::vector<EvictedBlock>& blocks);
 // cached anywhere.
 std::string FormatRoute(const std::vector<NodeRoute>& nodes);
 std::string FormatRouteJson(const std::vector<NodeRoute>& nodes);
-// held: "CPU <key>" and "STORAGE <key>" lines, then a '#' line per tier
-// whose list was cut.
+// held: "CPU <key>", "DISK <key>" and "REMOTE <key>" lines, then a '#' line per
+// tier whose list was cut.
 std::string FormatHeldKeys(const HeldKeys& keys);
 std::string FormatHeldKeysJson(const HeldKeys& keys);
 // "850 us", "12.5 ms", "3.2 s", "4m05s", "2h07m".

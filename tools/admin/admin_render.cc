@@ -669,7 +669,7 @@ std::string FormatHeldKeys(const HeldKeys& keys) {
   std::ostringstream out;
   for (const BlockKey& key : keys.host) out << "CPU " << key.ToHex() << "\n";
   for (const BlockKey& key : keys.disk) {
-    out << "STORAGE " << key.ToHex() << "\n";
+    out << "DISK " << key.ToHex() << "\n";
   }
   for (const BlockKey& key : keys.remote) {
     out << "REMOTE " << key.ToHex() << "\n";

@@ -105,7 +105,8 @@ bool Continues(const KvEvent& last, const KvEvent& next, size_t max_keys) {
              last.block_size == next.block_size && next.keys.size() == 1 &&
              next.parent.has_value() && *next.parent == last.keys.back() &&
              last.tokens.size() ==
-                 last.keys.size() * static_cast<size_t>(last.block_size);
+                 last.keys.size() * static_cast<size_t>(last.block_size) &&
+             next.tokens.size() == static_cast<size_t>(next.block_size);
     case KvEvent::Type::kBlockRemoved:
       return last.medium == next.medium;
     case KvEvent::Type::kAllBlocksCleared:
@@ -181,10 +182,11 @@ std::string EncodeKvEventBatch(double ts, std::span<const KvEvent> events,
                                KvEventHashFormat hashes) {
   msgpack::sbuffer buffer;
   Packer pk(&buffer);
-  pk.pack_array(2);
+  pk.pack_array(3);
   pk.pack_double(ts);
   pk.pack_array(static_cast<uint32_t>(events.size()));
   for (const KvEvent& e : events) PackEvent(pk, e, hashes);
+  pk.pack_int32(0);  // data_parallel_rank.
   return {buffer.data(), buffer.size()};
 }
 
@@ -240,6 +242,7 @@ class BatchReader {
          {CacheMedium::kCpu, CacheMedium::kStorage, CacheMedium::kRemote}) {
       if (name == CacheMediumName(m)) return m;
     }
+    if (name == "STORAGE") return CacheMedium::kStorage;  // The old name.
     if (ok()) {
       error =
           Status::InvalidArgument("KV event batch: medium \"" +
@@ -334,8 +337,10 @@ StatusOr<DecodedKvEventBatch> DecodeKvEventBatch(std::string_view bytes) {
   const std::span<const msgpack::object> batch =
       r.Array(handle.get(), "the batch");
   if (!r.ok()) return r.error;
-  if (batch.size() < 2) {
-    return Status::InvalidArgument("KV event batch: fewer than 2 fields");
+  if (batch.size() < 2 || batch.size() > 3) {
+    return Status::InvalidArgument(
+        "KV event batch: " + std::to_string(batch.size()) +
+        " fields, not 2 or 3");
   }
   DecodedKvEventBatch out;
   if (batch[0].type == msgpack::type::FLOAT64 ||
@@ -352,6 +357,18 @@ StatusOr<DecodedKvEventBatch> DecodeKvEventBatch(std::string_view bytes) {
     out.events.push_back(std::move(*e));
   }
   if (!r.ok()) return r.error;
+  if (batch.size() == 3) {
+    const msgpack::object& rank = batch[2];
+    if (rank.type == msgpack::type::POSITIVE_INTEGER &&
+        rank.via.u64 <= uint64_t{INT64_MAX}) {
+      out.data_parallel_rank = static_cast<int64_t>(rank.via.u64);
+    } else if (rank.type == msgpack::type::NEGATIVE_INTEGER) {
+      out.data_parallel_rank = rank.via.i64;
+    } else if (rank.type != msgpack::type::NIL) {
+      return Status::InvalidArgument(
+          "KV event batch: data_parallel_rank is not an integer or nil");
+    }
+  }
   return out;
 }
 
@@ -381,7 +398,8 @@ std::string FormatKvEventMetrics(const KvEventPublisherStats& stats,
   counter("queued_total", "KV cache events queued for publishing.",
           stats.events_queued);
   counter("dropped_total",
-          "KV cache events dropped: the publisher's queue was full.",
+          "KV cache events dropped: the publisher's queue was full (routers "
+          "were told to forget this store's blocks).",
           stats.events_dropped);
   counter("batches_total", "KV cache event batches published.",
           stats.batches_published);
@@ -401,15 +419,14 @@ struct KvEventPublisher::Impl {
   CondVar published;
   std::vector<KvEvent> pending TIERKV_GUARDED_BY(mu);
   size_t pending_keys TIERKV_GUARDED_BY(mu) = 0;
-  uint64_t submitted TIERKV_GUARDED_BY(mu) = 0;  // Events accepted.
-  uint64_t done TIERKV_GUARDED_BY(mu) = 0;       // Of them, published.
+  size_t pending_events TIERKV_GUARDED_BY(mu) = 0;  // Before merging.
+  uint64_t submitted TIERKV_GUARDED_BY(mu) = 0;     // Events accepted.
+  uint64_t done TIERKV_GUARDED_BY(mu) = 0;          // Of them, published.
   bool stopping TIERKV_GUARDED_BY(mu) = false;
   KvEventPublisherStats stats TIERKV_GUARDED_BY(mu);
 
   // The thread's own.
   int64_t next_seq = 0;
-  // Drops (stats.events_dropped) the sequence already shows a gap for.
-  uint64_t drops_marked = 0;
   std::deque<std::pair<int64_t, std::string>> ring;
   uint64_t dropped_logged = 0;
   std::chrono::steady_clock::time_point last_drop_log{};
@@ -426,12 +443,31 @@ struct KvEventPublisher::Impl {
 void KvEventPublisher::Impl::Submit(KvEvent event) {
   const size_t keys = std::max<size_t>(1, event.keys.size());
   MutexLock lock(&mu);
-  if (pending_keys + keys > options.max_queue_events) {
-    ++stats.events_dropped;
-    return;
-  }
   const bool was_empty = pending.empty();
+  if (pending_keys + keys > options.max_queue_events) {
+    // Full: what is queued goes, and routers are told to forget this
+    // node's blocks (max_queue_events).
+    stats.events_dropped += pending_events;
+    pending.clear();
+    pending.push_back({.type = KvEvent::Type::kAllBlocksCleared,
+                       .medium = CacheMedium::kCpu,
+                       .keys = {},
+                       .parent = std::nullopt,
+                       .tokens = {},
+                       .block_size = 0,
+                       .lora_id = std::nullopt});
+    pending_keys = 1;
+    pending_events = 1;
+    ++submitted;
+    ++stats.events_queued;
+    if (pending_keys + keys > options.max_queue_events) {
+      ++stats.events_dropped;
+      if (was_empty) wake.NotifyOne();
+      return;
+    }
+  }
   pending_keys += keys;
+  ++pending_events;
   ++submitted;
   ++stats.events_queued;
   AppendKvEvent(std::move(event), options.max_batch_keys, &pending);
@@ -456,16 +492,10 @@ void KvEventPublisher::Impl::Run() {
       }
       taken.swap(pending);
       pending_keys = 0;
+      pending_events = 0;
       taken_up_to = submitted;
       dropped = stats.events_dropped;
       stop = stopping;
-    }
-    if (dropped != drops_marked) {
-      // Events were lost: a sequence number no batch ever takes, so a
-      // router sees a gap that replay cannot fill and knows to resync
-      // (contiguous numbers would tell it nothing was missed).
-      drops_marked = dropped;
-      ++next_seq;
     }
     if (!taken.empty()) Publish(taken);
     {
@@ -574,7 +604,8 @@ void KvEventPublisher::Impl::LogDrops(uint64_t dropped) {
   }
   spdlog::warn(
       "kv events: queue full ({} keys): {} events dropped so far; routers "
-      "following this store miss them",
+      "following this store were told to forget its blocks "
+      "(AllBlocksCleared)",
       options.max_queue_events, dropped);
   dropped_logged = dropped;
   last_drop_log = now;
@@ -645,6 +676,10 @@ Status KvEventPublisher::Start() {
     TIERKV_RETURN_IF_ERROR(GiveIpcSocketTo(
         impl->options.ipc_group, "--kv-events-replay-endpoint", replay));
   }
+  impl->next_seq = impl->options.first_sequence.value_or(
+      std::chrono::duration_cast<std::chrono::microseconds>(
+          std::chrono::system_clock::now().time_since_epoch())
+          .count());
   impl->thread = std::thread([impl] { impl->Run(); });
   return Status::Ok();
 }

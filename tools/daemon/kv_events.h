@@ -7,8 +7,9 @@
 // as vLLM's ZmqEventPublisher does (vllm/distributed/kv_events.py; the
 // format followed is README.md's "KV cache events").
 // Thread-safety: the CacheEventSink calls and stats() from any thread; they
-// never block on the network (a full queue drops, counted). Create and the
-// destructor from one thread.
+// never block on the network (a full queue drops what it holds and tells
+// routers to forget: see max_queue_events). Create and the destructor from
+// one thread.
 #ifndef TIERKV_TOOLS_DAEMON_KV_EVENTS_H_
 #define TIERKV_TOOLS_DAEMON_KV_EVENTS_H_
 
@@ -64,12 +65,14 @@ StatusOr<KvEventHashFormat> ParseKvEventHashFormat(std::string_view name);
 // big-endian: the bytes BlockKey::ToHex spells.
 std::string KvEventBlockHash(const BlockKey& key);
 
-// One KVEventBatch as vLLM's msgspec encodes it (array_like, omit_defaults,
-// tagged events): [ts, [event, ...]] with each event an array that starts
-// with its tag: ["BlockStored", block_hashes, parent_block_hash, token_ids,
-// block_size, lora_id, medium, lora_name], ["BlockRemoved", block_hashes,
-// medium], ["AllBlocksCleared"]. data_parallel_rank (default None) is left
-// out, as msgspec omits a default.
+// One KVEventBatch as vLLM's ZmqEventPublisher sends it in msgspec's
+// positional form (array_like, omit_defaults, tagged events):
+// [ts, [event, ...], data_parallel_rank] with each event an array that
+// starts with its tag: ["BlockStored", block_hashes, parent_block_hash,
+// token_ids, block_size, lora_id, medium, lora_name], ["BlockRemoved",
+// block_hashes, medium], ["AllBlocksCleared"]. data_parallel_rank is 0, as
+// a vLLM publisher without data parallelism fills it in (decoders that read
+// the batch as a 3-tuple, Dynamo's among them, refuse 2 fields).
 std::string EncodeKvEventBatch(
     double ts, std::span<const KvEvent> events,
     KvEventHashFormat hashes = KvEventHashFormat::kInt64);
@@ -78,22 +81,28 @@ std::string EncodeKvEventBatch(
 struct DecodedKvEventBatch {
   double ts = 0;
   std::vector<KvEvent> events;
+  std::optional<int64_t> data_parallel_rank;  // None: left out, or nil.
 };
 // The inverse of EncodeKvEventBatch, for routers written in C++ and for
-// tests: a batch of either hash format (an integer hash becomes a key whose
-// `lo` is the integer and `hi` 0; 16 bytes, the whole key) and of vLLM's
-// own BlockStored forms (ending at `medium`, at `lora_name`, or with later
-// trailing fields, which are skipped). A medium tierkv does not name
-// ("GPU", ...) or none, a hash that is neither an unsigned integer nor 16
-// bytes (a negative one, as vLLM releases that hashed with Python's hash()
-// sent), bytes after the batch and anything malformed are
-// InvalidArgument: never a crash, whatever the bytes.
+// tests: a batch of two or three fields (vLLM's first releases sent no
+// data_parallel_rank), of either hash format (an integer hash becomes a key
+// whose `lo` is the integer and `hi` 0; 16 bytes, the whole key) and of
+// vLLM's own BlockStored forms (ending at `medium`, at `lora_name`, or with
+// later trailing fields, which are skipped). The medium "STORAGE" (what
+// tierkvd called its disk tier before "DISK") is the disk tier. A medium
+// tierkv does not name ("GPU", ...) or none, a hash that is neither an
+// unsigned integer nor 16 bytes (a negative one, as vLLM releases that
+// hashed with Python's hash() sent), bytes after the batch and anything
+// malformed are InvalidArgument: never a crash, whatever the bytes.
 StatusOr<DecodedKvEventBatch> DecodeKvEventBatch(std::string_view bytes);
 
 // Appends `event` to `events`, merging it into the last event when it
-// continues it: a BlockStored of the same medium and LoRA whose parent is
-// the last one's last block (which is full), or a BlockRemoved of the same
-// medium. Caps a merged event at `max_keys` keys.
+// continues it: a full block's BlockStored of the same medium and LoRA
+// whose parent is the last one's last block (which is full), or a
+// BlockRemoved of the same medium. Caps a merged event at `max_keys` keys.
+// A partial block (a position-independent chunk's last) stays an event of
+// its own: routers that derive one key per full block from the tokens
+// (llm-d's) refuse a whole event whose tokens do not fill its blocks.
 void AppendKvEvent(KvEvent event, size_t max_keys,
                    std::vector<KvEvent>* events);
 
@@ -108,9 +117,13 @@ struct KvEventPublisherOptions {
   std::string topic = {};
   // Batches kept for replay. Default: 10000 (vLLM's buffer_steps).
   size_t buffer_steps = 10000;
-  // Events queued for the thread at most; past it events are dropped and
-  // counted (the coordinator never waits). Default: 100000 (vLLM's
-  // max_queue_size).
+  // Events (keys) queued for the thread at most. The coordinator never
+  // waits: an event that finds the queue full drops everything queued
+  // (counted) and an AllBlocksCleared takes its place, so that routers
+  // forget this node's blocks and learn them again from the stores that
+  // follow. A lost BlockRemoved would have had them route to a block gone
+  // for good; this way they only under-count for a while. Default: 100000
+  // (vLLM's max_queue_size).
   size_t max_queue_events = 100000;
   // Keys in one batch at most. Default: 4096.
   size_t max_batch_keys = 4096;
@@ -121,6 +134,14 @@ struct KvEventPublisherOptions {
   KvEventHashFormat hash_format = KvEventHashFormat::kInt64;
   // Seconds since the epoch of a batch (its ts). Default: the system clock.
   std::function<double()> clock = {};
+  // The first batch's sequence number. Default: microseconds since the
+  // epoch when the publisher starts, so that a restarted tierkvd goes on
+  // above the numbers of its last run (unless the clock went back): routers
+  // that drop a number at or below the last they applied (Dynamo's) would
+  // drop a restarted run's batches until it passed the old numbers, and
+  // those that replay a gap (vLLM's example subscriber) see one and replay
+  // the new run from its start.
+  std::optional<int64_t> first_sequence = {};
   // The group an ipc:// socket file is given once bound (tierkvd's
   // --kv-events-group), so that routers of the group may subscribe; its
   // mode comes from the process's umask (tierkvd's --mode). The endpoint
@@ -131,7 +152,9 @@ struct KvEventPublisherOptions {
 
 struct KvEventPublisherStats {
   uint64_t events_queued = 0;
-  uint64_t events_dropped = 0;  // The queue was full.
+  // Events dropped with a full queue (each time followed by an
+  // AllBlocksCleared).
+  uint64_t events_dropped = 0;
   uint64_t batches_published = 0;
   uint64_t replay_requests = 0;
 };

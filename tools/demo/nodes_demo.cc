@@ -303,7 +303,7 @@ StatusOr<bool> IndexMatches(Router& router, size_t i, const Node& node) {
 }
 
 // Where a router following the events would find a request's chunks: per
-// node, its blocks on host (CPU) and on disk (STORAGE), and the blocks in
+// node, its blocks on host (CPU) and on disk (DISK), and the blocks in
 // the shared remote tier (REMOTE, any node's).
 struct Placement {
   std::vector<int64_t> host;
@@ -382,8 +382,8 @@ void PrintNodes(const RagDemoOptions& o, const RagDemoReport& r,
 
   out << "\nWhat a router saw: each node's KV events (vLLM format, ZeroMQ, "
          "replay for what it missed)\n"
-      << "  node  batches   stored CPU STORAGE REMOTE   removed CPU STORAGE "
-         "REMOTE   held CPU STORAGE REMOTE  = held?\n";
+      << "  node  batches   stored CPU    DISK REMOTE   removed CPU    DISK "
+         "REMOTE   held CPU    DISK REMOTE  = held?\n";
   for (const RagNodeReport& n : r.nodes) {
     out << "  " << std::left << std::setw(6) << n.name << std::right
         << std::setw(7) << n.batches << std::setw(13)

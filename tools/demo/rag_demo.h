@@ -135,7 +135,7 @@ struct RagNodeReport {
   CoordinatorStats stats;
   // Event batches and events by kind and medium the router received.
   uint64_t batches = 0;
-  uint64_t stored[4] = {};  // By CacheMedium (1 CPU, 2 STORAGE, 3 REMOTE).
+  uint64_t stored[4] = {};  // By CacheMedium (1 CPU, 2 DISK, 3 REMOTE).
   uint64_t removed[4] = {};
   uint64_t cleared = 0;
   // Blocks the router's index holds per medium at the end, and whether it
