@@ -127,6 +127,52 @@ def test_config_from_vllm_without_vllm_installed():
         tierkv.vllm.TierkvConfig.from_vllm_config(config)
 
 
+class FullAttentionSpec:
+    """vLLM's spec classes, as the connector tells them apart: by name."""
+
+
+class MLAAttentionSpec(FullAttentionSpec):
+    pass
+
+
+class SlidingWindowSpec:
+    pass
+
+
+class MambaSpec:
+    pass
+
+
+def test_config_refuses_what_would_fail_requests_or_store_wrong_kv():
+    def config(**transfer):
+        return SimpleNamespace(
+            kv_transfer_config=SimpleNamespace(
+                kv_connector_extra_config={
+                    "num_layers": 2, "num_kv_heads": 2, "head_dim": 8},
+                **transfer),
+            model_config=None, cache_config=None, parallel_config=None)
+
+    def groups(*specs):
+        return SimpleNamespace(num_blocks=64, kv_cache_groups=[
+            SimpleNamespace(kv_cache_spec=spec()) for spec in specs])
+
+    from_vllm = tierkv.vllm.TierkvConfig.from_vllm_config
+    # vLLM's default policy fails a request whose load tierkv cannot finish.
+    with pytest.raises(ValueError, match="\"recompute\""):
+        from_vllm(config(kv_load_failure_policy="fail"))
+    assert from_vllm(config(kv_load_failure_policy="recompute")).layout
+    assert from_vllm(config()).layout  # A vLLM without the setting.
+    # Full attention in one group, a subclass of it too; nothing else.
+    assert from_vllm(config(), groups(FullAttentionSpec)).num_device_blocks \
+        == 64
+    assert from_vllm(config(), groups(MLAAttentionSpec)).layout
+    for spec in (SlidingWindowSpec, MambaSpec):
+        with pytest.raises(ValueError, match=spec.__name__):
+            from_vllm(config(), groups(spec))
+    with pytest.raises(ValueError, match="2 KV cache groups"):
+        from_vllm(config(), groups(FullAttentionSpec, SlidingWindowSpec))
+
+
 @pytest.mark.parametrize("shape", [
     (2, 8, BLOCK, KV_HEADS // 2, HEAD_DIM),  # vLLM's FlashAttention layout.
     (8, 2, BLOCK, KV_HEADS // 2, HEAD_DIM),  # FlashInfer's.
@@ -316,6 +362,27 @@ def test_adapters_salts_and_images_key_the_blocks_apart(engine, daemon):
     assert stats["host"]["pinned_slots"] == 0
     # And what the misses computed: lora2's and salt-b's four, dog's three.
     assert stats["host"]["cached_slots"] == 15 + 4 + 4 + 3
+
+
+def test_a_request_that_skips_the_prefix_cache_is_not_served_but_stores(
+        engine, daemon):
+    """vLLM sets skip_reading_prefix_cache for prompt logprobs and
+    token-level pooling: it must compute every prompt token (a hit would
+    cut the logprobs short). tierkv offers none, and stores what it
+    computes."""
+    _store_prefix(engine, "r1", PREFIX + [5, 6, 7])
+    observer = _observer(daemon)
+    assert observer.stats()["host"]["cached_slots"] == 4
+    tokens = PREFIX[:2 * BLOCK] + [8] * (2 * BLOCK) + [9]
+    assert engine.add("r2", tokens, skip_reading_prefix_cache=True) == (
+        0, False)
+    engine.step()
+    assert engine.verify("r2", len(tokens)) == {0: [], 1: []}
+    assert engine.finish("r2") is True  # Its two new blocks are stored.
+    engine.run_until(lambda: "r2" in engine.sent)
+    stats = _settled(observer, workers=4)
+    assert stats["host"]["loads_completed"] == 0
+    assert stats["host"]["cached_slots"] == 6
 
 
 def test_preempted_request_loads_the_blocks_it_stored(engine):

@@ -187,6 +187,9 @@ class Request:
     cache_salt: Optional[str] = None
     mm_features: Any = None  # [.identifier, .mm_position.offset/.length]
     prompt_embeds: Any = None
+    # Set by vLLM for prompt logprobs and token-level pooling: every prompt
+    # token is computed, none read from a cache.
+    skip_reading_prefix_cache: bool = False
 
     # What the connector reads of vLLM's Request.
     @property

@@ -4,7 +4,16 @@ Select it with::
 
     --kv-transfer-config '{"kv_connector": "TierkvConnector",
         "kv_connector_module_path": "tierkv.vllm", "kv_role": "kv_both",
+        "kv_load_failure_policy": "recompute",
         "kv_connector_extra_config": {"socket": "/run/tierkv/tierkvd.sock"}}'
+
+kv_load_failure_policy "recompute" is required where vLLM has the setting:
+under its default, "fail", every load tierkv cannot complete (tierkvd
+restarted, a disk read failed, a cap refused the allocation) would end the
+user's request with an error instead of computing its tokens. The model's
+layers must be full attention, in one KV cache group: a sliding-window
+group hands out-of-window blocks as vLLM's null block, whose bytes would be
+stored as the prefix's KV.
 
 vLLM makes one connector in its scheduler process (role SCHEDULER) and one in
 each worker process, one worker per tensor-parallel rank (role WORKER). The
@@ -186,6 +195,15 @@ class TierkvConfig:
             raise ValueError(
                 "tierkv's vLLM connector supports tensor parallelism only; "
                 "run with pipeline_parallel_size 1")
+        policy = config_value(transfer, "kv_load_failure_policy", None)
+        if policy is not None and str(policy) != "recompute":
+            raise ValueError(
+                f"tierkv: kv_load_failure_policy is {policy!r} (vLLM's "
+                "default is \"fail\"): a load tierkv cannot complete (tierkvd "
+                "restarted, a disk read failed) would fail the request "
+                "instead of computing its tokens; add \"kv_load_failure_policy"
+                "\": \"recompute\" to --kv-transfer-config")
+        _check_full_attention(kv_cache_config)
         tp_size = int(extra.get(
             "tp_size", config_value(parallel, "tensor_parallel_size", 1)))
         layout = tierkv.KvLayout(
@@ -229,6 +247,32 @@ class TierkvConfig:
                    kv_layout=kv_layout,
                    copy_engine=copy_engine,
                    num_device_blocks=int(blocks or 0))
+
+
+def _check_full_attention(kv_cache_config: Any) -> None:
+    """Refuses KV cache groups the connector would store wrong KV from: it
+    reads the first group's block ids only, and stores a request's blocks
+    from its first, as a full-attention prefix. A sliding-window (or chunked
+    local attention) group hands blocks out of the window as vLLM's null
+    block (id 0, whatever was last written there); a state-space group's
+    blocks are not per token at all. Names are matched through the spec's
+    classes, so vLLM need not be importable."""
+    groups = list(config_value(kv_cache_config, "kv_cache_groups", None) or ())
+    if len(groups) > 1:
+        raise ValueError(
+            f"tierkv: {len(groups)} KV cache groups (a hybrid model under "
+            "vLLM's hybrid KV cache manager); the connector serves models "
+            "whose layers share one group of full-attention blocks")
+    for group in groups:
+        spec = config_value(group, "kv_cache_spec", None)
+        if spec is None:
+            continue
+        if "FullAttentionSpec" not in (c.__name__ for c in type(spec).__mro__):
+            raise ValueError(
+                f"tierkv: the model's KV cache is {type(spec).__name__}; "
+                "the connector serves full-attention layers only (vLLM "
+                "gives a sliding window's blocks out of the window as its "
+                "null block, whose bytes would be stored as the prefix's KV)")
 
 
 def _from_model(extra: dict, key: str, model_config: Any,
@@ -569,6 +613,11 @@ class _SchedulerSide:
                             _request_tokens(request), num_computed_tokens,
                             **extras)
         hit = result.hit_tokens if result is not None else 0
+        if getattr(request, "skip_reading_prefix_cache", False):
+            # vLLM computes every prompt token of such a request (prompt
+            # logprobs, token-level pooling): its blocks are stored, never
+            # served.
+            return 0, False
         if hit > 0 and req.loads_offered >= _MAX_LOADS_PER_REQUEST:
             logger.warning(
                 "tierkv: request %s was given %d loads already; it computes "
