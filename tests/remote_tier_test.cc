@@ -461,6 +461,27 @@ TEST_F(RedisClusterRemoteTierTest, ValueOfThisLengthWithAnotherHeader) {
   EXPECT_EQ(slots_[1], slots_[0]);
 }
 
+// A value of another format version (a tierkvd of another release that
+// shares the cluster, as in a rolling upgrade): a miss, left for the
+// tierkvds that read it, never deleted as damaged.
+TEST_F(RedisClusterRemoteTierTest, AValueOfAnotherFormatVersionIsLeftAlone) {
+  std::unique_ptr<RemoteTier> tier = OpenTier("model-a/layout-1");
+  ASSERT_NE(tier, nullptr);
+  ASSERT_THAT(Spill(*tier, kKey1, kTokens1, 0), IsOk());
+  StatusOr<std::string> value = raw_->Get(tier->RedisKey(kKey1));
+  ASSERT_THAT(value, IsOk());
+  std::string newer = *value;
+  uint16_t version = 0;  // After the 4-byte magic.
+  std::memcpy(&version, newer.data() + 4, sizeof(version));
+  ++version;
+  std::memcpy(newer.data() + 4, &version, sizeof(version));
+  ASSERT_THAT(raw_->Set(tier->RedisKey(kKey1), newer), IsOk());
+  EXPECT_THAT(Promote(*tier, kKey1, kTokens1, 1),
+              StatusIs(StatusCode::kNotFound));
+  EXPECT_THAT(raw_->Get(tier->RedisKey(kKey1)), IsOkAndHolds(newer));
+  EXPECT_EQ(tier->stats().checksum_failures, 0u);
+}
+
 TEST(RedisClusterRemoteTierOptionsTest, RefusesMissingOrUnsafeOptions) {
   RemoteTierOptions options;
   options.redis.seeds = "127.0.0.1:1";

@@ -66,9 +66,11 @@ std::string EncodeValue(const std::string& fingerprint, const BlockKey& key,
 
 // What a value read back is, for this store, key and tokens.
 enum class Verdict {
-  kServe,       // The payload may be copied into the slot.
-  kDamaged,     // Torn, malformed or failing a checksum: delete it.
-  kOtherStore,  // Another fingerprint: not ours, a miss.
+  kServe,    // The payload may be copied into the slot.
+  kDamaged,  // Torn, malformed or failing a checksum: delete it.
+  // Another fingerprint, or another format version (a tierkvd of another
+  // release sharing the cluster): not ours, a miss, never deleted.
+  kOtherStore,
   kOtherBlock,  // Another key or other tokens: a collision, a miss.
 };
 
@@ -106,9 +108,13 @@ Decoded DecodeParts(std::string_view header, std::string_view payload,
   const uint64_t lo = Take<uint64_t>(&in);
   const uint64_t payload_bytes = Take<uint64_t>(&in);
   const uint64_t payload_sum = Take<uint64_t>(&in);
-  if (magic != kMagic || version != kFormatVersion || n_tokens > kMaxTokens) {
+  if (magic != kMagic) return d;
+  if (version != kFormatVersion) {
+    // Its other fields may mean other things: read no further.
+    d.verdict = Verdict::kOtherStore;
     return d;
   }
+  if (n_tokens > kMaxTokens) return d;
   if (header.size() != HeaderBytes(fp_bytes, n_tokens) ||
       payload.size() != payload_bytes) {
     return d;
