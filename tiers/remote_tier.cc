@@ -44,11 +44,18 @@ T Take(std::string_view* in) {
   return value;
 }
 
+// The value of a block whose bytes are `payload`, and in `*payload_sum` the
+// XXH3-64 of the bytes it holds. The payload is read once: copied, then
+// the copy hashed, so a slot written meanwhile (by a worker that does not
+// own it) gives a value whose checksum is of what it holds, and the caller
+// compares that with the checksum the block was stored with.
 std::string EncodeValue(const std::string& fingerprint, const BlockKey& key,
                         std::span<const TokenId> tokens,
-                        std::span<const std::byte> payload) {
+                        std::span<const std::byte> payload,
+                        uint64_t* payload_sum) {
+  const size_t header_bytes = HeaderBytes(fingerprint.size(), tokens.size());
   std::string out;
-  out.reserve(HeaderBytes(fingerprint.size(), tokens.size()) + payload.size());
+  out.reserve(header_bytes + payload.size());
   Put<uint32_t>(&out, kMagic);
   Put<uint16_t>(&out, kFormatVersion);
   Put<uint16_t>(&out, static_cast<uint16_t>(fingerprint.size()));
@@ -56,11 +63,17 @@ std::string EncodeValue(const std::string& fingerprint, const BlockKey& key,
   Put<uint64_t>(&out, key.hi);
   Put<uint64_t>(&out, key.lo);
   Put<uint64_t>(&out, payload.size());
-  Put<uint64_t>(&out, XXH3_64bits(payload.data(), payload.size()));
+  const size_t sum_at = out.size();
+  Put<uint64_t>(&out, 0);  // The payload's checksum, below.
   out += fingerprint;
   out.append(reinterpret_cast<const char*>(tokens.data()), tokens.size_bytes());
-  Put<uint64_t>(&out, XXH3_64bits(out.data(), out.size()));
+  const size_t header_sum_at = out.size();
+  Put<uint64_t>(&out, 0);  // The header's checksum, below.
   out.append(reinterpret_cast<const char*>(payload.data()), payload.size());
+  *payload_sum = XXH3_64bits(out.data() + header_bytes, payload.size());
+  std::memcpy(out.data() + sum_at, payload_sum, sizeof(*payload_sum));
+  const uint64_t header_sum = XXH3_64bits(out.data(), header_sum_at);
+  std::memcpy(out.data() + header_sum_at, &header_sum, sizeof(header_sum));
   return out;
 }
 
@@ -544,8 +557,10 @@ void RemoteTier::RunSpill(Job& job) {
   const std::span<const std::byte> slot =
       job.payload.empty() ? options_.slot_memory(job.slot)
                           : std::span<const std::byte>(job.payload);
-  if (job.checksum.has_value() &&
-      XXH3_64bits(slot.data(), slot.size()) != *job.checksum) {
+  uint64_t payload_sum = 0;
+  const std::string value = EncodeValue(options_.store_fingerprint, job.key,
+                                        job.tokens, slot, &payload_sum);
+  if (job.checksum.has_value() && payload_sum != *job.checksum) {
     {
       MutexLock lock(&mu_);
       ++stats_.put_failures;
@@ -555,8 +570,6 @@ void RemoteTier::RunSpill(Job& job) {
         Status::DataLoss("host slot " + std::to_string(job.slot) +
                          " changed since its block was stored; not spilled"));
   }
-  const std::string value =
-      EncodeValue(options_.store_fingerprint, job.key, job.tokens, slot);
   Status set = client_->Set(RedisKey(job.key), value, options_.ttl);
   std::vector<BlockKey> evicted;
   bool cleared = false;
