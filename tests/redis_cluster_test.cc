@@ -361,6 +361,79 @@ TEST_F(RedisClusterTest, FollowsMovedAfterASlotMigration) {
   EXPECT_EQ(client->stats().redirects, after.redirects);
 }
 
+// A scan reads the slot map anew: a master that took slots after the
+// client read its map (a node added to the cluster and given a slot) is
+// scanned too. SCAN is never redirected, so a client scanning its old
+// masters would miss that master's keys and still call the scan whole.
+TEST_F(RedisClusterTest, AScanFindsTheKeysOfAMasterAddedSinceItsMap) {
+  std::unique_ptr<RedisClusterClient> writer = OpenClient();
+  std::unique_ptr<RedisClusterClient> scanner = OpenClient();
+  ASSERT_NE(scanner, nullptr);
+  // A replica becomes an empty master (CLUSTER RESET) and meets the
+  // cluster again: a new master without slots.
+  int added = -1;
+  for (int n = 0; n < cluster_->num_nodes() && added < 0; ++n) {
+    StatusOr<std::string> role = cluster_->Command(n, {"ROLE"});
+    ASSERT_THAT(role, IsOk());
+    if (role->starts_with("slave")) added = n;
+  }
+  ASSERT_GE(added, 0);
+  StatusOr<std::string> added_id = cluster_->NodeId(added);
+  ASSERT_THAT(added_id, IsOk());
+  const int other = (added + 1) % cluster_->num_nodes();
+  ASSERT_THAT(cluster_->Command(added, {"CLUSTER", "RESET", "SOFT"}), IsOk());
+  ASSERT_THAT(cluster_->Command(added, {"CLUSTER", "MEET", "127.0.0.1",
+                                        std::to_string(cluster_->port(other))}),
+              IsOk());
+  // Until every node knows it as a master and it knows the slot map.
+  // Every node's line for it, once it is a connected master (ending with
+  // `slots` when given).
+  auto everyone_sees = [&](const std::string& slots) {
+    for (int n = 0; n < cluster_->num_nodes(); ++n) {
+      StatusOr<std::string> nodes = cluster_->Command(n, {"CLUSTER", "NODES"});
+      if (!nodes.ok()) return false;
+      const size_t at = nodes->find(*added_id);
+      if (at == std::string::npos) return false;
+      const std::string line = nodes->substr(at, nodes->find('\n', at) - at);
+      if (line.find("master") == std::string::npos ||
+          line.find("fail") != std::string::npos ||
+          line.find(" connected") == std::string::npos ||
+          (!slots.empty() && !line.ends_with(" " + slots))) {
+        return false;
+      }
+    }
+    StatusOr<std::string> info = cluster_->Command(added, {"CLUSTER", "INFO"});
+    return info.ok() && info->find("cluster_state:ok") != std::string::npos;
+  };
+  auto wait_until_everyone_sees = [&](const std::string& slots) {
+    const Clock::time_point deadline = Clock::now() + std::chrono::seconds(30);
+    while (!everyone_sees(slots)) {
+      if (Clock::now() > deadline) return false;
+      std::this_thread::sleep_for(milliseconds(20));  // Polling, bounded.
+    }
+    return true;
+  };
+  ASSERT_TRUE(wait_until_everyone_sees("")) << "the reset node never rejoined";
+  // The new master takes the (empty) slot of a key.
+  const std::string key = "scanned:block";
+  const int slot = RedisKeySlot(key);
+  std::vector<int> masters = {added};
+  for (const auto& [m, list] : KeysOnEachMaster(1, "probe:")) {
+    masters.push_back(m);
+  }
+  FinishMigration(slot, added, masters);
+  ASSERT_TRUE(wait_until_everyone_sees(std::to_string(slot)));
+  ASSERT_THAT(writer->Set(key, "v"), IsOk());  // Follows MOVED there.
+  ASSERT_THAT(cluster_->Command(added, {"GET", key}), IsOkAndHolds("v"));
+
+  std::vector<std::string> found;
+  ASSERT_THAT(
+      scanner->ScanMasters("scanned:*", 100,
+                           [&](std::string_view k) { found.emplace_back(k); }),
+      IsOk());
+  EXPECT_THAT(found, ::testing::Contains(key));
+}
+
 TEST_F(RedisClusterTest, FollowsAskDuringASlotMigration) {
   std::unique_ptr<RedisClusterClient> client = OpenClient();
   ASSERT_NE(client, nullptr);

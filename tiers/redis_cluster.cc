@@ -734,7 +734,12 @@ Status RedisClusterClient::ScanMasters(
   MutexLock lock(&mu_);
   SigpipeGuard guard;
   ++call_seq_;
-  if (topology_stale_) TIERKV_RETURN_IF_ERROR(RefreshLocked());
+  // The map is read anew for every scan: SCAN is never redirected, so a
+  // master that took slots since the map was read (a node added and given
+  // slots) would otherwise never be scanned, and a scan that missed its
+  // keys would count as whole.
+  TIERKV_RETURN_IF_ERROR(RefreshLocked());
+  const std::array<Node*, kSlots> scanned_map = slot_owner_;
   std::vector<Node*> masters;
   bool covered = true;
   for (Node* n : slot_owner_) {
@@ -755,7 +760,13 @@ Status RedisClusterClient::ScanMasters(
       if (first.ok()) first = std::move(s);
     }
   }
-  return first;
+  if (!first.ok()) return first;
+  // A slot moved meanwhile may have had keys neither master's scan saw.
+  TIERKV_RETURN_IF_ERROR(RefreshLocked());
+  if (slot_owner_ != scanned_map) {
+    return Status::Unavailable("the slot map changed during the scan");
+  }
+  return Status::Ok();
 }
 
 Status RedisClusterClient::ScanNode(

@@ -166,14 +166,16 @@ class RedisClusterClient {
              std::chrono::milliseconds ttl = {});
   StatusOr<std::string> Get(const std::string& key);
 
-  // SCAN of every master in the slot map, cursor by cursor (`count` keys
-  // asked for a step), of the keys matching `pattern` (SCAN's MATCH glob):
-  // `each` gets each key found, with the client's mutex held (it must not
-  // call the client). A key may come more than once. OK when every master's
-  // scan ran to its end and the map covers every slot: then every key that
-  // existed throughout the call was seen. Otherwise the first error, once
-  // the masters that answered have been scanned whole (the keys of a failed
-  // master are missing); each failed master counts in stats().errors.
+  // SCAN of every master in the slot map, read anew first, cursor by cursor
+  // (`count` keys asked for a step), of the keys matching `pattern` (SCAN's
+  // MATCH glob): `each` gets each key found, with the client's mutex held
+  // (it must not call the client). A key may come more than once. OK when
+  // every master's scan ran to its end, the map covers every slot and is
+  // the same read again afterwards: then every key that existed throughout
+  // the call was seen. Otherwise the first error (Unavailable when the map
+  // changed), once the masters that answered have been scanned whole (the
+  // keys of a failed master are missing); each failed master counts in
+  // stats().errors.
   Status ScanMasters(std::string_view pattern, size_t count,
                      const std::function<void(std::string_view key)>& each);
 
