@@ -617,6 +617,40 @@ TEST_F(RedisClusterTest, FrozenMasterTimesOutItsKeysOnly) {
   EXPECT_TRUE(all_ok) << last;
 }
 
+// A cluster that stopped answering (every node frozen) costs the calls
+// made within the nodes' backoff no timeouts: no node that failed is asked
+// again for its keys or for a slot map until its backoff ends.
+TEST_F(RedisClusterTest, NodesThatFailedAreNotAskedAgainWithinTheirBackoff) {
+  RedisClusterOptions options;
+  options.connect_timeout = milliseconds(300);
+  options.command_timeout = milliseconds(300);
+  options.down_backoff = std::chrono::seconds(30);  // Longer than the test.
+  std::unique_ptr<RedisClusterClient> client = OpenClient(options);
+  ASSERT_NE(client, nullptr);
+  const std::vector<std::string> keys = Flatten(KeysOnEachMaster(1));
+  for (const Status& s : client->MultiSet(keys, Views({"a", "b", "c"}))) {
+    ASSERT_THAT(s, IsOk());
+  }
+  for (int n = 0; n < cluster_->num_nodes(); ++n) cluster_->Freeze(n);
+  // The masters time out, then the replicas asked for a map do.
+  for (int call = 0; call < 2; ++call) {
+    for (const StatusOr<std::string>& r : client->MultiGet(keys)) {
+      EXPECT_FALSE(r.ok());
+    }
+  }
+  const RedisClusterStats before = client->stats();
+  EXPECT_EQ(before.topology_query_failures,
+            static_cast<uint64_t>(cluster_->num_nodes() - keys.size()));
+  for (int call = 0; call < 5; ++call) {
+    for (const StatusOr<std::string>& r : client->MultiGet(keys)) {
+      EXPECT_THAT(r, StatusIs(StatusCode::kUnavailable));
+    }
+  }
+  EXPECT_EQ(client->stats().topology_query_failures,
+            before.topology_query_failures);
+  for (int n = 0; n < cluster_->num_nodes(); ++n) cluster_->Thaw(n);
+}
+
 TEST_F(RedisClusterTest, FullRestartKeepsDataAndClientsReconnect) {
   std::unique_ptr<RedisClusterClient> idle = OpenClient();
   std::unique_ptr<RedisClusterClient> busy = OpenClient();

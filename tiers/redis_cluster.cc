@@ -316,6 +316,12 @@ struct RedisClusterClient::Node {
   // The call that made ctx (call_seq_): an older one may have gone stale.
   uint64_t connected_in_call = 0;
   Clock::time_point down_until{};
+  // Failures since the node last answered (its backoff doubles with each).
+  int failures = 0;
+  // The last failure cost a timeout (a node stalled, or unreachable): not
+  // asked for a slot map within its backoff. A node that refused the
+  // connection or sent a malformed reply answers fast, and is.
+  bool timed_out = false;
   std::string last_error;
 };
 
@@ -407,8 +413,9 @@ Status RedisClusterClient::Connect(Node* node, bool ignore_backoff) {
     const Status why = Status::Unavailable(
         "connecting to Redis node " + node->addr + ": " +
         (ctx == nullptr ? "out of memory" : std::string(ctx->errstr)));
+    MarkDown(node, /*timed_out=*/why.message().find("timed out") !=
+                       std::string::npos);
     if (ctx != nullptr) redisFree(ctx);
-    node->down_until = Clock::now() + options_.down_backoff;
     node->last_error = why.message();
     topology_stale_ = true;
     return why;
@@ -431,8 +438,26 @@ void RedisClusterClient::Disconnect(Node* node, const Status& why,
   if (node->ctx != nullptr) redisFree(node->ctx);
   node->ctx = nullptr;
   node->last_error = why.message();
-  if (mark_down) node->down_until = Clock::now() + options_.down_backoff;
+  if (mark_down) {
+    MarkDown(node, /*timed_out=*/why.code() == StatusCode::kDeadlineExceeded);
+  }
   topology_stale_ = true;
+}
+
+void RedisClusterClient::MarkDown(Node* node, bool timed_out) {
+  node->timed_out = timed_out;
+  if (!timed_out) {
+    // It answered at once (refused, closed, a malformed reply): trying it
+    // again costs nothing, and a node restarting comes back soon.
+    node->failures = 0;
+    node->down_until = Clock::now() + options_.down_backoff;
+    return;
+  }
+  const auto most = std::max(options_.down_backoff, options_.max_down_backoff);
+  auto backoff = options_.down_backoff;
+  for (int i = 0; i < node->failures && backoff < most; ++i) backoff *= 2;
+  node->down_until = Clock::now() + std::min(backoff, most);
+  node->failures = std::min(node->failures + 1, 30);
 }
 
 namespace {
@@ -671,6 +696,7 @@ Status RedisClusterClient::QueryTopology(Node* node) {
       ++covered;
     }
   }
+  node->failures = 0;  // It answered.
   if (covered == 0) {
     return Status::FailedPrecondition(node->addr +
                                       " knows no slots of a cluster");
@@ -700,11 +726,16 @@ Status RedisClusterClient::RefreshLocked() {
   for (const auto& [host, port] : seeds_) add(NodeFor(host, port));
   // Nodes this client holds a connection to answered last time; nodes
   // past a failure's backoff may still be stalled (a timeout each); nodes
-  // within it failed just now.
+  // that timed out within it are not asked (a cluster that stopped
+  // answering would cost every call a timeout per node), and other nodes
+  // within it are asked last.
   const Clock::time_point now = Clock::now();
   auto rank = [now](const Node* n) {
     return n->ctx != nullptr ? 0 : n->down_until <= now ? 1 : 2;
   };
+  std::erase_if(candidates, [now](const Node* n) {
+    return n->timed_out && n->down_until > now;
+  });
   std::stable_sort(
       candidates.begin(), candidates.end(),
       [&rank](const Node* a, const Node* b) { return rank(a) < rank(b); });
@@ -716,7 +747,13 @@ Status RedisClusterClient::RefreshLocked() {
       ++stats_.topology_refreshes;
       return s;
     }
+    ++stats_.topology_query_failures;
     failures += (failures.empty() ? "" : "; ") + s.message();
+  }
+  if (candidates.empty()) {
+    return Status::Unavailable(
+        "no Redis Cluster node to ask for a slot map: every node known "
+        "timed out within its backoff");
   }
   return Status::Unavailable(
       "no Redis Cluster node answered with a slot map (" + failures + ")");
@@ -798,6 +835,7 @@ Status RedisClusterClient::ScanNode(
       return why;
     }
     replied = true;
+    node->failures = 0;
     if (reply->type == REDIS_REPLY_ERROR) {
       if (SuggestsNewTopology(ReplyText(*reply))) topology_stale_ = true;
       return FromErrorReply(node->addr, ReplyText(*reply));
@@ -927,6 +965,7 @@ void RedisClusterClient::ReadGroup(Node* node, const Command& command,
       return;
     }
     replied = true;
+    node->failures = 0;
   }
   stream.GiveBackToHiredis();
 }

@@ -15,9 +15,13 @@
 // Unavailable or DeadlineExceeded, counted in stats().errors); the call never
 // waits longer than the timeouts allow and never returns bytes it did not
 // read whole from a GET reply. The failure marks the node down for
-// down_backoff (calls fail its keys at once rather than time out again) and
-// makes the next call re-read the slot map first, so keys come back as soon
-// as a replica has taken over a dead master's slots. A connection that had
+// down_backoff (calls fail its keys at once rather than time out again),
+// and makes the next call re-read the slot map first, so keys come back as
+// soon as a replica has taken over a dead master's slots. A node that timed
+// out is down for down_backoff doubled for each timeout since it last
+// answered, up to max_down_backoff, and is not asked for a slot map either:
+// a cluster that stopped answering costs each call the timeouts of the
+// nodes whose backoff ran out, not of every node. A connection that had
 // been idle since an earlier call and fails before any reply is made again
 // once within the same call, so a cluster restarted under the client costs
 // no failed keys.
@@ -64,6 +68,11 @@ struct RedisClusterOptions {
   // After a node fails, how long its keys fail at once instead of being
   // tried again. Default: 100 ms.
   std::chrono::milliseconds down_backoff{100};
+  // The most down_backoff grows to for a node that timed out, doubling
+  // with each timeout since it last answered (it starts over once the node
+  // answers, or fails at once). Default: 5000 ms; never less than
+  // down_backoff.
+  std::chrono::milliseconds max_down_backoff{5000};
 };
 
 // Counters since Open; each call adds to them.
@@ -73,8 +82,10 @@ struct RedisClusterStats {
   uint64_t errors = 0;              // Keys that failed (any operation).
   uint64_t redirects = 0;           // MOVED and ASK replies followed.
   uint64_t topology_refreshes = 0;  // Slot maps read (Open's included).
-  uint64_t bytes_written = 0;       // Value bytes of SETs that succeeded.
-  uint64_t bytes_read = 0;          // Value bytes of GETs that hit.
+  // Nodes asked for the slot map that did not answer with one.
+  uint64_t topology_query_failures = 0;
+  uint64_t bytes_written = 0;  // Value bytes of SETs that succeeded.
+  uint64_t bytes_read = 0;     // Value bytes of GETs that hit.
 };
 
 // The hash slot of a key (0..16383): CRC16 (XMODEM) of the key, or of its
@@ -252,9 +263,13 @@ class RedisClusterClient {
   // of a failure unless `ignore_backoff`.
   Status Connect(Node* node, bool ignore_backoff = false) TIERKV_REQUIRES(mu_);
   // Drops the connection (its pipeline state is unknown after a failure);
-  // `mark_down` starts down_backoff.
+  // `mark_down` starts the node's backoff (MarkDown).
   void Disconnect(Node* node, const Status& why, bool mark_down)
       TIERKV_REQUIRES(mu_);
+  // The node failed: down for down_backoff, or, when the failure cost a
+  // timeout (`timed_out`), for down_backoff doubled per timeout since it
+  // last answered, at most max_down_backoff.
+  void MarkDown(Node* node, bool timed_out) TIERKV_REQUIRES(mu_);
 
   const RedisClusterOptions options_;
   std::vector<std::pair<std::string, int>> seeds_;
