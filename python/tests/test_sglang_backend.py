@@ -5,6 +5,7 @@ failures raise."""
 
 from __future__ import annotations
 
+import enum
 import os
 from types import SimpleNamespace
 
@@ -66,10 +67,11 @@ def _indices(pages: list[int]) -> torch.Tensor:
                       for p in pages]).to(torch.int64)
 
 
-def _storage(socket: str, rank: int = 0, size: int = 1,
-             **extra) -> TierkvStorage:
+def _storage(socket: str, rank: int = 0, size: int = 1, cp_rank: int = 0,
+             cp_size: int = 1, **extra) -> TierkvStorage:
     config = SimpleNamespace(
         tp_rank=rank, tp_size=size, pp_rank=0, pp_size=1,
+        attn_cp_rank=cp_rank, attn_cp_size=cp_size,
         is_mla_model=False, is_page_first_layout=False, model_name=None,
         extra_config={"backend_name": "tierkv",
                       "module_path": "tierkv.sglang",
@@ -354,3 +356,73 @@ def test_a_key_another_worker_is_storing_is_not_a_failed_set(daemon):
         assert backend.batch_set_v1(["k", "k2"], _indices([0, 1])) == [True,
                                                                        True]
         assert backend.batch_exists(["k2"]) == 1
+
+
+def test_context_parallel_ranks_keep_their_slices_apart(daemon):
+    """With attention context parallelism, each CP rank of one attention-TP
+    rank (the same tp_rank) holds a disjoint slice of every page."""
+    pools = [HostPool("page_first"), HostPool("page_first")]
+    ranks = [_storage(daemon.socket, cp_rank=r, cp_size=2) for r in (0, 1)]
+    for pool, backend in zip(pools, ranks):
+        backend.register_mem_pool_host(pool)
+    pools[1].fill(0, seed=9)
+    assert ranks[1].batch_set_v1(["page"], _indices([0])) == [True]
+    assert ranks[0].batch_exists(["page"]) == 0
+    assert ranks[0].batch_get_v1(["page"], _indices([0])) == [False]
+    assert ranks[1].batch_exists(["page"]) == 1
+
+
+def test_what_would_end_hicache_threads_is_refused_at_start(daemon):
+    """Without "interface_v1", or with a hybrid model's other host pools,
+    HiCache would call methods this backend does not have on its prefetch
+    and backup threads, each ending at its first call: refused at start."""
+    config = SimpleNamespace(tp_rank=0, tp_size=1, is_mla_model=False,
+                             extra_config={"socket": daemon.socket})
+    with pytest.raises(ValueError, match="interface_v1"):
+        TierkvStorage(config, {})
+    backend = _storage(daemon.socket)
+    pool = HostPool("page_first")
+    backend.register_mem_pool_host(pool)
+    backend.register_mem_host_pool_v2(pool, "kv")
+
+    class PoolName(enum.Enum):  # SGLang's names, as an enum.
+        KV = "kv"
+        SWA = "swa"
+        MAMBA = "mamba"
+
+    backend.register_mem_host_pool_v2(pool, PoolName.KV)
+    for name in (PoolName.SWA, PoolName.MAMBA, "draft"):
+        with pytest.raises(ValueError, match="KV host pool only"):
+            backend.register_mem_host_pool_v2(pool, name)
+
+
+def test_a_backup_of_held_pages_leaves_room_for_the_rest(start_tierkvd):
+    """A page tierkvd holds already is answered at once, its lookup
+    finished: a backup of many held pages used to pin them until the batch
+    ended, up to the worker's share of host slots (half, by default), and
+    every page after that share was refused, however often retried."""
+    page_bytes = 2 * LAYERS * PAGE * HEADS * HEAD_DIM * 2
+    daemon = start_tierkvd(
+        layout=tierkv.KvLayout(LAYERS, HEADS, HEAD_DIM, block_size=PAGE,
+                               dtype="bf16"),
+        host_bytes=40 * page_bytes)  # 40 slots, 20 a worker may pin.
+    pool = HostPool("page_first", pages=32)
+    for p in range(32):
+        pool.fill(p, seed=p)
+    backend = _storage(daemon.socket)
+    backend.register_mem_pool_host(pool)
+    keys = [f"backup-{i}" for i in range(32)]
+    assert backend.batch_set_v1(keys[:16], _indices(list(range(16)))) == [
+        True] * 16
+    # 16 held, then 16 new: the new ones' stores pin 16 slots, no more.
+    assert backend.batch_set_v1(keys, _indices(list(range(32)))) == [
+        True] * 32
+    assert backend.client.stats()["host"]["pinned_slots"] == 0
+    assert backend.batch_exists(keys) == 32
+
+
+def test_clear_says_it_clears_nothing(daemon, caplog):
+    backend = _storage(daemon.socket)
+    with caplog.at_level("WARNING", logger="tierkv.sglang"):
+        backend.clear()
+    assert any("tierkv-admin clear" in r.getMessage() for r in caplog.records)

@@ -140,6 +140,14 @@ class TierkvStorage(HiCacheStorage):
         if config_value(storage_config, "is_mla_model", False):
             raise ValueError("tierkv's SGLang backend stores MHA KV (K and V "
                              "per layer); this model uses MLA")
+        if not bool(extra.get("interface_v1", 0)):
+            # SGLang's own test: without it, HiCache calls batch_get and
+            # batch_set, which this backend does not have, on its prefetch
+            # and backup threads, and each thread ends at its first call.
+            raise ValueError(
+                "tierkv's SGLang backend copies pages through the host pool: "
+                "set \"interface_v1\": 1 in "
+                "--hicache-storage-backend-extra-config")
         self._socket = str(extra.get("socket", DEFAULT_SOCKET))
         model = extra.get("model")
         if model is None:
@@ -161,6 +169,12 @@ class TierkvStorage(HiCacheStorage):
         if pp_size > 1:
             self._salt += "/pp%d/%d" % (
                 int(config_value(storage_config, "pp_rank", 0)), pp_size)
+        # Context-parallel ranks of one attention-TP rank hold disjoint
+        # slices of every page under the same tp_rank.
+        cp_size = int(config_value(storage_config, "attn_cp_size", 1) or 1)
+        if cp_size > 1:
+            self._salt += "/cp%d/%d" % (
+                int(config_value(storage_config, "attn_cp_rank", 0)), cp_size)
         self._lock = threading.Lock()
         self._client: Any = None
         self._device: Any = None  # The host pool, once registered.
@@ -206,6 +220,23 @@ class TierkvStorage(HiCacheStorage):
                 self._attach()
             except _TRANSIENT as e:
                 self._degraded("attach", e)
+
+    def register_mem_host_pool_v2(self, host_pool: Any,
+                                  host_pool_name: Any) -> None:
+        """SGLang's registration of each host pool of a hybrid model's
+        HiCache: the KV pool (registered already as the anchor) is
+        accepted; any other (sliding-window, state-space, draft) is
+        refused at start, since HiCache would call batch_exists_v2 and
+        batch_set_v2 for it, which this backend does not have, and each of
+        its storage threads would end at its first call."""
+        name = getattr(host_pool_name, "value", host_pool_name)
+        if str(getattr(host_pool_name, "name", name)).upper() == "KV" or \
+                str(name).lower() == "kv":
+            return
+        raise ValueError(
+            f"tierkv's SGLang backend stores the KV host pool only; this "
+            f"model's HiCache has a {name!r} pool too (a hybrid or draft "
+            "model): run it without the tierkv storage backend")
 
     def _attach(self) -> Any:
         """Opens the client, or attaches the lost one again; a failure
@@ -349,6 +380,10 @@ class TierkvStorage(HiCacheStorage):
         worker's store of it is under way; False: no room)."""
         found = client.lookup_chunk(rid, self._tokens(key))
         if found.hit_tokens >= self._page_size:
+            # Finished now: the lookup pins the held page, and a backup of
+            # many held pages would pin up to the worker's share of host
+            # slots until the batch ends, leaving none for the rest.
+            client.finish(rid)
             return True
         client.allocate(rid, [page], 0)
         commit = client.commit(rid, self._page_size, [page])
@@ -477,9 +512,15 @@ class TierkvStorage(HiCacheStorage):
         return False
 
     def clear(self) -> None:
-        # The store is shared (other ranks, other engines): an operator
-        # clears it with tierkv-admin.
-        return
+        """Clears nothing: the store is shared (other ranks, other
+        engines) and an operator clears it with tierkv-admin, which this
+        backend's worker client may not do. Said in the log, since SGLang
+        reports its own clear as done."""
+        logger.warning(
+            "tierkv: SGLang asked to clear HiCache's storage; tierkvd's "
+            "store is shared and stays as it is: an operator clears it with "
+            "`tierkv-admin clear` (after new weights, serve them under "
+            "another model name)")
 
     def close(self) -> None:
         with self._lock:
