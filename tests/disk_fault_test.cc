@@ -443,6 +443,51 @@ TEST(DiskFullTest, AFullValueFileDegradesUntilThereIsRoom) {
                                               StatusCode::kOk));
 }
 
+// A storage whose free space cannot be read while `fail` is set (statvfs
+// interrupted, or timing out on NFS).
+class UnmeasurableStorage : public DiskStorageWrapper {
+ public:
+  using DiskStorageWrapper::DiskStorageWrapper;
+  std::atomic<bool> fail{false};
+  StatusOr<uint64_t> FreeBytes() override {
+    if (fail) return Status::Unavailable("statvfs: Connection timed out");
+    return DiskStorageWrapper::FreeBytes();
+  }
+};
+
+// A free-space reading that fails refuses writes while it fails, as a low
+// one does; it does not stop the tier until restart.
+TEST(DiskFullTest, AFreeSpaceReadingThatFailsRefusesWritesUntilItWorks) {
+  TempDir scratch("disk_fault_test");
+  DiskTierOptions options = OptionsAt(scratch.path() + "/db");
+  UnmeasurableStorage* storage = nullptr;
+  std::unique_ptr<DiskTier> opened = OpenWrapped(options, &storage);
+  ASSERT_NE(opened, nullptr);
+  DiskTier& tier = *opened;
+  ASSERT_THAT(PutSync(tier, 0), IsOk());
+  storage->fail = true;
+  // Read again within 250 ms: until then the last reading stands.
+  const auto give_up =
+      std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  Status put = PutSync(tier, 1);
+  for (int i = 2; put.ok() && std::chrono::steady_clock::now() < give_up; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    put = PutSync(tier, i);
+  }
+  EXPECT_EQ(put.code(), StatusCode::kResourceExhausted) << put.ToString();
+  EXPECT_THAT(put.message(), HasSubstr("timed out"));
+  EXPECT_EQ(tier.stats().write_errors, 0u);
+  storage->fail = false;
+  put = PutSync(tier, 1000);
+  while (!put.ok() && std::chrono::steady_clock::now() < give_up) {
+    ASSERT_EQ(put.code(), StatusCode::kResourceExhausted) << put.ToString();
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    put = PutSync(tier, 1000);
+  }
+  ASSERT_THAT(put, IsOk());
+  EXPECT_EQ(tier.stats().degraded, 0u);
+}
+
 // A storage whose value reads fail while `fail` is set: with an I/O error
 // as a bad sector does, or, `transient`, for want of memory.
 class UnreadableStorage : public DiskStorageWrapper {

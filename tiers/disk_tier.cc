@@ -127,8 +127,9 @@ class SpaceGuard {
       : storage_(storage), reserve_(storage->ReservedBytes()) {}
 
   // OK if `bytes` may be written now; ResourceExhausted while the free space
-  // is short; the storage's error (NotFound: its directory is gone) if it
-  // cannot tell. Once short, it takes the reserve twice over to end it:
+  // is short, or while it cannot be read (EINTR, an NFS timeout: a reading
+  // that may pass, tried again as a short one is); NotFound when the
+  // directory is gone. Once short, it takes the reserve twice over to end it:
   // RocksDB preallocates its write-ahead log, so each flush that deletes one
   // frees about a memtable at once, which would otherwise end the state and
   // the next log start it again.
@@ -141,7 +142,16 @@ class SpaceGuard {
       StatusOr<uint64_t> free = storage_->FreeBytes();
       checked_once_ = true;
       checked_ = now;
-      if (!free.ok()) return free.status();
+      if (!free.ok() && free.status().code() == StatusCode::kNotFound) {
+        return free.status();
+      }
+      if (!free.ok()) {
+        free_ = 0;
+        short_ = true;
+        return Status::ResourceExhausted(
+            "disk tier: cannot read its filesystem's free space (" +
+            free.status().message() + "): blocks are not spilled until it can");
+      }
       free_ = *free;
     }
     short_ = free_ < need;
