@@ -898,3 +898,45 @@ def test_load_cut_short_by_a_failed_promotion_names_its_blocks(
         assert engine.verify("r3", len(PREFIX) + 1) == {0: [], 1: []}
     finally:
         engine.close()
+
+
+class _CountingClient:
+    """The scheduler's client, counting its commits."""
+
+    def __init__(self, client) -> None:
+        self._client = client
+        self.commits = 0
+
+    def commit(self, *args, **kwargs):
+        self.commits += 1
+        return self._client.commit(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._client, name)
+
+
+def test_decode_steps_make_no_commit_round_trips(engine):
+    """A step that completes no block of the tokens a request was looked up
+    with has nothing to store: no commit is sent (one round trip per
+    running request per step on vLLM's scheduling path)."""
+    tokens = PREFIX + [5, 6, 7]  # Four full blocks and three tokens.
+    assert engine.add("r1", tokens) == (0, False)
+    side = engine.scheduler._scheduler
+    counting = _CountingClient(side._client)
+    side._client = counting
+    try:
+        engine.step()  # The prefill: its four blocks are committed.
+        assert counting.commits == 1
+        for step in range(2 * BLOCK):  # Decode steps, a token each.
+            engine.scheduler.build_connector_meta(SimpleNamespace(
+                scheduled_new_reqs=[],
+                scheduled_cached_reqs=SimpleNamespace(
+                    req_ids=["r1"], new_block_ids=[None],
+                    num_computed_tokens=[len(tokens) + step],
+                    resumed_req_ids=set()),
+                num_scheduled_tokens={"r1": 1}))
+        assert counting.commits == 1
+    finally:
+        side._client = counting._client
+    assert engine.finish("r1") is True
+    engine.run_until(lambda: "r1" in engine.sent)

@@ -461,6 +461,10 @@ class _Request:
     finished: bool = False
     # Loads allocated to the request, over its preemptions and failed loads.
     loads_offered: int = 0
+    # Full blocks of the tokens it was looked up with (the most a commit
+    # can store), and of them those committed with nothing skipped.
+    keyed_blocks: int = 0
+    committed_blocks: int = 0
 
 
 # Loads allocated to one request at most. vLLM looks a request up again after
@@ -609,9 +613,10 @@ class _SchedulerSide:
         if req.tid is None:
             self._new_tid(rid, req)
         req.num_computed = num_computed_tokens
-        result = self._call("lookup", self._client.lookup, req.tid,
-                            _request_tokens(request), num_computed_tokens,
-                            **extras)
+        tokens = _request_tokens(request)
+        req.keyed_blocks = len(tokens) // self._config.layout.block_size
+        result = self._call("lookup", self._client.lookup, req.tid, tokens,
+                            num_computed_tokens, **extras)
         hit = result.hit_tokens if result is not None else 0
         if getattr(request, "skip_reading_prefix_cache", False):
             # vLLM computes every prompt token of such a request (prompt
@@ -737,10 +742,18 @@ class _SchedulerSide:
                 stores: list[StoreOp]) -> None:
         if not req.allocated or req.tid is None or not self._connected:
             return
+        # Only a step that completes a block of the tokens it was looked up
+        # with has anything to store: a decode step costs no round trip.
+        blocks = min(computed // self._config.layout.block_size,
+                     req.keyed_blocks)
+        if blocks <= req.committed_blocks:
+            return
         result = self._call("commit", self._client.commit, req.tid, computed,
                             req.block_ids)
         if result is None:
             return
+        if result.skipped_blocks == 0:  # Else asked again next step.
+            req.committed_blocks = blocks
         for event in result.stores:
             stores.append(StoreOp(rid, event, epoch=self._epoch))
             req.stores_issued = True
