@@ -166,6 +166,37 @@ TEST(DiskFullTest, ANewStoreOnAFullFilesystemIsResourceExhausted) {
       << tier.status().ToString();
 }
 
+// A store another process has open is refused to a second one, however
+// it would open it: RocksDB takes its lock only for a writable open, and a
+// nearly full filesystem makes the second open read-only.
+TEST(DiskFullTest, AStoreInUseIsRefusedEvenWhereItWouldOpenReadOnly) {
+  TempDir scratch("disk_fault_test");
+  const std::string why = MountTmpfs(scratch.path(), 8 << 20);
+  if (!why.empty()) GTEST_SKIP() << why;
+  const DiskTierOptions options = OptionsAt(scratch.path() + "/db");
+  std::unique_ptr<DiskTier> first = OpenTier(options);
+  ASSERT_NE(first, nullptr);
+  for (int i = 0; i < 4; ++i) ASSERT_THAT(PutSync(*first, i), IsOk());
+  ASSERT_THAT(first->Flush(), IsOk());
+  {
+    std::ofstream ballast(scratch.path() + "/ballast");
+    const std::string chunk(64 << 10, 'x');
+    while (ballast.write(chunk.data(), chunk.size())) {
+    }
+  }
+  StatusOr<std::unique_ptr<DiskTier>> second = DiskTier::Open(options);
+  ASSERT_FALSE(second.ok()) << "opened a store another tier has open";
+  EXPECT_EQ(second.status().code(), StatusCode::kAlreadyExists)
+      << second.status().ToString();
+  // Once the first lets it go, it opens (read-only: the filesystem is full)
+  // and serves what the first stored.
+  first.reset();
+  std::unique_ptr<DiskTier> reopened = OpenTier(options);
+  ASSERT_NE(reopened, nullptr);
+  EXPECT_EQ(reopened->stats().degraded, 1u);
+  for (int i = 0; i < 4; ++i) EXPECT_THAT(GetAndCheck(*reopened, i), IsOk());
+}
+
 TEST(DiskFullTest, SpaceFreedWhileRunningEndsTheDegradedState) {
   TempDir scratch("disk_fault_test");
   const std::string why = MountTmpfs(scratch.path(), 8 << 20);

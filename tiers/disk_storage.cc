@@ -13,6 +13,7 @@
 #include <rocksdb/table.h>
 #include <rocksdb/utilities/debug.h>
 #include <rocksdb/write_batch.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <sys/uio.h>
@@ -170,12 +171,15 @@ class RocksDbStorage final : public DiskStorage {
   // `read_only`: why the database was opened read-only; OK if it was not.
   // `values_fd`: the value file, opened for writing unless read-only; -1
   // when a read-only store has none (every read of it then fails).
+  // `lock_fd`: the store directory's lock (LockStoreDirectory), held for
+  // the storage's life.
   RocksDbStorage(const RocksDbStorageOptions& options, rocksdb::DB* db,
-                 int values_fd, Status read_only)
+                 int values_fd, Status read_only, int lock_fd)
       : path_(options.path),
         values_path_(ValueFilePath(options.path)),
         db_(db),
         values_fd_(values_fd),
+        lock_fd_(lock_fd),
         reserved_(RocksDbReservedBytes(options)),
         read_only_(std::move(read_only)) {
     // See RocksDbStorageOptions::write_ahead_log.
@@ -197,6 +201,7 @@ class RocksDbStorage final : public DiskStorage {
     rocksdb::Status ignored = db_->Close();
     (void)ignored;
     if (values_fd_ >= 0) close(values_fd_);
+    if (lock_fd_ >= 0) close(lock_fd_);  // Last: the store is let go.
   }
 
   Status WritePayload(uint64_t offset, std::string_view bytes) override {
@@ -515,6 +520,7 @@ class RocksDbStorage final : public DiskStorage {
   const std::string values_path_;
   const std::unique_ptr<rocksdb::DB> db_;
   const int values_fd_;
+  const int lock_fd_;
   const uint64_t reserved_;
   const Status read_only_;
   rocksdb::WriteOptions write_options_;
@@ -649,6 +655,58 @@ StatusOr<int> OpenValueFile(const std::string& path, bool read_only) {
   return fd;
 }
 
+// Closes a descriptor unless released.
+class FdGuard {
+ public:
+  explicit FdGuard(int fd = -1) : fd_(fd) {}
+  ~FdGuard() {
+    if (fd_ >= 0) close(fd_);
+  }
+  FdGuard(const FdGuard&) = delete;
+  FdGuard& operator=(const FdGuard&) = delete;
+  int get() const { return fd_; }
+  void reset(int fd) {
+    if (fd_ >= 0) close(fd_);
+    fd_ = fd;
+  }
+  int release() { return std::exchange(fd_, -1); }
+
+ private:
+  int fd_;
+};
+
+// tierkv's own lock on a store's directory (flock), taken before RocksDB
+// opens the store in either mode and held while it is open: RocksDB takes
+// its LOCK file only when it opens a store writable, so a second tierkvd
+// that found the filesystem nearly full would otherwise open, read-only,
+// a store another process writes, and serve what that one overwrites. -1
+// when the directory does not exist yet (a new store: RocksDB makes it).
+StatusOr<int> LockStoreDirectory(const std::string& path) {
+  const int fd = open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT) return -1;
+    const int err = errno;
+    std::string msg = "disk tier directory " + path + ": " + std::strerror(err);
+    if (err == EACCES || err == EPERM) {
+      return Status::PermissionDenied(msg +
+                                      "; check the directory's owner and mode");
+    }
+    return Status::Unavailable(std::move(msg));
+  }
+  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    close(fd);
+    if (err == EWOULDBLOCK) {
+      return Status::AlreadyExists(
+          "disk tier " + path +
+          ": another process (a running tierkvd?) has this store open");
+    }
+    return Status::Unavailable("locking the disk tier directory " + path +
+                               ": " + std::strerror(err));
+  }
+  return fd;
+}
+
 }  // namespace
 
 StatusOr<std::unique_ptr<DiskStorage>> OpenRocksDbStorage(
@@ -661,6 +719,8 @@ StatusOr<std::unique_ptr<DiskStorage>> OpenRocksDbStorage(
         "disk tier: write_buffer_bytes must be at least 1 MiB");
   }
   const uint64_t reserve = RocksDbReservedBytes(options);
+  TIERKV_ASSIGN_OR_RETURN(const int locked, LockStoreDirectory(options.path));
+  FdGuard lock(locked);
   // Opening writes (a new MANIFEST and log, flushed memtables): on a nearly
   // full filesystem, open read-only rather than fail or crash in RocksDB.
   StatusOr<uint64_t> free_bytes = FreeBytesAt(options.path);
@@ -675,9 +735,13 @@ StatusOr<std::unique_ptr<DiskStorage>> OpenRocksDbStorage(
        !HasDatabase(options.path))) {
     if (!db.ok()) return db.status();
     std::unique_ptr<rocksdb::DB> opened(*db);
+    if (lock.get() < 0) {  // A new store: its directory exists now.
+      TIERKV_ASSIGN_OR_RETURN(const int now, LockStoreDirectory(options.path));
+      lock.reset(now);
+    }
     TIERKV_ASSIGN_OR_RETURN(int fd, OpenValueFile(options.path, false));
     return std::unique_ptr<DiskStorage>(std::make_unique<RocksDbStorage>(
-        options, opened.release(), fd, Status::Ok()));
+        options, opened.release(), fd, Status::Ok(), lock.release()));
   }
   const std::string why =
       low ? std::to_string(*free_bytes) + " bytes free, below the " +
@@ -695,7 +759,8 @@ StatusOr<std::unique_ptr<DiskStorage>> OpenRocksDbStorage(
       Status::ResourceExhausted(
           "disk tier " + options.path + " opened read-only (" + why +
           "): it serves what it holds and stores nothing new; free space on "
-          "its filesystem and restart")));
+          "its filesystem and restart"),
+      lock.release()));
 }
 
 Status DestroyRocksDbStorage(const std::string& path) {
