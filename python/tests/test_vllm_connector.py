@@ -940,3 +940,9 @@ def test_decode_steps_make_no_commit_round_trips(engine):
         side._client = counting._client
     assert engine.finish("r1") is True
     engine.run_until(lambda: "r1" in engine.sent)
+
+
+def test_the_connector_is_a_best_effort_cache_to_vllm(engine):
+    """vLLM recomputes a preempted request whose connector requires
+    delivery (its default for kv_both): tierkv's does not."""
+    assert engine.scheduler.requires_kv_delivery is False

@@ -1209,6 +1209,15 @@ class TierkvConnector(KVConnectorBase_V1):
         return self._config
 
     @property
+    def requires_kv_delivery(self) -> bool:
+        """False: tierkv is a best-effort cache. vLLM recomputes a request
+        preempted while a connector that requires delivery still hands its
+        KV off (the default for kv_both, as for a producer); here a store
+        is copied within the step that computed it (wait_for_save), so
+        nothing is left to hand off, and a store lost is a later miss."""
+        return False
+
+    @property
     def tierkv_client(self) -> Any:
         """The tierkv client of this side (a worker's: None until the first
         metadata attaches it)."""
