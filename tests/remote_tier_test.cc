@@ -482,6 +482,46 @@ TEST_F(RedisClusterRemoteTierTest, AValueOfAnotherFormatVersionIsLeftAlone) {
   EXPECT_EQ(tier->stats().checksum_failures, 0u);
 }
 
+// A Remove whose DEL fails (here the key's master refuses writes) keeps the
+// key deleting: no scan finds the value again meanwhile, and the DEL is
+// tried again at each scan until it lands. Before, the value stayed in the
+// cluster and the next scan served it again.
+TEST_F(RedisClusterRemoteTierTest, ARemovedBlockWhoseDelFailedIsDeletedLater) {
+  std::unique_ptr<RemoteTier> tier =
+      OpenTier("model-a/layout-1", 0, {}, std::chrono::milliseconds(20));
+  ASSERT_NE(tier, nullptr);
+  ASSERT_THAT(Spill(*tier, kKey1, kTokens1, 0, Checksum(0)), IsOk());
+  const std::string redis_key = tier->RedisKey(kKey1);
+  StatusOr<int> master = cluster_->MasterOf(RedisKeySlot(redis_key));
+  ASSERT_THAT(master, IsOk());
+  auto refuse_writes = [&](bool refuse) {
+    ASSERT_THAT(
+        cluster_->Command(*master, {"CONFIG", "SET", "min-replicas-to-write",
+                                    refuse ? "5" : "0"}),
+        IsOk());
+  };
+  refuse_writes(true);
+  const uint64_t errors_before = tier->remote_stats()->errors;
+  EXPECT_EQ(tier->Remove(kKey1).remote, 1u);
+  const RemoteTierStats failed = WaitStats(
+      *tier,
+      [&](const RemoteTierStats& s) { return s.errors > errors_before; });
+  ASSERT_GT(failed.errors, errors_before);  // The DEL: NOREPLICAS.
+  WaitTwoScans(*tier);
+  EXPECT_THAT(raw_->Get(redis_key), IsOk());      // Still there...
+  EXPECT_FALSE(tier->Contains(kKey1, kTokens1));  // ...and not served.
+  refuse_writes(false);
+  const auto deadline = std::chrono::steady_clock::now() + kWait;
+  StatusOr<std::string> value = raw_->Get(redis_key);
+  while (value.ok() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    value = raw_->Get(redis_key);
+  }
+  EXPECT_THAT(value, StatusIs(StatusCode::kNotFound));
+  WaitTwoScans(*tier);
+  EXPECT_FALSE(tier->Contains(kKey1, kTokens1));
+}
+
 TEST(RedisClusterRemoteTierOptionsTest, RefusesMissingOrUnsafeOptions) {
   RemoteTierOptions options;
   options.redis.seeds = "127.0.0.1:1";

@@ -216,8 +216,7 @@ struct RemoteTier::Job {
   uint64_t clears = 0;             // A Demote's: clears_ when it was queued.
   Done done;
   PromoteDone promote_done;
-  std::vector<std::string> redis_keys;  // kDelete.
-  std::vector<BlockKey> deleted;        // kDelete: redis_keys' blocks.
+  std::vector<BlockKey> deleted;  // kDelete: the blocks whose values go.
 };
 
 StatusOr<std::unique_ptr<RemoteTier>> RemoteTier::Open(
@@ -405,7 +404,6 @@ LowerRemoval RemoteTier::Remove(const BlockKey& key) {
   }
   Job job;
   job.kind = Job::Kind::kDelete;
-  job.redis_keys.push_back(RedisKey(key));
   job.deleted.push_back(key);
   Enqueue(std::move(job));
   return {.remote = held ? 1u : 0u};
@@ -431,7 +429,6 @@ LowerRemoval RemoteTier::RemoveAll() {
     ++removals_;
     ++clears_;
     for (const auto& [key, entry] : index_) {
-      job.redis_keys.push_back(RedisKey(key));
       job.deleted.push_back(key);
       ++deleting_[key];
     }
@@ -448,7 +445,7 @@ LowerRemoval RemoteTier::RemoveAll() {
     cleared_in_scan_ = true;
     stats_.bytes = 0;
     stats_.keys = 0;
-    if (job.redis_keys.empty()) return {.remote = forgotten};
+    if (job.deleted.empty()) return {.remote = forgotten};
   }
   Enqueue(std::move(job));
   return {.remote = forgotten};
@@ -540,17 +537,38 @@ void RemoteTier::RunJobs() {
         RunPromotes(promotes);
         break;
       case Job::Kind::kDelete:
-        (void)client_->MultiDel(job.redis_keys);  // Best effort.
+        DeleteValues(std::move(job.deleted));
         break;
     }
     // Only this thread uses client_: its mutex is free.
     const uint64_t errors = client_->stats().errors;
     MutexLock lock(&mu_);
     io_errors_ = errors;
-    // A moved-from promotion's `deleted` is not read.
-    if (job.kind != Job::Kind::kDelete) continue;
-    EndDeletesLocked(job.deleted);
   }
+}
+
+void RemoteTier::DeleteValues(std::vector<BlockKey> keys) {
+  {
+    MutexLock lock(&mu_);
+    keys.insert(keys.end(), failed_deletes_.begin(), failed_deletes_.end());
+    failed_deletes_.clear();
+  }
+  if (keys.empty()) return;
+  std::vector<std::string> redis_keys;
+  redis_keys.reserve(keys.size());
+  for (const BlockKey& key : keys) redis_keys.push_back(RedisKey(key));
+  const std::vector<StatusOr<bool>> deleted = client_->MultiDel(redis_keys);
+  std::vector<BlockKey> done;
+  done.reserve(keys.size());
+  MutexLock lock(&mu_);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (deleted[i].ok()) {
+      done.push_back(keys[i]);
+    } else {
+      failed_deletes_.push_back(keys[i]);
+    }
+  }
+  EndDeletesLocked(done);
 }
 
 void RemoteTier::RunSpill(Job& job) {
@@ -623,14 +641,7 @@ void RemoteTier::RunSpill(Job& job) {
     }
   }
   if (cleared) evicted.push_back(job.key);
-  if (!evicted.empty()) {
-    std::vector<std::string> redis_keys;
-    redis_keys.reserve(evicted.size());
-    for (const BlockKey& key : evicted) redis_keys.push_back(RedisKey(key));
-    (void)client_->MultiDel(redis_keys);
-    MutexLock lock(&mu_);
-    EndDeletesLocked(evicted);
-  }
+  if (!evicted.empty()) DeleteValues(std::move(evicted));
   FinishWrite(job, std::move(set));
 }
 
@@ -793,11 +804,20 @@ void RemoteTier::RunScans() {
 
 void RemoteTier::RunScan() {
   uint64_t scan = 0;
+  bool retry_deletes = false;
   {
     MutexLock lock(&mu_);
     scan = ++scans_started_;
     removed_in_scan_.clear();
     cleared_in_scan_ = false;
+    retry_deletes = !failed_deletes_.empty();
+  }
+  // DELs that failed go again (DeleteValues takes them): their keys stay
+  // deleting, which this scan respects.
+  if (retry_deletes) {
+    Job retry;
+    retry.kind = Job::Kind::kDelete;
+    Enqueue(std::move(retry));
   }
   std::vector<BlockKey> found;
   const Status whole = scan_client_->ScanMasters(

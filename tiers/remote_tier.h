@@ -209,6 +209,11 @@ class RemoteTier final : public LowerTier {
   // until EndDeletesLocked says the DEL has run.
   void BeginDeleteLocked(const BlockKey& key) TIERKV_REQUIRES(mu_);
   void EndDeletesLocked(std::span<const BlockKey> keys) TIERKV_REQUIRES(mu_);
+  // The I/O thread: DELs the values of `keys` (each begun with
+  // BeginDeleteLocked), with those whose DEL failed before; a key whose DEL
+  // fails again stays deleting and waits for the next try (the next DELs,
+  // or the next scan), so that no scan finds its value again meanwhile.
+  void DeleteValues(std::vector<BlockKey> keys) TIERKV_EXCLUDES(mu_);
   // The scan thread: a scan every scan_interval until the tier stops.
   void RunScans() TIERKV_EXCLUDES(mu_);
   void RunScan() TIERKV_EXCLUDES(mu_);
@@ -250,6 +255,9 @@ class RemoteTier final : public LowerTier {
   // it must not enter the index.
   std::unordered_map<BlockKey, int, BlockKeyHash> deleting_
       TIERKV_GUARDED_BY(mu_);
+  // Of deleting_, the keys whose DEL failed (a node down or stalled): tried
+  // again with the next DELs, or at the next scan.
+  std::vector<BlockKey> failed_deletes_ TIERKV_GUARDED_BY(mu_);
   // Keys whose SET is queued or running (spills and demotions), with how
   // many: what RemoveSpilled must undo although no scan credits it to us.
   std::unordered_map<BlockKey, int, BlockKeyHash> writing_
