@@ -736,6 +736,78 @@ TEST(DamagedSstTest, ADamagedDataBlockMidSstHidesNoKey) {
 // GateFreeBytes, the next FreeBytes: the tier's space check, which a Put
 // runs between taking its work and reserving its key). Counts deletes and
 // records the threads FileBytes runs on.
+// A storage whose value writes each wait for a permit once Hold is called.
+class MeteredWritesStorage : public DiskStorageWrapper {
+ public:
+  using DiskStorageWrapper::DiskStorageWrapper;
+  void Hold() {
+    std::lock_guard<std::mutex> lock(mu_);
+    permits_ = 0;
+  }
+  void Let(int n) {
+    std::lock_guard<std::mutex> lock(mu_);
+    permits_ += n;
+    cv_.notify_all();
+  }
+  void WaitUntilWaiting(int n) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return waiting_ >= n; });
+  }
+  Status WritePayload(uint64_t offset, std::string_view bytes) override {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      ++waiting_;
+      cv_.notify_all();
+      cv_.wait(lock, [&] { return permits_ > 0; });
+      --permits_;
+      --waiting_;
+    }
+    return DiskStorageWrapper::WritePayload(offset, bytes);
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int permits_ = 1 << 30;
+  int waiting_ = 0;
+};
+
+// A read (a promotion a lookup waits for) goes before the writes queued
+// ahead of it: it waits for an I/O thread to finish the write it is in, not
+// for every spill queued.
+TEST(DiskIoOrderTest, AReadGoesBeforeQueuedWrites) {
+  TempDir scratch("disk_fault_test");
+  DiskTierOptions options = OptionsAt(scratch.path() + "/db");
+  options.io_threads = 2;
+  MeteredWritesStorage* storage = nullptr;
+  std::unique_ptr<DiskTier> opened = OpenWrapped(options, &storage);
+  ASSERT_NE(opened, nullptr);
+  DiskTier& tier = *opened;
+  ASSERT_THAT(PutSync(tier, 0), IsOk());
+  storage->Hold();
+  constexpr int kPuts = 6;
+  std::vector<std::promise<Status>> put_done(kPuts);
+  std::vector<std::vector<std::byte>> blocks;
+  for (int i = 1; i <= kPuts; ++i) blocks.push_back(BlockOf(i));
+  for (int i = 1; i <= kPuts; ++i) {
+    tier.Put(KeyOf(i), TokensOf(i), blocks[i - 1],
+             [&put_done, i](Status s) { put_done[i - 1].set_value(s); });
+  }
+  storage->WaitUntilWaiting(2);  // Both threads in a write; four queued.
+  std::promise<Status> got;
+  std::vector<std::byte> out(kBlockBytes);
+  tier.Get(KeyOf(0), TokensOf(0), out, [&](Status s) { got.set_value(s); });
+  storage->Let(1);  // One write ends; its thread takes the read next.
+  std::future<Status> read = got.get_future();
+  const bool in_time =
+      read.wait_for(std::chrono::seconds(30)) == std::future_status::ready;
+  storage->Let(kPuts);
+  for (auto& done : put_done) EXPECT_THAT(done.get_future().get(), IsOk());
+  ASSERT_TRUE(in_time) << "the read waited for the queued writes";
+  EXPECT_THAT(read.get(), IsOk());
+  EXPECT_EQ(out, BlockOf(0));
+}
+
 class GatedStorage : public DiskStorageWrapper {
  public:
   using DiskStorageWrapper::DiskStorageWrapper;

@@ -38,7 +38,9 @@ using disk_internal::ValueLocation;
 using disk_internal::VerifyAndDecode;
 
 // ---------------------------------------------------------------------------
-// A fixed pool of threads running queued tasks in FIFO order.
+// A fixed pool of threads running queued tasks in FIFO order, reads before
+// writes: a promotion (a lookup waits on it) does not wait behind a burst of
+// spills, only for a thread to finish the I/O it is in.
 class IoThreads {
  public:
   explicit IoThreads(int32_t count) {
@@ -55,10 +57,12 @@ class IoThreads {
     for (std::thread& t : threads_) t.join();
   }
 
-  void Submit(std::function<void()> task) TIERKV_EXCLUDES(mu_) {
+  // `read`: runs before every write task queued.
+  void Submit(std::function<void()> task, bool read = false)
+      TIERKV_EXCLUDES(mu_) {
     {
       MutexLock lock(&mu_);
-      queue_.push_back(std::move(task));
+      (read ? reads_ : queue_).push_back(std::move(task));
     }
     work_cv_.NotifyOne();
   }
@@ -67,7 +71,9 @@ class IoThreads {
   // included). REQUIRES: not called from a task.
   void Drain() TIERKV_EXCLUDES(mu_) {
     MutexLock lock(&mu_);
-    while (!queue_.empty() || running_ != 0) idle_cv_.Wait(&mu_);
+    while (!reads_.empty() || !queue_.empty() || running_ != 0) {
+      idle_cv_.Wait(&mu_);
+    }
   }
 
  private:
@@ -75,24 +81,31 @@ class IoThreads {
   void Run() TIERKV_EXCLUDES(mu_) {
     mu_.Lock();
     while (true) {
-      while (!stopping_ && queue_.empty()) work_cv_.Wait(&mu_);
-      if (queue_.empty()) break;  // Stopping, and nothing left.
-      std::function<void()> task = std::move(queue_.front());
-      queue_.pop_front();
+      while (!stopping_ && reads_.empty() && queue_.empty()) {
+        work_cv_.Wait(&mu_);
+      }
+      std::deque<std::function<void()>>& from =
+          reads_.empty() ? queue_ : reads_;
+      if (from.empty()) break;  // Stopping, and nothing left.
+      std::function<void()> task = std::move(from.front());
+      from.pop_front();
       ++running_;
       mu_.Unlock();
       task();
       task = nullptr;  // Destroy captures outside the lock.
       mu_.Lock();
       --running_;
-      if (queue_.empty() && running_ == 0) idle_cv_.NotifyAll();
+      if (reads_.empty() && queue_.empty() && running_ == 0) {
+        idle_cv_.NotifyAll();
+      }
     }
     mu_.Unlock();
   }
 
   Mutex mu_;
-  CondVar work_cv_;  // Signals queue_ non-empty or stopping_.
-  CondVar idle_cv_;  // Signals queue_ empty with nothing running.
+  CondVar work_cv_;  // Signals a task queued, or stopping_.
+  CondVar idle_cv_;  // Signals both queues empty with nothing running.
+  std::deque<std::function<void()>> reads_ TIERKV_GUARDED_BY(mu_);
   std::deque<std::function<void()>> queue_ TIERKV_GUARDED_BY(mu_);
   int32_t running_ TIERKV_GUARDED_BY(mu_) = 0;
   bool stopping_ TIERKV_GUARDED_BY(mu_) = false;
@@ -275,7 +288,7 @@ class DiskTierImpl final : public DiskTier {
                             .out = out,
                             .done = std::move(done)});
     }
-    io_->Submit([this] { RunReads(); });
+    io_->Submit([this] { RunReads(); }, /*read=*/true);
   }
 
   bool Contains(const BlockKey& key) const TIERKV_EXCLUDES(mu_) override {
