@@ -40,7 +40,8 @@ using disk_internal::VerifyAndDecode;
 // ---------------------------------------------------------------------------
 // A fixed pool of threads running queued tasks in FIFO order, reads before
 // writes: a promotion (a lookup waits on it) does not wait behind a burst of
-// spills, only for a thread to finish the I/O it is in.
+// spills, only for a thread to finish the I/O it is in. Writes still get
+// one task in kReadsBeforeAWrite + 1 while reads keep coming.
 class IoThreads {
  public:
   explicit IoThreads(int32_t count) {
@@ -84,8 +85,11 @@ class IoThreads {
       while (!stopping_ && reads_.empty() && queue_.empty()) {
         work_cv_.Wait(&mu_);
       }
-      std::deque<std::function<void()>>& from =
-          reads_.empty() ? queue_ : reads_;
+      const bool read =
+          !reads_.empty() &&
+          (queue_.empty() || reads_in_a_row_ < kReadsBeforeAWrite);
+      reads_in_a_row_ = read ? reads_in_a_row_ + 1 : 0;
+      std::deque<std::function<void()>>& from = read ? reads_ : queue_;
       if (from.empty()) break;  // Stopping, and nothing left.
       std::function<void()> task = std::move(from.front());
       from.pop_front();
@@ -102,12 +106,15 @@ class IoThreads {
     mu_.Unlock();
   }
 
+  static constexpr int kReadsBeforeAWrite = 8;
+
   Mutex mu_;
   CondVar work_cv_;  // Signals a task queued, or stopping_.
   CondVar idle_cv_;  // Signals both queues empty with nothing running.
   std::deque<std::function<void()>> reads_ TIERKV_GUARDED_BY(mu_);
   std::deque<std::function<void()>> queue_ TIERKV_GUARDED_BY(mu_);
   int32_t running_ TIERKV_GUARDED_BY(mu_) = 0;
+  int reads_in_a_row_ TIERKV_GUARDED_BY(mu_) = 0;  // Taken with writes queued.
   bool stopping_ TIERKV_GUARDED_BY(mu_) = false;
   std::vector<std::thread> threads_;
 };
