@@ -719,6 +719,43 @@ TEST_F(KvEventsPublisherTest, ReplayServesTheRingFromTheAskedSequence) {
   EXPECT_EQ(pub->stats().replay_requests, 3u);
 }
 
+// The ring keeps at most buffer_bytes of batches: the newest, whole.
+TEST_F(KvEventsPublisherTest, TheReplayRingIsBoundedInBytes) {
+  StatusOr<std::unique_ptr<KvEventPublisher>> pub =
+      KvEventPublisher::Create({.endpoint = Endpoint("pub"),
+                                .replay_endpoint = Endpoint("replay"),
+                                .buffer_steps = 100,
+                                .buffer_bytes = 3 * 4096,
+                                .max_batch_keys = 1,  // A batch per event.
+                                .first_sequence = 0});
+  ASSERT_THAT(pub, IsOk());
+  // Ids past 65535 take 5 bytes each in msgpack: over 4 KB a batch.
+  const std::vector<TokenId> tokens = Tokens(100000, 1000);
+  for (uint64_t i = 0; i < 10; ++i) {
+    (*pub)->BlockStored({.medium = CacheMedium::kCpu,
+                         .key = Key(i),
+                         .parent = std::nullopt,
+                         .tokens = tokens,
+                         .block_size = 1000,
+                         .lora_id = std::nullopt});
+    ASSERT_TRUE((*pub)->Flush(std::chrono::seconds(5)));
+  }
+  zmq::socket_t replay(context_, zmq::socket_type::dealer);
+  replay.connect(Endpoint("replay"));
+  replay.send(zmq::message_t(), zmq::send_flags::sndmore);
+  replay.send(zmq::buffer(std::string(8, '\0')));
+  std::vector<int64_t> seqs;
+  const auto end = Clock::now() + std::chrono::seconds(10);
+  for (;;) {
+    std::optional<Received> r = Receive(replay, end);
+    ASSERT_TRUE(r.has_value());
+    if (r->seq == -1) break;
+    seqs.push_back(r->seq);
+  }
+  // Each batch is over 4 KB: two fit in 12 KB.
+  EXPECT_THAT(seqs, ElementsAre(8, 9));
+}
+
 // A replay past ZeroMQ's default high-water mark (1000 messages) arrives
 // whole: a late router catching up on a long history misses nothing.
 TEST_F(KvEventsPublisherTest, ReplayOfALongHistoryArrivesWhole) {

@@ -428,6 +428,7 @@ struct KvEventPublisher::Impl {
   // The thread's own.
   int64_t next_seq = 0;
   std::deque<std::pair<int64_t, std::string>> ring;
+  size_t ring_bytes = 0;
   uint64_t dropped_logged = 0;
   std::chrono::steady_clock::time_point last_drop_log{};
   std::thread thread;
@@ -544,8 +545,13 @@ void KvEventPublisher::Impl::SendBatch(std::span<const KvEvent> events) {
     ++stats.batches_published;
   }
   if (!replay.has_value() || options.buffer_steps == 0) return;
-  if (ring.size() == options.buffer_steps) ring.pop_front();
+  ring_bytes += payload.size();
   ring.emplace_back(seq, std::move(payload));
+  while (ring.size() > options.buffer_steps ||
+         (ring.size() > 1 && ring_bytes > options.buffer_bytes)) {
+    ring_bytes -= ring.front().second.size();
+    ring.pop_front();
+  }
 }
 
 void KvEventPublisher::Impl::ServeReplay() {

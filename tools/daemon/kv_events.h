@@ -117,6 +117,10 @@ struct KvEventPublisherOptions {
   std::string topic = {};
   // Batches kept for replay. Default: 10000 (vLLM's buffer_steps).
   size_t buffer_steps = 10000;
+  // Bytes of batches kept for replay at most (the oldest go first): a
+  // batch of 4096 blocks with their token ids is about 0.4 MB, so 10000 of
+  // them would hold gigabytes. Default: 256 MiB.
+  size_t buffer_bytes = size_t{256} << 20;
   // Events (keys) queued for the thread at most. The coordinator never
   // waits: an event that finds the queue full drops everything queued
   // (counted) and an AllBlocksCleared takes its place, so that routers
