@@ -475,12 +475,14 @@ po::options_description SettingOptions(DaemonCommand& command,
       "kv-events-buffer-steps",
       po::value(&raw.kv_events.buffer_steps)
           ->default_value(raw.kv_events.buffer_steps),
-      "event batches kept for replay (1 to 10000000)")(
+      "event batches kept for replay, at most 256 MiB of them (1 to "
+      "10000000)")(
       "kv-events-queue",
       po::value(&raw.kv_events.max_queue_events)
           ->default_value(raw.kv_events.max_queue_events),
-      "events waiting for the publisher thread at most; past it events are "
-      "dropped, counted and logged (1 to 100000000)")(
+      "events waiting for the publisher thread at most; an event that finds "
+      "it full drops what waits (counted and logged) and routers are sent "
+      "AllBlocksCleared in its place (1 to 100000000)")(
       "kv-events-hash-format",
       po::value(&raw.kv_events.hash_format)
           ->default_value(raw.kv_events.hash_format),
