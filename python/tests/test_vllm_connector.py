@@ -900,6 +900,61 @@ def test_load_cut_short_by_a_failed_promotion_names_its_blocks(
         engine.close()
 
 
+def test_a_load_that_waits_too_long_for_promotions_is_given_up(
+        start_tierkvd, tmp_path, monkeypatch):
+    """A load whose promotions never come (a disk that stopped answering:
+    here tierkvd's ready loads are hidden from the scheduler) is given up
+    after load_timeout: finished in tierkvd and reported failed, so vLLM
+    computes the request's tokens instead of waiting for ever."""
+    daemon = start_tierkvd(
+        layout=_layout(), host_bytes=9 * _layout().block_bytes,
+        disk_dir=str(tmp_path / "disk"),
+        extra_args=("--disk-capacity", "64M", "--spill-high", "0.5",
+                    "--spill-low", "0.25"))
+    engine = Engine({"socket": daemon.socket, "model": "",
+                     "num_layers": LAYERS, "num_kv_heads": KV_HEADS,
+                     "head_dim": HEAD_DIM, "block_size": BLOCK,
+                     "dtype": "bf16", "tp_size": 2, "load_timeout": 30})
+    clock = [1000.0]
+    monkeypatch.setattr(tierkv.vllm, "time",
+                        SimpleNamespace(monotonic=lambda: clock[0]))
+
+    class NoReadyLoads:
+        def __init__(self, client) -> None:
+            self._client = client
+
+        def take_ready_loads(self):
+            return []
+
+        def __getattr__(self, name):
+            return getattr(self._client, name)
+
+    try:
+        observer = _observer(daemon)
+        _store_prefix(engine, "r1", PREFIX + [1])
+        _store_prefix(engine, "r2", list(range(3000, 3000 + 64)) + [1])
+        observer.wait_idle(20.0)  # r1's blocks, the oldest, spilled.
+        side = engine.scheduler._scheduler
+        side._client = NoReadyLoads(side._client)
+        assert engine.add("r3", PREFIX + [2]) == (64, True)
+        blocks = list(engine.requests["r3"].blocks)  # The load's four.
+        engine.step()
+        clock[0] += 29
+        engine.step()
+        assert "r3" not in engine.received  # Still waiting.
+        clock[0] += 2
+        engine.run_until(lambda: "r3" in engine.received)
+        assert engine.load_errors == set(blocks)
+        side._client = side._client._client
+        engine.step()  # Computes every token.
+        assert [c[1:] for c in engine.computed] == [(0, len(PREFIX) + 1)]
+        assert engine.verify("r3", len(PREFIX) + 1) == {0: [], 1: []}
+        stats = _settled(observer, workers=4)
+        assert stats["host"]["pinned_slots"] == 0
+    finally:
+        engine.close()
+
+
 class _CountingClient:
     """The scheduler's client, counting its commits."""
 

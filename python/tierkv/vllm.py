@@ -122,6 +122,9 @@ except ImportError:  # The same surface, for use without vLLM.
 DEFAULT_SOCKET = "/run/tierkv/tierkvd.sock"
 # How long wait_for_save waits for the step's store copies. Default: 60 s.
 DEFAULT_SAVE_TIMEOUT = 60.0
+# How long a load may wait for promotions before it is given up. Default:
+# 30 s.
+DEFAULT_LOAD_TIMEOUT = 30.0
 _LOST = (tierkv.UnavailableError, tierkv.DeadlineExceededError)
 
 # Events one Client.decline reports at most (a message's cap is far above).
@@ -151,7 +154,9 @@ class TierkvConfig:
     error each save_timeout it waits for stores, and goes on waiting),
     reconnect_wait (seconds the scheduler waits before it tries to attach
     again once an attach failed, doubling per failure up to 30; default 1),
-    and, to override what is
+    load_timeout (seconds a load may wait for tierkvd's promotions from its
+    disk or remote tier before it is given up and the request computes its
+    tokens; default 30, 0 for no limit), and, to override what is
     derived from vLLM's model and cache configs: num_layers, num_kv_heads
     (all of the model's, every rank's), head_dim, block_size, dtype, tp_size,
     rank (a worker's tensor-parallel rank, for engines without vLLM), and
@@ -172,6 +177,7 @@ class TierkvConfig:
     name: str = ""
     call_timeout: float = 5.0
     save_timeout: float = DEFAULT_SAVE_TIMEOUT
+    load_timeout: float = DEFAULT_LOAD_TIMEOUT
     reconnect_wait: float = _RETRY_FIRST_S
     tp_size: int = 1
     rank: Optional[int] = None
@@ -238,6 +244,8 @@ class TierkvConfig:
                    tenant=str(extra.get("tenant", "")),
                    name=str(extra.get("name", "")),
                    call_timeout=float(extra.get("call_timeout", 5.0)),
+                   load_timeout=max(0.0, float(extra.get(
+                       "load_timeout", DEFAULT_LOAD_TIMEOUT))),
                    save_timeout=float(extra.get("save_timeout",
                                                 DEFAULT_SAVE_TIMEOUT)),
                    reconnect_wait=max(0.0, float(extra.get(
@@ -456,6 +464,7 @@ class _Request:
     block_ids: list[int] = dataclasses.field(default_factory=list)
     recving: bool = False  # vLLM waits for finished_recving.
     pending: bool = False  # Its load waits for promotions in tierkvd.
+    pending_since: float = 0.0  # When it began to (time.monotonic).
     load_blocks: list[int] = dataclasses.field(default_factory=list)
     stores_issued: bool = False
     finished: bool = False
@@ -671,6 +680,7 @@ class _SchedulerSide:
             return
         if result.load_pending:  # take_ready_loads hands it out later.
             req.pending = True
+            req.pending_since = time.monotonic()
         elif result.load is not None:
             self._loads.append(self._load_op(rid, req, result.load))
         elif req.recving:
@@ -685,6 +695,7 @@ class _SchedulerSide:
                              ) -> TierkvConnectorMetadata:
         if self._connected or self._ensure_connected():
             self._take_ready_loads()
+        self._give_up_slow_loads()
         stores = self._commit_scheduled(scheduler_output)
         meta = TierkvConnectorMetadata(
             scheduler=self._client.worker_id if self._connected else 0,
@@ -707,6 +718,31 @@ class _SchedulerSide:
                 continue
             req.pending = False
             self._loads.append(self._load_op(rid, req, event))
+
+    def _give_up_slow_loads(self) -> None:
+        """Gives up each load still waiting for promotions after
+        load_timeout (a disk or remote tier that stopped answering): its
+        request is finished in tierkvd, which cancels the load, and the
+        load reported failed, so vLLM computes the tokens instead of
+        holding the request in WAITING_FOR_REMOTE_KVS for ever."""
+        timeout = self._config.load_timeout
+        if timeout <= 0:
+            return
+        now = time.monotonic()
+        for rid, req in list(self._requests.items()):
+            if not req.pending or now - req.pending_since < timeout:
+                continue
+            logger.warning("tierkv: request %s waited %.0f s for its load "
+                           "(promotions from tierkvd's lower tiers); it "
+                           "computes its tokens instead", rid,
+                           now - req.pending_since)
+            req.pending = False
+            if req.tid is not None:
+                if self._connected:
+                    self._call("finish", self._client.finish, req.tid)
+                self._by_tid.pop(req.tid, None)
+                req.tid = None
+            self._failed_recvs.append(FailedRecv(rid, req.load_blocks))
 
     def _commit_scheduled(self, out: Any) -> list[StoreOp]:
         """Commits each scheduled request's tokens computed by this step."""
