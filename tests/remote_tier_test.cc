@@ -475,6 +475,10 @@ TEST_F(RedisClusterRemoteTierTest, AValueOfAnotherFormatVersionIsLeftAlone) {
   std::memcpy(&version, newer.data() + 4, sizeof(version));
   ++version;
   std::memcpy(newer.data() + 4, &version, sizeof(version));
+  // Its header laid out otherwise: what this release reads as the token
+  // count is something else there.
+  const uint32_t other_field = 0xffffffff;
+  std::memcpy(newer.data() + 8, &other_field, sizeof(other_field));
   ASSERT_THAT(raw_->Set(tier->RedisKey(kKey1), newer), IsOk());
   EXPECT_THAT(Promote(*tier, kKey1, kTokens1, 1),
               StatusIs(StatusCode::kNotFound));

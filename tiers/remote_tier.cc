@@ -155,10 +155,29 @@ Decoded DecodeParts(std::string_view header, std::string_view payload,
   return d;
 }
 
+// Whether `value` starts with this format's magic and another version:
+// told before any other field is read, since another version's header may
+// lay them out otherwise.
+bool OfAnotherVersion(std::string_view value) {
+  if (value.size() < sizeof(uint32_t) + sizeof(uint16_t)) return false;
+  uint32_t magic;
+  uint16_t version;
+  std::memcpy(&magic, value.data(), sizeof(magic));
+  std::memcpy(&version, value.data() + sizeof(magic), sizeof(version));
+  return magic == kMagic && version != kFormatVersion;
+}
+
+Decoded OtherStore() {
+  Decoded d;
+  d.verdict = Verdict::kOtherStore;
+  return d;
+}
+
 // The verdict on a whole value.
 Decoded DecodeValue(std::string_view value, const std::string& fingerprint,
                     const BlockKey& key, std::span<const TokenId> tokens,
                     size_t block_bytes) {
+  if (OfAnotherVersion(value)) return OtherStore();
   const size_t header = StatedHeaderBytes(value);
   if (header == 0 || value.size() < header) return Decoded{};
   return DecodeParts(value.substr(0, header), value.substr(header), fingerprint,
@@ -173,6 +192,7 @@ Decoded DecodeValue(std::string_view value, const std::string& fingerprint,
 Decoded DecodeSplit(std::string_view head, std::string_view body,
                     const std::string& fingerprint, const BlockKey& key,
                     std::span<const TokenId> tokens, size_t block_bytes) {
+  if (OfAnotherVersion(head)) return OtherStore();
   if (StatedHeaderBytes(head) == head.size()) {
     return DecodeParts(head, body, fingerprint, key, tokens, block_bytes);
   }
@@ -564,6 +584,8 @@ void RemoteTier::DeleteValues(std::vector<BlockKey> keys) {
   for (size_t i = 0; i < keys.size(); ++i) {
     if (deleted[i].ok()) {
       done.push_back(keys[i]);
+      // A scan running now may have listed the key before its DEL landed.
+      if (scan_client_ != nullptr) removed_in_scan_.insert(keys[i]);
     } else {
       failed_deletes_.push_back(keys[i]);
     }

@@ -956,28 +956,36 @@ def test_a_load_that_waits_too_long_for_promotions_is_given_up(
 
 
 class _CountingClient:
-    """The scheduler's client, counting its commits."""
+    """The scheduler's client, counting its commits; with `skipping`, each
+    commit's result says a block was skipped (a cap)."""
 
-    def __init__(self, client) -> None:
+    def __init__(self, client, skipping: bool = False) -> None:
         self._client = client
         self.commits = 0
+        self.skipping = skipping
 
     def commit(self, *args, **kwargs):
         self.commits += 1
-        return self._client.commit(*args, **kwargs)
+        result = self._client.commit(*args, **kwargs)
+        if self.skipping:
+            return SimpleNamespace(stores=result.stores, skipped_blocks=1)
+        return result
 
     def __getattr__(self, name):
         return getattr(self._client, name)
 
 
-def test_decode_steps_make_no_commit_round_trips(engine):
+@pytest.mark.parametrize("skipping", [False, True])
+def test_decode_steps_make_no_commit_round_trips(engine, skipping):
     """A step that completes no block of the tokens a request was looked up
     with has nothing to store: no commit is sent (one round trip per
-    running request per step on vLLM's scheduling path)."""
+    running request per step on vLLM's scheduling path). Blocks a commit
+    skipped are not stored by a later one either (tierkvd goes on from the
+    blocks it covered), so they change nothing."""
     tokens = PREFIX + [5, 6, 7]  # Four full blocks and three tokens.
     assert engine.add("r1", tokens) == (0, False)
     side = engine.scheduler._scheduler
-    counting = _CountingClient(side._client)
+    counting = _CountingClient(side._client, skipping)
     side._client = counting
     try:
         engine.step()  # The prefill: its four blocks are committed.

@@ -787,9 +787,10 @@ class _SchedulerSide:
         result = self._call("commit", self._client.commit, req.tid, computed,
                             req.block_ids)
         if result is None:
-            return
-        if result.skipped_blocks == 0:  # Else asked again next step.
-            req.committed_blocks = blocks
+            return  # Asked again next step.
+        # Blocks it skipped (caps) are not stored later: tierkvd goes on from
+        # the blocks this commit covered.
+        req.committed_blocks = blocks
         for event in result.stores:
             stores.append(StoreOp(rid, event, epoch=self._epoch))
             req.stores_issued = True
