@@ -680,7 +680,10 @@ class FdGuard {
 // its LOCK file only when it opens a store writable, so a second tierkvd
 // that found the filesystem nearly full would otherwise open, read-only,
 // a store another process writes, and serve what that one overwrites. -1
-// when the directory does not exist yet (a new store: RocksDB makes it).
+// when the directory does not exist yet (a new store: RocksDB makes it), or
+// where its filesystem cannot lock a directory so (NFS and CIFS emulate
+// flock with byte-range locks, which need a file open for writing): there
+// RocksDB's LOCK alone refuses a second writable open.
 StatusOr<int> LockStoreDirectory(const std::string& path) {
   const int fd = open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) {
@@ -700,6 +703,9 @@ StatusOr<int> LockStoreDirectory(const std::string& path) {
       return Status::AlreadyExists(
           "disk tier " + path +
           ": another process (a running tierkvd?) has this store open");
+    }
+    if (err == EBADF || err == ENOLCK || err == EOPNOTSUPP || err == EINVAL) {
+      return -1;
     }
     return Status::Unavailable("locking the disk tier directory " + path +
                                ": " + std::strerror(err));
@@ -764,6 +770,9 @@ StatusOr<std::unique_ptr<DiskStorage>> OpenRocksDbStorage(
 }
 
 Status DestroyRocksDbStorage(const std::string& path) {
+  // Not under another process that has the store open (read-only too).
+  TIERKV_ASSIGN_OR_RETURN(const int locked, LockStoreDirectory(path));
+  FdGuard lock(locked);
   TIERKV_RETURN_IF_ERROR(CallRocks("destroying", path, [&] {
     return rocksdb::DestroyDB(path, rocksdb::Options());
   }));

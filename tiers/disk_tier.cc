@@ -158,22 +158,26 @@ class SpaceGuard {
     const Clock::time_point now = Clock::now();
     const uint64_t need = (short_ ? 2 : 1) * reserve_ + 2 * bytes;
     const Clock::duration age = now - checked_;
-    if (!checked_once_ || age >= kMaxAge || (free_ < need && age >= kMinAge)) {
+    if (!checked_once_ || age >= kMaxAge ||
+        ((free_ < need || !unreadable_.ok()) && age >= kMinAge)) {
       StatusOr<uint64_t> free = storage_->FreeBytes();
       checked_once_ = true;
       checked_ = now;
       if (!free.ok() && free.status().code() == StatusCode::kNotFound) {
         return free.status();
       }
-      if (!free.ok()) {
-        free_ = 0;
-        short_ = true;
-        return Status::ResourceExhausted(
-            "disk tier: cannot read its filesystem's free space (" +
-            free.status().message() + "): blocks are not spilled until it can");
-      }
-      free_ = *free;
+      // A reading that failed otherwise may pass: refused until one works
+      // (read again after kMinAge), short_ left as it was, so that such a
+      // reading needs the reserve only once, as before the failure.
+      unreadable_ = free.ok() ? Status::Ok()
+                              : Status::ResourceExhausted(
+                                    "disk tier: cannot read its filesystem's "
+                                    "free space (" +
+                                    free.status().message() +
+                                    "): blocks are not spilled until it can");
+      if (free.ok()) free_ = *free;
     }
+    if (!unreadable_.ok()) return unreadable_;
     short_ = free_ < need;
     if (short_) {
       return Status::ResourceExhausted(
@@ -210,6 +214,7 @@ class SpaceGuard {
   Clock::time_point checked_ TIERKV_GUARDED_BY(mu_);
   uint64_t free_ TIERKV_GUARDED_BY(mu_) = 0;
   bool short_ TIERKV_GUARDED_BY(mu_) = false;  // The last Admit refused.
+  Status unreadable_ TIERKV_GUARDED_BY(mu_);   // The last reading's failure.
 };
 
 // ---------------------------------------------------------------------------

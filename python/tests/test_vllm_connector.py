@@ -165,8 +165,7 @@ def test_config_refuses_what_would_fail_requests_or_store_wrong_kv():
     # Full attention in one group, a subclass of it too; nothing else.
     assert from_vllm(config(), groups(FullAttentionSpec)).num_device_blocks \
         == 64
-    assert from_vllm(config(), groups(MLAAttentionSpec)).layout
-    for spec in (SlidingWindowSpec, MambaSpec):
+    for spec in (SlidingWindowSpec, MambaSpec, MLAAttentionSpec):
         with pytest.raises(ValueError, match=spec.__name__):
             from_vllm(config(), groups(spec))
     with pytest.raises(ValueError, match="2 KV cache groups"):

@@ -224,19 +224,17 @@ class TierkvStorage(HiCacheStorage):
     def register_mem_host_pool_v2(self, host_pool: Any,
                                   host_pool_name: Any) -> None:
         """SGLang's registration of each host pool of a hybrid model's
-        HiCache: the KV pool (registered already as the anchor) is
-        accepted; any other (sliding-window, state-space, draft) is
-        refused at start, since HiCache would call batch_exists_v2 and
-        batch_set_v2 for it, which this backend does not have, and each of
-        its storage threads would end at its first call."""
+        HiCache (its hybrid cache controller), the KV pool's included:
+        refused at start, since that controller then calls batch_exists_v2
+        and batch_set_v2, which this backend does not have, and each of its
+        storage threads would end at its first call."""
         name = getattr(host_pool_name, "value", host_pool_name)
-        if str(getattr(host_pool_name, "name", name)).upper() == "KV" or \
-                str(name).lower() == "kv":
-            return
         raise ValueError(
-            f"tierkv's SGLang backend stores the KV host pool only; this "
-            f"model's HiCache has a {name!r} pool too (a hybrid or draft "
-            "model): run it without the tierkv storage backend")
+            f"tierkv's SGLang backend serves HiCache's plain KV host pool "
+            f"(batch_exists, batch_get_v1, batch_set_v1); this model's "
+            f"HiCache registers its pools one by one (here {name!r}: a "
+            "hybrid or draft model's): run it without the tierkv storage "
+            "backend")
 
     def _attach(self) -> Any:
         """Opens the client, or attaches the lost one again; a failure

@@ -275,12 +275,14 @@ def _check_full_attention(kv_cache_config: Any) -> None:
         spec = config_value(group, "kv_cache_spec", None)
         if spec is None:
             continue
-        if "FullAttentionSpec" not in (c.__name__ for c in type(spec).__mro__):
+        names = [c.__name__ for c in type(spec).__mro__]
+        if "FullAttentionSpec" not in names or any("MLA" in n for n in names):
             raise ValueError(
                 f"tierkv: the model's KV cache is {type(spec).__name__}; "
-                "the connector serves full-attention layers only (vLLM "
-                "gives a sliding window's blocks out of the window as its "
-                "null block, whose bytes would be stored as the prefix's KV)")
+                "the connector serves full-attention layers of K and V only "
+                "(vLLM gives a sliding window's blocks out of the window as "
+                "its null block, whose bytes would be stored as the prefix's "
+                "KV; MLA keeps no K and V planes)")
 
 
 def _from_model(extra: dict, key: str, model_config: Any,

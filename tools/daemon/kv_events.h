@@ -126,8 +126,9 @@ struct KvEventPublisherOptions {
   // (counted) and an AllBlocksCleared takes its place, so that routers
   // forget this node's blocks and learn them again from the stores that
   // follow. A lost BlockRemoved would have had them route to a block gone
-  // for good; this way they only under-count for a while. Default: 100000
-  // (vLLM's max_queue_size).
+  // for good; this way they under-count instead, until each block is
+  // stored again (one that stays cached, hit after hit, is not announced
+  // again). Default: 100000 (vLLM's max_queue_size).
   size_t max_queue_events = 100000;
   // Keys in one batch at most. Default: 4096.
   size_t max_batch_keys = 4096;
