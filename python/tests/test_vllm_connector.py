@@ -899,6 +899,17 @@ def test_load_cut_short_by_a_failed_promotion_names_its_blocks(
         engine.close()
 
 
+class _ClientProxy:
+    """A tierkv client standing in for the scheduler's: what a subclass
+    does not define goes to the client."""
+
+    def __init__(self, client) -> None:
+        self._client = client
+
+    def __getattr__(self, name):
+        return getattr(self._client, name)
+
+
 def test_a_load_that_waits_too_long_for_promotions_is_given_up(
         start_tierkvd, tmp_path, monkeypatch):
     """A load whose promotions never come (a disk that stopped answering:
@@ -918,15 +929,9 @@ def test_a_load_that_waits_too_long_for_promotions_is_given_up(
     monkeypatch.setattr(tierkv.vllm, "time",
                         SimpleNamespace(monotonic=lambda: clock[0]))
 
-    class NoReadyLoads:
-        def __init__(self, client) -> None:
-            self._client = client
-
+    class NoReadyLoads(_ClientProxy):
         def take_ready_loads(self):
             return []
-
-        def __getattr__(self, name):
-            return getattr(self._client, name)
 
     try:
         observer = _observer(daemon)
@@ -954,12 +959,12 @@ def test_a_load_that_waits_too_long_for_promotions_is_given_up(
         engine.close()
 
 
-class _CountingClient:
+class _CountingClient(_ClientProxy):
     """The scheduler's client, counting its commits; with `skipping`, each
     commit's result says a block was skipped (a cap)."""
 
     def __init__(self, client, skipping: bool = False) -> None:
-        self._client = client
+        super().__init__(client)
         self.commits = 0
         self.skipping = skipping
 
@@ -969,9 +974,6 @@ class _CountingClient:
         if self.skipping:
             return SimpleNamespace(stores=result.stores, skipped_blocks=1)
         return result
-
-    def __getattr__(self, name):
-        return getattr(self._client, name)
 
 
 @pytest.mark.parametrize("skipping", [False, True])

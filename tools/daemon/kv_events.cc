@@ -115,6 +115,16 @@ bool Continues(const KvEvent& last, const KvEvent& next, size_t max_keys) {
   return false;
 }
 
+KvEvent AllClearedEvent() {
+  return {.type = KvEvent::Type::kAllBlocksCleared,
+          .medium = CacheMedium::kCpu,
+          .keys = {},
+          .parent = std::nullopt,
+          .tokens = {},
+          .block_size = 0,
+          .lora_id = std::nullopt};
+}
+
 // 8 bytes, big-endian: how vLLM frames a sequence number.
 std::string SequenceFrame(int64_t seq) {
   std::string out(8, '\0');
@@ -450,13 +460,7 @@ void KvEventPublisher::Impl::Submit(KvEvent event) {
     // node's blocks (max_queue_events).
     stats.events_dropped += pending_events;
     pending.clear();
-    pending.push_back({.type = KvEvent::Type::kAllBlocksCleared,
-                       .medium = CacheMedium::kCpu,
-                       .keys = {},
-                       .parent = std::nullopt,
-                       .tokens = {},
-                       .block_size = 0,
-                       .lora_id = std::nullopt});
+    pending.push_back(AllClearedEvent());
     pending_keys = 1;
     pending_events = 1;
     ++submitted;
@@ -722,15 +726,7 @@ void KvEventPublisher::BlockRemoved(CacheMedium medium, const BlockKey& key) {
                  .lora_id = std::nullopt});
 }
 
-void KvEventPublisher::AllBlocksCleared() {
-  impl_->Submit({.type = KvEvent::Type::kAllBlocksCleared,
-                 .medium = CacheMedium::kCpu,
-                 .keys = {},
-                 .parent = std::nullopt,
-                 .tokens = {},
-                 .block_size = 0,
-                 .lora_id = std::nullopt});
-}
+void KvEventPublisher::AllBlocksCleared() { impl_->Submit(AllClearedEvent()); }
 
 KvEventPublisherStats KvEventPublisher::stats() const {
   MutexLock lock(&impl_->mu);
