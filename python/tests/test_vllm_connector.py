@@ -859,9 +859,10 @@ def _admin(daemon, *args: str) -> str:
                           text=True).stdout
 
 
-def test_load_cut_short_by_a_failed_promotion_names_its_blocks(
-        start_tierkvd, tmp_path):
-    # Eight host slots, spilling to disk past half of them.
+def _prefix_on_disk(start_tierkvd, tmp_path, **extra):
+    """A tierkvd of eight host slots spilling to disk past half of them, an
+    engine on it, and an observer; PREFIX stored (request r1) and then
+    spilled to disk by another prompt's blocks (r2)."""
     daemon = start_tierkvd(
         layout=_layout(), host_bytes=9 * _layout().block_bytes,
         disk_dir=str(tmp_path / "disk"),
@@ -870,12 +871,22 @@ def test_load_cut_short_by_a_failed_promotion_names_its_blocks(
     engine = Engine({"socket": daemon.socket, "model": "",
                      "num_layers": LAYERS, "num_kv_heads": KV_HEADS,
                      "head_dim": HEAD_DIM, "block_size": BLOCK,
-                     "dtype": "bf16", "tp_size": 2})
+                     "dtype": "bf16", "tp_size": 2, **extra})
     try:
         observer = _observer(daemon)
         _store_prefix(engine, "r1", PREFIX + [1])
         _store_prefix(engine, "r2", list(range(3000, 3000 + 64)) + [1])
         observer.wait_idle(20.0)  # r1's blocks, the oldest, spilled.
+    except BaseException:
+        engine.close()
+        raise
+    return daemon, engine, observer
+
+
+def test_load_cut_short_by_a_failed_promotion_names_its_blocks(
+        start_tierkvd, tmp_path):
+    daemon, engine, observer = _prefix_on_disk(start_tierkvd, tmp_path)
+    try:
         probe = observer.lookup(1, PREFIX + [2])
         observer.finish(1)
         assert (probe.hit_tokens, probe.disk_hit_tokens) == (64, 64)
@@ -916,15 +927,8 @@ def test_a_load_that_waits_too_long_for_promotions_is_given_up(
     here tierkvd's ready loads are hidden from the scheduler) is given up
     after load_timeout: finished in tierkvd and reported failed, so vLLM
     computes the request's tokens instead of waiting for ever."""
-    daemon = start_tierkvd(
-        layout=_layout(), host_bytes=9 * _layout().block_bytes,
-        disk_dir=str(tmp_path / "disk"),
-        extra_args=("--disk-capacity", "64M", "--spill-high", "0.5",
-                    "--spill-low", "0.25"))
-    engine = Engine({"socket": daemon.socket, "model": "",
-                     "num_layers": LAYERS, "num_kv_heads": KV_HEADS,
-                     "head_dim": HEAD_DIM, "block_size": BLOCK,
-                     "dtype": "bf16", "tp_size": 2, "load_timeout": 30})
+    daemon, engine, observer = _prefix_on_disk(start_tierkvd, tmp_path,
+                                               load_timeout=30)
     clock = [1000.0]
     monkeypatch.setattr(tierkv.vllm, "time",
                         SimpleNamespace(monotonic=lambda: clock[0]))
@@ -934,10 +938,6 @@ def test_a_load_that_waits_too_long_for_promotions_is_given_up(
             return []
 
     try:
-        observer = _observer(daemon)
-        _store_prefix(engine, "r1", PREFIX + [1])
-        _store_prefix(engine, "r2", list(range(3000, 3000 + 64)) + [1])
-        observer.wait_idle(20.0)  # r1's blocks, the oldest, spilled.
         side = engine.scheduler._scheduler
         side._client = NoReadyLoads(side._client)
         assert engine.add("r3", PREFIX + [2]) == (64, True)
