@@ -850,14 +850,17 @@ void RemoteTier::RunScan() {
         if (key.ok()) found.push_back(*key);
       });
   const uint64_t errors = scan_client_->stats().errors;
-  MutexLock lock(&mu_);
-  scan_errors_ = errors;
-  ApplyScanLocked(scan, found, whole.ok());
+  KeySet keys(found.begin(), found.end());
+  found = {};
+  {
+    MutexLock lock(&mu_);
+    scan_errors_ = errors;
+    ApplyScanLocked(scan, &keys, whole.ok());
+  }
+  // `keys` holds the known keys the scan replaced: freed here, unlocked.
 }
 
-void RemoteTier::ApplyScanLocked(uint64_t scan,
-                                 const std::vector<BlockKey>& found,
-                                 bool whole) {
+void RemoteTier::ApplyScanLocked(uint64_t scan, KeySet* found, bool whole) {
   if (!whole) {
     ++scan_failures_;
   } else {
@@ -866,28 +869,36 @@ void RemoteTier::ApplyScanLocked(uint64_t scan,
   // RemoveAll meanwhile: what the scan saw may be deleted by now.
   if (cleared_in_scan_) return;
   if (whole) {
-    const std::unordered_set<BlockKey, BlockKeyHash> seen(found.begin(),
-                                                          found.end());
     // Written before the scan began and not found: expired, deleted by
     // another machine, or lost with a master.
     std::vector<BlockKey> gone;
     for (const auto& [key, entry] : index_) {
-      if (entry.scan < scan && !seen.contains(key)) gone.push_back(key);
+      if (entry.scan < scan && !found->contains(key)) gone.push_back(key);
     }
     for (const BlockKey& key : gone) EraseLocked(key);
-    known_.clear();
-    index_unscanned_ = index_.size();
   }
-  for (const BlockKey& key : found) {
-    if (removed_in_scan_.contains(key) || deleting_.contains(key) ||
-        known_.contains(key)) {
-      continue;
-    }
-    if (known_.size() >= options_.max_known_keys) {
+  for (const BlockKey& key : removed_in_scan_) found->erase(key);
+  for (const auto& [key, deletes] : deleting_) found->erase(key);
+  if (whole) {
+    // The found keys replace the known ones (freed by the caller).
+    while (found->size() > options_.max_known_keys) {
+      found->erase(found->begin());
       ++known_keys_dropped_;
-      continue;
     }
-    AddKnownLocked(key);
+    known_.swap(*found);
+    index_unscanned_ = 0;
+    for (const auto& [key, entry] : index_) {
+      if (!known_.contains(key)) ++index_unscanned_;
+    }
+  } else {
+    for (const BlockKey& key : *found) {
+      if (known_.contains(key)) continue;
+      if (known_.size() >= options_.max_known_keys) {
+        ++known_keys_dropped_;
+        continue;
+      }
+      AddKnownLocked(key);
+    }
   }
   stats_.keys = index_.size();
 }

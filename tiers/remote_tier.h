@@ -217,10 +217,13 @@ class RemoteTier final : public LowerTier {
   // The scan thread: a scan every scan_interval until the tier stops.
   void RunScans() TIERKV_EXCLUDES(mu_);
   void RunScan() TIERKV_EXCLUDES(mu_);
-  // Applies scan number `scan`'s keys; `whole`: every master was scanned to
-  // its end.
-  void ApplyScanLocked(uint64_t scan, const std::vector<BlockKey>& found,
-                       bool whole) TIERKV_REQUIRES(mu_);
+  // Applies scan number `scan`'s keys, `found` (as a set); `whole`: every
+  // master was scanned to its end. The set is built, and the known keys it
+  // replaces freed, outside the lock: a scan of a million keys would
+  // otherwise stall every lookup (Contains) for a good part of a second.
+  using KeySet = std::unordered_set<BlockKey, BlockKeyHash>;
+  void ApplyScanLocked(uint64_t scan, KeySet* found, bool whole)
+      TIERKV_REQUIRES(mu_);
 
   const RemoteTierOptions options_;
   const std::string key_prefix_;  // "tierkv:<fingerprint hash>:<tenant>:"
