@@ -732,10 +732,6 @@ TEST(DamagedSstTest, ADamagedDataBlockMidSstHidesNoKey) {
 // --- Removals and writes
 // -------------------------------------------------------
 
-// Holds every Put of `gated` inside the storage until released (or, with
-// GateFreeBytes, the next FreeBytes: the tier's space check, which a Put
-// runs between taking its work and reserving its key). Counts deletes and
-// records the threads FileBytes runs on.
 // A storage whose value writes each wait for a permit once Hold is called.
 class MeteredWritesStorage : public DiskStorageWrapper {
  public:
@@ -808,6 +804,10 @@ TEST(DiskIoOrderTest, AReadGoesBeforeQueuedWrites) {
   EXPECT_EQ(out, BlockOf(0));
 }
 
+// Holds every Put of `gated` inside the storage until released (or, with
+// GateFreeBytes, the next FreeBytes: the tier's space check, which a Put
+// runs between taking its work and reserving its key). Counts deletes and
+// records the threads FileBytes runs on.
 class GatedStorage : public DiskStorageWrapper {
  public:
   using DiskStorageWrapper::DiskStorageWrapper;

@@ -88,7 +88,7 @@ class IoThreads {
       const bool read =
           !reads_.empty() &&
           (queue_.empty() || reads_in_a_row_ < kReadsBeforeAWrite);
-      reads_in_a_row_ = read ? reads_in_a_row_ + 1 : 0;
+      reads_in_a_row_ = read && !queue_.empty() ? reads_in_a_row_ + 1 : 0;
       std::deque<std::function<void()>>& from = read ? reads_ : queue_;
       if (from.empty()) break;  // Stopping, and nothing left.
       std::function<void()> task = std::move(from.front());

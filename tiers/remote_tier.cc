@@ -568,27 +568,39 @@ void RemoteTier::RunJobs() {
 }
 
 void RemoteTier::DeleteValues(std::vector<BlockKey> keys) {
+  // Failed DELs retried per batch at most: a long outage leaves many, and
+  // each batch must stay short on this one thread.
+  constexpr size_t kDeleteRetriesPerBatch = 1024;
+  // Each key, with the deletes (BeginDeleteLocked) its DEL ends.
+  std::vector<std::pair<BlockKey, int>> batch;
+  batch.reserve(keys.size());
+  for (const BlockKey& key : keys) batch.emplace_back(key, 1);
   {
     MutexLock lock(&mu_);
-    keys.insert(keys.end(), failed_deletes_.begin(), failed_deletes_.end());
-    failed_deletes_.clear();
+    auto it = failed_deletes_.begin();
+    for (size_t n = 0;
+         it != failed_deletes_.end() && n < kDeleteRetriesPerBatch; ++n) {
+      batch.emplace_back(*it);
+      it = failed_deletes_.erase(it);
+    }
   }
-  if (keys.empty()) return;
+  if (batch.empty()) return;
   std::vector<std::string> redis_keys;
-  redis_keys.reserve(keys.size());
-  for (const BlockKey& key : keys) redis_keys.push_back(RedisKey(key));
+  redis_keys.reserve(batch.size());
+  for (const auto& [key, deletes] : batch) redis_keys.push_back(RedisKey(key));
   const std::vector<StatusOr<bool>> deleted = client_->MultiDel(redis_keys);
   std::vector<BlockKey> done;
-  done.reserve(keys.size());
+  done.reserve(batch.size());
   MutexLock lock(&mu_);
-  for (size_t i = 0; i < keys.size(); ++i) {
-    if (deleted[i].ok()) {
-      done.push_back(keys[i]);
-      // A scan running now may have listed the key before its DEL landed.
-      if (scan_client_ != nullptr) removed_in_scan_.insert(keys[i]);
-    } else {
-      failed_deletes_.push_back(keys[i]);
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const auto& [key, deletes] = batch[i];
+    if (!deleted[i].ok()) {
+      failed_deletes_[key] += deletes;
+      continue;
     }
+    done.insert(done.end(), static_cast<size_t>(deletes), key);
+    // A scan running now may have listed the key before its DEL landed.
+    if (scan_client_ != nullptr) removed_in_scan_.insert(key);
   }
   EndDeletesLocked(done);
 }

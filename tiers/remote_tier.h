@@ -210,9 +210,10 @@ class RemoteTier final : public LowerTier {
   void BeginDeleteLocked(const BlockKey& key) TIERKV_REQUIRES(mu_);
   void EndDeletesLocked(std::span<const BlockKey> keys) TIERKV_REQUIRES(mu_);
   // The I/O thread: DELs the values of `keys` (each begun with
-  // BeginDeleteLocked), with those whose DEL failed before; a key whose DEL
-  // fails again stays deleting and waits for the next try (the next DELs,
-  // or the next scan), so that no scan finds its value again meanwhile.
+  // BeginDeleteLocked), with some of those whose DEL failed before; a key
+  // whose DEL fails again stays deleting and waits for the next try (the
+  // next DELs, or the next scan), so that no scan finds its value again
+  // meanwhile.
   void DeleteValues(std::vector<BlockKey> keys) TIERKV_EXCLUDES(mu_);
   // The scan thread: a scan every scan_interval until the tier stops.
   void RunScans() TIERKV_EXCLUDES(mu_);
@@ -258,9 +259,12 @@ class RemoteTier final : public LowerTier {
   // it must not enter the index.
   std::unordered_map<BlockKey, int, BlockKeyHash> deleting_
       TIERKV_GUARDED_BY(mu_);
-  // Of deleting_, the keys whose DEL failed (a node down or stalled): tried
-  // again with the next DELs, or at the next scan.
-  std::vector<BlockKey> failed_deletes_ TIERKV_GUARDED_BY(mu_);
+  // Of deleting_, the keys whose DEL failed (a node down or stalled), with
+  // how many of their deletes it owes: tried again, at most
+  // kDeleteRetriesPerBatch at a time, with the next DELs or at the next
+  // scan.
+  std::unordered_map<BlockKey, int, BlockKeyHash> failed_deletes_
+      TIERKV_GUARDED_BY(mu_);
   // Keys whose SET is queued or running (spills and demotions), with how
   // many: what RemoveSpilled must undo although no scan credits it to us.
   std::unordered_map<BlockKey, int, BlockKeyHash> writing_

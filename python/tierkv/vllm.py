@@ -739,6 +739,10 @@ class _SchedulerSide:
                            "computes its tokens instead", rid,
                            now - req.pending_since)
             req.pending = False
+            # Not offered again: the tier that did not answer would hold a
+            # new load as long. (Its blocks computed from here are not
+            # stored: its tierkv request ends with the load.)
+            req.loads_offered = _MAX_LOADS_PER_REQUEST
             if req.tid is not None:
                 if self._connected:
                     self._call("finish", self._client.finish, req.tid)
