@@ -860,14 +860,16 @@ def _admin(daemon, *args: str) -> str:
 
 
 def _prefix_on_disk(start_tierkvd, tmp_path, **extra):
-    """A tierkvd of eight host slots spilling to disk past half of them, an
-    engine on it, and an observer; PREFIX stored (request r1) and then
-    spilled to disk by another prompt's blocks (r2)."""
+    """A tierkvd of eight host slots spilling to disk past half of them,
+    every unpinned block then, an engine on it, and an observer; PREFIX
+    stored (request r1) and then spilled to disk with another prompt's
+    blocks (r2). (Spilling down to a quarter, which host blocks went depended
+    on when the stores completed: now and then one of PREFIX's stayed.)"""
     daemon = start_tierkvd(
         layout=_layout(), host_bytes=9 * _layout().block_bytes,
         disk_dir=str(tmp_path / "disk"),
         extra_args=("--disk-capacity", "64M", "--spill-high", "0.5",
-                    "--spill-low", "0.25"))
+                    "--spill-low", "0.01"))
     engine = Engine({"socket": daemon.socket, "model": "",
                      "num_layers": LAYERS, "num_kv_heads": KV_HEADS,
                      "head_dim": HEAD_DIM, "block_size": BLOCK,
