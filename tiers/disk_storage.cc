@@ -33,6 +33,7 @@
 #include <utility>
 #include <vector>
 
+#include "ipc/unique_fd.h"
 #include "src/mutex.h"
 #include "tiers/disk_tier.h"
 
@@ -655,26 +656,6 @@ StatusOr<int> OpenValueFile(const std::string& path, bool read_only) {
   return fd;
 }
 
-// Closes a descriptor unless released.
-class FdGuard {
- public:
-  explicit FdGuard(int fd = -1) : fd_(fd) {}
-  ~FdGuard() {
-    if (fd_ >= 0) close(fd_);
-  }
-  FdGuard(const FdGuard&) = delete;
-  FdGuard& operator=(const FdGuard&) = delete;
-  int get() const { return fd_; }
-  void reset(int fd) {
-    if (fd_ >= 0) close(fd_);
-    fd_ = fd;
-  }
-  int release() { return std::exchange(fd_, -1); }
-
- private:
-  int fd_;
-};
-
 // tierkv's own lock on a store's directory (flock), taken before RocksDB
 // opens the store in either mode and held while it is open: RocksDB takes
 // its LOCK file only when it opens a store writable, so a second tierkvd
@@ -726,7 +707,7 @@ StatusOr<std::unique_ptr<DiskStorage>> OpenRocksDbStorage(
   }
   const uint64_t reserve = RocksDbReservedBytes(options);
   TIERKV_ASSIGN_OR_RETURN(const int locked, LockStoreDirectory(options.path));
-  FdGuard lock(locked);
+  ipc::UniqueFd lock(locked);
   // Opening writes (a new MANIFEST and log, flushed memtables): on a nearly
   // full filesystem, open read-only rather than fail or crash in RocksDB.
   StatusOr<uint64_t> free_bytes = FreeBytesAt(options.path);
@@ -772,7 +753,7 @@ StatusOr<std::unique_ptr<DiskStorage>> OpenRocksDbStorage(
 Status DestroyRocksDbStorage(const std::string& path) {
   // Not under another process that has the store open (read-only too).
   TIERKV_ASSIGN_OR_RETURN(const int locked, LockStoreDirectory(path));
-  FdGuard lock(locked);
+  ipc::UniqueFd lock(locked);
   TIERKV_RETURN_IF_ERROR(CallRocks("destroying", path, [&] {
     return rocksdb::DestroyDB(path, rocksdb::Options());
   }));

@@ -473,7 +473,7 @@ class _Request:
     # Loads allocated to the request, over its preemptions and failed loads.
     loads_offered: int = 0
     # Full blocks of the tokens it was looked up with (the most a commit
-    # can store), and of them those committed with nothing skipped.
+    # can store), and of them those a commit covered.
     keyed_blocks: int = 0
     committed_blocks: int = 0
 
@@ -673,10 +673,7 @@ class _SchedulerSide:
             # Not allocated in tierkv: nothing to commit. Its request there
             # is finished (the lookup's pins go, and it stops counting
             # against the worker's request cap) and forgotten here.
-            if self._connected:
-                self._call("finish", self._client.finish, req.tid)
-            self._by_tid.pop(req.tid, None)
-            req.tid = None
+            self._end_tierkv_request(req)
             if req.recving:
                 self._failed_recvs.append(FailedRecv(rid, req.load_blocks))
             return
@@ -687,6 +684,15 @@ class _SchedulerSide:
             self._loads.append(self._load_op(rid, req, result.load))
         elif req.recving:
             self._failed_recvs.append(FailedRecv(rid, req.load_blocks))
+
+    def _end_tierkv_request(self, req: _Request) -> None:
+        """Finishes the request's tierkv request (its pins go, a load it
+        waits for is cancelled) and forgets its id; the vLLM request stays
+        known here."""
+        if self._connected:
+            self._call("finish", self._client.finish, req.tid)
+        self._by_tid.pop(req.tid, None)
+        req.tid = None
 
     def _load_op(self, rid: str, req: _Request, event: Any) -> LoadOp:
         # A load cut short holds its first blocks only.
@@ -744,10 +750,7 @@ class _SchedulerSide:
             # stored: its tierkv request ends with the load.)
             req.loads_offered = _MAX_LOADS_PER_REQUEST
             if req.tid is not None:
-                if self._connected:
-                    self._call("finish", self._client.finish, req.tid)
-                self._by_tid.pop(req.tid, None)
-                req.tid = None
+                self._end_tierkv_request(req)
             self._failed_recvs.append(FailedRecv(rid, req.load_blocks))
 
     def _commit_scheduled(self, out: Any) -> list[StoreOp]:
