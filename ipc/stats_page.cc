@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <new>
 #include <span>
@@ -205,18 +206,31 @@ StatusOr<StatsPageReader> StatsPageReader::Open(
   return StatsPageReader(std::move(segment));
 }
 
-StatusOr<StatsPageSnapshot> StatsPageReader::Read() const {
-  // A snapshot takes the writer microseconds; this many tries spans far
-  // more than one even when the publisher is descheduled mid-write.
-  constexpr int kTries = 10000;
+StatusOr<StatsPageSnapshot> StatsPageReader::Read(
+    std::chrono::milliseconds patience) const {
+  // A snapshot takes the writer microseconds, so the first tries only
+  // yield; past them the publisher was descheduled mid-write (a loaded
+  // machine, a stop), and the reader sleeps between tries until `patience`
+  // is spent. A count of tries alone spans a few milliseconds on an idle
+  // core: less than one time slice of a preempted publisher.
+  constexpr int kYields = 64;
+  constexpr auto kNap = std::chrono::microseconds(100);
+  const auto deadline = std::chrono::steady_clock::now() + patience;
   const std::byte* data = segment_.data();
   const PageHeader* header = HeaderOf(data);
   const Word* words = WordsOf(data);
   const uint64_t capacity =
       header->capacity_bytes.load(std::memory_order_relaxed);
   std::vector<uint64_t> copy;
-  for (int attempt = 0; attempt < kTries; ++attempt) {
-    if (attempt > 0) std::this_thread::yield();
+  for (int attempt = 0;; ++attempt) {
+    if (attempt > 0) {
+      if (std::chrono::steady_clock::now() >= deadline) break;
+      if (attempt < kYields) {
+        std::this_thread::yield();
+      } else {
+        std::this_thread::sleep_for(kNap);
+      }
+    }
     const uint64_t before = header->sequence.load(std::memory_order_acquire);
     if (before == 0) {
       return Status::Unavailable("tierkvd has not published stats yet");
@@ -258,9 +272,10 @@ StatusOr<StatsPageSnapshot> StatsPageReader::Read() const {
         strnlen(header->socket_path, sizeof(header->socket_path)));
     return out;
   }
-  return Status::Unavailable("the stats page was mid-update on each of " +
-                             std::to_string(kTries) +
-                             " tries (its tierkvd may be stopped or stuck)");
+  return Status::Unavailable(
+      "the stats page was mid-update throughout " +
+      std::to_string(patience.count()) +
+      " ms of tries (its tierkvd may be stopped or stuck)");
 }
 
 bool StatsPageIsFresh(const StatsPageSnapshot& snapshot,

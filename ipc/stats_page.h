@@ -91,10 +91,17 @@ class StatsPageReader {
   static StatusOr<StatsPageReader> Open(const std::string& name,
                                         const std::string& socket_path = {});
 
+  // How long Read waits out a publisher that stays mid-update: far longer
+  // than a snapshot takes, or a time slice of a preempted publisher, yet
+  // short for a person at tierkv-admin when tierkvd is stopped.
+  static constexpr std::chrono::milliseconds kDefaultPatience{1000};
+
   // The latest snapshot. Unavailable when nothing is published yet or the
-  // writer kept the page busy for every retry; DataLoss when the bytes do
-  // not decode (never expected from a tierkvd of the same version).
-  StatusOr<StatsPageSnapshot> Read() const;
+  // page stayed mid-update for all of `patience` (0: one try); DataLoss
+  // when the bytes do not decode (never expected from a tierkvd of the
+  // same version).
+  StatusOr<StatsPageSnapshot> Read(
+      std::chrono::milliseconds patience = kDefaultPatience) const;
 
  private:
   explicit StatsPageReader(ShmSegment segment) : segment_(std::move(segment)) {}

@@ -276,5 +276,63 @@ TEST_F(StatsPageTest, ReaderNeverSeesATornSnapshot) {
   EXPECT_GT(changes, 10u);
 }
 
+// A publisher descheduled mid-snapshot (a loaded machine, SIGSTOP) is
+// waited out, not reported as stuck after a burst of tries that spans
+// less than its time slice. The publisher is a child process that
+// publishes without pause; it is stopped until a stop lands mid-update (a
+// one-try read then finds the page busy), and resumed only after the
+// patient read has begun.
+TEST_F(StatsPageTest, AReaderWaitsOutAPublisherStoppedMidUpdate) {
+  StatsPageWriter writer = Create();
+  ASSERT_THAT(writer.Publish(NumberedStats(1), SystemClock::now()), IsOk());
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    // Never in a system call, so a stop lands anywhere in a snapshot.
+    for (uint64_t n = 2;; ++n) {
+      if (!writer.Publish(NumberedStats(n), SystemClock::now()).ok()) _exit(1);
+    }
+  }
+  struct Reaper {
+    pid_t pid;
+    ~Reaper() {
+      kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+    }
+  } reaper{child};
+  auto reader = StatsPageReader::Open(name_);
+  ASSERT_THAT(reader, IsOk());
+  bool caught = false;
+  for (int attempt = 0; attempt < 100000 && !caught; ++attempt) {
+    ASSERT_EQ(kill(child, SIGSTOP), 0);
+    int status = 0;
+    ASSERT_EQ(waitpid(child, &status, WUNTRACED), child);
+    ASSERT_TRUE(WIFSTOPPED(status));
+    auto once = reader->Read(std::chrono::milliseconds(0));
+    caught = !once.ok();
+    if (caught) {
+      EXPECT_EQ(once.status().code(), StatusCode::kUnavailable);
+      EXPECT_THAT(once.status().message(), HasSubstr("mid-update"));
+    } else {
+      ASSERT_EQ(kill(child, SIGCONT), 0);
+    }
+  }
+  ASSERT_TRUE(caught) << "no stop landed mid-update";
+
+  // The resumer waits until the read has begun, then sleeps one time slice
+  // and more before the publisher may finish.
+  std::atomic<bool> reading{false};
+  std::thread resumer([&] {
+    while (!reading.load()) std::this_thread::yield();
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    kill(child, SIGCONT);
+  });
+  reading.store(true);
+  auto snapshot = reader->Read(std::chrono::seconds(60));
+  resumer.join();
+  ASSERT_THAT(snapshot, IsOk());
+  EXPECT_TRUE(Whole(snapshot->stats));
+}
+
 }  // namespace
 }  // namespace tierkv::ipc
