@@ -384,6 +384,53 @@ def test_a_request_that_skips_the_prefix_cache_is_not_served_but_stores(
     assert stats["host"]["cached_slots"] == 6
 
 
+def test_a_cache_reset_serves_nothing_cached_before(engine, daemon):
+    """vLLM's reset_prefix_cache(reset_connector=True), after new weights:
+    no block stored before is served again, whether the request carries a
+    cache salt or is waiting since before the reset; what is stored after
+    it is served as ever."""
+    salted = [7] * (2 * BLOCK) + [8]
+    _store_prefix(engine, "r1", PREFIX + [5])
+    _store_prefix(engine, "s1", salted, cache_salt="tenant-a")
+    assert engine.lookup("waiting", PREFIX + [6]) == (64, True)
+    assert engine.lookup("s2", salted, cache_salt="tenant-a") == (32, True)
+
+    assert engine.scheduler.reset_cache() is True
+    # Asked again while waiting: the same tierkv request, new keys.
+    assert engine.lookup("waiting", PREFIX + [6]) == (0, False)
+    assert engine.lookup("s2", salted, cache_salt="tenant-a") == (0, False)
+    # What they compute now is stored under the new generation and served.
+    engine.allocate("waiting")
+    engine.allocate("s2")
+    engine.step()
+    assert engine.finish("waiting") is True
+    assert engine.finish("s2") is True
+    engine.run_until(lambda: {"waiting", "s2"} <= engine.sent)
+    assert engine.add("s3", salted, cache_salt="tenant-a") == (32, True)
+    assert engine.add("r3", PREFIX + [9]) == (64, True)
+    engine.run_until(lambda: {"r3", "s3"} <= engine.received)
+    assert engine.verify("r3", 64) == {0: [], 1: []}
+    assert engine.verify("s3", 32) == {0: [], 1: []}
+    # The old blocks are still there for engines on the old weights.
+    observer = _observer(daemon)
+    assert observer.lookup(1, PREFIX + [5], 0).hit_tokens == 64
+    observer.finish(1)
+
+
+def test_only_the_scheduler_connector_resets(socket_link):
+    """vLLM calls reset_cache on the scheduler's connector; a worker's has
+    no cache of its own to reset (None: not supported)."""
+    from tierkv.vllm import KVConnectorRole, TierkvConnector
+    worker = TierkvConnector(
+        vllm_config({"socket": socket_link, "model": "",
+                     "num_layers": LAYERS, "num_kv_heads": KV_HEADS,
+                     "head_dim": HEAD_DIM, "block_size": BLOCK,
+                     "dtype": "bf16", "tp_size": 1, "rank": 0}),
+        KVConnectorRole.WORKER, SimpleNamespace(num_blocks=8))
+    assert worker.reset_cache() is None
+    worker.shutdown()
+
+
 def test_preempted_request_loads_the_blocks_it_stored(engine):
     tokens = PREFIX + [4, 5, 6]
     assert engine.add("r1", tokens) == (0, False)

@@ -47,6 +47,9 @@ Flow per request (vLLM's calls in brackets):
                                short; vLLM recomputes from the first of them.
   [request_finished]           Finish; frees late (True) while the request's
                                stores may still be copying.
+  [reset_cache]                After new weights (reset_prefix_cache with
+                               the connector's cache): what was cached before
+                               is never served to this engine again.
 
 The classes import without vLLM: they subclass vLLM's KVConnectorBase_V1
 when it can be imported, and a local stand-in with the same methods when it
@@ -494,6 +497,7 @@ class _SchedulerSide:
         self._client: Any = None
         self._connected = False
         self._epoch = ""  # Drawn anew at each attachment; see the metadata.
+        self._generation = ""  # Drawn anew by each reset_cache; see there.
         self._requests: dict[str, _Request] = {}
         self._by_tid: dict[int, str] = {}
         self._next_tid = 1
@@ -621,6 +625,10 @@ class _SchedulerSide:
             # Not keyed, so never served nor stored: no tierkv request (no
             # allocation, no commit).
             return 0, False
+        if self._generation:
+            salt = extras.get("cache_salt")
+            extras["cache_salt"] = (f"tierkv-generation/{self._generation}"
+                                    + (f"\0{salt}" if salt else ""))
         if req.tid is None:
             self._new_tid(rid, req)
         req.num_computed = num_computed_tokens
@@ -836,6 +844,22 @@ class _SchedulerSide:
             return True, None
         self._forget(rid)
         return False, None
+
+    def reset_cache(self) -> bool:
+        """vLLM's reset_prefix_cache with the connector's cache (after an RL
+        weight update, or an operator's reset): nothing cached before may be
+        served to this engine again. Nothing is deleted: tierkvd's store is
+        shared with engines that may still run the old weights, and a store
+        in flight would land after any delete. Instead every lookup from now
+        on keys its request under a fresh generation, drawn at random and
+        mixed into the cache salt, which no block stored before carries; a
+        request looked up before goes on under its old keys, so its KV (of
+        the old weights, in part) is never served under the new ones.
+        Earlier blocks age out of the tiers. True: the reset is done."""
+        self._generation = uuid.uuid4().hex
+        logger.info("tierkv: cache reset; requests are keyed under "
+                    "generation %s from now on", self._generation)
+        return True
 
     def shutdown(self) -> None:
         if self._client is not None:
@@ -1302,6 +1326,13 @@ class TierkvConnector(KVConnectorBase_V1):
     def take_events(self) -> Iterable[Any]:
         # tierkv publishes no KV cache events to vLLM's event stream.
         return ()
+
+    def reset_cache(self) -> Optional[bool]:
+        """See _SchedulerSide.reset_cache; None (nothing to reset) on a
+        worker."""
+        if self._scheduler is None:
+            return None
+        return self._scheduler.reset_cache()
 
     # -- worker side ---------------------------------------------------------
 
