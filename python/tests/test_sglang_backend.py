@@ -421,8 +421,30 @@ def test_a_backup_of_held_pages_leaves_room_for_the_rest(start_tierkvd):
     assert backend.batch_exists(keys) == 32
 
 
-def test_clear_says_it_clears_nothing(daemon, caplog):
-    backend = _storage(daemon.socket)
-    with caplog.at_level("WARNING", logger="tierkv.sglang"):
-        backend.clear()
-    assert any("tierkv-admin clear" in r.getMessage() for r in caplog.records)
+def test_a_clear_hides_every_page_stored_before(daemon):
+    """SGLang's clear of HiCache storage (after new weights): this rank
+    finds none of the pages stored before, its own or another backend's,
+    and what it backs up from then on is found again. Another backend
+    that was not cleared (an engine on the old weights) still finds the
+    old pages."""
+    pool = HostPool("layer_first")
+    pool.fill(0, seed=3)
+    pool.fill(1, seed=4)
+    cleared, other = _storage(daemon.socket), _storage(daemon.socket)
+    for backend in (cleared, other):
+        backend.register_mem_pool_host(pool)
+    assert cleared.batch_set_v1(["a", "b"], _indices([0, 1])) == [True] * 2
+    assert cleared.batch_exists(["a", "b"]) == 2
+
+    cleared.clear()
+    assert cleared.batch_exists(["a", "b"]) == 0
+    assert cleared.batch_get_v1(["a"], _indices([5])) == [False]
+    assert torch.count_nonzero(pool.page(5)) == 0
+    assert other.batch_exists(["a", "b"]) == 2
+    # Backed up again under the new keys: found, and loads what it stored.
+    assert cleared.batch_set_v1(["a"], _indices([1])) == [True]
+    assert cleared.batch_exists(["a", "b"]) == 1
+    assert cleared.batch_get_v1(["a"], _indices([6])) == [True]
+    assert torch.equal(pool.page(6), pool.page(1))
+    cleared.close()
+    other.close()

@@ -46,6 +46,7 @@ import itertools
 import logging
 import threading
 import time
+import uuid
 from typing import Any, List, Optional
 
 import numpy as np
@@ -175,6 +176,9 @@ class TierkvStorage(HiCacheStorage):
         if cp_size > 1:
             self._salt += "/cp%d/%d" % (
                 int(config_value(storage_config, "attn_cp_rank", 0)), cp_size)
+        # What keys are derived under: the rank's salt, and after a clear
+        # its generation (see clear). Changed under the lock only.
+        self._key_salt = self._salt
         self._lock = threading.Lock()
         self._client: Any = None
         self._device: Any = None  # The host pool, once registered.
@@ -282,7 +286,7 @@ class TierkvStorage(HiCacheStorage):
                 f"tierkvd on {self._socket} refuses this backend: {e}") from e
 
     def _tokens(self, key: str) -> np.ndarray:
-        return key_tokens(key, self._salt, self._page_size)
+        return key_tokens(key, self._key_salt, self._page_size)
 
     def _page(self, host_indices: Any, i: int) -> int:
         return int(host_indices[i * self._page_size]) // self._page_size
@@ -510,15 +514,21 @@ class TierkvStorage(HiCacheStorage):
         return False
 
     def clear(self) -> None:
-        """Clears nothing: the store is shared (other ranks, other
-        engines) and an operator clears it with tierkv-admin, which this
-        backend's worker client may not do. Said in the log, since SGLang
-        reports its own clear as done."""
-        logger.warning(
-            "tierkv: SGLang asked to clear HiCache's storage; tierkvd's "
-            "store is shared and stays as it is: an operator clears it with "
-            "`tierkv-admin clear` (after new weights, serve them under "
-            "another model name)")
+        """SGLang's clear of HiCache's storage (its clear_hicache_storage
+        endpoint, after new weights): nothing stored before is found by
+        this rank again. Nothing is deleted: tierkvd's store is shared with
+        engines that may still run the old weights (an operator clears it
+        with tierkv-admin, which a worker client may not do), and a backup
+        in flight would land after a delete. Instead the rank derives its
+        keys under a fresh generation, drawn at random, from now on; a batch
+        under way ends under the keys it began with. Earlier pages age out
+        of the tiers."""
+        generation = uuid.uuid4().hex
+        with self._lock:
+            self._key_salt = f"{self._salt}/gen{generation}"
+        logger.info("tierkv: HiCache storage cleared for this rank: its "
+                    "pages are keyed under generation %s from now on "
+                    "(tierkvd's store itself is left as it is)", generation)
 
     def close(self) -> None:
         with self._lock:
