@@ -804,6 +804,53 @@ TEST(DiskIoOrderTest, AReadGoesBeforeQueuedWrites) {
   EXPECT_EQ(out, BlockOf(0));
 }
 
+// Writes still get a turn while reads keep coming: on one I/O thread, a
+// write queued behind a stream of reads runs after eight of them, not after
+// the last (spills would otherwise wait for as long as promotions come).
+// Each read is asked for when the one before it is done, as promotions a
+// lookup waits on arrive; reads queued together are read in one task.
+TEST(DiskIoOrderTest, AWriteRunsAfterEightReadsWhileReadsKeepComing) {
+  TempDir scratch("disk_fault_test");
+  DiskTierOptions options = OptionsAt(scratch.path() + "/db");
+  options.io_threads = 1;
+  MeteredWritesStorage* storage = nullptr;
+  std::unique_ptr<DiskTier> opened = OpenWrapped(options, &storage);
+  ASSERT_NE(opened, nullptr);
+  DiskTier& tier = *opened;
+  ASSERT_THAT(PutSync(tier, 0), IsOk());
+
+  constexpr int kReads = 20;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::string order;  // 'w' per write done, 'r' per read, in order.
+  std::vector<std::byte> out(kBlockBytes);
+  std::function<void(Status)> read_done = [&](Status s) {
+    EXPECT_THAT(s, IsOk());
+    std::lock_guard<std::mutex> lock(mu);
+    order += 'r';
+    if (std::ranges::count(order, 'r') < kReads) {
+      tier.Get(KeyOf(0), TokensOf(0), out, read_done);  // The next one.
+    }
+    cv.notify_all();
+  };
+  auto write_done = [&](Status s) {
+    EXPECT_THAT(s, IsOk());
+    std::lock_guard<std::mutex> lock(mu);
+    order += 'w';
+    cv.notify_all();
+  };
+  storage->Hold();
+  const std::vector<std::byte> first = BlockOf(1), second = BlockOf(2);
+  tier.Put(KeyOf(1), TokensOf(1), first, write_done);
+  storage->WaitUntilWaiting(1);  // The thread is in the first write.
+  tier.Put(KeyOf(2), TokensOf(2), second, write_done);
+  tier.Get(KeyOf(0), TokensOf(0), out, read_done);
+  storage->Let(2);
+  std::unique_lock<std::mutex> lock(mu);
+  cv.wait(lock, [&] { return order.size() == kReads + 2; });
+  EXPECT_EQ(order, "w" + std::string(8, 'r') + "w" + std::string(12, 'r'));
+}
+
 // Holds every Put of `gated` inside the storage until released (or, with
 // GateFreeBytes, the next FreeBytes: the tier's space check, which a Put
 // runs between taking its work and reserving its key). Counts deletes and
