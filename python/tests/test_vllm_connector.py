@@ -417,6 +417,27 @@ def test_a_cache_reset_serves_nothing_cached_before(engine, daemon):
     observer.finish(1)
 
 
+def test_a_request_looked_up_before_a_reset_stores_nothing_after_it(
+        engine, daemon):
+    """A request whose lookup came before the reset computes what follows
+    its hit under the new weights; its keys are the old generation's, so
+    none of that is stored (an engine on the old weights would load it)."""
+    _store_prefix(engine, "r1", PREFIX + [5])
+    tokens = PREFIX + [3] * (2 * BLOCK) + [4]
+    assert engine.add("old", tokens) == (64, True)
+    assert engine.scheduler.reset_cache() is True
+    engine.run_until(lambda: "old" in engine.received)
+    engine.step()  # Its last two blocks, after the reset.
+    assert engine.computed == [(engine.requests["old"].blocks, 64,
+                                len(tokens))]
+    assert engine.finish("old") is False  # Nothing is being stored.
+    observer = _observer(daemon)
+    stats = _settled(observer, workers=4)
+    assert stats["host"]["cached_slots"] == 4
+    assert observer.lookup(1, tokens, 0).hit_tokens == 64
+    observer.finish(1)
+
+
 def test_only_the_scheduler_connector_resets(socket_link):
     """vLLM calls reset_cache on the scheduler's connector; a worker's has
     no cache of its own to reset (None: not supported)."""

@@ -479,6 +479,8 @@ class _Request:
     # can store), and of them those a commit covered.
     keyed_blocks: int = 0
     committed_blocks: int = 0
+    # The cache generation it was looked up under (see reset_cache).
+    generation: str = ""
 
 
 # Loads allocated to one request at most. vLLM looks a request up again after
@@ -631,6 +633,7 @@ class _SchedulerSide:
                                     + (f"\0{salt}" if salt else ""))
         if req.tid is None:
             self._new_tid(rid, req)
+        req.generation = self._generation
         req.num_computed = num_computed_tokens
         tokens = _request_tokens(request)
         req.keyed_blocks = len(tokens) // self._config.layout.block_size
@@ -795,6 +798,10 @@ class _SchedulerSide:
                 stores: list[StoreOp]) -> None:
         if not req.allocated or req.tid is None or not self._connected:
             return
+        if req.generation != self._generation:
+            # Looked up before a cache reset: what it computes from now on
+            # is of the new weights, and its keys are the old ones.
+            return
         # Only a step that completes a block of the tokens it was looked up
         # with has anything to store: a decode step costs no round trip.
         blocks = min(computed // self._config.layout.block_size,
@@ -852,9 +859,9 @@ class _SchedulerSide:
         shared with engines that may still run the old weights, and a store
         in flight would land after any delete. Instead every lookup from now
         on keys its request under a fresh generation, drawn at random and
-        mixed into the cache salt, which no block stored before carries; a
-        request looked up before goes on under its old keys, so its KV (of
-        the old weights, in part) is never served under the new ones.
+        mixed into the cache salt, which no block stored before carries. A
+        request looked up before stores nothing more: its keys are the old
+        ones, and what it computes from now on is of the new weights.
         Earlier blocks age out of the tiers. True: the reset is done."""
         self._generation = uuid.uuid4().hex
         logger.info("tierkv: cache reset; requests are keyed under "
