@@ -1029,6 +1029,50 @@ def test_a_load_that_waits_too_long_for_promotions_is_given_up(
         engine.close()
 
 
+def test_a_load_waiting_for_promotions_at_a_reset_is_given_up(
+        start_tierkvd, tmp_path):
+    """A load still waiting for its promotions from disk when the cache is
+    reset would bring the old weights' KV in after the reset: it is given
+    up (reported failed), and the request computes its tokens."""
+    daemon, engine, observer = _prefix_on_disk(start_tierkvd, tmp_path)
+
+    class NoReadyLoads(_ClientProxy):
+        def take_ready_loads(self):
+            return []
+
+    try:
+        side = engine.scheduler._scheduler
+        side._client = NoReadyLoads(side._client)
+        assert engine.add("r3", PREFIX + [2]) == (64, True)
+        blocks = list(engine.requests["r3"].blocks)  # The load's four.
+        engine.step()
+        assert "r3" not in engine.received  # Waiting for promotions.
+        assert engine.scheduler.reset_cache() is True
+        side._client = side._client._client
+        engine.run_until(lambda: "r3" in engine.received)
+        assert engine.load_errors == set(blocks)
+        engine.step()  # Computes every token.
+        assert [c[1:] for c in engine.computed] == [(0, len(PREFIX) + 1)]
+        assert engine.verify("r3", len(PREFIX) + 1) == {0: [], 1: []}
+        stats = _settled(observer, workers=4)
+        assert stats["host"]["pinned_slots"] == 0
+        assert stats["host"]["loads_completed"] == 0
+    finally:
+        engine.close()
+
+
+def test_a_generation_salt_has_one_length_whatever_the_salt():
+    """A user's salt near tierkvd's string limit still fits once mixed
+    with a generation; and the generation, not just the salt, tells keys
+    apart."""
+    from tierkv.vllm import _generation_salt
+    long_salt = "s" * 4090
+    assert len(_generation_salt("a" * 32, long_salt)) == 64
+    assert len(_generation_salt("a" * 32, None)) == 64
+    assert (_generation_salt("a" * 32, "x") !=
+            _generation_salt("b" * 32, "x") != _generation_salt("a" * 32, ""))
+
+
 class _CountingClient(_ClientProxy):
     """The scheduler's client, counting its commits; with `skipping`, each
     commit's result says a block was skipped (a cap)."""

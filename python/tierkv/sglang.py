@@ -177,7 +177,7 @@ class TierkvStorage(HiCacheStorage):
             self._salt += "/cp%d/%d" % (
                 int(config_value(storage_config, "attn_cp_rank", 0)), cp_size)
         # What keys are derived under: the rank's salt, and after a clear
-        # its generation (see clear). Changed under the lock only.
+        # its generation (see clear). Swapped whole, without the lock.
         self._key_salt = self._salt
         self._lock = threading.Lock()
         self._client: Any = None
@@ -520,12 +520,13 @@ class TierkvStorage(HiCacheStorage):
         engines that may still run the old weights (an operator clears it
         with tierkv-admin, which a worker client may not do), and a backup
         in flight would land after a delete. Instead the rank derives its
-        keys under a fresh generation, drawn at random, from now on; a batch
-        under way ends under the keys it began with. Earlier pages age out
-        of the tiers."""
+        keys under a fresh generation, drawn at random, from now on. Earlier
+        pages age out of the tiers. Called on SGLang's scheduler thread, it
+        does not wait for the lock (a batch holds it while its copies run):
+        a batch under way goes on, its keys past the swap under the new
+        generation."""
         generation = uuid.uuid4().hex
-        with self._lock:
-            self._key_salt = f"{self._salt}/gen{generation}"
+        self._key_salt = f"{self._salt}/gen{generation}"
         logger.info("tierkv: HiCache storage cleared for this rank: its "
                     "pages are keyed under generation %s from now on "
                     "(tierkvd's store itself is left as it is)", generation)

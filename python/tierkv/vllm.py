@@ -356,6 +356,15 @@ def lora_key(name: Optional[str], path: Optional[str]) -> Optional[int]:
     return int.from_bytes(digest.digest(), "little") >> 1
 
 
+def _generation_salt(generation: str, salt: Optional[str]) -> str:
+    """The cache salt of a request looked up under a cache generation (see
+    _SchedulerSide.reset_cache): a fixed 64 hex digits whatever the
+    request's own salt, so a salt tierkvd takes stays one it takes."""
+    data = f"{generation}\0{salt or ''}".encode()
+    return hashlib.blake2b(data, digest_size=32,
+                           person=b"tierkv-gen-salt").hexdigest()
+
+
 def _request_extras(request: Any) -> Optional[dict[str, Any]]:
     """What besides its tokens changes the request's KV, as Client.lookup's
     keyword arguments (the keys tierkv stores and commits its blocks under,
@@ -628,9 +637,8 @@ class _SchedulerSide:
             # allocation, no commit).
             return 0, False
         if self._generation:
-            salt = extras.get("cache_salt")
-            extras["cache_salt"] = (f"tierkv-generation/{self._generation}"
-                                    + (f"\0{salt}" if salt else ""))
+            extras["cache_salt"] = _generation_salt(
+                self._generation, extras.get("cache_salt"))
         if req.tid is None:
             self._new_tid(rid, req)
         req.generation = self._generation
@@ -862,8 +870,17 @@ class _SchedulerSide:
         mixed into the cache salt, which no block stored before carries. A
         request looked up before stores nothing more: its keys are the old
         ones, and what it computes from now on is of the new weights.
-        Earlier blocks age out of the tiers. True: the reset is done."""
+        Earlier blocks age out of the tiers. A load still waiting for
+        promotions is given up (reported failed: vLLM computes its tokens);
+        one the workers copy already completes, as vLLM's own reset fails
+        while a request holds blocks. True: the reset is done."""
         self._generation = uuid.uuid4().hex
+        for rid, req in self._requests.items():
+            if req.pending:
+                req.pending = False
+                if req.tid is not None:
+                    self._end_tierkv_request(req)
+                self._failed_recvs.append(FailedRecv(rid, req.load_blocks))
         logger.info("tierkv: cache reset; requests are keyed under "
                     "generation %s from now on", self._generation)
         return True
