@@ -272,10 +272,13 @@ StatusOr<StatsPageSnapshot> StatsPageReader::Read(
         strnlen(header->socket_path, sizeof(header->socket_path)));
     return out;
   }
-  return Status::Unavailable(
-      "the stats page was mid-update throughout " +
-      std::to_string(patience.count()) +
-      " ms of tries (its tierkvd may be stopped or stuck)");
+  return Status::Unavailable("the stats page was mid-update" +
+                             (patience.count() == 0
+                                  ? std::string(" at the one try")
+                                  : " throughout " +
+                                        std::to_string(patience.count()) +
+                                        " ms of tries") +
+                             " (its tierkvd may be stopped or stuck)");
 }
 
 bool StatsPageIsFresh(const StatsPageSnapshot& snapshot,

@@ -847,7 +847,9 @@ TEST(DiskIoOrderTest, AWriteRunsAfterEightReadsWhileReadsKeepComing) {
   tier.Get(KeyOf(0), TokensOf(0), out, read_done);
   storage->Let(2);
   std::unique_lock<std::mutex> lock(mu);
-  cv.wait(lock, [&] { return order.size() == kReads + 2; });
+  ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(30), [&] {
+    return order.size() == kReads + 2;
+  })) << order;
   EXPECT_EQ(order, "w" + std::string(8, 'r') + "w" + std::string(12, 'r'));
 }
 

@@ -7,6 +7,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -288,6 +289,8 @@ TEST_F(StatsPageTest, AReaderWaitsOutAPublisherStoppedMidUpdate) {
   const pid_t child = fork();
   ASSERT_GE(child, 0);
   if (child == 0) {
+    // Gone with the test, whatever ends it.
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() == 1) _exit(1);
     // Never in a system call, so a stop lands anywhere in a snapshot.
     for (uint64_t n = 2;; ++n) {
       if (!writer.Publish(NumberedStats(n), SystemClock::now()).ok()) _exit(1);
