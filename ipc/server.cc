@@ -495,13 +495,28 @@ StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& in) {
                           TieredStore::Open(std::move(store)));
   // Without a page (its name taken by another user's file, /dev/shm
   // full), tierkv-admin reads stats over the socket: not a reason to stop.
-  StatusOr<StatsPageWriter> stats_page =
-      StatsPageWriter::Create({.name = StatsPageName(options.store),
-                               .socket_path = options.socket_path,
-                               .max_workers = options.max_workers,
-                               .mode = options.mode,
-                               .group = options.group,
-                               .interval = options.stats_interval});
+  // The page lists every user's workers, so only those who operate read
+  // it (tierkvd's user, root, --admin-group); other members of --group ask
+  // the socket, which shows them their own workers only.
+  StatsPageOptions page{.name = StatsPageName(options.store),
+                        .socket_path = options.socket_path,
+                        .max_workers = options.max_workers,
+                        .mode = static_cast<mode_t>(options.mode & 0400),
+                        .group = std::nullopt,
+                        .interval = options.stats_interval};
+  StatsPageOptions admins = page;
+  if (options.admin_group.has_value()) {
+    admins.mode = static_cast<mode_t>(options.mode & 0440);
+    admins.group = options.admin_group;
+  }
+  StatusOr<StatsPageWriter> stats_page = StatsPageWriter::Create(admins);
+  if (options.admin_group.has_value() &&
+      stats_page.status().code() == StatusCode::kPermissionDenied) {
+    // tierkvd's user is not in --admin-group.
+    spdlog::warn("stats page: {}; only tierkvd's user and root read it",
+                 stats_page.status().ToString());
+    stats_page = StatsPageWriter::Create(page);
+  }
   if (!stats_page.ok()) {
     spdlog::warn("stats page: {}; tierkv-admin reads stats over the socket",
                  stats_page.status().ToString());

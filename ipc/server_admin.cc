@@ -35,7 +35,10 @@ bool Server::Impl::Handle(Connection* conn, const Message& message) {
     return Register(conn, *reg);
   }
   if (std::holds_alternative<StatsRequest>(message)) {
-    return Reply(conn, StatsReply{Stats()});
+    // A member of --group sees every tier, and its own workers only.
+    CoordinatorStats stats = Stats();
+    if (!MayOperate(conn->peer)) KeepWorkersOfUid(conn->peer.uid, &stats);
+    return Reply(conn, StatsReply{std::move(stats)});
   }
   if (std::holds_alternative<EventsRequest>(message)) {
     std::vector<EventInfo> events;

@@ -126,6 +126,9 @@ struct Session {
 
   WorkerId worker = 0;
   pid_t pid = 0;
+  // The worker's user, and whether it may operate (stats it may see).
+  uint32_t uid = 0;
+  bool operator_uid = false;
   ControlChannel channel;
   // The readiness pipe: tierkvd writes `ready` when loads of the worker
   // waiting for promotions become ready (ReadySignals); the worker was

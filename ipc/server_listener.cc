@@ -381,6 +381,8 @@ bool Server::Impl::Register(Connection* conn, const RegisterRequest& request) {
   }
   auto session = std::make_unique<Session>(*worker, std::move(*channel));
   session->pid = reg.pid;
+  session->uid = reg.uid;
+  session->operator_uid = reg.operator_uid;
   session->ready_reader.reset(ends[0]);
   session->ready.reset(ends[1]);
   // The worker maps its segments from the descriptors passed with the
@@ -486,7 +488,11 @@ void Server::Impl::Serve(Session* session) {
       }
       reply = ErrorReply{decoded};
     } else if (std::holds_alternative<StatsRequest>(message)) {
-      reply = StatsReply{Stats()};  // With what only the server counts.
+      // With what only the server counts; of the workers, another user's
+      // are left out for a user who does not operate.
+      CoordinatorStats stats = Stats();
+      if (!session->operator_uid) KeepWorkersOfUid(session->uid, &stats);
+      reply = StatsReply{std::move(stats)};
     } else {
       reply = DispatchToStore(*store, session->worker, message, &session->stop,
                               session->channel.capacity());

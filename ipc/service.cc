@@ -151,7 +151,7 @@ Message DispatchChecked(Coordinator& c, WorkerId worker, const Message& request,
           // The worker's own tenant, whatever the message names.
           return Wrap<RouteReply>(c.Route(worker, m.tokens, m.extras));
         } else if constexpr (std::is_same_v<T, StatsRequest>) {
-          return StatsReply{c.stats()};
+          return Wrap<StatsReply>(c.StatsSeenBy(worker));
         } else {
           return ErrorReply{Status::InvalidArgument(
               std::string(MessageTypeName(TypeOf(request))) +

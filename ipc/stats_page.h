@@ -42,7 +42,8 @@ struct StatsPageOptions {
   // Bounds the snapshot: room for this many workers with names of the
   // longest length the protocol allows. Default: 64 (tierkvd's default).
   uint32_t max_workers = 64;
-  // Read bits of the socket's mode (the page is never writable by others).
+  // Read bits of the page (it is never writable by others): tierkvd gives
+  // it to those who operate it.
   mode_t mode = 0600;
   std::optional<gid_t> group;
   // How often tierkvd publishes; recorded for readers judging staleness.

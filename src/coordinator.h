@@ -323,6 +323,11 @@ struct SlotChecksum {
   uint64_t checksum = 0;
 };
 
+// Drops from `stats` the workers of users other than `uid`: what stats a
+// user who is not an operator sees. The tiers' figures stay; another user's
+// workers' names, pids and requests are theirs.
+void KeepWorkersOfUid(uint32_t uid, CoordinatorStats* stats);
+
 class Coordinator {
  public:
   static StatusOr<Coordinator> Create(const CoordinatorOptions& options);
@@ -481,6 +486,9 @@ class Coordinator {
   std::vector<EvictedBlock> Evict(std::span<const BlockKey> keys);
 
   CoordinatorStats stats() const;
+  // stats() as `worker` may see them (KeepWorkersOfUid unless it is an
+  // operator's, WorkerRegistration::operator_uid). NotFound if unknown.
+  StatusOr<CoordinatorStats> StatsSeenBy(WorkerId worker) const;
   // What a prefix lookup of `tokens` by a worker of `tenant` (as
   // WorkerRegistration::tenant records it) with `extras` would find now,
   // and the tenant's workers attached now; pins nothing and counts nothing.

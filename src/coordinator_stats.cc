@@ -82,6 +82,24 @@ CoordinatorStats Coordinator::stats() const {
   return out;
 }
 
+StatusOr<CoordinatorStats> Coordinator::StatsSeenBy(WorkerId worker) const {
+  const auto viewer = workers_.find(worker);
+  if (viewer == workers_.end()) {
+    return Status::NotFound("worker " + std::to_string(worker) +
+                            " is not registered");
+  }
+  CoordinatorStats out = stats();
+  if (!viewer->second.registration.operator_uid) {
+    KeepWorkersOfUid(viewer->second.registration.uid, &out);
+  }
+  return out;
+}
+
+void KeepWorkersOfUid(uint32_t uid, CoordinatorStats* stats) {
+  std::erase_if(stats->workers,
+                [uid](const WorkerStats& w) { return w.uid != uid; });
+}
+
 void Coordinator::RecordLatency(EventKind kind,
                                 std::chrono::steady_clock::time_point started) {
   RecordLatency(kind == EventKind::kLoad ? &load_latency_ : &store_latency_,

@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -783,6 +784,20 @@ class OperatorRightsTest : public SupplementaryGroupTest {
     command.insert(command.end(), {"--socket", socket_});
     return Spawn(user.empty() ? command : TestUsers::As(user, command));
   }
+  // Whether `user` reads `name` among the workers on the stats page within
+  // a few snapshots (a worker just attached may not be published yet).
+  bool PageShows(const std::string& user, const std::string& name) {
+    using Clock = std::chrono::steady_clock;
+    const auto deadline = Clock::now() + std::chrono::seconds(5);
+    while (Clock::now() < deadline) {
+      auto page =
+          Admin(user, {"workers", "--store", store_, "--source", "page"});
+      if (page->Wait() == 0 && page->output().find(name) != std::string::npos) {
+        return true;
+      }
+    }
+    return false;
+  }
 };
 
 TEST_F(OperatorRightsTest, AWorkerGroupMemberReadsStatsButCannotClear) {
@@ -808,10 +823,55 @@ TEST_F(OperatorRightsTest, AWorkerGroupMemberReadsStatsButCannotClear) {
 }
 
 TEST_F(OperatorRightsTest, TheAdminGroupMayClear) {
-  StartDaemon("1M", {"--group", TestUsers::kGroup, "--mode", "0660",
-                     "--admin-group", TestUsers::kGroup});
+  StartDaemon("1M",
+              {"--group", TestUsers::kGroup, "--mode", "0660", "--admin-group",
+               TestUsers::kGroup, "--stats-interval-ms", "20"});
   auto clear = Admin(TestUsers::kMember, {"clear", "--tier", "host"});
   EXPECT_EQ(clear->Wait(), 0) << clear->output();
+  // And sees every user's workers, on the stats page too.
+  std::unique_ptr<Client> owner = Attach("owner-engine");
+  ASSERT_NE(owner, nullptr);
+  EXPECT_TRUE(PageShows(TestUsers::kMember, "owner-engine"));
+  auto socket = Admin(TestUsers::kMember,
+                      {"workers", "--store", store_, "--source", "socket"});
+  ASSERT_EQ(socket->Wait(), 0) << socket->output();
+  EXPECT_THAT(socket->output(), HasSubstr("owner-engine"));
+}
+
+// Another user's workers' names, pids and requests are theirs: a member of
+// --group sees its own workers only, over the socket or its worker channel,
+// and may not read the stats page, which lists every worker.
+TEST_F(OperatorRightsTest, AWorkerGroupMemberSeesOnlyItsOwnWorkers) {
+  StartDaemon("1M", {"--group", TestUsers::kGroup, "--mode", "0660",
+                     "--stats-interval-ms", "20"});
+  std::unique_ptr<Client> owner = Attach("owner-engine");
+  ASSERT_NE(owner, nullptr);
+  // tierkvd's own user sees every worker, on the socket and the page.
+  auto own = Admin("", {"workers", "--store", store_, "--source", "socket"});
+  ASSERT_EQ(own->Wait(), 0) << own->output();
+  EXPECT_THAT(own->output(), HasSubstr("owner-engine"));
+  EXPECT_TRUE(PageShows("", "owner-engine"));
+  struct stat page {};
+  ASSERT_EQ(stat(("/dev/shm" + ipc::StatsPageName(store_)).c_str(), &page), 0);
+  EXPECT_EQ(page.st_mode & 0777, 0400u);
+  for (const char* source : {"auto", "socket"}) {
+    auto theirs = Admin(TestUsers::kMember,
+                        {"workers", "--store", store_, "--source", source});
+    ASSERT_EQ(theirs->Wait(), 0) << theirs->output();
+    EXPECT_THAT(theirs->output(), Not(HasSubstr("owner-engine"))) << source;
+  }
+  auto page_only = Admin(TestUsers::kMember,
+                         {"workers", "--store", store_, "--source", "page"});
+  EXPECT_NE(page_only->Wait(), 0) << page_only->output();
+  // Nor over a worker channel of its own: a member's client asks its stats.
+  auto worker = Spawn(TestUsers::As(TestUsers::kMember,
+                                    {TEST_WORKER_PATH, "workers", socket_}));
+  ASSERT_EQ(worker->Wait(), 0) << worker->output();
+  EXPECT_THAT(worker->output(), HasSubstr("worker workers-0\n"));
+  EXPECT_THAT(worker->output(), Not(HasSubstr("owner-engine")));
+  auto owners = Spawn({TEST_WORKER_PATH, "workers", socket_});
+  ASSERT_EQ(owners->Wait(), 0) << owners->output();
+  EXPECT_THAT(owners->output(), HasSubstr("worker owner-engine\n"));
 }
 
 // A route is read-only, but what is cached names a tenant's prompts: a user

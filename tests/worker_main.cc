@@ -19,6 +19,9 @@
 //   wrong <w>" (missed: blocks the store no longer had).
 // churn: stores request r, then loads a random earlier one, for every r;
 //   then verifies every request as verify does, printing the same line.
+//   tierkv_test_worker workers SOCKET
+// workers: attaches (named "workers-0") and prints "worker <name>" for each
+//   worker its stats show, as they come over its channel.
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -261,6 +264,17 @@ int Run(const std::string& model, const std::string& mode,
   return c.Finish(1).ok() ? 0 : 1;
 }
 
+int ListWorkers(const std::string& model, const std::string& socket) {
+  StatusOr<Attached> attached = Attach(model, "workers", socket, 0, 1);
+  if (!attached.ok()) return Fail(attached.status());
+  StatusOr<CoordinatorStats> stats = attached->client->Stats();
+  if (!stats.ok()) return Fail(stats.status());
+  for (const WorkerStats& w : stats->workers) {
+    std::printf("worker %s\n", w.name.c_str());
+  }
+  return 0;
+}
+
 }  // namespace
 }  // namespace tierkv
 
@@ -277,6 +291,8 @@ int main(int argc, char** argv) {
     argc -= 2;
   }
   const std::string mode = argc > 1 ? argv[1] : "";
+  if (mode == "workers" && argc == 3)
+    return tierkv::ListWorkers(model, argv[2]);
   if ((mode == "fill" || mode == "verify" || mode == "churn") &&
       (argc == 5 || argc == 6)) {
     return tierkv::RunMany(
@@ -289,7 +305,9 @@ int main(int argc, char** argv) {
                  "store|load|hang-store SOCKET SEED BLOCKS\n"
                  "       tierkv_test_worker [--model NAME] [--tenant NAME] "
                  "fill|verify|churn "
-                 "SOCKET SEED REQUESTS [BLOCKS]\n");
+                 "SOCKET SEED REQUESTS [BLOCKS]\n"
+                 "       tierkv_test_worker [--model NAME] [--tenant NAME] "
+                 "workers SOCKET\n");
     return 2;
   }
   return tierkv::Run(model, argv[1], argv[2],

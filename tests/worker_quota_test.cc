@@ -29,6 +29,7 @@ namespace tierkv {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::UnorderedElementsAre;
 using Clock = std::chrono::steady_clock;
 
 std::vector<BlockId> Range(BlockId first, BlockId last) {
@@ -365,6 +366,44 @@ TEST(WorkerQuotaUidTest, OneUsersWorkersTogetherPinAtMostItsShare) {
   EXPECT_EQ(hog(root, 5, 3).stores.at(0).host_blocks.size(), 3u);
   EXPECT_EQ(hog(root2, 6, 3).stores.at(0).host_blocks.size(), 2u);  // Full.
   EXPECT_THAT(c.host_pool().CheckInvariants(), IsOk());
+}
+
+// A worker asking for stats (over its channel) sees the workers of its own
+// uid only: another user's workers' names, pids and requests are theirs. An
+// operator's worker, like tierkv-admin, sees every one.
+TEST(WorkerQuotaUidTest, AWorkerSeesOnlyItsOwnUsersWorkersInStats) {
+  Coordinator c =
+      Coordinator::Create({.layout = TestLayout(), .host_slots = 11}).value();
+  auto reg = [&](uint32_t uid, std::string name, bool op = false) {
+    return c
+        .RegisterWorker({.layout = TestLayout(),
+                         .num_device_blocks = 1,
+                         .tenant = "",
+                         .pid = static_cast<int32_t>(uid),
+                         .uid = uid,
+                         .operator_uid = op,
+                         .name = std::move(name)})
+        .value();
+  };
+  const WorkerId alice = reg(1000, "alice-engine");
+  reg(1000, "alice-engine-2");
+  reg(1001, "bob-engine");
+  const WorkerId root = reg(0, "operator", /*op=*/true);
+  auto names = [&](WorkerId viewer) {
+    StatusOr<CoordinatorStats> seen = c.StatsSeenBy(viewer);
+    std::vector<std::string> out;
+    if (!seen.ok()) return out;
+    for (const WorkerStats& w : seen->workers) out.push_back(w.name);
+    return out;
+  };
+  EXPECT_THAT(names(alice),
+              UnorderedElementsAre("alice-engine", "alice-engine-2"));
+  EXPECT_THAT(names(root),
+              UnorderedElementsAre("alice-engine", "alice-engine-2",
+                                   "bob-engine", "operator"));
+  EXPECT_EQ(c.StatsSeenBy(alice).value().host.capacity_slots,
+            c.stats().host.capacity_slots);
+  EXPECT_EQ(c.StatsSeenBy(12345).status().code(), StatusCode::kNotFound);
 }
 
 // With tenant isolation, one user cannot take every tenant segment.
