@@ -5,6 +5,7 @@ KV verified byte for byte on each rank."""
 from __future__ import annotations
 
 import os
+import random
 import subprocess
 import time
 from types import SimpleNamespace
@@ -436,6 +437,71 @@ def test_a_request_looked_up_before_a_reset_stores_nothing_after_it(
     assert stats["host"]["cached_slots"] == 4
     assert observer.lookup(1, tokens, 0).hit_tokens == 64
     observer.finish(1)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_random_requests_and_weight_updates_never_load_wrong_kv(
+        socket_link, seed):
+    """A seeded random mix of what an engine does: requests on shared
+    prefixes, finished or aborted (during their loads too), preempted and
+    resumed, and weight updates between batches (the engine idle, as RL
+    pauses generation) with reset_cache. Every request's KV is checked
+    against the model of the weights it ran under, once computed."""
+    rng = random.Random(seed)
+    engine = Engine({"socket": socket_link, "model": "",
+                     "num_layers": LAYERS, "num_kv_heads": KV_HEADS,
+                     "head_dim": HEAD_DIM, "block_size": BLOCK,
+                     "dtype": "bf16", "tp_size": 2, "call_timeout": 5.0,
+                     "reconnect_wait": 0}, num_blocks=64)
+    prefixes = [[rng.randrange(1, 30000) for _ in range(n * BLOCK)]
+                for n in (1, 2, 3)]
+    verified: set[str] = set()
+    checks = hits = updates = 0
+    try:
+        for i in range(120):
+            states = {rid: r.state for rid, r in engine.requests.items()}
+            done = [rid for rid, st in states.items() if st == "done"]
+            loading = [rid for rid, st in states.items()
+                       if st == "waiting_kv"]
+            roll = rng.random()
+            if roll < 0.35 and len(engine.free) >= 12:
+                tokens = rng.choice(prefixes) + [
+                    rng.randrange(1, 30000)
+                    for _ in range(rng.randrange(1, 2 * BLOCK))]
+                hit, _ = engine.add(f"q{i}", tokens)
+                hits += hit > 0
+            elif roll < 0.55 and done:
+                engine.finish(rng.choice(done))
+            elif roll < 0.62 and loading:
+                engine.finish(rng.choice(loading))  # Aborted mid-load.
+            elif roll < 0.72 and done:
+                rid = rng.choice(done)
+                engine.preempt(rid)
+                engine.step()
+                engine.resume(rid)
+                verified.discard(rid)
+            elif roll < 0.78 and not engine.requests:
+                engine.update_weights()
+                updates += 1
+            engine.step()
+            for rid, r in engine.requests.items():
+                if r.state == "done" and rid not in verified:
+                    assert engine.verify(rid, len(r.tokens)) == {0: [], 1: []}, (
+                        seed, i, rid)
+                    verified.add(rid)
+                    checks += 1
+            for w in engine.workers:
+                w.call("wait", 5.0)
+        # Every request ends: finished once computed (or while loading).
+        def drained() -> bool:
+            for rid in [rid for rid, r in engine.requests.items()
+                        if r.state in ("done", "waiting_kv")]:
+                engine.finish(rid)
+            return not engine.requests
+        engine.run_until(drained)
+    finally:
+        engine.close()
+    assert checks >= 10 and hits >= 3 and updates >= 1, (checks, hits, updates)
 
 
 def test_only_the_scheduler_connector_resets(socket_link):

@@ -30,15 +30,17 @@ SENTINEL = 512.0
 
 def kv_values(tokens: list[int], start: int, end: int, layer: int,
               plane: int, first_head: int, num_heads: int, head_dim: int,
-              dtype: torch.dtype) -> torch.Tensor:
-    """The KV the model computes for tokens [start, end): [end - start,
-    num_heads, head_dim], small integers (exact in bf16)."""
+              dtype: torch.dtype, weights: int = 0) -> torch.Tensor:
+    """The KV the model (of weights version `weights`) computes for tokens
+    [start, end): [end - start, num_heads, head_dim], small integers (exact
+    in bf16)."""
     tok = torch.tensor(tokens[start:end], dtype=torch.int64).view(-1, 1, 1)
     pos = torch.arange(start, end, dtype=torch.int64).view(-1, 1, 1)
     head = torch.arange(first_head, first_head + num_heads,
                         dtype=torch.int64).view(1, -1, 1)
     dim = torch.arange(head_dim, dtype=torch.int64).view(1, 1, -1)
-    v = (tok * 7 + pos * 13 + layer * 31 + plane * 17 + head * 5 + dim) % 251
+    v = (tok * 7 + pos * 13 + layer * 31 + plane * 17 + head * 5 + dim +
+         weights * 11) % 251
     return (v - 125).to(dtype)
 
 
@@ -79,6 +81,10 @@ class _Worker:
         self.connector = TierkvConnector(vllm_config(extra),
                                          KVConnectorRole.WORKER)
         self.connector.register_kv_caches(self.layers)
+        self.weights = 0  # The model's weights version (set_weights).
+
+    def set_weights(self, version: int) -> None:
+        self.weights = version
 
     def _write(self, blocks: list[int], tokens: list[int], start: int,
                end: int) -> None:
@@ -86,7 +92,7 @@ class _Worker:
             for plane in (0, 1):
                 kv = kv_values(tokens, start, end, l, plane,
                                self.rank * self.heads, self.heads,
-                               self.head_dim, self.dtype)
+                               self.head_dim, self.dtype, self.weights)
                 for p in range(start, end):
                     t[plane, blocks[p // self.bs], p % self.bs] = kv[p - start]
 
@@ -124,7 +130,8 @@ class _Worker:
         for l, t in enumerate(self.layers.values()):
             for plane in (0, 1):
                 kv = kv_values(tokens, 0, n, l, plane, self.rank * self.heads,
-                               self.heads, self.head_dim, self.dtype)
+                               self.heads, self.head_dim, self.dtype,
+                               self.weights)
                 for p in range(n):
                     got = t[plane, blocks[p // self.bs], p % self.bs]
                     if not torch.equal(got, kv[p]):
@@ -270,6 +277,7 @@ class Engine:
         # The last step's forward: (blocks, first token, end) per request.
         self.computed: list[tuple] = []
         self.preempted: set[str] = set()
+        self.weights = 0  # The workers' weights version (update_weights).
 
     def close(self) -> None:
         for w in self.workers:
@@ -473,6 +481,15 @@ class Engine:
         return {r: w.call("verify", list(req.blocks), req.tokens, n)
                 for r, w in enumerate(self.workers)}
 
+    def update_weights(self) -> None:
+        """An RL weight update: every rank's model computes other KV from
+        now on, and vLLM's reset_prefix_cache resets the connector's cache
+        (reset_connector=True)."""
+        self.weights += 1
+        for w in self.workers:
+            w.call("set_weights", self.weights)
+        assert self.scheduler.reset_cache() is True
+
     def replace_worker(self, rank: int) -> None:
         """A worker died: a new process takes its rank. The reports the dead
         one never sent (tierkvd failed its copies) count as sent, for the
@@ -489,6 +506,7 @@ class Engine:
         old.conn.close()
         self.workers[rank] = WorkerHandle(rank, self.extra, self.num_blocks)
         self.workers[rank].receive()
+        self.workers[rank].call("set_weights", self.weights)
         for rid, req in self.requests.items():
             if req.state in ("waiting_kv", "aborted_recving"):
                 self._recv_counts[rid] = self._recv_counts.get(rid, 0) + 1
