@@ -348,6 +348,15 @@ TEST_F(MetricsHttpTest, SilentClientsDoNotBlockAScrape) {
   const std::string response = Get(port_, "/metrics");
   EXPECT_THAT(response, StartsWith("HTTP/1.1 200 OK\r\n"));
   EXPECT_THAT(Body(response), HasSubstr("tierkv_build_info{"));
+  // Accepted before the scrape, in order: the oldest are closed (EOF), the
+  // newest 15 (16 with the scrape's) are still open.
+  auto closed = [](const ipc::UniqueFd& fd) {
+    char byte;
+    return recv(fd.get(), &byte, 1, MSG_DONTWAIT) == 0;
+  };
+  for (size_t i = 0; i < silent.size(); ++i) {
+    EXPECT_EQ(closed(silent[i]), i < silent.size() - 15) << i;
+  }
   // And the socket's clients are served meanwhile.
   std::unique_ptr<Client> client = Attach("during");
   ASSERT_NE(client, nullptr);
