@@ -11,6 +11,36 @@ ClientChunkSource::ClientChunkSource(Client* client,
 
 const KvLayout& ClientChunkSource::layout() const { return client_->layout(); }
 
+Status ClientChunkSource::CheckPool(std::span<const std::byte> memory,
+                                    int32_t num_blocks) const {
+  const std::string refused = "chunk tier: the client cannot serve the pool: ";
+  if (client_->copies() != CopyMode::kClient) {
+    return Status::FailedPrecondition(
+        refused + "its copies are made by " +
+        (client_->copies() == CopyMode::kRanks ? "its ranks" : "its caller") +
+        "; a chunk pool's client copies itself (CopyMode::kClient)");
+  }
+  DeviceTier* device = client_->device();
+  const size_t block_bytes = client_->layout().BlockBytes();
+  if (device == nullptr || device->num_blocks() != num_blocks ||
+      device->block_bytes() != block_bytes) {
+    return Status::FailedPrecondition(
+        refused + "its device tier is not of the pool's " +
+        std::to_string(num_blocks) + " blocks of " +
+        std::to_string(block_bytes) +
+        " bytes (build it over ChunkKvStore::memory(), "
+        "EmulatedDeviceTier::CreateOver)");
+  }
+  auto* emulated = dynamic_cast<EmulatedDeviceTier*>(device);
+  if (emulated != nullptr && emulated->block(0).data() != memory.data()) {
+    return Status::FailedPrecondition(
+        refused +
+        "its emulated device tier has memory of its own, not the pool's "
+        "(EmulatedDeviceTier::CreateOver(ChunkKvStore::memory(), ...))");
+  }
+  return Status::Ok();
+}
+
 StatusOr<bool> ClientChunkSource::Fetch(std::span<const TokenId> chunk,
                                         int64_t virtual_start,
                                         const BlockKey& variant,

@@ -100,6 +100,9 @@ Status ChunkKvStore::SetTier(ChunkSource* tier) {
         tier->layout().ToString() + ", the pool's is " +
         s_->layout().ToString() + "; its bytes would be read as the other's");
   }
+  if (tier != nullptr) {
+    TIERKV_RETURN_IF_ERROR(tier->CheckPool(s_->memory, num_blocks()));
+  }
   s_->tier = tier;
   return Status::Ok();
 }
@@ -163,7 +166,6 @@ std::vector<BlockId> ChunkKvStore::FetchFromTier(
   };
   StatusOr<bool> fetched =
       s_->tier->Fetch(chunk, s_->virtual_start, s_->variant, allocate);
-  const int32_t bs = s_->pool.block_size();
   Status status = fetched.status();
   if (status.ok() && *fetched && blocks.size() != keys.size()) {
     status = Status::Internal(
@@ -171,10 +173,7 @@ std::vector<BlockId> ChunkKvStore::FetchFromTier(
   }
   if (status.ok() && *fetched) {
     // Keyed only now: a lookup never sees a block still being copied.
-    for (size_t j = 0; j < keys.size() && status.ok(); ++j) {
-      status = s_->pool.CacheBlock(blocks[j], keys[j],
-                                   ChunkBlockTokens(chunk, bs, j));
-    }
+    status = KeyBlocks(chunk, keys, &blocks);
   }
   if (status.ok() && *fetched) {
     ++s_->stats.tier_hits;
@@ -187,7 +186,7 @@ std::vector<BlockId> ChunkKvStore::FetchFromTier(
     return {};
   }
   // A miss, or blocks whose contents are unknown: back to the pool unkeyed.
-  Release(blocks);
+  GiveBack(blocks);
   if (pool_full) {
     ++s_->stats.pool_full;  // The tier below did its part.
   } else if (!status.ok()) {
@@ -226,12 +225,9 @@ StatusOr<std::vector<BlockId>> ChunkKvStore::ComputeAndInsert(
                           .layout = s_->layout(),
                           .memory = s_->memory});
   }
-  for (size_t j = 0; j < keys.size() && status.ok(); ++j) {
-    status =
-        s_->pool.CacheBlock(blocks[j], keys[j], ChunkBlockTokens(chunk, bs, j));
-  }
+  if (status.ok()) status = KeyBlocks(chunk, keys, &blocks);
   if (!status.ok()) {
-    Release(blocks);
+    GiveBack(blocks);
     return status;
   }
   ++s_->stats.computed;
@@ -253,9 +249,59 @@ StatusOr<std::vector<BlockId>> ChunkKvStore::ComputeAndInsert(
   return blocks;
 }
 
-void ChunkKvStore::Release(std::span<const BlockId> blocks) {
+Status ChunkKvStore::KeyBlocks(std::span<const TokenId> chunk,
+                               std::span<const BlockKey> keys,
+                               std::vector<BlockId>* blocks) {
+  // A block whose key the pool holds already (the same chunk computed or
+  // fetched meanwhile for another request, or one that begins with the
+  // same tokens) is given back and the held one, of the same KV, taken
+  // instead: keying the new one would take the key from the held block,
+  // and a request holding that block could no longer place it.
+  const int32_t bs = s_->pool.block_size();
+  for (size_t j = 0; j < keys.size(); ++j) {
+    const std::span<const TokenId> tokens = ChunkBlockTokens(chunk, bs, j);
+    const BlockId fresh = (*blocks)[j];
+    if (const std::optional<BlockId> held =
+            s_->pool.GetCachedBlock(keys[j], tokens);
+        held.has_value() && *held != fresh) {
+      s_->pool.Touch({&*held, 1});
+      (*blocks)[j] = *held;
+      s_->pool.FreeBlocks({&fresh, 1});
+      continue;
+    }
+    TIERKV_RETURN_IF_ERROR(s_->pool.CacheBlock(fresh, keys[j], tokens));
+  }
+  return Status::Ok();
+}
+
+void ChunkKvStore::GiveBack(std::span<const BlockId> blocks) {
   std::vector<BlockId> reversed(blocks.rbegin(), blocks.rend());
   s_->pool.FreeBlocks(reversed);
+}
+
+Status ChunkKvStore::Release(std::span<const BlockId> blocks) {
+  // Checked whole before any is released: a block freed more often than
+  // it is held would be queued twice, and one slot handed to two users.
+  std::vector<BlockId> sorted(blocks.begin(), blocks.end());
+  std::ranges::sort(sorted);
+  for (size_t i = 0; i < sorted.size();) {
+    const BlockId id = sorted[i];
+    size_t named = 0;
+    while (i < sorted.size() && sorted[i] == id) ++named, ++i;
+    if (id < 1 || id >= num_blocks()) {
+      return Status::InvalidArgument("chunk store: no block " +
+                                     std::to_string(id) + " to release");
+    }
+    if (static_cast<size_t>(std::max(0, s_->pool.block(id).ref_cnt)) < named) {
+      return Status::InvalidArgument(
+          "chunk store: block " + std::to_string(id) + " released " +
+          std::to_string(named) + " time(s) but held " +
+          std::to_string(s_->pool.block(id).ref_cnt) +
+          " (released already?); nothing released");
+    }
+  }
+  GiveBack(blocks);
+  return Status::Ok();
 }
 
 Status ChunkKvStore::Place(std::span<const BlockId> blocks, int32_t num_tokens,

@@ -135,8 +135,8 @@ Status PlaceChunk(ChunkKvStore* store, std::span<const TokenId> tokens,
                             slots.subspan(static_cast<size_t>(range.begin),
                                           static_cast<size_t>(range.size())),
                             range.begin, dst);
-  store->Release(blocks);
-  return status;
+  Status released = store->Release(blocks);
+  return !status.ok() ? status : released;
 }
 
 // Places every chunk of result->prompt at `slots` of `dst`, then prefills

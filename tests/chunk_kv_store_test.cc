@@ -96,10 +96,10 @@ TEST(ChunkKvStore, ComputeFillsTheBlocksItIsGiven) {
   for (size_t i = 0; i < chunk.size(); ++i) {
     EXPECT_EQ(seen_slots[i], int64_t{blocks[i / kBs]} * kBs + i % kBs);
   }
-  store.Release(blocks);
+  EXPECT_THAT(store.Release(blocks), IsOk());
   EXPECT_TRUE(store.Contains(chunk));
   EXPECT_EQ(store.Acquire(chunk), blocks);
-  store.Release(blocks);
+  EXPECT_THAT(store.Release(blocks), IsOk());
   EXPECT_EQ(store.stats().computed, 1u);
   EXPECT_EQ(store.stats().pool_hits, 1u);
   // No tokens is no chunk: nothing acquired, and not counted as a hit.
@@ -137,14 +137,16 @@ TEST(ChunkKvStore, BlocksOfAFailedComputeAreReusedFirst) {
   };
   // Seven one-block chunks fill the pool (block 0 is the null block).
   for (TokenId c = 0; c < 7; ++c) {
-    store.Release(store.ComputeAndInsert(chunk(10 * c)).value());
+    EXPECT_THAT(store.Release(store.ComputeAndInsert(chunk(10 * c)).value()),
+                IsOk());
   }
   ASSERT_EQ(store.stats().evictions, 0u);
   fail = true;
   EXPECT_THAT(store.ComputeAndInsert(chunk(100)),
               StatusIs(StatusCode::kInternal));  // Evicts chunk 0.
   fail = false;
-  store.Release(store.ComputeAndInsert(chunk(200)).value());
+  EXPECT_THAT(store.Release(store.ComputeAndInsert(chunk(200)).value()),
+              IsOk());
   EXPECT_EQ(store.stats().evictions, 1u);
   EXPECT_FALSE(store.Contains(chunk(0)));
   EXPECT_TRUE(store.Contains(chunk(10)));
@@ -211,7 +213,7 @@ TEST(ChunkKvStore, BlocksACopyMayStillUseAreNeverReused) {
     return std::vector<TokenId>{n, n + 1, n + 2, n + 3};  // One block.
   };
   // A publish given up on: the block keeps its chunk, and a pin for good.
-  store.Release(store.ComputeAndInsert(chunk(0)).value());
+  EXPECT_THAT(store.Release(store.ComputeAndInsert(chunk(0)).value()), IsOk());
   ASSERT_EQ(tier.copying_out_of.size(), 1u);
   // A fetch given up on: the block stays taken, unkeyed.
   EXPECT_TRUE(store.Acquire(chunk(10)).empty());
@@ -226,12 +228,12 @@ TEST(ChunkKvStore, BlocksACopyMayStillUseAreNeverReused) {
         store.ComputeAndInsert(chunk(10 * c)).value();
     EXPECT_NE(blocks[0], tier.copying_into[0]);
     EXPECT_NE(blocks[0], tier.copying_out_of[0]);
-    store.Release(blocks);
+    EXPECT_THAT(store.Release(blocks), IsOk());
   }
   // The published chunk is still whole and served from the pool.
   const std::vector<BlockId> again = store.Acquire(chunk(0));
   EXPECT_EQ(again, tier.copying_out_of);
-  store.Release(again);
+  EXPECT_THAT(store.Release(again), IsOk());
   EXPECT_THAT(PoolOf(store).CheckInvariants(), IsOk());
 }
 
@@ -273,11 +275,66 @@ TEST(ChunkKvStore, PlaceAtTheVirtualPositionsCopiesTheBytes) {
   std::iota(slots.begin(), slots.end(), int64_t{8});  // Past 3 blocks.
   EXPECT_THAT(store.Place(blocks, 6, slots, 0, dst),
               StatusIs(StatusCode::kInvalidArgument));
-  store.Release(blocks);
+  EXPECT_THAT(store.Release(blocks), IsOk());
   // Released: the blocks may hold another chunk by now.
   std::iota(slots.begin(), slots.end(), int64_t{0});
   EXPECT_THAT(store.Place(blocks, 6, slots, 0, dst),
               StatusIs(StatusCode::kInvalidArgument));
+}
+
+// A chunk computed while another request holds a chunk that begins with
+// the same block (documents with one header), or the same chunk computed
+// twice in one batch: the block the pool holds already is shared, not
+// rekeyed away from the request that holds it, which still places it.
+TEST(ChunkKvStore, AChunkComputedWhileItsFirstBlockIsHeldSharesIt) {
+  ChunkKvStore store = ChunkKvStore::Create(Options(FillWithPositions)).value();
+  const std::vector<TokenId> y = {1, 2, 3, 4, 50, 51, 52, 53};
+  const std::vector<TokenId> x = {1, 2, 3, 4, 60, 61, 62, 63};
+  const std::vector<BlockId> held_y = store.ComputeAndInsert(y).value();
+  ASSERT_TRUE(store.Acquire(x).empty());  // Its second block misses.
+  const std::vector<BlockId> computed_x = store.ComputeAndInsert(x).value();
+  EXPECT_EQ(computed_x[0], held_y[0]);
+  EXPECT_NE(computed_x[1], held_y[1]);
+  // The same chunk again while it is held: every block shared.
+  const std::vector<BlockId> again_x = store.ComputeAndInsert(x).value();
+  EXPECT_EQ(again_x, computed_x);
+  const KvLayout l = Layout();
+  std::vector<std::byte> dst(2 * l.BlockBytes());
+  std::vector<int64_t> slots(y.size());
+  std::iota(slots.begin(), slots.end(), int64_t{0});
+  for (const std::vector<BlockId>* held : {&held_y, &computed_x, &again_x}) {
+    EXPECT_THAT(store.Place(*held, 8, slots, store.virtual_start(), dst),
+                IsOk());
+  }
+  EXPECT_TRUE(store.Contains(x));
+  EXPECT_TRUE(store.Contains(y));
+  for (const std::vector<BlockId>* held : {&held_y, &computed_x, &again_x}) {
+    EXPECT_THAT(store.Release(*held), IsOk());
+  }
+  EXPECT_EQ(store.num_free_blocks(), 7);  // Every block back, none lost.
+  EXPECT_THAT(PoolOf(store).CheckInvariants(), IsOk());
+}
+
+// A release of blocks the caller does not hold is refused whole: a block
+// released twice (named twice, or once more than held), the null block,
+// one outside the pool. The engine's process goes on.
+TEST(ChunkKvStore, AReleaseOfBlocksNotHeldIsRefusedWhole) {
+  ChunkKvStore store = ChunkKvStore::Create(Options(FillWithPositions)).value();
+  const std::vector<TokenId> chunk = {1, 2, 3, 4, 5};
+  const std::vector<BlockId> blocks = store.ComputeAndInsert(chunk).value();
+  ASSERT_EQ(blocks.size(), 2u);
+  const std::vector<BlockId> twice = {blocks[0], blocks[1], blocks[1]};
+  EXPECT_THAT(store.Release(twice), StatusIs(StatusCode::kInvalidArgument));
+  for (BlockId bad : {0, -1, 8, 1 << 30}) {
+    const std::vector<BlockId> one = {blocks[0], bad};
+    EXPECT_THAT(store.Release(one), StatusIs(StatusCode::kInvalidArgument))
+        << bad;
+  }
+  EXPECT_EQ(store.num_free_blocks(), 5);  // Nothing released.
+  EXPECT_THAT(store.Release(blocks), IsOk());
+  EXPECT_THAT(store.Release(blocks), StatusIs(StatusCode::kInvalidArgument));
+  EXPECT_EQ(store.num_free_blocks(), 7);
+  EXPECT_THAT(PoolOf(store).CheckInvariants(), IsOk());
 }
 
 }  // namespace

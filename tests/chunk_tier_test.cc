@@ -161,7 +161,8 @@ class ChunkTierTest : public ::testing::Test {
     p.client = std::move(*client);
     p.patient = std::make_unique<ClientChunkSource>(p.client.get());
     EXPECT_THAT(p.store->SetTier(p.patient.get()), IsOk());
-    p.store->Release(p.store->ComputeAndInsert(chunk).value());
+    EXPECT_THAT(p.store->Release(p.store->ComputeAndInsert(chunk).value()),
+                IsOk());
     EXPECT_EQ(p.store->stats().published, 1u);
     return p;
   }
@@ -186,7 +187,7 @@ class ChunkTierTest : public ::testing::Test {
   void Compute(const std::vector<TokenId>& chunk) {
     StatusOr<std::vector<BlockId>> blocks = store_->ComputeAndInsert(chunk);
     ASSERT_THAT(blocks, IsOk());
-    store_->Release(*blocks);
+    EXPECT_THAT(store_->Release(*blocks), IsOk());
   }
 
   // The blocks hold `chunk`'s KV computed in isolation at the virtual
@@ -236,6 +237,51 @@ class ChunkTierTest : public ::testing::Test {
   std::unique_ptr<ClientChunkSource> tier_;
 };
 
+// A client that would copy somewhere other than the pool's memory is
+// refused: its fetches would key blocks nothing was copied into, and its
+// publishes would give every worker those bytes under the chunk's keys.
+TEST_F(ChunkTierTest, AClientThatCopiesElsewhereIsRefused) {
+  ChunkKvStore store =
+      CreateChunkKvStore(model_, {.num_blocks = 8, .block_size = kBs}).value();
+  const KvLayout& layout = store.layout();
+  auto refused = [&](int32_t device_blocks, CopyMode copies) {
+    ClientOptions options;
+    options.layout = layout;
+    options.num_device_blocks = device_blocks;
+    options.copies = copies;
+    StatusOr<std::unique_ptr<Client>> client = OpenEmbedded(options, {});
+    EXPECT_THAT(client, IsOk());
+    if (!client.ok()) return std::string();
+    ClientChunkSource source(client->get());
+    const Status s = store.SetTier(&source);
+    EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.ToString();
+    return s.message();
+  };
+  // The client's own arena, of the pool's size or not.
+  EXPECT_THAT(refused(8, CopyMode::kClient),
+              ::testing::HasSubstr("memory of its own"));
+  EXPECT_THAT(refused(9, CopyMode::kClient),
+              ::testing::HasSubstr("pool's 8 blocks"));
+  // Copies the engine makes.
+  EXPECT_THAT(refused(8, CopyMode::kCaller),
+              ::testing::HasSubstr("its caller"));
+  // Over the pool's memory: served.
+  std::unique_ptr<EmulatedDeviceTier> device =
+      EmulatedDeviceTier::CreateOver(
+          {store.memory(), size_t{8} * layout.BlockBytes()}, 8,
+          layout.BlockBytes())
+          .value();
+  ClientOptions options;
+  options.layout = layout;
+  options.num_device_blocks = 8;
+  options.device = device.get();
+  StatusOr<std::unique_ptr<Client>> client = OpenEmbedded(options, {});
+  ASSERT_THAT(client, IsOk());
+  ClientChunkSource source(client->get());
+  EXPECT_THAT(store.SetTier(&source), IsOk());
+  EXPECT_THAT(store.SetTier(nullptr), IsOk());
+}
+
 TEST_F(ChunkTierTest, ChunkEvictedFromThePoolComesBackFromHost) {
   Open(/*pool_blocks=*/5, /*host_slots=*/32, /*disk=*/false);  // 4 usable.
   const auto a = Tokens(1, 20), b = Tokens(2, 20), c = Tokens(3, 20);
@@ -248,7 +294,7 @@ TEST_F(ChunkTierTest, ChunkEvictedFromThePoolComesBackFromHost) {
   const std::vector<BlockId> blocks = store_->Acquire(a);
   ASSERT_EQ(blocks.size(), 2u);
   ExpectChunkKv(a, blocks);
-  store_->Release(blocks);
+  EXPECT_THAT(store_->Release(blocks), IsOk());
   EXPECT_TRUE(store_->Contains(a));  // Keyed in the pool again.
 
   const ChunkStoreStats s = store_->stats();
@@ -372,12 +418,12 @@ TEST_F(ChunkTierTest, FullPoolIsNotATierError) {
   EXPECT_EQ(client_->Stats().value().host.pinned_slots, 0);
 
   // With room again, the same chunk comes from host, bit-exact.
-  store_->Release(held_b);
-  store_->Release(held_c);
+  EXPECT_THAT(store_->Release(held_b), IsOk());
+  EXPECT_THAT(store_->Release(held_c), IsOk());
   const std::vector<BlockId> blocks = store_->Acquire(a);
   ASSERT_EQ(blocks.size(), 2u);
   ExpectChunkKv(a, blocks);
-  store_->Release(blocks);
+  EXPECT_THAT(store_->Release(blocks), IsOk());
   s = store_->stats();
   EXPECT_EQ(s.tier_hits, 1u);
   EXPECT_EQ(s.pool_full, 1u);
@@ -398,7 +444,7 @@ TEST_F(ChunkTierTest, ChunksSpilledToDiskComeBackBitExact) {
     const std::vector<BlockId> blocks = store_->Acquire(chunk);
     ASSERT_EQ(blocks.size(), 2u);
     ExpectChunkKv(chunk, blocks);
-    store_->Release(blocks);
+    EXPECT_THAT(store_->Release(blocks), IsOk());
     SettleSpills();
   }
   const ChunkStoreStats s = store_->stats();
@@ -436,7 +482,7 @@ TEST_F(ChunkTierTest, AChunkComputedAtAnotherVirtualStartOrVariantIsAMiss) {
   for (const Pool* p : {&a, &b, &c, &d}) ASSERT_NE(p->client, nullptr);
   const std::vector<BlockId> computed =
       a.store->ComputeAndInsert(chunk).value();
-  a.store->Release(computed);
+  EXPECT_THAT(a.store->Release(computed), IsOk());
   ASSERT_EQ(a.store->stats().published, 1u);
   // The publish's completion went one-way: a call on A's attachment
   // collects its answer, so tierkvd has keyed the chunk.
@@ -448,7 +494,7 @@ TEST_F(ChunkTierTest, AChunkComputedAtAnotherVirtualStartOrVariantIsAMiss) {
   EXPECT_EQ(b.store->stats().tier_errors, 0u);
   const std::vector<BlockId> own = b.store->ComputeAndInsert(chunk).value();
   ExpectChunkKvIn(b.store.get(), chunk, own);
-  b.store->Release(own);
+  EXPECT_THAT(b.store->Release(own), IsOk());
   ASSERT_THAT(b.client->Stats(), IsOk());
 
   // Another variant: a miss as well.
@@ -461,7 +507,7 @@ TEST_F(ChunkTierTest, AChunkComputedAtAnotherVirtualStartOrVariantIsAMiss) {
   ASSERT_EQ(loaded.size(), 3u);
   EXPECT_EQ(c.store->stats().tier_hits, 1u);
   ExpectChunkKvIn(c.store.get(), chunk, loaded);
-  c.store->Release(loaded);
+  EXPECT_THAT(c.store->Release(loaded), IsOk());
   for (Pool* p : {&a, &b, &c, &d}) p->client.reset();
   (*daemon)->Stop();
   RemoveStoreSegments(store);
@@ -499,13 +545,13 @@ TEST_F(ChunkTierTest, DeadTierkvdIsCountedThenReattached) {
   // Computing goes on; the publish fails and is counted.
   const std::vector<BlockId> blocks = store_->ComputeAndInsert(a).value();
   ExpectChunkKv(a, blocks);
-  store_->Release(blocks);
+  EXPECT_THAT(store_->Release(blocks), IsOk());
   EXPECT_EQ(store_->stats().tier_errors, 2u);
   EXPECT_EQ(store_->stats().published, 3u);
   // What the pool still holds is served as before.
   const std::vector<BlockId> held = store_->Acquire(c);
   EXPECT_EQ(held.size(), 2u);
-  store_->Release(held);
+  EXPECT_THAT(store_->Release(held), IsOk());
 
   // tierkvd comes back: the next publish re-attaches, and what it publishes
   // is fetched again once the pool has dropped it.
@@ -523,7 +569,7 @@ TEST_F(ChunkTierTest, DeadTierkvdIsCountedThenReattached) {
   ASSERT_EQ(fetched.size(), 2u);
   EXPECT_EQ(store_->stats().tier_hits, tier_hits + 1);
   ExpectChunkKv(d, fetched);
-  store_->Release(fetched);
+  EXPECT_THAT(store_->Release(fetched), IsOk());
   EXPECT_EQ(store_->stats().tier_errors, 2u);
   (*again)->Stop();
   RemoveStoreSegments(store);
@@ -550,7 +596,7 @@ TEST_F(ChunkTierTest, AStalledTierkvdRetiresNoBlocks) {
   (*daemon)->Freeze();
   const std::vector<BlockId> blocks =
       store_->ComputeAndInsert(Tokens(2, 20)).value();
-  store_->Release(blocks);
+  EXPECT_THAT(store_->Release(blocks), IsOk());
   EXPECT_EQ(store_->stats().tier_errors, 1u);
   EXPECT_EQ(store_->last_tier_error().code(), StatusCode::kUnavailable)
       << store_->last_tier_error().ToString();

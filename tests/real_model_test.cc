@@ -518,7 +518,7 @@ TEST_F(RealModel, RemappedChunksMatchChunkIsolatedPrefill) {
                               std::span(slots).subspan(c.begin, c.size()),
                               store.virtual_start(), unrotated.memory()),
                   IsOk());
-      store.Release(blocks);
+      EXPECT_THAT(store.Release(blocks), IsOk());
     }
     const std::vector<TokenRange> cached = {{0, assembled.question.begin}};
     const PrefillOutput off = model()

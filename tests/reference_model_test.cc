@@ -571,7 +571,7 @@ TEST(ReferenceModelChunks, ReuseMatchesChunkIsolatedPrefill) {
                            std::span(slots).subspan(r.begin, r.size()),
                            f.store.virtual_start(), dst.memory())
                     .ok());
-    f.store.Release(blocks);
+    EXPECT_THAT(f.store.Release(blocks), IsOk());
   }
   const std::vector<TokenRange> cached = {{0, p.question.begin}};
   PrefillOutput unrotated = f.model
@@ -651,7 +651,7 @@ TEST(ReferenceModelChunks, PartialHitStoresEveryChunk) {
       }
     }
   }
-  f.store.Release(blocks);
+  EXPECT_THAT(f.store.Release(blocks), IsOk());
 
   ChunkedPrefillResult r3 = f.Run(Join({e, d, sys, RandomTokens(rng, 3)}), 1);
   EXPECT_EQ(r3.chunk_hits, 3);
@@ -669,10 +669,10 @@ TEST(ReferenceModelChunks, StoreEvictsAndReportsExhaustion) {
              c = RandomTokens(rng, 20), big = RandomTokens(rng, 80);
   for (const auto* chunk : {&a, &b}) {
     std::vector<BlockId> blocks = store.ComputeAndInsert(*chunk).value();
-    store.Release(blocks);
+    EXPECT_THAT(store.Release(blocks), IsOk());
   }
   std::vector<BlockId> blocks = store.ComputeAndInsert(c).value();
-  store.Release(blocks);
+  EXPECT_THAT(store.Release(blocks), IsOk());
   EXPECT_FALSE(store.Contains(a));  // Least recently used: evicted.
   EXPECT_TRUE(store.Contains(b));
   EXPECT_TRUE(store.Contains(c));

@@ -112,7 +112,8 @@ class ChunkKvStore {
 
   // The tier below the pool, or null for none (the default). Not owned; it
   // copies into and out of memory(). InvalidArgument, with the tier
-  // unchanged, when its layout is not the pool's.
+  // unchanged, when its layout is not the pool's; FailedPrecondition when
+  // it copies elsewhere (ChunkSource::CheckPool).
   Status SetTier(ChunkSource* tier);
   // The pool's KV memory: num_blocks() blocks of layout().BlockBytes(), at a
   // fixed address for the store's life (a device tier is built over it).
@@ -127,8 +128,10 @@ class ChunkKvStore {
   // them pinned. ResourceExhausted when the pool has too few free blocks.
   StatusOr<std::vector<BlockId>> ComputeAndInsert(
       std::span<const TokenId> chunk);
-  // Unpins blocks from Acquire or ComputeAndInsert.
-  void Release(std::span<const BlockId> blocks);
+  // Unpins blocks from Acquire or ComputeAndInsert. InvalidArgument, with
+  // nothing released, for a block that is not the pool's or that the
+  // caller does not hold (released already, as often as it is named).
+  Status Release(std::span<const BlockId> blocks);
   // Whether every block of `chunk` is cached.
   bool Contains(std::span<const TokenId> chunk) const;
   // Copies a chunk's KV (num_tokens tokens in `blocks`) into `dst` at
@@ -161,6 +164,12 @@ class ChunkKvStore {
 
   std::vector<BlockId> FetchFromTier(std::span<const TokenId> chunk,
                                      std::span<const BlockKey> keys);
+  // Keys the chunk's blocks, fresh from a compute or a fetch; see there.
+  Status KeyBlocks(std::span<const TokenId> chunk,
+                   std::span<const BlockKey> keys,
+                   std::vector<BlockId>* blocks);
+  // Gives back blocks this store took for a compute or fetch that failed.
+  void GiveBack(std::span<const BlockId> blocks);
   void CountTierError(Status status);
 
   std::unique_ptr<State> s_;

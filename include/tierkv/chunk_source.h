@@ -12,6 +12,7 @@
 #ifndef TIERKV_INCLUDE_TIERKV_CHUNK_SOURCE_H_
 #define TIERKV_INCLUDE_TIERKV_CHUNK_SOURCE_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <span>
@@ -63,6 +64,18 @@ class ChunkSource {
   virtual Status Publish(std::span<const TokenId> chunk, int64_t virtual_start,
                          const BlockKey& variant,
                          std::span<const BlockId> blocks) = 0;
+
+  // Whether the tier copies into and out of `memory`, the pool's KV memory
+  // of `num_blocks` blocks (ChunkKvStore::memory()): FailedPrecondition,
+  // naming what differs, when it would copy elsewhere. Fetches would then
+  // key blocks nothing was copied into, and publishes would give every
+  // worker those blocks' bytes under the chunk's keys. Default: OK.
+  virtual Status CheckPool(std::span<const std::byte> memory,
+                           int32_t num_blocks) const {
+    (void)memory;
+    (void)num_blocks;
+    return Status::Ok();
+  }
 };
 
 }  // namespace tierkv

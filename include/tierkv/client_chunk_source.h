@@ -77,6 +77,11 @@ class ClientChunkSource final : public ChunkSource {
   Status Publish(std::span<const TokenId> chunk, int64_t virtual_start,
                  const BlockKey& variant,
                  std::span<const BlockId> blocks) override;
+  // The client copies itself (CopyMode::kClient) on a device tier of the
+  // pool's blocks and block size; an EmulatedDeviceTier must be over the
+  // pool's memory (CreateOver).
+  Status CheckPool(std::span<const std::byte> memory,
+                   int32_t num_blocks) const override;
 
   const ClientChunkSourceStats& stats() const { return stats_; }
 
