@@ -338,6 +338,37 @@ Status Coordinator::CheckDeviceBlocks(const WorkerState& w,
   return Status::Ok();
 }
 
+Status Coordinator::CheckDistinctDeviceBlocks(
+    const WorkerState& w, std::span<const BlockId> blocks) const {
+  TIERKV_RETURN_IF_ERROR(CheckDeviceBlocks(w, blocks));
+  std::vector<uint64_t>& bits = w.device_block_bits;
+  bits.resize((static_cast<size_t>(w.registration.num_device_blocks) + 63) /
+              64);
+  auto bit = [&bits](BlockId b) -> std::pair<uint64_t&, uint64_t> {
+    return {bits[static_cast<size_t>(b) / 64], uint64_t{1} << (b % 64)};
+  };
+  std::optional<BlockId> twice;
+  size_t marked = 0;
+  for (; marked < blocks.size(); ++marked) {
+    auto [word, mask] = bit(blocks[marked]);
+    if (word & mask) {
+      twice = blocks[marked];
+      break;
+    }
+    word |= mask;
+  }
+  for (size_t i = 0; i < marked; ++i) {  // All clear again.
+    auto [word, mask] = bit(blocks[i]);
+    word &= ~mask;
+  }
+  if (twice.has_value()) {
+    return Status::InvalidArgument(
+        "device block " + std::to_string(*twice) +
+        " is named twice: one device block holds one block of a request");
+  }
+  return Status::Ok();
+}
+
 std::span<const TokenId> Coordinator::BlockTokens(const RequestState& r,
                                                   int32_t b) const {
   const size_t bs = static_cast<size_t>(options_.layout.block_size);
@@ -966,7 +997,7 @@ StatusOr<CommitResult> Coordinator::Commit(
                                       " is not allocated");
   }
   RequestState& r = it->second;
-  TIERKV_RETURN_IF_ERROR(CheckDeviceBlocks(*w, device_blocks));
+  TIERKV_RETURN_IF_ERROR(CheckDistinctDeviceBlocks(*w, device_blocks));
   if (num_computed_tokens < 0) {
     return Status::InvalidArgument("negative num_computed_tokens");
   }

@@ -616,6 +616,9 @@ class Coordinator {
     bool dropped = false;
     // The chunk whose compute lease it holds.
     std::optional<BlockKey> lease;
+    // CheckDeviceBlocks' scratch: one bit per device block, all clear
+    // between calls.
+    mutable std::vector<uint64_t> device_block_bits;
   };
   // A chunk's compute lease (see "Chunks in one call").
   struct ChunkLease {
@@ -711,8 +714,14 @@ class Coordinator {
   // goes on after them.
   LookupResult FindHits(WorkerState* w, RequestState* r, int32_t first,
                         int32_t max_blocks);
+  // Each of `blocks` is one of the worker's device blocks.
   Status CheckDeviceBlocks(const WorkerState& w,
                            std::span<const BlockId> blocks) const;
+  // And none is named twice (a commit's): a store from one device block
+  // under two keys would serve one block's KV for the other's tokens.
+  // O(blocks).
+  Status CheckDistinctDeviceBlocks(const WorkerState& w,
+                                   std::span<const BlockId> blocks) const;
   std::span<const TokenId> BlockTokens(const RequestState& r, int32_t b) const;
   void ReleasePendingHits(WorkerState* w, RequestState* r);
   // Unpins slots pinned for `w` (null: its pins are no longer counted).

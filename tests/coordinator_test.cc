@@ -638,6 +638,29 @@ TEST_F(CoordinatorTest, FailedStoreLeavesTheSlotUnkeyed) {
   EXPECT_EQ(c_.Lookup(w, 2, t, 0, {}).value().hit_tokens, 0);
 }
 
+// A commit naming one device block for two of a request's blocks would
+// store that block's KV under both keys, and serve it to every worker for
+// the other block's tokens: refused, nothing stored, and the request goes
+// on with a list that names each block once.
+TEST_F(CoordinatorTest, ACommitNamingADeviceBlockTwiceStoresNothing) {
+  const WorkerId w = Register();
+  const std::vector<TokenId> t = SequentialTokens(1, 48);
+  ASSERT_THAT(c_.Lookup(w, 1, t, 0, {}), IsOk());
+  ASSERT_THAT(c_.Allocate(w, 1, {{1, 1, 2}}, 0), IsOk());
+  for (const std::vector<BlockId>& twice :
+       {std::vector<BlockId>{1, 1, 2}, std::vector<BlockId>{3, 2, 3}}) {
+    StatusOr<CommitResult> commit = c_.Commit(w, 1, 48, twice);
+    EXPECT_EQ(commit.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_THAT(commit.status().message(), HasSubstr("named twice"));
+  }
+  EXPECT_EQ(c_.stats().host.events_in_flight, 0u);
+  // The scratch bits were cleared: the same blocks once each are taken.
+  CommitResult commit = c_.Commit(w, 1, 48, Range(1, 3)).value();
+  ASSERT_EQ(commit.stores.size(), 1u);
+  EXPECT_EQ(commit.stores[0].device_blocks, Range(1, 3));
+  EXPECT_THAT(c_.host_pool().CheckInvariants(), IsOk());
+}
+
 TEST_F(CoordinatorTest, RejectsWhatAWorkerMayNotSay) {
   const WorkerId w1 = Register();
   const WorkerId w2 = Register();
