@@ -525,16 +525,71 @@ TEST(RegisteredDeviceCreate, AcceptsStridesExactlyLargeEnough) {
   const size_t run = RunBytes(layout, 2);
   const size_t token_stride = RunBytes(layout, 4);
   const size_t block_stride = 3 * token_stride + run;
-  std::vector<std::byte> memory(4 * block_stride);
+  const size_t plane = 4 * block_stride;  // One layer's K or V.
+  std::vector<std::byte> memory(2 * layout.num_layers * plane);
   RegisteredDeviceOptions options{
       .layout = layout, .num_blocks = 4, .first_head = 2, .num_heads = 2};
   for (int32_t l = 0; l < layout.num_layers; ++l) {
-    options.layers.push_back(LayerMemory{.key = memory.data(),
-                                         .value = memory.data(),
+    std::byte* key = memory.data() + 2 * l * plane;
+    options.layers.push_back(LayerMemory{.key = key,
+                                         .value = key + plane,
                                          .block_stride = block_stride,
                                          .token_stride = token_stride});
   }
   EXPECT_THAT(RegisteredDeviceTier::Create(options), IsOk());
+}
+
+// One tensor given for two layers, or for a layer's K and V (in Python,
+// [t] * num_layers, or (t, t)): every copy of one would read and write the
+// other's bytes, stored and served as both. Planes interleaved by token
+// (K and V of a token side by side) are memory of their own, and taken.
+TEST(RegisteredDeviceCreate, PlanesSharingMemoryAreRefused) {
+  const KvLayout layout = SmallLayout();
+  const size_t run = RunBytes(layout, 4);
+  std::vector<std::byte> memory(2 * layout.num_layers * 4 * 4 * 2 * run);
+  auto options = [&](auto&& place) {
+    RegisteredDeviceOptions o{.layout = layout, .num_blocks = 4};
+    for (int32_t l = 0; l < layout.num_layers; ++l) {
+      o.layers.push_back(place(l));
+    }
+    return o;
+  };
+  const size_t token_stride = 2 * run, block_stride = 4 * token_stride;
+  const size_t layer_bytes = 4 * block_stride;
+  // K and V of each token side by side, layers one after another: taken.
+  EXPECT_THAT(RegisteredDeviceTier::Create(options([&](int32_t l) {
+                std::byte* key = memory.data() + l * layer_bytes;
+                return LayerMemory{.key = key,
+                                   .value = key + run,
+                                   .block_stride = block_stride,
+                                   .token_stride = token_stride};
+              })),
+              IsOk());
+  // Every layer on one tensor.
+  StatusOr<std::unique_ptr<RegisteredDeviceTier>> same_layers =
+      RegisteredDeviceTier::Create(options([&](int32_t) {
+        return LayerMemory{.key = memory.data(),
+                           .value = memory.data() + run,
+                           .block_stride = block_stride,
+                           .token_stride = token_stride};
+      }));
+  EXPECT_EQ(same_layers.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(same_layers.status().message(), HasSubstr("overlap"));
+  // K and V of a layer on one tensor, or half a token apart.
+  for (size_t apart : {size_t{0}, run / 2}) {
+    StatusOr<std::unique_ptr<RegisteredDeviceTier>> same_planes =
+        RegisteredDeviceTier::Create(options([&](int32_t l) {
+          std::byte* key = memory.data() + l * layer_bytes;
+          return LayerMemory{.key = key,
+                             .value = key + apart,
+                             .block_stride = block_stride,
+                             .token_stride = token_stride};
+        }));
+    EXPECT_EQ(same_planes.status().code(), StatusCode::kInvalidArgument)
+        << apart;
+    EXPECT_THAT(same_planes.status().message(),
+                HasSubstr("layers[0].key and layers[0].value overlap"));
+  }
 }
 
 TEST(RegisteredDeviceSubmit, InvalidJobsAreRejectedWithNothingQueued) {

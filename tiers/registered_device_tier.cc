@@ -17,11 +17,13 @@
 //   densely packed, as the host's are (vLLM's layout with one rank); a
 //   shard or a strided layout moves one run of its heads per token, stored
 //   into the host slot with non-temporal stores (StreamToHost).
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <limits>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "tierkv/device_tier.h"
 #include "tiers/copy_engine.h"
@@ -124,6 +126,24 @@ Status ResolveOptions(RegisteredDeviceOptions& options) {
   for (size_t l = 0; l < options.layers.size(); ++l) {
     TIERKV_RETURN_IF_ERROR(ResolveLayer(l, options.layers[l], run,
                                         layout.block_size, options.num_blocks));
+  }
+  // Every plane (a layer's K or V) is memory of its own: one tensor given
+  // for two layers, or for K and V, would make every copy of one read and
+  // write the other's bytes, stored and served as both. Checked on the
+  // first token of the first block, which no legitimate layout (interleaved
+  // by block, layer or token) shares between planes.
+  std::vector<std::pair<const std::byte*, std::string>> firsts;
+  for (size_t l = 0; l < options.layers.size(); ++l) {
+    firsts.emplace_back(options.layers[l].key, LayerField(l, "key"));
+    firsts.emplace_back(options.layers[l].value, LayerField(l, "value"));
+  }
+  std::ranges::sort(firsts, {}, [](const auto& f) { return f.first; });
+  for (size_t i = 1; i < firsts.size(); ++i) {
+    if (firsts[i].first < firsts[i - 1].first + run) {
+      return Invalid(firsts[i - 1].second + " and " + firsts[i].second +
+                     " overlap: each layer's key and value must be memory "
+                     "of its own (the same tensor given twice?)");
+    }
   }
   return Status::Ok();
 }

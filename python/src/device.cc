@@ -202,6 +202,17 @@ std::shared_ptr<RegisteredDevice> Build(const KvLayout& layout,
                                   .num_heads = shard.num_heads};
   auto device = std::make_shared<RegisteredDevice>();
   device->tier = ValueOrRaise(RegisteredDeviceTier::Create(std::move(options)));
+  // A torch tensor's storage too: `t.data = ...` or `t.set_(...)` gives the
+  // tensor other memory and would free the registered one under the copy
+  // engine. (`t.resize_` to more bytes reallocates the storage itself:
+  // registered tensors must not be resized.)
+  const size_t tensors = owners.size();
+  for (size_t i = 0; i < tensors; ++i) {
+    if (!IsTorchTensor(owners[i])) continue;
+    owners.push_back(py::hasattr(owners[i], "untyped_storage")
+                         ? owners[i].attr("untyped_storage")()
+                         : owners[i].attr("storage")());
+  }
   device->owners = std::move(owners);
   device->rank = rank;
   device->num_ranks = num_ranks;

@@ -1,6 +1,8 @@
 // Status <-> tierkv.Error: the exception classes live in Python
 // (tierkv/_errors.py) so that they can derive from the built-in exceptions
 // that mean the same (ValueError, ConnectionError, TimeoutError, ...).
+#include <pybind11/numpy.h>
+
 #include <array>
 #include <string_view>
 #include <utility>
@@ -42,11 +44,21 @@ StatusCode CodeFromName(std::string_view name) {
 
 }  // namespace
 
+namespace {
+// Set once by InitErrors; never released (they live as long as the module).
+py::handle error_for;
+py::handle error_class;
+}  // namespace
+
+void InitErrors() {
+  const py::module_ errors = py::module_::import("tierkv._errors");
+  error_for = py::object(errors.attr("error_for")).release();
+  error_class = py::object(errors.attr("Error")).release();
+  // py::array's numpy API, which token and tensor arguments use.
+  py::detail::npy_api::get();
+}
+
 py::object ErrorObject(const Status& status) {
-  // tierkv/__init__.py imports tierkv._errors before this module.
-  static py::handle error_for =
-      py::object(py::module_::import("tierkv._errors").attr("error_for"))
-          .release();
   return error_for(CodeName(status.code()), status.message());
 }
 
@@ -64,8 +76,6 @@ void Raise(const Status& status) {
 
 Status StatusFromObject(const py::handle& error) {
   if (error.is_none()) return Status::Ok();
-  static py::handle error_class =
-      py::object(py::module_::import("tierkv._errors").attr("Error")).release();
   if (py::isinstance(error, error_class)) {
     return Status(CodeFromName(py::str(error.attr("code")).cast<std::string>()),
                   py::str(error.attr("message")).cast<std::string>());

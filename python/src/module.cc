@@ -4,6 +4,7 @@
 
 PYBIND11_MODULE(_native, m) {
   m.doc() = "tierkv's C++ client, bound for Python; import tierkv instead.";
+  tierkv::python::InitErrors();
   tierkv::python::RegisterTypes(m);
   tierkv::python::RegisterDevice(m);
   tierkv::python::RegisterClient(m);

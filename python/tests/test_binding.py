@@ -5,6 +5,8 @@ from __future__ import annotations
 import gc
 import os
 import pickle
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -124,6 +126,73 @@ def test_registered_torch_tensors_in_vllm_paged_layout(tierkvd, layout):
         assert torch.equal(cache[:, 5:7], old[:, 1:3])
         assert torch.equal(cache[:, :5], old[:, :5])
         assert torch.equal(cache[:, 7:], old[:, 7:])
+
+
+def test_one_tensor_for_two_layers_or_for_k_and_v_is_refused(layout):
+    """[t] * num_layers, or (t, t): every copy of one layer or plane would
+    read and write another's bytes, stored and served as both."""
+    caches = paged_caches(layout, num_blocks=4)
+    with pytest.raises(tierkv.InvalidArgumentError, match="overlap"):
+        tierkv.RegisteredDevice.paged(layout, [caches[0]] * layout.num_layers)
+    planes = [(c[0], c[0]) for c in caches]
+    with pytest.raises(tierkv.InvalidArgumentError,
+                       match=r"layers\[\d\]\.key and layers\[\d\]\.value overlap"):
+        tierkv.RegisteredDevice.from_layers(layout, planes)
+
+
+def test_a_registered_tensor_given_other_memory_keeps_the_old_alive(
+        tmp_path):
+    """`t.data = ...` swaps a registered tensor's storage: the copy engine
+    goes on with the registered memory, which the device keeps alive. In a
+    process of its own, with tensors large enough that freed memory is
+    unmapped: a store from freed memory crashed it."""
+    script = tmp_path / "swap.py"
+    script.write_text(
+        "import gc, tierkv, torch\n"
+        "L = tierkv.KvLayout(2, 2, 64, block_size=16, dtype='bf16')\n"
+        "nb = 8192  # 64 MiB a layer: freed, it is unmapped\n"
+        "caches = [torch.full((2, nb, 16, 2, 64), 3.0, dtype=torch.bfloat16)\n"
+        "          for _ in range(2)]\n"
+        "dev = tierkv.RegisteredDevice.paged(L, caches)\n"
+        "for t in caches:\n"
+        "    t.data = torch.zeros((2, 16, 16, 2, 64), dtype=torch.bfloat16)\n"
+        "gc.collect()\n"
+        "with tierkv.Client.open_embedded(L, device=dev,\n"
+        "                                 host_bytes=8 << 20) as c:\n"
+        "    c.lookup(1, list(range(32)))\n"
+        "    c.allocate(1, [nb - 1], 0)\n"
+        "    c.commit(1, 16, [nb - 1])\n"
+        "    done = c.wait_events(10)\n"
+        "    assert done and done[0].ok, done\n"
+        "    c.complete(done)\n"
+        "print('stored')\n")
+    run = subprocess.run([sys.executable, str(script)], env=dict(os.environ),
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and run.stdout == "stored\n", (
+        run.returncode, run.stderr[-2000:])
+
+
+def test_first_calls_from_threads_at_once_do_not_deadlock(tmp_path):
+    """Two threads' first calls in a process that has not imported numpy:
+    the binding imports numpy's API when tierkv is imported, not inside a
+    first call, where one thread giving up the GIL deadlocked the other."""
+    script = tmp_path / "threads.py"
+    script.write_text(
+        "import sys, threading\n"
+        "import tierkv\n"
+        "L = tierkv.KvLayout(2, 2, 64, block_size=16, dtype='bf16')\n"
+        "c = tierkv.Client.open_embedded(L, 8, host_bytes=8 << 20)\n"
+        "def work(k):\n"
+        "    c.lookup(k, list(range(k * 1000, k * 1000 + 32)))\n"
+        "ts = [threading.Thread(target=work, args=(k,)) for k in range(8)]\n"
+        "[t.start() for t in ts]\n"
+        "[t.join() for t in ts]\n"
+        "print('done')\n")
+    env = dict(os.environ)
+    for attempt in range(5):
+        run = subprocess.run([sys.executable, str(script)], env=env,
+                             capture_output=True, text=True, timeout=60)
+        assert run.returncode == 0 and run.stdout == "done\n", run.stderr
 
 
 def test_registered_dict_of_caches_keeps_layer_order(tierkvd, layout):
