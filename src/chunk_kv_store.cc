@@ -312,7 +312,8 @@ Status ChunkKvStore::Place(std::span<const BlockId> blocks, int32_t num_tokens,
   // or a free block none. They hold num_tokens tokens, no more.
   std::vector<const std::byte*> src;
   int64_t held_tokens = 0;
-  for (BlockId id : blocks) {
+  for (size_t j = 0; j < blocks.size(); ++j) {
+    const BlockId id = blocks[j];
     if (id < 1 || id >= num_blocks()) {
       return Status::InvalidArgument("chunk store: no block " +
                                      std::to_string(id));
@@ -323,8 +324,21 @@ Status ChunkKvStore::Place(std::span<const BlockId> blocks, int32_t num_tokens,
           "chunk store: block " + std::to_string(id) +
           " holds no chunk the caller has (released, or never keyed)");
     }
+    if (j + 1 < blocks.size() && b.num_tokens < s_->pool.block_size()) {
+      return Status::InvalidArgument(
+          "chunk store: block " + std::to_string(id) + " holds a chunk's " +
+          "partial last block, not its block " + std::to_string(j) +
+          " (the blocks of one chunk, in order)");
+    }
     held_tokens += b.num_tokens;
     src.push_back(s_->block(id));
+  }
+  const std::byte* pool_begin = s_->memory.data();
+  const std::byte* pool_end = pool_begin + s_->memory.size();
+  if (dst.data() < pool_end && dst.data() + dst.size() > pool_begin) {
+    return Status::InvalidArgument(
+        "chunk store: the destination overlaps the pool's own memory; "
+        "placing would overwrite cached chunks");
   }
   if (num_tokens < 0 || num_tokens > held_tokens) {
     return Status::InvalidArgument(

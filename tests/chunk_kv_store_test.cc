@@ -275,6 +275,16 @@ TEST(ChunkKvStore, PlaceAtTheVirtualPositionsCopiesTheBytes) {
   std::iota(slots.begin(), slots.end(), int64_t{8});  // Past 3 blocks.
   EXPECT_THAT(store.Place(blocks, 6, slots, 0, dst),
               StatusIs(StatusCode::kInvalidArgument));
+  // The partial last block first, and a destination in the pool itself.
+  std::iota(slots.begin(), slots.end(), int64_t{0});
+  const std::vector<BlockId> reversed = {blocks[1], blocks[0]};
+  Status placed = store.Place(reversed, 6, slots, 0, dst);
+  EXPECT_EQ(placed.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(placed.message(), ::testing::HasSubstr("partial last block"));
+  placed =
+      store.Place(blocks, 6, slots, 0, {store.memory(), 3 * l.BlockBytes()});
+  EXPECT_EQ(placed.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(placed.message(), ::testing::HasSubstr("overlaps the pool"));
   EXPECT_THAT(store.Release(blocks), IsOk());
   // Released: the blocks may hold another chunk by now.
   std::iota(slots.begin(), slots.end(), int64_t{0});

@@ -139,8 +139,9 @@ class ChunkKvStore {
   // `dst` is KV memory in layout(): block b at dst.data() + b * BlockBytes(),
   // a slot is block * block_size + offset. InvalidArgument, with nothing
   // written, for a block the caller does not hold (the null block, one not
-  // from Acquire or ComputeAndInsert, or released since), more tokens than
-  // the blocks hold, or a slot outside `dst`.
+  // from Acquire or ComputeAndInsert, or released since), a partial block
+  // before the last, more tokens than the blocks hold, a slot outside
+  // `dst`, or a `dst` that overlaps memory().
   Status Place(std::span<const BlockId> blocks, int32_t num_tokens,
                std::span<const int64_t> dst_slots, int64_t real_start,
                std::span<std::byte> dst) const;
