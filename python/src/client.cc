@@ -113,6 +113,21 @@ std::vector<TokenId> Tokens(const py::handle& tokens) {
         "tokens must be integers, not an array of dtype " +
         std::string(py::str(given.dtype()))));
   }
+  if (given && given.size() > 0 && given.dtype().kind() == 'u') {
+    // Unsigned: checked as such, so 2**63 is not read as a negative id.
+    const auto u =
+        py::array_t<uint64_t,
+                    py::array::c_style | py::array::forcecast>::ensure(given);
+    if (u && u.ndim() == 1) {
+      for (py::ssize_t i = 0; i < u.size(); ++i) {
+        if (u.data()[i] > std::numeric_limits<TokenId>::max()) {
+          Raise(Status::InvalidArgument("token " + std::to_string(u.data()[i]) +
+                                        " at index " + std::to_string(i) +
+                                        " is not a uint32 token id"));
+        }
+      }
+    }
+  }
   auto array =
       py::array_t<int64_t, py::array::c_style | py::array::forcecast>::ensure(
           given ? py::handle(given) : tokens);
@@ -313,22 +328,40 @@ py::dict StatsDict(const CoordinatorStats& s) {
 std::vector<MultiModalItem> MultiModalItems(const py::handle& items) {
   std::vector<MultiModalItem> out;
   if (items.is_none()) return out;
+  size_t index = 0;
   for (const py::handle& item : items) {
+    const std::string which = "mm_items[" + std::to_string(index++) + "] " +
+                              py::repr(item).cast<std::string>();
+    if (py::isinstance<py::str>(item) || py::isinstance<py::bytes>(item)) {
+      throw py::type_error(which +
+                           ": each item is an (identifier, offset, length) "
+                           "tuple, not a string");
+    }
     // Any sequence (a tuple, a list); not one: TypeError.
     const py::tuple t(py::reinterpret_borrow<py::object>(item));
     if (t.size() != 3) {
-      throw py::value_error(
-          "mm_items: each item is (identifier, offset, length)");
+      throw py::value_error(which +
+                            ": each item is (identifier, offset, length)");
     }
-    const std::string id = py::isinstance<py::bytes>(t[0])
-                               ? std::string(t[0].cast<py::bytes>())
-                               : t[0].cast<std::string>();
-    const auto start = t[1].cast<int64_t>();
-    const auto length = t[2].cast<int64_t>();
+    std::string id;
+    int64_t start = 0, length = 0;
+    try {
+      id = py::isinstance<py::bytes>(t[0]) ? std::string(t[0].cast<py::bytes>())
+                                           : t[0].cast<std::string>();
+      if (!py::isinstance<py::int_>(t[1]) || !py::isinstance<py::int_>(t[2])) {
+        throw py::cast_error();
+      }
+      start = t[1].cast<int64_t>();
+      length = t[2].cast<int64_t>();
+    } catch (const py::cast_error&) {
+      throw py::type_error(which +
+                           ": the identifier is a str or bytes, the offset "
+                           "and length are ints that fit 64 bits");
+    }
     if (id.empty() || start < 0 || length < 1) {
-      throw py::value_error(
-          "mm_items: an item needs an identifier, an offset >= 0 and a "
-          "length >= 1");
+      throw py::value_error(which +
+                            ": an item needs an identifier, an offset >= 0 "
+                            "and a length >= 1");
     }
     out.push_back({.hash = ContentKey(id), .start = start, .length = length});
   }

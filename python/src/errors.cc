@@ -80,9 +80,23 @@ Status StatusFromObject(const py::handle& error) {
     return Status(CodeFromName(py::str(error.attr("code")).cast<std::string>()),
                   py::str(error.attr("message")).cast<std::string>());
   }
+  // A flag or a number says nothing of why a copy failed, and False or 0
+  // reads as "no error": refused rather than taken as a failure.
+  if (py::isinstance<py::bool_>(error) || py::isinstance<py::int_>(error) ||
+      py::isinstance<py::float_>(error)) {
+    throw py::type_error(
+        "error is " + py::repr(error).cast<std::string>() +
+        ": None for a copy that succeeded, else a message or a tierkv.Error");
+  }
   if (py::isinstance<py::str>(error)) {
     // A bare message: the engine's copy failed for that reason.
-    return Status::Internal(error.cast<std::string>());
+    std::string message = error.cast<std::string>();
+    if (message.empty()) {
+      throw py::value_error(
+          "error is an empty message: None for a copy that succeeded, else "
+          "why it failed");
+    }
+    return Status::Internal(std::move(message));
   }
   return Status::Internal(py::repr(error).cast<std::string>());
 }

@@ -565,6 +565,13 @@ def test_tokens_must_be_integers(tierkvd, layout):
             client.lookup(2, [1.5])
         with pytest.raises(tierkv.InvalidArgumentError, match="uint32"):
             client.lookup(3, [-1])
+        # Past int64 too: named as given, not wrapped around.
+        with pytest.raises(tierkv.InvalidArgumentError,
+                           match="token 9223372036854775808 at index 0"):
+            client.lookup(3, [2**63])
+        with pytest.raises(tierkv.InvalidArgumentError,
+                           match="token 4294967296 at index 0"):
+            client.lookup(3, np.array([2**32], dtype=np.uint64))
         small = np.array([1, 2, 3], dtype=np.uint16)
         assert client.lookup(4, small).hit_tokens == 0
 
@@ -578,6 +585,11 @@ def test_lookup_extras_must_name_their_items(tierkvd, layout):
                 client.lookup(1, tokens, mm_items=bad)
         with pytest.raises(TypeError):
             client.lookup(1, tokens, mm_items=[7])
+        # Items of the wrong types are TypeErrors naming the item.
+        for bad in (["abc"], [("id", 1.0, 4)], [(None, 0, 4)], [(7, 0, 4)],
+                    [("id", 0, 2**64)]):
+            with pytest.raises(TypeError, match=r"mm_items\[0\]"):
+                client.lookup(1, tokens, mm_items=bad)
         with pytest.raises(TypeError):
             client.lookup(1, tokens, 0, 5)  # The extras are keywords.
         ok = client.lookup(2, tokens, lora_id=3, cache_salt="s",
@@ -622,6 +634,13 @@ def test_events_are_plain_picklable_values():
     assert failed.event == event and failed.session == 3
     assert failed.error == tierkv.DataLossError("bad copy")
     assert failed.loaded_blocks == 0
+    assert not tierkv.FinishedTransfer(event, "copy failed").ok
+    # False, 0 or "" read as "no error", yet would count as a failed copy.
+    for unclear in (False, True, 0, 1.0):
+        with pytest.raises(TypeError, match="None for a copy that succeeded"):
+            tierkv.FinishedTransfer(event, unclear)
+    with pytest.raises(ValueError, match="empty message"):
+        tierkv.FinishedTransfer(event, "")
     with pytest.raises(tierkv.InvalidArgumentError, match="kind"):
         tierkv.TransferEvent("copy", 0, 0, [], [])
     with pytest.raises(tierkv.InvalidArgumentError, match="host_blocks"):
