@@ -54,6 +54,27 @@ class PyClient {
     return f(*h->client);
   }
 
+  // A wait of up to `timeout` as slices of at most kWaitSlice, each alone
+  // on the client (other threads' calls go between them) and each followed
+  // by a check for signals with the GIL held, so that Ctrl-C interrupts a
+  // long wait. `wait(client, slice)` returns whether the wait is over.
+  template <typename F>
+  void SlicedWait(std::chrono::milliseconds timeout, F&& wait) const {
+    static constexpr std::chrono::milliseconds kWaitSlice{100};
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    for (;;) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
+      const bool last = left <= kWaitSlice;
+      const std::chrono::milliseconds slice =
+          last ? std::max(left, std::chrono::milliseconds(0)) : kWaitSlice;
+      if (Call([&](Client& client) { return wait(client, slice, last); })) {
+        return;
+      }
+      if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+    }
+  }
+
   bool closed() const { return handle_ == nullptr; }
 
   // Calls in flight in other threads and host slot views keep the handle
@@ -466,8 +487,13 @@ void RegisterMethods(py::class_<PyClient>& cls) {
           "wait_events",
           [](const PyClient& c, double timeout) {
             const std::chrono::milliseconds ms = Millis(timeout, "timeout");
-            return c.Call(
-                [&](Client& client) { return client.WaitEvents(ms); });
+            std::vector<FinishedTransfer> done;
+            c.SlicedWait(ms, [&](Client& client,
+                                 std::chrono::milliseconds slice, bool last) {
+              done = client.WaitEvents(slice);
+              return last || !done.empty();
+            });
+            return done;
           },
           py::arg("timeout"))
       .def(
@@ -498,8 +524,18 @@ void RegisterMethods(py::class_<PyClient>& cls) {
           "wait_idle",
           [](const PyClient& c, double timeout) {
             const std::chrono::milliseconds ms = Millis(timeout, "timeout");
-            ThrowIfError(
-                c.Call([&](Client& client) { return client.WaitIdle(ms); }));
+            Status idle;
+            c.SlicedWait(ms, [&](Client& client,
+                                 std::chrono::milliseconds slice, bool last) {
+              idle = client.WaitIdle(slice);
+              return last || idle.code() != StatusCode::kDeadlineExceeded;
+            });
+            if (idle.code() == StatusCode::kDeadlineExceeded) {
+              idle = Status::DeadlineExceeded(
+                  "the store's disk tier was still busy after " +
+                  std::to_string(ms.count()) + " ms");
+            }
+            ThrowIfError(idle);
           },
           py::arg("timeout"))
       .def("reconnect",

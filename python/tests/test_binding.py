@@ -5,8 +5,11 @@ from __future__ import annotations
 import gc
 import os
 import pickle
+import signal
 import subprocess
 import sys
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -595,6 +598,38 @@ def test_lookup_extras_must_name_their_items(tierkvd, layout):
         ok = client.lookup(2, tokens, lora_id=3, cache_salt="s",
                            mm_items=[(b"raw", 1, 2), ["listed", 20, 4]])
         assert ok.hit_tokens == 0
+
+
+def test_a_signal_interrupts_a_long_wait_and_others_call_meanwhile(
+        tierkvd, layout):
+    """A long wait_events (or wait_idle) is cut into short waits: a signal's
+    handler runs within one of them (Ctrl-C stops an engine waiting on
+    tierkv), and another thread's call on the client goes between them."""
+    class Interrupted(Exception):
+        pass
+
+    def interrupt(signum, frame):
+        raise Interrupted()
+
+    old = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        with tierkv.Client.open(tierkvd.socket, layout, 4) as client:
+            started = time.monotonic()
+            signal.setitimer(signal.ITIMER_REAL, 0.2)
+            with pytest.raises(Interrupted):
+                client.wait_events(30.0)
+            assert time.monotonic() - started < 20
+            # Another thread's call is served during a long wait.
+            waiting = threading.Thread(target=client.wait_events, args=(3.0,))
+            waiting.start()
+            time.sleep(0.3)  # Into the wait (no harm if not).
+            started = time.monotonic()
+            assert client.stats()["workers"]
+            assert time.monotonic() - started < 2.0
+            waiting.join()
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
 
 
 def test_a_closed_client_refuses_calls(tierkvd, layout):
