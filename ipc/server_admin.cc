@@ -41,8 +41,12 @@ bool Server::Impl::Handle(Connection* conn, const Message& message) {
     return Reply(conn, StatsReply{std::move(stats)});
   }
   if (std::holds_alternative<EventsRequest>(message)) {
+    // A member of --group sees its own workers' events only.
+    const std::optional<uint32_t> of_uid =
+        MayOperate(conn->peer) ? std::nullopt
+                               : std::optional<uint32_t>(conn->peer.uid);
     std::vector<EventInfo> events;
-    { events = store->Lock()->events(); }
+    { events = store->Lock()->events(of_uid); }
     return Reply(conn, ListEvents(std::move(events)));
   }
   if (std::holds_alternative<HeldKeysRequest>(message)) {

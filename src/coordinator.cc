@@ -341,27 +341,12 @@ Status Coordinator::CheckDeviceBlocks(const WorkerState& w,
 Status Coordinator::CheckDistinctDeviceBlocks(
     const WorkerState& w, std::span<const BlockId> blocks) const {
   TIERKV_RETURN_IF_ERROR(CheckDeviceBlocks(w, blocks));
-  std::vector<uint64_t>& bits = w.device_block_bits;
-  bits.resize((static_cast<size_t>(w.registration.num_device_blocks) + 63) /
-              64);
-  auto bit = [&bits](BlockId b) -> std::pair<uint64_t&, uint64_t> {
-    return {bits[static_cast<size_t>(b) / 64], uint64_t{1} << (b % 64)};
-  };
-  std::optional<BlockId> twice;
-  size_t marked = 0;
-  for (; marked < blocks.size(); ++marked) {
-    auto [word, mask] = bit(blocks[marked]);
-    if (word & mask) {
-      twice = blocks[marked];
-      break;
-    }
-    word |= mask;
-  }
-  for (size_t i = 0; i < marked; ++i) {  // All clear again.
-    auto [word, mask] = bit(blocks[i]);
-    word &= ~mask;
-  }
-  if (twice.has_value()) {
+  // A sorted copy: O(blocks log blocks) and memory for the blocks named,
+  // whatever number of device blocks the worker registered.
+  std::vector<BlockId> sorted(blocks.begin(), blocks.end());
+  std::ranges::sort(sorted);
+  if (const auto twice = std::ranges::adjacent_find(sorted);
+      twice != sorted.end()) {
     return Status::InvalidArgument(
         "device block " + std::to_string(*twice) +
         " is named twice: one device block holds one block of a request");

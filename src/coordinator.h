@@ -504,8 +504,10 @@ class Coordinator {
   // `max_per_tier` of each: what the cache_events sink has been told.
   HeldKeys HeldKeysNow(size_t max_per_tier) const;
   // Every transfer event in flight, oldest first (ties: by worker, kind,
-  // id).
-  std::vector<EventInfo> events() const;
+  // id); with `uid`, only those of that user's workers (what a user who
+  // does not operate tierkvd may see, as KeepWorkersOfUid).
+  std::vector<EventInfo> events(
+      std::optional<uint32_t> uid = std::nullopt) const;
   const BlockPool& host_pool() const { return host_pool_; }
   // Nothing in flight on the lower tier: every spill and promotion
   // started has finished and PumpLowerTier applied its result.
@@ -616,9 +618,6 @@ class Coordinator {
     bool dropped = false;
     // The chunk whose compute lease it holds.
     std::optional<BlockKey> lease;
-    // CheckDeviceBlocks' scratch: one bit per device block, all clear
-    // between calls.
-    mutable std::vector<uint64_t> device_block_bits;
   };
   // A chunk's compute lease (see "Chunks in one call").
   struct ChunkLease {
@@ -719,7 +718,7 @@ class Coordinator {
                            std::span<const BlockId> blocks) const;
   // And none is named twice (a commit's): a store from one device block
   // under two keys would serve one block's KV for the other's tokens.
-  // O(blocks).
+  // O(blocks log blocks).
   Status CheckDistinctDeviceBlocks(const WorkerState& w,
                                    std::span<const BlockId> blocks) const;
   std::span<const TokenId> BlockTokens(const RequestState& r, int32_t b) const;

@@ -111,11 +111,12 @@ void Coordinator::RecordLatency(EventLatency* latency,
   latency->Record(MicrosecondsSince(started, Now()));
 }
 
-std::vector<EventInfo> Coordinator::events() const {
+std::vector<EventInfo> Coordinator::events(std::optional<uint32_t> uid) const {
   const auto now = Now();
   std::vector<std::pair<std::chrono::steady_clock::time_point, EventInfo>>
       found;
   for (const auto& [worker, w] : workers_) {
+    if (uid.has_value() && w.registration.uid != *uid) continue;
     for (const auto* in_flight : {&w.loads, &w.stores}) {
       for (const auto& [id, e] : *in_flight) {
         EventState state = EventState::kCopying;

@@ -654,7 +654,7 @@ TEST_F(CoordinatorTest, ACommitNamingADeviceBlockTwiceStoresNothing) {
     EXPECT_THAT(commit.status().message(), HasSubstr("named twice"));
   }
   EXPECT_EQ(c_.stats().host.events_in_flight, 0u);
-  // The scratch bits were cleared: the same blocks once each are taken.
+  // The same blocks, each named once, are taken.
   CommitResult commit = c_.Commit(w, 1, 48, Range(1, 3)).value();
   ASSERT_EQ(commit.stores.size(), 1u);
   EXPECT_EQ(commit.stores[0].device_blocks, Range(1, 3));

@@ -22,6 +22,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <numeric>
 #include <sstream>
 #include <string>
 
@@ -863,6 +864,19 @@ TEST_F(OperatorRightsTest, AWorkerGroupMemberSeesOnlyItsOwnWorkers) {
   auto page_only = Admin(TestUsers::kMember,
                          {"workers", "--store", store_, "--source", "page"});
   EXPECT_NE(page_only->Wait(), 0) << page_only->output();
+  // Nor the owner's events in flight (a store not completed yet).
+  std::vector<TokenId> tokens(16);
+  std::iota(tokens.begin(), tokens.end(), 7000u);
+  const std::vector<BlockId> device = {1};
+  ASSERT_THAT(owner->Lookup(1, tokens), IsOk());
+  ASSERT_THAT(owner->Allocate(1, device, 0), IsOk());
+  ASSERT_EQ(owner->Commit(1, 16, device).value().stores.size(), 1u);
+  auto own_events = Admin("", {"events"});
+  ASSERT_EQ(own_events->Wait(), 0) << own_events->output();
+  EXPECT_THAT(own_events->output(), HasSubstr("owner-engine"));
+  auto their_events = Admin(TestUsers::kMember, {"events"});
+  ASSERT_EQ(their_events->Wait(), 0) << their_events->output();
+  EXPECT_THAT(their_events->output(), Not(HasSubstr("owner-engine")));
   // Nor over a worker channel of its own: a member's client asks its stats.
   auto worker = Spawn(TestUsers::As(TestUsers::kMember,
                                     {TEST_WORKER_PATH, "workers", socket_}));

@@ -79,7 +79,9 @@ class ClientChunkSource final : public ChunkSource {
                  std::span<const BlockId> blocks) override;
   // The client copies itself (CopyMode::kClient) on a device tier of the
   // pool's blocks and block size; an EmulatedDeviceTier must be over the
-  // pool's memory (CreateOver).
+  // pool's memory (CreateOver). Another device tier (a RegisteredDeviceTier)
+  // is taken on its shape alone: that it is over the pool's memory cannot
+  // be told through the DeviceTier interface.
   Status CheckPool(std::span<const std::byte> memory,
                    int32_t num_blocks) const override;
 

@@ -491,7 +491,9 @@ void RegisterMethods(py::class_<PyClient>& cls) {
             c.SlicedWait(ms, [&](Client& client,
                                  std::chrono::milliseconds slice, bool last) {
               done = client.WaitEvents(slice);
-              return last || !done.empty();
+              // Without a device (caller or ranks copy) it never waits:
+              // sliced, it would spin for the whole timeout.
+              return last || !done.empty() || client.device() == nullptr;
             });
             return done;
           },
@@ -525,12 +527,17 @@ void RegisterMethods(py::class_<PyClient>& cls) {
           [](const PyClient& c, double timeout) {
             const std::chrono::milliseconds ms = Millis(timeout, "timeout");
             Status idle;
+            bool connected = true;
             c.SlicedWait(ms, [&](Client& client,
                                  std::chrono::milliseconds slice, bool last) {
               idle = client.WaitIdle(slice);
-              return last || idle.code() != StatusCode::kDeadlineExceeded;
+              // A call that timed out (tierkvd stopped answering) ends the
+              // wait as it is: the client is no longer connected.
+              connected = client.connected();
+              return last || idle.code() != StatusCode::kDeadlineExceeded ||
+                     !connected;
             });
-            if (idle.code() == StatusCode::kDeadlineExceeded) {
+            if (idle.code() == StatusCode::kDeadlineExceeded && connected) {
               idle = Status::DeadlineExceeded(
                   "the store's disk tier was still busy after " +
                   std::to_string(ms.count()) + " ms");

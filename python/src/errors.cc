@@ -80,10 +80,10 @@ Status StatusFromObject(const py::handle& error) {
     return Status(CodeFromName(py::str(error.attr("code")).cast<std::string>()),
                   py::str(error.attr("message")).cast<std::string>());
   }
-  // A flag or a number says nothing of why a copy failed, and False or 0
-  // reads as "no error": refused rather than taken as a failure.
-  if (py::isinstance<py::bool_>(error) || py::isinstance<py::int_>(error) ||
-      py::isinstance<py::float_>(error)) {
+  // A flag or a number (numpy's and torch's too) says nothing of why a
+  // copy failed, and False or 0 reads as "no error": refused rather than
+  // taken as a failure.
+  if (PyNumber_Check(error.ptr()) != 0 && !py::isinstance<py::str>(error)) {
     throw py::type_error(
         "error is " + py::repr(error).cast<std::string>() +
         ": None for a copy that succeeded, else a message or a tierkv.Error");

@@ -141,6 +141,13 @@ def test_one_tensor_for_two_layers_or_for_k_and_v_is_refused(layout):
     with pytest.raises(tierkv.InvalidArgumentError,
                        match=r"layers\[\d\]\.key and layers\[\d\]\.value overlap"):
         tierkv.RegisteredDevice.from_layers(layout, planes)
+    # The torch copy path (tensors on any device) refuses them too.
+    from tierkv._torch_copy import TorchCopier
+    with pytest.raises(tierkv.InvalidArgumentError, match="overlap"):
+        TorchCopier(layout, planes)
+    with pytest.raises(tierkv.InvalidArgumentError, match="overlap"):
+        TorchCopier(layout, [(caches[0][0], caches[0][1])] * layout.num_layers)
+    TorchCopier(layout, [(c[0], c[1]) for c in caches])  # Taken.
 
 
 def test_a_registered_tensor_given_other_memory_keeps_the_old_alive(
@@ -627,6 +634,12 @@ def test_a_signal_interrupts_a_long_wait_and_others_call_meanwhile(
             assert client.stats()["workers"]
             assert time.monotonic() - started < 2.0
             waiting.join()
+        # A client whose caller copies has nothing to wait for: at once.
+        with tierkv.Client.open(tierkvd.socket, layout, 4,
+                                copies="caller") as caller:
+            started = time.monotonic()
+            assert caller.wait_events(10.0) == []
+            assert time.monotonic() - started < 5
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
@@ -671,7 +684,8 @@ def test_events_are_plain_picklable_values():
     assert failed.loaded_blocks == 0
     assert not tierkv.FinishedTransfer(event, "copy failed").ok
     # False, 0 or "" read as "no error", yet would count as a failed copy.
-    for unclear in (False, True, 0, 1.0):
+    for unclear in (False, True, 0, 1.0, np.False_, np.int64(0),
+                    torch.tensor(False)):
         with pytest.raises(TypeError, match="None for a copy that succeeded"):
             tierkv.FinishedTransfer(event, unclear)
     with pytest.raises(ValueError, match="empty message"):

@@ -76,6 +76,20 @@ class TorchCopier:
                     raise tierkv.InvalidArgumentError(
                         f"layer {l} {name} is on {t.device}, layer 0 on "
                         f"{first.device}")
+        if first.device.type != "meta":
+            # Each plane is memory of its own: one tensor given for two
+            # layers, or for K and V, would be stored and served as both
+            # (RegisteredDeviceTier refuses it the same way).
+            run = heads * layout.head_dim * first.element_size()
+            starts = sorted((t.data_ptr(), l, name)
+                            for l, pair in enumerate(planes)
+                            for name, t in zip("KV", pair))
+            for (a, la, na), (b, lb, nb) in zip(starts, starts[1:]):
+                if b < a + run:
+                    raise tierkv.InvalidArgumentError(
+                        f"layer {la} {na} and layer {lb} {nb} overlap: each "
+                        "layer's K and V must be memory of its own (the same "
+                        "tensor given twice?)")
         self._planes = list(planes)
         self.device = first.device
         self._shard_bytes = (layout.num_layers * 2 * layout.block_size *

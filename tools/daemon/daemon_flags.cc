@@ -303,14 +303,17 @@ po::options_description SettingOptions(DaemonCommand& command,
       "dtype", po::value(&raw.dtype)->default_value(raw.dtype),
       "KV layout: f32, f16 or bf16")(
       "mode", po::value(&raw.mode)->default_value(raw.mode),
-      "permission bits of the socket and stats page (octal); the disk "
-      "tier's files and the log file get no more")(
+      "permission bits of the socket (octal; the stats page is readable "
+      "by tierkvd's user and --admin-group only); the disk tier's files "
+      "and the log file get no more")(
       "group", po::value(&raw.group),
-      "let this group's workers attach and read stats too, as primary or "
-      "supplementary group (needs --mode 0660)")(
+      "let this group's workers attach and read stats too (their own "
+      "user's workers only), as primary or supplementary group (needs "
+      "--mode 0660)")(
       "admin-group", po::value(&raw.admin_group),
-      "let this group give operator orders too (tierkv-admin clear, evict); "
-      "without it only tierkvd's user and root may")(
+      "let this group give operator orders too (tierkv-admin clear, evict) "
+      "and see every user's workers and the stats page; without it only "
+      "tierkvd's user and root may")(
       "disk-dir", po::value(&s.disk_path),
       "disk tier: a directory (created if missing; the blocks' value file "
       "and a RocksDB index of them) that blocks spill to when host memory "
