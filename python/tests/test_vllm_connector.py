@@ -1057,6 +1057,26 @@ class _ClientProxy:
         return getattr(self._client, name)
 
 
+class _NoReadyLoads(_ClientProxy):
+    """The scheduler's client, never handed a ready load: promotions from a
+    lower tier that stopped answering."""
+
+    def take_ready_loads(self):
+        return []
+
+
+def _load_waiting_for_promotions(engine: Engine) -> tuple:
+    """Request r3 hits PREFIX on disk and its load waits for promotions that
+    never come (_NoReadyLoads) through one step; the scheduler side and the
+    load's four device blocks."""
+    side = engine.scheduler._scheduler
+    side._client = _NoReadyLoads(side._client)
+    assert engine.add("r3", PREFIX + [2]) == (64, True)
+    blocks = list(engine.requests["r3"].blocks)
+    engine.step()
+    return side, blocks
+
+
 def test_a_load_that_waits_too_long_for_promotions_is_given_up(
         start_tierkvd, tmp_path, monkeypatch):
     """A load whose promotions never come (a disk that stopped answering:
@@ -1069,16 +1089,8 @@ def test_a_load_that_waits_too_long_for_promotions_is_given_up(
     monkeypatch.setattr(tierkv.vllm, "time",
                         SimpleNamespace(monotonic=lambda: clock[0]))
 
-    class NoReadyLoads(_ClientProxy):
-        def take_ready_loads(self):
-            return []
-
     try:
-        side = engine.scheduler._scheduler
-        side._client = NoReadyLoads(side._client)
-        assert engine.add("r3", PREFIX + [2]) == (64, True)
-        blocks = list(engine.requests["r3"].blocks)  # The load's four.
-        engine.step()
+        side, blocks = _load_waiting_for_promotions(engine)
         clock[0] += 29
         engine.step()
         assert "r3" not in engine.received  # Still waiting.
@@ -1102,16 +1114,8 @@ def test_a_load_waiting_for_promotions_at_a_reset_is_given_up(
     up (reported failed), and the request computes its tokens."""
     daemon, engine, observer = _prefix_on_disk(start_tierkvd, tmp_path)
 
-    class NoReadyLoads(_ClientProxy):
-        def take_ready_loads(self):
-            return []
-
     try:
-        side = engine.scheduler._scheduler
-        side._client = NoReadyLoads(side._client)
-        assert engine.add("r3", PREFIX + [2]) == (64, True)
-        blocks = list(engine.requests["r3"].blocks)  # The load's four.
-        engine.step()
+        side, blocks = _load_waiting_for_promotions(engine)
         assert "r3" not in engine.received  # Waiting for promotions.
         assert engine.scheduler.reset_cache() is True
         side._client = side._client._client
