@@ -630,6 +630,12 @@ CoordinatorStats Server::Impl::Stats() const {
   return out;
 }
 
+CoordinatorStats Server::Impl::StatsSeenBy(uint32_t uid, bool operates) const {
+  CoordinatorStats out = Stats();
+  if (!operates) KeepWorkersOfUid(uid, &out);
+  return out;
+}
+
 void Server::Impl::CountRefusal(StatusCode code) {
   std::atomic<uint64_t>* counter = &refused_malformed;
   if (code == StatusCode::kPermissionDenied) {

@@ -36,9 +36,8 @@ bool Server::Impl::Handle(Connection* conn, const Message& message) {
   }
   if (std::holds_alternative<StatsRequest>(message)) {
     // A member of --group sees every tier, and its own workers only.
-    CoordinatorStats stats = Stats();
-    if (!MayOperate(conn->peer)) KeepWorkersOfUid(conn->peer.uid, &stats);
-    return Reply(conn, StatsReply{std::move(stats)});
+    return Reply(
+        conn, StatsReply{StatsSeenBy(conn->peer.uid, MayOperate(conn->peer))});
   }
   if (std::holds_alternative<EventsRequest>(message)) {
     // A member of --group sees its own workers' events only.

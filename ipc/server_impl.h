@@ -235,6 +235,9 @@ struct Server::Impl {
 
   // The store's statistics, with the store's name and the attach counters.
   CoordinatorStats Stats() const;
+  // Stats() as a peer of `uid` may see them: with every user's workers
+  // only for one who operates tierkvd (KeepWorkersOfUid).
+  CoordinatorStats StatsSeenBy(uint32_t uid, bool operates) const;
   // Counts a refused registration or request under its reason, from the
   // refusal's code (PermissionDenied: access, FailedPrecondition: a layout
   // or model mismatch, ResourceExhausted: a limit, else malformed).

@@ -488,11 +488,8 @@ void Server::Impl::Serve(Session* session) {
       }
       reply = ErrorReply{decoded};
     } else if (std::holds_alternative<StatsRequest>(message)) {
-      // With what only the server counts; of the workers, another user's
-      // are left out for a user who does not operate.
-      CoordinatorStats stats = Stats();
-      if (!session->operator_uid) KeepWorkersOfUid(session->uid, &stats);
-      reply = StatsReply{std::move(stats)};
+      // With what only the server counts.
+      reply = StatsReply{StatsSeenBy(session->uid, session->operator_uid)};
     } else {
       reply = DispatchToStore(*store, session->worker, message, &session->stop,
                               session->channel.capacity());

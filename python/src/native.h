@@ -22,12 +22,12 @@ namespace tierkv::python {
 
 namespace py = pybind11;
 
-// The tierkv.Error subclass instance for a non-OK `status`.
 // Imports tierkv._errors (tierkv/__init__.py has imported it already) and
 // numpy's C API, once, from the module's init: a first use from two threads
 // at once would import them inside a function-local static, where a thread
 // that gives up the GIL deadlocks the other.
 void InitErrors();
+// The tierkv.Error subclass instance for a non-OK `status`.
 py::object ErrorObject(const Status& status);
 // None for OK, else ErrorObject(status).
 py::object ErrorOrNone(const Status& status);

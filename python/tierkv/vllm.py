@@ -763,14 +763,20 @@ class _SchedulerSide:
                            "(promotions from tierkvd's lower tiers); it "
                            "computes its tokens instead", rid,
                            now - req.pending_since)
-            req.pending = False
             # Not offered again: the tier that did not answer would hold a
             # new load as long. (Its blocks computed from here are not
             # stored: its tierkv request ends with the load.)
             req.loads_offered = _MAX_LOADS_PER_REQUEST
-            if req.tid is not None:
-                self._end_tierkv_request(req)
-            self._failed_recvs.append(FailedRecv(rid, req.load_blocks))
+            self._give_up_pending_load(rid, req)
+
+    def _give_up_pending_load(self, rid: str, req: _Request) -> None:
+        """Ends a load still waiting for promotions: its tierkv request is
+        finished (tierkvd cancels the load) and the load reported failed,
+        so vLLM computes the request's tokens."""
+        req.pending = False
+        if req.tid is not None:
+            self._end_tierkv_request(req)
+        self._failed_recvs.append(FailedRecv(rid, req.load_blocks))
 
     def _commit_scheduled(self, out: Any) -> list[StoreOp]:
         """Commits each scheduled request's tokens computed by this step."""
@@ -877,10 +883,7 @@ class _SchedulerSide:
         self._generation = uuid.uuid4().hex
         for rid, req in self._requests.items():
             if req.pending:
-                req.pending = False
-                if req.tid is not None:
-                    self._end_tierkv_request(req)
-                self._failed_recvs.append(FailedRecv(rid, req.load_blocks))
+                self._give_up_pending_load(rid, req)
         logger.info("tierkv: cache reset; requests are keyed under "
                     "generation %s from now on", self._generation)
         return True
