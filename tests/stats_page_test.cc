@@ -7,6 +7,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -14,6 +15,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <new>
 #include <string>
 #include <thread>
 
@@ -282,10 +284,18 @@ TEST_F(StatsPageTest, ReaderNeverSeesATornSnapshot) {
 // less than its time slice. The publisher is a child process that
 // publishes without pause; it is stopped until a stop lands mid-update (a
 // one-try read then finds the page busy), and resumed only after the
-// patient read has begun.
+// patient read has begun. Between two stops the child must publish again,
+// so on a busy machine a child that is not scheduled after SIGCONT is not
+// stopped at the same instruction over and over.
 TEST_F(StatsPageTest, AReaderWaitsOutAPublisherStoppedMidUpdate) {
   StatsPageWriter writer = Create();
   ASSERT_THAT(writer.Publish(NumberedStats(1), SystemClock::now()), IsOk());
+  // Publications so far, counted by the child in memory both processes see.
+  void* shared =
+      mmap(nullptr, sizeof(std::atomic<uint64_t>), PROT_READ | PROT_WRITE,
+           MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(shared, MAP_FAILED);
+  auto* published = new (shared) std::atomic<uint64_t>(0);
   const pid_t child = fork();
   ASSERT_GE(child, 0);
   if (child == 0) {
@@ -294,19 +304,35 @@ TEST_F(StatsPageTest, AReaderWaitsOutAPublisherStoppedMidUpdate) {
     // Never in a system call, so a stop lands anywhere in a snapshot.
     for (uint64_t n = 2;; ++n) {
       if (!writer.Publish(NumberedStats(n), SystemClock::now()).ok()) _exit(1);
+      published->fetch_add(1, std::memory_order_release);
     }
   }
   struct Reaper {
     pid_t pid;
+    void* shared;
     ~Reaper() {
       kill(pid, SIGKILL);
       waitpid(pid, nullptr, 0);
+      munmap(shared, sizeof(std::atomic<uint64_t>));
     }
-  } reaper{child};
+  } reaper{child, shared};
   auto reader = StatsPageReader::Open(name_);
   ASSERT_THAT(reader, IsOk());
   bool caught = false;
-  for (int attempt = 0; attempt < 100000 && !caught; ++attempt) {
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::minutes(1);
+  for (uint64_t attempt = 0;
+       !caught && std::chrono::steady_clock::now() < deadline; ++attempt) {
+    // Let the child publish once more, then a varying while longer, so
+    // successive stops land at different points of a publication.
+    const uint64_t before = published->load(std::memory_order_acquire);
+    while (published->load(std::memory_order_acquire) == before &&
+           std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::yield();
+    }
+    for (uint64_t spin = 0; spin < attempt % 97 * 16; ++spin) {
+      published->load(std::memory_order_relaxed);
+    }
     ASSERT_EQ(kill(child, SIGSTOP), 0);
     int status = 0;
     ASSERT_EQ(waitpid(child, &status, WUNTRACED), child);
