@@ -1,5 +1,6 @@
 #include "tierkv/client_chunk_source.h"
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -46,6 +47,7 @@ StatusOr<bool> ClientChunkSource::Fetch(std::span<const TokenId> chunk,
                                         const BlockKey& variant,
                                         const AllocateBlocks& allocate) {
   copy_stuck_ = false;
+  lease_.reset();
   StatusOr<bool> fetched = FetchOnce(chunk, virtual_start, variant, allocate);
   if (fetched.ok()) return fetched;
   return OnlyStuckCopiesExceedTheDeadline(fetched.status());
@@ -56,8 +58,26 @@ Status ClientChunkSource::Publish(std::span<const TokenId> chunk,
                                   const BlockKey& variant,
                                   std::span<const BlockId> blocks) {
   copy_stuck_ = false;
+  lease_.reset();
   return OnlyStuckCopiesExceedTheDeadline(
       PublishOnce(chunk, virtual_start, variant, blocks));
+}
+
+Status ClientChunkSource::Abandon(std::span<const TokenId> chunk,
+                                  int64_t virtual_start,
+                                  const BlockKey& variant) {
+  if (!lease_.has_value() || lease_->virtual_start != virtual_start ||
+      !(lease_->variant == variant) ||
+      !std::ranges::equal(lease_->chunk, chunk)) {
+    return Status::Ok();
+  }
+  const RequestId request = lease_->request;
+  lease_.reset();
+  if (!client_->connected()) return Status::Ok();  // Gone with the attachment.
+  const Status finished = client_->Finish(request);
+  // Not known: the lease ended otherwise, with nothing left to end.
+  if (finished.code() == StatusCode::kNotFound) return Status::Ok();
+  return finished;
 }
 
 Status ClientChunkSource::OnlyStuckCopiesExceedTheDeadline(
@@ -79,7 +99,13 @@ StatusOr<bool> ClientChunkSource::FetchOnce(std::span<const TokenId> chunk,
       ChunkFetchResult fetch,
       client_->FetchChunk(request, chunk, options_.single_flight_wait, allocate,
                           virtual_start, variant));
-  if (fetch.lease) ++stats_.leases;
+  if (fetch.lease) {
+    ++stats_.leases;
+    lease_ = Lease{.request = request,
+                   .chunk = {chunk.begin(), chunk.end()},
+                   .virtual_start = virtual_start,
+                   .variant = variant};
+  }
   if (fetch.waited) ++stats_.waited;
   // Part of a chunk is of no use to the pool, which holds whole chunks.
   if (fetch.lookup.hit_tokens < static_cast<int32_t>(chunk.size())) {

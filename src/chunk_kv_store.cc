@@ -212,11 +212,13 @@ StatusOr<std::vector<BlockId>> ChunkKvStore::ComputeAndInsert(
   const int32_t bs = s_->pool.block_size();
   const std::vector<BlockKey> keys = s_->hasher.ChunkKeys(chunk, bs);
   std::vector<BlockId> blocks;
-  TIERKV_RETURN_IF_ERROR(
-      s_->pool.GetNewBlocks(static_cast<int32_t>(keys.size()), &blocks));
+  Status status =
+      s_->pool.GetNewBlocks(static_cast<int32_t>(keys.size()), &blocks);
   const auto n = static_cast<int32_t>(chunk.size());
-  StatusOr<std::vector<int64_t>> slots = SlotMappingForBlocks(blocks, bs, 0, n);
-  Status status = slots.status();
+  StatusOr<std::vector<int64_t>> slots =
+      status.ok() ? SlotMappingForBlocks(blocks, bs, 0, n)
+                  : StatusOr<std::vector<int64_t>>(status);
+  status = slots.status();
   if (status.ok()) {
     status = s_->compute({.chunk = chunk,
                           .virtual_start = s_->virtual_start,
@@ -228,6 +230,14 @@ StatusOr<std::vector<BlockId>> ChunkKvStore::ComputeAndInsert(
   if (status.ok()) status = KeyBlocks(chunk, keys, &blocks);
   if (!status.ok()) {
     GiveBack(blocks);
+    // Workers waiting for this one to publish the chunk compute it now.
+    if (s_->tier != nullptr) {
+      if (Status abandoned =
+              s_->tier->Abandon(chunk, s_->virtual_start, s_->variant);
+          !abandoned.ok()) {
+        CountTierError(std::move(abandoned));
+      }
+    }
     return status;
   }
   ++s_->stats.computed;

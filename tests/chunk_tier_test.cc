@@ -429,6 +429,38 @@ TEST_F(ChunkTierTest, FullPoolIsNotATierError) {
   EXPECT_EQ(s.pool_full, 1u);
 }
 
+// A compute that fails (here: no free pool block for it) ends the compute
+// lease its miss took, so workers waiting for its publish compute the chunk
+// at once instead of waiting out their single_flight_wait.
+TEST_F(ChunkTierTest, AFailedComputeEndsItsLease) {
+  Open(/*pool_blocks=*/5, /*host_slots=*/32, /*disk=*/false);  // 4 usable.
+  const auto a = Tokens(1, 40), b = Tokens(2, 20);
+  Compute(a);
+  const std::vector<BlockId> held = store_->Acquire(a);
+  ASSERT_EQ(held.size(), 3u);
+  EXPECT_TRUE(store_->Acquire(b).empty());  // A miss: this worker's lease.
+  EXPECT_EQ(tier_->stats().leases, 1u);
+  EXPECT_EQ(client_->Stats().value().host.chunk_leases, 1u);
+  EXPECT_THAT(store_->ComputeAndInsert(b).status(),
+              StatusIs(StatusCode::kResourceExhausted));
+  EXPECT_EQ(client_->Stats().value().host.chunk_leases, 0u);
+  EXPECT_EQ(store_->stats().tier_errors, 0u)
+      << store_->last_tier_error().ToString();
+
+  // A failure of a chunk it holds no lease on ends nothing (nothing to end),
+  // and a lease on another chunk stays.
+  const auto c = Tokens(3, 20);
+  EXPECT_TRUE(store_->Acquire(c).empty());
+  EXPECT_THAT(store_->ComputeAndInsert(b).status(),
+              StatusIs(StatusCode::kResourceExhausted));
+  EXPECT_EQ(client_->Stats().value().host.chunk_leases, 1u);
+  EXPECT_THAT(store_->Release(held), IsOk());
+  Compute(c);                             // Its publish ends the lease.
+  EXPECT_THAT(client_->Stats(), IsOk());  // Collects the posted completion.
+  EXPECT_EQ(client_->Stats().value().host.chunk_leases, 0u);
+  EXPECT_EQ(store_->stats().tier_errors, 0u);
+}
+
 TEST_F(ChunkTierTest, ChunksSpilledToDiskComeBackBitExact) {
   Open(/*pool_blocks=*/5, /*host_slots=*/6, /*disk=*/true);
   std::vector<std::vector<TokenId>> chunks;

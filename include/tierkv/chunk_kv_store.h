@@ -126,6 +126,8 @@ class ChunkKvStore {
   // Computes `chunk` in isolation at the virtual positions into new blocks
   // (options.compute), keys them and publishes them to the tier; returns
   // them pinned. ResourceExhausted when the pool has too few free blocks.
+  // On any failure the tier is told the chunk will not be published
+  // (ChunkSource::Abandon), so workers waiting for it compute it instead.
   StatusOr<std::vector<BlockId>> ComputeAndInsert(
       std::span<const TokenId> chunk);
   // Unpins blocks from Acquire or ComputeAndInsert. InvalidArgument, with

@@ -65,6 +65,20 @@ class ChunkSource {
                          const BlockKey& variant,
                          std::span<const BlockId> blocks) = 0;
 
+  // The caller will not publish `chunk`, which it fetched and missed (its
+  // compute failed, or found no room): when that miss made this worker the
+  // one to compute it (single flight), that role ends now, so that other
+  // workers waiting for its publish stop waiting and compute it
+  // themselves. An error when the tiers cannot be reached. Default: OK,
+  // nothing to end.
+  virtual Status Abandon(std::span<const TokenId> chunk, int64_t virtual_start,
+                         const BlockKey& variant) {
+    (void)chunk;
+    (void)virtual_start;
+    (void)variant;
+    return Status::Ok();
+  }
+
   // Whether the tier copies into and out of `memory`, the pool's KV memory
   // of `num_blocks` blocks (ChunkKvStore::memory()): FailedPrecondition,
   // naming what differs, when it would copy elsewhere. Fetches would then

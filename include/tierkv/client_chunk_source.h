@@ -17,7 +17,9 @@
 
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <span>
+#include <vector>
 
 #include "tierkv/chunk_source.h"
 #include "tierkv/client.h"
@@ -77,6 +79,10 @@ class ClientChunkSource final : public ChunkSource {
   Status Publish(std::span<const TokenId> chunk, int64_t virtual_start,
                  const BlockKey& variant,
                  std::span<const BlockId> blocks) override;
+  // Ends this worker's compute lease on `chunk` (finishing the request of
+  // the fetch that took it), if it still holds it.
+  Status Abandon(std::span<const TokenId> chunk, int64_t virtual_start,
+                 const BlockKey& variant) override;
   // The client copies itself (CopyMode::kClient) on a device tier of the
   // pool's blocks and block size; an EmulatedDeviceTier must be over the
   // pool's memory (CreateOver). Another device tier (a RegisteredDeviceTier)
@@ -111,8 +117,19 @@ class ClientChunkSource final : public ChunkSource {
   // DataLoss. When it does not finish in time, `finish` is finished.
   Status WaitFor(const EventRef& ref, RequestId finish);
 
+  // The compute lease the last fetch took: the fetch's request (finishing
+  // it ends the lease) and the chunk it is on. Any later fetch or publish
+  // ends it in tierkvd, and forgets it here.
+  struct Lease {
+    RequestId request = 0;
+    std::vector<TokenId> chunk;
+    int64_t virtual_start = 0;
+    BlockKey variant;
+  };
+
   Client* client_;
   ClientChunkSourceOptions options_;
+  std::optional<Lease> lease_;
   RequestId next_request_ = 1;
   ClientChunkSourceStats stats_;
   bool copy_stuck_ = false;  // This call gave up on a running copy.
