@@ -169,6 +169,15 @@ Status ClientChunkSource::PublishOnce(std::span<const TokenId> chunk,
   for (const TransferEvent& store : commit.stores) {
     if (Status s = WaitFor(store.ref, 0); !s.ok() && status.ok()) status = s;
   }
+  if (status.ok() && commit.skipped_blocks > 0) {
+    // Part of the chunk is of no use to another worker's fetch.
+    status = Status::ResourceExhausted(
+        std::to_string(commit.skipped_blocks) +
+        " block(s) of the chunk were not stored: " +
+        (commit.store_status.ok()
+             ? std::string("no host slot was free")
+             : std::string(commit.store_status.message())));
+  }
   return status;
 }
 

@@ -5,6 +5,7 @@
 // included; a chunk nobody computed is a miss, not an error. Against a real
 // tierkvd that dies, the pool goes on computing and counts the failures.
 // rag_demo_test runs the same path across worker processes.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -26,6 +27,8 @@
 
 namespace tierkv {
 namespace {
+
+using ::testing::HasSubstr;
 
 constexpr int32_t kBs = 16;
 
@@ -459,6 +462,27 @@ TEST_F(ChunkTierTest, AFailedComputeEndsItsLease) {
   EXPECT_THAT(client_->Stats(), IsOk());  // Collects the posted completion.
   EXPECT_EQ(client_->Stats().value().host.chunk_leases, 0u);
   EXPECT_EQ(store_->stats().tier_errors, 0u);
+}
+
+// A publish that could not store the whole chunk (host DRAM too small for
+// it, no disk tier) is a tier error, not a published chunk: no other
+// worker can fetch part of a chunk.
+TEST_F(ChunkTierTest, APublishThatStoredPartOfTheChunkIsNotPublished) {
+  Open(/*pool_blocks=*/8, /*host_slots=*/2, /*disk=*/false);
+  Compute(Tokens(1, 40));  // Three blocks for two host slots.
+  ChunkStoreStats s = store_->stats();
+  EXPECT_EQ(s.computed, 1u);
+  EXPECT_EQ(s.published, 0u);
+  EXPECT_EQ(s.tier_errors, 1u);
+  EXPECT_THAT(store_->last_tier_error(),
+              StatusIs(StatusCode::kResourceExhausted));
+  EXPECT_THAT(store_->last_tier_error().message(),
+              HasSubstr("1 block(s) of the chunk were not stored"));
+  // A chunk that fits is published.
+  Compute(Tokens(2, 20));
+  s = store_->stats();
+  EXPECT_EQ(s.published, 1u);
+  EXPECT_EQ(s.tier_errors, 1u);
 }
 
 TEST_F(ChunkTierTest, ChunksSpilledToDiskComeBackBitExact) {

@@ -71,7 +71,9 @@ class ClientChunkSource final : public ChunkSource {
 
   // DeadlineExceeded only for a copy given up on (stuck_copy_timeout);
   // any other deadline (a call tierkvd did not answer in time) comes as
-  // Unavailable, as the blocks are then free to reuse.
+  // Unavailable, as the blocks are then free to reuse. A publish that
+  // left blocks of the chunk unstored (no free host slot, the worker's
+  // caps) is ResourceExhausted, naming why.
   const KvLayout& layout() const override;  // The client's.
   StatusOr<bool> Fetch(std::span<const TokenId> chunk, int64_t virtual_start,
                        const BlockKey& variant,
