@@ -209,6 +209,14 @@ ChunkStoreStats ChunkKvStore::stats() const {
 StatusOr<std::vector<BlockId>> ChunkKvStore::ComputeAndInsert(
     std::span<const TokenId> chunk) {
   if (chunk.empty()) return Status::InvalidArgument("chunk store: empty chunk");
+  if (static_cast<int64_t>(chunk.size()) >
+      kMaxRopePosition - s_->virtual_start) {
+    // Computed, it could never be placed (RopeRemap takes positions < 2^48).
+    return Status::InvalidArgument(
+        "chunk store: a chunk of " + std::to_string(chunk.size()) +
+        " tokens at virtual_start " + std::to_string(s_->virtual_start) +
+        " passes position 2^48");
+  }
   const int32_t bs = s_->pool.block_size();
   const std::vector<BlockKey> keys = s_->hasher.ChunkKeys(chunk, bs);
   std::vector<BlockId> blocks;

@@ -108,6 +108,30 @@ TEST(ChunkKvStore, ComputeFillsTheBlocksItIsGiven) {
   EXPECT_THAT(PoolOf(store).CheckInvariants(), IsOk());
 }
 
+// A chunk whose last token would pass position 2^48 is refused before it is
+// computed: it could never be placed (RoPE remap takes positions < 2^48).
+TEST(ChunkKvStore, AChunkPastTheLastPositionIsRefusedUncomputed) {
+  int computes = 0;
+  ChunkKvStoreOptions options = Options([&](const ChunkComputeArgs& args) {
+    ++computes;
+    return FillWithPositions(args);
+  });
+  options.virtual_start = (int64_t{1} << 48) - 4;
+  ChunkKvStore store = ChunkKvStore::Create(options).value();
+  EXPECT_THAT(store.ComputeAndInsert(std::vector<TokenId>{1, 2, 3, 4, 5}),
+              StatusIs(StatusCode::kInvalidArgument));
+  EXPECT_EQ(computes, 0);
+  EXPECT_EQ(store.num_free_blocks(), 7);
+  // Four tokens fit, and are placed.
+  const std::vector<BlockId> blocks =
+      store.ComputeAndInsert(std::vector<TokenId>{1, 2, 3, 4}).value();
+  EXPECT_EQ(computes, 1);
+  std::vector<std::byte> dst(2 * Layout().BlockBytes());
+  const std::vector<int64_t> slots = {0, 1, 2, 3};
+  EXPECT_THAT(store.Place(blocks, 4, slots, 0, dst), IsOk());
+  EXPECT_THAT(store.Release(blocks), IsOk());
+}
+
 TEST(ChunkKvStore, FailedComputeKeysNothing) {
   ChunkKvStore store =
       ChunkKvStore::Create(Options([](const ChunkComputeArgs&) {

@@ -65,7 +65,8 @@ struct ChunkKvStoreOptions {
   // How the model turns K; head_dim as the layout's. Required.
   RopeConfig rope;
   int32_t num_blocks = 0;  // Pool size, null block included. Required.
-  // Where every chunk is computed (0 .. 2^48 - 1). Default: 0. Part of a
+  // Where every chunk is computed (0 .. 2^48 - 1; a chunk's last token
+  // too, so a start near 2^48 takes only short chunks). Default: 0. Part of a
   // chunk's keys in the tiers below (ChunkSource): pools at other starts
   // never share a chunk's KV.
   int64_t virtual_start = 0;
@@ -125,7 +126,9 @@ class ChunkKvStore {
   std::vector<BlockId> Acquire(std::span<const TokenId> chunk);
   // Computes `chunk` in isolation at the virtual positions into new blocks
   // (options.compute), keys them and publishes them to the tier; returns
-  // them pinned. ResourceExhausted when the pool has too few free blocks.
+  // them pinned. ResourceExhausted when the pool has too few free blocks;
+  // InvalidArgument for an empty chunk or one whose last token would sit
+  // at or past position 2^48.
   // On any failure the tier is told the chunk will not be published
   // (ChunkSource::Abandon), so workers waiting for it compute it instead.
   StatusOr<std::vector<BlockId>> ComputeAndInsert(
