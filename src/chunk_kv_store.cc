@@ -62,6 +62,22 @@ Status CheckKvMemorySize(const KvLayout& layout, int64_t num_blocks) {
   return Status::Ok();
 }
 
+namespace {
+
+Status CheckComputable(std::span<const TokenId> chunk, int64_t virtual_start) {
+  if (chunk.empty()) return Status::InvalidArgument("chunk store: empty chunk");
+  if (static_cast<int64_t>(chunk.size()) > kMaxRopePosition - virtual_start) {
+    // Computed, it could never be placed (RopeRemap takes positions < 2^48).
+    return Status::InvalidArgument(
+        "chunk store: a chunk of " + std::to_string(chunk.size()) +
+        " tokens at virtual_start " + std::to_string(virtual_start) +
+        " passes position 2^48");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
 StatusOr<ChunkKvStore> ChunkKvStore::Create(ChunkKvStoreOptions options) {
   if (options.virtual_start < 0 || options.virtual_start >= kMaxRopePosition) {
     return Status::InvalidArgument("chunk store: virtual_start " +
@@ -208,20 +224,13 @@ ChunkStoreStats ChunkKvStore::stats() const {
 
 StatusOr<std::vector<BlockId>> ChunkKvStore::ComputeAndInsert(
     std::span<const TokenId> chunk) {
-  if (chunk.empty()) return Status::InvalidArgument("chunk store: empty chunk");
-  if (static_cast<int64_t>(chunk.size()) >
-      kMaxRopePosition - s_->virtual_start) {
-    // Computed, it could never be placed (RopeRemap takes positions < 2^48).
-    return Status::InvalidArgument(
-        "chunk store: a chunk of " + std::to_string(chunk.size()) +
-        " tokens at virtual_start " + std::to_string(s_->virtual_start) +
-        " passes position 2^48");
-  }
   const int32_t bs = s_->pool.block_size();
   const std::vector<BlockKey> keys = s_->hasher.ChunkKeys(chunk, bs);
   std::vector<BlockId> blocks;
-  Status status =
-      s_->pool.GetNewBlocks(static_cast<int32_t>(keys.size()), &blocks);
+  Status status = CheckComputable(chunk, s_->virtual_start);
+  if (status.ok()) {
+    status = s_->pool.GetNewBlocks(static_cast<int32_t>(keys.size()), &blocks);
+  }
   const auto n = static_cast<int32_t>(chunk.size());
   StatusOr<std::vector<int64_t>> slots =
       status.ok() ? SlotMappingForBlocks(blocks, bs, 0, n)
