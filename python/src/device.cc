@@ -6,6 +6,7 @@
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
+#include <bit>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -37,6 +38,11 @@ bool IsTorchTensor(const py::handle& obj) {
 
 // numpy has no bfloat16: a bf16 cache is viewed as 16-bit integers.
 bool NumpyDTypeMatches(const py::dtype& dtype, DType want) {
+  // Bytes are copied as they are: another byte order would be stored, and
+  // served to every worker, as other values.
+  constexpr char kForeignOrder =
+      std::endian::native == std::endian::little ? '>' : '<';
+  if (dtype.byteorder() == kForeignOrder) return false;
   const char kind = dtype.kind();
   const size_t size = static_cast<size_t>(dtype.itemsize());
   switch (want) {
@@ -137,7 +143,7 @@ void CheckShape(const TensorView& view, const std::vector<int64_t>& want,
         (layout.dtype == DType::kBF16
              ? "uint16 or int16 views"
              : (layout.dtype == DType::kF16 ? "float16" : "float32")) +
-        ")"));
+        ", in the machine's byte order)"));
   }
   for (int64_t s : view.strides) {
     if (s <= 0) {

@@ -226,6 +226,10 @@ def test_cross_layer_numpy_bf16_view(tierkvd, layout):
         store(client, 1, prompt(4, 2), [0, 1])
         load(client, 2, prompt(4, 2), [4, 5])
     np.testing.assert_array_equal(pool[4:6], pool[0:2])
+    # The other byte order would be stored, and served, as other values.
+    swapped = pool.astype(pool.dtype.newbyteorder("S"))
+    with pytest.raises(tierkv.InvalidArgumentError, match="byte order"):
+        tierkv.RegisteredDevice.cross_layer(layout, swapped)
 
 
 def test_rank_clients_copy_their_shards_of_one_block(tierkvd, layout):
