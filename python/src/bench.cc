@@ -75,6 +75,9 @@ double StoreLoad(const py::handle& py_client, int32_t iterations,
   Status status = [&] {
     py::gil_scoped_release release;
     std::lock_guard<std::mutex> lock(h->mu);
+    if (h->client == nullptr) {
+      return Status::FailedPrecondition("the client was closed meanwhile");
+    }
     Loop loop{.client = *h->client,
               .blocks = blocks,
               .store_blocks = std::vector<BlockId>(blocks),

@@ -19,6 +19,21 @@
 
 namespace tierkv::python {
 
+bool ClientHandle::Detach() {
+  if (live_views > 0) return false;
+  {
+    py::gil_scoped_release release;
+    std::lock_guard<std::mutex> lock(mu);
+    // Counted before its bytes are taken, under `mu`: none is in the making
+    // unless this sees it.
+    if (live_views + views_being_made > 0) return false;
+    client.reset();
+  }
+  if (device != nullptr) device->in_use = false;
+  device.reset();
+  return true;
+}
+
 ClientHandle::~ClientHandle() {
   {
     py::gil_scoped_release release;
@@ -49,9 +64,16 @@ class PyClient {
   template <typename F>
   auto Call(F&& f) const {
     std::shared_ptr<ClientHandle> h = Handle();
-    py::gil_scoped_release release;
-    std::lock_guard<std::mutex> lock(h->mu);
-    return f(*h->client);
+    try {
+      py::gil_scoped_release release;
+      std::lock_guard<std::mutex> lock(h->mu);
+      if (h->client == nullptr) throw ClosedMeanwhile{};
+      return f(*h->client);
+    } catch (const ClosedMeanwhile&) {
+      // Raised with the GIL held again.
+      Raise(Status::FailedPrecondition(
+          "this tierkv.Client was closed by another thread during the call"));
+    }
   }
 
   // A wait of up to `timeout` as slices of at most kWaitSlice, each alone
@@ -77,11 +99,18 @@ class PyClient {
 
   bool closed() const { return handle_ == nullptr; }
 
-  // Calls in flight in other threads and host slot views keep the handle
-  // (and the attachment) until they finish or are released.
-  void Close() { std::shared_ptr<ClientHandle> last = std::move(handle_); }
+  // Detaches once a call another thread runs on the client ends (a long
+  // wait ends at its next slice); that thread's later calls find the client
+  // closed. Host slot views keep the attachment until they are released.
+  void Close() {
+    std::shared_ptr<ClientHandle> h = std::move(handle_);
+    if (h != nullptr && h.use_count() > 1) (void)h->Detach();
+  }
 
  private:
+  // A call that found the client detached by another thread's Close.
+  struct ClosedMeanwhile {};
+
   std::shared_ptr<ClientHandle> handle_;
 };
 

@@ -69,6 +69,7 @@ struct ClientHandle {
   // Serializes the calls of Python threads (Client is not thread-safe).
   std::mutex mu;
   std::shared_ptr<RegisteredDevice> device;  // Null: the client owns one.
+  // Null once detached (Detach): a call then finds the client closed.
   std::unique_ptr<Client> client;
   // host_block() views alive, and those being made (their bytes taken
   // under `mu`, their view not yet built): reconnect() would unmap the
@@ -77,8 +78,13 @@ struct ClientHandle {
   // being made, so the two are never interleaved.
   std::atomic<int> live_views{0};
   std::atomic<int> views_being_made{0};
-  // Waits for the copies in flight without the GIL; then `device` (and the
-  // tensors it holds) goes with the GIL held. REQUIRES: the GIL.
+  // Detaches now unless host_block() views are alive (they keep the
+  // attachment): waits without the GIL for a call another thread runs on
+  // the client and for the copies in flight, then lets `device` (and the
+  // tensors it holds) go with the GIL held, so another client may use it.
+  // Returns whether it detached. REQUIRES: the GIL.
+  bool Detach();
+  // Detach, views or not (none is left). REQUIRES: the GIL.
   ~ClientHandle();
 };
 

@@ -474,6 +474,38 @@ def test_a_registered_device_backs_one_open_client_at_a_time(tierkvd,
         pass
 
 
+def test_close_detaches_while_another_thread_waits(tierkvd, layout):
+    """close() while another thread waits on the client detaches once that
+    thread's current slice ends: the device is free for a new client as
+    soon as close() returns, and the waiter gets a closed-client error."""
+    caches = paged_caches(layout, num_blocks=4)
+    device = tierkv.RegisteredDevice.paged(layout, caches)
+    client = tierkv.Client.open(tierkvd.socket, layout, device=device)
+    started = threading.Event()
+    outcome: list[object] = []
+
+    def wait() -> None:
+        started.set()
+        try:
+            client.wait_events(30)
+            outcome.append("returned")
+        except tierkv.Error as error:
+            outcome.append(error)
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    started.wait()
+    # Into the wait; were the machine too slow for that, the wait would
+    # begin closed and the test check less, never fail falsely.
+    time.sleep(0.3)
+    client.close()
+    with tierkv.Client.open(tierkvd.socket, layout, device=device) as other:
+        store(other, 1, prompt(3, 1), [0])
+    waiter.join(10)
+    assert not waiter.is_alive()
+    assert isinstance(outcome[0], tierkv.FailedPreconditionError), outcome
+
+
 def test_a_device_must_match_the_client_layout(tierkvd, layout):
     # f16 and bf16 blocks have the same bytes: only the layouts tell them
     # apart, and a store under the wrong one is wrong KV for every loader.
