@@ -51,6 +51,12 @@ class ChildProcess {
       dup2(fds[1], STDOUT_FILENO);
       dup2(fds[1], STDERR_FILENO);
       execv(args[0], args.data());
+      // Said in the output, so a test shows why the program never ran
+      // (write only: the child of a threaded process must not allocate).
+      constexpr char kFailed[] = "exec failed: ";
+      (void)!write(STDERR_FILENO, kFailed, sizeof(kFailed) - 1);
+      (void)!write(STDERR_FILENO, args[0], std::strlen(args[0]));
+      (void)!write(STDERR_FILENO, "\n", 1);
       _exit(127);
     }
     close(fds[1]);

@@ -646,7 +646,8 @@ TEST_F(ChunkTierTest, AStalledTierkvdRetiresNoBlocks) {
                            "--dtype", "f32", "--host-capacity", "1M"});
   ASSERT_THAT(daemon, IsOk());
   ASSERT_TRUE((*daemon)->WaitForOutput("serving store")) << (*daemon)->output();
-  call_timeout_ = std::chrono::milliseconds(200);
+  // Long enough for the calls before the freeze on a loaded machine.
+  call_timeout_ = std::chrono::milliseconds(1000);
   Open(/*pool_blocks=*/5, /*host_slots=*/0, /*disk=*/false, socket);
   Compute(Tokens(1, 20));
   (*daemon)->Freeze();

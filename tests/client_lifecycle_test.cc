@@ -328,7 +328,8 @@ TEST_F(PendingLoad, LoadedBlockIsKeyedOnlyOnceItLands) {
 // Reconnect attaches anew.
 TEST_F(ClientDeadline, StoppedTierkvdFailsCallsInTime) {
   StartFilledStore();
-  const auto timeout = std::chrono::milliseconds(300);
+  // Long enough for every call before the freeze on a loaded machine.
+  const auto timeout = std::chrono::milliseconds(1000);
   Engine e = Engine::Open(socket_, timeout);
   ASSERT_NE(e.client, nullptr);
   ASSERT_TRUE(LookupAndAllocate(e, 1, 0).load_pending);
@@ -341,7 +342,7 @@ TEST_F(ClientDeadline, StoppedTierkvdFailsCallsInTime) {
   EXPECT_EQ(hit.status().code(), StatusCode::kDeadlineExceeded)
       << hit.status().ToString();
   EXPECT_GE(took, timeout);
-  EXPECT_LT(took, std::chrono::seconds(3));
+  EXPECT_LT(took, timeout + std::chrono::seconds(4));
   EXPECT_FALSE(e.client->connected());
   // Later calls fail at once; the pending load is handed back failed.
   EXPECT_EQ(e.client->Lookup(2, tokens).status().code(),
@@ -365,8 +366,10 @@ TEST_F(ClientDeadline, StoppedTierkvdFailsCallsInTime) {
       << refused.status().ToString();
 
   daemon_->Thaw();
+  // The thawed tierkvd may take a while to answer a registration in time.
+  const auto give_up = Clock::now() + std::chrono::seconds(30);
   Status again = e.client->Reconnect();
-  for (int i = 0; !again.ok() && i < 20; ++i) again = e.client->Reconnect();
+  while (!again.ok() && Clock::now() < give_up) again = e.client->Reconnect();
   ASSERT_THAT(again, IsOk());
   EXPECT_TRUE(e.client->connected());
   EXPECT_EQ(e.client->session(), 2u);
@@ -385,7 +388,7 @@ TEST_F(ClientDeadline, CallerCopiesKeepTheirSlotsPastALostAttachment) {
   ASSERT_NE(observer, nullptr);
   ClientOptions options = ClientOptionsFor("engine");
   options.copies = CopyMode::kCaller;
-  options.call_timeout = std::chrono::milliseconds(300);
+  options.call_timeout = std::chrono::milliseconds(1000);
   std::unique_ptr<Client> engine = Client::Open(options).value();
   const std::vector<TokenId> tokens = FillRequestTokens(3, 0, 2);
   const std::vector<BlockId> device = {1, 2};
@@ -425,14 +428,14 @@ TEST_F(ClientDeadline, CallerCopiesKeepTheirSlotsPastALostAttachment) {
 // back failed once the call_timeout passes, as a call to it would.
 TEST_F(ClientDeadline, StoppedTierkvdFailsAPendingLoadInTime) {
   StartFilledStore();
-  const auto timeout = std::chrono::milliseconds(300);
+  const auto timeout = std::chrono::milliseconds(1000);
   Engine e = Engine::Open(socket_, timeout);
   ASSERT_NE(e.client, nullptr);
   ASSERT_TRUE(LookupAndAllocate(e, 1, 0).load_pending);
   daemon_->Freeze();
   const auto start = Clock::now();
   std::vector<FinishedTransfer> lost;
-  while (lost.empty() && Clock::now() - start < std::chrono::seconds(10)) {
+  while (lost.empty() && Clock::now() - start < std::chrono::seconds(20)) {
     lost = e.client->WaitEvents(std::chrono::seconds(1));
   }
   const auto took = Clock::now() - start;
@@ -442,7 +445,7 @@ TEST_F(ClientDeadline, StoppedTierkvdFailsAPendingLoadInTime) {
       << lost[0].status.ToString();
   EXPECT_EQ(lost[0].loaded_blocks(), 0);
   EXPECT_FALSE(e.client->connected());
-  EXPECT_LT(took, std::chrono::seconds(5));  // Two 300 ms deadlines, or so.
+  EXPECT_LT(took, std::chrono::seconds(10));  // Two deadlines, or so.
   ASSERT_THAT(e.client->Complete(lost), IsOk());
   EXPECT_EQ(e.TotalRefs(), 2);  // The request's own two blocks.
 }

@@ -447,6 +447,7 @@ class KvEventsPublisherTest : public ::testing::Test {
   // Waits until `sub` gets messages: a SUB socket's subscription reaches
   // the publisher some time after it connects, and PUB drops until then.
   // Probes with AllBlocksCleared; returns the sequence number after them.
+  // REQUIRES: a publisher whose first sequence number is 0.
   int64_t Join(KvEventPublisher& pub, zmq::socket_t& sub) {
     const auto end = Clock::now() + std::chrono::seconds(10);
     while (Clock::now() < end) {
@@ -456,10 +457,15 @@ class KvEventsPublisherTest : public ::testing::Test {
       if (!r.has_value()) continue;
       int64_t last = r->seq;
       EXPECT_TRUE(pub.Flush(std::chrono::seconds(5)));
-      while (
-          (r = Receive(sub, Clock::now() + std::chrono::milliseconds(200)))) {
+      // Every probe published so far is drained (sequences start at 0),
+      // however slowly they arrive.
+      const auto published =
+          static_cast<int64_t>(pub.stats().batches_published);
+      while (last + 1 < published &&
+             (r = Receive(sub, Clock::now() + std::chrono::seconds(10)))) {
         last = r->seq;
       }
+      EXPECT_EQ(last + 1, published);
       return last + 1;
     }
     ADD_FAILURE() << "the subscriber never received anything";
@@ -519,18 +525,20 @@ TEST_F(KvEventsPublisherTest, AFullQueueTellsRoutersToForget) {
   };
   auto gate = std::make_shared<Gate>();
   StatusOr<std::unique_ptr<KvEventPublisher>> created =
-      KvEventPublisher::Create({.endpoint = Endpoint("pub"),
-                                .topic = "kv",
-                                .max_queue_events = 2,
-                                .clock = [gate] {
-                                  std::unique_lock<std::mutex> lock(gate->mu);
-                                  gate->held = gate->hold;
-                                  gate->cv.notify_all();
-                                  gate->cv.wait(lock,
-                                                [&] { return !gate->hold; });
-                                  gate->held = false;
-                                  return 42.0;
-                                }});
+      KvEventPublisher::Create(
+          {.endpoint = Endpoint("pub"),
+           .topic = "kv",
+           .max_queue_events = 2,
+           .clock =
+               [gate] {
+                 std::unique_lock<std::mutex> lock(gate->mu);
+                 gate->held = gate->hold;
+                 gate->cv.notify_all();
+                 gate->cv.wait(lock, [&] { return !gate->hold; });
+                 gate->held = false;
+                 return 42.0;
+               },
+           .first_sequence = 0});
   ASSERT_THAT(created, IsOk());
   KvEventPublisher& pub = **created;
   zmq::socket_t sub(context_, zmq::socket_type::sub);

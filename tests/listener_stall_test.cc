@@ -233,15 +233,15 @@ TEST_F(ListenerStallTest, PeersThatNeverReadStallNoOne) {
   ASSERT_THAT(stats, IsOk()) << stats.status().ToString();
   EXPECT_TRUE(std::holds_alternative<ipc::StatsReply>(*stats));
   // Served within a round or two of the listener's (a second per peer,
-  // when it waited on each).
-  EXPECT_LT(register_ms, 1500);
-  EXPECT_LT(stats_ms, 1500);
-  EXPECT_THAT(server_->CheckProgress(milliseconds(100)), IsOk());
+  // when it waited on each; bounds wide enough for a loaded machine).
+  EXPECT_LT(register_ms, 5000);
+  EXPECT_LT(stats_ms, 5000);
+  EXPECT_THAT(server_->CheckProgress(seconds(2)), IsOk());
 
   // Past the bound on unread replies, every one of them is disconnected.
   EXPECT_EQ(WaitHungUp(peers, kPeers, seconds(10)), kPeers);
   flooder.join();  // Done: every peer is disconnected.
-  EXPECT_THAT(server_->CheckProgress(milliseconds(100)), IsOk());
+  EXPECT_THAT(server_->CheckProgress(seconds(2)), IsOk());
   StatusOr<CoordinatorStats> after = (*worker)->Stats();
   ASSERT_THAT(after, IsOk());
   EXPECT_EQ(after->workers.size(), 1u);
@@ -278,7 +278,8 @@ TEST_F(ListenerStallTest, ConnectionsPastTheCapCloseTheLongestIdle) {
 
 TEST_F(ListenerStallTest, IdleConnectionsTimeOutRegisteredWorkersDoNot) {
   ipc::ServerOptions options;
-  options.pending_timeout = milliseconds(500);
+  // Long enough that the asking peer's gaps never reach it under load.
+  options.pending_timeout = milliseconds(2000);
   StartServer(options);
   auto worker = Open(seconds(2));
   ASSERT_THAT(worker, IsOk()) << worker.status().ToString();
@@ -292,7 +293,7 @@ TEST_F(ListenerStallTest, IdleConnectionsTimeOutRegisteredWorkersDoNot) {
   UniqueFd asking = ConnectTo(socket_);
   const std::vector<std::byte> ask = ipc::Encode(ipc::StatsRequest{});
   size_t hung = 0;
-  while (hung < idle.size() && MsSince(opened) < 5000) {
+  while (hung < idle.size() && MsSince(opened) < 20000) {
     ASSERT_EQ(send(asking.get(), ask.data(), ask.size(), MSG_NOSIGNAL),
               static_cast<ssize_t>(ask.size()));
     StatusOr<ipc::Message> reply = ReadReply(asking.get(), seconds(2));
@@ -300,7 +301,7 @@ TEST_F(ListenerStallTest, IdleConnectionsTimeOutRegisteredWorkersDoNot) {
     hung = WaitHungUp(idle, idle.size(), milliseconds(50));
   }
   EXPECT_EQ(hung, idle.size());
-  EXPECT_GE(MsSince(opened), 490);  // Not before their deadline.
+  EXPECT_GE(MsSince(opened), 1990);  // Not before their deadline.
   EXPECT_FALSE(HungUp(asking.get()));
   // The worker, idle on its socket all along, is still attached.
   StatusOr<CoordinatorStats> stats = (*worker)->Stats();

@@ -226,9 +226,6 @@ TEST_F(RedisClusterTest, TwoMiBValuesBitExactOnEveryMaster) {
 TEST_F(RedisClusterTest, TimeToLiveInSecondsAndMilliseconds) {
   std::unique_ptr<RedisClusterClient> client = OpenClient();
   ASSERT_NE(client, nullptr);
-  ASSERT_THAT(client->Set("ttl:s", "v", std::chrono::seconds(60)), IsOk());
-  ASSERT_THAT(client->Set("ttl:ms", "v", milliseconds(60500)), IsOk());
-  ASSERT_THAT(client->Set("ttl:none", "v"), IsOk());
   auto pttl = [&](const std::string& key) -> int64_t {
     StatusOr<int> master = cluster_->MasterOf(RedisKeySlot(key));
     EXPECT_THAT(master, IsOk());
@@ -236,10 +233,16 @@ TEST_F(RedisClusterTest, TimeToLiveInSecondsAndMilliseconds) {
     EXPECT_THAT(ms, IsOk());
     return ms.ok() ? std::stoll(*ms) : -100;
   };
+  // Milliseconds kept, not rounded to seconds (60 s or 61 s): checked
+  // first, with 900 ms for the round trips on a loaded machine.
+  ASSERT_THAT(client->Set("ttl:ms", "v", milliseconds(60900)), IsOk());
+  const int64_t ms_left = pttl("ttl:ms");
+  EXPECT_GT(ms_left, 60000);
+  EXPECT_LE(ms_left, 60900);
+  ASSERT_THAT(client->Set("ttl:s", "v", std::chrono::seconds(60)), IsOk());
+  ASSERT_THAT(client->Set("ttl:none", "v"), IsOk());
   EXPECT_GT(pttl("ttl:s"), 50000);
   EXPECT_LE(pttl("ttl:s"), 60000);
-  EXPECT_GT(pttl("ttl:ms"), 60000);
-  EXPECT_LE(pttl("ttl:ms"), 60500);
   EXPECT_EQ(pttl("ttl:none"), -1);  // No expiry.
 }
 
@@ -482,8 +485,10 @@ TEST_F(RedisClusterTest, FollowsAskDuringASlotMigration) {
 
 TEST_F(RedisClusterTest, MasterKilledUnderLoadFailsKeysThenResumes) {
   RedisClusterOptions options;
-  options.connect_timeout = milliseconds(200);
-  options.command_timeout = milliseconds(500);
+  // A killed master refuses connections at once; the bounds are for live
+  // masters on a loaded machine, which must not be taken for dead.
+  options.connect_timeout = milliseconds(1000);
+  options.command_timeout = milliseconds(1500);
   std::unique_ptr<RedisClusterClient> client = OpenClient(options);
   ASSERT_NE(client, nullptr);
   const std::map<int, std::vector<std::string>> by_master = KeysOnEachMaster(3);
@@ -574,7 +579,8 @@ TEST_F(RedisClusterTest, MasterKilledUnderLoadFailsKeysThenResumes) {
 
 TEST_F(RedisClusterTest, FrozenMasterTimesOutItsKeysOnly) {
   RedisClusterOptions options;
-  options.command_timeout = milliseconds(300);
+  // Long enough for the masters not frozen on a loaded machine.
+  options.command_timeout = milliseconds(1000);
   std::unique_ptr<RedisClusterClient> client = OpenClient(options);
   ASSERT_NE(client, nullptr);
   const std::map<int, std::vector<std::string>> by_master = KeysOnEachMaster(2);
@@ -591,7 +597,7 @@ TEST_F(RedisClusterTest, FrozenMasterTimesOutItsKeysOnly) {
   const auto took = Clock::now() - start;
   cluster_->Thaw(frozen);
   // One command timeout (plus slack), not a hang.
-  EXPECT_LT(took, milliseconds(1500));
+  EXPECT_LT(took, milliseconds(4000));
   size_t i = 0;
   for (const auto& [master, list] : by_master) {
     for (size_t j = 0; j < list.size(); ++j, ++i) {
