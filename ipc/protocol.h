@@ -62,7 +62,10 @@ inline constexpr uint32_t kFrameMagic = 0x4D564B54;  // "TKVM"
 //     no rank attaches for it (vLLM's ranks rely on it: a lost rank no
 //     longer attaches again to decline the epoch's events). DiskTierStats
 //     carries read_errors.
-inline constexpr uint16_t kProtocolVersion = 17;
+// 18: DiskTierStats carries writes_stopped and undeleted_removals;
+//     ClearReply and EvictReply say when the disk tier's blocks were
+//     forgotten, not deleted (its writes stopped until restart).
+inline constexpr uint16_t kProtocolVersion = 18;
 inline constexpr size_t kFrameHeaderBytes = 16;
 // Upper bounds a decoder enforces before allocating anything.
 inline constexpr uint32_t kMaxTokens = 1 << 20;

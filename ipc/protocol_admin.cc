@@ -54,6 +54,7 @@ void PutPayload(Writer& w, const ClearReply& m) {
   w.Int<uint64_t>(m.result.host_kept_pinned);
   w.Int<uint64_t>(m.result.disk_dropped);
   w.Bool(m.result.disk_cleared);
+  w.Bool(m.result.disk_undeleted);
   w.Int<uint64_t>(m.result.remote_dropped);
   w.Bool(m.result.remote_cleared);
 }
@@ -70,6 +71,7 @@ void GetPayload(Reader& r, ClearReply* m) {
   m->result.host_kept_pinned = r.Int<uint64_t>();
   m->result.disk_dropped = r.Int<uint64_t>();
   m->result.disk_cleared = r.Bool();
+  m->result.disk_undeleted = r.Bool();
   m->result.remote_dropped = r.Int<uint64_t>();
   m->result.remote_cleared = r.Bool();
 }
@@ -80,7 +82,7 @@ void PutPayload(Writer& w, const EvictRequest& m) {
 }
 // Flags of one EvictedBlock.
 constexpr uint8_t kHostDropped = 1, kHostPinned = 2, kDiskDropped = 4,
-                  kRemoteDropped = 8;
+                  kRemoteDropped = 8, kDiskUndeleted = 16;
 void PutPayload(Writer& w, const EvictReply& m) {
   w.Int<uint32_t>(static_cast<uint32_t>(m.blocks.size()));
   for (const EvictedBlock& b : m.blocks) {
@@ -88,6 +90,7 @@ void PutPayload(Writer& w, const EvictReply& m) {
     w.Int<uint8_t>((b.host_dropped ? kHostDropped : 0) |
                    (b.host_pinned ? kHostPinned : 0) |
                    (b.disk_dropped ? kDiskDropped : 0) |
+                   (b.disk_undeleted ? kDiskUndeleted : 0) |
                    (b.remote_dropped ? kRemoteDropped : 0));
   }
 }
@@ -100,14 +103,16 @@ void GetPayload(Reader& r, EvictReply* m) {
   for (uint32_t i = 0; i < n && r.ok(); ++i) {
     EvictedBlock b{.key = GetKey(r)};
     const auto flags = r.Int<uint8_t>();
-    if ((flags &
-         ~(kHostDropped | kHostPinned | kDiskDropped | kRemoteDropped)) != 0 ||
-        ((flags & kHostDropped) != 0 && (flags & kHostPinned) != 0)) {
+    if ((flags & ~(kHostDropped | kHostPinned | kDiskDropped | kDiskUndeleted |
+                   kRemoteDropped)) != 0 ||
+        ((flags & kHostDropped) != 0 && (flags & kHostPinned) != 0) ||
+        ((flags & kDiskUndeleted) != 0 && (flags & kDiskDropped) == 0)) {
       r.Fail("bad evicted block flags " + std::to_string(flags));
     }
     b.host_dropped = (flags & kHostDropped) != 0;
     b.host_pinned = (flags & kHostPinned) != 0;
     b.disk_dropped = (flags & kDiskDropped) != 0;
+    b.disk_undeleted = (flags & kDiskUndeleted) != 0;
     b.remote_dropped = (flags & kRemoteDropped) != 0;
     m->blocks.push_back(b);
   }

@@ -127,6 +127,13 @@ Message Server::Impl::Clear(pid_t pid, TierSelection tiers) {
   }
   spdlog::info("pid {}: clear {}: dropped {}", pid, TierSelectionName(tiers),
                dropped.empty() ? "nothing (no such tier)" : dropped);
+  if (result->disk_undeleted) {
+    spdlog::warn(
+        "pid {}: clear {}: the disk tier takes no writes until restart: its "
+        "{} blocks were forgotten, not deleted, and the next start serves "
+        "them again",
+        pid, TierSelectionName(tiers), result->disk_dropped);
+  }
   return ClearReply{*result};
 }
 
@@ -135,11 +142,12 @@ Message Server::Impl::Evict(pid_t pid, const std::vector<BlockKey>& keys) {
   { blocks = store->Lock()->Evict(keys); }
   // Every key of a short list; a summary of any list.
   constexpr size_t kKeysLogged = 32;
-  size_t host = 0, disk = 0, remote = 0, pinned = 0, absent = 0;
+  size_t host = 0, disk = 0, undeleted = 0, remote = 0, pinned = 0, absent = 0;
   for (size_t i = 0; i < blocks.size(); ++i) {
     const EvictedBlock& b = blocks[i];
     host += b.host_dropped;
     disk += b.disk_dropped;
+    undeleted += b.disk_undeleted;
     remote += b.remote_dropped;
     pinned += b.host_pinned;
     absent += !b.host_dropped && !b.disk_dropped && !b.remote_dropped &&
@@ -153,6 +161,13 @@ Message Server::Impl::Evict(pid_t pid, const std::vector<BlockKey>& keys) {
       "pid {}: evict of {} keys: {} dropped from host, {} from disk, {} "
       "from remote, {} pinned on host (kept), {} not cached",
       pid, blocks.size(), host, disk, remote, pinned, absent);
+  if (undeleted > 0) {
+    spdlog::warn(
+        "pid {}: evict: the disk tier takes no writes until restart: {} "
+        "blocks were forgotten, not deleted, and the next start serves them "
+        "again",
+        pid, undeleted);
+  }
   return EvictReply{std::move(blocks)};
 }
 

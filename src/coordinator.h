@@ -782,6 +782,9 @@ class Coordinator {
   // Whether a promotion of `key` is in flight (it keys a host slot when it
   // lands).
   bool PromotionOf(const BlockKey& key) const;
+  // Whether the disk tier takes no writes until restart (DiskTierStats::
+  // writes_stopped): what it drops then is forgotten, not deleted.
+  bool DiskWritesStopped() const;
   // An operator drops a block being spilled: lookups miss it from now on,
   // and FinishSpill drops both its host slot and what the spill wrote.
   void DiscardSpill(LowerOp* spill);

@@ -276,7 +276,10 @@ StatusOr<ClearResult> Coordinator::Clear(TierSelection tiers) {
     const LowerRemoval removed = options_.lower->RemoveAll();
     result.disk_dropped = removed.disk;
     result.remote_dropped = removed.remote;
-    result.disk_cleared = options_.lower->disk_stats().has_value();
+    const std::optional<DiskTierStats> disk = options_.lower->disk_stats();
+    result.disk_cleared = disk.has_value();
+    result.disk_undeleted =
+        disk.has_value() && disk->writes_stopped != 0 && removed.disk > 0;
     result.remote_cleared = options_.lower->remote_stats().has_value();
   }
   // The per-key removals went out already; a router may also take this as
@@ -306,11 +309,18 @@ std::vector<EvictedBlock> Coordinator::Evict(std::span<const BlockKey> keys) {
     if (options_.lower != nullptr) {
       const LowerRemoval removed = options_.lower->Remove(key);
       e.disk_dropped = removed.disk > 0;
+      e.disk_undeleted = e.disk_dropped && DiskWritesStopped();
       e.remote_dropped = removed.remote > 0;
     }
     out.push_back(e);
   }
   return out;
+}
+
+bool Coordinator::DiskWritesStopped() const {
+  const std::optional<DiskTierStats> disk =
+      options_.lower == nullptr ? std::nullopt : options_.lower->disk_stats();
+  return disk.has_value() && disk->writes_stopped != 0;
 }
 
 bool Coordinator::PromotionOf(const BlockKey& key) const {

@@ -53,6 +53,11 @@ std::string EvictedBlockSummary(const EvictedBlock& b) {
     dropped += tiers[i];
   }
   if (!dropped.empty()) dropped = "dropped from " + dropped;
+  if (b.disk_undeleted) {
+    dropped +=
+        " (disk: forgotten, not deleted: the disk tier takes no writes until "
+        "tierkvd restarts, which serves it again)";
+  }
   if (b.host_pinned) {
     return dropped.empty() ? "pinned, kept" : "pinned, kept; " + dropped;
   }

@@ -61,6 +61,10 @@ struct ClearResult {
   // keys the remote tier knew. A block both held counts in each.
   uint64_t disk_dropped = 0;
   bool disk_cleared = false;
+  // The disk tier takes no writes until tierkvd restarts (a write failed,
+  // or it opened read-only): what it dropped was forgotten, not deleted,
+  // and the next start serves it again.
+  bool disk_undeleted = false;
   uint64_t remote_dropped = 0;
   bool remote_cleared = false;
 };
@@ -74,6 +78,9 @@ struct EvictedBlock {
   // On host (or being stored) but pinned by a worker: kept.
   bool host_pinned = false;
   bool disk_dropped = false;
+  // Dropped from disk while its writes were stopped (ClearResult's
+  // disk_undeleted): the next start serves it again.
+  bool disk_undeleted = false;
   bool remote_dropped = false;  // The remote tier knew it; its key deleted.
   friend bool operator==(const EvictedBlock&, const EvictedBlock&) = default;
 };

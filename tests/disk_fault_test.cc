@@ -215,6 +215,7 @@ TEST(DiskFullTest, SpaceFreedWhileRunningEndsTheDegradedState) {
   int i = 0;
   while (i < 2000 && PutSync(*tier, i).ok()) ++i;
   ASSERT_EQ(tier->stats().degraded, 1u);
+  EXPECT_EQ(tier->stats().writes_stopped, 0u);  // Short of space only.
   fs::remove(ballast);
   // Free space is looked at again within 100 ms of a refusal: with twice
   // the reserve free, writes resume.
@@ -376,10 +377,18 @@ TEST(DiskFullTest, AWriteErrorStopsEveryLaterWriteButNotReads) {
   EXPECT_EQ(storage->deletes, deletes);
   DiskTierStats stats = tier.stats();
   EXPECT_EQ(stats.degraded, 1u);
+  EXPECT_EQ(stats.writes_stopped, 1u);
+  EXPECT_EQ(stats.undeleted_removals, 1u);
   EXPECT_EQ(stats.write_errors, 1u);
   EXPECT_EQ(reports, 1);
   for (int i = 1; i < 4; ++i) EXPECT_THAT(GetAndCheck(tier, i), IsOk()) << i;
   EXPECT_FALSE(tier.Flush().ok());
+  // Every other block forgotten too, each counted once: a second RemoveAll
+  // finds none (nor the records the first left behind).
+  EXPECT_EQ(tier.RemoveAll(), 3u);
+  EXPECT_EQ(tier.RemoveAll(), 0u);
+  EXPECT_EQ(tier.stats().undeleted_removals, 4u);
+  EXPECT_EQ(storage->deletes, deletes);
 }
 
 // The value file is the tier's own: RocksDB never sees a write that finds

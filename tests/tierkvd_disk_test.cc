@@ -229,7 +229,8 @@ TEST_F(TierkvdDiskTest, ADiskDirOnAReadOnlyFilesystemIsRefusedNotBusy) {
 }
 
 // The disk tier's directory removed under a running tierkvd: spills fail,
-// it says so once and keeps serving; the final flush reports the loss.
+// it says so once and keeps serving; an operator's clear is told its
+// blocks were forgotten, not deleted; the final flush reports the loss.
 TEST_F(TierkvdDiskTest, DiskFullDirectoryRemovedWhileRunningIsReported) {
   StartOn(disk_, "64M");
   auto first = ManyWorker("fill", 7, 40);
@@ -247,7 +248,17 @@ TEST_F(TierkvdDiskTest, DiskFullDirectoryRemovedWhileRunningIsReported) {
   }
   const DiskTierStats s = DiskStats();
   EXPECT_EQ(s.degraded, 1u);
+  EXPECT_EQ(s.writes_stopped, 1u);
   EXPECT_GE(s.write_errors, 1u);
+  ASSERT_GT(s.keys, 0u);
+  EXPECT_EQ(s.undeleted_removals, 0u);
+  const std::string cleared = Admin({"clear", "--tier", "disk"});
+  EXPECT_THAT(cleared, HasSubstr("disk: dropped " + std::to_string(s.keys)));
+  EXPECT_THAT(cleared, HasSubstr("forgotten, not deleted"));
+  EXPECT_THAT(Admin({"clear", "--tier", "disk", "--json"}),
+              HasSubstr("\"undeleted\":false"));  // Nothing left to drop.
+  EXPECT_EQ(DiskStats().undeleted_removals, s.keys);
+  EXPECT_THAT(daemon_->output(), HasSubstr("were forgotten, not deleted"));
   daemon_->Signal(SIGTERM);
   EXPECT_EQ(daemon_->Wait(), 7) << daemon_->output();
   EXPECT_THAT(daemon_->output(), HasSubstr("on stop failed"));

@@ -134,6 +134,7 @@ struct Counters {
   uint64_t stored_bytes_written = 0;
   uint64_t write_errors = 0;
   uint64_t space_refusals = 0;
+  uint64_t undeleted_removals = 0;
 };
 
 // Keeps the storage's reserve free on its filesystem without a statvfs per
@@ -855,9 +856,18 @@ void DiskTierImpl::ShrinkValueFile() {
 
 void DiskTierImpl::DeleteNow(std::span<const BlockKey> keys) {
   if (keys.empty()) return;
-  // Degraded: forgotten by the index only, and their slots stay taken
-  // (their records still point there); Open checks them again.
-  if (!Stopped().ok()) return;
+  // Stopped: forgotten by the index only, and their slots stay taken
+  // (their records still point there); Open checks them again. Each is
+  // counted once, and not deleted again by a later RemoveAll.
+  {
+    MutexLock lock(&mu_);
+    if (!stopped_.ok()) {
+      for (const BlockKey& key : keys) {
+        counters_.undeleted_removals += record_slots_.erase(key);
+      }
+      return;
+    }
+  }
   Status s;
   if (keys.size() == 1) {
     s = storage_->Delete(DiskStorageKey(keys[0]));
@@ -1137,6 +1147,8 @@ DiskTierStats DiskTierImpl::stats() const {
     out.payload_bytes_written = c.payload_bytes_written;
     out.stored_bytes_written = c.stored_bytes_written;
     out.degraded = !stopped_.ok() || low_space_ ? 1 : 0;
+    out.writes_stopped = stopped_.ok() ? 0 : 1;
+    out.undeleted_removals = c.undeleted_removals;
     out.write_errors = c.write_errors;
     out.space_refusals = c.space_refusals;
     out.damaged_files = damaged_files_.size();

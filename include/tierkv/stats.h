@@ -159,7 +159,14 @@ struct StatField {
     "Writes refused because the filesystem's free space was below the "      \
     "storage's reserve.")                                                    \
   X(uint64_t, damaged_files, kGauge,                                         \
-    "Files the last open found damaged; their values were dropped.")
+    "Files the last open found damaged; their values were dropped.")         \
+  X(uint64_t, writes_stopped, kGauge,                                        \
+    "1 once a storage write failed or the storage opened read-only: the "    \
+    "tier takes no writes, and blocks it drops are forgotten, not deleted, " \
+    "until tierkvd restarts.")                                               \
+  X(uint64_t, undeleted_removals, kCounter,                                  \
+    "Blocks dropped (cleared, evicted, found corrupt) while writes were "    \
+    "stopped: forgotten, not deleted, so the next start serves them again.")
 
 // The remote tier on a Redis Cluster shared by several machines (tierkvd
 // --remote-redis). Its blocks are those this store wrote (keys, bytes) and

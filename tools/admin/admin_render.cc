@@ -613,6 +613,12 @@ std::string FormatClear(TierSelection tiers, const ClearResult& result) {
   }
   if (result.disk_cleared) {
     out << "disk: dropped " << result.disk_dropped << " blocks\n";
+    if (result.disk_undeleted) {
+      out << "  warning: the disk tier takes no writes until tierkvd restarts "
+             "(tierkvd's log says why): those blocks were forgotten, not "
+             "deleted, and a restart serves them again; to be rid of them, "
+             "stop tierkvd and empty its --disk-dir\n";
+    }
   } else if (tiers != TierSelection::kHost) {
     out << "disk: none (tierkvd has no disk tier)\n";
   }
@@ -632,7 +638,9 @@ std::string FormatClearJson(TierSelection tiers, const ClearResult& result) {
         << ",\"kept_pinned\":" << result.host_kept_pinned << "}";
   }
   if (result.disk_cleared) {
-    out << ",\"disk\":{\"dropped\":" << result.disk_dropped << "}";
+    out << ",\"disk\":{\"dropped\":" << result.disk_dropped
+        << ",\"undeleted\":" << (result.disk_undeleted ? "true" : "false")
+        << "}";
   }
   if (result.remote_cleared) {
     out << ",\"remote\":{\"dropped\":" << result.remote_dropped << "}";
@@ -658,6 +666,7 @@ std::string FormatEvictJson(const std::vector<EvictedBlock>& blocks) {
         << "\",\"host_dropped\":" << (b.host_dropped ? "true" : "false")
         << ",\"host_pinned\":" << (b.host_pinned ? "true" : "false")
         << ",\"disk_dropped\":" << (b.disk_dropped ? "true" : "false")
+        << ",\"disk_undeleted\":" << (b.disk_undeleted ? "true" : "false")
         << ",\"remote_dropped\":" << (b.remote_dropped ? "true" : "false")
         << "}";
   }
