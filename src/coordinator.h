@@ -572,8 +572,9 @@ class Coordinator {
     bool discard = false;
     // Spill: a write-behind copy, the block stays on host.
     bool keep = false;
-    // Spill: an operator cleared the lower tier while it ran, perhaps
-    // after it wrote: the host keeps the block unless the tier holds it.
+    // Spill: an operator cleared the lower tier (or evicted the block)
+    // while it ran, perhaps after it wrote: the host keeps the block unless
+    // the tier holds it.
     bool lower_cleared = false;
     std::chrono::steady_clock::time_point started = {};  // StartLowerOp.
   };

@@ -297,20 +297,30 @@ std::vector<EvictedBlock> Coordinator::Evict(std::span<const BlockKey> keys) {
   out.reserve(keys.size());
   for (const BlockKey& key : keys) {
     EvictedBlock e{.key = key};
-    if (std::optional<BlockId> slot = host_pool_.FindKeyedBlock(key)) {
+    // A store or a promotion of it keys a host slot when it completes: the
+    // block stays on host whatever is dropped now, so nothing is, and the
+    // answer says kept.
+    const bool being_written =
+        keys_being_stored_.contains(key) || PromotionOf(key);
+    if (being_written) {
+      e.host_pinned = true;
+    } else if (std::optional<BlockId> slot = host_pool_.FindKeyedBlock(key)) {
       LowerOp* spill = OnlyPinIsSpill(*slot);
       if (spill != nullptr) DiscardSpill(spill);
       e.host_dropped = spill != nullptr || host_pool_.DropCachedBlock(*slot);
       e.host_pinned = !e.host_dropped;
-    } else if (keys_being_stored_.contains(key) || PromotionOf(key)) {
-      // A store or a promotion keys it when it completes.
-      e.host_pinned = true;
     }
     if (options_.lower != nullptr) {
       const LowerRemoval removed = options_.lower->Remove(key);
       e.disk_dropped = removed.disk > 0;
       e.disk_undeleted = e.disk_dropped && DiskWritesStopped();
       e.remote_dropped = removed.remote > 0;
+      // A spill of a block kept on host may have written what Remove just
+      // deleted: once it lands, the host copy is the last, and stays
+      // (FinishSpill), as after a Clear.
+      for (auto& [id, op] : lower_ops_) {
+        if (op.spill && op.key == key) op.lower_cleared = true;
+      }
     }
     out.push_back(e);
   }

@@ -1440,6 +1440,26 @@ TEST_F(SpillTest, EvictMidSpillKeepsABlockAWorkerPins) {
   EXPECT_EQ(HitTokens(3, t), 16);
 }
 
+// The spill of a block a worker pins lands, and the operator's evict
+// deletes what it wrote before its result is applied: the evict said
+// kept, so the block stays on host, neither demoted nor counted a spill.
+TEST_F(SpillTest, EvictAfterASpillLandedKeepsThePinnedBlockOnHost) {
+  const std::vector<TokenId> t = SequentialTokens(1, 17);
+  const BlockKey key = StoreOneBlock(1, t);
+  ASSERT_EQ(c_.Lookup(w_, 2, t, 0, {}).value().hit_tokens, 16);
+  lower_.Land(0);  // Written; the result waits to be pumped.
+  const BlockKey keys[] = {key};
+  EXPECT_EQ(
+      c_.Evict(keys)[0],
+      (EvictedBlock{.key = key, .host_pinned = true, .disk_dropped = true}));
+  ASSERT_THAT(c_.Finish(w_, 2), IsOk());
+  c_.PumpLowerTier();
+  EXPECT_EQ(c_.host_pool().FindKeyedBlock(key), slot_);
+  EXPECT_FALSE(lower_.stored.contains(key));
+  EXPECT_EQ(c_.stats().host.spills, 0u);
+  EXPECT_EQ(HitTokens(3, t), 16);
+}
+
 // An eviction that cancels the spill of a block a worker still pins: the
 // block stays on host, keyed, and the aborted spill is neither a spill nor
 // a failure.
@@ -1809,6 +1829,42 @@ TEST(CoordinatorEvictTest, ABlockBeingPromotedIsReportedKept) {
   EXPECT_FALSE(e.host_dropped);
   EXPECT_TRUE(e.host_pinned);
   EXPECT_EQ(EvictedBlockSummary(e), "pinned, kept");
+  c.PumpLowerTier();
+  EXPECT_TRUE(c.host_pool().FindKeyedBlock(key[0]).has_value());
+}
+
+// The same block stored by one worker while its promotion for another
+// runs: two host copies, one keyed, one keyed when the promotion lands.
+// An evict cannot remove it from host, and says so instead of dropping the
+// keyed copy only to see the promotion key it again.
+TEST(CoordinatorEvictTest, ABlockStoredWhileItsPromotionRunsIsReportedKept) {
+  ManualLowerTier lower;
+  Coordinator c = Coordinator::Create(
+                      {.layout = Layout(), .host_slots = 10, .lower = &lower})
+                      .value();
+  const WorkerId a = c.RegisterWorker(TestWorker(10)).value();
+  const WorkerId b = c.RegisterWorker(TestWorker(10)).value();
+  const std::vector<TokenId> t = SequentialTokens(1, 17);
+  ASSERT_EQ(c.Lookup(a, 1, t, 0, {}).value().disk_hit_tokens, 16);
+  ASSERT_TRUE(c.Allocate(a, 1, Range(1, 2), 16).value().load_pending);
+  ASSERT_EQ(lower.promotions.size(), 1u);
+  lower.promotions[0](uint64_t{0});  // Read; the result waits to be pumped.
+  // Worker b computed the block itself and stores it meanwhile.
+  ASSERT_THAT(c.Lookup(b, 1, t, 16, {}), IsOk());
+  ASSERT_THAT(c.Allocate(b, 1, Range(1, 2), 0), IsOk());
+  const CommitResult commit = c.Commit(b, 1, 16, Range(1, 2)).value();
+  ASSERT_EQ(commit.stores.size(), 1u);
+  const CompletedEvent done[] = {{commit.stores[0].ref, true}};
+  ASSERT_THAT(c.Complete(b, done), IsOk());
+  ASSERT_THAT(c.Finish(b, 1), IsOk());
+  std::vector<BlockKey> keys;
+  KeyHasher({.model_fingerprint = StoreFingerprint(Layout(), ""), .tenant = ""})
+      .AppendPrefixKeys(t, 16, {}, &keys);
+  const BlockKey key[] = {keys.at(0)};
+  ASSERT_TRUE(c.host_pool().FindKeyedBlock(key[0]).has_value());
+  const EvictedBlock e = c.Evict(key)[0];
+  EXPECT_FALSE(e.host_dropped);
+  EXPECT_TRUE(e.host_pinned);
   c.PumpLowerTier();
   EXPECT_TRUE(c.host_pool().FindKeyedBlock(key[0]).has_value());
 }
