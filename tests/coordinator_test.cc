@@ -1807,66 +1807,64 @@ TEST_F(CorruptSlotTest, ACopyOfAChangedSlotIsNotASpillFailure) {
   EXPECT_EQ(lower_.writes.size(), 2u);  // The next copy starts at once.
 }
 
+// A worker's load of a block on the lower tier, its promotion read but not
+// yet applied (it keys a host slot when pumped).
+class CoordinatorEvictTest : public ::testing::Test {
+ protected:
+  CoordinatorEvictTest()
+      : c_(Coordinator::Create(
+               {.layout = Layout(), .host_slots = 10, .lower = &lower_})
+               .value()),
+        w_(c_.RegisterWorker(TestWorker(10)).value()) {
+    EXPECT_EQ(c_.Lookup(w_, 1, t_, 0, {}).value().disk_hit_tokens, 16);
+    EXPECT_TRUE(c_.Allocate(w_, 1, Range(1, 2), 16).value().load_pending);
+    EXPECT_EQ(lower_.promotions.size(), 1u);
+    lower_.promotions.at(0)(uint64_t{0});
+    std::vector<BlockKey> keys;
+    KeyHasher(
+        {.model_fingerprint = StoreFingerprint(Layout(), ""), .tenant = ""})
+        .AppendPrefixKeys(t_, 16, {}, &keys);
+    key_ = keys.at(0);
+  }
+
+  ManualLowerTier lower_;
+  Coordinator c_;
+  WorkerId w_;
+  const std::vector<TokenId> t_ = SequentialTokens(1, 17);
+  BlockKey key_;
+};
+
 // An operator's evict of a block whose promotion is landing: the promotion
 // keys it on host, so the answer says so ("pinned, kept"), as for a block
 // a store is writing.
-TEST(CoordinatorEvictTest, ABlockBeingPromotedIsReportedKept) {
-  ManualLowerTier lower;
-  Coordinator c = Coordinator::Create(
-                      {.layout = Layout(), .host_slots = 10, .lower = &lower})
-                      .value();
-  const WorkerId w = c.RegisterWorker(TestWorker(10)).value();
-  const std::vector<TokenId> t = SequentialTokens(1, 17);
-  ASSERT_EQ(c.Lookup(w, 1, t, 0, {}).value().disk_hit_tokens, 16);
-  ASSERT_TRUE(c.Allocate(w, 1, Range(1, 2), 16).value().load_pending);
-  ASSERT_EQ(lower.promotions.size(), 1u);
-  lower.promotions[0](uint64_t{0});  // Read; the result waits to be pumped.
-  std::vector<BlockKey> keys;
-  KeyHasher({.model_fingerprint = StoreFingerprint(Layout(), ""), .tenant = ""})
-      .AppendPrefixKeys(t, 16, {}, &keys);
-  const BlockKey key[] = {keys.at(0)};
-  const EvictedBlock e = c.Evict(key)[0];
+TEST_F(CoordinatorEvictTest, ABlockBeingPromotedIsReportedKept) {
+  const EvictedBlock e = c_.Evict({&key_, 1})[0];
   EXPECT_FALSE(e.host_dropped);
   EXPECT_TRUE(e.host_pinned);
   EXPECT_EQ(EvictedBlockSummary(e), "pinned, kept");
-  c.PumpLowerTier();
-  EXPECT_TRUE(c.host_pool().FindKeyedBlock(key[0]).has_value());
+  c_.PumpLowerTier();
+  EXPECT_TRUE(c_.host_pool().FindKeyedBlock(key_).has_value());
 }
 
-// The same block stored by one worker while its promotion for another
-// runs: two host copies, one keyed, one keyed when the promotion lands.
-// An evict cannot remove it from host, and says so instead of dropping the
-// keyed copy only to see the promotion key it again.
-TEST(CoordinatorEvictTest, ABlockStoredWhileItsPromotionRunsIsReportedKept) {
-  ManualLowerTier lower;
-  Coordinator c = Coordinator::Create(
-                      {.layout = Layout(), .host_slots = 10, .lower = &lower})
-                      .value();
-  const WorkerId a = c.RegisterWorker(TestWorker(10)).value();
-  const WorkerId b = c.RegisterWorker(TestWorker(10)).value();
-  const std::vector<TokenId> t = SequentialTokens(1, 17);
-  ASSERT_EQ(c.Lookup(a, 1, t, 0, {}).value().disk_hit_tokens, 16);
-  ASSERT_TRUE(c.Allocate(a, 1, Range(1, 2), 16).value().load_pending);
-  ASSERT_EQ(lower.promotions.size(), 1u);
-  lower.promotions[0](uint64_t{0});  // Read; the result waits to be pumped.
-  // Worker b computed the block itself and stores it meanwhile.
-  ASSERT_THAT(c.Lookup(b, 1, t, 16, {}), IsOk());
-  ASSERT_THAT(c.Allocate(b, 1, Range(1, 2), 0), IsOk());
-  const CommitResult commit = c.Commit(b, 1, 16, Range(1, 2)).value();
+// The same block stored by another worker while the promotion runs: two
+// host copies, one keyed, one keyed when the promotion lands. An evict
+// cannot remove it from host, and says so instead of dropping the keyed
+// copy only to see the promotion key it again.
+TEST_F(CoordinatorEvictTest, ABlockStoredWhileItsPromotionRunsIsReportedKept) {
+  const WorkerId b = c_.RegisterWorker(TestWorker(10)).value();
+  ASSERT_THAT(c_.Lookup(b, 1, t_, 16, {}), IsOk());  // Computed it itself.
+  ASSERT_THAT(c_.Allocate(b, 1, Range(1, 2), 0), IsOk());
+  const CommitResult commit = c_.Commit(b, 1, 16, Range(1, 2)).value();
   ASSERT_EQ(commit.stores.size(), 1u);
   const CompletedEvent done[] = {{commit.stores[0].ref, true}};
-  ASSERT_THAT(c.Complete(b, done), IsOk());
-  ASSERT_THAT(c.Finish(b, 1), IsOk());
-  std::vector<BlockKey> keys;
-  KeyHasher({.model_fingerprint = StoreFingerprint(Layout(), ""), .tenant = ""})
-      .AppendPrefixKeys(t, 16, {}, &keys);
-  const BlockKey key[] = {keys.at(0)};
-  ASSERT_TRUE(c.host_pool().FindKeyedBlock(key[0]).has_value());
-  const EvictedBlock e = c.Evict(key)[0];
+  ASSERT_THAT(c_.Complete(b, done), IsOk());
+  ASSERT_THAT(c_.Finish(b, 1), IsOk());
+  ASSERT_TRUE(c_.host_pool().FindKeyedBlock(key_).has_value());
+  const EvictedBlock e = c_.Evict({&key_, 1})[0];
   EXPECT_FALSE(e.host_dropped);
   EXPECT_TRUE(e.host_pinned);
-  c.PumpLowerTier();
-  EXPECT_TRUE(c.host_pool().FindKeyedBlock(key[0]).has_value());
+  c_.PumpLowerTier();
+  EXPECT_TRUE(c_.host_pool().FindKeyedBlock(key_).has_value());
 }
 
 TEST_F(CoordinatorTest, AnotherLayoutIsRefusedNamingBoth) {
