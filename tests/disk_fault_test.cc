@@ -391,6 +391,25 @@ TEST(DiskFullTest, AWriteErrorStopsEveryLaterWriteButNotReads) {
   EXPECT_EQ(storage->deletes, deletes);
 }
 
+// A removal whose own delete is the write that fails: the block is
+// forgotten, counted as not deleted once, and writes stop.
+TEST(DiskFullTest, ARemovalWhoseDeleteFailsIsCountedUndeletedOnce) {
+  TempDir scratch("disk_fault_test");
+  DiskTierOptions options = OptionsAt(scratch.path() + "/db");
+  FailingStorage* storage = nullptr;
+  std::unique_ptr<DiskTier> tier = OpenWrapped(options, &storage);
+  ASSERT_NE(tier, nullptr);
+  for (int i = 0; i < 4; ++i) ASSERT_THAT(PutSync(*tier, i), IsOk());
+  storage->fail = true;
+  EXPECT_TRUE(tier->Remove(KeyOf(0)));
+  DiskTierStats stats = tier->stats();
+  EXPECT_EQ(stats.writes_stopped, 1u);
+  EXPECT_EQ(stats.write_errors, 1u);
+  EXPECT_EQ(stats.undeleted_removals, 1u);
+  EXPECT_EQ(tier->RemoveAll(), 3u);
+  EXPECT_EQ(tier->stats().undeleted_removals, 4u);
+}
+
 // The value file is the tier's own: RocksDB never sees a write that finds
 // its filesystem full, so the storage does not latch it as it latches a
 // RocksDB write error, and takes writes again once there is room.

@@ -119,10 +119,14 @@ std::vector<Message> Samples() {
                   .disk_cleared = true,
                   .remote_dropped = 7,
                   .remote_cleared = true}},
+      ClearReply{
+          {.disk_dropped = 3, .disk_cleared = true, .disk_undeleted = true}},
       EvictRequest{{{1, 2}, {3, 4}}},
-      EvictReply{{{.key = {1, 2}, .host_dropped = true, .disk_dropped = true},
-                  {.key = {3, 4}, .host_pinned = true, .remote_dropped = true},
-                  {.key = {5, 6}}}},
+      EvictReply{
+          {{.key = {1, 2}, .host_dropped = true, .disk_dropped = true},
+           {.key = {3, 4}, .host_pinned = true, .remote_dropped = true},
+           {.key = {5, 6}},
+           {.key = {7, 8}, .disk_dropped = true, .disk_undeleted = true}}},
       FetchChunkRequest{.request = 3, .wait_ms = 250, .tokens = {4, 5, 6}},
       FetchChunkRequest{.request = 3,
                         .wait_ms = 0,

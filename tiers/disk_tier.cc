@@ -856,18 +856,17 @@ void DiskTierImpl::ShrinkValueFile() {
 
 void DiskTierImpl::DeleteNow(std::span<const BlockKey> keys) {
   if (keys.empty()) return;
-  // Stopped: forgotten by the index only, and their slots stay taken
-  // (their records still point there); Open checks them again. Each is
-  // counted once, and not deleted again by a later RemoveAll.
-  {
+  // Stopped (before, or by this delete failing): forgotten by the index
+  // only, and their slots stay taken (their records still point there);
+  // Open checks them again. Each is counted once, and not deleted again by
+  // a later RemoveAll.
+  const auto forget = [&] {
     MutexLock lock(&mu_);
-    if (!stopped_.ok()) {
-      for (const BlockKey& key : keys) {
-        counters_.undeleted_removals += record_slots_.erase(key);
-      }
-      return;
+    for (const BlockKey& key : keys) {
+      counters_.undeleted_removals += record_slots_.erase(key);
     }
-  }
+  };
+  if (!Stopped().ok()) return forget();
   Status s;
   if (keys.size() == 1) {
     s = storage_->Delete(DiskStorageKey(keys[0]));
@@ -881,7 +880,7 @@ void DiskTierImpl::DeleteNow(std::span<const BlockKey> keys) {
   }
   if (!s.ok()) {
     WriteFailed(s);
-    return;
+    return forget();
   }
   MutexLock lock(&mu_);
   for (const BlockKey& key : keys) {
