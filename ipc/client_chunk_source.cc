@@ -175,7 +175,8 @@ Status ClientChunkSource::PublishOnce(std::span<const TokenId> chunk,
         std::to_string(commit.skipped_blocks) +
         " block(s) of the chunk were not stored: " +
         (commit.store_status.ok()
-             ? std::string("no host slot was free")
+             ? std::string("no host slot was free, or an operator is "
+                           "dropping the key")
              : std::string(commit.store_status.message())));
   }
   return status;

@@ -75,7 +75,8 @@ struct EvictedBlock {
   // Dropped from host, including a block whose spill was in flight: lookups
   // miss it at once, and nothing of it stays once the spill finishes.
   bool host_dropped = false;
-  // On host (or being stored) but pinned by a worker: kept.
+  // Kept on host: pinned by a worker, or a store or promotion of it is in
+  // flight (it is keyed on host when that completes).
   bool host_pinned = false;
   bool disk_dropped = false;
   // Dropped from disk while its writes were stopped (ClearResult's

@@ -739,8 +739,10 @@ void RegisterClient(py::module_& m) {
           py::arg("call_timeout") = 5.0,
           "A client of a new store in this process (no tierkvd).")
       .def("close", &PyClient::Close,
-           "Detaches (waiting for copies in flight). host_block() views "
-           "still alive keep the attachment until they are released.")
+           "Detaches (waiting for copies in flight, and for a call another "
+           "thread runs on the client: at most its call_timeout, or the "
+           "100 ms slice of a long wait). host_block() views still alive "
+           "keep the attachment until they are released.")
       .def("__repr__",
            [](const PyClient& c) {
              if (c.closed()) return std::string("Client(closed)");
