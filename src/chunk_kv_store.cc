@@ -49,21 +49,6 @@ std::span<const TokenId> ChunkBlockTokens(std::span<const TokenId> chunk,
       begin, std::min(chunk.size() - begin, static_cast<size_t>(block_size)));
 }
 
-}  // namespace
-
-Status CheckKvMemorySize(const KvLayout& layout, int64_t num_blocks) {
-  TIERKV_RETURN_IF_ERROR(layout.Validate());
-  constexpr int64_t kMaxBytes = int64_t{1} << 40;
-  if (num_blocks < 1 ||
-      num_blocks > kMaxBytes / static_cast<int64_t>(layout.BlockBytes())) {
-    return Status::InvalidArgument("KV cache of " + std::to_string(num_blocks) +
-                                   " blocks: need at least 1, at most 1 TiB");
-  }
-  return Status::Ok();
-}
-
-namespace {
-
 Status CheckComputable(std::span<const TokenId> chunk, int64_t virtual_start) {
   if (chunk.empty()) return Status::InvalidArgument("chunk store: empty chunk");
   if (static_cast<int64_t>(chunk.size()) > kMaxRopePosition - virtual_start) {
@@ -77,6 +62,17 @@ Status CheckComputable(std::span<const TokenId> chunk, int64_t virtual_start) {
 }
 
 }  // namespace
+
+Status CheckKvMemorySize(const KvLayout& layout, int64_t num_blocks) {
+  TIERKV_RETURN_IF_ERROR(layout.Validate());
+  constexpr int64_t kMaxBytes = int64_t{1} << 40;
+  if (num_blocks < 1 ||
+      num_blocks > kMaxBytes / static_cast<int64_t>(layout.BlockBytes())) {
+    return Status::InvalidArgument("KV cache of " + std::to_string(num_blocks) +
+                                   " blocks: need at least 1, at most 1 TiB");
+  }
+  return Status::Ok();
+}
 
 StatusOr<ChunkKvStore> ChunkKvStore::Create(ChunkKvStoreOptions options) {
   if (options.virtual_start < 0 || options.virtual_start >= kMaxRopePosition) {
@@ -227,24 +223,24 @@ StatusOr<std::vector<BlockId>> ChunkKvStore::ComputeAndInsert(
   const int32_t bs = s_->pool.block_size();
   const std::vector<BlockKey> keys = s_->hasher.ChunkKeys(chunk, bs);
   std::vector<BlockId> blocks;
-  Status status = CheckComputable(chunk, s_->virtual_start);
-  if (status.ok()) {
-    status = s_->pool.GetNewBlocks(static_cast<int32_t>(keys.size()), &blocks);
-  }
-  const auto n = static_cast<int32_t>(chunk.size());
-  StatusOr<std::vector<int64_t>> slots =
-      status.ok() ? SlotMappingForBlocks(blocks, bs, 0, n)
-                  : StatusOr<std::vector<int64_t>>(status);
-  status = slots.status();
-  if (status.ok()) {
-    status = s_->compute({.chunk = chunk,
-                          .virtual_start = s_->virtual_start,
-                          .blocks = blocks,
-                          .slots = *slots,
-                          .layout = s_->layout(),
-                          .memory = s_->memory});
-  }
-  if (status.ok()) status = KeyBlocks(chunk, keys, &blocks);
+  // New blocks holding the chunk's KV, keyed.
+  const auto compute_into_blocks = [&]() -> Status {
+    TIERKV_RETURN_IF_ERROR(CheckComputable(chunk, s_->virtual_start));
+    TIERKV_RETURN_IF_ERROR(
+        s_->pool.GetNewBlocks(static_cast<int32_t>(keys.size()), &blocks));
+    TIERKV_ASSIGN_OR_RETURN(
+        std::vector<int64_t> slots,
+        SlotMappingForBlocks(blocks, bs, 0,
+                             static_cast<int32_t>(chunk.size())));
+    TIERKV_RETURN_IF_ERROR(s_->compute({.chunk = chunk,
+                                        .virtual_start = s_->virtual_start,
+                                        .blocks = blocks,
+                                        .slots = slots,
+                                        .layout = s_->layout(),
+                                        .memory = s_->memory}));
+    return KeyBlocks(chunk, keys, &blocks);
+  };
+  const Status status = compute_into_blocks();
   if (!status.ok()) {
     GiveBack(blocks);
     // Workers waiting for this one to publish the chunk compute it now.

@@ -276,10 +276,8 @@ StatusOr<ClearResult> Coordinator::Clear(TierSelection tiers) {
     const LowerRemoval removed = options_.lower->RemoveAll();
     result.disk_dropped = removed.disk;
     result.remote_dropped = removed.remote;
-    const std::optional<DiskTierStats> disk = options_.lower->disk_stats();
-    result.disk_cleared = disk.has_value();
-    result.disk_undeleted =
-        disk.has_value() && disk->writes_stopped != 0 && removed.disk > 0;
+    result.disk_cleared = options_.lower->disk_stats().has_value();
+    result.disk_undeleted = removed.disk > 0 && DiskWritesStopped();
     result.remote_cleared = options_.lower->remote_stats().has_value();
   }
   // The per-key removals went out already; a router may also take this as

@@ -42,12 +42,10 @@ StatusCode CodeFromName(std::string_view name) {
   return StatusCode::kInternal;
 }
 
-}  // namespace
-
-namespace {
 // Set once by InitErrors; never released (they live as long as the module).
 py::handle error_for;
 py::handle error_class;
+
 }  // namespace
 
 void InitErrors() {
