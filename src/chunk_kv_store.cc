@@ -259,6 +259,8 @@ StatusOr<std::vector<BlockId>> ChunkKvStore::ComputeAndInsert(
             s_->tier->Publish(chunk, s_->virtual_start, s_->variant, blocks);
         published.ok()) {
       ++s_->stats.published;
+    } else if (published.code() == StatusCode::kResourceExhausted) {
+      ++s_->stats.unpublished;  // No room below: not a failure of the tier.
     } else {
       if (published.code() == StatusCode::kDeadlineExceeded) {
         // A copy out of them may still run: one more pin, never dropped,

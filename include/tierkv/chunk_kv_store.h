@@ -92,6 +92,10 @@ struct ChunkStoreStats {
   // was pinned. Not a tier error; the caller computes nothing into a full
   // pool either (ComputeAndInsert is ResourceExhausted).
   uint64_t pool_full = 0;
+  // Computed chunks the tier below had no room for, whole or in part (its
+  // host slots pinned, the worker at a cap: Publish was ResourceExhausted).
+  // Not published, and not a tier error: other workers compute them too.
+  uint64_t unpublished = 0;
   uint64_t evictions = 0;  // Cached pool blocks dropped for reuse.
   // Pool blocks never used again: the tier below gave up on a copy into or
   // out of them that may still run (ChunkSource, DeadlineExceeded).
