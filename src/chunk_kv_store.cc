@@ -243,14 +243,7 @@ StatusOr<std::vector<BlockId>> ChunkKvStore::ComputeAndInsert(
   const Status status = compute_into_blocks();
   if (!status.ok()) {
     GiveBack(blocks);
-    // Workers waiting for this one to publish the chunk compute it now.
-    if (s_->tier != nullptr) {
-      if (Status abandoned =
-              s_->tier->Abandon(chunk, s_->virtual_start, s_->variant);
-          !abandoned.ok()) {
-        CountTierError(std::move(abandoned));
-      }
-    }
+    (void)Abandon(chunk);  // A tier error is counted there.
     return status;
   }
   ++s_->stats.computed;
@@ -272,6 +265,14 @@ StatusOr<std::vector<BlockId>> ChunkKvStore::ComputeAndInsert(
     }
   }
   return blocks;
+}
+
+Status ChunkKvStore::Abandon(std::span<const TokenId> chunk) {
+  if (s_->tier == nullptr) return Status::Ok();
+  // Workers waiting for this one to publish the chunk compute it now.
+  Status abandoned = s_->tier->Abandon(chunk, s_->virtual_start, s_->variant);
+  if (!abandoned.ok()) CountTierError(abandoned);
+  return abandoned;
 }
 
 Status ChunkKvStore::KeyBlocks(std::span<const TokenId> chunk,

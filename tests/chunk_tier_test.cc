@@ -464,6 +464,29 @@ TEST_F(ChunkTierTest, AFailedComputeEndsItsLease) {
   EXPECT_EQ(store_->stats().tier_errors, 0u);
 }
 
+// An engine that aborts the request that missed a chunk gives the miss up
+// (ChunkKvStore::Abandon): the lease its miss took ends, so other workers
+// stop waiting for a publish that will not come. Giving up a chunk it holds
+// no lease on ends nothing.
+TEST_F(ChunkTierTest, AnAbandonedMissEndsItsLease) {
+  Open(/*pool_blocks=*/8, /*host_slots=*/32, /*disk=*/false);
+  const auto a = Tokens(1, 20), b = Tokens(2, 20);
+  EXPECT_TRUE(store_->Acquire(a).empty());  // A miss: this worker's lease.
+  EXPECT_EQ(client_->Stats().value().host.chunk_leases, 1u);
+  EXPECT_THAT(store_->Abandon(b), IsOk());  // Not the leased chunk.
+  EXPECT_EQ(client_->Stats().value().host.chunk_leases, 1u);
+  EXPECT_THAT(store_->Abandon(a), IsOk());
+  EXPECT_EQ(client_->Stats().value().host.chunk_leases, 0u);
+  EXPECT_THAT(store_->Abandon(a), IsOk());  // Once more: nothing to end.
+  const ChunkStoreStats s = store_->stats();
+  EXPECT_EQ(s.computed, 0u);
+  EXPECT_EQ(s.tier_errors, 0u) << store_->last_tier_error().ToString();
+  // The chunk is still computed and published by whoever needs it next.
+  EXPECT_TRUE(store_->Acquire(a).empty());
+  Compute(a);
+  EXPECT_EQ(store_->stats().published, 1u);
+}
+
 // A publish that could not store the whole chunk (host DRAM too small for
 // it, no disk tier) is not a published chunk: no other worker can fetch
 // part of a chunk. Nor is it a tier error: the tier had no room.

@@ -137,6 +137,14 @@ class ChunkKvStore {
   // (ChunkSource::Abandon), so workers waiting for it compute it instead.
   StatusOr<std::vector<BlockId>> ComputeAndInsert(
       std::span<const TokenId> chunk);
+  // The caller will not compute `chunk`, which Acquire missed (the request
+  // that wanted it was aborted, or it is computed elsewhere): the tier
+  // below is told (ChunkSource::Abandon), so workers waiting for this one
+  // to publish the chunk stop waiting and compute it themselves. Call it
+  // for every miss not followed by ComputeAndInsert; a chunk this worker
+  // holds no lease on ends nothing. OK without a tier; the tier's error
+  // otherwise (also counted in stats().tier_errors).
+  Status Abandon(std::span<const TokenId> chunk);
   // Unpins blocks from Acquire or ComputeAndInsert. InvalidArgument, with
   // nothing released, for a block that is not the pool's or that the
   // caller does not hold (released already, as often as it is named).
