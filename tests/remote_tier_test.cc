@@ -649,6 +649,61 @@ TEST_F(RedisClusterRemoteTierTest, AWholeScanDropsItsOwnExpiredBlocks) {
   EXPECT_FALSE(tier->Contains(kKey1, kTokens1));
 }
 
+// A block whose TTL ran out is gone from the cluster: without scans nothing
+// else drops it from the index, yet it is no hit, and the host must not
+// drop its own copy on its account (Covers), or no tier would hold it.
+TEST_F(RedisClusterRemoteTierTest, ABlockPastItsTtlNeitherHitsNorCovers) {
+  std::unique_ptr<RemoteTier> tier =
+      OpenTier("model-a/layout-1", 0, std::chrono::milliseconds(2000));
+  ASSERT_NE(tier, nullptr);
+  ASSERT_THAT(Spill(*tier, kKey1, kTokens1, 0, Checksum(0)), IsOk());
+  // Still there: the TTL leaves a loaded machine time to look.
+  EXPECT_TRUE(tier->Contains(kKey1, kTokens1));
+  EXPECT_TRUE(tier->Covers(kKey1, kTokens1));
+  EXPECT_FALSE(tier->Covers(kKey1, kTokens2));  // Not for other tokens.
+  const auto deadline = std::chrono::steady_clock::now() + kWait;
+  while (tier->Contains(kKey1, kTokens1) &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_FALSE(tier->Contains(kKey1, kTokens1));
+  EXPECT_FALSE(tier->Covers(kKey1, kTokens1));
+  // Spilled again, it is held for another TTL.
+  ASSERT_THAT(Spill(*tier, kKey1, kTokens1, 0, Checksum(0)), IsOk());
+  EXPECT_TRUE(tier->Covers(kKey1, kTokens1));
+  EXPECT_THAT(Promote(*tier, kKey1, kTokens1, 4), IsOkAndHolds(Checksum(0)));
+}
+
+// A key known only from a scan: another machine wrote it, when this tier
+// does not know. Under a TTL it may expire at once, so it is a hit to try
+// but does not cover the host's copy; without one it covers.
+TEST_F(RedisClusterRemoteTierTest, AKeyKnownFromAScanCoversOnlyWithoutATtl) {
+  std::unique_ptr<RemoteTier> writer =
+      OpenTier("model-a/layout-1", 0, std::chrono::seconds(60));
+  std::unique_ptr<RemoteTier> with_ttl =
+      OpenTier("model-a/layout-1", 0, std::chrono::seconds(60),
+               std::chrono::milliseconds(20));
+  std::unique_ptr<RemoteTier> without_ttl =
+      OpenTier("model-a/layout-1", 0, {}, std::chrono::milliseconds(20));
+  ASSERT_NE(writer, nullptr);
+  ASSERT_NE(with_ttl, nullptr);
+  ASSERT_NE(without_ttl, nullptr);
+  ASSERT_THAT(Spill(*writer, kKey1, kTokens1, 0, Checksum(0)), IsOk());
+  for (RemoteTier* reader : {with_ttl.get(), without_ttl.get()}) {
+    EXPECT_EQ(
+        WaitStats(*reader,
+                  [](const RemoteTierStats& s) { return s.known_keys >= 1; })
+            .known_keys,
+        1u);
+    EXPECT_TRUE(reader->Contains(kKey1, kTokens1));
+  }
+  EXPECT_FALSE(with_ttl->Covers(kKey1, kTokens1));
+  EXPECT_TRUE(without_ttl->Covers(kKey1, kTokens1));
+  // Its own write covers under the TTL.
+  ASSERT_THAT(Spill(*with_ttl, kKey1, kTokens1, 0, Checksum(0)), IsOk());
+  EXPECT_TRUE(with_ttl->Covers(kKey1, kTokens1));
+}
+
 // The KV events of the remote tier: what this tier's index gains and loses,
 // each key once, so a router's copy of the index stays exact.
 class EventLog final : public CacheEventSink {

@@ -303,16 +303,33 @@ std::string RemoteTier::RedisKey(const BlockKey& key) const {
   return key_prefix_ + key.ToHex();
 }
 
+bool RemoteTier::IndexHoldsLocked(
+    const BlockKey& key, std::span<const TokenId> tokens,
+    std::chrono::steady_clock::time_point now) const {
+  const auto it = index_.find(key);
+  return it != index_.end() && now < it->second.expires &&
+         std::ranges::equal(tokens, it->second.tokens);
+}
+
 bool RemoteTier::Contains(const BlockKey& key,
                           std::span<const TokenId> tokens) const {
+  const auto now = std::chrono::steady_clock::now();
   MutexLock lock(&mu_);
+  if (IndexHoldsLocked(key, tokens, now)) return true;
+  // A block this tier wrote whose TTL ran out is gone, though a scan from
+  // before then may still list it.
   const auto it = index_.find(key);
-  if (it != index_.end() &&
-      std::equal(tokens.begin(), tokens.end(), it->second.tokens.begin(),
-                 it->second.tokens.end())) {
-    return true;
-  }
+  if (it != index_.end() && now >= it->second.expires) return false;
   return known_.contains(key);
+}
+
+bool RemoteTier::Covers(const BlockKey& key,
+                        std::span<const TokenId> tokens) const {
+  const auto now = std::chrono::steady_clock::now();
+  MutexLock lock(&mu_);
+  if (IndexHoldsLocked(key, tokens, now)) return true;
+  return options_.ttl.count() == 0 && !index_.contains(key) &&
+         known_.contains(key);
 }
 
 void RemoteTier::Spill(const BlockKey& key, std::span<const TokenId> tokens,
@@ -622,6 +639,10 @@ void RemoteTier::RunSpill(Job& job) {
         Status::DataLoss("host slot " + std::to_string(job.slot) +
                          " changed since its block was stored; not spilled"));
   }
+  // Redis counts the TTL from when it runs the SET, after this.
+  const auto expires = options_.ttl.count() > 0
+                           ? std::chrono::steady_clock::now() + options_.ttl
+                           : std::chrono::steady_clock::time_point::max();
   Status set = client_->Set(RedisKey(job.key), value, options_.ttl);
   std::vector<BlockKey> evicted;
   bool cleared = false;
@@ -657,7 +678,8 @@ void RemoteTier::RunSpill(Job& job) {
       index_[job.key] = Entry{.tokens = std::move(job.tokens),
                               .bytes = value.size(),
                               .lru = lru_.begin(),
-                              .scan = scans_started_};
+                              .scan = scans_started_,
+                              .expires = expires};
       if (!known_.contains(job.key)) ++index_unscanned_;
       stats_.bytes += value.size();
       ++stats_.puts;

@@ -39,6 +39,8 @@
 //   STORED --Remove / evicted past capacity_bytes / found damaged / found
 //          gone by a Promote / not found by a whole scan that began after
 //          it was written--> absent (DEL sent for the first three)
+//   STORED, its TTL run out: still listed (stats, StoredKeys) until one of
+//          those drops it, but neither contained nor covering.
 // A known key:
 //   absent --a scan finds it--> KNOWN --a whole scan does not find it /
 //   Remove / RemoveAll / evicted past capacity_bytes / a Promote finds no
@@ -126,8 +128,20 @@ class RemoteTier final : public LowerTier {
   // scans found `key` (for tokens unknown: Promote checks them). Never
   // waits on I/O; a block another machine wrote becomes visible at the
   // first scan that finds it.
+  // A block of the index whose TTL has run out (counted from when its
+  // write was sent) is not contained, whether or not a scan has dropped it
+  // yet.
   bool Contains(const BlockKey& key,
                 std::span<const TokenId> tokens) const override;
+  // Whether the host may drop its copy of the block without a spill: the
+  // index holds it and its TTL has not run out. A key known only from a
+  // scan covers only without a TTL: another machine wrote it at a time
+  // this tier does not know, so it may expire at once, and a spill would
+  // write it anew with a whole TTL. (Without a TTL, a key another machine
+  // deletes after the last scan is the one case where the host still drops
+  // its last copy; the block is then a miss, never wrong bytes.)
+  bool Covers(const BlockKey& key,
+              std::span<const TokenId> tokens) const override;
   void Spill(const BlockKey& key, std::span<const TokenId> tokens, BlockId slot,
              std::optional<uint64_t> checksum, Done done) override;
   // As Spill, from `payload` (block_bytes) instead of a host slot; fails at
@@ -178,11 +192,18 @@ class RemoteTier final : public LowerTier {
     uint64_t bytes = 0;
     std::list<BlockKey>::iterator lru;  // Into lru_.
     uint64_t scan = 0;                  // scans_started_ when it was written.
+    // When its TTL runs out (counted from when the SET was sent); max()
+    // without a TTL.
+    std::chrono::steady_clock::time_point expires;
   };
 
   RemoteTier(RemoteTierOptions options,
              std::unique_ptr<RedisClusterClient> client,
              std::unique_ptr<RedisClusterClient> scan_client);
+  // Whether the index holds `key` for these tokens, its TTL not run out.
+  bool IndexHoldsLocked(const BlockKey& key, std::span<const TokenId> tokens,
+                        std::chrono::steady_clock::time_point now) const
+      TIERKV_REQUIRES(mu_);
   void Enqueue(Job job) TIERKV_EXCLUDES(mu_);
   void RunJobs() TIERKV_EXCLUDES(mu_);
   void RunSpill(Job& job) TIERKV_EXCLUDES(mu_);
