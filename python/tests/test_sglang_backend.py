@@ -157,6 +157,70 @@ def test_pages_spilled_to_disk_come_back_through_promotions(
     assert stats["host"]["pinned_slots"] == 0
 
 
+def test_a_late_get_is_a_miss_and_leaves_no_copy_running(
+        start_tierkvd, tmp_path, caplog):
+    layout = tierkv.KvLayout(LAYERS, HEADS, HEAD_DIM, block_size=PAGE,
+                             dtype="bf16")
+    daemon = start_tierkvd(
+        layout=layout, host_bytes=9 * layout.block_bytes,
+        disk_dir=str(tmp_path / "disk"),
+        extra_args=("--disk-capacity", "64M", "--spill-high", "0.5",
+                    "--spill-low", "0.25"))
+    src_pool, dst_pool = HostPool("page_first"), HostPool("page_first")
+    for p in range(8):
+        src_pool.fill(p, seed=60 + p)
+    keys = [f"late-{i}" for i in range(8)]
+    writer = _storage(daemon.socket)
+    writer.register_mem_pool_host(src_pool)
+    for first in (0, 4):
+        assert writer.batch_set_v1(keys[first:first + 4], _indices(
+            list(range(first, first + 4)))) == [True] * 4
+        writer.client.wait_idle(20.0)  # Spilled down to two host slots.
+
+    # By default a get waits as long as SGLang waits for a prefetch of its
+    # tokens (1 s + 0.25 s per 1024); sets, and gets given only
+    # batch_timeout, wait batch_timeout.
+    reader = _storage(daemon.socket)
+    reader.register_mem_pool_host(dst_pool)
+    assert reader._get_timeout(4) == pytest.approx(1.0 + 0.25 * 4 * PAGE
+                                                   / 1024)
+    assert reader._get_timeout(512) == pytest.approx(2.0)
+    assert _storage(daemon.socket, batch_timeout=7)._get_timeout(512) == 7
+    tuned = _storage(daemon.socket, batch_timeout=7, get_timeout_base=0.5,
+                     get_timeout_per_ki_token=1)
+    tuned.register_mem_pool_host(HostPool("page_first"))
+    assert tuned._get_timeout(128) == pytest.approx(0.5 + 128 * PAGE / 1024)
+    tuned.close()
+    with pytest.raises(ValueError, match="get_timeout_base"):
+        _storage(daemon.socket, get_timeout_base=-1)
+
+    # No time at all: every page whose copy had not finished is a miss
+    # (those on disk wait for promotions, cancelled), logged; none of its
+    # copies runs once the call returns, and nothing stays pinned.
+    hurried = _storage(daemon.socket, get_timeout_base=0,
+                       get_timeout_per_ki_token=0)
+    hurried.register_mem_pool_host(HostPool("page_first"))
+    with caplog.at_level("WARNING", logger="tierkv.sglang"):
+        got = hurried.batch_get_v1(keys[:4], _indices([8, 9, 10, 11]))
+    assert got == [False] * 4
+    assert hurried.client.transfers_in_flight == 0
+    assert hurried.client.loads_pending == 0
+    warnings = [r.getMessage() for r in caplog.records
+                if r.name == "tierkv.sglang"]
+    assert len(warnings) == 1 and "batch_get_v1" in warnings[0]
+    assert "counted as misses" in warnings[0]
+    hurried.client.wait_idle(20.0)
+    assert hurried.client.stats()["host"]["pinned_slots"] == 0
+    # Given the time, the same pages come whole.
+    for first in (0, 4):
+        assert reader.batch_get_v1(keys[first:first + 4], _indices(
+            list(range(8 + first, 12 + first)))) == [True] * 4
+    for src in range(8):
+        assert torch.equal(dst_pool.page(8 + src), src_pool.page(src)), src
+    for backend in (writer, reader, hurried):
+        backend.close()
+
+
 def test_a_batch_past_the_event_cap_keeps_the_loads_it_started(
         start_tierkvd):
     daemon = start_tierkvd(

@@ -31,8 +31,8 @@ Not for MLA models (their host pool has no separate K and V).
 HiCache calls the backend from its prefetch and backup threads at once; the
 backend serializes its batches with a lock (one tierkv client is driven by
 one thread at a time). Those threads stop for good on an exception, so a
-tierkvd out of reach, too slow (batch_timeout) or refusing for lack of room
-is a miss, or nothing stored, logged (at most every 30 s, with how many
+tierkvd out of reach, too slow (see TierkvStorage) or refusing for lack of
+room is a miss, or nothing stored, logged (at most every 30 s, with how many
 calls failed meanwhile); the next call attaches again. So is one out of
 reach when SGLang starts (register_mem_pool_host). A call HiCache
 makes wrongly (before register_mem_pool_host, a page outside the pool)
@@ -80,8 +80,16 @@ DEFAULT_SOCKET = "/run/tierkv/tierkvd.sock"
 # A page is looked up by page_size 32-bit words derived from its key; fewer
 # than 4 (128 bits) would let distinct keys collide.
 MIN_PAGE_SIZE = 4
-# How long one batch waits for its copies. Default: 60 s.
+# How long a set batch waits for its copies. Default: 60 s.
 DEFAULT_BATCH_TIMEOUT = 60.0
+# How long a get batch waits for its copies by default: SGLang's defaults
+# for how long HiCache waits for a prefetch under its "timeout" policy
+# (prefetch_timeout_base, prefetch_timeout_per_ki_token of its extra config,
+# which SGLang takes out before the backend sees it), for the batch's
+# tokens. Past that HiCache has stopped waiting for the pages, and its one
+# prefetch thread should go on to the next prefetch.
+DEFAULT_GET_TIMEOUT_BASE = 1.0
+DEFAULT_GET_TIMEOUT_PER_KI_TOKEN = 0.25
 
 
 def key_tokens(key: str, salt: str, block_size: int) -> np.ndarray:
@@ -129,9 +137,17 @@ class TierkvStorage(HiCacheStorage):
     Constructed by SGLang's backend factory as TierkvStorage(storage_config,
     kwargs); SGLang then calls register_mem_pool_host with the host pool.
     Extra config keys: socket, model (default: SGLang's model name; must
-    match tierkvd --model), tenant, name, call_timeout, batch_timeout and
+    match tierkvd --model), tenant, name, call_timeout and
     reconnect_wait (seconds: after a failed attach, how long calls are
     misses before the next try; doubles per failure up to 30 s; default 1).
+
+    How long a batch waits for its copies, in seconds: a get,
+    get_timeout_base + get_timeout_per_ki_token per 1024 tokens of the
+    batch (default 1 + 0.25, SGLang's default prefetch timeout: set them
+    as SGLang's prefetch_timeout_base and prefetch_timeout_per_ki_token);
+    a set, batch_timeout (default 60; a get too when it is given). The
+    pages whose copies finished by then are served or stored; the rest are
+    misses, and the batch returns once no copy of them still runs.
     """
 
     def __init__(self, storage_config: Any, kwargs: Optional[dict] = None
@@ -159,6 +175,21 @@ class TierkvStorage(HiCacheStorage):
         self._call_timeout = float(extra.get("call_timeout", 5.0))
         self._batch_timeout = float(extra.get("batch_timeout",
                                               DEFAULT_BATCH_TIMEOUT))
+        # A batch_timeout given alone bounds gets too, as it always has.
+        self._get_timeout_fixed = (
+            "batch_timeout" in extra and "get_timeout_base" not in extra
+            and "get_timeout_per_ki_token" not in extra)
+        self._get_timeout_base = float(extra.get("get_timeout_base",
+                                                 DEFAULT_GET_TIMEOUT_BASE))
+        self._get_timeout_per_ki_token = float(extra.get(
+            "get_timeout_per_ki_token", DEFAULT_GET_TIMEOUT_PER_KI_TOKEN))
+        for name, value in (("batch_timeout", self._batch_timeout),
+                            ("get_timeout_base", self._get_timeout_base),
+                            ("get_timeout_per_ki_token",
+                             self._get_timeout_per_ki_token)):
+            if not value >= 0:
+                raise ValueError(f"tierkv's SGLang backend: extra config "
+                                 f"'{name}' must be at least 0, not {value}")
         # Each try to attach may take call_timeout, in HiCache's threads.
         self._retry = Backoff(
             max(0.0, float(extra.get("reconnect_wait", 1.0))),
@@ -347,7 +378,8 @@ class TierkvStorage(HiCacheStorage):
         the page now holds it (False: not stored, or its load failed)."""
         return self._or_miss(
             "batch_get_v1",
-            lambda: self._batch(keys, host_indices, self._start_get),
+            lambda: self._batch("batch_get_v1", keys, host_indices,
+                                self._start_get, self._get_timeout(len(keys))),
             [False] * len(keys))
 
     def batch_set_v1(self, keys: List[str], host_indices: Any,
@@ -357,8 +389,16 @@ class TierkvStorage(HiCacheStorage):
         worker's store is writing)."""
         return self._or_miss(
             "batch_set_v1",
-            lambda: self._batch(keys, host_indices, self._start_set),
+            lambda: self._batch("batch_set_v1", keys, host_indices,
+                                self._start_set, self._batch_timeout),
             [False] * len(keys))
+
+    def _get_timeout(self, pages: int) -> float:
+        """How long a get batch of `pages` pages waits for its copies."""
+        if self._get_timeout_fixed:
+            return self._batch_timeout
+        return (self._get_timeout_base + self._get_timeout_per_ki_token *
+                pages * self._page_size / 1024)
 
     def _start_get(self, client: Any, rid: int, key: str, page: int
                    ) -> Optional[bool]:
@@ -396,13 +436,17 @@ class TierkvStorage(HiCacheStorage):
         # rest of the backup unwritten.
         return commit.skipped_blocks == 0
 
-    def _batch(self, keys: List[str], host_indices: Any, start) -> List[bool]:
-        """start() each key's copy, then waits for them all; finishes every
-        request. A copy's result: it succeeded, whole."""
+    def _batch(self, what: str, keys: List[str], host_indices: Any, start,
+               timeout: float) -> List[bool]:
+        """start() each key's copy, then waits for them, at most `timeout`
+        seconds; finishes every request. A copy's result: it succeeded,
+        whole, in time. Copies still running then are given up (and waited
+        for, see _abandon), and their keys are misses."""
         client = self._ready()
         results = [False] * len(keys)
         copying: dict[int, int] = {}  # request -> key index
         rids = []
+        late: set[int] = set()
         try:
             for i, key in enumerate(keys):
                 rid = self._request()
@@ -413,28 +457,32 @@ class TierkvStorage(HiCacheStorage):
                     copying[rid] = i
                 else:
                     results[i] = result
-            for f in self._wait(client, set(copying)):
+            late = set(copying)
+            for f in self._wait(client, late, timeout):
                 results[copying[f.event.request]] = (
                     f.ok and f.event.failed_blocks == 0)
+            self._abandon(client, late)
         except BaseException:
             self._abandon(client, set(copying))
             raise
         finally:
             self._finish(client, rids)
+        if late:
+            self._degraded(what, tierkv.DeadlineExceededError(
+                f"{len(late)} of {len(keys)} page copies still running "
+                f"after {timeout:.1f} s; counted as misses"))
         return results
 
-    def _wait(self, client: Any, requests: set[int]) -> list:
-        """Waits for the transfers of `requests`, completes them and returns
-        them. DeadlineExceededError when they take over batch_timeout."""
+    def _wait(self, client: Any, requests: set[int], timeout: float) -> list:
+        """Waits for the transfers of `requests`, at most `timeout` seconds,
+        completes them and returns them; `requests` keeps those that did
+        not finish."""
         done = []
-        deadline = time.monotonic() + self._batch_timeout
+        deadline = time.monotonic() + timeout
         while requests:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise tierkv.DeadlineExceededError(
-                    f"{len(requests)} page copies still running after "
-                    f"{self._batch_timeout:.0f} s (extra config "
-                    "'batch_timeout')")
+                break
             finished = client.wait_events(left)
             if finished:
                 client.complete(finished)
@@ -445,10 +493,11 @@ class TierkvStorage(HiCacheStorage):
         return done
 
     def _abandon(self, client: Any, requests: set[int]) -> None:
-        """After a failed batch: waits, with no deadline, until no copy of
-        the batch runs any more, completing each as it finishes, so that no
-        copy still reads or writes SGLang's host pool once the batch call
-        returns (SGLang reuses its pages at once). Loads still waiting for
+        """After a failed batch, or for a batch's late copies: waits, with
+        no deadline, until no copy of the batch runs any more, completing
+        each as it finishes, so that no copy still reads or writes SGLang's
+        host pool once the batch call returns (SGLang reuses its pages at
+        once). Loads still waiting for
         promotions are cancelled (finished) first: they never start. A lost
         tierkvd ends the wait: the client waits for the copies running when
         it lost the attachment and fails the rest."""
