@@ -642,8 +642,11 @@ TEST_F(RedisClusterRemoteTierTest, AWholeScanDropsItsOwnExpiredBlocks) {
   ASSERT_THAT(Spill(*tier, kKey1, kTokens1, 0, Checksum(0)), IsOk());
   // Still there: the TTL leaves a loaded machine time to look.
   EXPECT_TRUE(tier->Contains(kKey1, kTokens1));
-  const RemoteTierStats s =
-      WaitStats(*tier, [](const RemoteTierStats& s) { return s.keys == 0; });
+  // Its TTL counts from before the SET reached Redis, so a scan may still
+  // find the key for a moment after the index dropped it.
+  const RemoteTierStats s = WaitStats(*tier, [](const RemoteTierStats& s) {
+    return s.keys == 0 && s.known_keys == 0;
+  });
   EXPECT_EQ(s.keys, 0u);
   EXPECT_EQ(s.known_keys, 0u);
   EXPECT_FALSE(tier->Contains(kKey1, kTokens1));
@@ -668,9 +671,42 @@ TEST_F(RedisClusterRemoteTierTest, ABlockPastItsTtlNeitherHitsNorCovers) {
   }
   EXPECT_FALSE(tier->Contains(kKey1, kTokens1));
   EXPECT_FALSE(tier->Covers(kKey1, kTokens1));
+  // The next write drops it from the index: it holds no bytes of the bound.
+  ASSERT_THAT(Spill(*tier, kKey2, kTokens2, 1, Checksum(1)), IsOk());
+  uint64_t total = 0;
+  EXPECT_THAT(tier->StoredKeys(16, &total), ElementsAre(kKey2));
+  EXPECT_EQ(total, 1u);
+  EXPECT_EQ(tier->remote_stats()->keys, 1u);
   // Spilled again, it is held for another TTL.
   ASSERT_THAT(Spill(*tier, kKey1, kTokens1, 0, Checksum(0)), IsOk());
   EXPECT_TRUE(tier->Covers(kKey1, kTokens1));
+  EXPECT_THAT(Promote(*tier, kKey1, kTokens1, 4), IsOkAndHolds(Checksum(0)));
+}
+
+// A block this tier wrote expired, and another machine wrote it again: the
+// scans find it, and the expired write no longer hides it.
+TEST_F(RedisClusterRemoteTierTest, ABlockWrittenAgainAfterItExpiredIsAHit) {
+  // Scans every 3 s: the rewrite below lands before the scan after the
+  // expiry, so every scan from then on finds the key.
+  std::unique_ptr<RemoteTier> tier =
+      OpenTier("model-a/layout-1", 0, std::chrono::milliseconds(2000),
+               std::chrono::milliseconds(3000));
+  std::unique_ptr<RemoteTier> other =
+      OpenTier("model-a/layout-1", 0, std::chrono::seconds(60));
+  ASSERT_NE(tier, nullptr);
+  ASSERT_NE(other, nullptr);
+  ASSERT_THAT(Spill(*tier, kKey1, kTokens1, 0, Checksum(0)), IsOk());
+  const auto until = [&](bool contained) {
+    const auto deadline = std::chrono::steady_clock::now() + kWait;
+    while (tier->Contains(kKey1, kTokens1) != contained &&
+           std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return tier->Contains(kKey1, kTokens1) == contained;
+  };
+  EXPECT_TRUE(until(false));  // Expired.
+  ASSERT_THAT(Spill(*other, kKey1, kTokens1, 0, Checksum(0)), IsOk());
+  EXPECT_TRUE(until(true));  // Found by the next scan.
   EXPECT_THAT(Promote(*tier, kKey1, kTokens1, 4), IsOkAndHolds(Checksum(0)));
 }
 

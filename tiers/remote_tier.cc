@@ -391,6 +391,15 @@ void RemoteTier::Promote(const BlockKey& key, std::span<const TokenId> tokens,
   Enqueue(std::move(job));
 }
 
+void RemoteTier::DropExpiredLocked(std::chrono::steady_clock::time_point now) {
+  while (!expiries_.empty() && expiries_.front().first <= now) {
+    const BlockKey key = expiries_.front().second;
+    expiries_.pop_front();
+    const auto it = index_.find(key);
+    if (it != index_.end() && it->second.expires <= now) EraseLocked(key);
+  }
+}
+
 uint64_t RemoteTier::EraseLocked(const BlockKey& key, bool report) {
   const auto it = index_.find(key);
   if (it == index_.end()) return 0;
@@ -477,6 +486,7 @@ LowerRemoval RemoteTier::RemoveAll() {
     }
     index_.clear();
     lru_.clear();
+    expiries_.clear();
     known_.clear();
     index_unscanned_ = 0;
     cleared_in_scan_ = true;
@@ -674,7 +684,9 @@ void RemoteTier::RunSpill(Job& job) {
                                             .block_size = options_.block_size,
                                             .lora_id = std::nullopt});
       }
+      DropExpiredLocked(std::chrono::steady_clock::now());
       lru_.push_front(job.key);
+      if (options_.ttl.count() > 0) expiries_.emplace_back(expires, job.key);
       index_[job.key] = Entry{.tokens = std::move(job.tokens),
                               .bytes = value.size(),
                               .lru = lru_.begin(),
@@ -900,6 +912,7 @@ void RemoteTier::ApplyScanLocked(uint64_t scan, KeySet* found, bool whole) {
   } else {
     ++scan_passes_;
   }
+  DropExpiredLocked(std::chrono::steady_clock::now());
   // RemoveAll meanwhile: what the scan saw may be deleted by now.
   if (cleared_in_scan_) return;
   if (whole) {

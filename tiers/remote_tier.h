@@ -39,8 +39,8 @@
 //   STORED --Remove / evicted past capacity_bytes / found damaged / found
 //          gone by a Promote / not found by a whole scan that began after
 //          it was written--> absent (DEL sent for the first three)
-//   STORED, its TTL run out: still listed (stats, StoredKeys) until one of
-//          those drops it, but neither contained nor covering.
+//   STORED --its TTL runs out--> neither contained nor covering, and
+//          absent at the next spill or scan (no DEL: Redis expired it)
 // A known key:
 //   absent --a scan finds it--> KNOWN --a whole scan does not find it /
 //   Remove / RemoveAll / evicted past capacity_bytes / a Promote finds no
@@ -155,9 +155,9 @@ class RemoteTier final : public LowerTier {
   // it.
   LowerRemoval Remove(const BlockKey& key) override;
   // As Remove, unless the key is only known (found by a scan, neither in
-  // the index nor being written by this process): a spill never writes
-  // such a block (Contains), so there is nothing of this process's to
-  // undo, and another machine's value stays.
+  // the index nor being written by this process): no spill of this
+  // process's wrote it (one would be in the index or being written), so
+  // there is nothing to undo, and another machine's value stays.
   LowerRemoval RemoveSpilled(const BlockKey& key) override;
   // Forgets every key and deletes the values this process wrote; other
   // machines' blocks come back with the next scan. Spills of host slots
@@ -219,6 +219,11 @@ class RemoteTier final : public LowerTier {
                      uint64_t removals_before) TIERKV_EXCLUDES(mu_);
   // Drops `key` from the index (a BlockRemoved event when `report`); the
   // bytes it held, 0 when it held none.
+  // Drops the index's blocks whose TTL has run out by `now` (reported as
+  // removed), so that they neither hold capacity_bytes nor hide a value
+  // another machine wrote under the key since.
+  void DropExpiredLocked(std::chrono::steady_clock::time_point now)
+      TIERKV_REQUIRES(mu_);
   uint64_t EraseLocked(const BlockKey& key, bool report = true)
       TIERKV_REQUIRES(mu_);
   // Adds `key` to, or drops it from, the known keys.
@@ -300,6 +305,11 @@ class RemoteTier final : public LowerTier {
   std::unordered_map<BlockKey, Entry, BlockKeyHash> index_
       TIERKV_GUARDED_BY(mu_);
   std::list<BlockKey> lru_ TIERKV_GUARDED_BY(mu_);  // Most recent first.
+  // Under a TTL, each write's expiry and key, oldest first (one TTL for
+  // all: in write order); an entry whose key was written again since is
+  // skipped when its time comes.
+  std::deque<std::pair<std::chrono::steady_clock::time_point, BlockKey>>
+      expiries_ TIERKV_GUARDED_BY(mu_);
   // Counts Remove and RemoveAll calls, so a promotion that read a value
   // before its block was removed does not serve it.
   uint64_t removals_ TIERKV_GUARDED_BY(mu_) = 0;
