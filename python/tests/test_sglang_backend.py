@@ -68,7 +68,12 @@ def _indices(pages: list[int]) -> torch.Tensor:
 
 
 def _storage(socket: str, rank: int = 0, size: int = 1, cp_rank: int = 0,
-             cp_size: int = 1, **extra) -> TierkvStorage:
+             cp_size: int = 1, sglang_defaults: bool = False,
+             **extra) -> TierkvStorage:
+    if not sglang_defaults and "batch_timeout" not in extra:
+        # Promotions from disk on a loaded test machine may take longer than
+        # SGLang's prefetch timeout, the default.
+        extra.setdefault("get_timeout_base", 60)
     config = SimpleNamespace(
         tp_rank=rank, tp_size=size, pp_rank=0, pp_size=1,
         attn_cp_rank=cp_rank, attn_cp_size=cp_size,
@@ -180,19 +185,21 @@ def test_a_late_get_is_a_miss_and_leaves_no_copy_running(
     # By default a get waits as long as SGLang waits for a prefetch of its
     # tokens (1 s + 0.25 s per 1024); sets, and gets given only
     # batch_timeout, wait batch_timeout.
-    reader = _storage(daemon.socket)
-    reader.register_mem_pool_host(dst_pool)
-    assert reader._get_timeout(4) == pytest.approx(1.0 + 0.25 * 4 * PAGE
-                                                   / 1024)
-    assert reader._get_timeout(512) == pytest.approx(2.0)
+    defaults = _storage(daemon.socket, sglang_defaults=True)
+    defaults.register_mem_pool_host(HostPool("page_first"))
+    assert defaults._get_timeout(4) == pytest.approx(1.0 + 0.25 * 4 * PAGE
+                                                     / 1024)
+    assert defaults._get_timeout(512) == pytest.approx(2.0)
+    defaults.close()
     assert _storage(daemon.socket, batch_timeout=7)._get_timeout(512) == 7
     tuned = _storage(daemon.socket, batch_timeout=7, get_timeout_base=0.5,
                      get_timeout_per_ki_token=1)
     tuned.register_mem_pool_host(HostPool("page_first"))
     assert tuned._get_timeout(128) == pytest.approx(0.5 + 128 * PAGE / 1024)
     tuned.close()
-    with pytest.raises(ValueError, match="get_timeout_base"):
-        _storage(daemon.socket, get_timeout_base=-1)
+    for bad in (-1, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="get_timeout_base"):
+            _storage(daemon.socket, get_timeout_base=bad)
 
     # No time at all: every page whose copy had not finished is a miss
     # (those on disk wait for promotions, cancelled), logged; none of its
@@ -212,6 +219,8 @@ def test_a_late_get_is_a_miss_and_leaves_no_copy_running(
     hurried.client.wait_idle(20.0)
     assert hurried.client.stats()["host"]["pinned_slots"] == 0
     # Given the time, the same pages come whole.
+    reader = _storage(daemon.socket)
+    reader.register_mem_pool_host(dst_pool)
     for first in (0, 4):
         assert reader.batch_get_v1(keys[first:first + 4], _indices(
             list(range(8 + first, 12 + first)))) == [True] * 4

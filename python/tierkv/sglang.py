@@ -86,8 +86,9 @@ DEFAULT_BATCH_TIMEOUT = 60.0
 # for how long HiCache waits for a prefetch under its "timeout" policy
 # (prefetch_timeout_base, prefetch_timeout_per_ki_token of its extra config,
 # which SGLang takes out before the backend sees it), for the batch's
-# tokens. Past that HiCache has stopped waiting for the pages, and its one
-# prefetch thread should go on to the next prefetch.
+# tokens. Past that HiCache has stopped waiting for the pages (under its
+# default "best_effort" policy it waits for none), and its one prefetch
+# thread should go on to the next prefetch.
 DEFAULT_GET_TIMEOUT_BASE = 1.0
 DEFAULT_GET_TIMEOUT_PER_KI_TOKEN = 0.25
 
@@ -141,13 +142,19 @@ class TierkvStorage(HiCacheStorage):
     reconnect_wait (seconds: after a failed attach, how long calls are
     misses before the next try; doubles per failure up to 30 s; default 1).
 
-    How long a batch waits for its copies, in seconds: a get,
+    How long one batch call waits for its copies, in seconds: a get,
     get_timeout_base + get_timeout_per_ki_token per 1024 tokens of the
     batch (default 1 + 0.25, SGLang's default prefetch timeout: set them
     as SGLang's prefetch_timeout_base and prefetch_timeout_per_ki_token);
-    a set, batch_timeout (default 60; a get too when it is given). The
-    pages whose copies finished by then are served or stored; the rest are
-    misses, and the batch returns once no copy of them still runs.
+    a set, batch_timeout (default 60; a get too when it is given alone).
+    The pages whose copies finished by then are served or stored; the rest
+    are misses, and the call returns once no copy of them still runs.
+    HiCache splits a prefetch into calls of storage_batch_size pages and
+    counts its timeout from when it queued the prefetch, so a prefetch of
+    several calls may take longer than HiCache waits for it. Under
+    SGLang's wait_complete prefetch policy HiCache waits for every page:
+    give batch_timeout there, so that pages slow to come from disk are
+    waited for rather than recomputed.
     """
 
     def __init__(self, storage_config: Any, kwargs: Optional[dict] = None
@@ -187,9 +194,10 @@ class TierkvStorage(HiCacheStorage):
                             ("get_timeout_base", self._get_timeout_base),
                             ("get_timeout_per_ki_token",
                              self._get_timeout_per_ki_token)):
-            if not value >= 0:
+            if not 0 <= value < float("inf"):
                 raise ValueError(f"tierkv's SGLang backend: extra config "
-                                 f"'{name}' must be at least 0, not {value}")
+                                 f"'{name}' must be a number of seconds, at "
+                                 f"least 0, not {value}")
         # Each try to attach may take call_timeout, in HiCache's threads.
         self._retry = Backoff(
             max(0.0, float(extra.get("reconnect_wait", 1.0))),
@@ -220,6 +228,10 @@ class TierkvStorage(HiCacheStorage):
         # that was (see _degraded).
         self._failed_calls = 0
         self._last_warning = float("-inf")
+        # Batches that gave up late copies since the last warning of them,
+        # and when that was (see _late).
+        self._late_batches = 0
+        self._last_late_warning = float("-inf")
 
     # -- set-up ---------------------------------------------------------------
 
@@ -468,10 +480,23 @@ class TierkvStorage(HiCacheStorage):
         finally:
             self._finish(client, rids)
         if late:
-            self._degraded(what, tierkv.DeadlineExceededError(
-                f"{len(late)} of {len(keys)} page copies still running "
-                f"after {timeout:.1f} s; counted as misses"))
+            self._late(what, len(late), len(keys), timeout)
         return results
+
+    def _late(self, what: str, late: int, pages: int, timeout: float
+              ) -> None:
+        """Logs a batch whose copies were not all done in time (at most
+        every _WARN_EVERY seconds): tierkvd answers, but too slowly."""
+        self._late_batches += 1
+        now = time.monotonic()
+        if now - self._last_late_warning < _WARN_EVERY:
+            return
+        logger.warning("tierkv: %s: %d of %d page copies still running "
+                       "after %.1f s; counted as misses (%d late batch(es) "
+                       "since the last warning)", what, late, pages, timeout,
+                       self._late_batches)
+        self._last_late_warning = now
+        self._late_batches = 0
 
     def _wait(self, client: Any, requests: set[int], timeout: float) -> list:
         """Waits for the transfers of `requests`, at most `timeout` seconds,
@@ -522,7 +547,7 @@ class TierkvStorage(HiCacheStorage):
                 return  # It waited for its copies when it lost tierkvd.
             waited += time.monotonic() - begin
             if waited >= self._batch_timeout:
-                logger.error("tierkv: %d page copies of a failed batch "
+                logger.error("tierkv: %d page copies of a given-up batch "
                              "still running after %.0f s; waiting for "
                              "them", client.transfers_in_flight, waited)
                 waited = 0.0
