@@ -142,8 +142,11 @@ class ChunkKvStore {
   // below is told (ChunkSource::Abandon), so workers waiting for this one
   // to publish the chunk stop waiting and compute it themselves. Call it
   // for every miss not followed by ComputeAndInsert; a chunk this worker
-  // holds no lease on ends nothing. OK without a tier; the tier's error
-  // otherwise (also counted in stats().tier_errors).
+  // holds no lease on ends nothing. The lease is the worker's, per chunk:
+  // when two requests of this store missed the same chunk, giving up the
+  // first ends it for the second too (other workers may then compute the
+  // chunk as well: wasted work, never wrong KV). OK without a tier; the
+  // tier's error otherwise (also counted in stats().tier_errors).
   Status Abandon(std::span<const TokenId> chunk);
   // Unpins blocks from Acquire or ComputeAndInsert. InvalidArgument, with
   // nothing released, for a block that is not the pool's or that the

@@ -66,7 +66,8 @@ class ChunkSource {
                          std::span<const BlockId> blocks) = 0;
 
   // The caller will not publish `chunk`, which it fetched and missed (its
-  // compute failed, or found no room): when that miss made this worker the
+  // compute failed or found no room, or the engine gave the miss up,
+  // ChunkKvStore::Abandon): when that miss made this worker the
   // one to compute it (single flight), that role ends now, so that other
   // workers waiting for its publish stop waiting and compute it
   // themselves. An error when the tiers cannot be reached. Default: OK,
