@@ -65,7 +65,8 @@ inline constexpr uint32_t kFrameMagic = 0x4D564B54;  // "TKVM"
 // 18: DiskTierStats carries writes_stopped and undeleted_removals;
 //     ClearReply and EvictReply say when the disk tier's blocks were
 //     forgotten, not deleted (its writes stopped until restart).
-inline constexpr uint16_t kProtocolVersion = 18;
+// 19: HostTierStats carries tenants_reclaimed.
+inline constexpr uint16_t kProtocolVersion = 19;
 inline constexpr size_t kFrameHeaderBytes = 16;
 // Upper bounds a decoder enforces before allocating anything.
 inline constexpr uint32_t kMaxTokens = 1 << 20;

@@ -108,7 +108,9 @@ struct ServerOptions {
   // DiskTierOptions::eviction). Default: kDefaultTierEviction.
   EvictionPolicy eviction = kDefaultTierEviction;
   uint32_t max_workers = 64;  // Default: 64.
-  // Tenants (ClientOptions::tenant) this store serves in its life. Each
+  // Tenants (ClientOptions::tenant) this store holds host segments for
+  // (past it, a new tenant takes the segment of the one idle longest:
+  // CoordinatorOptions::max_tenants). Each
   // gets a host segment of its own, mapped by its workers alone; a slot's
   // memory is in one of them at a time, so RAM use stays that of the host
   // capacity, but a worker can fault in up to the whole capacity in its

@@ -111,6 +111,9 @@ Coordinator::Coordinator(const CoordinatorOptions& options, BlockPool host_pool)
                                                static_cast<double>(usable)),
                           1, usable);
   slot_checks_.resize(static_cast<size_t>(options_.host_slots));
+  if (options_.max_tenants > 0) {
+    slot_segment_.assign(static_cast<size_t>(options_.host_slots), 0);
+  }
   host_tokens_.resize(static_cast<size_t>(options_.host_slots) *
                       static_cast<size_t>(options_.layout.block_size));
 }
@@ -140,17 +143,11 @@ StatusOr<WorkerId> Coordinator::RegisterWorker(
   }
   TIERKV_RETURN_IF_ERROR(CheckRoles(registration));
   uint32_t segment = 0;
+  bool new_tenant = false;
   if (options_.max_tenants > 0) {
     const auto known = tenant_segments_.find(registration.tenant);
     if (known != tenant_segments_.end()) {
       segment = known->second;
-    } else if (tenant_segments_.size() >= options_.max_tenants) {
-      ++stats_.quota_registration_refusals;
-      return Status::ResourceExhausted(
-          "this store has host segments for " +
-          std::to_string(tenant_segments_.size()) +
-          " tenants, its cap (max_tenants); tenant '" +
-          PrintableName(registration.tenant) + "' would be one more");
     } else if (const auto made = tenants_per_uid_.find(registration.uid);
                !registration.operator_uid && made != tenants_per_uid_.end() &&
                made->second >= options_.caps.max_tenants_per_uid) {
@@ -161,18 +158,28 @@ StatusOr<WorkerId> Coordinator::RegisterWorker(
           " tenants to this store, its cap (max_tenants_per_uid); tenant '" +
           PrintableName(registration.tenant) + "' would be one more");
     } else {
+      new_tenant = true;
       segment = static_cast<uint32_t>(tenant_segments_.size());
     }
   }
-  uint32_t& of_uid = workers_per_uid_[registration.uid];
-  if (of_uid >= options_.caps.max_workers_per_uid) {
+  const auto of_uid = workers_per_uid_.find(registration.uid);
+  if (of_uid != workers_per_uid_.end() &&
+      of_uid->second >= options_.caps.max_workers_per_uid) {
     ++stats_.quota_registration_refusals;
     return Status::ResourceExhausted(
         "uid " + std::to_string(registration.uid) + " has " +
-        std::to_string(of_uid) +
+        std::to_string(of_uid->second) +
         " workers registered, its cap (max_workers_per_uid)");
   }
-  ++of_uid;
+  if (new_tenant && tenant_segments_.size() >= options_.max_tenants) {
+    StatusOr<uint32_t> freed = ReclaimIdleSegment(registration.tenant);
+    if (!freed.ok()) {
+      ++stats_.quota_registration_refusals;
+      return freed.status();
+    }
+    segment = *freed;
+  }
+  ++workers_per_uid_[registration.uid];
   const WorkerId id = next_worker_id_++;
   const KeyNamespace ns{
       .model_fingerprint = StoreFingerprint(options_.layout, options_.model),
@@ -192,10 +199,81 @@ StatusOr<WorkerId> Coordinator::RegisterWorker(
   if (options_.max_tenants > 0) {
     if (tenant_segments_.emplace(registration.tenant, segment).second) {
       ++tenants_per_uid_[registration.uid];
+      tenant_uid_[registration.tenant] = registration.uid;
     }
     ++segment_workers_[segment];
+    segment_idle_since_.erase(segment);
   }
   return id;
+}
+
+StatusOr<uint32_t> Coordinator::ReclaimIdleSegment(
+    const std::string& for_tenant) {
+  // Idle tenants, the longest idle first; segment 0 keeps its tenant: its
+  // memory is where every slot lives when no tenant holds it.
+  std::vector<std::pair<uint64_t, std::string>> idle;
+  for (const auto& [tenant, segment] : tenant_segments_) {
+    const auto since = segment_idle_since_.find(segment);
+    if (segment != 0 && since != segment_idle_since_.end()) {
+      idle.emplace_back(since->second, tenant);
+    }
+  }
+  std::ranges::sort(idle);
+  const auto refused = [&](const std::string& why) {
+    return Status::ResourceExhausted("this store has host segments for " +
+                                     std::to_string(tenant_segments_.size()) +
+                                     " tenants, its cap (max_tenants), " + why +
+                                     "; tenant '" + PrintableName(for_tenant) +
+                                     "' would be one more");
+  };
+  for (const auto& [since, tenant] : idle) {
+    const uint32_t segment = tenant_segments_.at(tenant);
+    std::vector<BlockId> slots;
+    bool busy = false;
+    for (BlockId slot = 1; slot < host_pool_.num_blocks() && !busy; ++slot) {
+      if (slot_segment_[static_cast<size_t>(slot)] != segment) continue;
+      // Pinned by a copy still running (a spill, a promotion its worker
+      // left, a rank's store): the tenant's memory is in use.
+      busy = host_pool_.block(slot).ref_cnt > 0;
+      slots.push_back(slot);
+    }
+    if (busy) continue;
+    for (const BlockId slot : slots) {
+      const BlockPool::Block& b = host_pool_.block(slot);
+      if (b.has_key()) {
+        if (options_.lower == nullptr ||
+            !options_.lower->ContainsThenRenew(b.key, HostSlotTokens(slot))) {
+          ++stats_.evicted_unspilled;
+        }
+        TraceBlock("dropped (its tenant's segment reclaimed)", b.key, slot);
+        host_pool_.DropCachedBlock(slot);
+      }
+      // Segment 0 holds its memory already (reserved whole).
+      if (options_.assign_slot) (void)options_.assign_slot(slot, 0);
+      slot_segment_[static_cast<size_t>(slot)] = 0;
+    }
+    if (options_.reset_segment) {
+      if (Status reset = options_.reset_segment(segment); !reset.ok()) {
+        return refused("and the segment of idle tenant '" +
+                       PrintableName(tenant) +
+                       "' could not be given new memory: " + reset.message());
+      }
+    }
+    if (const auto uid = tenant_uid_.find(tenant); uid != tenant_uid_.end()) {
+      if (auto made = tenants_per_uid_.find(uid->second);
+          made != tenants_per_uid_.end() && --made->second == 0) {
+        tenants_per_uid_.erase(made);
+      }
+      tenant_uid_.erase(uid);
+    }
+    tenant_segments_.erase(tenant);
+    segment_idle_since_.erase(segment);
+    ++stats_.tenants_reclaimed;
+    return segment;
+  }
+  return refused(idle.empty()
+                     ? "each with a worker registered"
+                     : "each with a worker registered or a copy running");
 }
 
 StatusOr<uint32_t> Coordinator::SegmentOf(WorkerId worker) const {
@@ -243,6 +321,7 @@ Status Coordinator::DropWorker(WorkerId worker, Departure departure) {
   if (auto it = segment_workers_.find(w->segment);
       it != segment_workers_.end() && --it->second == 0) {
     segment_workers_.erase(it);
+    segment_idle_since_[w->segment] = ++segment_departures_;
     if (options_.trim_segment) options_.trim_segment(w->segment);
   }
   const WorkerId scheduler = w->registration.scheduler;
@@ -456,6 +535,9 @@ std::optional<BlockId> Coordinator::NewWorkerSlot(WorkerState* w) {
     (void)returned;
     ++stats_.slot_reserve_failures;
     return std::nullopt;
+  }
+  if (options_.max_tenants > 0) {
+    slot_segment_[static_cast<size_t>(slot[0])] = w->segment;
   }
   AddPins(w, 1);
   ResetSlotCheck(slot[0]);

@@ -203,8 +203,8 @@ struct WorkerCaps {
   uint32_t max_workers_per_uid = 64;
   // Tenants one uid may bring to a store with tenant isolation
   // (CoordinatorOptions::max_tenants): a tenant counts against the uid of
-  // the worker that first registered it, for the store's life, as its
-  // segment does. So no one user can take every tenant segment. An
+  // the worker that first registered it for as long as the tenant holds
+  // its segment. So no one user can take every tenant segment. An
   // operator's uid (WorkerRegistration::operator_uid) is not held to it.
   // Default: 4.
   uint32_t max_tenants_per_uid = 4;
@@ -280,15 +280,25 @@ struct CoordinatorOptions {
   // block is not stored or promoted, as if no slot were free
   // (slot_reserve_failures). Tenants never share blocks (keys include the
   // tenant), so a block stays in one segment for as long as it is cached. A
-  // tenant past max_tenants, or past its uid's max_tenants_per_uid (caps),
-  // is refused (ResourceExhausted); tenants keep their
-  // segment number for the coordinator's life. Default: 0, one segment (0) for
+  // tenant past its uid's max_tenants_per_uid (caps) is refused
+  // (ResourceExhausted). A new tenant past max_tenants takes the segment of
+  // the tenant idle longest (no worker registered) whose host slots are
+  // all unpinned, other than segment 0's: that tenant's host blocks are
+  // dropped (on the lower tier still, if spilled), its slots move to
+  // segment 0, and reset_segment gives the segment new memory; it is
+  // refused when no tenant is so idle. Default: 0, one segment (0) for
   // every tenant (embedded mode: one process).
   uint32_t max_tenants = 0;
   std::function<Status(BlockId slot, uint32_t segment)> assign_slot = {};
   // Called when a tenant's last worker is dropped: the owner gives back
   // what its workers wrote into their segment outside their own blocks.
   std::function<void(uint32_t segment)> trim_segment = {};
+  // Called when an idle tenant's segment passes to a new tenant, once no
+  // slot is assigned to it any more: the owner replaces the segment's
+  // memory with new memory, so that a process of the old tenant that still
+  // maps the old memory sees nothing of the new tenant's. An error refuses
+  // the new tenant. Default: none (nothing maps segments).
+  std::function<Status(uint32_t segment)> reset_segment = {};
 
   // Called, when set, each time a chunk's compute lease ends (see "Chunks
   // in one call"), on the owner's thread with its lock held, so that
@@ -810,6 +820,11 @@ class Coordinator {
   // counted in the worker's pins. Nullopt when none is free or its memory
   // cannot be reserved (counted).
   std::optional<BlockId> NewWorkerSlot(WorkerState* w);
+  // Frees a segment for a new tenant past max_tenants: the segment of the
+  // tenant idle longest whose slots are all unpinned (its blocks dropped,
+  // its slots moved to segment 0, its memory reset). ResourceExhausted,
+  // naming why, when no tenant can give its segment up.
+  StatusOr<uint32_t> ReclaimIdleSegment(const std::string& for_tenant);
   std::chrono::steady_clock::time_point Now() const { return options_.clock(); }
   void RecordLatency(EventKind kind,
                      std::chrono::steady_clock::time_point started);
@@ -831,6 +846,14 @@ class Coordinator {
   std::map<std::string, uint32_t> tenant_segments_;
   std::unordered_map<uint32_t, uint32_t> segment_workers_;
   std::unordered_map<uint32_t, uint32_t> tenants_per_uid_;  // Who made them.
+  // The uid each tenant counts against (tenants_per_uid_).
+  std::map<std::string, uint32_t> tenant_uid_;
+  // Segments with no worker registered, by when their last one left (a
+  // count of such departures): the oldest passes first to a new tenant.
+  std::unordered_map<uint32_t, uint64_t> segment_idle_since_;
+  uint64_t segment_departures_ = 0;
+  // The segment each host slot was last assigned to (max_tenants > 0).
+  std::vector<uint32_t> slot_segment_;
   int64_t worker_pin_cap_ = 1;  // worker_pin_share of the usable slots.
   int64_t uid_pin_cap_ = 1;     // uid_pin_share of them.
   // Slots pinned by each uid's workers together (operators' uids too).

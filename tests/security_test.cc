@@ -220,6 +220,21 @@ TEST_F(TenantIsolationSegmentsTest, TenantsPastTheCapAreRefused) {
   // A known tenant still attaches.
   options.tenant = "tenant-a";
   EXPECT_THAT(Client::Open(options), IsOk());
+  // Once tenant B's worker has gone (tierkvd sees its socket close), C
+  // takes B's segment, with new memory.
+  b.reset();
+  options.tenant = "tenant-c";
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  for (;;) {
+    c = Client::Open(options);
+    if (c.ok() || std::chrono::steady_clock::now() > deadline) break;
+    ASSERT_EQ(c.status().code(), StatusCode::kResourceExhausted)
+        << c.status().ToString();
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_THAT(c, IsOk());
+  EXPECT_EQ((*c)->Stats().value().host.tenants_reclaimed, 1u);
 }
 
 // Bytes of memory a segment holds now.

@@ -8,10 +8,13 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <memory>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -430,7 +433,7 @@ TEST(WorkerQuotaTenantsTest, TenantsPerUidAreCapped) {
   EXPECT_THAT(third.status().message(), HasSubstr("max_tenants_per_uid"));
   EXPECT_EQ(c.stats().host.quota_registration_refusals, 1u);
   // A tenant the user already brought attaches more workers; a tenant
-  // counts for the store's life, as its segment does, workers or not.
+  // counts for as long as it holds its segment, workers or not.
   EXPECT_THAT(reg(1000, "a"), IsOk());
   ASSERT_THAT(c.DropWorker(a), IsOk());
   EXPECT_EQ(reg(1000, "c").status().code(), StatusCode::kResourceExhausted);
@@ -445,6 +448,126 @@ TEST(WorkerQuotaTenantsTest, TenantsPerUidAreCapped) {
   StatusOr<WorkerId> eighth = reg(1002, "e");
   EXPECT_EQ(eighth.status().code(), StatusCode::kResourceExhausted);
   EXPECT_THAT(eighth.status().message(), HasSubstr("(max_tenants)"));
+}
+
+// Past max_tenants, a new tenant takes the segment of the tenant idle
+// longest: that tenant's host blocks are dropped, its slots go back to
+// segment 0, and the segment gets new memory, so a process of the old
+// tenant that kept its mapping reads and writes nothing of the new one's.
+TEST(WorkerQuotaTenantsTest, AnIdleTenantsSegmentPassesWithNewMemory) {
+  const KvLayout layout = TestLayout();
+  StatusOr<std::unique_ptr<HostTier>> host =
+      HostTier::Create({.shared = true,
+                        .max_segments = 3,
+                        .num_slots = 9,
+                        .slot_bytes = layout.BlockBytes(),
+                        .layout_fingerprint = "test"});
+  ASSERT_THAT(host, IsOk());
+  HostTier& tier = **host;
+  std::vector<uint32_t> reset;
+  Coordinator c =
+      Coordinator::Create(
+          {.layout = layout,
+           .host_slots = tier.num_slots(),
+           .max_tenants = 3,
+           .assign_slot = [&tier](BlockId slot, uint32_t segment) -> Status {
+             TIERKV_RETURN_IF_ERROR(tier.EnsureSegment(segment));
+             return tier.AssignSlot(slot, segment);
+           },
+           .trim_segment = [&tier](uint32_t segment) { tier.Trim(segment); },
+           .reset_segment =
+               [&](uint32_t segment) {
+                 reset.push_back(segment);
+                 return tier.ResetSegment(segment);
+               }})
+          .value();
+  auto reg = [&](const std::string& tenant) {
+    return c.RegisterWorker({.layout = layout,
+                             .num_device_blocks = 8,
+                             .tenant = tenant,
+                             .pid = 1,
+                             .uid = 1000,
+                             .name = tenant});
+  };
+  // Stores two blocks through `w`, their slots filled with `fill`; returns
+  // the slots.
+  auto store = [&](WorkerId w, RequestId id, TokenId first, int fill) {
+    const std::vector<TokenId> tokens = SequentialTokens(first, 32);
+    EXPECT_THAT(c.Lookup(w, id, tokens, 0, {}), IsOk());
+    const std::vector<BlockId> device = {1, 2, 3};
+    EXPECT_THAT(c.Allocate(w, id, device, 0), IsOk());
+    CommitResult commit = c.Commit(w, id, 32, device).value();
+    std::vector<BlockId> slots;
+    for (const TransferEvent& e : commit.stores) {
+      for (BlockId slot : e.host_blocks) {
+        std::memset(tier.slot(slot), fill, tier.slot_bytes());
+        slots.push_back(slot);
+      }
+      const std::vector<CompletedEvent> done{{e.ref, true}};
+      EXPECT_THAT(c.Complete(w, done), IsOk());
+    }
+    EXPECT_THAT(c.Finish(w, id), IsOk());
+    return slots;
+  };
+  auto hit_tokens = [&](WorkerId w, RequestId id, TokenId first) {
+    const int32_t hit =
+        c.Lookup(w, id, SequentialTokens(first, 33), 0, {}).value().hit_tokens;
+    EXPECT_THAT(c.Finish(w, id), IsOk());
+    return hit;
+  };
+
+  const WorkerId a = reg("tenant-a").value();  // Segment 0.
+  const WorkerId b = reg("tenant-b").value();  // Segment 1.
+  const WorkerId d = reg("tenant-d").value();  // Segment 2.
+  ASSERT_EQ(store(a, 1, 100, 0x11).size(), 2u);
+  ASSERT_EQ(store(b, 2, 200, 0x22).size(), 2u);
+  ASSERT_EQ(store(d, 3, 300, 0x33).size(), 2u);
+  // What a process of tenant B maps, and keeps mapping after it leaves.
+  StatusOr<ShmSegment> old_view =
+      ShmSegment::MapSealed(dup(tier.segment_fd(1)), /*writable=*/true);
+  ASSERT_THAT(old_view, IsOk());
+
+  // Every tenant has a worker: a fourth is refused.
+  StatusOr<WorkerId> refused = reg("tenant-c");
+  EXPECT_EQ(refused.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_THAT(refused.status().message(), HasSubstr("(max_tenants)"));
+  EXPECT_THAT(refused.status().message(), HasSubstr("worker registered"));
+  // Tenant A's segment 0 is never given away, idle or not.
+  ASSERT_THAT(c.DropWorker(a), IsOk());
+  EXPECT_EQ(reg("tenant-c").status().code(), StatusCode::kResourceExhausted);
+
+  // B, then D leave: B has been idle longer, so C takes segment 1.
+  ASSERT_THAT(c.DropWorker(b), IsOk());
+  ASSERT_THAT(c.DropWorker(d), IsOk());
+  const CoordinatorStats before = c.stats();
+  const WorkerId cw = reg("tenant-c").value();
+  EXPECT_EQ(c.SegmentOf(cw).value(), 1u);
+  EXPECT_THAT(reset, ::testing::ElementsAre(1u));
+  const CoordinatorStats after = c.stats();
+  EXPECT_EQ(after.host.tenants_reclaimed, 1u);
+  EXPECT_EQ(after.host.cached_slots, before.host.cached_slots - 2);
+  EXPECT_EQ(after.host.evicted_unspilled, before.host.evicted_unspilled + 2);
+  EXPECT_EQ(after.host.quota_registration_refusals, 2u);
+  // Tenant D, idle but not chosen, keeps its segment and its blocks.
+  const WorkerId d2 = reg("tenant-d").value();
+  EXPECT_EQ(hit_tokens(d2, 4, 300), 32);
+  ASSERT_THAT(c.DropWorker(d2), IsOk());
+
+  // C's blocks live in the segment's new memory: B's old mapping neither
+  // sees them nor reaches them.
+  const std::vector<BlockId> slots = store(cw, 5, 500, 0x55);
+  ASSERT_EQ(slots.size(), 2u);
+  const std::span<std::byte> old_bytes(old_view->data(), old_view->size());
+  EXPECT_LT(std::ranges::count(old_bytes, std::byte{0x55}),
+            static_cast<std::ptrdiff_t>(tier.slot_bytes()));
+  std::ranges::fill(old_bytes, std::byte{0xEE});
+  for (const BlockId slot : slots) {
+    const std::span<const std::byte> bytes(tier.slot(slot), tier.slot_bytes());
+    EXPECT_EQ(std::ranges::count(bytes, std::byte{0x55}),
+              static_cast<std::ptrdiff_t>(tier.slot_bytes()))
+        << "slot " << slot;
+  }
+  EXPECT_EQ(hit_tokens(cw, 6, 500), 32);
 }
 
 TEST(WorkerQuotaOptionsTest, BadCapsAreInvalid) {

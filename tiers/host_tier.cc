@@ -147,6 +147,27 @@ Status HostTier::EnsureSegment(uint32_t segment) {
   return Status::Ok();
 }
 
+Status HostTier::ResetSegment(uint32_t segment) {
+  if (owner_ == nullptr || segment == 0 || segment >= options_.max_segments ||
+      !segments_[segment].has_value()) {
+    return Status::InvalidArgument("host segment " + std::to_string(segment) +
+                                   " cannot be reset");
+  }
+  for (int32_t id = 0; id < num_slots_; ++id) {
+    if (owner_[id].load(std::memory_order_relaxed) == segment) {
+      return Status::FailedPrecondition("host slot " + std::to_string(id) +
+                                        " is still in segment " +
+                                        std::to_string(segment));
+    }
+  }
+  TIERKV_ASSIGN_OR_RETURN(ShmSegment made, MakeSegment(options_, segment));
+  std::byte* base = made.data() + kSlotAlignment;
+  bases_[segment].store(base, std::memory_order_release);
+  // The old mapping goes: no slot points into it.
+  segments_[segment].emplace(std::move(made));
+  return Status::Ok();
+}
+
 int HostTier::segment_fd(uint32_t segment) const {
   if (segment >= options_.max_segments || !segments_[segment].has_value()) {
     return -1;

@@ -97,6 +97,13 @@ class HostTier {
   // Called when a tenant's last worker detaches, under the coordinator's
   // lock (which orders it with AssignSlot). O(num_slots).
   void Trim(uint32_t segment);
+  // Replaces segment `segment` (made, not 0) with new memory, a new memfd
+  // whose fd segment_fd gives from now on: a process that still maps the
+  // old one shares nothing with the tier any more. FailedPrecondition while
+  // a slot is assigned to it; ResourceExhausted when memory runs out (the
+  // old one stays). Called under the coordinator's lock, when no worker
+  // maps the segment through tierkvd and nothing reads or writes it.
+  Status ResetSegment(uint32_t segment);
   // The slot's bytes, in the segment it was last assigned to (segment 0
   // for a tier with one). REQUIRES: 0 <= id < num_slots().
   std::byte* slot(BlockId id) const {

@@ -313,6 +313,12 @@ StatusOr<std::unique_ptr<TieredStore>> TieredStore::Open(
                                    tier->Trim(segment);
                                  })
                            : nullptr,
+       .reset_segment = host.shared
+                            ? std::function<Status(uint32_t)>(
+                                  [tier = raw->host_.get()](uint32_t segment) {
+                                    return tier->ResetSegment(segment);
+                                  })
+                            : nullptr,
        .chunk_lease_released = [raw] { raw->lease_ended_.NotifyAll(); },
        .block_trace = options.block_trace,
        .cache_events = options.cache_events});

@@ -104,6 +104,9 @@ struct StatField {
   X(uint64_t, quota_registration_refusals, kCounter,                           \
     "Workers refused: their uid had its cap of registered workers, or the "    \
     "store its cap of tenants.")                                               \
+  X(uint64_t, tenants_reclaimed, kCounter,                                     \
+    "Idle tenants whose host segment passed to a new tenant past the "         \
+    "store's cap of tenants (their host blocks dropped).")                     \
   X(uint64_t, slot_reserve_failures, kCounter,                                 \
     "Blocks not stored or promoted: the memory of their slot could not be "    \
     "reserved in the tenant's host segment.")                                  \

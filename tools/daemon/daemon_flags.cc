@@ -355,8 +355,10 @@ po::options_description SettingOptions(DaemonCommand& command,
                       po::value(&s.max_workers)->default_value(s.max_workers),
                       "most workers attached at once (1 to 4096)")(
       "max-tenants", po::value(&s.max_tenants)->default_value(s.max_tenants),
-      "most tenants the store serves in its life (1 to 1024); each gets host "
-      "memory of its own that only its workers map")(
+      "most tenants the store holds host memory for (1 to 1024); each gets "
+      "host memory of its own that only its workers map. One more takes the "
+      "memory of the tenant idle longest (no worker attached), whose host "
+      "blocks are then dropped; the first tenant's is never taken")(
       "worker-pin-share",
       po::value(&s.caps.worker_pin_share)
           ->default_value(s.caps.worker_pin_share, "0.5"),
@@ -390,7 +392,7 @@ po::options_description SettingOptions(DaemonCommand& command,
       "max-tenants-per-uid",
       po::value(&s.caps.max_tenants_per_uid)
           ->default_value(s.caps.max_tenants_per_uid),
-      "tenants one user (uid) may bring to this store in its life (1 to "
+      "tenants one user (uid) may have brought to this store at once (1 to "
       "1024), so that no one user takes every one of --max-tenants; "
       "tierkvd's own user, root and --admin-group are not held to it")(
       "verify-loads",
