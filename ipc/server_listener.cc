@@ -355,7 +355,7 @@ bool Server::Impl::Register(Connection* conn, const RegisterRequest& request) {
     }
   }
   // Its tenant's host segment, made for the tenant's first worker.
-  StatusOr<int> host_segment =
+  StatusOr<UniqueFd> host_segment =
       worker.ok() ? store->HostSegmentFd(*worker) : worker.status();
   StatusOr<ControlChannel> channel =
       host_segment.ok() ? ControlChannel::Create(
@@ -391,8 +391,9 @@ bool Server::Impl::Register(Connection* conn, const RegisterRequest& request) {
   // session is served, so that running out of descriptors (EMFILE) is a
   // refusal like any other, not the departure of an attached worker.
   std::vector<UniqueFd> passed;
-  for (const int fd : {*host_segment, session->channel.segment_fd(),
-                       session->ready_reader.get()}) {
+  passed.push_back(std::move(*host_segment));
+  for (const int fd :
+       {session->channel.segment_fd(), session->ready_reader.get()}) {
     passed.emplace_back(fcntl(fd, F_DUPFD_CLOEXEC, 0));
     if (!passed.back().valid()) {
       const Status why = Status::ResourceExhausted(

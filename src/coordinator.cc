@@ -226,6 +226,7 @@ StatusOr<uint32_t> Coordinator::ReclaimIdleSegment(
                                      "; tenant '" + PrintableName(for_tenant) +
                                      "' would be one more");
   };
+  std::string last_error;
   for (const auto& [since, tenant] : idle) {
     const uint32_t segment = tenant_segments_.at(tenant);
     std::vector<BlockId> slots;
@@ -238,7 +239,14 @@ StatusOr<uint32_t> Coordinator::ReclaimIdleSegment(
       slots.push_back(slot);
     }
     if (busy) continue;
+    Status moved;
     for (const BlockId slot : slots) {
+      // Its memory in segment 0 is taken again (it was given back there
+      // when the slot left): a slot that cannot have it stays as it is.
+      if (options_.assign_slot) moved = options_.assign_slot(slot, 0);
+      if (!moved.ok()) break;
+      slot_segment_[static_cast<size_t>(slot)] = 0;
+      // Its bytes stayed behind: the block is gone from host.
       const BlockPool::Block& b = host_pool_.block(slot);
       if (b.has_key()) {
         if (options_.lower == nullptr ||
@@ -248,16 +256,14 @@ StatusOr<uint32_t> Coordinator::ReclaimIdleSegment(
         TraceBlock("dropped (its tenant's segment reclaimed)", b.key, slot);
         host_pool_.DropCachedBlock(slot);
       }
-      // Segment 0 holds its memory already (reserved whole).
-      if (options_.assign_slot) (void)options_.assign_slot(slot, 0);
-      slot_segment_[static_cast<size_t>(slot)] = 0;
     }
-    if (options_.reset_segment) {
-      if (Status reset = options_.reset_segment(segment); !reset.ok()) {
-        return refused("and the segment of idle tenant '" +
-                       PrintableName(tenant) +
-                       "' could not be given new memory: " + reset.message());
-      }
+    if (moved.ok() && options_.reset_segment) {
+      moved = options_.reset_segment(segment);
+    }
+    if (!moved.ok()) {
+      last_error = "the segment of idle tenant '" + PrintableName(tenant) +
+                   "' could not be freed: " + moved.message();
+      continue;
     }
     if (const auto uid = tenant_uid_.find(tenant); uid != tenant_uid_.end()) {
       if (auto made = tenants_per_uid_.find(uid->second);
@@ -271,6 +277,7 @@ StatusOr<uint32_t> Coordinator::ReclaimIdleSegment(
     ++stats_.tenants_reclaimed;
     return segment;
   }
+  if (!last_error.empty()) return refused("and " + last_error);
   return refused(idle.empty()
                      ? "each with a worker registered"
                      : "each with a worker registered or a copy running");

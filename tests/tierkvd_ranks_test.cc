@@ -449,10 +449,11 @@ TEST_F(TierkvdRanksTest, ARankRefusedForWantOfDescriptorsEndsNothing) {
   const pid_t pid = daemon_->pid();
   rlimit before{};
   ASSERT_EQ(prlimit(pid, RLIMIT_NOFILE, nullptr, &before), 0);
-  // Room for the rank's socket, channel segment and readiness pipe (four),
-  // none for the three copies its reply passes.
+  // Room for the rank's socket, its copy of the host segment's descriptor,
+  // its channel segment and readiness pipe (five), none for the two more
+  // copies its reply passes.
   rlimit lowered = before;
-  lowered.rlim_cur = LimitLeaving(pid, 4);
+  lowered.rlim_cur = LimitLeaving(pid, 5);
   ASSERT_EQ(prlimit(pid, RLIMIT_NOFILE, &lowered, nullptr), 0)
       << std::strerror(errno);
   StatusOr<std::unique_ptr<Client>> refused = Client::Open(o);

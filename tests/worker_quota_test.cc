@@ -21,6 +21,7 @@
 
 #include "src/coordinator.h"
 #include "tests/child_process.h"
+#include "tests/manual_lower_tier.h"
 #include "tests/sequential_tokens.h"
 #include "tests/status_matchers.h"
 #include "tests/test_layout.h"
@@ -32,6 +33,7 @@ namespace tierkv {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::IsEmpty;
 using ::testing::UnorderedElementsAre;
 using Clock = std::chrono::steady_clock;
 
@@ -568,6 +570,65 @@ TEST(WorkerQuotaTenantsTest, AnIdleTenantsSegmentPassesWithNewMemory) {
         << "slot " << slot;
   }
   EXPECT_EQ(hit_tokens(cw, 6, 500), 32);
+}
+
+// An idle tenant whose slots a copy still uses (here: promotions its
+// worker started before it left) keeps its segment until the copy ends;
+// then it passes, and its uid may bring another tenant again.
+TEST(WorkerQuotaTenantsTest, AnIdleTenantWithACopyRunningKeepsItsSegment) {
+  ManualLowerTier lower;
+  std::vector<uint32_t> reset;
+  Coordinator c = Coordinator::Create({.layout = TestLayout(),
+                                       .host_slots = 11,
+                                       .lower = &lower,
+                                       .caps = {.max_tenants_per_uid = 2},
+                                       .max_tenants = 2,
+                                       .reset_segment =
+                                           [&reset](uint32_t segment) {
+                                             reset.push_back(segment);
+                                             return Status::Ok();
+                                           }})
+                      .value();
+  auto reg = [&](uint32_t uid, const std::string& tenant) {
+    return c.RegisterWorker({.layout = TestLayout(),
+                             .num_device_blocks = 8,
+                             .tenant = tenant,
+                             .pid = 1,
+                             .uid = uid,
+                             .name = tenant});
+  };
+  const WorkerId a = reg(1000, "a").value();  // Segment 0.
+  const WorkerId b = reg(1000, "b").value();  // Segment 1.
+  // The lower tier holds every block: B's load promotes two into its
+  // segment, and leaves before they land.
+  const std::vector<TokenId> tokens = SequentialTokens(1, 33);
+  ASSERT_EQ(c.Lookup(b, 1, tokens, 0, {}).value().disk_hit_tokens, 32);
+  ASSERT_TRUE(c.Allocate(b, 1, Range(1, 3), 32).value().load_pending);
+  ASSERT_EQ(lower.promotions.size(), 2u);
+  ASSERT_THAT(c.DropWorker(b), IsOk());
+
+  StatusOr<WorkerId> refused = reg(1001, "c");
+  EXPECT_EQ(refused.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_THAT(refused.status().message(), HasSubstr("a copy running"));
+  EXPECT_THAT(reset, IsEmpty());
+
+  for (auto& done : lower.promotions) done(uint64_t{0});
+  ASSERT_EQ(c.PumpLowerTier(), 0u);  // The load itself was released.
+  const WorkerId cw = reg(1001, "c").value();
+  EXPECT_EQ(c.SegmentOf(cw).value(), 1u);
+  EXPECT_THAT(reset, ::testing::ElementsAre(1u));
+  const CoordinatorStats s = c.stats();
+  EXPECT_EQ(s.host.tenants_reclaimed, 1u);
+  EXPECT_EQ(s.host.evicted_unspilled, 0u);  // The lower tier holds them.
+  EXPECT_EQ(s.host.cached_slots, 0);
+
+  // Uid 1000 brought two tenants, its cap; B's segment went, so it may
+  // bring one more, which takes C's once C is idle.
+  ASSERT_THAT(c.DropWorker(cw), IsOk());
+  const WorkerId d = reg(1000, "d").value();
+  EXPECT_EQ(c.SegmentOf(d).value(), 1u);
+  EXPECT_EQ(c.stats().host.tenants_reclaimed, 2u);
+  EXPECT_THAT(c.DropWorker(a), IsOk());
 }
 
 TEST(WorkerQuotaOptionsTest, BadCapsAreInvalid) {

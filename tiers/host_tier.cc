@@ -148,11 +148,13 @@ Status HostTier::EnsureSegment(uint32_t segment) {
 }
 
 Status HostTier::ResetSegment(uint32_t segment) {
-  if (owner_ == nullptr || segment == 0 || segment >= options_.max_segments ||
-      !segments_[segment].has_value()) {
+  if (owner_ == nullptr || segment == 0 || segment >= options_.max_segments) {
     return Status::InvalidArgument("host segment " + std::to_string(segment) +
                                    " cannot be reset");
   }
+  // Never made (its tenant's first worker was refused before): it is made
+  // new when a worker needs it.
+  if (!segments_[segment].has_value()) return Status::Ok();
   for (int32_t id = 0; id < num_slots_; ++id) {
     if (owner_[id].load(std::memory_order_relaxed) == segment) {
       return Status::FailedPrecondition("host slot " + std::to_string(id) +

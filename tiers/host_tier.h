@@ -6,9 +6,12 @@
 // Unix socket. The slots' metadata (keys, ref counts,
 // LRU) lives in the coordinator's BlockPool, not here: this class is only
 // the memory and its header.
-// Thread-safety: immutable after Create/Attach; slot bytes are written only
-// by the party an event names (a worker executing a store into a slot that
-// the coordinator has pinned for it), so no lock guards them.
+// Thread-safety: the segments change (EnsureSegment, AssignSlot, Trim,
+// ResetSegment) only under the coordinator's lock; slot() reads the
+// segments' bases and each slot's segment, atomics, without it. Slot bytes
+// are written only by the party an event names (a worker executing a store
+// into a slot that the coordinator has pinned for it), so no lock guards
+// them.
 #ifndef TIERKV_TIERS_HOST_TIER_H_
 #define TIERKV_TIERS_HOST_TIER_H_
 
@@ -97,12 +100,13 @@ class HostTier {
   // Called when a tenant's last worker detaches, under the coordinator's
   // lock (which orders it with AssignSlot). O(num_slots).
   void Trim(uint32_t segment);
-  // Replaces segment `segment` (made, not 0) with new memory, a new memfd
-  // whose fd segment_fd gives from now on: a process that still maps the
-  // old one shares nothing with the tier any more. FailedPrecondition while
-  // a slot is assigned to it; ResourceExhausted when memory runs out (the
-  // old one stays). Called under the coordinator's lock, when no worker
-  // maps the segment through tierkvd and nothing reads or writes it.
+  // Replaces segment `segment` (not 0) with new memory, a new memfd whose
+  // fd segment_fd gives from now on: a process that still maps the old one
+  // shares nothing with the tier any more. OK for a segment never made.
+  // FailedPrecondition while a slot is assigned to it; ResourceExhausted
+  // when memory runs out (the old one stays). Called under the coordinator's
+  // lock, when no worker maps the segment through tierkvd and nothing reads or
+  // writes it.
   Status ResetSegment(uint32_t segment);
   // The slot's bytes, in the segment it was last assigned to (segment 0
   // for a tier with one). REQUIRES: 0 <= id < num_slots().

@@ -1,9 +1,13 @@
 #include "tiers/tiered_store.h"
 
+#include <fcntl.h>
 #include <xxhash.h>
 
+#include <cerrno>
+#include <cstring>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -490,12 +494,17 @@ StatusOr<ChunkFetchResult> TieredStore::FetchChunk(
   }
 }
 
-StatusOr<int> TieredStore::HostSegmentFd(WorkerId worker) {
+StatusOr<ipc::UniqueFd> TieredStore::HostSegmentFd(WorkerId worker) {
   MutexLock lock(&mu_);
   TIERKV_ASSIGN_OR_RETURN(const uint32_t segment,
                           coordinator_->SegmentOf(worker));
   TIERKV_RETURN_IF_ERROR(host_->EnsureSegment(segment));
-  return host_->segment_fd(segment);
+  ipc::UniqueFd copy(fcntl(host_->segment_fd(segment), F_DUPFD_CLOEXEC, 0));
+  if (!copy.valid()) {
+    return Status::ResourceExhausted(std::string("cannot pass a descriptor: ") +
+                                     std::strerror(errno));
+  }
+  return copy;
 }
 
 Status TieredStore::Flush() {

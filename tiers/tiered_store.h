@@ -22,6 +22,7 @@
 #include <string>
 #include <thread>
 
+#include "ipc/unique_fd.h"
 #include "src/coordinator.h"
 #include "src/heartbeat.h"
 #include "src/lower_tier.h"
@@ -219,10 +220,12 @@ class TieredStore {
 
   // The host segment `worker` maps, made if its tenant is new (with a
   // shared host tier, one segment per tenant: HostTierOptions::
-  // max_segments, CoordinatorOptions::max_tenants). Its fd stays the
-  // store's. NotFound for an unknown worker; ResourceExhausted when the
-  // segment cannot be made.
-  StatusOr<int> HostSegmentFd(WorkerId worker) TIERKV_EXCLUDES(mu_);
+  // max_segments, CoordinatorOptions::max_tenants): a copy of its fd, made
+  // under the store's lock, for the worker (a segment passed to a new
+  // tenant closes the old fd: CoordinatorOptions::reset_segment). NotFound
+  // for an unknown worker; ResourceExhausted when the segment cannot be
+  // made or its fd copied.
+  StatusOr<ipc::UniqueFd> HostSegmentFd(WorkerId worker) TIERKV_EXCLUDES(mu_);
 
   const KvLayout& layout() const { return layout_; }
   const HostTier& host() const { return *host_; }
