@@ -126,20 +126,21 @@ def test_pages_set_from_one_pool_come_back_into_another(daemon, layout):
     reader.close()
 
 
-def test_pages_spilled_to_disk_come_back_through_promotions(
-        start_tierkvd, tmp_path):
+def _pages_on_disk(start_tierkvd, tmp_path, name: str, seed: int):
+    """A tierkvd of eight host slots that spills past half of them, and a
+    backend that set eight pages (pages 0..7 of its pool) through it, most
+    of them spilled to disk: (daemon, writer, its pool, the keys)."""
     layout = tierkv.KvLayout(LAYERS, HEADS, HEAD_DIM, block_size=PAGE,
                              dtype="bf16")
-    # Eight host slots, spilling to disk past half of them.
     daemon = start_tierkvd(
         layout=layout, host_bytes=9 * layout.block_bytes,
         disk_dir=str(tmp_path / "disk"),
         extra_args=("--disk-capacity", "64M", "--spill-high", "0.5",
                     "--spill-low", "0.25"))
-    src_pool, dst_pool = HostPool("page_first"), HostPool("page_first")
+    src_pool = HostPool("page_first")
     for p in range(8):
-        src_pool.fill(p, seed=20 + p)
-    keys = [f"spilled-{i}" for i in range(8)]
+        src_pool.fill(p, seed=seed + p)
+    keys = [f"{name}-{i}" for i in range(8)]
     writer = _storage(daemon.socket)
     writer.register_mem_pool_host(src_pool)
     # Four at a time: a worker pins at most its share of the host slots.
@@ -147,6 +148,14 @@ def test_pages_spilled_to_disk_come_back_through_promotions(
         assert writer.batch_set_v1(keys[first:first + 4], _indices(
             list(range(first, first + 4)))) == [True] * 4
         writer.client.wait_idle(20.0)  # Spilled down to two host slots.
+    return daemon, writer, src_pool, keys
+
+
+def test_pages_spilled_to_disk_come_back_through_promotions(
+        start_tierkvd, tmp_path):
+    daemon, writer, src_pool, keys = _pages_on_disk(
+        start_tierkvd, tmp_path, "spilled", 20)
+    dst_pool = HostPool("page_first")
     assert writer.batch_exists(keys) == 8
 
     reader = _storage(daemon.socket)
@@ -164,23 +173,9 @@ def test_pages_spilled_to_disk_come_back_through_promotions(
 
 def test_a_late_get_is_a_miss_and_leaves_no_copy_running(
         start_tierkvd, tmp_path, caplog):
-    layout = tierkv.KvLayout(LAYERS, HEADS, HEAD_DIM, block_size=PAGE,
-                             dtype="bf16")
-    daemon = start_tierkvd(
-        layout=layout, host_bytes=9 * layout.block_bytes,
-        disk_dir=str(tmp_path / "disk"),
-        extra_args=("--disk-capacity", "64M", "--spill-high", "0.5",
-                    "--spill-low", "0.25"))
-    src_pool, dst_pool = HostPool("page_first"), HostPool("page_first")
-    for p in range(8):
-        src_pool.fill(p, seed=60 + p)
-    keys = [f"late-{i}" for i in range(8)]
-    writer = _storage(daemon.socket)
-    writer.register_mem_pool_host(src_pool)
-    for first in (0, 4):
-        assert writer.batch_set_v1(keys[first:first + 4], _indices(
-            list(range(first, first + 4)))) == [True] * 4
-        writer.client.wait_idle(20.0)  # Spilled down to two host slots.
+    daemon, writer, src_pool, keys = _pages_on_disk(
+        start_tierkvd, tmp_path, "late", 60)
+    dst_pool = HostPool("page_first")
 
     # By default a get waits as long as SGLang waits for a prefetch of its
     # tokens (1 s + 0.25 s per 1024); sets, and gets given only
