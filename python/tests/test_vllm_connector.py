@@ -4,6 +4,7 @@ KV verified byte for byte on each rank."""
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import subprocess
@@ -997,8 +998,8 @@ def _prefix_on_disk(start_tierkvd, tmp_path, **extra):
     """A tierkvd of eight host slots spilling to disk past half of them,
     every unpinned block then, an engine on it, and an observer; PREFIX
     stored (request r1) and then spilled to disk with another prompt's
-    blocks (r2). (Spilling down to a quarter, which host blocks went depended
-    on when the stores completed: now and then one of PREFIX's stayed.)"""
+    blocks (r2), and more prompts' when one of PREFIX's blocks was pinned
+    as the spill ran (under load, now and then one stayed on host)."""
     daemon = start_tierkvd(
         layout=_layout(), host_bytes=9 * _layout().block_bytes,
         disk_dir=str(tmp_path / "disk"),
@@ -1008,11 +1009,27 @@ def _prefix_on_disk(start_tierkvd, tmp_path, **extra):
                      "num_layers": LAYERS, "num_kv_heads": KV_HEADS,
                      "head_dim": HEAD_DIM, "block_size": BLOCK,
                      "dtype": "bf16", "tp_size": 2, **extra})
+    def prefix_on_disk() -> bool:
+        # Asked without a lookup, which would pin and renew the blocks.
+        route = json.loads(_admin(daemon, "route", "--json",
+                                  *map(str, PREFIX + [2])))["nodes"][0]
+        return route["lower_tokens"] == route["cached_tokens"] == len(PREFIX)
+
     try:
         observer = _observer(daemon)
         _store_prefix(engine, "r1", PREFIX + [1])
         _store_prefix(engine, "r2", list(range(3000, 3000 + 64)) + [1])
         observer.wait_idle(20.0)  # r1's blocks, the oldest, spilled.
+        # A block of PREFIX still pinned when the spill ran stays on host,
+        # below the watermark: another prompt's blocks push it down.
+        for i in range(5):
+            if prefix_on_disk():
+                break
+            first = 4000 + 100 * i
+            _store_prefix(engine, f"push{i}",
+                          list(range(first, first + 64)) + [1])
+            observer.wait_idle(20.0)
+        assert prefix_on_disk()
     except BaseException:
         engine.close()
         raise
