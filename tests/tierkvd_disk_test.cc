@@ -251,13 +251,15 @@ TEST_F(TierkvdDiskTest, DiskFullDirectoryRemovedWhileRunningIsReported) {
   EXPECT_EQ(s.writes_stopped, 1u);
   EXPECT_GE(s.write_errors, 1u);
   ASSERT_GT(s.keys, 0u);
-  EXPECT_EQ(s.undeleted_removals, 0u);
+  // Blocks evicted for room as the tier stopped (a victim's delete may be
+  // the write that finds the directory gone) are forgotten, not deleted,
+  // too: counted already, and not counted again below.
   const std::string cleared = Admin({"clear", "--tier", "disk"});
   EXPECT_THAT(cleared, HasSubstr("disk: dropped " + std::to_string(s.keys)));
   EXPECT_THAT(cleared, HasSubstr("forgotten, not deleted"));
   EXPECT_THAT(Admin({"clear", "--tier", "disk", "--json"}),
               HasSubstr("\"undeleted\":false"));  // Nothing left to drop.
-  EXPECT_EQ(DiskStats().undeleted_removals, s.keys);
+  EXPECT_EQ(DiskStats().undeleted_removals, s.undeleted_removals + s.keys);
   EXPECT_THAT(daemon_->output(), HasSubstr("were forgotten, not deleted"));
   daemon_->Signal(SIGTERM);
   EXPECT_EQ(daemon_->Wait(), 7) << daemon_->output();
