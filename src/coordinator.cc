@@ -229,42 +229,12 @@ StatusOr<uint32_t> Coordinator::ReclaimIdleSegment(
   std::string last_error;
   for (const auto& [since, tenant] : idle) {
     const uint32_t segment = tenant_segments_.at(tenant);
-    std::vector<BlockId> slots;
-    bool busy = false;
-    for (BlockId slot = 1; slot < host_pool_.num_blocks() && !busy; ++slot) {
-      if (slot_segment_[static_cast<size_t>(slot)] != segment) continue;
-      // Pinned by a copy still running (a spill, a promotion its worker
-      // left, a rank's store): the tenant's memory is in use.
-      busy = host_pool_.block(slot).ref_cnt > 0;
-      slots.push_back(slot);
-    }
-    if (busy) continue;
-    Status moved;
-    for (const BlockId slot : slots) {
-      // Its memory in segment 0 is taken again (it was given back there
-      // when the slot left): a slot that cannot have it stays as it is.
-      if (options_.assign_slot) moved = options_.assign_slot(slot, 0);
-      if (!moved.ok()) break;
-      slot_segment_[static_cast<size_t>(slot)] = 0;
-      // Its bytes stayed behind: the block is gone from host.
-      const BlockPool::Block& b = host_pool_.block(slot);
-      if (b.has_key()) {
-        if (options_.lower == nullptr ||
-            !options_.lower->ContainsThenRenew(b.key, HostSlotTokens(slot))) {
-          ++stats_.evicted_unspilled;
-        }
-        TraceBlock("dropped (its tenant's segment reclaimed)", b.key, slot);
-        host_pool_.DropCachedBlock(slot);
-      }
-    }
-    if (moved.ok() && options_.reset_segment) {
-      moved = options_.reset_segment(segment);
-    }
-    if (!moved.ok()) {
+    StatusOr<bool> emptied = EmptySegment(segment);
+    if (!emptied.ok()) {
       last_error = "the segment of idle tenant '" + PrintableName(tenant) +
-                   "' could not be freed: " + moved.message();
-      continue;
+                   "' could not be freed: " + emptied.status().message();
     }
+    if (!emptied.ok() || !*emptied) continue;
     if (const auto uid = tenant_uid_.find(tenant); uid != tenant_uid_.end()) {
       if (auto made = tenants_per_uid_.find(uid->second);
           made != tenants_per_uid_.end() && --made->second == 0) {
@@ -281,6 +251,39 @@ StatusOr<uint32_t> Coordinator::ReclaimIdleSegment(
   return refused(idle.empty()
                      ? "each with a worker registered"
                      : "each with a worker registered or a copy running");
+}
+
+StatusOr<bool> Coordinator::EmptySegment(uint32_t segment) {
+  std::vector<BlockId> slots;
+  for (BlockId slot = 1; slot < host_pool_.num_blocks(); ++slot) {
+    if (slot_segment_[static_cast<size_t>(slot)] != segment) continue;
+    // Pinned by a copy still running (a spill, a promotion its worker
+    // left, a rank's store): the tenant's memory is in use.
+    if (host_pool_.block(slot).ref_cnt > 0) return false;
+    slots.push_back(slot);
+  }
+  for (const BlockId slot : slots) {
+    // Its memory in segment 0 is taken again (it was given back there when
+    // the slot left): a slot that cannot have it stays as it is.
+    if (options_.assign_slot) {
+      TIERKV_RETURN_IF_ERROR(options_.assign_slot(slot, 0));
+    }
+    slot_segment_[static_cast<size_t>(slot)] = 0;
+    // Its bytes stayed behind: the block is gone from host.
+    const BlockPool::Block& b = host_pool_.block(slot);
+    if (b.has_key()) {
+      if (options_.lower == nullptr ||
+          !options_.lower->ContainsThenRenew(b.key, HostSlotTokens(slot))) {
+        ++stats_.evicted_unspilled;
+      }
+      TraceBlock("dropped (its tenant's segment reclaimed)", b.key, slot);
+      host_pool_.DropCachedBlock(slot);
+    }
+  }
+  if (options_.reset_segment) {
+    TIERKV_RETURN_IF_ERROR(options_.reset_segment(segment));
+  }
+  return true;
 }
 
 StatusOr<uint32_t> Coordinator::SegmentOf(WorkerId worker) const {

@@ -825,6 +825,11 @@ class Coordinator {
   // its slots moved to segment 0, its memory reset). ResourceExhausted,
   // naming why, when no tenant can give its segment up.
   StatusOr<uint32_t> ReclaimIdleSegment(const std::string& for_tenant);
+  // ReclaimIdleSegment's work on one idle tenant's segment: its slots back
+  // to segment 0 (their blocks dropped), then reset_segment. False, with
+  // nothing changed, while a copy pins one of its slots; the error of a
+  // slot that could not move (it and the rest stay) or of the reset.
+  StatusOr<bool> EmptySegment(uint32_t segment);
   std::chrono::steady_clock::time_point Now() const { return options_.clock(); }
   void RecordLatency(EventKind kind,
                      std::chrono::steady_clock::time_point started);

@@ -140,10 +140,15 @@ Status HostTier::EnsureSegment(uint32_t segment) {
         std::to_string(options_.max_segments) + " this tier may have");
   }
   if (segments_[segment].has_value()) return Status::Ok();
+  return MakeAndInstall(segment);
+}
+
+Status HostTier::MakeAndInstall(uint32_t segment) {
   TIERKV_ASSIGN_OR_RETURN(ShmSegment made, MakeSegment(options_, segment));
-  std::byte* base = made.data() + kSlotAlignment;
+  bases_[segment].store(made.data() + kSlotAlignment,
+                        std::memory_order_release);
+  // A segment it replaces goes: no slot points into it (ResetSegment).
   segments_[segment].emplace(std::move(made));
-  bases_[segment].store(base, std::memory_order_release);
   return Status::Ok();
 }
 
@@ -162,12 +167,7 @@ Status HostTier::ResetSegment(uint32_t segment) {
                                         std::to_string(segment));
     }
   }
-  TIERKV_ASSIGN_OR_RETURN(ShmSegment made, MakeSegment(options_, segment));
-  std::byte* base = made.data() + kSlotAlignment;
-  bases_[segment].store(base, std::memory_order_release);
-  // The old mapping goes: no slot points into it.
-  segments_[segment].emplace(std::move(made));
-  return Status::Ok();
+  return MakeAndInstall(segment);
 }
 
 int HostTier::segment_fd(uint32_t segment) const {

@@ -126,6 +126,9 @@ class HostTier {
   // shared tier has all of its memory reserved, the others their header.
   static StatusOr<ShmSegment> MakeSegment(const HostTierOptions& options,
                                           uint32_t segment);
+  // Makes segment `segment` (MakeSegment) and puts it in place of any
+  // there; slot() points into it from now on.
+  Status MakeAndInstall(uint32_t segment);
   // Reserves [offset, offset + bytes) of `segment` (options.reserve).
   static Status Reserve(const HostTierOptions& options,
                         const ShmSegment& segment, size_t offset, size_t bytes);

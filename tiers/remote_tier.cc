@@ -303,23 +303,16 @@ std::string RemoteTier::RedisKey(const BlockKey& key) const {
   return key_prefix_ + key.ToHex();
 }
 
-bool RemoteTier::IndexHoldsLocked(
-    const BlockKey& key, std::span<const TokenId> tokens,
-    std::chrono::steady_clock::time_point now) const {
-  const auto it = index_.find(key);
-  return it != index_.end() && now < it->second.expires &&
-         std::ranges::equal(tokens, it->second.tokens);
-}
-
 bool RemoteTier::Contains(const BlockKey& key,
                           std::span<const TokenId> tokens) const {
   const auto now = std::chrono::steady_clock::now();
   MutexLock lock(&mu_);
-  if (IndexHoldsLocked(key, tokens, now)) return true;
-  // A block this tier wrote whose TTL ran out is gone, though a scan from
-  // before then may still list it.
-  const auto it = index_.find(key);
-  if (it != index_.end() && now >= it->second.expires) return false;
+  if (const auto it = index_.find(key); it != index_.end()) {
+    // A block this tier wrote whose TTL ran out is gone, though a scan from
+    // before then may still list it.
+    if (now >= it->second.expires) return false;
+    if (std::ranges::equal(tokens, it->second.tokens)) return true;
+  }
   return known_.contains(key);
 }
 
@@ -327,9 +320,11 @@ bool RemoteTier::Covers(const BlockKey& key,
                         std::span<const TokenId> tokens) const {
   const auto now = std::chrono::steady_clock::now();
   MutexLock lock(&mu_);
-  if (IndexHoldsLocked(key, tokens, now)) return true;
-  return options_.ttl.count() == 0 && !index_.contains(key) &&
-         known_.contains(key);
+  if (const auto it = index_.find(key); it != index_.end()) {
+    return now < it->second.expires &&
+           std::ranges::equal(tokens, it->second.tokens);
+  }
+  return options_.ttl.count() == 0 && known_.contains(key);
 }
 
 void RemoteTier::Spill(const BlockKey& key, std::span<const TokenId> tokens,

@@ -200,10 +200,6 @@ class RemoteTier final : public LowerTier {
   RemoteTier(RemoteTierOptions options,
              std::unique_ptr<RedisClusterClient> client,
              std::unique_ptr<RedisClusterClient> scan_client);
-  // Whether the index holds `key` for these tokens, its TTL not run out.
-  bool IndexHoldsLocked(const BlockKey& key, std::span<const TokenId> tokens,
-                        std::chrono::steady_clock::time_point now) const
-      TIERKV_REQUIRES(mu_);
   void Enqueue(Job job) TIERKV_EXCLUDES(mu_);
   void RunJobs() TIERKV_EXCLUDES(mu_);
   void RunSpill(Job& job) TIERKV_EXCLUDES(mu_);
