@@ -272,10 +272,7 @@ StatusOr<bool> Coordinator::EmptySegment(uint32_t segment) {
     // Its bytes stayed behind: the block is gone from host.
     const BlockPool::Block& b = host_pool_.block(slot);
     if (b.has_key()) {
-      if (options_.lower == nullptr ||
-          !options_.lower->ContainsThenRenew(b.key, HostSlotTokens(slot))) {
-        ++stats_.evicted_unspilled;
-      }
+      if (LostBelow(slot)) ++stats_.evicted_unspilled;
       TraceBlock("dropped (its tenant's segment reclaimed)", b.key, slot);
       host_pool_.DropCachedBlock(slot);
     }
@@ -1153,17 +1150,22 @@ StatusOr<CommitResult> Coordinator::Commit(
   return result;
 }
 
+bool Coordinator::LostBelow(BlockId slot) {
+  const BlockPool::Block& b = host_pool_.block(slot);
+  // A lower tier's copy is now the closest one, renewed there in the same
+  // step.
+  return options_.lower != nullptr &&
+         !options_.lower->ContainsThenRenew(b.key, HostSlotTokens(slot));
+}
+
 bool Coordinator::TakeFreeSlot(std::vector<BlockId>* slot) {
   const std::optional<BlockId> front = host_pool_.NextFreeBlock();
   if (!front.has_value()) return false;
   const BlockPool::Block& b = host_pool_.block(*front);
   const std::optional<BlockKey> evicted =
       b.has_key() ? std::optional<BlockKey>(b.key) : std::nullopt;
-  // Checked before the pool drops the key and its tokens; a lower tier's
-  // copy is now the closest one, renewed there in the same step.
-  const bool lost =
-      evicted.has_value() && options_.lower != nullptr &&
-      !options_.lower->ContainsThenRenew(*evicted, HostSlotTokens(*front));
+  // Checked before the pool drops the key and its tokens.
+  const bool lost = evicted.has_value() && LostBelow(*front);
   if (!host_pool_.GetNewBlocks(1, slot).ok()) return false;
   if (lost) ++stats_.evicted_unspilled;
   if (evicted.has_value()) TraceBlock("evicted", *evicted, slot->back());

@@ -772,6 +772,10 @@ class Coordinator {
   // `checksums`: sorted by slot.
   void FinishStore(WorkerState* w, InFlight* store, bool ok,
                    std::span<const SlotChecksum> checksums);
+  // Before the host drops keyed `slot`'s block: whether it is lost to
+  // every tier (evicted_unspilled), which needs a lower tier that does not
+  // hold it; one that does renews it.
+  bool LostBelow(BlockId slot);
   // Appends a free host slot (GetNewBlocks), tracing the block it evicts;
   // false when none is free.
   bool TakeFreeSlot(std::vector<BlockId>* slot);
