@@ -62,6 +62,25 @@ _TRANSIENT = (tierkv.UnavailableError, tierkv.DeadlineExceededError,
 # Seconds between two warnings about them.
 _WARN_EVERY = 30.0
 
+
+class _Throttled:
+    """A warning logged at most every _WARN_EVERY seconds, with how many
+    times it was due since it was last logged."""
+
+    def __init__(self) -> None:
+        self._due = 0
+        self._last = float("-inf")
+
+    def due(self) -> Optional[int]:
+        """Counts one more occasion; when the warning is to be logged now,
+        the occasions since the last one (then starts over), else None."""
+        self._due += 1
+        now = time.monotonic()
+        if now - self._last < _WARN_EVERY:
+            return None
+        count, self._due, self._last = self._due, 0, now
+        return count
+
 try:  # SGLang's interface when SGLang is installed.
     from sglang.srt.mem_cache.hicache_storage import (  # type: ignore
         HiCacheStorage)
@@ -224,14 +243,10 @@ class TierkvStorage(HiCacheStorage):
         self._layout: Any = None
         self._page_size = 0
         self._next_request = 1
-        # Calls failed for want of tierkvd since the last warning, and when
-        # that was (see _degraded).
-        self._failed_calls = 0
-        self._last_warning = float("-inf")
-        # Batches that gave up late copies since the last warning of them,
-        # and when that was (see _late).
-        self._late_batches = 0
-        self._last_late_warning = float("-inf")
+        # Calls failed for want of tierkvd (_degraded), and batches that
+        # gave up late copies (_late).
+        self._failed_calls = _Throttled()
+        self._late_batches = _Throttled()
 
     # -- set-up ---------------------------------------------------------------
 
@@ -371,15 +386,11 @@ class TierkvStorage(HiCacheStorage):
                 return miss
 
     def _degraded(self, what: str, error: Exception) -> None:
-        self._failed_calls += 1
-        now = time.monotonic()
-        if now - self._last_warning < _WARN_EVERY:
-            return
-        logger.warning("tierkv: %s: %s (%d call(s) failed so; HiCache goes "
-                       "on without tierkv until it answers)", what, error,
-                       self._failed_calls)
-        self._last_warning = now
-        self._failed_calls = 0
+        failed = self._failed_calls.due()
+        if failed is not None:
+            logger.warning("tierkv: %s: %s (%d call(s) failed so; HiCache "
+                           "goes on without tierkv until it answers)", what,
+                           error, failed)
 
     def exists(self, key: str) -> bool:
         return self.batch_exists([key]) == 1
@@ -487,16 +498,12 @@ class TierkvStorage(HiCacheStorage):
               ) -> None:
         """Logs a batch whose copies were not all done in time (at most
         every _WARN_EVERY seconds): tierkvd answers, but too slowly."""
-        self._late_batches += 1
-        now = time.monotonic()
-        if now - self._last_late_warning < _WARN_EVERY:
-            return
-        logger.warning("tierkv: %s: %d of %d page copies still running "
-                       "after %.1f s; counted as misses (%d late batch(es) "
-                       "since the last warning)", what, late, pages, timeout,
-                       self._late_batches)
-        self._last_late_warning = now
-        self._late_batches = 0
+        batches = self._late_batches.due()
+        if batches is not None:
+            logger.warning("tierkv: %s: %d of %d page copies still running "
+                           "after %.1f s; counted as misses (%d late "
+                           "batch(es) since the last warning)", what, late,
+                           pages, timeout, batches)
 
     def _wait(self, client: Any, requests: set[int], timeout: float) -> list:
         """Waits for the transfers of `requests`, at most `timeout` seconds,
